@@ -1,0 +1,48 @@
+#include "backends/allocation.hpp"
+
+#include <cstdlib>
+#include <fstream>
+#include <set>
+
+namespace ddl::backends {
+
+namespace {
+int positive_int_or(const std::optional<std::string>& value, int fallback) {
+  if (!value) return fallback;
+  char* end = nullptr;
+  long n = std::strtol(value->c_str(), &end, 10);
+  return (value->empty() || *end != '\0' || n < 1) ? fallback : static_cast<int>(n);
+}
+
+int distinct_hosts_in(const std::string& nodefile) {
+  std::ifstream in(nodefile);
+  std::set<std::string> hosts;
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) hosts.insert(line);
+  return hosts.empty() ? 1 : static_cast<int>(hosts.size());
+}
+}  // namespace
+
+Allocation detect_allocation(const Environment& env) {
+  if (auto job = lookup(env, "SLURM_JOB_ID")) {
+    auto nodes = lookup(env, "SLURM_JOB_NUM_NODES");
+    if (!nodes) nodes = lookup(env, "SLURM_NNODES");
+    return {Scheduler::Slurm, *job, positive_int_or(nodes, 1)};
+  }
+  if (auto job = lookup(env, "PBS_JOBID")) {
+    auto nodefile = lookup(env, "PBS_NODEFILE");
+    return {Scheduler::Pbs, *job, nodefile ? distinct_hosts_in(*nodefile) : 1};
+  }
+  return {};
+}
+
+const char* scheduler_name(Scheduler s) {
+  switch (s) {
+    case Scheduler::Slurm: return "Slurm";
+    case Scheduler::Pbs: return "PBS";
+    case Scheduler::None: break;
+  }
+  return "none";
+}
+
+}  // namespace ddl::backends

@@ -1,0 +1,76 @@
+// ddl: the command line. Parses, calls the launcher, prints; the one place errors are printed.
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "cli/run_command.hpp"
+#include "runtime/src/common/error.hpp"
+
+namespace {
+
+struct SplitArguments {
+  std::vector<std::string> ddl_args;              // ddl's own, for CLI11
+  std::optional<std::vector<std::string>> program; // everything after the first "--"
+};
+
+// Splits at the first "--": what follows is the program and its arguments, untouched. mpirun
+// users type "-np 4"; CLI11 reads single-dash names as one letter, so ddl's "-np" becomes "--np".
+SplitArguments split_arguments(int argc, char** argv) {
+  SplitArguments split;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--") {
+      split.program = std::vector<std::string>(argv + i + 1, argv + argc);
+      break;
+    }
+    if (a == "-np") a = "--np";
+    else if (a.rfind("-np=", 0) == 0) a = "-" + a;
+    split.ddl_args.push_back(a);
+  }
+  return split;
+}
+
+void print_error(const std::string& message, const std::string& hint) {
+  std::fprintf(stderr, "ddl: error: %s\n", message.c_str());
+  if (!hint.empty()) std::fprintf(stderr, "hint: %s\n", hint.c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ddl: launch and supervise distributed deep-learning training", "ddl"};
+  app.set_version_flag("--version", std::string(DDL_VERSION));
+  app.require_subcommand(1);
+  app.allow_extras();  // `run` passes its program and arguments through (see RunCommand)
+  ddl::cli::RunCommand run(app);
+
+  SplitArguments split = split_arguments(argc, argv);
+  std::vector<std::string> args(split.ddl_args.rbegin(), split.ddl_args.rend());  // CLI11 takes them last-first
+  try {
+    app.parse(args);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    print_error(e.what(), "see `ddl --help` or `ddl run --help`");
+    return 2;
+  }
+  try {
+    if (run.selected()) return run.execute(split.program);
+  } catch (const ddl::Error& e) {
+    print_error(e.what(), e.hint());
+    return e.exit_code();
+  } catch (const std::exception& e) {
+    print_error(e.what(), "this is a bug in ddl; please report it with the command you ran");
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,92 @@
+#include "cli/run_command.hpp"
+
+#include <signal.h>
+#include <string.h>
+
+#include <cstdio>
+#include <chrono>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "launcher/host.hpp"
+#include "launcher/run_job.hpp"
+#include "runtime/src/common/environment.hpp"
+#include "runtime/src/common/error.hpp"
+
+namespace ddl::cli {
+
+namespace {
+
+std::string signal_name(int sig) {
+  const char* abbrev = ::sigabbrev_np(sig);
+  return abbrev ? fmt::format("SIG{}", abbrev) : fmt::format("signal {}", sig);
+}
+
+void print_outcome(const launcher::RunOutcome& o) {
+  if (o.failure) {
+    const auto& f = *o.failure;
+    std::string how = f.signal ? fmt::format("was killed by {} (exit code {})", signal_name(f.signal), f.exit_code)
+                               : fmt::format("exited with code {}", f.exit_code);
+    std::fprintf(stderr, "ddl: error: rank %d on %s %s; stopped %d other worker(s)\n", f.rank, f.host.c_str(), how.c_str(),
+                 o.workers_stopped);
+    if (!f.stderr_tail.empty()) {
+      std::fprintf(stderr, "ddl: last lines of rank %d's stderr:\n", f.rank);
+      for (const auto& line : f.stderr_tail) std::fprintf(stderr, "  | %s\n", line.c_str());
+    }
+  } else if (o.interrupted_by) {
+    std::fprintf(stderr, "ddl: interrupted by %s; stopped %d worker(s)\n", signal_name(o.interrupted_by).c_str(), o.workers_stopped);
+  }
+}
+
+}  // namespace
+
+struct RunFlags {
+  int total = 0, nodes = 0, per_node = 0, gpus_per_node = 0;
+  bool cpu = false, share_gpus = false, no_prefix = false;
+  double grace_seconds = 10;
+  std::string output_dir;
+};
+
+RunCommand::RunCommand(CLI::App& app) : flags_(std::make_shared<RunFlags>()) {
+  RunFlags& f = *flags_;
+  app_ = app.add_subcommand("run", "Start workers of a program on this machine and supervise them");
+  app_->add_option("-n,--np", f.total, "Workers in all (also written -np)")->check(CLI::PositiveNumber);
+  app_->add_option("-N,--nodes", f.nodes, "Nodes (more than 1 needs an allocation)")->check(CLI::PositiveNumber);
+  app_->add_option("--nproc-per-node,--nproc_per_node", f.per_node, "Workers per node (torchrun's spelling)")->check(CLI::PositiveNumber);
+  app_->add_option("--gpus-per-node", f.gpus_per_node, "GPU workers per node, one per GPU")->check(CLI::PositiveNumber);
+  app_->add_flag("--cpu", f.cpu, "CPU workers: assign no GPU even when there are some");
+  app_->add_flag("--share-gpus", f.share_gpus, "Allow more GPU workers than GPUs (round robin)");
+  app_->add_option("--grace-period", f.grace_seconds, "Seconds between SIGTERM and SIGKILL when stopping workers")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app_->add_flag("--no-prefix", f.no_prefix, "Do not prefix output lines with the worker's rank");
+  app_->add_option("--output-dir", f.output_dir, "Also write each worker's output to DIR/rank.N.{out,err}");
+  // Everything from the program name on belongs to the program, with or without "--".
+  app_->prefix_command();
+  app_->footer("Example: ddl run -np 4 -- python3 train.py --epochs 3");
+}
+
+int RunCommand::execute(const std::optional<std::vector<std::string>>& program) const {
+  const RunFlags& f = *flags_;
+  launcher::RunRequest request;
+  auto set_if_given = [](std::optional<int>& target, int value) { if (value > 0) target = value; };
+  set_if_given(request.launch.total_workers, f.total);
+  set_if_given(request.launch.num_nodes, f.nodes);
+  set_if_given(request.launch.workers_per_node, f.per_node);
+  set_if_given(request.launch.gpus_per_node, f.gpus_per_node);
+  request.launch.cpu_only = f.cpu;
+  request.launch.share_gpus = f.share_gpus;
+  request.command = program ? *program : app_->remaining();
+  request.supervision.grace_period = std::chrono::milliseconds(static_cast<long long>(f.grace_seconds * 1000));
+  request.supervision.prefix_output = !f.no_prefix;
+  request.supervision.output_dir = f.output_dir;
+  request.supervision.host = launcher::host_name();
+
+  auto log = [](const std::string& message) { std::fprintf(stderr, "ddl: %s\n", message.c_str()); };
+  launcher::RunOutcome outcome = launcher::run_job(request, current_environment(), log);
+  print_outcome(outcome);
+  return outcome.exit_code;
+}
+
+}  // namespace ddl::cli

@@ -1,0 +1,66 @@
+#include "launcher/run_job.hpp"
+
+#include <fmt/format.h>
+
+#include "backends/allocation.hpp"
+#include "launcher/gpu_inventory.hpp"
+#include "launcher/host.hpp"
+#include "launcher/port_reservation.hpp"
+#include "launcher/store_server.hpp"
+#include "launcher/worker_environment.hpp"
+#include "launcher/worker_process.hpp"
+#include "runtime/src/common/error.hpp"
+
+namespace ddl::launcher {
+
+namespace {
+
+// Several nodes need a scheduler to start workers on the others; this build launches locally only.
+void require_single_node(const LaunchRequest& launch, const Environment& env) {
+  const int nodes = launch.num_nodes.value_or(1);
+  if (nodes <= 1) return;
+  auto allocation = backends::detect_allocation(env);
+  if (allocation.scheduler == backends::Scheduler::None)
+    throw UsageError(fmt::format("-N {} needs an allocation of {} nodes, and this shell is not inside one", nodes, nodes),
+                     fmt::format("get one first (Slurm: salloc -N {0} --gpus-per-node 4; PBS: qsub -I -l select={0}) "
+                                 "and run ddl inside it, or use -N 1 on this machine", nodes));
+  throw UsageError(fmt::format("-N {}: starting workers on other nodes of a {} allocation is not supported by this ddl yet",
+                               nodes, backends::scheduler_name(allocation.scheduler)),
+                   "run with -N 1 for now");
+}
+
+}  // namespace
+
+RunOutcome run_job(const RunRequest& request, const Environment& env, const std::function<void(const std::string&)>& log) {
+  require_single_node(request.launch, env);
+  if (request.command.empty())
+    throw UsageError("no program to run", "put the program after --: ddl run -np 4 -- python train.py");
+
+  // Before anything can start a thread (CUDA, the store), so no thread ever takes SIGINT.
+  Supervisor supervisor(request.supervision);
+
+  const GpuInventory gpus = request.launch.cpu_only ? GpuInventory{{}, "--cpu"} : discover_gpus(env);
+  const WorldPlan plan = plan_world(request.launch, gpus.count());
+  const std::string program = resolve_program(request.command.front(), lookup(env, "PATH").value_or("/usr/bin:/bin"));
+
+  raise_open_file_limit();
+  RunContext run;
+  run.run_id = "ddl-" + random_hex(8);
+  run.store_token = random_hex(16);
+  run.master_addr = "127.0.0.1";  // one node: workers reach node 0 over loopback
+  run.cpus_on_node = available_cpus();
+  StoreServer store({.bind_host = run.master_addr, .token = run.store_token, .log = log});
+  run.store_addr = fmt::format("{}:{}", run.master_addr, store.port());
+  PortReservation master_port;
+  run.master_port = master_port.port();
+
+  std::vector<WorkerLaunch> launches;
+  for (const WorkerSlot& slot : plan.slots_on_node(0))
+    launches.push_back({slot.rank, program, request.command, worker_environment(env, plan, slot, run, gpus)});
+  RunOutcome outcome = supervisor.run(launches);
+  if (store.rejected_connections() > 1)
+    log(fmt::format("store: rejected {} connections with a wrong or missing token in all", store.rejected_connections()));
+  return outcome;
+}
+
+}  // namespace ddl::launcher

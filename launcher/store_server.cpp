@@ -1,0 +1,409 @@
+#include "launcher/store_server.hpp"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <unordered_map>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "runtime/src/common/error.hpp"
+#include "runtime/src/store/store_protocol.hpp"
+
+namespace ddl::launcher {
+
+using Clock = std::chrono::steady_clock;
+using namespace ddl::store;
+
+namespace {
+
+std::string peer_name(int fd) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "an unknown peer";
+  char host[NI_MAXHOST];
+  char serv[NI_MAXSERV];
+  if (::getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, host, sizeof host, serv, sizeof serv,
+                    NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+    return "an unknown peer";
+  return fmt::format("{}:{}", host, serv);
+}
+
+int listen_on_free_port(const std::string& host, uint16_t& port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  int gai = ::getaddrinfo(host.c_str(), "0", &hints, &res);
+  if (gai != 0) throw Error(fmt::format("store: cannot resolve bind address '{}': {}", host, gai_strerror(gai)));
+  int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0 || ::bind(fd, res->ai_addr, res->ai_addrlen) != 0 || ::listen(fd, 65535) != 0) {
+    int err = errno;
+    ::freeaddrinfo(res);
+    if (fd >= 0) ::close(fd);
+    throw Error(fmt::format("store: cannot listen on {}: {}", host, std::strerror(err)));
+  }
+  ::freeaddrinfo(res);
+  sockaddr_storage bound{};
+  socklen_t len = sizeof bound;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
+  port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                           : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  return fd;
+}
+
+}  // namespace
+
+class StoreServer::Loop {
+ public:
+  Loop(int listen_fd, StoreServerOptions options, std::shared_ptr<std::atomic<uint64_t>> rejected)
+      : listen_fd_(listen_fd), options_(std::move(options)), rejected_(std::move(rejected)) {
+    epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+    wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (epoll_fd_ < 0 || wake_fd_ < 0) throw Error(fmt::format("store: cannot create epoll: {}", std::strerror(errno)));
+    watch(listen_fd_, kListenId, EPOLLIN);
+    watch(wake_fd_, kWakeId, EPOLLIN);
+  }
+
+  ~Loop() {
+    for (auto& [id, c] : conns_) ::close(c.fd);
+    ::close(listen_fd_);
+    ::close(wake_fd_);
+    ::close(epoll_fd_);
+  }
+
+  void stop() {
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(wake_fd_, &one, sizeof one);
+  }
+
+  void run() {
+    std::vector<epoll_event> events(1024);
+    while (!stopping_) {
+      int n = ::epoll_wait(epoll_fd_, events.data(), static_cast<int>(events.size()), ms_until_next_deadline());
+      if (n < 0 && errno != EINTR) { log(fmt::format("store: epoll_wait failed: {}", std::strerror(errno))); return; }
+      for (int i = 0; i < n; ++i) dispatch(events[i]);
+      if (Clock::now() >= next_deadline_) expire_deadlines();
+      drain_pending_frames();
+    }
+  }
+
+ private:
+  static constexpr uint64_t kListenId = 0;
+  static constexpr uint64_t kWakeId = 1;
+
+  struct Connection {
+    int fd = -1;
+    bool authenticated = false;
+    Clock::time_point auth_deadline;
+    std::string in;
+    std::string out;
+    // A pending Wait: how many of its keys are still missing, when it expires, and its sequence
+    // number (stale entries in waiters_ carry an older one and are ignored).
+    size_t missing = 0;
+    Clock::time_point wait_deadline;
+    uint64_t wait_seq = 0;
+    bool waiting = false;
+  };
+
+  void watch(int fd, uint64_t id, uint32_t events) {
+    epoll_event ev{};
+    ev.events = events;
+    ev.data.u64 = id;
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+  }
+
+  void log(const std::string& message) {
+    if (options_.log) options_.log(message);
+  }
+
+  int ms_until_next_deadline() const {
+    if (next_deadline_ == Clock::time_point::max()) return -1;
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(next_deadline_ - Clock::now()).count();
+    return ms < 0 ? 0 : static_cast<int>(std::min<long long>(ms + 1, 1 << 30));
+  }
+
+  void note_deadline(Clock::time_point t) { next_deadline_ = std::min(next_deadline_, t); }
+
+  void dispatch(const epoll_event& ev) {
+    uint64_t id = ev.data.u64;
+    if (id == kWakeId) { stopping_ = true; return; }
+    if (id == kListenId) { accept_all(); return; }
+    auto it = conns_.find(id);
+    if (it == conns_.end()) return;
+    Connection& c = it->second;
+    if (ev.events & (EPOLLERR | EPOLLHUP)) { close_connection(id); return; }
+    if ((ev.events & EPOLLOUT) && !flush(id, c)) return;
+    if (ev.events & EPOLLIN) read_from(id, c);
+  }
+
+  void accept_all() {
+    while (true) {
+      int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        if (errno == EMFILE || errno == ENFILE)
+          log_once(emfile_logged_, "store: out of file descriptors; clients will retry (raise `ulimit -n`)");
+        return;
+      }
+      int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      uint64_t id = next_id_++;
+      Connection& c = conns_[id];
+      c.fd = fd;
+      c.auth_deadline = Clock::now() + options_.auth_timeout;
+      note_deadline(c.auth_deadline);
+      watch(fd, id, EPOLLIN);
+    }
+  }
+
+  void log_once(bool& logged, const std::string& message) {
+    if (!logged) log(message);
+    logged = true;
+  }
+
+  void read_from(uint64_t id, Connection& c) {
+    char buf[65536];
+    while (true) {
+      ssize_t n = ::recv(c.fd, buf, sizeof buf, 0);
+      if (n > 0) { c.in.append(buf, static_cast<size_t>(n)); continue; }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      close_connection(id);  // orderly close or error
+      return;
+    }
+    process_frames(id);
+  }
+
+  // Handles every complete frame in the input buffer, in order; stops while a Wait is pending.
+  void process_frames(uint64_t id) {
+    while (true) {
+      auto it = conns_.find(id);
+      if (it == conns_.end()) return;
+      Connection& c = it->second;
+      if (c.waiting) return;
+      auto length = peek_frame_length(c.in);
+      if (!length) return;
+      const uint32_t limit = c.authenticated ? kMaxFrameBytes : kMaxAuthFrameBytes;
+      if (*length == 0 || *length > limit) {
+        if (!c.authenticated) reject(id);
+        else { log(fmt::format("store: closed {}: frame of {} bytes", peer_name(c.fd), *length)); close_connection(id); }
+        return;
+      }
+      if (c.in.size() < 4 + *length) return;
+      std::string body = c.in.substr(4, *length);
+      c.in.erase(0, 4 + *length);
+      if (!c.authenticated) authenticate(id, c, body);
+      else handle_request(id, c, body);
+    }
+  }
+
+  void reject(uint64_t id) {
+    Connection& c = conns_[id];
+    uint64_t count = ++*rejected_;
+    if (count == 1)
+      log(fmt::format("store: rejected a connection from {}: wrong or missing DDL_STORE_TOKEN "
+                      "(further rejections are counted, not logged)", peer_name(c.fd)));
+    close_connection(id);
+  }
+
+  void authenticate(uint64_t id, Connection& c, const std::string& body) {
+    Reader r(body);
+    auto op = r.u8();
+    auto token = r.str();
+    if (op != static_cast<uint8_t>(Op::Auth) || !token || !r.at_end() || !constant_time_equal(*token, options_.token)) {
+      reject(id);
+      return;
+    }
+    c.authenticated = true;
+    reply(id, c, Writer().u8(static_cast<uint8_t>(Status::Ok)));
+  }
+
+  void handle_request(uint64_t id, Connection& c, const std::string& body) {
+    Reader r(body);
+    auto op = r.u8();
+    switch (op ? static_cast<Op>(*op) : Op{}) {
+      case Op::Set: {
+        auto key = r.str();
+        auto value = r.str();
+        if (!key || !value) return malformed(id, c);
+        assign(*key, std::move(*value));
+        return reply(id, c, Writer().u8(static_cast<uint8_t>(Status::Ok)));
+      }
+      case Op::Get: {
+        auto key = r.str();
+        if (!key) return malformed(id, c);
+        auto it = data_.find(*key);
+        if (it == data_.end()) return reply(id, c, Writer().u8(static_cast<uint8_t>(Status::NotFound)));
+        return reply(id, c, Writer().u8(static_cast<uint8_t>(Status::Ok)).str(it->second));
+      }
+      case Op::Add: {
+        auto key = r.str();
+        auto delta = r.i64();
+        if (!key || !delta) return malformed(id, c);
+        int64_t sum = *delta;
+        if (auto it = data_.find(*key); it != data_.end()) {
+          char* end = nullptr;
+          long long current = std::strtoll(it->second.c_str(), &end, 10);
+          if (it->second.empty() || *end != '\0')
+            return reply(id, c, Writer().u8(static_cast<uint8_t>(Status::Error)).str(fmt::format("key '{}' does not hold an integer", *key)));
+          sum += current;
+        }
+        assign(*key, std::to_string(sum));
+        return reply(id, c, Writer().u8(static_cast<uint8_t>(Status::Ok)).i64(sum));
+      }
+      case Op::Wait: return begin_wait(id, c, r);
+      case Op::Delete: {
+        auto key = r.str();
+        if (!key) return malformed(id, c);
+        int64_t erased = static_cast<int64_t>(data_.erase(*key));
+        return reply(id, c, Writer().u8(static_cast<uint8_t>(Status::Ok)).i64(erased));
+      }
+      default: return malformed(id, c);
+    }
+  }
+
+  void malformed(uint64_t id, Connection& c) {
+    reply(id, c, Writer().u8(static_cast<uint8_t>(Status::Error)).str("malformed request"));
+  }
+
+  void begin_wait(uint64_t id, Connection& c, Reader& r) {
+    auto count = r.u32();
+    if (!count) return malformed(id, c);
+    std::vector<std::string> missing;
+    for (uint32_t i = 0; i < *count; ++i) {
+      auto key = r.str();
+      if (!key) return malformed(id, c);
+      if (!data_.count(*key)) missing.push_back(std::move(*key));
+    }
+    auto timeout_ms = r.i64();
+    if (!timeout_ms) return malformed(id, c);
+    if (missing.empty()) return reply(id, c, Writer().u8(static_cast<uint8_t>(Status::Ok)));
+    c.waiting = true;
+    c.missing = missing.size();
+    c.wait_seq = next_wait_seq_++;
+    c.wait_deadline = Clock::now() + std::chrono::milliseconds(std::max<int64_t>(*timeout_ms, 0));
+    note_deadline(c.wait_deadline);
+    for (auto& key : missing) waiters_[key].push_back({id, c.wait_seq});
+  }
+
+  // Stores a value and completes the waits that were waiting only for this key.
+  void assign(const std::string& key, std::string value) {
+    bool created = data_.insert_or_assign(key, std::move(value)).second;
+    if (!created) return;
+    auto it = waiters_.find(key);
+    if (it == waiters_.end()) return;
+    auto waiting = std::move(it->second);
+    waiters_.erase(it);
+    for (auto [conn_id, seq] : waiting) {
+      auto cit = conns_.find(conn_id);
+      if (cit == conns_.end() || !cit->second.waiting || cit->second.wait_seq != seq) continue;
+      if (--cit->second.missing == 0) finish_wait(conn_id, cit->second, Status::Ok);
+    }
+  }
+
+  void finish_wait(uint64_t id, Connection& c, Status status) {
+    c.waiting = false;
+    reply(id, c, Writer().u8(static_cast<uint8_t>(status)));
+    // Requests that arrived behind the wait (a client that pipelines) can run now.
+    if (auto it = conns_.find(id); it != conns_.end() && !it->second.in.empty()) pending_frames_.push_back(id);
+  }
+
+  void expire_deadlines() {
+    const auto now = Clock::now();
+    next_deadline_ = Clock::time_point::max();
+    std::vector<uint64_t> silent;
+    for (auto& [id, c] : conns_) {
+      if (!c.authenticated) {
+        if (now >= c.auth_deadline) silent.push_back(id);
+        else note_deadline(c.auth_deadline);
+      } else if (c.waiting) {
+        if (now >= c.wait_deadline) finish_wait(id, c, Status::Timeout);
+        else note_deadline(c.wait_deadline);
+      }
+    }
+    for (uint64_t id : silent) reject(id);
+  }
+
+  void drain_pending_frames() {
+    auto pending = std::move(pending_frames_);
+    pending_frames_.clear();
+    for (uint64_t id : pending) process_frames(id);
+  }
+
+  void reply(uint64_t id, Connection& c, const Writer& w) {
+    c.out += w.frame();
+    flush(id, c);
+  }
+
+  // Writes what is buffered; watches for writability while some remains. False if closed.
+  bool flush(uint64_t id, Connection& c) {
+    while (!c.out.empty()) {
+      ssize_t n = ::send(c.fd, c.out.data(), c.out.size(), MSG_NOSIGNAL);
+      if (n > 0) { c.out.erase(0, static_cast<size_t>(n)); continue; }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        set_events(c.fd, id, EPOLLIN | EPOLLOUT);
+        return true;
+      }
+      close_connection(id);
+      return false;
+    }
+    set_events(c.fd, id, EPOLLIN);
+    return true;
+  }
+
+  void set_events(int fd, uint64_t id, uint32_t events) {
+    epoll_event ev{};
+    ev.events = events;
+    ev.data.u64 = id;
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, fd, &ev);
+  }
+
+  void close_connection(uint64_t id) {
+    auto it = conns_.find(id);
+    if (it == conns_.end()) return;
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, it->second.fd, nullptr);
+    ::close(it->second.fd);
+    conns_.erase(it);
+  }
+
+  int listen_fd_;
+  int epoll_fd_ = -1;
+  int wake_fd_ = -1;
+  bool stopping_ = false;
+  bool emfile_logged_ = false;
+  StoreServerOptions options_;
+  std::shared_ptr<std::atomic<uint64_t>> rejected_;
+  uint64_t next_id_ = 2;
+  uint64_t next_wait_seq_ = 1;
+  Clock::time_point next_deadline_ = Clock::time_point::max();
+  std::unordered_map<uint64_t, Connection> conns_;
+  std::unordered_map<std::string, std::string> data_;
+  std::unordered_map<std::string, std::vector<std::pair<uint64_t, uint64_t>>> waiters_;
+  std::vector<uint64_t> pending_frames_;
+};
+
+StoreServer::StoreServer(StoreServerOptions options)
+    : rejected_(std::make_shared<std::atomic<uint64_t>>(0)) {
+  int fd = listen_on_free_port(options.bind_host, port_);
+  loop_ = std::make_unique<Loop>(fd, std::move(options), rejected_);
+  thread_ = std::thread([this] { loop_->run(); });
+}
+
+StoreServer::~StoreServer() {
+  loop_->stop();
+  thread_.join();
+}
+
+}  // namespace ddl::launcher

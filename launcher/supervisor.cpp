@@ -1,0 +1,344 @@
+#include "launcher/supervisor.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "launcher/line_splitter.hpp"
+#include "launcher/worker_process.hpp"
+#include "runtime/src/common/error.hpp"
+
+namespace ddl::launcher {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr int kHandledSignals[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP};
+
+void write_all(int fd, std::string_view data) {
+  while (!data.empty()) {
+    ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // a closed terminal or pipe: the output has nowhere to go
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+}
+
+int open_output_file(const std::string& dir, int rank, const char* stream) {
+  std::string path = fmt::format("{}/rank.{}.{}", dir, rank, stream);
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw Error(fmt::format("--output-dir: cannot write {}: {}", path, std::strerror(errno)), "choose a directory you can write to");
+  return fd;
+}
+
+// Processes whose parent is `parent`: orphans of the workers are re-parented to ddl (a subreaper).
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> children;
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return children;
+  while (dirent* entry = ::readdir(proc)) {
+    if (entry->d_name[0] < '0' || entry->d_name[0] > '9') continue;
+    std::ifstream stat(fmt::format("/proc/{}/stat", entry->d_name));
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    auto close_paren = line.rfind(')');
+    if (close_paren == std::string::npos) continue;
+    char state = 0;
+    int ppid = 0;
+    if (std::sscanf(line.c_str() + close_paren + 1, " %c %d", &state, &ppid) == 2 && ppid == parent)
+      children.push_back(static_cast<pid_t>(std::atoi(entry->d_name)));
+  }
+  ::closedir(proc);
+  return children;
+}
+
+// One worker output stream (stdout or stderr) on its way to ddl's own.
+struct Stream {
+  int fd = -1;          // read end of the worker's pipe; -1 once at end of stream
+  int target_fd = -1;   // ddl's stdout or stderr
+  int file_fd = -1;     // --output-dir copy, or -1
+  std::string prefix;   // "[rank] " or empty
+  LineSplitter splitter;
+  std::deque<std::string>* tail = nullptr;  // stderr only: the last lines, for the summary
+};
+
+struct Worker {
+  WorkerProcess process;
+  int rank = 0;
+  bool running = true;
+  std::deque<std::string> stderr_tail;
+};
+
+class Run {
+ public:
+  Run(const SupervisorOptions& options, int signal_fd, const sigset_t& child_mask)
+      : options_(options), signal_fd_(signal_fd), child_mask_(child_mask) {}
+
+  ~Run() {
+    for (auto& s : streams_) {
+      if (s.fd >= 0) ::close(s.fd);
+      if (s.file_fd >= 0) ::close(s.file_fd);
+    }
+  }
+
+  RunOutcome execute(const std::vector<WorkerLaunch>& launches) {
+    if (!options_.output_dir.empty()) create_output_dir();
+    workers_.reserve(launches.size());
+    streams_.reserve(2 * launches.size());
+    try {
+      for (const auto& launch : launches) start(launch);
+    } catch (...) {
+      kill_everything();
+      throw;
+    }
+    while (running_workers() > 0) step();
+    kill_everything();
+    drain_streams(Clock::now() + std::chrono::seconds(2));
+    return outcome();
+  }
+
+ private:
+  void create_output_dir() {
+    std::error_code ec;
+    std::filesystem::create_directories(options_.output_dir, ec);
+    if (ec)
+      throw Error(fmt::format("--output-dir: cannot create {}: {}", options_.output_dir, ec.message()), "choose a directory you can write to");
+  }
+
+  void start(const WorkerLaunch& launch) {
+    Worker& w = workers_.emplace_back();
+    w.rank = launch.rank;
+    w.process = spawn_worker(launch.program, launch.argv, launch.env, child_mask_);
+    const std::string prefix = options_.prefix_output ? rank_prefix(launch.rank) : std::string();
+    const bool files = !options_.output_dir.empty();
+    Stream& out = streams_.emplace_back();
+    out.fd = w.process.stdout_fd;
+    out.target_fd = STDOUT_FILENO;
+    out.file_fd = files ? open_output_file(options_.output_dir, launch.rank, "out") : -1;
+    out.prefix = prefix;
+    Stream& err = streams_.emplace_back();
+    err.fd = w.process.stderr_fd;
+    err.target_fd = STDERR_FILENO;
+    err.file_fd = files ? open_output_file(options_.output_dir, launch.rank, "err") : -1;
+    err.prefix = prefix;
+    err.tail = &w.stderr_tail;
+  }
+
+  int running_workers() const {
+    int n = 0;
+    for (const auto& w : workers_) n += w.running ? 1 : 0;
+    return n;
+  }
+
+  // Waits for output, a signal or the kill deadline, and handles what came.
+  void step() {
+    std::vector<pollfd> fds{{signal_fd_, POLLIN, 0}};
+    std::vector<Stream*> polled;
+    for (auto& s : streams_) {
+      if (s.fd < 0) continue;
+      fds.push_back({s.fd, POLLIN, 0});
+      polled.push_back(&s);
+    }
+    int rc = ::poll(fds.data(), fds.size(), ms_until_kill_deadline());
+    if (rc < 0 && errno != EINTR) throw Error(fmt::format("poll failed: {}", std::strerror(errno)));
+    for (size_t i = 1; i < fds.size(); ++i)
+      if (fds[i].revents != 0) read_stream(*polled[i - 1]);
+    if (fds[0].revents & POLLIN) handle_signals();
+    if (kill_deadline_ && Clock::now() >= *kill_deadline_) {
+      signal_all(SIGKILL);
+      kill_deadline_.reset();
+    }
+  }
+
+  int ms_until_kill_deadline() const {
+    if (!kill_deadline_) return -1;
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(*kill_deadline_ - Clock::now()).count();
+    return ms < 0 ? 0 : static_cast<int>(ms + 1);
+  }
+
+  // Reads what is there now; the lines it completes go out in one write each way.
+  void read_stream(Stream& s) {
+    char buf[65536];
+    ssize_t n = ::read(s.fd, buf, sizeof buf);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    if (n <= 0) {
+      emit(s, [&](auto sink) { s.splitter.finish(sink); });
+      ::close(s.fd);
+      s.fd = -1;
+      return;
+    }
+    emit(s, [&](auto sink) { s.splitter.feed(std::string_view(buf, static_cast<size_t>(n)), sink); });
+  }
+
+  template <typename Split>
+  void emit(Stream& s, Split split) {
+    std::string to_terminal;
+    std::string to_file;
+    split([&](std::string_view line) {
+      to_terminal.append(s.prefix).append(line).push_back('\n');
+      if (s.file_fd >= 0) to_file.append(line).push_back('\n');
+      if (s.tail != nullptr) {
+        s.tail->emplace_back(line);
+        if (s.tail->size() > kStderrTailLines) s.tail->pop_front();
+      }
+    });
+    write_all(s.target_fd, to_terminal);
+    if (s.file_fd >= 0) write_all(s.file_fd, to_file);
+  }
+
+  void handle_signals() {
+    signalfd_siginfo info{};
+    while (::read(signal_fd_, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
+      int sig = static_cast<int>(info.ssi_signo);
+      if (sig == SIGCHLD) reap_children();
+      else on_external_signal(sig);
+    }
+  }
+
+  void reap_children() {
+    int status = 0;
+    pid_t pid;
+    while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
+      for (auto& w : workers_) {
+        if (w.process.pid != pid || !w.running) continue;
+        w.running = false;
+        if (WIFEXITED(status) && WEXITSTATUS(status) == 0) break;
+        on_worker_failed(w, status);
+        break;
+      }
+    }
+  }
+
+  void on_worker_failed(const Worker& w, int status) {
+    if (failure_ || interrupted_by_) return;  // only the first cause is reported
+    WorkerFailure f;
+    f.rank = w.rank;
+    f.host = options_.host;
+    f.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    f.exit_code = f.signal ? 128 + f.signal : WEXITSTATUS(status);
+    failure_ = f;
+    failed_worker_ = &w;
+    begin_stopping(SIGTERM);
+  }
+
+  void on_external_signal(int sig) {
+    if (stopping_) {  // a second Ctrl-C: no more waiting
+      signal_all(SIGKILL);
+      return;
+    }
+    if (!failure_) interrupted_by_ = sig;
+    begin_stopping(sig);
+  }
+
+  void begin_stopping(int sig) {
+    if (stopping_) return;
+    stopping_ = true;
+    workers_stopped_ = running_workers();
+    signal_all(sig);
+    kill_deadline_ = Clock::now() + options_.grace_period;
+  }
+
+  // Signals each worker's whole process group (what it forked too).
+  void signal_all(int sig) {
+    for (const auto& w : workers_) ::kill(-w.process.pid, sig);
+  }
+
+  // After the last worker: whatever they left behind (in their groups, or re-parented to ddl).
+  void kill_everything() {
+    for (int attempt = 0; attempt < 200; ++attempt) {
+      bool any = false;
+      for (const auto& w : workers_) any |= ::kill(-w.process.pid, SIGKILL) == 0;
+      for (pid_t child : children_of(::getpid())) {
+        any = true;
+        ::kill(-child, SIGKILL);
+        ::kill(child, SIGKILL);
+      }
+      reap_children();
+      if (!any) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+
+  void drain_streams(Clock::time_point deadline) {
+    while (Clock::now() < deadline) {
+      std::vector<pollfd> fds;
+      std::vector<Stream*> polled;
+      for (auto& s : streams_) {
+        if (s.fd < 0) continue;
+        fds.push_back({s.fd, POLLIN, 0});
+        polled.push_back(&s);
+      }
+      if (fds.empty()) return;
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      if (::poll(fds.data(), fds.size(), static_cast<int>(std::max<long long>(left, 0))) <= 0) return;
+      for (size_t i = 0; i < fds.size(); ++i)
+        if (fds[i].revents != 0) read_stream(*polled[i]);
+    }
+  }
+
+  RunOutcome outcome() {
+    RunOutcome o;
+    o.interrupted_by = interrupted_by_;
+    o.workers_stopped = workers_stopped_;
+    if (failure_) {
+      o.failure = failure_;
+      o.failure->stderr_tail.assign(failed_worker_->stderr_tail.begin(), failed_worker_->stderr_tail.end());
+      o.exit_code = failure_->exit_code;
+    } else if (interrupted_by_) {
+      o.exit_code = 128 + interrupted_by_;
+    }
+    return o;
+  }
+
+  const SupervisorOptions& options_;
+  int signal_fd_;
+  const sigset_t& child_mask_;
+  std::vector<Worker> workers_;
+  std::vector<Stream> streams_;
+  bool stopping_ = false;
+  int workers_stopped_ = 0;
+  int interrupted_by_ = 0;
+  std::optional<WorkerFailure> failure_;
+  const Worker* failed_worker_ = nullptr;
+  std::optional<Clock::time_point> kill_deadline_;
+};
+
+}  // namespace
+
+Supervisor::Supervisor(SupervisorOptions options) : options_(std::move(options)) {
+  sigset_t handled;
+  sigemptyset(&handled);
+  for (int sig : kHandledSignals) sigaddset(&handled, sig);
+  ::pthread_sigmask(SIG_BLOCK, &handled, &original_mask_);
+  ::signal(SIGPIPE, SIG_IGN);  // a closed stdout must not kill the launcher while workers run
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  signal_fd_ = ::signalfd(-1, &handled, SFD_NONBLOCK | SFD_CLOEXEC);
+  if (signal_fd_ < 0) throw Error(fmt::format("cannot create a signalfd: {}", std::strerror(errno)));
+}
+
+Supervisor::~Supervisor() {
+  ::close(signal_fd_);
+  ::pthread_sigmask(SIG_SETMASK, &original_mask_, nullptr);
+}
+
+RunOutcome Supervisor::run(const std::vector<WorkerLaunch>& workers) {
+  Run run(options_, signal_fd_, original_mask_);
+  return run.execute(workers);
+}
+
+}  // namespace ddl::launcher

@@ -1,0 +1,67 @@
+// Runs the workers of one node and watches them: forwards their output line by line (prefixed
+// with the rank), forwards SIGINT/SIGTERM/SIGHUP to them, and on the first worker that fails stops
+// all the others (SIGTERM, then SIGKILL after the grace period). When it returns, no worker and
+// nothing a worker started is left running.
+#pragma once
+
+#include <signal.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/src/common/environment.hpp"
+
+namespace ddl::launcher {
+
+struct SupervisorOptions {
+  std::chrono::milliseconds grace_period{10'000};  // between SIGTERM and SIGKILL
+  bool prefix_output = true;                       // "[rank] " before each line
+  std::string output_dir;                          // also write rank.N.out / rank.N.err here when set
+  std::string host;                                // this node's name, for the failure summary
+};
+
+struct WorkerLaunch {
+  int rank = 0;
+  std::string program;  // resolved path
+  std::vector<std::string> argv;
+  Environment env;
+};
+
+struct WorkerFailure {
+  int rank = 0;
+  std::string host;
+  int exit_code = 0;  // the worker's exit status, or 128 + signal
+  int signal = 0;     // the signal that killed it, 0 when it exited
+  std::vector<std::string> stderr_tail;  // its last lines of stderr
+};
+
+struct RunOutcome {
+  int exit_code = 0;                    // what `ddl run` exits with
+  std::optional<WorkerFailure> failure; // the first worker that failed, if any
+  int interrupted_by = 0;               // the signal that stopped the run from outside, if any
+  int workers_stopped = 0;              // workers ddl stopped because of a failure or signal
+};
+
+class Supervisor {
+ public:
+  // Blocks the signals it handles in the calling thread, so that threads started afterwards (the
+  // store) never receive them; construct it before starting any thread.
+  explicit Supervisor(SupervisorOptions options);
+  ~Supervisor();
+  Supervisor(const Supervisor&) = delete;
+  Supervisor& operator=(const Supervisor&) = delete;
+
+  RunOutcome run(const std::vector<WorkerLaunch>& workers);
+
+ private:
+  SupervisorOptions options_;
+  sigset_t original_mask_;
+  int signal_fd_ = -1;
+};
+
+// Lines of stderr kept per worker for the failure summary.
+inline constexpr size_t kStderrTailLines = 10;
+
+}  // namespace ddl::launcher

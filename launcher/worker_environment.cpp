@@ -1,0 +1,51 @@
+#include "launcher/worker_environment.hpp"
+
+#include <algorithm>
+
+namespace ddl::launcher {
+
+int threads_per_worker(int cpus_on_node, int workers_per_node) {
+  return std::max(1, cpus_on_node / std::max(1, workers_per_node));
+}
+
+Environment worker_environment(const Environment& base, const WorldPlan& plan, const WorkerSlot& worker,
+                               const RunContext& run, const GpuInventory& gpus) {
+  Environment env = base;
+  auto set = [&env](const std::string& name, const auto& value) {
+    if constexpr (std::is_convertible_v<decltype(value), std::string>) env[name] = value;
+    else env[name] = std::to_string(value);
+  };
+  set("DDL_RANK", worker.rank);
+  set("DDL_SIZE", plan.world_size());
+  set("DDL_LOCAL_RANK", worker.local_rank);
+  set("DDL_LOCAL_SIZE", plan.workers_per_node);
+  set("DDL_NODE_RANK", worker.node_rank);
+  set("DDL_NUM_NODES", plan.num_nodes);
+  set("DDL_STORE_ADDR", run.store_addr);
+  set("DDL_STORE_TOKEN", run.store_token);
+  set("DDL_RUN_ID", run.run_id);
+
+  // torchrun's set: a single role, so role ranks are the global ranks and groups are nodes.
+  set("RANK", worker.rank);
+  set("WORLD_SIZE", plan.world_size());
+  set("LOCAL_RANK", worker.local_rank);
+  set("LOCAL_WORLD_SIZE", plan.workers_per_node);
+  set("GROUP_RANK", worker.node_rank);
+  set("GROUP_WORLD_SIZE", plan.num_nodes);
+  set("ROLE_RANK", worker.rank);
+  set("ROLE_WORLD_SIZE", plan.world_size());
+  set("ROLE_NAME", std::string("default"));
+  set("MASTER_ADDR", run.master_addr);
+  set("MASTER_PORT", run.master_port);
+  set("TORCHELASTIC_RUN_ID", run.run_id);
+  set("TORCHELASTIC_RESTART_COUNT", 0);
+  set("TORCHELASTIC_MAX_RESTARTS", 0);
+
+  if (plan.gpu_workers) set("CUDA_VISIBLE_DEVICES", gpu_for_local_rank(gpus, worker.local_rank));
+  if (!env.count("OMP_NUM_THREADS")) set("OMP_NUM_THREADS", threads_per_worker(run.cpus_on_node, plan.workers_per_node));
+  // Output goes through a pipe; without this Python holds a worker's prints until it exits.
+  if (!env.count("PYTHONUNBUFFERED")) set("PYTHONUNBUFFERED", std::string("1"));
+  return env;
+}
+
+}  // namespace ddl::launcher

@@ -1,0 +1,110 @@
+#include "launcher/worker_process.hpp"
+
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "runtime/src/common/error.hpp"
+
+namespace ddl::launcher {
+
+namespace {
+
+bool is_executable_file(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
+}
+
+void write_all(int fd, const char* data, size_t size) {
+  while (size > 0) {
+    ssize_t n = ::write(fd, data, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
+
+std::string resolve_program(const std::string& name, const std::string& path) {
+  if (name.empty()) throw Error("no program to run", "put the program after --: ddl run -np 4 -- python train.py", 127);
+  if (name.find('/') != std::string::npos) {
+    if (is_executable_file(name)) return name;
+    bool exists = ::access(name.c_str(), F_OK) == 0;
+    throw Error(fmt::format("program '{}' {}", name, exists ? "is not an executable file" : "does not exist"),
+                exists ? "check its permissions (chmod +x) or run it through its interpreter" : "check the path", 127);
+  }
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t colon = path.find(':', start);
+    std::string dir = path.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
+    std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + name;
+    if (is_executable_file(candidate)) return candidate;
+    if (colon == std::string::npos) break;
+    start = colon + 1;
+  }
+  throw Error(fmt::format("program '{}' was not found in PATH", name),
+              "check the spelling, load its module or environment, or give its full path", 127);
+}
+
+WorkerProcess spawn_worker(const std::string& program, const std::vector<std::string>& argv, const Environment& env,
+                           const sigset_t& child_signal_mask) {
+  int out_pipe[2];
+  int err_pipe[2];
+  if (::pipe2(out_pipe, O_CLOEXEC) != 0) throw Error(fmt::format("cannot create a pipe: {}", std::strerror(errno)));
+  if (::pipe2(err_pipe, O_CLOEXEC) != 0) {
+    ::close(out_pipe[0]);
+    ::close(out_pipe[1]);
+    throw Error(fmt::format("cannot create a pipe: {}", std::strerror(errno)));
+  }
+
+  // Everything the child needs is built before fork: after it only async-signal-safe calls.
+  std::vector<std::string> env_strings = to_envp(env);
+  std::vector<char*> c_argv;
+  for (const auto& a : argv) c_argv.push_back(const_cast<char*>(a.c_str()));
+  c_argv.push_back(nullptr);
+  std::vector<char*> c_env;
+  for (const auto& e : env_strings) c_env.push_back(const_cast<char*>(e.c_str()));
+  c_env.push_back(nullptr);
+  const std::string exec_failed = fmt::format("ddl: cannot execute '{}': ", program);
+  const pid_t parent = ::getpid();
+
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    int err = errno;
+    for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) ::close(fd);
+    throw Error(fmt::format("cannot start a worker: fork failed: {}", std::strerror(err)), "the node may be out of processes or memory");
+  }
+  if (pid == 0) {
+    ::setsid();
+    // Workers never outlive ddl: if ddl is killed, the kernel kills the worker.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(137);
+    int devnull = ::open("/dev/null", O_RDONLY);
+    ::dup2(devnull, STDIN_FILENO);
+    ::dup2(out_pipe[1], STDOUT_FILENO);
+    ::dup2(err_pipe[1], STDERR_FILENO);
+    ::signal(SIGPIPE, SIG_DFL);
+    ::sigprocmask(SIG_SETMASK, &child_signal_mask, nullptr);
+    ::execve(program.c_str(), c_argv.data(), c_env.data());
+    const char* reason = std::strerror(errno);
+    write_all(STDERR_FILENO, exec_failed.data(), exec_failed.size());
+    write_all(STDERR_FILENO, reason, std::strlen(reason));
+    write_all(STDERR_FILENO, "\n", 1);
+    ::_exit(127);
+  }
+  ::close(out_pipe[1]);
+  ::close(err_pipe[1]);
+  ::fcntl(out_pipe[0], F_SETFL, O_NONBLOCK);
+  ::fcntl(err_pipe[0], F_SETFL, O_NONBLOCK);
+  return {pid, out_pipe[0], err_pipe[0]};
+}
+
+}  // namespace ddl::launcher

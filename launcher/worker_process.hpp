@@ -1,0 +1,30 @@
+// Starting one worker process: its own session (so a signal to its process group reaches
+// everything it forked), stdout and stderr on pipes, stdin from /dev/null, killed if ddl dies.
+#pragma once
+
+#include <signal.h>
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "runtime/src/common/environment.hpp"
+
+namespace ddl::launcher {
+
+// The executable that execvp() would run for `name` under `path` (the PATH value); throws
+// ddl::Error with exit status 127 naming the program when there is none or it is not executable.
+std::string resolve_program(const std::string& name, const std::string& path);
+
+struct WorkerProcess {
+  pid_t pid = -1;     // also its process group and session id
+  int stdout_fd = -1; // read ends, non-blocking, close-on-exec
+  int stderr_fd = -1;
+};
+
+// Forks and executes `program` with `argv` and `env`. The child runs with `child_signal_mask`
+// and default SIGPIPE; if exec fails it says why on its stderr and exits 127.
+WorkerProcess spawn_worker(const std::string& program, const std::vector<std::string>& argv, const Environment& env,
+                           const sigset_t& child_signal_mask);
+
+}  // namespace ddl::launcher
