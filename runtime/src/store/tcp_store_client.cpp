@@ -151,10 +151,11 @@ TcpStoreClient::TcpStoreClient(const std::string& address, const std::string& to
   std::string last_error = "timed out";
   // Connection refused is normal while the server's backlog is full or it is still starting.
   while ((fd_ = try_connect(host, port, deadline, last_error)) < 0) {
-    if (Clock::now() + backoff >= deadline)
+    const auto now = Clock::now();
+    if (now >= deadline)
       throw Error(fmt::format("cannot connect to the ddl store at {} within {} ms: {}", address, timeout.count(), last_error),
                   "is `ddl run` still running, and is DDL_STORE_ADDR reachable from this host?");
-    std::this_thread::sleep_for(backoff);
+    std::this_thread::sleep_for(std::min<Clock::duration>(backoff, deadline - now));
     backoff = std::min(backoff * 2, milliseconds(1000));
   }
   uint8_t status = 0;
@@ -204,7 +205,7 @@ std::string TcpStoreClient::call(const std::string& request, const char* what, c
   }
   *status = static_cast<uint8_t>(body[0]);
   if (*status == static_cast<uint8_t>(Status::Error))
-    throw Error(fmt::format("store {} failed: {}", where(), body.substr(1)));
+    throw Error(fmt::format("store {} failed: {}", where(), Reader(std::string_view(body).substr(1)).str().value_or("malformed error reply")));
   return body.substr(1);
 }
 

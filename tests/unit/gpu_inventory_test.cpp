@@ -1,0 +1,34 @@
+#include <doctest/doctest.h>
+
+#include "launcher/gpu_inventory.hpp"
+
+using namespace ddl::launcher;
+
+TEST_CASE("CUDA_VISIBLE_DEVICES entries are the GPUs, in order") {
+  auto inv = parse_visible_devices("2,3,5,7");
+  REQUIRE(inv.count() == 4);
+  CHECK(gpu_for_local_rank(inv, 0) == "2");
+  CHECK(gpu_for_local_rank(inv, 1) == "3");
+  CHECK(gpu_for_local_rank(inv, 2) == "5");
+  CHECK(gpu_for_local_rank(inv, 3) == "7");
+}
+
+TEST_CASE("CUDA_VISIBLE_DEVICES keeps UUIDs, trims blanks, and ends at a negative entry as CUDA does") {
+  CHECK(parse_visible_devices("GPU-8a1b, MIG-77").ids == std::vector<std::string>{"GPU-8a1b", "MIG-77"});
+  CHECK(parse_visible_devices("1,-1,2").ids == std::vector<std::string>{"1"});
+  CHECK(parse_visible_devices("").count() == 0);
+  CHECK(parse_visible_devices("-1").count() == 0);
+}
+
+TEST_CASE("an inherited CUDA_VISIBLE_DEVICES wins over what the machine has") {
+  ddl::Environment env{{"CUDA_VISIBLE_DEVICES", "4,6"}};
+  auto inv = discover_gpus(env);
+  CHECK(inv.ids == std::vector<std::string>{"4", "6"});
+  CHECK(inv.source == "CUDA_VISIBLE_DEVICES");
+}
+
+TEST_CASE("sharing GPUs assigns them round robin") {
+  auto inv = parse_visible_devices("0,1");
+  CHECK(gpu_for_local_rank(inv, 2) == "0");
+  CHECK(gpu_for_local_rank(inv, 3) == "1");
+}

@@ -1,0 +1,174 @@
+// The rendezvous store over real loopback sockets: launcher/store_server with the runtime client.
+#include <doctest/doctest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <mutex>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "launcher/store_server.hpp"
+#include "runtime/src/common/error.hpp"
+#include "runtime/src/store/store_protocol.hpp"
+#include "runtime/src/store/tcp_store_client.hpp"
+
+using namespace std::chrono_literals;
+using ddl::launcher::StoreServer;
+using ddl::store::TcpStoreClient;
+
+namespace {
+const std::string kToken = "0123456789abcdef0123456789abcdef";
+
+std::string address_of(const StoreServer& s) { return "127.0.0.1:" + std::to_string(s.port()); }
+
+int raw_connect(uint16_t port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  return fd;
+}
+
+// True when the server closed the connection (read returns 0) within `timeout`.
+bool closed_by_peer(int fd, std::chrono::milliseconds timeout) {
+  timeval tv{static_cast<time_t>(timeout.count() / 1000), static_cast<suseconds_t>((timeout.count() % 1000) * 1000)};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  char c;
+  return ::recv(fd, &c, 1, 0) == 0;
+}
+}  // namespace
+
+TEST_CASE("set, get, add, delete") {
+  StoreServer server({.token = kToken});
+  TcpStoreClient c(address_of(server), kToken, 5s);
+  c.set("a", "hello");
+  CHECK(c.get("a") == "hello");
+  CHECK(c.try_get("missing") == std::nullopt);
+  CHECK(c.add("n", 5) == 5);
+  CHECK(c.add("n", -2) == 3);
+  CHECK(c.get("n") == "3");
+  CHECK(c.remove("a"));
+  CHECK_FALSE(c.remove("a"));
+  CHECK(c.try_get("a") == std::nullopt);
+  std::string binary("\0\xff\n", 3);
+  c.set("bin", binary);
+  CHECK(c.get("bin") == binary);
+}
+
+TEST_CASE("add on a key that holds text is an error naming the key") {
+  StoreServer server({.token = kToken});
+  TcpStoreClient c(address_of(server), kToken, 5s);
+  c.set("word", "abc");
+  CHECK_THROWS_WITH_AS(c.add("word", 1), "store add 'word' failed: key 'word' does not hold an integer", ddl::Error);
+}
+
+TEST_CASE("get waits for a key another client sets later") {
+  StoreServer server({.token = kToken});
+  TcpStoreClient waiter(address_of(server), kToken, 5s);
+  std::thread setter([&] {
+    std::this_thread::sleep_for(100ms);
+    TcpStoreClient(address_of(server), kToken, 5s).set("late", "value");
+  });
+  CHECK(waiter.get("late") == "value");
+  setter.join();
+}
+
+TEST_CASE("wait times out on the server's clock with a clear error") {
+  StoreServer server({.token = kToken});
+  TcpStoreClient c(address_of(server), kToken, 5s);
+  auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(c.wait({"never", "also-never"}, 200ms), "store wait for 'never' and 1 more keys timed out after 200 ms", ddl::Error);
+  auto took = std::chrono::steady_clock::now() - start;
+  CHECK(took >= 200ms);
+  c.set("after", "the timeout");  // the connection is still usable
+  CHECK(c.get("after") == "the timeout");
+}
+
+TEST_CASE("a wrong token is refused: the client says so and the server counts it") {
+  StoreServer server({.token = kToken});
+  CHECK_THROWS_WITH_AS(TcpStoreClient(address_of(server), "wrong", 5s),
+                       ("the ddl store at " + address_of(server) + " refused this connection").c_str(), ddl::Error);
+  CHECK(server.rejected_connections() == 1);
+}
+
+TEST_CASE("a wrong token gets nothing written back, and a request without a token is refused") {
+  std::vector<std::string> log;
+  StoreServer server({.token = kToken, .log = [&](const std::string& m) { log.push_back(m); }});
+  int fd = raw_connect(server.port());
+  std::string set = ddl::store::Writer().u8(static_cast<uint8_t>(ddl::store::Op::Set)).str("k").str("v").frame();
+  REQUIRE(::send(fd, set.data(), set.size(), 0) == static_cast<ssize_t>(set.size()));
+  CHECK(closed_by_peer(fd, 2000ms));  // read returned 0: closed with no byte written
+  ::close(fd);
+  TcpStoreClient good(address_of(server), kToken, 5s);
+  CHECK(good.try_get("k") == std::nullopt);  // the unauthenticated Set was not applied
+  CHECK(server.rejected_connections() == 1);
+}
+
+TEST_CASE("rejections are logged once, then counted") {
+  std::vector<std::string> log;
+  std::mutex m;
+  StoreServer server({.token = kToken, .log = [&](const std::string& s) { std::lock_guard l(m); log.push_back(s); }});
+  for (int i = 0; i < 3; ++i) CHECK_THROWS(TcpStoreClient(address_of(server), "nope", 5s));
+  CHECK(server.rejected_connections() == 3);
+  std::lock_guard l(m);
+  REQUIRE(log.size() == 1);
+  CHECK(log[0].find("wrong or missing DDL_STORE_TOKEN") != std::string::npos);
+}
+
+TEST_CASE("a connection that never authenticates is closed after the auth timeout") {
+  StoreServer server({.token = kToken, .auth_timeout = 200ms});
+  int fd = raw_connect(server.port());
+  CHECK(closed_by_peer(fd, 3000ms));
+  ::close(fd);
+  CHECK(server.rejected_connections() == 1);
+}
+
+TEST_CASE("connecting retries until the deadline, then names the address") {
+  uint16_t port;
+  { StoreServer gone({.token = kToken}); port = gone.port(); }
+  auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(TcpStoreClient("127.0.0.1:" + std::to_string(port), kToken, 300ms), ddl::Error);
+  CHECK(std::chrono::steady_clock::now() - start >= 250ms);
+}
+
+TEST_CASE("malformed addresses are errors naming the address") {
+  CHECK_THROWS_WITH_AS(ddl::store::parse_host_port("nohost", "store address"), "store address 'nohost' is not host:port", ddl::Error);
+  CHECK_THROWS_WITH_AS(ddl::store::parse_host_port("h:99999", "store address"), "store address 'h:99999' has no valid port", ddl::Error);
+  CHECK(ddl::store::parse_host_port("[::1]:80", "x") == std::pair<std::string, uint16_t>{"::1", 80});
+}
+
+TEST_CASE("256 clients meet at a barrier and read each other's keys") {
+  StoreServer server({.token = kToken});
+  constexpr int n = 256;
+  std::atomic<int> correct{0};
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < n; ++rank) {
+    threads.emplace_back([&, rank] {
+      TcpStoreClient c(address_of(server), kToken, 30s);
+      c.set("addr/" + std::to_string(rank), "host" + std::to_string(rank));
+      c.barrier("start", n);
+      int next = (rank + 1) % n;
+      if (c.get("addr/" + std::to_string(next)) == "host" + std::to_string(next) && c.get("addr/0") == "host0") ++correct;
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(correct == n);
+  TcpStoreClient c(address_of(server), kToken, 5s);
+  CHECK(c.get("start/arrived") == std::to_string(n));
+}
+
+TEST_CASE("constant-time comparison is still a comparison") {
+  CHECK(ddl::store::constant_time_equal("abc", "abc"));
+  CHECK_FALSE(ddl::store::constant_time_equal("abc", "abd"));
+  CHECK_FALSE(ddl::store::constant_time_equal("abc", "abcd"));
+  CHECK_FALSE(ddl::store::constant_time_equal("", "a"));
+  CHECK(ddl::store::constant_time_equal("", ""));
+}

@@ -1,0 +1,99 @@
+#include <doctest/doctest.h>
+
+#include "launcher/world_plan.hpp"
+#include "runtime/src/common/error.hpp"
+
+using namespace ddl::launcher;
+
+TEST_CASE("-np alone on one node gives that many workers, ranks in node-major order") {
+  LaunchRequest r;
+  r.total_workers = 4;
+  WorldPlan p = plan_world(r, 0);
+  CHECK(p.num_nodes == 1);
+  CHECK(p.workers_per_node == 4);
+  CHECK(p.world_size() == 4);
+  CHECK_FALSE(p.gpu_workers);
+  auto slots = p.slots_on_node(0);
+  REQUIRE(slots.size() == 4);
+  for (int i = 0; i < 4; ++i) {
+    CHECK(slots[i].rank == i);
+    CHECK(slots[i].local_rank == i);
+    CHECK(slots[i].node_rank == 0);
+  }
+}
+
+TEST_CASE("ranks on the second node continue after the first node's") {
+  LaunchRequest r;
+  r.num_nodes = 2;
+  r.workers_per_node = 3;
+  WorldPlan p = plan_world(r, 0);
+  CHECK(p.world_size() == 6);
+  auto slots = p.slots_on_node(1);
+  CHECK(slots[0].rank == 3);
+  CHECK(slots[2].rank == 5);
+  CHECK(slots[2].local_rank == 2);
+  CHECK(slots[2].node_rank == 1);
+  CHECK(p.slot(4).local_rank == 1);
+}
+
+TEST_CASE("--gpus-per-node makes GPU workers, one per GPU") {
+  LaunchRequest r;
+  r.num_nodes = 1;
+  r.gpus_per_node = 4;
+  WorldPlan p = plan_world(r, 4);
+  CHECK(p.workers_per_node == 4);
+  CHECK(p.gpu_workers);
+}
+
+TEST_CASE("with no count, one worker per GPU, or one worker without GPUs") {
+  CHECK(plan_world({}, 3).workers_per_node == 3);
+  CHECK(plan_world({}, 3).gpu_workers);
+  CHECK(plan_world({}, 0).workers_per_node == 1);
+  CHECK_FALSE(plan_world({}, 0).gpu_workers);
+}
+
+TEST_CASE("--cpu ignores the GPUs") {
+  LaunchRequest r;
+  r.total_workers = 8;
+  r.cpu_only = true;
+  WorldPlan p = plan_world(r, 2);
+  CHECK(p.workers_per_node == 8);
+  CHECK_FALSE(p.gpu_workers);
+}
+
+TEST_CASE("more GPU workers than GPUs is an error naming both numbers, unless shared") {
+  LaunchRequest r;
+  r.total_workers = 4;
+  CHECK_THROWS_WITH_AS(plan_world(r, 2), "4 GPU workers per node but this node has 2 GPU(s)", ddl::UsageError);
+  r.share_gpus = true;
+  CHECK(plan_world(r, 2).workers_per_node == 4);
+}
+
+TEST_CASE("--gpus-per-node without any GPU is an error") {
+  LaunchRequest r;
+  r.gpus_per_node = 2;
+  CHECK_THROWS_WITH_AS(plan_world(r, 0), "--gpus-per-node 2 but this node has no GPU visible", ddl::UsageError);
+}
+
+TEST_CASE("contradicting counts are usage errors naming the flags") {
+  LaunchRequest a;
+  a.total_workers = 5;
+  a.num_nodes = 1;
+  a.workers_per_node = 4;
+  CHECK_THROWS_WITH_AS(plan_world(a, 0), "-np 5 contradicts 1 node(s) x 4 workers per node", ddl::UsageError);
+  LaunchRequest b;
+  b.workers_per_node = 2;
+  b.gpus_per_node = 4;
+  CHECK_THROWS_WITH_AS(plan_world(b, 4), "--nproc-per-node 2 contradicts --gpus-per-node 4", ddl::UsageError);
+  LaunchRequest c;
+  c.total_workers = 3;
+  c.num_nodes = 2;
+  CHECK_THROWS_WITH_AS(plan_world(c, 0), "-np 3 does not divide evenly over -N 2 nodes", ddl::UsageError);
+  LaunchRequest d;
+  d.total_workers = 0;
+  CHECK_THROWS_WITH_AS(plan_world(d, 0), "-np must be at least 1, not 0", ddl::UsageError);
+  LaunchRequest e;
+  e.cpu_only = true;
+  e.gpus_per_node = 1;
+  CHECK_THROWS_AS(plan_world(e, 1), ddl::UsageError);
+}
