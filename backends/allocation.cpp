@@ -24,12 +24,12 @@ int distinct_hosts_in(const std::string& nodefile) {
 }  // namespace
 
 Allocation detect_allocation(const Environment& env) {
-  if (auto job = lookup(env, "SLURM_JOB_ID")) {
+  if (auto job = lookup(env, "SLURM_JOB_ID"); job && !job->empty()) {
     auto nodes = lookup(env, "SLURM_JOB_NUM_NODES");
     if (!nodes) nodes = lookup(env, "SLURM_NNODES");
     return {Scheduler::Slurm, *job, positive_int_or(nodes, 1)};
   }
-  if (auto job = lookup(env, "PBS_JOBID")) {
+  if (auto job = lookup(env, "PBS_JOBID"); job && !job->empty()) {
     auto nodefile = lookup(env, "PBS_NODEFILE");
     return {Scheduler::Pbs, *job, nodefile ? distinct_hosts_in(*nodefile) : 1};
   }

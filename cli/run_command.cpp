@@ -39,6 +39,18 @@ void print_outcome(const launcher::RunOutcome& o) {
   }
 }
 
+// The program and its arguments: what followed "--", or else what CLI11 did not recognise. An
+// unrecognised word that looks like an option is a mistyped ddl flag, not a program.
+std::vector<std::string> program_to_run(const std::optional<std::vector<std::string>>& after_dashes,
+                                        const std::vector<std::string>& unrecognised) {
+  const std::vector<std::string>& command = after_dashes ? *after_dashes : unrecognised;
+  const std::string* stray = after_dashes ? (unrecognised.empty() ? nullptr : &unrecognised.front())
+                                          : (!command.empty() && command.front().starts_with("-") ? &command.front() : nullptr);
+  if (stray != nullptr)
+    throw UsageError("ddl run has no option " + *stray, "see `ddl run --help`; the program and its arguments go after --");
+  return command;
+}
+
 }  // namespace
 
 struct RunFlags {
@@ -77,7 +89,7 @@ int RunCommand::execute(const std::optional<std::vector<std::string>>& program) 
   set_if_given(request.launch.gpus_per_node, f.gpus_per_node);
   request.launch.cpu_only = f.cpu;
   request.launch.share_gpus = f.share_gpus;
-  request.command = program ? *program : app_->remaining();
+  request.command = program_to_run(program, app_->remaining());
   request.supervision.grace_period = std::chrono::milliseconds(static_cast<long long>(f.grace_seconds * 1000));
   request.supervision.prefix_output = !f.no_prefix;
   request.supervision.output_dir = f.output_dir;

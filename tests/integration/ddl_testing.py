@@ -1,0 +1,86 @@
+"""Helpers for the integration tests: run the built `ddl` on real programs, read the process table."""
+import os
+import re
+import secrets
+import subprocess
+import sys
+import time
+
+DDL = os.environ.get("DDL_BIN", os.path.join(os.path.dirname(__file__), "..", "..", "build", "cli", "ddl"))
+PYTHON = "/usr/bin/python3"  # Debian's Python, where python3-torch lives
+LINE = re.compile(r"^\[(\d+)\] (.*)$")
+
+
+def ddl_raw(*args, env=None, timeout=120, **kwargs):
+    """Runs `ddl ARGS...` to the end; returns the CompletedProcess with text output. `env` entries
+    override the test's environment (None removes one); a scheduler allocation the tests may run
+    inside is hidden, so ddl behaves as on a workstation."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PBS_"))}
+    for name, value in (env or {}).items():
+        if value is None:
+            full_env.pop(name, None)
+        else:
+            full_env[name] = value
+    return subprocess.run([DDL, *args], env=full_env, capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def lines_by_rank(output):
+    """{rank: [line, ...]} from ddl's "[rank] line" output; other lines go under None."""
+    by_rank = {}
+    for line in output.splitlines():
+        m = LINE.match(line)
+        key = int(m.group(1)) if m else None
+        by_rank.setdefault(key, []).append(m.group(2) if m else line)
+    return by_rank
+
+
+def unique_marker():
+    """A sleep duration unique to one test, so its processes can be found in the process table."""
+    return f"3000.{secrets.randbelow(10**8):08d}"
+
+
+def processes_with(marker):
+    """PIDs of live (non-zombie) processes whose command line contains `marker`."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in cmdline and state != "Z":
+            found.append(int(pid))
+    return found
+
+
+def wait_until(predicate, timeout, interval=0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+def kill_leftovers(marker):
+    """Test cleanup only: never let a failing test leave its sleepers behind."""
+    for pid in processes_with(marker):
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
+
+
+def log(*parts):
+    print(*parts, file=sys.stderr)
+
+
+def ddl(*args, **kwargs):
+    """`ddl run ARGS...` unless ARGS already name a subcommand."""
+    if not args or args[0] not in ("run", "--help", "--version"):
+        args = ("run", *args)
+    return ddl_raw(*args, **kwargs)

@@ -1,0 +1,99 @@
+"""`ddl run` gives every worker the environment of DESIGN.md section 4, with its own rank's values."""
+import json
+import os
+import re
+import unittest
+
+from ddl_testing import PYTHON, ddl, lines_by_rank
+
+CONTRACT = [
+    "DDL_RANK", "DDL_SIZE", "DDL_LOCAL_RANK", "DDL_LOCAL_SIZE", "DDL_NODE_RANK", "DDL_NUM_NODES",
+    "DDL_STORE_ADDR", "DDL_STORE_TOKEN", "DDL_RUN_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR",
+    "MASTER_PORT", "TORCHELASTIC_RUN_ID", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
+]
+PRINT_ENV = f"import os, json; print(json.dumps({{k: os.environ.get(k) for k in {CONTRACT!r}}}))"
+
+
+def environments(*args, env=None):
+    result = ddl(*args, "--", PYTHON, "-c", PRINT_ENV, env=env)
+    assert result.returncode == 0, result.stderr
+    return {rank: json.loads(lines[0]) for rank, lines in lines_by_rank(result.stdout).items()}
+
+
+class WorkerEnvironment(unittest.TestCase):
+    def test_every_rank_gets_its_own_values_and_the_shared_ones_agree(self):
+        envs = environments("-np", "4", env={"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": ""})
+        self.assertEqual(sorted(envs), [0, 1, 2, 3])
+        cpus = len(os.sched_getaffinity(0))
+        for rank, e in envs.items():
+            for name in ("DDL_RANK", "RANK", "ROLE_RANK", "DDL_LOCAL_RANK", "LOCAL_RANK"):
+                self.assertEqual(e[name], str(rank), name)
+            for name in ("DDL_SIZE", "WORLD_SIZE", "ROLE_WORLD_SIZE", "DDL_LOCAL_SIZE", "LOCAL_WORLD_SIZE"):
+                self.assertEqual(e[name], "4", name)
+            for name in ("DDL_NODE_RANK", "GROUP_RANK"):
+                self.assertEqual(e[name], "0", name)
+            for name in ("DDL_NUM_NODES", "GROUP_WORLD_SIZE"):
+                self.assertEqual(e[name], "1", name)
+            self.assertEqual(e["MASTER_ADDR"], "127.0.0.1")
+            self.assertRegex(e["DDL_STORE_TOKEN"], r"^[0-9a-f]{32}$")
+            self.assertEqual(e["TORCHELASTIC_RUN_ID"], e["DDL_RUN_ID"])
+            self.assertEqual(e["CUDA_VISIBLE_DEVICES"], "")  # CPU workers: inherited value untouched
+        for shared in ("MASTER_PORT", "DDL_STORE_ADDR", "DDL_STORE_TOKEN", "DDL_RUN_ID"):
+            self.assertEqual(len({e[shared] for e in envs.values()}), 1, shared)
+        port = int(envs[0]["MASTER_PORT"])
+        self.assertTrue(1024 <= port <= 65535)
+        self.assertRegex(envs[0]["DDL_STORE_ADDR"], r"^127\.0\.0\.1:\d+$")
+
+    def test_omp_threads_are_cores_per_worker_unless_set(self):
+        cpus = len(os.sched_getaffinity(0))
+        derived = environments("-np", "4", env={"OMP_NUM_THREADS": None})
+        self.assertEqual({e["OMP_NUM_THREADS"] for e in derived.values()}, {str(max(1, cpus // 4))})
+        kept = environments("-np", "2", env={"OMP_NUM_THREADS": "3"})
+        self.assertEqual({e["OMP_NUM_THREADS"] for e in kept.values()}, {"3"})
+
+    def test_torchrun_and_gpu_spellings(self):
+        self.assertEqual(len(environments("--nproc-per-node", "3", env={"CUDA_VISIBLE_DEVICES": ""})), 3)
+        self.assertEqual(len(environments("--nproc_per_node", "2", env={"CUDA_VISIBLE_DEVICES": ""})), 2)
+        self.assertEqual(len(environments("-n", "2", env={"CUDA_VISIBLE_DEVICES": ""})), 2)
+
+
+class GpuPinning(unittest.TestCase):
+    def test_local_ranks_get_the_inherited_visible_devices_in_order(self):
+        envs = environments("-N", "1", "--gpus-per-node", "4", env={"CUDA_VISIBLE_DEVICES": "2,3,5,7"})
+        self.assertEqual({r: e["CUDA_VISIBLE_DEVICES"] for r, e in envs.items()}, {0: "2", 1: "3", 2: "5", 3: "7"})
+
+    def test_np_alone_pins_when_gpus_are_visible(self):
+        envs = environments("-np", "2", env={"CUDA_VISIBLE_DEVICES": "GPU-aaaa,GPU-bbbb"})
+        self.assertEqual({r: e["CUDA_VISIBLE_DEVICES"] for r, e in envs.items()}, {0: "GPU-aaaa", 1: "GPU-bbbb"})
+
+    def test_more_gpu_workers_than_gpus_is_an_error_naming_both_numbers(self):
+        result = ddl("run", "-np", "4", "--", "true", env={"CUDA_VISIBLE_DEVICES": "0,1"})
+        self.assertEqual(result.returncode, 2)
+        self.assertIn("4 GPU workers per node but this node has 2 GPU(s)", result.stderr)
+        self.assertIn("--share-gpus", result.stderr)
+
+    def test_sharing_and_cpu_flags(self):
+        shared = environments("-np", "4", "--share-gpus", env={"CUDA_VISIBLE_DEVICES": "0,1"})
+        self.assertEqual([shared[r]["CUDA_VISIBLE_DEVICES"] for r in range(4)], ["0", "1", "0", "1"])
+        cpu = environments("-np", "3", "--cpu", env={"CUDA_VISIBLE_DEVICES": "0"})
+        self.assertEqual({e["CUDA_VISIBLE_DEVICES"] for e in cpu.values()}, {"0"})
+
+
+class UsageErrors(unittest.TestCase):
+    def test_several_nodes_outside_an_allocation_says_how_to_get_one(self):
+        result = ddl("run", "-N", "2", "--", "true")
+        self.assertEqual(result.returncode, 2)
+        self.assertRegex(result.stderr, r"-N 2 needs an allocation of 2 nodes")
+        self.assertIn("salloc", result.stderr)
+
+    def test_bad_flag_values_are_one_line_errors(self):
+        for args, needle in ((["-np", "0"], "--np"), (["-np", "x"], "--np"), (["--bogus"], "--bogus"), (["--bogus", "true"], "--bogus")):
+            result = ddl("run", *args, "--", "true") if args[-1] != "true" else ddl("run", *args)
+            self.assertEqual(result.returncode, 2, args)
+            self.assertTrue(result.stderr.startswith("ddl: error:"), result.stderr)
+            self.assertIn(needle, result.stderr.splitlines()[0])
+
+
+if __name__ == "__main__":
+    unittest.main()
