@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs the Debian packages ddl needs that are missing (quiet when none is), then configures and
+# builds ddl in ./build. Idempotent; used by both README commands and by CI.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(
+  g++ cmake make pkgconf          # toolchain
+  libcli11-dev libfmt-dev         # CLI parsing, formatting
+  doctest-dev                     # unit tests
+  python3 python3-torch           # the PyTorch DDP example and the integration tests
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=()
+  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build -j "$(nproc)" -- --no-print-directory >/dev/null || cmake --build build -j 1
+echo "setup: built build/cli/ddl"
