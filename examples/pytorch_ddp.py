@@ -23,6 +23,7 @@ Needs no GPU, no downloads, and takes a few seconds with 4 workers.
 """
 
 import argparse
+import gc
 import hashlib
 import os
 import sys
@@ -53,13 +54,11 @@ def log0(message):
         print(message, flush=True)
 
 
-def fail(message):
-    print(f"error: {message}", file=sys.stderr, flush=True)
-    sys.exit(1)
-
-
 def allreduce_check():
-    """All-reduce [rank+1, 10*(rank+1)] and compare with the sum done by hand."""
+    """All-reduce [rank+1, 10*(rank+1)], compare with the sum done by hand.
+
+    Returns an error message, or None when the result is right.
+    """
     rank, world = dist.get_rank(), dist.get_world_size()
     tensor = torch.tensor([rank + 1.0, 10.0 * (rank + 1)], dtype=torch.float64)
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
@@ -71,7 +70,8 @@ def allreduce_check():
           f"got [{got[0]:g}, {got[1]:g}] expected [{expected[0]:g}, {expected[1]:g}] "
           f"{'ok' if ok else 'MISMATCH'}", flush=True)
     if not ok:
-        fail(f"all-reduce on rank {rank} returned {got}, expected {expected}")
+        return f"all-reduce on rank {rank} returned {got}, expected {expected}"
+    return None
 
 
 def make_mlp():
@@ -82,14 +82,26 @@ def make_mlp():
     )
 
 
+def make_teacher():
+    """A fixed random network, the same on every rank, scaled to unit output."""
+    torch.manual_seed(TEACHER_SEED)
+    teacher = make_mlp()
+    with torch.no_grad():
+        probe = teacher(torch.randn(4096, IN_FEATURES))
+        last = teacher[-1]
+        last.bias -= probe.mean()
+        last.weight /= probe.std()
+        last.bias /= probe.std()
+    return teacher
+
+
 def make_shard(rank, samples):
     """This rank's inputs (seeded by rank) and the teacher's targets for them."""
-    torch.manual_seed(TEACHER_SEED)  # the same teacher on every rank
-    teacher = make_mlp()
+    teacher = make_teacher()
     generator = torch.Generator().manual_seed(1000 + rank)
     x = torch.randn(samples, IN_FEATURES, generator=generator)
     with torch.no_grad():
-        y = teacher(x) + 0.01 * torch.randn(samples, 1, generator=generator)
+        y = teacher(x) + 0.05 * torch.randn(samples, 1, generator=generator)
     return x, y
 
 
@@ -124,40 +136,60 @@ def params_digest(model):
 
 
 def replicas_check(model):
-    """Compare the SHA-256 of every rank's parameters on rank 0."""
+    """Compare the SHA-256 of every rank's parameters on rank 0.
+
+    Returns an error message on rank 0 when they differ, else None.
+    """
     digests = [None] * dist.get_world_size()
     dist.all_gather_object(digests, params_digest(model))
     if dist.get_rank() != 0:
-        return
+        return None
     if len(set(digests)) == 1:
         print(f"replicas identical: yes (sha256 {digests[0][:16]})", flush=True)
-    else:
-        listing = "\n".join(f"  rank {r}: {d}" for r, d in enumerate(digests))
-        print(f"replicas identical: NO\n{listing}", flush=True)
-        sys.exit(1)
+        return None
+    listing = "\n".join(f"  rank {r}: {d}" for r, d in enumerate(digests))
+    print(f"replicas identical: NO\n{listing}", flush=True)
+    return "the model replicas differ after training"
+
+
+def train(args):
+    """Train the DDP model; returns replicas_check's verdict.
+
+    The model lives only inside this function, so its DDP Reducer is gone
+    before main() destroys the process group (see main).
+    """
+    torch.manual_seed(MODEL_SEED)  # DDP also broadcasts rank 0's weights
+    model = DDP(make_mlp())
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    x, y = make_shard(dist.get_rank(), args.samples_per_rank)
+    for epoch in range(1, args.epochs + 1):
+        loss = mean_over_ranks(train_epoch(model, optimizer, x, y, args.batch_size, epoch))
+        log0(f"epoch {epoch}/{args.epochs} loss {loss:.6f}")
+    return replicas_check(model)
 
 
 def main():
     args = parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     dist.init_process_group("gloo")  # env://: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
-    rank, world = dist.get_rank(), dist.get_world_size()
-    log0(f"world size {world}, backend {dist.get_backend()}, "
+    log0(f"world size {dist.get_world_size()}, backend {dist.get_backend()}, "
          f"torch {torch.__version__}, epochs {args.epochs}")
 
-    allreduce_check()
+    error = allreduce_check()
+    if error is None:
+        error = train(args)
+    if error is not None:
+        print(f"error: {error}", file=sys.stderr, flush=True)
 
-    torch.manual_seed(MODEL_SEED)  # DDP also broadcasts rank 0's weights
-    model = DDP(make_mlp())
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-    x, y = make_shard(rank, args.samples_per_rank)
-
-    for epoch in range(1, args.epochs + 1):
-        loss = mean_over_ranks(train_epoch(model, optimizer, x, y, args.batch_size, epoch))
-        log0(f"epoch {epoch}/{args.epochs} loss {loss:.6f}")
-
-    replicas_check(model)
+    # Order matters with torch 1.13: if the DDP Reducer held the last reference
+    # to the gloo process group, its destructor would join gloo's worker
+    # threads while holding the GIL, and a worker that needs the GIL to free a
+    # tensor would deadlock the exit. So the model is freed first (train() has
+    # returned; collect any cycles), then destroy_process_group drops the group.
+    gc.collect()
     dist.destroy_process_group()
+    if error is not None:
+        sys.exit(1)
 
 
 if __name__ == "__main__":
