@@ -1,0 +1,43 @@
+// The transport under the engine: blocking collectives on host memory among the world's ranks.
+// Only the engine's background thread calls them, one at a time, in the same order on every rank.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/src/engine/dtype.hpp"
+
+namespace ddl::store {
+class TcpStoreClient;
+}
+
+namespace ddl::runtime {
+
+class Collectives {
+ public:
+  virtual ~Collectives() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // One byte string from every rank, in rank order (the negotiation round).
+  virtual std::vector<std::string> allgather_bytes(const std::string& mine) = 0;
+  // In place: data[i] = reduce over ranks, elements of `element_size` bytes.
+  virtual void allreduce(void* data, size_t count, size_t element_size, ReduceFunction reduce) = 0;
+  virtual void broadcast(void* data, size_t bytes, int root) = 0;
+  // recv holds bytes_per_rank[r] bytes from each rank r, in rank order.
+  virtual void allgatherv(const void* send, void* recv, const std::vector<size_t>& bytes_per_rank) = 0;
+  virtual void alltoall(const void* send, void* recv, size_t bytes_per_rank) = 0;
+  virtual void barrier() = 0;
+};
+
+// The world of one process: every collective is a copy.
+std::unique_ptr<Collectives> make_single_process_collectives();
+
+// Gloo over TCP, wired up through the ddl store. `interface_host` is the address peers reach this
+// rank at; `prefix` keeps the keys of one ddl_init apart from another's.
+std::unique_ptr<Collectives> make_gloo_collectives(int rank, int size, store::TcpStoreClient store, const std::string& prefix,
+                                                   const std::string& interface_host, std::chrono::milliseconds timeout);
+
+}  // namespace ddl::runtime

@@ -1,0 +1,159 @@
+#include <gloo/allgather.h>
+#include <gloo/allgatherv.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "runtime/src/backends/collectives.hpp"
+#include "runtime/src/store/tcp_store_client.hpp"
+
+namespace ddl::runtime {
+
+namespace {
+
+// Gloo's rendezvous store interface over the ddl store, under a key prefix.
+class GlooStore final : public gloo::rendezvous::Store {
+ public:
+  GlooStore(store::TcpStoreClient client, std::string prefix) : client_(std::move(client)), prefix_(std::move(prefix)) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    client_.set(prefix_ + key, std::string(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    std::string value = client_.get(prefix_ + key);
+    return {value.begin(), value.end()};
+  }
+  void wait(const std::vector<std::string>& keys) override { client_.wait(prefixed(keys)); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    client_.wait(prefixed(keys), timeout);
+  }
+
+ private:
+  std::vector<std::string> prefixed(const std::vector<std::string>& keys) const {
+    std::vector<std::string> out;
+    for (const auto& k : keys) out.push_back(prefix_ + k);
+    return out;
+  }
+  store::TcpStoreClient client_;
+  std::string prefix_;
+};
+
+// Runs a Gloo collective on raw bytes of the given element width.
+template <typename Fn>
+void with_element_type(size_t element_size, Fn fn) {
+  switch (element_size) {
+    case 1: return fn(uint8_t{});
+    case 2: return fn(uint16_t{});
+    case 4: return fn(uint32_t{});
+    case 8: return fn(uint64_t{});
+  }
+}
+
+class GlooCollectives final : public Collectives {
+ public:
+  GlooCollectives(int rank, int size, store::TcpStoreClient client, const std::string& prefix, const std::string& host,
+                  std::chrono::milliseconds timeout)
+      : timeout_(timeout) {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = host;
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+    auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    context->setTimeout(timeout);
+    GlooStore store(std::move(client), prefix);
+    context->connectFullMesh(store, device);
+    context_ = context;
+  }
+
+  int rank() const override { return context_->rank; }
+  int size() const override { return context_->size; }
+
+  std::vector<std::string> allgather_bytes(const std::string& mine) override {
+    std::vector<int64_t> sizes(static_cast<size_t>(size()));
+    int64_t my_size = static_cast<int64_t>(mine.size());
+    gloo::AllgatherOptions sizes_opts(context_);
+    sizes_opts.setInput(&my_size, 1);
+    sizes_opts.setOutput(sizes.data(), sizes.size());
+    sizes_opts.setTimeout(timeout_);
+    gloo::allgather(sizes_opts);
+    std::vector<size_t> counts(sizes.begin(), sizes.end());
+    size_t total = 0;
+    for (size_t c : counts) total += c;
+    std::string all(total, '\0');
+    allgatherv(mine.data(), all.data(), counts);
+    std::vector<std::string> out;
+    size_t offset = 0;
+    for (size_t c : counts) {
+      out.push_back(all.substr(offset, c));
+      offset += c;
+    }
+    return out;
+  }
+
+  void allreduce(void* data, size_t count, size_t element_size, ReduceFunction reduce) override {
+    if (count == 0) return;
+    with_element_type(element_size, [&](auto type) {
+      using T = decltype(type);
+      gloo::AllreduceOptions opts(context_);
+      opts.setOutput(static_cast<T*>(data), count);
+      opts.setReduceFunction(reduce);
+      opts.setTimeout(timeout_);
+      gloo::allreduce(opts);
+    });
+  }
+
+  void broadcast(void* data, size_t bytes, int root) override {
+    if (bytes == 0) return;
+    gloo::BroadcastOptions opts(context_);
+    opts.setOutput(static_cast<uint8_t*>(data), bytes);
+    opts.setRoot(root);
+    opts.setTimeout(timeout_);
+    gloo::broadcast(opts);
+  }
+
+  void allgatherv(const void* send, void* recv, const std::vector<size_t>& bytes_per_rank) override {
+    size_t total = 0;
+    for (size_t b : bytes_per_rank) total += b;
+    if (total == 0) return;
+    gloo::AllgathervOptions opts(context_);
+    // Gloo wants a mutable input pointer; it only reads from it.
+    opts.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(send)), bytes_per_rank[static_cast<size_t>(rank())]);
+    opts.setOutput(static_cast<uint8_t*>(recv), bytes_per_rank);
+    opts.setTimeout(timeout_);
+    gloo::allgatherv(opts);
+  }
+
+  void alltoall(const void* send, void* recv, size_t bytes_per_rank) override {
+    if (bytes_per_rank == 0) return;
+    const size_t total = bytes_per_rank * static_cast<size_t>(size());
+    gloo::AlltoallOptions opts(context_);
+    opts.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(send)), total);
+    opts.setOutput(static_cast<uint8_t*>(recv), total);
+    opts.setTimeout(timeout_);
+    gloo::alltoall(opts);
+  }
+
+  void barrier() override {
+    gloo::BarrierOptions opts(context_);
+    opts.setTimeout(timeout_);
+    gloo::barrier(opts);
+  }
+
+ private:
+  std::shared_ptr<gloo::Context> context_;
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace
+
+std::unique_ptr<Collectives> make_gloo_collectives(int rank, int size, store::TcpStoreClient store, const std::string& prefix,
+                                                   const std::string& interface_host, std::chrono::milliseconds timeout) {
+  return std::make_unique<GlooCollectives>(rank, size, std::move(store), prefix, interface_host, timeout);
+}
+
+}  // namespace ddl::runtime

@@ -1,0 +1,174 @@
+#include "runtime/src/engine/dtype.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+namespace ddl::runtime {
+
+bool valid_dtype(int dtype) { return dtype >= DDL_FLOAT16 && dtype <= DDL_INT64; }
+bool valid_reduce_op(int op) { return op >= DDL_SUM && op <= DDL_PRODUCT; }
+
+size_t dtype_size(ddl_dtype dtype) {
+  switch (dtype) {
+    case DDL_FLOAT16:
+    case DDL_BFLOAT16: return 2;
+    case DDL_FLOAT32:
+    case DDL_INT32: return 4;
+    case DDL_FLOAT64:
+    case DDL_INT64: return 8;
+  }
+  return 0;
+}
+
+const char* dtype_name(ddl_dtype dtype) {
+  static const char* names[] = {"float16", "bfloat16", "float32", "float64", "int32", "int64"};
+  return valid_dtype(dtype) ? names[dtype] : "unknown-dtype";
+}
+
+const char* reduce_op_name(ddl_reduce_op op) {
+  static const char* names[] = {"sum", "average", "min", "max", "product"};
+  return valid_reduce_op(op) ? names[op] : "unknown-op";
+}
+
+float half_to_float(unsigned short h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  uint32_t exponent = (h >> 10) & 0x1f;
+  uint32_t mantissa = h & 0x3ff;
+  uint32_t bits;
+  if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | (mantissa << 13);  // inf or NaN
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;
+  } else {  // subnormal half: normalize it
+    int shift = 0;
+    while ((mantissa & 0x400) == 0) { mantissa <<= 1; ++shift; }
+    mantissa &= 0x3ff;
+    bits = sign | (static_cast<uint32_t>(113 - shift) << 23) | (mantissa << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+unsigned short float_to_half(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  const uint32_t sign = (bits >> 16) & 0x8000;
+  const uint32_t abs = bits & 0x7fffffff;
+  if (abs > 0x7f800000) return static_cast<unsigned short>(sign | 0x7e00);   // NaN
+  if (abs >= 0x47800000) return static_cast<unsigned short>(sign | 0x7c00);  // >= 65536: inf
+  if (abs < 0x33000000) return static_cast<unsigned short>(sign);             // < 2^-25: zero
+  const int exponent = static_cast<int>(abs >> 23);
+  uint32_t result;
+  uint32_t rest;
+  uint32_t half_way;
+  if (exponent < 113) {  // a half subnormal: count units of 2^-24
+    const int shift = 126 - exponent;
+    const uint32_t mantissa = (abs & 0x7fffff) | 0x800000;
+    result = mantissa >> shift;
+    rest = mantissa & ((1u << shift) - 1);
+    half_way = 1u << (shift - 1);
+  } else {  // a normal half: rebias the exponent, keep 10 mantissa bits
+    result = (static_cast<uint32_t>(exponent - 112) << 10) | ((abs >> 13) & 0x3ff);
+    rest = abs & 0x1fff;
+    half_way = 0x1000;
+  }
+  // Round to nearest even; a carry out of the mantissa correctly bumps the exponent (up to inf).
+  if (rest > half_way || (rest == half_way && (result & 1))) ++result;
+  return static_cast<unsigned short>(sign | result);
+}
+
+float bfloat16_to_float(unsigned short b) {
+  uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+unsigned short float_to_bfloat16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  if ((bits & 0x7fffffff) > 0x7f800000) return static_cast<unsigned short>((bits >> 16) | 0x40);  // quiet NaN
+  uint32_t rounding = 0x7fff + ((bits >> 16) & 1);
+  return static_cast<unsigned short>((bits + rounding) >> 16);
+}
+
+namespace {
+
+template <typename T, typename Op>
+void apply(void* out, const void* a, const void* b, size_t n, Op op) {
+  auto* o = static_cast<T*>(out);
+  const auto* x = static_cast<const T*>(a);
+  const auto* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) o[i] = op(x[i], y[i]);
+}
+
+// 16-bit floats reduce in float and round back once per pair.
+template <float (*ToFloat)(unsigned short), unsigned short (*FromFloat)(float), typename Op>
+void apply_16(void* out, const void* a, const void* b, size_t n, Op op) {
+  auto* o = static_cast<unsigned short*>(out);
+  const auto* x = static_cast<const unsigned short*>(a);
+  const auto* y = static_cast<const unsigned short*>(b);
+  for (size_t i = 0; i < n; ++i) o[i] = FromFloat(op(ToFloat(x[i]), ToFloat(y[i])));
+}
+
+struct Sum { template <typename T> T operator()(T x, T y) const { return x + y; } };
+struct Product { template <typename T> T operator()(T x, T y) const { return x * y; } };
+struct Min { template <typename T> T operator()(T x, T y) const { return std::min(x, y); } };
+struct Max { template <typename T> T operator()(T x, T y) const { return std::max(x, y); } };
+
+template <typename Op>
+ReduceFunction for_dtype(ddl_dtype dtype) {
+  switch (dtype) {
+    case DDL_FLOAT16: return [](void* o, const void* a, const void* b, size_t n) { apply_16<half_to_float, float_to_half>(o, a, b, n, Op{}); };
+    case DDL_BFLOAT16: return [](void* o, const void* a, const void* b, size_t n) { apply_16<bfloat16_to_float, float_to_bfloat16>(o, a, b, n, Op{}); };
+    case DDL_FLOAT32: return [](void* o, const void* a, const void* b, size_t n) { apply<float>(o, a, b, n, Op{}); };
+    case DDL_FLOAT64: return [](void* o, const void* a, const void* b, size_t n) { apply<double>(o, a, b, n, Op{}); };
+    case DDL_INT32: return [](void* o, const void* a, const void* b, size_t n) { apply<int32_t>(o, a, b, n, Op{}); };
+    case DDL_INT64: return [](void* o, const void* a, const void* b, size_t n) { apply<int64_t>(o, a, b, n, Op{}); };
+  }
+  return nullptr;
+}
+
+template <typename T>
+void divide(void* data, size_t n, int divisor) {
+  auto* d = static_cast<T*>(data);
+  for (size_t i = 0; i < n; ++i) d[i] = static_cast<T>(d[i] / static_cast<T>(divisor));
+}
+
+}  // namespace
+
+ReduceFunction reduce_function(ddl_dtype dtype, ddl_reduce_op op) {
+  switch (op) {
+    case DDL_SUM:
+    case DDL_AVERAGE: return for_dtype<Sum>(dtype);
+    case DDL_PRODUCT: return for_dtype<Product>(dtype);
+    case DDL_MIN: return for_dtype<Min>(dtype);
+    case DDL_MAX: return for_dtype<Max>(dtype);
+  }
+  return nullptr;
+}
+
+void divide_by_world_size(void* data, size_t n, ddl_dtype dtype, int divisor) {
+  switch (dtype) {
+    case DDL_FLOAT16: {
+      auto* d = static_cast<unsigned short*>(data);
+      for (size_t i = 0; i < n; ++i) d[i] = float_to_half(half_to_float(d[i]) / static_cast<float>(divisor));
+      return;
+    }
+    case DDL_BFLOAT16: {
+      auto* d = static_cast<unsigned short*>(data);
+      for (size_t i = 0; i < n; ++i) d[i] = float_to_bfloat16(bfloat16_to_float(d[i]) / static_cast<float>(divisor));
+      return;
+    }
+    case DDL_FLOAT32: return divide<float>(data, n, divisor);
+    case DDL_FLOAT64: return divide<double>(data, n, divisor);
+    case DDL_INT32: return divide<int32_t>(data, n, divisor);
+    case DDL_INT64: return divide<int64_t>(data, n, divisor);
+  }
+}
+
+}  // namespace ddl::runtime

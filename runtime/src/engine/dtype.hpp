@@ -1,0 +1,31 @@
+// Element types and reductions of libddl, on host memory.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "ddl/ddl.h"
+
+namespace ddl::runtime {
+
+bool valid_dtype(int dtype);
+bool valid_reduce_op(int op);
+size_t dtype_size(ddl_dtype dtype);
+const char* dtype_name(ddl_dtype dtype);
+const char* reduce_op_name(ddl_reduce_op op);
+
+// out[i] = a[i] op b[i] for n elements (out may alias a or b). AVERAGE reduces as SUM; see
+// divide_by_world_size. The signature is the one Gloo's reduce functions have.
+using ReduceFunction = void (*)(void* out, const void* a, const void* b, size_t n);
+ReduceFunction reduce_function(ddl_dtype dtype, ddl_reduce_op op);
+
+// data[i] /= divisor, for the AVERAGE reduction (integers truncate toward zero).
+void divide_by_world_size(void* data, size_t n, ddl_dtype dtype, int divisor);
+
+// IEEE half and bfloat16 <-> float, round to nearest even.
+float half_to_float(unsigned short h);
+unsigned short float_to_half(float f);
+float bfloat16_to_float(unsigned short b);
+unsigned short float_to_bfloat16(float f);
+
+}  // namespace ddl::runtime

@@ -1,0 +1,239 @@
+#include "runtime/src/engine/engine.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace ddl::runtime {
+
+void OpState::complete(ddl_status status, std::string message) {
+  {
+    std::lock_guard lock(mutex_);
+    if (done_) return;
+    done_ = true;
+    status_ = status;
+    message_ = std::move(message);
+  }
+  cv_.notify_all();
+}
+
+ddl_status OpState::wait(std::string& message) {
+  std::unique_lock lock(mutex_);
+  cv_.wait(lock, [&] { return done_; });
+  message = message_;
+  return status_;
+}
+
+bool OpState::done() {
+  std::lock_guard lock(mutex_);
+  return done_;
+}
+
+Engine::Engine(std::unique_ptr<Collectives> collectives, EngineConfig config)
+    : collectives_(std::move(collectives)),
+      config_(std::move(config)),
+      rank_(collectives_->rank()),
+      size_(collectives_->size()),
+      negotiator_(size_),
+      timeline_(config_.timeline_path, rank_) {
+  thread_ = std::thread([this] { run_loop(); });
+}
+
+Engine::~Engine() { finalize(); }
+
+std::shared_ptr<OpState> Engine::submit(std::string name, const OpSpec& spec, const void* send, void* recv) {
+  auto state = std::make_shared<OpState>();
+  std::unique_lock lock(mutex_);
+  if (name.empty()) name = fmt::format("unnamed.{}", unnamed_counter_++);
+  if (broken_) {
+    state->complete(broken_status_, broken_message_);
+  } else if (finalize_requested_) {
+    state->complete(DDL_ERROR_NOT_INITIALIZED, fmt::format("op '{}' submitted after ddl_finalize", name));
+  } else if (in_flight_.count(name) || std::any_of(inbox_.begin(), inbox_.end(), [&](const auto& p) { return p.name == name; })) {
+    state->complete(DDL_ERROR_INVALID_ARGUMENT, fmt::format("op '{}' is already in flight on rank {}: names must be unique until the op finishes", name, rank_));
+  } else {
+    inbox_.push_back({std::move(name), spec, send, recv, state, Clock::now()});
+    lock.unlock();
+    wake_.notify_one();
+  }
+  return state;
+}
+
+void Engine::finalize() {
+  {
+    std::lock_guard lock(mutex_);
+    finalize_requested_ = true;
+  }
+  wake_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Engine::run_loop() {
+  try {
+    while (run_round()) {
+    }
+    // Every rank finalized: whatever is still waiting for a peer will never run.
+    for (auto& [name, op] : in_flight_)
+      op.state->complete(DDL_ERROR_NOT_INITIALIZED, fmt::format("op '{}' was still waiting for other ranks when every rank finalized", name));
+    in_flight_.clear();
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    bool timed_out = what.find("imed out") != std::string::npos || what.find("imeout") != std::string::npos;
+    fail_everything(timed_out ? DDL_ERROR_TIMEOUT : DDL_ERROR_PEER_FAILED,
+                    fmt::format("rank {}: {} talking to the other ranks: {}", rank_, timed_out ? "timed out" : "lost a peer", what));
+  }
+}
+
+bool Engine::run_round() {
+  Announcement mine;
+  {
+    std::unique_lock lock(mutex_);
+    // Sleep one cycle unless there is work; a submit wakes the thread early.
+    if (inbox_.empty() && !finalize_requested_) wake_.wait_for(lock, config_.cycle_time);
+    for (auto& op : inbox_) {
+      mine.submitted.emplace_back(op.name, op.spec);
+      std::string name = op.name;
+      in_flight_.emplace(std::move(name), std::move(op));
+    }
+    // in_flight_ changes only here and in finish(), both under the lock; the engine thread reads it freely.
+    inbox_.clear();
+    mine.finalizing = finalize_requested_;
+  }
+  const auto now = Clock::now();
+  if (rank_ == 0) mine.expired = negotiator_.stalled(now, config_.timeout);
+
+  std::vector<Announcement> round;
+  for (const auto& bytes : collectives_->allgather_bytes(mine.serialize())) round.push_back(Announcement::parse(bytes));
+  RoundDecision decision = negotiator_.merge(round, Clock::now());
+
+  for (const auto& failed : decision.failed) {
+    auto it = in_flight_.find(failed.name);
+    if (it != in_flight_.end()) finish(it->second, failed.status, failed.message);
+  }
+  execute(decision.ready);
+  return !(decision.all_finalizing && decision.ready.empty());
+}
+
+size_t Engine::bytes_of(const OpSpec& spec) const { return spec.count * dtype_size(spec.dtype); }
+
+void Engine::execute(const std::vector<ReadyOp>& ready) {
+  const auto negotiated = Clock::now();
+  std::vector<PendingOp*> ops;
+  for (const auto& r : ready) {
+    PendingOp& op = in_flight_.at(r.name);  // every rank submitted it, this one included
+    timeline_.record(op.name, "NEGOTIATE", op.submitted, negotiated);
+    ops.push_back(&op);
+  }
+  // Allreduces of one dtype and reduction are fused; everything else runs in the agreed order.
+  std::vector<PendingOp*> allreduces;
+  for (PendingOp* op : ops) {
+    if (op->spec.kind == OpKind::Allreduce) allreduces.push_back(op);
+    else run_single(*op);
+  }
+  run_allreduces(allreduces);
+}
+
+void Engine::run_allreduces(const std::vector<PendingOp*>& ops) {
+  std::vector<bool> taken(ops.size(), false);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (taken[i]) continue;
+    std::vector<PendingOp*> group{ops[i]};
+    taken[i] = true;
+    size_t bytes = bytes_of(ops[i]->spec);
+    for (size_t j = i + 1; j < ops.size() && config_.fusion_threshold > 0; ++j) {
+      const OpSpec& a = ops[i]->spec;
+      const OpSpec& b = ops[j]->spec;
+      if (taken[j] || a.dtype != b.dtype || a.reduce != b.reduce) continue;
+      if (bytes + bytes_of(b) > config_.fusion_threshold) continue;
+      bytes += bytes_of(b);
+      group.push_back(ops[j]);
+      taken[j] = true;
+    }
+    if (group.size() == 1) run_single(*group[0]);
+    else run_fused_allreduce(group);
+  }
+}
+
+void Engine::run_fused_allreduce(const std::vector<PendingOp*>& ops) {
+  const ddl_dtype dtype = ops[0]->spec.dtype;
+  const ddl_reduce_op reduce = ops[0]->spec.reduce;
+  const size_t element = dtype_size(dtype);
+  size_t total = 0;
+  for (PendingOp* op : ops) total += bytes_of(op->spec);
+  if (fusion_buffer_.size() < total) fusion_buffer_.resize(total);
+
+  auto t0 = Clock::now();
+  size_t offset = 0;
+  for (PendingOp* op : ops) {
+    std::memcpy(fusion_buffer_.data() + offset, op->send, bytes_of(op->spec));
+    offset += bytes_of(op->spec);
+  }
+  auto t1 = Clock::now();
+  collectives_->allreduce(fusion_buffer_.data(), total / element, element, reduce_function(dtype, reduce));
+  if (reduce == DDL_AVERAGE) divide_by_world_size(fusion_buffer_.data(), total / element, dtype, size_);
+  auto t2 = Clock::now();
+  offset = 0;
+  for (PendingOp* op : ops) {
+    std::memcpy(op->recv, fusion_buffer_.data() + offset, bytes_of(op->spec));
+    offset += bytes_of(op->spec);
+  }
+  auto t3 = Clock::now();
+  for (PendingOp* op : ops) {
+    timeline_.record(op->name, "MEMCPY_IN_FUSION_BUFFER", t0, t1);
+    timeline_.record(op->name, "ALLREDUCE", t1, t2);
+    timeline_.record(op->name, "MEMCPY_OUT_FUSION_BUFFER", t2, t3);
+    finish(*op, DDL_SUCCESS);
+  }
+}
+
+void Engine::run_single(PendingOp& op) {
+  const OpSpec& s = op.spec;
+  const size_t element = dtype_size(s.dtype);
+  const size_t bytes = bytes_of(s);
+  auto start = Clock::now();
+  switch (s.kind) {
+    case OpKind::Allreduce:
+      if (op.send != op.recv && bytes > 0) std::memmove(op.recv, op.send, bytes);
+      collectives_->allreduce(op.recv, s.count, element, reduce_function(s.dtype, s.reduce));
+      if (s.reduce == DDL_AVERAGE) divide_by_world_size(op.recv, s.count, s.dtype, size_);
+      break;
+    case OpKind::Broadcast: collectives_->broadcast(op.recv, bytes, s.root); break;
+    case OpKind::Allgather:
+      collectives_->allgatherv(op.send, op.recv, std::vector<size_t>(static_cast<size_t>(size_), bytes));
+      break;
+    case OpKind::Allgatherv: {
+      std::vector<size_t> per_rank;
+      for (uint64_t c : s.counts) per_rank.push_back(c * element);
+      collectives_->allgatherv(op.send, op.recv, per_rank);
+      break;
+    }
+    case OpKind::Alltoall: collectives_->alltoall(op.send, op.recv, bytes); break;
+    case OpKind::Barrier: collectives_->barrier(); break;
+  }
+  timeline_.record(op.name, op_kind_name(s.kind), start, Clock::now());
+  finish(op, DDL_SUCCESS);
+}
+
+void Engine::finish(PendingOp& op, ddl_status status, std::string message) {
+  std::shared_ptr<OpState> state = op.state;
+  {
+    std::lock_guard lock(mutex_);  // submit() reads in_flight_ for duplicate names
+    std::string name = op.name;
+    in_flight_.erase(name);  // `op` is gone after this line
+  }
+  state->complete(status, std::move(message));
+}
+
+void Engine::fail_everything(ddl_status status, const std::string& message) {
+  std::lock_guard lock(mutex_);
+  broken_ = true;
+  broken_status_ = status;
+  broken_message_ = message;
+  for (auto& [name, op] : in_flight_) op.state->complete(status, message);
+  for (auto& op : inbox_) op.state->complete(status, message);
+  in_flight_.clear();
+  inbox_.clear();
+}
+
+}  // namespace ddl::runtime

@@ -1,0 +1,102 @@
+// The engine of libddl: ops are queued by name from any thread; a background thread runs
+// negotiation rounds with the other ranks (which named ops has everyone submitted?), fuses ready
+// allreduces of one type into one buffer, runs the collectives, and completes the handles.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/src/backends/collectives.hpp"
+#include "runtime/src/engine/negotiator.hpp"
+#include "runtime/src/engine/op_spec.hpp"
+#include "runtime/src/engine/timeline.hpp"
+
+namespace ddl::runtime {
+
+// The outcome of one op, shared by the engine (which completes it) and the caller (who waits).
+class OpState {
+ public:
+  void complete(ddl_status status, std::string message);
+  ddl_status wait(std::string& message);
+  bool done();
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  ddl_status status_ = DDL_SUCCESS;
+  std::string message_;
+};
+
+struct EngineConfig {
+  std::chrono::milliseconds cycle_time{1};      // DDL_CYCLE_TIME_MS
+  size_t fusion_threshold = 64u << 20;           // DDL_FUSION_THRESHOLD; 0 = no fusion
+  std::chrono::milliseconds timeout{300'000};    // DDL_TIMEOUT: an op waiting longer for a rank fails
+  std::string timeline_path;                     // DDL_TIMELINE for this rank; empty = none
+};
+
+class Engine {
+ public:
+  Engine(std::unique_ptr<Collectives> collectives, EngineConfig config);
+  ~Engine();  // finalizes if finalize() was not called
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  // Queues an op. An empty name takes the next "unnamed.N". Never blocks on peers.
+  std::shared_ptr<OpState> submit(std::string name, const OpSpec& spec, const void* send, void* recv);
+  // Tells the other ranks this one is done and waits until all are; ops still pending then fail.
+  void finalize();
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct PendingOp {
+    std::string name;
+    OpSpec spec;
+    const void* send = nullptr;
+    void* recv = nullptr;
+    std::shared_ptr<OpState> state;
+    Clock::time_point submitted;
+  };
+
+  void run_loop();
+  bool run_round();  // false once every rank finalized
+  void execute(const std::vector<ReadyOp>& ready);
+  void run_allreduces(const std::vector<PendingOp*>& ops);
+  void run_fused_allreduce(const std::vector<PendingOp*>& ops);
+  void run_single(PendingOp& op);
+  void finish(PendingOp& op, ddl_status status, std::string message = {});
+  void fail_everything(ddl_status status, const std::string& message);
+  size_t bytes_of(const OpSpec& spec) const;
+
+  std::unique_ptr<Collectives> collectives_;
+  EngineConfig config_;
+  int rank_;
+  int size_;
+  Negotiator negotiator_;
+  Timeline timeline_;
+  std::vector<char> fusion_buffer_;
+
+  std::mutex mutex_;  // guards what submit() and finalize() share with the engine thread
+  std::condition_variable wake_;
+  std::deque<PendingOp> inbox_;
+  std::map<std::string, PendingOp> in_flight_;  // submitted on this rank, not yet finished
+  bool finalize_requested_ = false;
+  bool broken_ = false;
+  ddl_status broken_status_ = DDL_SUCCESS;
+  std::string broken_message_;
+  uint64_t unnamed_counter_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace ddl::runtime

@@ -1,0 +1,78 @@
+#include "runtime/src/engine/op_spec.hpp"
+
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "runtime/src/engine/dtype.hpp"
+#include "runtime/src/store/store_protocol.hpp"
+
+namespace ddl::runtime {
+
+const char* op_kind_name(OpKind kind) {
+  static const char* names[] = {"allreduce", "broadcast", "allgather", "allgatherv", "alltoall", "barrier"};
+  auto i = static_cast<size_t>(kind);
+  return i < std::size(names) ? names[i] : "unknown-op";
+}
+
+std::string OpSpec::describe() const {
+  if (kind == OpKind::Barrier) return "barrier";
+  std::string s = fmt::format("{} {}[{}]", op_kind_name(kind), dtype_name(dtype), count);
+  if (kind == OpKind::Allreduce) s += fmt::format(" {}", reduce_op_name(reduce));
+  if (kind == OpKind::Broadcast) s += fmt::format(" from rank {}", root);
+  if (kind == OpKind::Allgatherv) s += fmt::format(" counts [{}]", fmt::join(counts, ","));
+  return s;
+}
+
+std::string Announcement::serialize() const {
+  store::Writer w;
+  w.u8(finalizing ? 1 : 0).u32(static_cast<uint32_t>(submitted.size()));
+  for (const auto& [name, spec] : submitted) {
+    w.str(name).u8(static_cast<uint8_t>(spec.kind)).u8(static_cast<uint8_t>(spec.dtype)).u8(static_cast<uint8_t>(spec.reduce));
+    w.i64(spec.root).i64(static_cast<int64_t>(spec.count)).u32(static_cast<uint32_t>(spec.counts.size()));
+    for (uint64_t c : spec.counts) w.i64(static_cast<int64_t>(c));
+  }
+  w.u32(static_cast<uint32_t>(expired.size()));
+  for (const auto& name : expired) w.str(name);
+  return w.frame();
+}
+
+Announcement Announcement::parse(const std::string& bytes) {
+  auto fail = [] { return std::runtime_error("malformed negotiation message"); };
+  auto length = store::peek_frame_length(bytes);
+  if (!length || bytes.size() != 4 + *length) throw fail();
+  store::Reader r(std::string_view(bytes).substr(4));
+  Announcement a;
+  auto flag = r.u8();
+  auto n = r.u32();
+  if (!flag || !n) throw fail();
+  a.finalizing = *flag != 0;
+  for (uint32_t i = 0; i < *n; ++i) {
+    auto name = r.str();
+    auto kind = r.u8();
+    auto dtype = r.u8();
+    auto reduce = r.u8();
+    auto root = r.i64();
+    auto count = r.i64();
+    auto ncounts = r.u32();
+    if (!name || !kind || !dtype || !reduce || !root || !count || !ncounts) throw fail();
+    OpSpec spec{static_cast<OpKind>(*kind), static_cast<ddl_dtype>(*dtype), static_cast<ddl_reduce_op>(*reduce),
+                static_cast<int32_t>(*root), static_cast<uint64_t>(*count), {}};
+    for (uint32_t j = 0; j < *ncounts; ++j) {
+      auto c = r.i64();
+      if (!c) throw fail();
+      spec.counts.push_back(static_cast<uint64_t>(*c));
+    }
+    a.submitted.emplace_back(std::move(*name), std::move(spec));
+  }
+  auto nexpired = r.u32();
+  if (!nexpired) throw fail();
+  for (uint32_t i = 0; i < *nexpired; ++i) {
+    auto name = r.str();
+    if (!name) throw fail();
+    a.expired.push_back(std::move(*name));
+  }
+  return a;
+}
+
+}  // namespace ddl::runtime

@@ -1,0 +1,39 @@
+// What one named collective is, as every rank must agree on it, and how ranks announce theirs.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ddl/ddl.h"
+
+namespace ddl::runtime {
+
+enum class OpKind : uint8_t { Allreduce = 0, Broadcast = 1, Allgather = 2, Allgatherv = 3, Alltoall = 4, Barrier = 5 };
+const char* op_kind_name(OpKind kind);
+
+struct OpSpec {
+  OpKind kind = OpKind::Allreduce;
+  ddl_dtype dtype = DDL_FLOAT32;
+  ddl_reduce_op reduce = DDL_SUM;  // allreduce only
+  int32_t root = 0;                // broadcast only
+  uint64_t count = 0;              // elements sent by each rank (per destination for alltoall)
+  std::vector<uint64_t> counts;    // allgatherv: elements from each rank
+
+  bool operator==(const OpSpec&) const = default;
+  // "allreduce float32[1000] sum", "broadcast int64[3] from rank 2", ...
+  std::string describe() const;
+};
+
+// What one rank tells the others in one negotiation round.
+struct Announcement {
+  std::vector<std::pair<std::string, OpSpec>> submitted;  // ops newly submitted since the last round
+  bool finalizing = false;                                 // this rank called ddl_finalize
+  std::vector<std::string> expired;                        // rank 0 only: ops that waited too long
+
+  std::string serialize() const;
+  static Announcement parse(const std::string& bytes);  // throws std::runtime_error when malformed
+};
+
+}  // namespace ddl::runtime

@@ -1,0 +1,36 @@
+// DDL_TIMELINE: a Chrome-trace JSON file (chrome://tracing, Perfetto) with one row per op name and
+// one event per phase of each op (negotiate, memcpy into the fusion buffer, the collective, memcpy
+// out). Written by the engine thread only.
+#pragma once
+
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <string>
+
+namespace ddl::runtime {
+
+class Timeline {
+ public:
+  using Clock = std::chrono::steady_clock;
+  Timeline() = default;
+  // Opens `path` for writing; an empty path disables the timeline.
+  Timeline(const std::string& path, int rank);
+  ~Timeline();  // closes the JSON document
+  Timeline(const Timeline&) = delete;
+  Timeline& operator=(const Timeline&) = delete;
+
+  bool enabled() const { return file_ != nullptr; }
+  void record(const std::string& op_name, const char* phase, Clock::time_point start, Clock::time_point end);
+
+ private:
+  int row_of(const std::string& op_name);
+
+  std::FILE* file_ = nullptr;
+  int rank_ = 0;
+  Clock::time_point origin_ = Clock::now();
+  std::map<std::string, int> rows_;
+  bool first_ = true;
+};
+
+}  // namespace ddl::runtime

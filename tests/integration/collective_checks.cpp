@@ -1,0 +1,261 @@
+// A worker program for the libddl integration tests: run under `ddl run -np N`, it checks every
+// collective against results it computes itself from the formulas that made each rank's input.
+//   collective_checks            every op, dtype and size; submission in different orders
+//   collective_checks mismatch   ranks disagree on one op's shape: every rank must get an error
+//   collective_checks die K      rank K kills itself mid-allreduce: survivors must get an error
+// Prints "PASS n checks" (or what failed) and exits 0 when every check held.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ddl/ddl.h"
+
+namespace {
+
+int g_rank = 0, g_size = 1, g_checks = 0, g_failures = 0;
+
+void check(bool ok, const std::string& what) {
+  ++g_checks;
+  if (!ok && g_failures++ < 20) std::printf("FAIL rank %d: %s\n", g_rank, what.c_str());
+}
+
+void require(ddl_status s, const char* what) {
+  if (s != DDL_SUCCESS) {
+    std::printf("FAIL rank %d: %s returned %s: %s\n", g_rank, what, ddl_status_string(s), ddl_last_error());
+    std::exit(1);
+  }
+}
+
+// Host-side float16/bfloat16 encodings, written independently of libddl's.
+uint16_t to_half(double v) {  // exact for the small integers and halves the tests use
+  if (v == 0) return 0;
+  int e;
+  double m = std::frexp(std::fabs(v), &e);  // v = m * 2^e, m in [0.5, 1)
+  uint16_t mant = static_cast<uint16_t>(std::lround((m * 2 - 1) * 1024));
+  return static_cast<uint16_t>((v < 0 ? 0x8000 : 0) | ((e - 1 + 15) << 10) | mant);
+}
+double from_half(uint16_t h) {
+  int e = (h >> 10) & 0x1f;
+  double m = h & 0x3ff;
+  double v = e == 0 ? m / 1024 * std::pow(2, -14) : (1 + m / 1024) * std::pow(2, e - 15);
+  return (h & 0x8000) ? -v : v;
+}
+uint16_t to_bf16(double v) {
+  float f = static_cast<float>(v);
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return static_cast<uint16_t>(b >> 16);  // exact for the values used
+}
+double from_bf16(uint16_t h) {
+  uint32_t b = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+void put(std::vector<char>& buf, ddl_dtype t, size_t i, double v) {
+  switch (t) {
+    case DDL_FLOAT16: reinterpret_cast<uint16_t*>(buf.data())[i] = to_half(v); break;
+    case DDL_BFLOAT16: reinterpret_cast<uint16_t*>(buf.data())[i] = to_bf16(v); break;
+    case DDL_FLOAT32: reinterpret_cast<float*>(buf.data())[i] = static_cast<float>(v); break;
+    case DDL_FLOAT64: reinterpret_cast<double*>(buf.data())[i] = v; break;
+    case DDL_INT32: reinterpret_cast<int32_t*>(buf.data())[i] = static_cast<int32_t>(v); break;
+    case DDL_INT64: reinterpret_cast<int64_t*>(buf.data())[i] = static_cast<int64_t>(v); break;
+  }
+}
+double get(const std::vector<char>& buf, ddl_dtype t, size_t i) {
+  switch (t) {
+    case DDL_FLOAT16: return from_half(reinterpret_cast<const uint16_t*>(buf.data())[i]);
+    case DDL_BFLOAT16: return from_bf16(reinterpret_cast<const uint16_t*>(buf.data())[i]);
+    case DDL_FLOAT32: return reinterpret_cast<const float*>(buf.data())[i];
+    case DDL_FLOAT64: return reinterpret_cast<const double*>(buf.data())[i];
+    case DDL_INT32: return reinterpret_cast<const int32_t*>(buf.data())[i];
+    case DDL_INT64: return static_cast<double>(reinterpret_cast<const int64_t*>(buf.data())[i]);
+  }
+  return 0;
+}
+
+const ddl_dtype kTypes[] = {DDL_FLOAT16, DDL_BFLOAT16, DDL_FLOAT32, DDL_FLOAT64, DDL_INT32, DDL_INT64};
+const char* kTypeNames[] = {"f16", "bf16", "f32", "f64", "i32", "i64"};
+const ddl_reduce_op kOps[] = {DDL_SUM, DDL_AVERAGE, DDL_MIN, DDL_MAX, DDL_PRODUCT};
+const char* kOpNames[] = {"sum", "avg", "min", "max", "prod"};
+
+// Rank r's element i: small integers, so every sum and product is exact in every type.
+double input(ddl_reduce_op op, int r, size_t i) {
+  if (op == DDL_PRODUCT) return 1 + static_cast<double>((static_cast<size_t>(r) + i) % 2);  // product <= 2^8
+  return 1 + static_cast<double>((static_cast<size_t>(r) * 3 + i) % 5);
+}
+
+double expected(ddl_reduce_op op, ddl_dtype t, size_t i) {
+  double acc = input(op, 0, i);
+  for (int r = 1; r < g_size; ++r) {
+    double v = input(op, r, i);
+    if (op == DDL_SUM || op == DDL_AVERAGE) acc += v;
+    else if (op == DDL_PRODUCT) acc *= v;
+    else if (op == DDL_MIN) acc = std::min(acc, v);
+    else acc = std::max(acc, v);
+  }
+  if (op != DDL_AVERAGE) return acc;
+  if (t == DDL_INT32 || t == DDL_INT64) return std::trunc(acc / g_size);
+  return acc / g_size;
+}
+
+double tolerance(ddl_dtype t, double value) {
+  switch (t) {
+    case DDL_FLOAT16: return std::fabs(value) * 1e-3 + 1e-3;
+    case DDL_BFLOAT16: return std::fabs(value) * 8e-3 + 1e-3;
+    case DDL_FLOAT32: return std::fabs(value) * 1e-6;
+    default: return 0;
+  }
+}
+
+void check_allreduces() {
+  const size_t sizes[] = {0, 1, 7, 1000003};
+  for (size_t ti = 0; ti < 6; ++ti) {
+    for (size_t oi = 0; oi < 5; ++oi) {
+      for (size_t n : sizes) {
+        ddl_dtype t = kTypes[ti];
+        ddl_reduce_op op = kOps[oi];
+        std::vector<char> send(n * ddl_dtype_size(t) + 1), recv(n * ddl_dtype_size(t) + 1);
+        for (size_t i = 0; i < n; ++i) put(send, t, i, input(op, g_rank, i));
+        std::string name = std::string("allreduce.") + kTypeNames[ti] + "." + kOpNames[oi] + "." + std::to_string(n);
+        require(ddl_allreduce(name.c_str(), send.data(), recv.data(), n, t, op), name.c_str());
+        size_t bad = 0;
+        for (size_t i = 0; i < n; ++i) {
+          double want = expected(op, t, i);
+          if (std::fabs(get(recv, t, i) - want) > tolerance(t, want)) ++bad;
+        }
+        check(bad == 0, name + ": " + std::to_string(bad) + " wrong elements");
+      }
+    }
+  }
+  // In place, float32 sum of 1M: recv == send.
+  std::vector<float> data(1 << 20);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<float>(input(DDL_SUM, g_rank, i));
+  require(ddl_allreduce("inplace", data.data(), data.data(), data.size(), DDL_FLOAT32, DDL_SUM), "inplace");
+  bool ok = true;
+  for (size_t i = 0; i < data.size(); ++i) ok = ok && data[i] == static_cast<float>(expected(DDL_SUM, DDL_FLOAT32, i));
+  check(ok, "in-place allreduce");
+}
+
+void check_broadcast_gather_alltoall() {
+  for (int root : {0, g_size - 1}) {
+    for (size_t n : {size_t{0}, size_t{7}, size_t{1000003}}) {
+      std::vector<int64_t> buf(n);
+      for (size_t i = 0; i < n; ++i) buf[i] = g_rank == root ? static_cast<int64_t>(i * 7 + root) : -1;
+      std::string name = "broadcast." + std::to_string(root) + "." + std::to_string(n);
+      require(ddl_broadcast(name.c_str(), buf.data(), n, DDL_INT64, root), name.c_str());
+      bool ok = true;
+      for (size_t i = 0; i < n; ++i) ok = ok && buf[i] == static_cast<int64_t>(i * 7 + root);
+      check(ok, name);
+    }
+  }
+  for (size_t n : {size_t{0}, size_t{1}, size_t{7}}) {
+    std::vector<double> send(n), recv(n * static_cast<size_t>(g_size));
+    for (size_t i = 0; i < n; ++i) send[i] = g_rank * 100.0 + static_cast<double>(i);
+    std::string name = "allgather." + std::to_string(n);
+    require(ddl_allgather(name.c_str(), send.data(), recv.data(), n, DDL_FLOAT64), name.c_str());
+    bool ok = true;
+    for (int r = 0; r < g_size; ++r)
+      for (size_t i = 0; i < n; ++i) ok = ok && recv[static_cast<size_t>(r) * n + i] == r * 100.0 + static_cast<double>(i);
+    check(ok, name);
+  }
+  // allgatherv: rank r contributes r elements (rank 0 none).
+  std::vector<size_t> counts;
+  size_t total = 0;
+  for (int r = 0; r < g_size; ++r) { counts.push_back(static_cast<size_t>(r)); total += static_cast<size_t>(r); }
+  std::vector<int32_t> send(static_cast<size_t>(g_rank), g_rank), recv(total + 1, -1);
+  require(ddl_allgatherv("allgatherv", send.data(), send.size(), recv.data(), counts.data(), DDL_INT32), "allgatherv");
+  bool ok = true;
+  size_t at = 0;
+  for (int r = 0; r < g_size; ++r)
+    for (int k = 0; k < r; ++k) ok = ok && recv[at++] == r;
+  check(ok && recv[total] == -1, "allgatherv");
+  // alltoall: block j sent by rank r holds r*1000 + j*10 + k.
+  const size_t block = 3;
+  std::vector<int64_t> out(block * static_cast<size_t>(g_size)), in(out.size());
+  for (int j = 0; j < g_size; ++j)
+    for (size_t k = 0; k < block; ++k) out[static_cast<size_t>(j) * block + k] = g_rank * 1000 + j * 10 + static_cast<int64_t>(k);
+  require(ddl_alltoall("alltoall", out.data(), in.data(), block, DDL_INT64), "alltoall");
+  ok = true;
+  for (int j = 0; j < g_size; ++j)
+    for (size_t k = 0; k < block; ++k) ok = ok && in[static_cast<size_t>(j) * block + k] == j * 1000 + g_rank * 10 + static_cast<int64_t>(k);
+  check(ok, "alltoall");
+  require(ddl_barrier(), "barrier");
+}
+
+// Ranks submit the same 50 named ops in different orders (odd ranks backwards), async.
+void check_submission_order() {
+  const int n = 50;
+  std::vector<std::vector<float>> bufs(n, std::vector<float>(10));
+  std::vector<ddl_handle> handles(n);
+  for (int k = 0; k < n; ++k) {
+    int op = g_rank % 2 ? n - 1 - k : k;
+    for (size_t i = 0; i < 10; ++i) bufs[static_cast<size_t>(op)][i] = static_cast<float>(op + g_rank);
+    std::string name = "order." + std::to_string(op);
+    require(ddl_allreduce_async(name.c_str(), bufs[static_cast<size_t>(op)].data(), bufs[static_cast<size_t>(op)].data(), 10,
+                                DDL_FLOAT32, DDL_SUM, &handles[static_cast<size_t>(op)]), "allreduce_async");
+  }
+  bool ok = true;
+  for (int op = 0; op < n; ++op) {
+    int done = 0;
+    require(ddl_test(handles[static_cast<size_t>(op)], &done), "test");
+    require(ddl_wait(handles[static_cast<size_t>(op)]), "wait");
+    float want = static_cast<float>(op * g_size + g_size * (g_size - 1) / 2);
+    for (float v : bufs[static_cast<size_t>(op)]) ok = ok && v == want;
+  }
+  check(ok, "ops submitted in different orders on different ranks");
+}
+
+int run_mismatch() {
+  std::vector<float> buf(static_cast<size_t>(g_rank == g_size - 1 ? 5 : 4), 1.0f);
+  ddl_status s = ddl_allreduce("grad/w1", buf.data(), buf.data(), buf.size(), DDL_FLOAT32, DDL_SUM);
+  std::printf("mismatch status %s: %s\n", ddl_status_string(s), ddl_last_error());
+  // The runtime keeps working after a mismatch.
+  float x = 1;
+  require(ddl_allreduce("after", &x, &x, 1, DDL_FLOAT32, DDL_SUM), "allreduce after a mismatch");
+  check(x == static_cast<float>(g_size), "allreduce after a mismatch");
+  return s == DDL_ERROR_MISMATCH ? 0 : 1;
+}
+
+int run_die(int victim) {
+  ::signal(SIGTERM, SIG_IGN);  // let the runtime, not ddl run's fail-fast, end the survivors
+  std::vector<float> buf(1 << 16, 1.0f);
+  for (int step = 0;; ++step) {
+    if (g_rank == victim && step == 3) ::kill(::getpid(), SIGKILL);
+    std::string name = "step." + std::to_string(step);
+    ddl_status s = ddl_allreduce(name.c_str(), buf.data(), buf.data(), buf.size(), DDL_FLOAT32, DDL_MAX);
+    if (s != DDL_SUCCESS) {
+      std::printf("survivor rank %d: %s: %s\n", g_rank, ddl_status_string(s), ddl_last_error());
+      std::fflush(stdout);
+      std::_Exit(3);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  require(ddl_init(), "ddl_init");
+  require(ddl_rank(&g_rank), "ddl_rank");
+  require(ddl_size(&g_size), "ddl_size");
+  std::string mode = argc > 1 ? argv[1] : "all";
+  int rc = 0;
+  if (mode == "mismatch") rc = run_mismatch();
+  else if (mode == "die") rc = run_die(argc > 2 ? std::atoi(argv[2]) : 1);
+  else {
+    check_allreduces();
+    check_broadcast_gather_alltoall();
+    check_submission_order();
+  }
+  require(ddl_finalize(), "ddl_finalize");
+  if (g_failures == 0 && rc == 0) std::printf("PASS %d checks on rank %d of %d\n", g_checks, g_rank, g_size);
+  return g_failures == 0 ? rc : 1;
+}
