@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 packages=(
   g++ cmake make pkgconf          # toolchain
   libcli11-dev libfmt-dev         # CLI parsing, formatting
+  libgloo-dev nlohmann-json3-dev  # libddl: Gloo collectives on CPU, the timeline's JSON
   doctest-dev                     # unit tests
   python3 python3-torch           # the PyTorch DDP example and the integration tests
 )

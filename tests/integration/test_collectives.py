@@ -1,0 +1,75 @@
+"""libddl across real processes started by `ddl run`: every op, dtype and size checked against values
+the worker computes itself (tests/integration/collective_checks.cpp), mismatches, a killed rank,
+the timeline, and the single-process world."""
+import json
+import os
+import subprocess
+import tempfile
+import time
+import unittest
+
+from ddl_testing import ddl, lines_by_rank
+
+CHECKS = os.environ.get("DDL_COLLECTIVE_CHECKS",
+                        os.path.join(os.path.dirname(__file__), "..", "..", "build", "tests", "collective_checks"))
+
+
+class Collectives(unittest.TestCase):
+    def run_checks(self, workers, *args, env=None, timeout=300):
+        result = ddl("-np", str(workers), "--", CHECKS, *args, env=env, timeout=timeout)
+        return result, lines_by_rank(result.stdout)
+
+    def test_every_op_dtype_and_size_on_1_2_3_4_and_8_ranks(self):
+        for workers in (1, 2, 3, 4, 8):
+            with self.subTest(workers=workers):
+                result, by_rank = self.run_checks(workers)
+                self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-2000:])
+                for rank in range(workers):
+                    self.assertRegex(by_rank[rank][-1], rf"^PASS \d+ checks on rank {rank} of {workers}$")
+
+    def test_without_a_launcher_the_world_is_one_process(self):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DDL_")}
+        result = subprocess.run([CHECKS], env=env, capture_output=True, text=True, timeout=120)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertRegex(result.stdout, r"PASS \d+ checks on rank 0 of 1")
+
+    def test_a_shape_mismatch_fails_on_every_rank_naming_the_op_and_ranks(self):
+        result, by_rank = self.run_checks(3, "mismatch")
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        expected = ("mismatch status mismatch between ranks: op 'grad/w1' differs between ranks: "
+                    "rank 0-1: allreduce float32[4] sum; rank 2: allreduce float32[5] sum")
+        for rank in range(3):
+            self.assertEqual(by_rank[rank][0], expected)
+
+    def test_a_rank_killed_mid_allreduce_becomes_an_error_on_every_survivor(self):
+        start = time.monotonic()
+        # Survivors ignore ddl run's SIGTERM, so the error they print is the runtime's own.
+        result, by_rank = self.run_checks(3, "die", "1", env={"DDL_TIMEOUT": "5"}, timeout=120)
+        took = time.monotonic() - start
+        self.assertEqual(result.returncode, 137)  # ddl run reports the root cause: rank 1's SIGKILL
+        self.assertIn("rank 1 on ", result.stderr)
+        for rank in (0, 2):
+            lines = by_rank.get(rank, [])
+            self.assertTrue(any(line.startswith(f"survivor rank {rank}: ") for line in lines), lines)
+        self.assertLess(took, 5 + 10)
+
+    def test_the_timeline_is_chrome_trace_json_with_every_phase(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "timeline.%r.json")
+            result, _ = self.run_checks(2, env={"DDL_TIMELINE": path})
+            self.assertEqual(result.returncode, 0, result.stderr)
+            for rank in (0, 1):
+                with open(path.replace("%r", str(rank))) as f:
+                    trace = json.load(f)
+                events = trace["traceEvents"]
+                phases = {e["name"] for e in events if e["ph"] == "X"}
+                self.assertTrue({"NEGOTIATE", "ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER", "MEMCPY_OUT_FUSION_BUFFER",
+                                 "broadcast", "allgather", "allgatherv", "alltoall", "barrier"} <= phases, phases)
+                rows = {e["args"]["name"] for e in events if e["ph"] == "M"}
+                self.assertIn("allreduce.f32.sum.7", rows)
+                self.assertTrue(all(e["pid"] == rank for e in events))
+                self.assertTrue(all(e["dur"] >= 0 for e in events if e["ph"] == "X"))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,70 @@
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "runtime/src/engine/dtype.hpp"
+
+using namespace ddl::runtime;
+
+TEST_CASE("float16 encodes and decodes exactly where it can") {
+  CHECK(float_to_half(1.0f) == 0x3c00);
+  CHECK(float_to_half(-2.0f) == 0xc000);
+  CHECK(float_to_half(65504.0f) == 0x7bff);
+  CHECK(float_to_half(0.0f) == 0x0000);
+  CHECK(float_to_half(5.9604645e-08f) == 0x0001);  // smallest subnormal
+  CHECK(half_to_float(0x3555) == doctest::Approx(0.333251953125));
+  for (unsigned h = 0; h < 0x7c00; ++h)  // every finite positive half survives a round trip
+    REQUIRE(float_to_half(half_to_float(static_cast<unsigned short>(h))) == h);
+}
+
+TEST_CASE("float16 rounds to nearest even and saturates to infinity") {
+  CHECK(float_to_half(1.0f + 1.0f / 2048) == 0x3c00);            // half way, even stays
+  CHECK(float_to_half(1.0f + 3.0f / 2048) == 0x3c02);            // half way, odd rounds up
+  CHECK(float_to_half(65520.0f) == 0x7c00);
+  CHECK(float_to_half(1e6f) == 0x7c00);
+  CHECK(std::isnan(half_to_float(float_to_half(std::numeric_limits<float>::quiet_NaN()))));
+  CHECK(std::isinf(half_to_float(0x7c00)));
+}
+
+TEST_CASE("bfloat16 keeps the float exponent and rounds the mantissa") {
+  CHECK(float_to_bfloat16(1.0f) == 0x3f80);
+  CHECK(bfloat16_to_float(0x4049) == doctest::Approx(3.140625));
+  CHECK(float_to_bfloat16(1.0f + 1.0f / 256) == 0x3f80);  // half way, even
+  CHECK(std::isnan(bfloat16_to_float(float_to_bfloat16(std::numeric_limits<float>::quiet_NaN()))));
+}
+
+TEST_CASE("reduce functions combine element by element") {
+  std::vector<int32_t> a{1, 5, -3}, b{4, 2, -7}, out(3);
+  reduce_function(DDL_INT32, DDL_SUM)(out.data(), a.data(), b.data(), 3);
+  CHECK(out == std::vector<int32_t>{5, 7, -10});
+  reduce_function(DDL_INT32, DDL_MIN)(out.data(), a.data(), b.data(), 3);
+  CHECK(out == std::vector<int32_t>{1, 2, -7});
+  reduce_function(DDL_INT32, DDL_MAX)(out.data(), a.data(), b.data(), 3);
+  CHECK(out == std::vector<int32_t>{4, 5, -3});
+  reduce_function(DDL_INT32, DDL_PRODUCT)(out.data(), a.data(), b.data(), 3);
+  CHECK(out == std::vector<int32_t>{4, 10, 21});
+  std::vector<unsigned short> h1{float_to_half(1.5f)}, h2{float_to_half(2.25f)}, h3(1);
+  reduce_function(DDL_FLOAT16, DDL_SUM)(h3.data(), h1.data(), h2.data(), 1);
+  CHECK(half_to_float(h3[0]) == 3.75f);
+}
+
+TEST_CASE("average divides by the world size; integers truncate toward zero") {
+  std::vector<int64_t> ints{7, -7, 8};
+  divide_by_world_size(ints.data(), 3, DDL_INT64, 2);
+  CHECK(ints == std::vector<int64_t>{3, -3, 4});
+  std::vector<double> d{3.0};
+  divide_by_world_size(d.data(), 1, DDL_FLOAT64, 4);
+  CHECK(d[0] == 0.75);
+}
+
+TEST_CASE("element sizes") {
+  CHECK(dtype_size(DDL_FLOAT16) == 2);
+  CHECK(dtype_size(DDL_BFLOAT16) == 2);
+  CHECK(dtype_size(DDL_FLOAT32) == 4);
+  CHECK(dtype_size(DDL_INT64) == 8);
+  CHECK_FALSE(valid_dtype(6));
+  CHECK_FALSE(valid_reduce_op(-1));
+}

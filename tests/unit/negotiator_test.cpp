@@ -1,0 +1,76 @@
+#include <doctest/doctest.h>
+
+#include "runtime/src/engine/negotiator.hpp"
+
+using namespace ddl::runtime;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+OpSpec allreduce(uint64_t count) { return {OpKind::Allreduce, DDL_FLOAT32, DDL_SUM, 0, count, {}}; }
+Announcement announce(std::vector<std::pair<std::string, OpSpec>> ops, bool finalizing = false) {
+  Announcement a;
+  a.submitted = std::move(ops);
+  a.finalizing = finalizing;
+  return a;
+}
+std::vector<std::string> names(const RoundDecision& d) {
+  std::vector<std::string> out;
+  for (const auto& r : d.ready) out.push_back(r.name);
+  return out;
+}
+}  // namespace
+
+TEST_CASE("an op is ready once every rank has submitted it, in rank 0's order") {
+  Negotiator n(2);
+  auto now = Clock::now();
+  auto d1 = n.merge({announce({{"a", allreduce(4)}, {"b", allreduce(4)}}), announce({{"b", allreduce(4)}})}, now);
+  CHECK(names(d1) == std::vector<std::string>{"b"});
+  auto d2 = n.merge({announce({{"c", allreduce(1)}}), announce({{"c", allreduce(1)}, {"a", allreduce(4)}})}, now);
+  CHECK(names(d2) == std::vector<std::string>{"a", "c"});  // rank 0 announced a before c
+  CHECK(n.pending_names().empty());
+}
+
+TEST_CASE("different shapes on different ranks fail the op with the ranks and what differs") {
+  Negotiator n(4);
+  auto d = n.merge({announce({{"grad", allreduce(4)}}), announce({{"grad", allreduce(4)}}), announce({{"grad", allreduce(4)}}),
+                    announce({{"grad", allreduce(5)}})},
+                   Clock::now());
+  CHECK(d.ready.empty());
+  REQUIRE(d.failed.size() == 1);
+  CHECK(d.failed[0].status == DDL_ERROR_MISMATCH);
+  CHECK(d.failed[0].message ==
+        "op 'grad' differs between ranks: rank 0-2: allreduce float32[4] sum; rank 3: allreduce float32[5] sum");
+}
+
+TEST_CASE("rank 0's list of stalled ops fails them everywhere, naming the missing ranks") {
+  Negotiator n(3);
+  auto t0 = Clock::now();
+  n.merge({announce({{"x", allreduce(1)}}), announce({}), announce({{"x", allreduce(1)}})}, t0);
+  CHECK(n.stalled(t0 + std::chrono::seconds(1), std::chrono::seconds(5)).empty());
+  auto stalled = n.stalled(t0 + std::chrono::seconds(6), std::chrono::seconds(5));
+  REQUIRE(stalled == std::vector<std::string>{"x"});
+  Announcement rank0;
+  rank0.expired = stalled;
+  auto d = n.merge({rank0, announce({}), announce({})}, t0);
+  REQUIRE(d.failed.size() == 1);
+  CHECK(d.failed[0].status == DDL_ERROR_TIMEOUT);
+  CHECK(d.failed[0].message.find("rank(s) 1 never submitted it") != std::string::npos);
+}
+
+TEST_CASE("all ranks finalizing ends negotiation") {
+  Negotiator n(2);
+  CHECK_FALSE(n.merge({announce({}, true), announce({})}, Clock::now()).all_finalizing);
+  CHECK(n.merge({announce({}, true), announce({}, true)}, Clock::now()).all_finalizing);
+}
+
+TEST_CASE("announcements survive serialization") {
+  Announcement a;
+  a.finalizing = true;
+  a.submitted = {{"grad/w", allreduce(1000)}, {"gv", {OpKind::Allgatherv, DDL_INT64, DDL_SUM, 0, 6, {1, 2, 3}}}};
+  a.expired = {"old"};
+  Announcement b = Announcement::parse(a.serialize());
+  CHECK(b.finalizing);
+  CHECK(b.submitted == a.submitted);
+  CHECK(b.expired == a.expired);
+  CHECK_THROWS(Announcement::parse("junk"));
+}
