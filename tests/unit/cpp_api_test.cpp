@@ -1,0 +1,42 @@
+// The C++ API in a one-process world (no launcher): RAII, spans, errors as exceptions.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <vector>
+
+#include "ddl/ddl.hpp"
+
+TEST_CASE("the C++ API works in a single-process world") {
+  ::unsetenv("DDL_STORE_ADDR");
+  ::setenv("DDL_BOOTSTRAP", "single", 1);
+  {
+    ddl::Context ddl;
+    CHECK(ddl.rank() == 0);
+    CHECK(ddl.size() == 1);
+    std::vector<float> v{1.5f, -2.0f};
+    ddl.allreduce("v", std::span(v), DDL_AVERAGE);
+    CHECK(v == std::vector<float>{1.5f, -2.0f});
+    ddl::Handle h = ddl.allreduce_async("w", std::span(v));
+    h.wait();
+    std::vector<int64_t> mine{7, 8};
+    CHECK(ddl.allgather("g", std::span<const int64_t>(mine)) == mine);
+    ddl.barrier();
+  }
+  CHECK_FALSE(ddl_is_initialized());
+  std::vector<float> v(1);
+  CHECK_THROWS_AS(ddl::check(ddl_allreduce("x", v.data(), v.data(), 1, DDL_FLOAT32, DDL_SUM)), ddl::Failure);
+  CHECK(std::string(ddl_last_error()).find("ddl_init") != std::string::npos);
+  ::unsetenv("DDL_BOOTSTRAP");
+}
+
+TEST_CASE("bad arguments are errors with a message, not crashes") {
+  ::setenv("DDL_BOOTSTRAP", "single", 1);
+  ddl::Context ddl;
+  float x = 0;
+  CHECK(ddl_allreduce("x", &x, &x, 1, static_cast<ddl_dtype>(42), DDL_SUM) == DDL_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ddl_last_error()) == "unknown dtype 42");
+  CHECK(ddl_broadcast("b", &x, 1, DDL_FLOAT32, 3) == DDL_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ddl_last_error()) == "broadcast root 3 is not a rank of a world of 1");
+  CHECK(ddl_allreduce("n", nullptr, nullptr, 4, DDL_FLOAT32, DDL_SUM) == DDL_ERROR_INVALID_ARGUMENT);
+  ::unsetenv("DDL_BOOTSTRAP");
+}
