@@ -1,0 +1,59 @@
+"""After `cmake --install`, a program outside the tree builds against libddl with find_package(ddl)
+and with pkg-config, and runs under `ddl run`."""
+import os
+import subprocess
+import tempfile
+import unittest
+
+from ddl_testing import ddl, lines_by_rank
+
+BUILD_DIR = os.environ.get("DDL_BUILD_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
+CONSUMER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "consumer")
+
+
+def run(*cmd, env=None):
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, f"{' '.join(cmd)} failed:\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+class Install(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.prefix = os.path.join(cls.tmp.name, "prefix")
+        run("cmake", "--install", BUILD_DIR, "--prefix", cls.prefix)
+        cls.libdir = os.path.join(cls.prefix, "lib")
+        cls.env = dict(os.environ, LD_LIBRARY_PATH=cls.libdir, PKG_CONFIG_PATH=os.path.join(cls.libdir, "pkgconfig"))
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def test_installed_files(self):
+        for path in ("bin/ddl", "include/ddl/ddl.h", "include/ddl/ddl.hpp", "lib/libddl.so", "lib/cmake/ddl/ddlConfig.cmake",
+                     "lib/pkgconfig/ddl.pc"):
+            self.assertTrue(os.path.exists(os.path.join(self.prefix, path)), path)
+
+    def test_find_package_consumer_runs_under_ddl_run(self):
+        build = os.path.join(self.tmp.name, "consumer-build")
+        run("cmake", "-S", CONSUMER, "-B", build, f"-DCMAKE_PREFIX_PATH={self.prefix}")
+        run("cmake", "--build", build)
+        result = ddl("-np", "3", "--", os.path.join(build, "consumer_c"), env={"LD_LIBRARY_PATH": self.libdir})
+        self.assertEqual(result.returncode, 0, result.stderr)
+        by_rank = lines_by_rank(result.stdout)
+        self.assertEqual([by_rank[r][0] for r in range(3)], [f"rank {r} of 3: sum 3" for r in range(3)])
+        result = ddl("-np", "2", "--", os.path.join(build, "consumer_cpp"), env={"LD_LIBRARY_PATH": self.libdir})
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(lines_by_rank(result.stdout)[1], ["rank 1 got 42.5"])
+
+    def test_pkg_config_consumer_runs_alone(self):
+        flags = run("pkg-config", "--cflags", "--libs", "ddl", env=self.env).stdout.split()
+        exe = os.path.join(self.tmp.name, "consumer_pc")
+        run("cc", os.path.join(CONSUMER, "consumer.c"), "-o", exe, *flags)
+        env = {k: v for k, v in self.env.items() if not k.startswith("DDL_")}
+        self.assertEqual(run(exe, env=env).stdout, "rank 0 of 1: sum 0\n")
+
+
+if __name__ == "__main__":
+    unittest.main()
