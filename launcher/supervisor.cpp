@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -211,17 +212,21 @@ class Run {
   }
 
   void reap_children() {
+    // Workers found dead together: a rank killed by a signal is more likely the cause than a rank
+    // that exited with an error because its peer vanished, so it is considered first.
+    std::vector<std::pair<Worker*, int>> failed;
     int status = 0;
     pid_t pid;
     while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
       for (auto& w : workers_) {
         if (w.process.pid != pid || !w.running) continue;
         w.running = false;
-        if (WIFEXITED(status) && WEXITSTATUS(status) == 0) break;
-        on_worker_failed(w, status);
+        if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) failed.emplace_back(&w, status);
         break;
       }
     }
+    std::stable_partition(failed.begin(), failed.end(), [](const auto& f) { return WIFSIGNALED(f.second); });
+    for (const auto& [w, st] : failed) on_worker_failed(*w, st);
   }
 
   void on_worker_failed(const Worker& w, int status) {

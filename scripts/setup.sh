@@ -8,6 +8,8 @@ packages=(
   g++ cmake make pkgconf          # toolchain
   libcli11-dev libfmt-dev         # CLI parsing, formatting
   libgloo-dev nlohmann-json3-dev  # libddl: Gloo collectives on CPU, the timeline's JSON
+  libpmix-dev pkgconf             # libddl: bootstrap under PMIx launchers
+  openmpi-bin libopenmpi-dev      # tests and benchmarks: real mpirun, MPI_Allreduce as a peer
   doctest-dev                     # unit tests
   python3 python3-torch           # the PyTorch DDP example and the integration tests
 )

@@ -3,6 +3,7 @@
 //   collective_checks            every op, dtype and size; submission in different orders
 //   collective_checks mismatch   ranks disagree on one op's shape: every rank must get an error
 //   collective_checks die K      rank K kills itself mid-allreduce: survivors must get an error
+//   collective_checks world      prints what ddl_init found (rank, size, local rank/size, node), then allreduces
 // Prints "PASS n checks" (or what failed) and exits 0 when every check held.
 #include <signal.h>
 #include <unistd.h>
@@ -248,7 +249,14 @@ int main(int argc, char** argv) {
   require(ddl_size(&g_size), "ddl_size");
   std::string mode = argc > 1 ? argv[1] : "all";
   int rc = 0;
-  if (mode == "mismatch") rc = run_mismatch();
+  if (mode == "world") {
+    int local_rank = -1, local_size = -1, node_rank = -1;
+    require(ddl_local_rank(&local_rank), "ddl_local_rank");
+    require(ddl_local_size(&local_size), "ddl_local_size");
+    require(ddl_node_rank(&node_rank), "ddl_node_rank");
+    std::printf("world rank %d size %d local %d/%d node %d\n", g_rank, g_size, local_rank, local_size, node_rank);
+    check_allreduces();
+  } else if (mode == "mismatch") rc = run_mismatch();
   else if (mode == "die") rc = run_die(argc > 2 ? std::atoi(argv[2]) : 1);
   else {
     check_allreduces();

@@ -27,6 +27,20 @@ class Collectives(unittest.TestCase):
                 for rank in range(workers):
                     self.assertRegex(by_rank[rank][-1], rf"^PASS \d+ checks on rank {rank} of {workers}$")
 
+    def test_bootstrap_through_pmix_under_real_mpirun(self):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DDL_", "SLURM_", "PBS_"))}
+        result = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "3", CHECKS, "world"], env=env,
+                                capture_output=True, text=True, timeout=300)
+        self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
+        worlds = sorted(line for line in result.stdout.splitlines() if line.startswith("world "))
+        self.assertEqual(worlds, [f"world rank {r} size 3 local {r}/3 node 0" for r in range(3)])
+        self.assertEqual(result.stdout.count("PASS "), 3)
+
+    def test_bootstrap_through_the_ddl_run_store_reports_the_contract_world(self):
+        result, by_rank = self.run_checks(2, "world")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual([by_rank[r][0] for r in range(2)], [f"world rank {r} size 2 local {r}/2 node 0" for r in range(2)])
+
     def test_without_a_launcher_the_world_is_one_process(self):
         env = {k: v for k, v in os.environ.items() if not k.startswith("DDL_")}
         result = subprocess.run([CHECKS], env=env, capture_output=True, text=True, timeout=120)

@@ -8,9 +8,11 @@
 #include <string>
 
 #include <fmt/format.h>
+#include <gloo/rendezvous/store.h>
 
 #include "ddl/ddl.h"
 #include "runtime/src/backends/collectives.hpp"
+#include "runtime/src/backends/pmix_bootstrap.hpp"
 #include "runtime/src/common/error.hpp"
 #include "runtime/src/engine/dtype.hpp"
 #include "runtime/src/engine/engine.hpp"
@@ -32,7 +34,8 @@ struct Placement {
 
 struct Runtime {
   Placement placement;
-  std::unique_ptr<Engine> engine;
+  std::unique_ptr<ddl::runtime::PmixSession> pmix;  // while bootstrapped through PMIx
+  std::unique_ptr<Engine> engine;                   // destroyed before pmix
 };
 
 std::mutex g_mutex;
@@ -83,43 +86,57 @@ ddl::runtime::EngineConfig engine_config(int rank) {
   return c;
 }
 
+// store: `ddl run`'s store; pmix: a PMIx launcher; single: this process alone.
 std::string bootstrap_mode() {
   const char* forced = std::getenv("DDL_BOOTSTRAP");
   if (forced != nullptr && *forced != '\0') {
     std::string mode = forced;
-    if (mode != "store" && mode != "single")
-      throw ddl::Error(fmt::format("DDL_BOOTSTRAP='{}' is not one of store, single", mode));
+    if (mode != "store" && mode != "pmix" && mode != "single")
+      throw ddl::Error(fmt::format("DDL_BOOTSTRAP='{}' is not one of store, pmix, single", mode));
     return mode;
   }
-  return std::getenv("DDL_STORE_ADDR") != nullptr ? "store" : "single";
+  if (std::getenv("DDL_STORE_ADDR") != nullptr) return "store";
+  if (std::getenv("PMIX_RANK") != nullptr && ddl::runtime::pmix_compiled_in()) return "pmix";
+  return "single";
+}
+
+// One node: peers are reached over loopback. Several: by this host's name.
+std::string interface_host(int num_nodes) {
+  if (num_nodes <= 1) return "127.0.0.1";
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  return name;
 }
 
 std::shared_ptr<Runtime> start_runtime(int generation) {
   auto rt = std::make_shared<Runtime>();
-  std::unique_ptr<ddl::runtime::Collectives> collectives;
-  int rank = 0;
-  if (bootstrap_mode() == "store") {
+  const std::string mode = bootstrap_mode();
+  if (mode == "single") {
+    rt->engine = std::make_unique<Engine>(ddl::runtime::make_single_process_collectives(), engine_config(0));
+    return rt;
+  }
+  int rank = 0, size = 1;
+  std::unique_ptr<gloo::rendezvous::Store> store;
+  if (mode == "store") {
     rank = env_int("DDL_RANK", -1);
-    const int size = env_int("DDL_SIZE", -1);
+    size = env_int("DDL_SIZE", -1);
     if (rank < 0 || size < 1 || rank >= size)
       throw ddl::Error("DDL_RANK and DDL_SIZE are missing or out of range: start the program with `ddl run`");
     rt->placement = {env_int("DDL_LOCAL_RANK", 0), env_int("DDL_LOCAL_SIZE", 1), env_int("DDL_NODE_RANK", 0),
                      env_int("DDL_NUM_NODES", 1)};
-    auto config = engine_config(rank);
-    auto store = ddl::store::TcpStoreClient::from_environment();
-    // One node: peers are reached over loopback. Several: by this host's name.
-    std::string host = "127.0.0.1";
-    if (rt->placement.num_nodes > 1) {
-      char name[256] = {};
-      ::gethostname(name, sizeof name - 1);
-      host = name;
-    }
-    collectives = ddl::runtime::make_gloo_collectives(rank, size, std::move(store), fmt::format("ddl/{}/gloo/", generation), host,
-                                                      config.timeout);
-    rt->engine = std::make_unique<Engine>(std::move(collectives), config);
+    store = ddl::runtime::make_tcp_gloo_store(ddl::store::TcpStoreClient::from_environment(), fmt::format("ddl/{}/gloo/", generation));
   } else {
-    rt->engine = std::make_unique<Engine>(ddl::runtime::make_single_process_collectives(), engine_config(0));
+    rt->pmix = std::make_unique<ddl::runtime::PmixSession>(engine_config(0).timeout);
+    const auto& w = rt->pmix->world();
+    rank = w.rank;
+    size = w.size;
+    // PMIx node ids need not count from 0; a world whose ranks all share this node is one node.
+    rt->placement = {w.local_rank, w.local_size, w.local_size == w.size ? 0 : w.node_rank, w.local_size == w.size ? 1 : 2};
+    store = rt->pmix->gloo_store();
   }
+  auto config = engine_config(rank);
+  auto collectives = ddl::runtime::make_gloo_collectives(rank, size, *store, interface_host(rt->placement.num_nodes), config.timeout);
+  rt->engine = std::make_unique<Engine>(std::move(collectives), config);
   return rt;
 }
 

@@ -13,6 +13,9 @@
 namespace ddl::store {
 class TcpStoreClient;
 }
+namespace gloo::rendezvous {
+class Store;
+}
 
 namespace ddl::runtime {
 
@@ -35,9 +38,13 @@ class Collectives {
 // The world of one process: every collective is a copy.
 std::unique_ptr<Collectives> make_single_process_collectives();
 
-// Gloo over TCP, wired up through the ddl store. `interface_host` is the address peers reach this
-// rank at; `prefix` keeps the keys of one ddl_init apart from another's.
-std::unique_ptr<Collectives> make_gloo_collectives(int rank, int size, store::TcpStoreClient store, const std::string& prefix,
+// Gloo over TCP, wired up through `store` (the ddl store or PMIx). `interface_host` is the address
+// peers reach this rank at.
+std::unique_ptr<Collectives> make_gloo_collectives(int rank, int size, gloo::rendezvous::Store& store,
                                                    const std::string& interface_host, std::chrono::milliseconds timeout);
+
+// Gloo's rendezvous store over the ddl store, under a key prefix that keeps the keys of one
+// ddl_init apart from another's.
+std::unique_ptr<gloo::rendezvous::Store> make_tcp_gloo_store(store::TcpStoreClient client, const std::string& prefix);
 
 }  // namespace ddl::runtime

@@ -57,15 +57,13 @@ void with_element_type(size_t element_size, Fn fn) {
 
 class GlooCollectives final : public Collectives {
  public:
-  GlooCollectives(int rank, int size, store::TcpStoreClient client, const std::string& prefix, const std::string& host,
-                  std::chrono::milliseconds timeout)
+  GlooCollectives(int rank, int size, gloo::rendezvous::Store& store, const std::string& host, std::chrono::milliseconds timeout)
       : timeout_(timeout) {
     gloo::transport::tcp::attr attr;
     attr.hostname = host;
     auto device = gloo::transport::tcp::CreateDevice(attr);
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
     context->setTimeout(timeout);
-    GlooStore store(std::move(client), prefix);
     context->connectFullMesh(store, device);
     context_ = context;
   }
@@ -151,9 +149,13 @@ class GlooCollectives final : public Collectives {
 
 }  // namespace
 
-std::unique_ptr<Collectives> make_gloo_collectives(int rank, int size, store::TcpStoreClient store, const std::string& prefix,
+std::unique_ptr<Collectives> make_gloo_collectives(int rank, int size, gloo::rendezvous::Store& store,
                                                    const std::string& interface_host, std::chrono::milliseconds timeout) {
-  return std::make_unique<GlooCollectives>(rank, size, std::move(store), prefix, interface_host, timeout);
+  return std::make_unique<GlooCollectives>(rank, size, store, interface_host, timeout);
+}
+
+std::unique_ptr<gloo::rendezvous::Store> make_tcp_gloo_store(store::TcpStoreClient client, const std::string& prefix) {
+  return std::make_unique<GlooStore>(std::move(client), prefix);
 }
 
 }  // namespace ddl::runtime
