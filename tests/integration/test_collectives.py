@@ -10,6 +10,7 @@ import unittest
 
 from ddl_testing import ddl, lines_by_rank
 
+GPU_CHECKS = os.environ.get("DDL_GPU_CHECKS", "")
 CHECKS = os.environ.get("DDL_COLLECTIVE_CHECKS",
                         os.path.join(os.path.dirname(__file__), "..", "..", "build", "tests", "collective_checks"))
 
@@ -40,6 +41,16 @@ class Collectives(unittest.TestCase):
         result, by_rank = self.run_checks(2, "world")
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertEqual([by_rank[r][0] for r in range(2)], [f"world rank {r} size 2 local {r}/2 node 0" for r in range(2)])
+
+    @unittest.skipUnless(os.path.exists(GPU_CHECKS), "libddl was built without NCCL: no CUDA path to test")
+    def test_cuda_ops_without_a_gpu_fail_clearly_and_host_ops_still_work(self):
+        if subprocess.run(["sh", "-c", "nvidia-smi -L"], capture_output=True).returncode == 0:
+            self.skipTest("a GPU is visible: the gpu-labelled test covers the CUDA path here")
+        result = ddl("-np", "2", "--", GPU_CHECKS, "no-gpu")
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        for lines in lines_by_rank(result.stdout).values():
+            self.assertTrue(lines[0].startswith("cuda op without a GPU: unsupported: op 'gpu.sum': "), lines[0])
+            self.assertIn("no GPU is visible", lines[0])
 
     def test_without_a_launcher_the_world_is_one_process(self):
         env = {k: v for k, v in os.environ.items() if not k.startswith("DDL_")}

@@ -12,7 +12,7 @@
  * naming the operation and the ranks. A NULL name means "the next unnamed operation": ranks must
  * then submit their unnamed operations in the same order.
  *
- * Buffers are host memory. Calls are thread-safe. Every function returns a ddl_status; on failure
+ * Buffers are host memory, except for the *_cuda_async functions. Calls are thread-safe. Every function returns a ddl_status; on failure
  * ddl_last_error() describes the last failure of the calling thread.
  *
  * Environment: DDL_TIMEOUT (seconds, default 300) bounds every wait on a peer; DDL_CYCLE_TIME_MS
@@ -42,7 +42,8 @@ typedef enum {
   DDL_ERROR_TIMEOUT = 4,          /* a peer did not answer within DDL_TIMEOUT */
   DDL_ERROR_PEER_FAILED = 5,      /* a peer died or the connection to it broke */
   DDL_ERROR_BOOTSTRAP = 6,        /* joining the other workers failed */
-  DDL_ERROR_INTERNAL = 7
+  DDL_ERROR_INTERNAL = 7,
+  DDL_ERROR_UNSUPPORTED = 8       /* e.g. a CUDA buffer without NCCL or without a visible GPU */
 } ddl_status;
 
 typedef enum {
@@ -109,6 +110,23 @@ DDL_API ddl_status ddl_allgatherv_async(const char* name, const void* send, size
                                         const size_t* recv_counts, ddl_dtype dtype, ddl_handle* handle);
 DDL_API ddl_status ddl_alltoall_async(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype,
                                       ddl_handle* handle);
+
+/* CUDA device buffers go through NCCL, enqueued on `stream` (a cudaStream_t; NULL is the default
+ * stream) after the work already on it; the handle completes when the result is in recv.
+ * Negotiation, names and mismatch errors work as for host buffers (a name used with a host buffer
+ * on one rank and a CUDA buffer on another is a mismatch). Without NCCL in this build, or without
+ * a visible GPU, they fail with DDL_ERROR_UNSUPPORTED and host operations are unaffected. */
+DDL_API ddl_status ddl_allreduce_cuda_async(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype,
+                                            ddl_reduce_op op, void* stream, ddl_handle* handle);
+DDL_API ddl_status ddl_broadcast_cuda_async(const char* name, void* buffer, size_t count, ddl_dtype dtype, int root,
+                                            void* stream, ddl_handle* handle);
+DDL_API ddl_status ddl_allgather_cuda_async(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype,
+                                            void* stream, ddl_handle* handle);
+
+/* Build facts, for `ddl check-build`: the NCCL version compiled in ("" if none), and whether the
+ * PMIx bootstrap is. */
+DDL_API const char* ddl_nccl_version(void);
+DDL_API int ddl_has_pmix(void);
 
 /* Waits for the operation, releases the handle and returns its status. */
 DDL_API ddl_status ddl_wait(ddl_handle handle);

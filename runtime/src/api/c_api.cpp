@@ -12,6 +12,7 @@
 
 #include "ddl/ddl.h"
 #include "runtime/src/backends/collectives.hpp"
+#include "runtime/src/backends/gpu_collectives.hpp"
 #include "runtime/src/backends/pmix_bootstrap.hpp"
 #include "runtime/src/common/error.hpp"
 #include "runtime/src/engine/dtype.hpp"
@@ -154,10 +155,10 @@ ddl_status check_common(const void* recv, size_t count, ddl_dtype dtype) {
   return DDL_SUCCESS;
 }
 
-ddl_status submit(const char* name, const OpSpec& spec, const void* send, void* recv, ddl_handle* handle) {
+ddl_status submit(const char* name, const OpSpec& spec, const void* send, void* recv, ddl_handle* handle, void* stream = nullptr) {
   if (handle == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "handle is NULL");
   return with_runtime([&](Runtime& rt) {
-    *handle = new ddl_handle_s{rt.engine->submit(name ? name : "", spec, send, recv)};
+    *handle = new ddl_handle_s{rt.engine->submit(name ? name : "", spec, send, recv, stream)};
     return DDL_SUCCESS;
   });
 }
@@ -222,6 +223,7 @@ const char* ddl_status_string(ddl_status status) {
     case DDL_ERROR_PEER_FAILED: return "peer failed";
     case DDL_ERROR_BOOTSTRAP: return "bootstrap failed";
     case DDL_ERROR_INTERNAL: return "internal error";
+    case DDL_ERROR_UNSUPPORTED: return "unsupported";
   }
   return "unknown status";
 }
@@ -272,6 +274,37 @@ ddl_status ddl_alltoall_async(const char* name, const void* send, void* recv, si
   if (send == nullptr && count > 0) return fail(DDL_ERROR_INVALID_ARGUMENT, "the send buffer is NULL");
   return submit(name, {OpKind::Alltoall, dtype, DDL_SUM, 0, count, {}}, send, recv, handle);
 }
+
+ddl_status ddl_allreduce_cuda_async(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype,
+                                    ddl_reduce_op op, void* stream, ddl_handle* handle) {
+  if (auto s = check_common(recv, count, dtype); s != DDL_SUCCESS) return s;
+  if (!ddl::runtime::valid_reduce_op(op)) return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("unknown reduce op {}", static_cast<int>(op)));
+  if (send == nullptr && count > 0) return fail(DDL_ERROR_INVALID_ARGUMENT, "the send buffer is NULL");
+  return submit(name, {OpKind::Allreduce, dtype, op, 0, count, {}, true}, send, recv, handle, stream);
+}
+
+ddl_status ddl_broadcast_cuda_async(const char* name, void* buffer, size_t count, ddl_dtype dtype, int root, void* stream,
+                                    ddl_handle* handle) {
+  if (auto s = check_common(buffer, count, dtype); s != DDL_SUCCESS) return s;
+  int size = 0;
+  if (auto s = ddl_size(&size); s != DDL_SUCCESS) return s;
+  if (root < 0 || root >= size) return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("broadcast root {} is not a rank of a world of {}", root, size));
+  return submit(name, {OpKind::Broadcast, dtype, DDL_SUM, root, count, {}, true}, buffer, buffer, handle, stream);
+}
+
+ddl_status ddl_allgather_cuda_async(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype, void* stream,
+                                    ddl_handle* handle) {
+  if (auto s = check_common(recv, count, dtype); s != DDL_SUCCESS) return s;
+  if (send == nullptr && count > 0) return fail(DDL_ERROR_INVALID_ARGUMENT, "the send buffer is NULL");
+  return submit(name, {OpKind::Allgather, dtype, DDL_SUM, 0, count, {}, true}, send, recv, handle, stream);
+}
+
+const char* ddl_nccl_version(void) {
+  static const std::string version = ddl::runtime::nccl_version_compiled_in();
+  return version.c_str();
+}
+
+int ddl_has_pmix(void) { return ddl::runtime::pmix_compiled_in() ? 1 : 0; }
 
 ddl_status ddl_allreduce(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype, ddl_reduce_op op) {
   ddl_handle h = nullptr;

@@ -7,7 +7,9 @@
 
 #include <gloo/rendezvous/store.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,31 +60,14 @@ class PmixStore final : public gloo::rendezvous::Store {
   }
 
   std::vector<char> get(const std::string& key) override {
-    std::string k = "ddl." + key;
-    // Gloo names its keys after the rank that sets them; look there first, then everywhere.
-    std::vector<int> order;
-    char* end = nullptr;
-    long owner = std::strtol(key.c_str(), &end, 10);
-    if (!key.empty() && *end == '\0' && owner >= 0 && owner < state_->size) order.push_back(static_cast<int>(owner));
-    for (int r = 0; r < state_->size; ++r) order.push_back(r);
-    for (int r : order) {
-      pmix_proc_t proc;
-      PMIX_PROC_CONSTRUCT(&proc);
-      std::memcpy(proc.nspace, state_->me.nspace, PMIX_MAX_NSLEN);
-      proc.rank = static_cast<pmix_rank_t>(r);
-      pmix_info_t info;
-      bool optional = true;
-      PMIX_INFO_LOAD(&info, PMIX_OPTIONAL, &optional, PMIX_BOOL);
-      pmix_value_t* value = nullptr;
-      pmix_status_t rc = PMIx_Get(&proc, k.c_str(), &info, 1, &value);
-      PMIX_INFO_DESTRUCT(&info);
-      if (rc == PMIX_SUCCESS && value != nullptr && value->type == PMIX_BYTE_OBJECT) {
-        std::vector<char> out(value->data.bo.bytes, value->data.bo.bytes + value->data.bo.size);
-        PMIX_VALUE_RELEASE(value);
-        return out;
-      }
-      if (value != nullptr) PMIX_VALUE_RELEASE(value);
+    // Gloo names its keys after the rank that sets them ("3", "rank_3"): ask that rank's data,
+    // blocking up to the timeout (the PMIx server fetches it if no fence has brought it yet).
+    const int owner = trailing_rank(key);
+    if (owner >= 0 && owner < state_->size) {
+      if (auto value = lookup(owner, key, /*wait=*/true)) return *value;
     }
+    for (int r = 0; r < state_->size; ++r)
+      if (auto value = lookup(r, key, /*wait=*/false)) return *value;
     throw Error(fmt::format("PMIx: no rank published '{}'", key));
   }
 
@@ -106,6 +91,33 @@ class PmixStore final : public gloo::rendezvous::Store {
   }
 
  private:
+  static int trailing_rank(const std::string& key) {
+    size_t start = key.size();
+    while (start > 0 && key[start - 1] >= '0' && key[start - 1] <= '9') --start;
+    return start == key.size() ? -1 : std::atoi(key.c_str() + start);
+  }
+
+  std::optional<std::vector<char>> lookup(int rank, const std::string& key, bool wait) {
+    pmix_proc_t proc;
+    PMIX_PROC_CONSTRUCT(&proc);
+    std::memcpy(proc.nspace, state_->me.nspace, PMIX_MAX_NSLEN);
+    proc.rank = static_cast<pmix_rank_t>(rank);
+    pmix_info_t info;
+    bool optional = true;
+    int seconds = static_cast<int>(std::max<long long>(1, state_->timeout.count() / 1000));
+    if (wait) PMIX_INFO_LOAD(&info, PMIX_TIMEOUT, &seconds, PMIX_INT);
+    else PMIX_INFO_LOAD(&info, PMIX_OPTIONAL, &optional, PMIX_BOOL);
+    pmix_value_t* value = nullptr;
+    const std::string k = "ddl." + key;
+    pmix_status_t rc = PMIx_Get(&proc, k.c_str(), &info, 1, &value);
+    PMIX_INFO_DESTRUCT(&info);
+    std::optional<std::vector<char>> out;
+    if (rc == PMIX_SUCCESS && value != nullptr && value->type == PMIX_BYTE_OBJECT)
+      out.emplace(value->data.bo.bytes, value->data.bo.bytes + value->data.bo.size);
+    if (value != nullptr) PMIX_VALUE_RELEASE(value);
+    return out;
+  }
+
   std::shared_ptr<PmixSession::State> state_;
   bool dirty_ = false;
 };

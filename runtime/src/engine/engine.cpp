@@ -42,7 +42,7 @@ Engine::Engine(std::unique_ptr<Collectives> collectives, EngineConfig config)
 
 Engine::~Engine() { finalize(); }
 
-std::shared_ptr<OpState> Engine::submit(std::string name, const OpSpec& spec, const void* send, void* recv) {
+std::shared_ptr<OpState> Engine::submit(std::string name, const OpSpec& spec, const void* send, void* recv, void* stream) {
   auto state = std::make_shared<OpState>();
   std::unique_lock lock(mutex_);
   if (name.empty()) name = fmt::format("unnamed.{}", unnamed_counter_++);
@@ -53,7 +53,7 @@ std::shared_ptr<OpState> Engine::submit(std::string name, const OpSpec& spec, co
   } else if (in_flight_.count(name) || std::any_of(inbox_.begin(), inbox_.end(), [&](const auto& p) { return p.name == name; })) {
     state->complete(DDL_ERROR_INVALID_ARGUMENT, fmt::format("op '{}' is already in flight on rank {}: names must be unique until the op finishes", name, rank_));
   } else {
-    inbox_.push_back({std::move(name), spec, send, recv, state, Clock::now()});
+    inbox_.push_back({std::move(name), spec, send, recv, state, Clock::now(), stream});
     lock.unlock();
     wake_.notify_one();
   }
@@ -78,6 +78,7 @@ void Engine::run_loop() {
       op.state->complete(DDL_ERROR_NOT_INITIALIZED, fmt::format("op '{}' was still waiting for other ranks when every rank finalized", name));
     in_flight_.clear();
   } catch (const std::exception& e) {
+    if (gpu_) gpu_->abort();  // nothing may stay blocked on the GPU for a peer that is gone
     std::string what = e.what();
     bool timed_out = what.find("imed out") != std::string::npos || what.find("imeout") != std::string::npos;
     fail_everything(timed_out ? DDL_ERROR_TIMEOUT : DDL_ERROR_PEER_FAILED,
@@ -112,7 +113,8 @@ bool Engine::run_round() {
     if (it != in_flight_.end()) finish(it->second, failed.status, failed.message);
   }
   execute(decision.ready);
-  return !(decision.all_finalizing && decision.ready.empty());
+  poll_gpu_ops();
+  return !(decision.all_finalizing && decision.ready.empty() && gpu_in_flight_.empty());
 }
 
 size_t Engine::bytes_of(const OpSpec& spec) const { return spec.count * dtype_size(spec.dtype); }
@@ -125,13 +127,58 @@ void Engine::execute(const std::vector<ReadyOp>& ready) {
     timeline_.record(op.name, "NEGOTIATE", op.submitted, negotiated);
     ops.push_back(&op);
   }
-  // Allreduces of one dtype and reduction are fused; everything else runs in the agreed order.
+  // Host allreduces of one dtype and reduction are fused; CUDA ops are launched as one NCCL group;
+  // everything else runs in the agreed order.
   std::vector<PendingOp*> allreduces;
+  std::vector<PendingOp*> gpu_ops;
   for (PendingOp* op : ops) {
-    if (op->spec.kind == OpKind::Allreduce) allreduces.push_back(op);
+    if (op->spec.cuda) gpu_ops.push_back(op);
+    else if (op->spec.kind == OpKind::Allreduce) allreduces.push_back(op);
     else run_single(*op);
   }
   run_allreduces(allreduces);
+  enqueue_gpu_ops(gpu_ops);
+}
+
+void Engine::enqueue_gpu_ops(const std::vector<PendingOp*>& ops) {
+  if (ops.empty()) return;
+  if (!gpu_) {
+    try {
+      gpu_ = make_nccl_collectives(*collectives_, ops[0]->recv);
+    } catch (const std::exception& e) {
+      for (PendingOp* op : ops) finish(*op, DDL_ERROR_UNSUPPORTED, fmt::format("op '{}': {}", op->name, e.what()));
+      return;
+    }
+  }
+  gpu_->group_start();
+  for (PendingOp* op : ops) {
+    const OpSpec& s = op->spec;
+    GpuCollectives::Token token = nullptr;
+    switch (s.kind) {
+      case OpKind::Allreduce: token = gpu_->allreduce(op->send, op->recv, s.count, s.dtype, s.reduce, op->stream); break;
+      case OpKind::Broadcast: token = gpu_->broadcast(op->recv, s.count, s.dtype, s.root, op->stream); break;
+      case OpKind::Allgather: token = gpu_->allgather(op->send, op->recv, s.count, s.dtype, op->stream); break;
+      default: break;  // the C API offers no other CUDA op
+    }
+    gpu_in_flight_.push_back({op->name, token, Clock::now()});
+  }
+  gpu_->group_end();
+}
+
+void Engine::poll_gpu_ops() {
+  const auto now = Clock::now();
+  for (size_t i = 0; i < gpu_in_flight_.size();) {
+    GpuOpInFlight& g = gpu_in_flight_[i];
+    if (!gpu_->done(g.token)) {
+      if (now - g.started > config_.timeout) throw std::runtime_error(fmt::format("CUDA op '{}' timed out", g.name));
+      ++i;
+      continue;
+    }
+    gpu_->release(g.token);
+    timeline_.record(g.name, "NCCL", g.started, now);
+    finish(in_flight_.at(g.name), DDL_SUCCESS);
+    gpu_in_flight_.erase(gpu_in_flight_.begin() + static_cast<long>(i));
+  }
 }
 
 void Engine::run_allreduces(const std::vector<PendingOp*>& ops) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "runtime/src/backends/collectives.hpp"
+#include "runtime/src/backends/gpu_collectives.hpp"
 #include "runtime/src/engine/negotiator.hpp"
 #include "runtime/src/engine/op_spec.hpp"
 #include "runtime/src/engine/timeline.hpp"
@@ -53,8 +54,9 @@ class Engine {
   int rank() const { return rank_; }
   int size() const { return size_; }
 
-  // Queues an op. An empty name takes the next "unnamed.N". Never blocks on peers.
-  std::shared_ptr<OpState> submit(std::string name, const OpSpec& spec, const void* send, void* recv);
+  // Queues an op. An empty name takes the next "unnamed.N". Never blocks on peers. `stream` is the
+  // CUDA stream of a CUDA op.
+  std::shared_ptr<OpState> submit(std::string name, const OpSpec& spec, const void* send, void* recv, void* stream = nullptr);
   // Tells the other ranks this one is done and waits until all are; ops still pending then fail.
   void finalize();
 
@@ -67,6 +69,13 @@ class Engine {
     void* recv = nullptr;
     std::shared_ptr<OpState> state;
     Clock::time_point submitted;
+    void* stream = nullptr;
+  };
+  // A CUDA op enqueued on its stream, waiting for its event.
+  struct GpuOpInFlight {
+    std::string name;
+    GpuCollectives::Token token;
+    Clock::time_point started;
   };
 
   void run_loop();
@@ -75,6 +84,8 @@ class Engine {
   void run_allreduces(const std::vector<PendingOp*>& ops);
   void run_fused_allreduce(const std::vector<PendingOp*>& ops);
   void run_single(PendingOp& op);
+  void enqueue_gpu_ops(const std::vector<PendingOp*>& ops);
+  void poll_gpu_ops();
   void finish(PendingOp& op, ddl_status status, std::string message = {});
   void fail_everything(ddl_status status, const std::string& message);
   size_t bytes_of(const OpSpec& spec) const;
@@ -86,6 +97,8 @@ class Engine {
   Negotiator negotiator_;
   Timeline timeline_;
   std::vector<char> fusion_buffer_;
+  std::unique_ptr<GpuCollectives> gpu_;  // made when the first CUDA op runs
+  std::vector<GpuOpInFlight> gpu_in_flight_;
 
   std::mutex mutex_;  // guards what submit() and finalize() share with the engine thread
   std::condition_variable wake_;

@@ -21,6 +21,7 @@ std::string OpSpec::describe() const {
   if (kind == OpKind::Allreduce) s += fmt::format(" {}", reduce_op_name(reduce));
   if (kind == OpKind::Broadcast) s += fmt::format(" from rank {}", root);
   if (kind == OpKind::Allgatherv) s += fmt::format(" counts [{}]", fmt::join(counts, ","));
+  s += cuda ? " on cuda" : "";
   return s;
 }
 
@@ -29,6 +30,7 @@ std::string Announcement::serialize() const {
   w.u8(finalizing ? 1 : 0).u32(static_cast<uint32_t>(submitted.size()));
   for (const auto& [name, spec] : submitted) {
     w.str(name).u8(static_cast<uint8_t>(spec.kind)).u8(static_cast<uint8_t>(spec.dtype)).u8(static_cast<uint8_t>(spec.reduce));
+    w.u8(spec.cuda ? 1 : 0);
     w.i64(spec.root).i64(static_cast<int64_t>(spec.count)).u32(static_cast<uint32_t>(spec.counts.size()));
     for (uint64_t c : spec.counts) w.i64(static_cast<int64_t>(c));
   }
@@ -52,12 +54,13 @@ Announcement Announcement::parse(const std::string& bytes) {
     auto kind = r.u8();
     auto dtype = r.u8();
     auto reduce = r.u8();
+    auto cuda = r.u8();
     auto root = r.i64();
     auto count = r.i64();
     auto ncounts = r.u32();
-    if (!name || !kind || !dtype || !reduce || !root || !count || !ncounts) throw fail();
+    if (!name || !kind || !dtype || !reduce || !cuda || !root || !count || !ncounts) throw fail();
     OpSpec spec{static_cast<OpKind>(*kind), static_cast<ddl_dtype>(*dtype), static_cast<ddl_reduce_op>(*reduce),
-                static_cast<int32_t>(*root), static_cast<uint64_t>(*count), {}};
+                static_cast<int32_t>(*root), static_cast<uint64_t>(*count), {}, *cuda != 0};
     for (uint32_t j = 0; j < *ncounts; ++j) {
       auto c = r.i64();
       if (!c) throw fail();

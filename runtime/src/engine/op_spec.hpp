@@ -20,6 +20,7 @@ struct OpSpec {
   int32_t root = 0;                // broadcast only
   uint64_t count = 0;              // elements sent by each rank (per destination for alltoall)
   std::vector<uint64_t> counts;    // allgatherv: elements from each rank
+  bool cuda = false;               // the buffers are CUDA device memory (NCCL)
 
   bool operator==(const OpSpec&) const = default;
   // "allreduce float32[1000] sum", "broadcast int64[3] from rank 2", ...

@@ -1,0 +1,37 @@
+// Collectives on CUDA device memory (NCCL), enqueued on the caller's stream and completed
+// asynchronously. Only the engine thread calls them, in the same order on every rank.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "runtime/src/backends/collectives.hpp"
+
+namespace ddl::runtime {
+
+class GpuCollectives {
+ public:
+  using Token = void*;  // marks the end of one enqueued op on its stream
+  virtual ~GpuCollectives() = default;
+  virtual Token allreduce(const void* send, void* recv, size_t count, ddl_dtype dtype, ddl_reduce_op op, void* stream) = 0;
+  virtual Token broadcast(void* data, size_t count, ddl_dtype dtype, int root, void* stream) = 0;
+  virtual Token allgather(const void* send, void* recv, size_t count, ddl_dtype dtype, void* stream) = 0;
+  // Starts and ends a group of enqueues that NCCL launches together.
+  virtual void group_start() = 0;
+  virtual void group_end() = 0;
+  // Whether the op of `token` finished; throws ddl::Error on an asynchronous NCCL error.
+  virtual bool done(Token token) = 0;
+  virtual void release(Token token) = 0;
+  // Aborts the communicator after a failure or a timeout, so nothing stays blocked on the GPU.
+  virtual void abort() = 0;
+};
+
+// NCCL on the device that holds `sample_pointer`; the unique id travels over `host` (rank 0 makes
+// it, everyone receives it by broadcast). Throws ddl::Error when NCCL or a GPU is not there.
+std::unique_ptr<GpuCollectives> make_nccl_collectives(Collectives& host, const void* sample_pointer);
+
+// Whether this libddl was built with NCCL, and with which version ("2.28.9"), else "".
+std::string nccl_version_compiled_in();
+
+}  // namespace ddl::runtime
