@@ -399,6 +399,7 @@ def machine_info(args):
         "cores": os.cpu_count(),
         "open_file_limit": raise_open_file_limit(),
         "torch": torch_version(args.python),
+        "load_average": os.getloadavg(),
     }
 
 
@@ -406,6 +407,8 @@ def print_header(info, gil, args):
     print(f"date {info['date']}  host {info['hostname']}")
     print(f"cpu {info['cpu']}, {info['cores']} cores; open-file limit {info['open_file_limit']}; "
           f"torch {info['torch']}")
+    print("load average at start: " + " ".join(f"{x:.2f}" for x in info["load_average"]) +
+          " (1, 5, 15 min; other work on the machine skews both sides)")
     if "error" in gil:
         print(gil["error"])
     else:
@@ -414,10 +417,11 @@ def print_header(info, gil, args):
         print(f"GIL: released by TCPStore {', '.join(released) or 'nothing'}; "
               f"held by {', '.join(held) or 'nothing'}")
         if held:
-            print("     -> with threads in one process those calls run one at a time")
+            print("     -> in a one-process run those calls are serialised (--torch-procs P to compare)")
     extra = "".join(f", and {p} processes x N/{p} threads" for p in args.torch_procs[1:])
-    print(f"clients: one connection each; ddl and TCPStore: 1 process x N threads{extra}; "
-          f"median of {args.repeat} runs, time from starting clients to all done")
+    print(f"clients: own store object each (ddl 1 connection, TCPStore 1.13 2); "
+          f"1 process x N threads{extra}")
+    print(f"median of {args.repeat} runs, ms from starting the clients to the last one done")
     print()
 
 

@@ -152,8 +152,12 @@ class StoreServer::Loop {
       int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
         if (errno == EINTR || errno == ECONNABORTED) continue;
-        if (errno == EMFILE || errno == ENFILE)
-          log_once(emfile_logged_, "store: out of file descriptors; clients will retry (raise `ulimit -n`)");
+        if (errno == EMFILE || errno == ENFILE) {
+          log_once(emfile_logged_, "store: out of file descriptors; new clients wait until one closes (raise `ulimit -n`)");
+          // Stop watching the listener, or epoll reports it ready forever; a close re-arms it.
+          set_events(listen_fd_, kListenId, 0);
+          listen_paused_ = true;
+        }
         return;
       }
       int one = 1;
@@ -376,6 +380,10 @@ class StoreServer::Loop {
     ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, it->second.fd, nullptr);
     ::close(it->second.fd);
     conns_.erase(it);
+    if (listen_paused_) {
+      listen_paused_ = false;
+      set_events(listen_fd_, kListenId, EPOLLIN);
+    }
   }
 
   int listen_fd_;
@@ -383,6 +391,7 @@ class StoreServer::Loop {
   int wake_fd_ = -1;
   bool stopping_ = false;
   bool emfile_logged_ = false;
+  bool listen_paused_ = false;  // out of descriptors: accepting resumes when a connection closes
   StoreServerOptions options_;
   std::shared_ptr<std::atomic<uint64_t>> rejected_;
   uint64_t next_id_ = 2;
