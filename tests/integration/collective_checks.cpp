@@ -146,6 +146,31 @@ void check_allreduces() {
   check(ok, "in-place allreduce");
 }
 
+// float32 allreduces compressed to float16: exact for small integers, and visibly rounded for a
+// value float16 cannot hold (so the compression really happened). Two ops fuse, one runs alone.
+void check_fp16_compression() {
+  std::vector<float> a(1000), b(3), c{1.0001f};
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(input(DDL_SUM, g_rank, i));
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(input(DDL_SUM, g_rank, i));
+  ddl_handle ha, hb, hc;
+  require(ddl_allreduce_flags_async("fp16.a", a.data(), a.data(), a.size(), DDL_FLOAT32, DDL_SUM, DDL_COMPRESS_FP16, &ha), "fp16.a");
+  require(ddl_allreduce_flags_async("fp16.b", b.data(), b.data(), b.size(), DDL_FLOAT32, DDL_AVERAGE, DDL_COMPRESS_FP16, &hb), "fp16.b");
+  require(ddl_allreduce_flags_async("fp16.c", c.data(), c.data(), 1, DDL_FLOAT32, DDL_SUM, DDL_COMPRESS_FP16, &hc), "fp16.c");
+  require(ddl_wait(ha), "wait fp16.a");
+  require(ddl_wait(hb), "wait fp16.b");
+  require(ddl_wait(hc), "wait fp16.c");
+  bool ok = true;
+  for (size_t i = 0; i < a.size(); ++i) ok = ok && a[i] == static_cast<float>(expected(DDL_SUM, DDL_FLOAT32, i));
+  check(ok, "fp16-compressed sum");
+  ok = true;
+  for (size_t i = 0; i < b.size(); ++i) ok = ok && std::fabs(b[i] - expected(DDL_AVERAGE, DDL_FLOAT32, i)) < 2e-3 * expected(DDL_AVERAGE, DDL_FLOAT32, i);
+  check(ok, "fp16-compressed average");
+  check(c[0] == static_cast<float>(g_size), "fp16 compression rounds 1.0001 to 1 before summing");
+  float x = 1;
+  check(ddl_allreduce_flags_async("fp16.f64", &x, &x, 1, DDL_FLOAT64, DDL_SUM, DDL_COMPRESS_FP16, &ha) == DDL_ERROR_INVALID_ARGUMENT,
+        "DDL_COMPRESS_FP16 on float64 is refused");
+}
+
 void check_broadcast_gather_alltoall() {
   for (int root : {0, g_size - 1}) {
     for (size_t n : {size_t{0}, size_t{7}, size_t{1000003}}) {
@@ -260,6 +285,7 @@ int main(int argc, char** argv) {
   else if (mode == "die") rc = run_die(argc > 2 ? std::atoi(argv[2]) : 1);
   else {
     check_allreduces();
+    check_fp16_compression();
     check_broadcast_gather_alltoall();
     check_submission_order();
   }

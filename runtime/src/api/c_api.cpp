@@ -232,10 +232,19 @@ size_t ddl_dtype_size(ddl_dtype dtype) { return ddl::runtime::valid_dtype(dtype)
 
 ddl_status ddl_allreduce_async(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype, ddl_reduce_op op,
                                ddl_handle* handle) {
+  return ddl_allreduce_flags_async(name, send, recv, count, dtype, op, 0, handle);
+}
+
+ddl_status ddl_allreduce_flags_async(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype,
+                                     ddl_reduce_op op, unsigned flags, ddl_handle* handle) {
+  if (flags & ~DDL_COMPRESS_FP16) return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("unknown allreduce flags {:#x}", flags));
+  const bool compress = (flags & DDL_COMPRESS_FP16) != 0;
+  if (compress && dtype != DDL_FLOAT32)
+    return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("DDL_COMPRESS_FP16 applies to float32 allreduces, not {}", ddl::runtime::dtype_name(dtype)));
   if (auto s = check_common(recv, count, dtype); s != DDL_SUCCESS) return s;
   if (!ddl::runtime::valid_reduce_op(op)) return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("unknown reduce op {}", static_cast<int>(op)));
   if (send == nullptr && count > 0) return fail(DDL_ERROR_INVALID_ARGUMENT, "the send buffer is NULL");
-  return submit(name, {OpKind::Allreduce, dtype, op, 0, count, {}}, send, recv, handle);
+  return submit(name, {OpKind::Allreduce, dtype, op, 0, count, {}, false, compress}, send, recv, handle);
 }
 
 ddl_status ddl_broadcast_async(const char* name, void* buffer, size_t count, ddl_dtype dtype, int root, ddl_handle* handle) {

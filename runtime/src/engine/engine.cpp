@@ -30,6 +30,31 @@ bool OpState::done() {
   return done_;
 }
 
+namespace {
+
+// Copies `count` elements into the fusion buffer, converting float32 to float16 when compressing.
+void pack_into(const void* from, char* to, size_t count, ddl_dtype dtype, bool compress) {
+  if (!compress) {
+    if (count > 0) std::memcpy(to, from, count * dtype_size(dtype));
+    return;
+  }
+  const auto* f = static_cast<const float*>(from);
+  auto* h = reinterpret_cast<unsigned short*>(to);
+  for (size_t i = 0; i < count; ++i) h[i] = float_to_half(f[i]);
+}
+
+void unpack_from(const char* from, void* to, size_t count, ddl_dtype dtype, bool compress) {
+  if (!compress) {
+    if (count > 0) std::memcpy(to, from, count * dtype_size(dtype));
+    return;
+  }
+  const auto* h = reinterpret_cast<const unsigned short*>(from);
+  auto* f = static_cast<float*>(to);
+  for (size_t i = 0; i < count; ++i) f[i] = half_to_float(h[i]);
+}
+
+}  // namespace
+
 Engine::Engine(std::unique_ptr<Collectives> collectives, EngineConfig config)
     : collectives_(std::move(collectives)),
       config_(std::move(config)),
@@ -191,39 +216,42 @@ void Engine::run_allreduces(const std::vector<PendingOp*>& ops) {
     for (size_t j = i + 1; j < ops.size() && config_.fusion_threshold > 0; ++j) {
       const OpSpec& a = ops[i]->spec;
       const OpSpec& b = ops[j]->spec;
-      if (taken[j] || a.dtype != b.dtype || a.reduce != b.reduce) continue;
+      if (taken[j] || a.dtype != b.dtype || a.reduce != b.reduce || a.compress_fp16 != b.compress_fp16) continue;
       if (bytes + bytes_of(b) > config_.fusion_threshold) continue;
       bytes += bytes_of(b);
       group.push_back(ops[j]);
       taken[j] = true;
     }
-    if (group.size() == 1) run_single(*group[0]);
+    if (group.size() == 1 && !group[0]->spec.compress_fp16) run_single(*group[0]);
     else run_fused_allreduce(group);
   }
 }
 
 void Engine::run_fused_allreduce(const std::vector<PendingOp*>& ops) {
+  // Compressed float32 ops travel as float16: half the bytes in the buffer and on the wire.
+  const bool compress = ops[0]->spec.compress_fp16;
   const ddl_dtype dtype = ops[0]->spec.dtype;
+  const ddl_dtype wire = compress ? DDL_FLOAT16 : dtype;
   const ddl_reduce_op reduce = ops[0]->spec.reduce;
-  const size_t element = dtype_size(dtype);
-  size_t total = 0;
-  for (PendingOp* op : ops) total += bytes_of(op->spec);
-  if (fusion_buffer_.size() < total) fusion_buffer_.resize(total);
+  const size_t wire_element = dtype_size(wire);
+  size_t elements = 0;
+  for (PendingOp* op : ops) elements += op->spec.count;
+  if (fusion_buffer_.size() < elements * wire_element) fusion_buffer_.resize(elements * wire_element);
 
   auto t0 = Clock::now();
   size_t offset = 0;
   for (PendingOp* op : ops) {
-    std::memcpy(fusion_buffer_.data() + offset, op->send, bytes_of(op->spec));
-    offset += bytes_of(op->spec);
+    pack_into(op->send, fusion_buffer_.data() + offset * wire_element, op->spec.count, dtype, compress);
+    offset += op->spec.count;
   }
   auto t1 = Clock::now();
-  collectives_->allreduce(fusion_buffer_.data(), total / element, element, reduce_function(dtype, reduce));
-  if (reduce == DDL_AVERAGE) divide_by_world_size(fusion_buffer_.data(), total / element, dtype, size_);
+  collectives_->allreduce(fusion_buffer_.data(), elements, wire_element, reduce_function(wire, reduce));
   auto t2 = Clock::now();
   offset = 0;
   for (PendingOp* op : ops) {
-    std::memcpy(op->recv, fusion_buffer_.data() + offset, bytes_of(op->spec));
-    offset += bytes_of(op->spec);
+    unpack_from(fusion_buffer_.data() + offset * wire_element, op->recv, op->spec.count, dtype, compress);
+    if (reduce == DDL_AVERAGE) divide_by_world_size(op->recv, op->spec.count, dtype, size_);
+    offset += op->spec.count;
   }
   auto t3 = Clock::now();
   for (PendingOp* op : ops) {

@@ -22,6 +22,7 @@ std::string OpSpec::describe() const {
   if (kind == OpKind::Broadcast) s += fmt::format(" from rank {}", root);
   if (kind == OpKind::Allgatherv) s += fmt::format(" counts [{}]", fmt::join(counts, ","));
   s += cuda ? " on cuda" : "";
+  s += compress_fp16 ? " compressed to float16" : "";
   return s;
 }
 
@@ -30,7 +31,7 @@ std::string Announcement::serialize() const {
   w.u8(finalizing ? 1 : 0).u32(static_cast<uint32_t>(submitted.size()));
   for (const auto& [name, spec] : submitted) {
     w.str(name).u8(static_cast<uint8_t>(spec.kind)).u8(static_cast<uint8_t>(spec.dtype)).u8(static_cast<uint8_t>(spec.reduce));
-    w.u8(spec.cuda ? 1 : 0);
+    w.u8(static_cast<uint8_t>((spec.cuda ? 1 : 0) | (spec.compress_fp16 ? 2 : 0)));
     w.i64(spec.root).i64(static_cast<int64_t>(spec.count)).u32(static_cast<uint32_t>(spec.counts.size()));
     for (uint64_t c : spec.counts) w.i64(static_cast<int64_t>(c));
   }
@@ -60,7 +61,7 @@ Announcement Announcement::parse(const std::string& bytes) {
     auto ncounts = r.u32();
     if (!name || !kind || !dtype || !reduce || !cuda || !root || !count || !ncounts) throw fail();
     OpSpec spec{static_cast<OpKind>(*kind), static_cast<ddl_dtype>(*dtype), static_cast<ddl_reduce_op>(*reduce),
-                static_cast<int32_t>(*root), static_cast<uint64_t>(*count), {}, *cuda != 0};
+                static_cast<int32_t>(*root), static_cast<uint64_t>(*count), {}, (*cuda & 1) != 0, (*cuda & 2) != 0};
     for (uint32_t j = 0; j < *ncounts; ++j) {
       auto c = r.i64();
       if (!c) throw fail();

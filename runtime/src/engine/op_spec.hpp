@@ -21,6 +21,7 @@ struct OpSpec {
   uint64_t count = 0;              // elements sent by each rank (per destination for alltoall)
   std::vector<uint64_t> counts;    // allgatherv: elements from each rank
   bool cuda = false;               // the buffers are CUDA device memory (NCCL)
+  bool compress_fp16 = false;      // allreduce float32 travels as float16
 
   bool operator==(const OpSpec&) const = default;
   // "allreduce float32[1000] sum", "broadcast int64[3] from rank 2", ...
