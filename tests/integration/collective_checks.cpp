@@ -217,8 +217,15 @@ void check_broadcast_gather_alltoall() {
   require(ddl_barrier(), "barrier");
 }
 
-// Ranks submit the same 50 named ops in different orders (odd ranks backwards), async.
+void check_one_step_in_rank_dependent_order(int step);
+
+// Ranks submit the same 50 named ops in different orders (odd ranks backwards), async, for three
+// steps: from the second step on they are announced through the response cache.
 void check_submission_order() {
+  for (int step = 0; step < 3; ++step) check_one_step_in_rank_dependent_order(step);
+}
+
+void check_one_step_in_rank_dependent_order(int step) {
   const int n = 50;
   std::vector<std::vector<float>> bufs(n, std::vector<float>(10));
   std::vector<ddl_handle> handles(n);
@@ -237,7 +244,7 @@ void check_submission_order() {
     float want = static_cast<float>(op * g_size + g_size * (g_size - 1) / 2);
     for (float v : bufs[static_cast<size_t>(op)]) ok = ok && v == want;
   }
-  check(ok, "ops submitted in different orders on different ranks");
+  check(ok, "ops submitted in different orders on different ranks, step " + std::to_string(step));
 }
 
 int run_mismatch() {

@@ -74,3 +74,30 @@ TEST_CASE("announcements survive serialization") {
   CHECK(b.expired == a.expired);
   CHECK_THROWS(Announcement::parse("junk"));
 }
+
+TEST_CASE("the response cache: a repeated op is announced by id and still agreed") {
+  Negotiator n(2);
+  auto now = Clock::now();
+  CHECK_FALSE(n.cached_id("g", allreduce(8)).has_value());
+  n.merge({announce({{"g", allreduce(8)}}), announce({{"g", allreduce(8)}})}, now);
+  auto id = n.cached_id("g", allreduce(8));
+  REQUIRE(id.has_value());
+  CHECK_FALSE(n.cached_id("g", allreduce(9)).has_value());  // another spec is announced in full
+  Announcement by_id;
+  by_id.cached = {*id};
+  // Rank 0 uses the cache, rank 1 announces in full: the same op either way.
+  auto d = n.merge({by_id, announce({{"g", allreduce(8)}})}, now);
+  CHECK(names(d) == std::vector<std::string>{"g"});
+  // A full announcement with a different spec on one rank is still a mismatch.
+  auto m = n.merge({by_id, announce({{"g", allreduce(9)}})}, now);
+  REQUIRE(m.failed.size() == 1);
+  CHECK(m.failed[0].status == DDL_ERROR_MISMATCH);
+}
+
+TEST_CASE("a full cache stops growing but keeps working") {
+  Negotiator n(1, 1);
+  n.merge({announce({{"a", allreduce(1)}})}, Clock::now());
+  n.merge({announce({{"b", allreduce(1)}})}, Clock::now());
+  CHECK(n.cached_id("a", allreduce(1)).has_value());
+  CHECK_FALSE(n.cached_id("b", allreduce(1)).has_value());
+}

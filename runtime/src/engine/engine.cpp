@@ -118,7 +118,8 @@ bool Engine::run_round() {
     // Sleep one cycle unless there is work; a submit wakes the thread early.
     if (inbox_.empty() && !finalize_requested_) wake_.wait_for(lock, config_.cycle_time);
     for (auto& op : inbox_) {
-      mine.submitted.emplace_back(op.name, op.spec);
+      if (auto id = negotiator_.cached_id(op.name, op.spec)) mine.cached.push_back(*id);
+      else mine.submitted.emplace_back(op.name, op.spec);
       std::string name = op.name;
       in_flight_.emplace(std::move(name), std::move(op));
     }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <set>
+#include <stdexcept>
 
 #include <fmt/format.h>
 
@@ -22,6 +23,22 @@ std::string rank_list(const std::vector<int>& ranks) {
 }
 }  // namespace
 
+std::optional<uint32_t> Negotiator::cached_id(const std::string& name, const OpSpec& spec) const {
+  auto it = cache_ids_.find(name);
+  if (it == cache_ids_.end() || !(cache_[it->second].second == spec)) return std::nullopt;
+  return it->second;
+}
+
+void Negotiator::remember(const std::string& name, const OpSpec& spec) {
+  if (auto it = cache_ids_.find(name); it != cache_ids_.end()) {
+    cache_[it->second].second = spec;  // same name, new spec (agreed by every rank): update in place
+    return;
+  }
+  if (cache_.size() >= cache_capacity_) return;  // full: later names are announced in full
+  cache_ids_.emplace(name, static_cast<uint32_t>(cache_.size()));
+  cache_.emplace_back(name, spec);
+}
+
 RoundDecision Negotiator::merge(const std::vector<Announcement>& announcements, std::chrono::steady_clock::time_point now) {
   RoundDecision decision;
   decision.all_finalizing = true;
@@ -29,7 +46,13 @@ RoundDecision Negotiator::merge(const std::vector<Announcement>& announcements, 
   for (int rank = 0; rank < size_; ++rank) {
     const Announcement& a = announcements[static_cast<size_t>(rank)];
     decision.all_finalizing = decision.all_finalizing && a.finalizing;
-    for (const auto& [name, spec] : a.submitted) {
+    std::vector<std::pair<std::string, OpSpec>> ops;
+    for (uint32_t id : a.cached) {
+      if (id >= cache_.size()) throw std::runtime_error(fmt::format("rank {} announced unknown cache id {}", rank, id));
+      ops.push_back(cache_[id]);
+    }
+    ops.insert(ops.end(), a.submitted.begin(), a.submitted.end());
+    for (const auto& [name, spec] : ops) {
       Entry& e = table_[name];
       if (e.specs.empty()) {
         e.specs.resize(static_cast<size_t>(size_));
@@ -54,8 +77,12 @@ RoundDecision Negotiator::merge(const std::vector<Announcement>& announcements, 
     Entry& e = table_[name];
     const OpSpec& first = *e.specs[0];
     bool same = std::all_of(e.specs.begin(), e.specs.end(), [&](const auto& s) { return *s == first; });
-    if (same) decision.ready.push_back({name, first});
-    else decision.failed.push_back({name, DDL_ERROR_MISMATCH, mismatch_message(name, e)});
+    if (same) {
+      decision.ready.push_back({name, first});
+      remember(name, first);
+    } else {
+      decision.failed.push_back({name, DDL_ERROR_MISMATCH, mismatch_message(name, e)});
+    }
     table_.erase(name);
   }
   return decision;

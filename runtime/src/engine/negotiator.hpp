@@ -30,9 +30,15 @@ struct RoundDecision {
   bool all_finalizing = false;   // every rank has called finalize
 };
 
+// The response cache: every op that became ready gets the next id, on every rank alike (all ranks
+// see the same ready ops in the same order). When the same name comes again with the same spec —
+// every training step — a rank announces the 4-byte id instead of the name and spec.
 class Negotiator {
  public:
-  explicit Negotiator(int world_size) : size_(world_size) {}
+  explicit Negotiator(int world_size, size_t cache_capacity = 4096) : size_(world_size), cache_capacity_(cache_capacity) {}
+
+  // The id under which this rank may announce (name, spec), if the cache holds exactly that.
+  std::optional<uint32_t> cached_id(const std::string& name, const OpSpec& spec) const;
 
   // Merges one round: announcements[r] is what rank r announced.
   RoundDecision merge(const std::vector<Announcement>& announcements, std::chrono::steady_clock::time_point now);
@@ -53,7 +59,12 @@ class Negotiator {
   std::string mismatch_message(const std::string& name, const Entry& e) const;
   std::string stall_message(const std::string& name, const Entry& e) const;
 
+  void remember(const std::string& name, const OpSpec& spec);
+
   int size_;
+  size_t cache_capacity_;
+  std::vector<std::pair<std::string, OpSpec>> cache_;  // by id
+  std::map<std::string, uint32_t> cache_ids_;
   uint64_t next_order_ = 0;
   std::map<std::string, Entry> table_;
 };

@@ -37,6 +37,8 @@ std::string Announcement::serialize() const {
   }
   w.u32(static_cast<uint32_t>(expired.size()));
   for (const auto& name : expired) w.str(name);
+  w.u32(static_cast<uint32_t>(cached.size()));
+  for (uint32_t id : cached) w.u32(id);
   return w.frame();
 }
 
@@ -75,6 +77,13 @@ Announcement Announcement::parse(const std::string& bytes) {
     auto name = r.str();
     if (!name) throw fail();
     a.expired.push_back(std::move(*name));
+  }
+  auto ncached = r.u32();
+  if (!ncached) throw fail();
+  for (uint32_t i = 0; i < *ncached; ++i) {
+    auto id = r.u32();
+    if (!id) throw fail();
+    a.cached.push_back(*id);
   }
   return a;
 }

@@ -31,6 +31,7 @@ struct OpSpec {
 // What one rank tells the others in one negotiation round.
 struct Announcement {
   std::vector<std::pair<std::string, OpSpec>> submitted;  // ops newly submitted since the last round
+  std::vector<uint32_t> cached;                            // more of them, as response-cache ids
   bool finalizing = false;                                 // this rank called ddl_finalize
   std::vector<std::string> expired;                        // rank 0 only: ops that waited too long
 
