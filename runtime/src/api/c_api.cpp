@@ -40,7 +40,9 @@ struct Runtime {
 };
 
 std::mutex g_mutex;
-std::shared_ptr<Runtime> g_runtime;
+// Never destroyed: a process that exits without ddl_finalize (say, after an error) must not wait
+// at exit for the other ranks to finalize; its connections close and the peers see it leave.
+std::shared_ptr<Runtime>& g_runtime = *new std::shared_ptr<Runtime>;
 int g_generation = 0;  // keeps the store keys of successive ddl_init calls apart
 thread_local std::string t_last_error;
 

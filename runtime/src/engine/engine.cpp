@@ -115,8 +115,9 @@ bool Engine::run_round() {
   Announcement mine;
   {
     std::unique_lock lock(mutex_);
-    // Sleep one cycle unless there is work; a submit wakes the thread early.
-    if (inbox_.empty() && !finalize_requested_) wake_.wait_for(lock, config_.cycle_time);
+    // Sleep one cycle unless there is work; a submit wakes the thread early. After idle rounds the
+    // sleep doubles (up to 16 cycles), so an idle world does not keep the cores busy.
+    if (inbox_.empty() && !finalize_requested_) wake_.wait_for(lock, config_.cycle_time * idle_multiplier_);
     for (auto& op : inbox_) {
       if (auto id = negotiator_.cached_id(op.name, op.spec)) mine.cached.push_back(*id);
       else mine.submitted.emplace_back(op.name, op.spec);
@@ -138,6 +139,9 @@ bool Engine::run_round() {
     auto it = in_flight_.find(failed.name);
     if (it != in_flight_.end()) finish(it->second, failed.status, failed.message);
   }
+  const bool idle = decision.ready.empty() && decision.failed.empty() && in_flight_.empty() && gpu_in_flight_.empty() &&
+                    std::all_of(round.begin(), round.end(), [](const Announcement& a) { return a.submitted.empty() && a.cached.empty(); });
+  idle_multiplier_ = idle ? std::min(idle_multiplier_ * 2, 16) : 1;
   execute(decision.ready);
   poll_gpu_ops();
   return !(decision.all_finalizing && decision.ready.empty() && gpu_in_flight_.empty());

@@ -109,6 +109,7 @@ class Engine {
   ddl_status broken_status_ = DDL_SUCCESS;
   std::string broken_message_;
   uint64_t unnamed_counter_ = 0;
+  int idle_multiplier_ = 1;  // engine thread only: grows while rounds are idle
   std::thread thread_;
 };
 
