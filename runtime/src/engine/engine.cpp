@@ -115,9 +115,11 @@ bool Engine::run_round() {
   Announcement mine;
   {
     std::unique_lock lock(mutex_);
-    // Sleep one cycle unless there is work; a submit wakes the thread early. After idle rounds the
-    // sleep doubles (up to 16 cycles), so an idle world does not keep the cores busy.
-    if (inbox_.empty() && !finalize_requested_) wake_.wait_for(lock, config_.cycle_time * idle_multiplier_);
+    // Sleep one cycle unless there is work; a submit wakes the thread early. After a stretch of idle
+    // rounds (no op anywhere for ~100 cycles) the sleep grows to 16 cycles, so an idle world does
+    // not keep the cores busy while a busy one keeps its latency.
+    const int cycles = idle_rounds_ < kIdleRoundsBeforeBackoff ? 1 : 16;
+    if (inbox_.empty() && !finalize_requested_) wake_.wait_for(lock, config_.cycle_time * cycles);
     for (auto& op : inbox_) {
       if (auto id = negotiator_.cached_id(op.name, op.spec)) mine.cached.push_back(*id);
       else mine.submitted.emplace_back(op.name, op.spec);
@@ -141,7 +143,7 @@ bool Engine::run_round() {
   }
   const bool idle = decision.ready.empty() && decision.failed.empty() && in_flight_.empty() && gpu_in_flight_.empty() &&
                     std::all_of(round.begin(), round.end(), [](const Announcement& a) { return a.submitted.empty() && a.cached.empty(); });
-  idle_multiplier_ = idle ? std::min(idle_multiplier_ * 2, 16) : 1;
+  idle_rounds_ = idle ? idle_rounds_ + 1 : 0;
   execute(decision.ready);
   poll_gpu_ops();
   return !(decision.all_finalizing && decision.ready.empty() && gpu_in_flight_.empty());

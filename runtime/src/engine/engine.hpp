@@ -109,7 +109,8 @@ class Engine {
   ddl_status broken_status_ = DDL_SUCCESS;
   std::string broken_message_;
   uint64_t unnamed_counter_ = 0;
-  int idle_multiplier_ = 1;  // engine thread only: grows while rounds are idle
+  static constexpr int kIdleRoundsBeforeBackoff = 100;
+  int idle_rounds_ = 0;  // engine thread only: consecutive rounds in which no rank did anything
   std::thread thread_;
 };
 
