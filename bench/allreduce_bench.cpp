@@ -5,18 +5,22 @@
 //
 // For every size from -b to -e (bytes, doubling; K/M/G suffixes are powers of 1024): a barrier,
 // warm-up iterations, a barrier, then timed iterations of the blocking ddl_allreduce. The number
-// of timed iterations is clamp(--budget / size, --min-iters, -n), so big sizes run fewer. Reported
+// of timed iterations is clamp(--budget / size, --min-iters, -n), so big sizes run fewer; warm-up
+// iterations are min(-w, timed iterations). Reported
 // per size: time (us, the mean over the timed iterations, the maximum over ranks), algbw =
 // size / time (GB/s, 1e9 bytes), busbw = algbw * 2(n-1)/n (nccl-tests' definition), and #wrong:
 // after the timed loop every rank refills the buffer with element i = (rank + 1) + i % 8, runs one
 // more allreduce and counts elements that differ from the exact sum n(n+1)/2 + n(i % 8); the
-// column is the total over ranks. Any wrong element makes the program exit 1.
+// column is the total over ranks. Any wrong element makes the program exit 1. The timed loop
+// reduces a buffer of zeros, so that in-place sums stay finite however many iterations run.
 //
 // Each size uses one fixed op name ("allreduce_bench.<bytes>"): the blocking calls finish before
 // the next is submitted, so a name is never in flight twice. The table (printed by rank 0) has
 // the same columns as those of mpi_allreduce_bench.c and torch_allreduce_bench.py, which
 // bench/allreduce_compare.py parses.
+#include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -91,7 +95,7 @@ int main(int argc, char** argv) {
   std::vector<float> buf(max_count);
   const double bus_factor = size > 1 ? 2.0 * (size - 1) / size : 1.0;
   if (rank == 0) {
-    std::printf("# impl libddl, ranks %d, float32 sum, in place, warmup %d, iters clamp(%llu/size, %d, %d)\n", size, warmup,
+    std::printf("# impl libddl, ranks %d, float32 sum, in place, warmup min(%d, iters), iters clamp(%llu/size, %d, %d)\n", size, warmup,
                 static_cast<unsigned long long>(budget), min_iters, max_iters);
     std::printf("# %12s %12s %6s %12s %12s %12s %8s\n", "size(B)", "count", "iters", "time(us)", "algbw(GB/s)", "busbw(GB/s)",
                 "#wrong");
@@ -106,10 +110,10 @@ int main(int argc, char** argv) {
     const std::string name = "allreduce_bench." + std::to_string(bytes);
     uint64_t by_budget = budget / bytes;
     const int iters = static_cast<int>(std::min<uint64_t>(max_iters, std::max<uint64_t>(min_iters, by_budget)));
-    for (size_t i = 0; i < count; ++i) buf[i] = static_cast<float>(rank + 1 + static_cast<int>(i % 8));
+    std::fill(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(count), 0.0f);  // stays finite in place
 
     check(ddl_barrier(), "ddl_barrier");
-    for (int it = 0; it < warmup; ++it) check(ddl_allreduce(name.c_str(), buf.data(), buf.data(), count, DDL_FLOAT32, DDL_SUM), "warm-up allreduce");
+    for (int it = 0; it < std::min(warmup, iters); ++it) check(ddl_allreduce(name.c_str(), buf.data(), buf.data(), count, DDL_FLOAT32, DDL_SUM), "warm-up allreduce");
     check(ddl_barrier(), "ddl_barrier");
     const auto t0 = std::chrono::steady_clock::now();
     for (int it = 0; it < iters; ++it) check(ddl_allreduce(name.c_str(), buf.data(), buf.data(), count, DDL_FLOAT32, DDL_SUM), "allreduce");

@@ -6,10 +6,11 @@
  *
  * For every size from -b to -e (bytes, doubling): a barrier, warm-up iterations, a barrier, then
  * timed iterations of MPI_Allreduce(MPI_IN_PLACE, ...). Timed iterations per size =
- * clamp(--budget / size, --min-iters, -n). time = mean over the timed iterations, max over ranks;
+ * clamp(--budget / size, --min-iters, -n); warm-up iterations = min(-w, that). time = mean over the timed iterations, max over ranks;
  * algbw = size / time; busbw = algbw * 2(n-1)/n. #wrong: after the timed loop the buffer is
  * refilled with element i = (rank + 1) + i % 8, allreduced once more and compared with the exact
- * sum n(n+1)/2 + n(i % 8); total over ranks. Any wrong element makes the program exit 1. */
+ * sum n(n+1)/2 + n(i % 8); total over ranks. Any wrong element makes the program exit 1. The
+ * timed loop reduces a buffer of zeros, so that in-place sums stay finite. */
 #include <mpi.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -87,7 +88,7 @@ int main(int argc, char** argv) {
   }
   const double bus_factor = size > 1 ? 2.0 * (size - 1) / size : 1.0;
   if (rank == 0) {
-    printf("# impl mpi, ranks %d, float32 sum, in place, warmup %d, iters clamp(%llu/size, %d, %d)\n", size, warmup, budget,
+    printf("# impl mpi, ranks %d, float32 sum, in place, warmup min(%d, iters), iters clamp(%llu/size, %d, %d)\n", size, warmup, budget,
            min_iters, max_iters);
     printf("# %12s %12s %6s %12s %12s %12s %8s\n", "size(B)", "count", "iters", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
     fflush(stdout);
@@ -101,10 +102,10 @@ int main(int argc, char** argv) {
     unsigned long long by_budget = budget / bytes;
     int iters = (int)(by_budget > (unsigned long long)max_iters ? (unsigned long long)max_iters : by_budget);
     if (iters < min_iters) iters = min_iters;
-    fill(buf, count, rank);
+    memset(buf, 0, count * sizeof(float)); /* zeros: in-place sums stay finite */
 
     MPI_Barrier(MPI_COMM_WORLD);
-    for (int it = 0; it < warmup; ++it) MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    for (int it = 0; it < warmup && it < iters; ++it) MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     MPI_Barrier(MPI_COMM_WORLD);
     const double t0 = MPI_Wtime();
     for (int it = 0; it < iters; ++it) MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);

@@ -1,0 +1,334 @@
+"""Allreduce bandwidth: libddl against torch.distributed (gloo) and Open MPI, side by side.
+
+Run from the repository root, after building (cmake --build build):
+
+    /usr/bin/python3 bench/allreduce_compare.py
+    /usr/bin/python3 bench/allreduce_compare.py --np 2 4 -e 64M --repeat 3 --json out.json
+
+For every world size in --np it runs, one after the other, each implementation's
+nccl-tests style benchmark over the same sizes with the same warm-up and
+iteration rules, parses the table each prints on rank 0, and prints one
+combined table: per size, time (us) and busbw (GB/s) of each implementation,
+and libddl's busbw divided by the best busbw among the others.
+
+    libddl   ddl run --no-prefix -np N -- build/bench/ddl_allreduce_bench
+    torch    ddl run --no-prefix -np N -- /usr/bin/python3 bench/torch_allreduce_bench.py
+             (ddl run gives torchrun's environment; init_process_group("gloo") via
+             env://; GLOO_SOCKET_IFNAME=lo unless set, so that gloo uses loopback
+             as libddl does. ddl run only starts the processes, so the launcher does
+             not enter the timings.)
+    mpi      mpirun -np N build/bench/mpi_allreduce_bench   (Open MPI's defaults:
+             shared memory between processes of one node)
+    mpi-tcp  the same with --mca btl tcp,self --mca btl_tcp_if_include lo: TCP over
+             loopback, the transport Gloo uses, for a like-for-like peer
+
+With --repeat R every implementation runs R times (interleaved) and the fastest
+time per size is kept (the machine may be shared; the load average before and
+after every run is recorded in --json). A run that fails, or whose correctness
+check counts wrong elements, is reported as failed and left out of the table.
+"""
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+IMPLS = ["libddl", "torch", "mpi", "mpi-tcp"]
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ddl", default="./build/cli/ddl", help="ddl binary")
+    p.add_argument("--build", default="./build", help="CMake build directory")
+    p.add_argument("--python", default="/usr/bin/python3", help="Python with torch")
+    p.add_argument("--mpirun", default="mpirun")
+    p.add_argument("--np", type=int, nargs="+", default=[2, 4], help="world sizes")
+    p.add_argument("--impls", default=",".join(IMPLS), help="comma-separated subset of " + ",".join(IMPLS))
+    p.add_argument("-b", "--minbytes", default="4")
+    p.add_argument("-e", "--maxbytes", default="64M",
+                   help="largest size (default 64M: on 2 cores 256M takes seconds per iteration)")
+    p.add_argument("-w", "--warmup", default="10")
+    p.add_argument("-n", "--iters", default="200", help="most timed iterations per size")
+    p.add_argument("--min-iters", default="5")
+    p.add_argument("--budget", default="1G", help="timed iterations per size = clamp(budget/size, min-iters, iters)")
+    p.add_argument("--repeat", type=int, default=1, help="runs per implementation; the fastest time per size is kept")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds before one run counts as failed")
+    p.add_argument("--json", metavar="FILE", help="also write everything here")
+    p.add_argument("--show-raw", action="store_true", help="print every run's own table too")
+    a = p.parse_args()
+    a.impls = [i.strip() for i in a.impls.split(",") if i.strip()]
+    bad = [i for i in a.impls if i not in IMPLS]
+    if bad:
+        p.error(f"unknown implementation(s): {', '.join(bad)}")
+    return a
+
+
+def build_info(args):
+    """Which libddl ran: the source commit (and whether the tree was dirty) and the library's hash."""
+    info = {}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        info["commit"] = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True,
+                                        text=True, timeout=30).stdout.strip() or None
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no", "--", "runtime"],
+                               capture_output=True, text=True, timeout=30).stdout.strip()
+        info["runtime_dirty"] = bool(dirty)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    lib = os.path.realpath(os.path.join(args.build, "runtime", "libddl.so"))
+    try:
+        with open(lib, "rb") as f:
+            info["libddl_sha256"] = hashlib.sha256(f.read()).hexdigest()[:16]
+        info["libddl"] = lib
+        info["libddl_mtime"] = datetime.datetime.fromtimestamp(os.path.getmtime(lib)).astimezone().isoformat(timespec="seconds")
+    except OSError:
+        pass
+    return info
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def loadavg():
+    try:
+        return list(os.getloadavg())
+    except OSError:
+        return None
+
+
+def first_line(cmd):
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        return (out.stdout or out.stderr).strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return None
+
+
+def header(args):
+    meta = {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "cpu_model": cpu_model(),
+        "cores": os.cpu_count(),
+        "cores_usable": len(os.sched_getaffinity(0)),
+        "kernel": platform.release(),
+        "loadavg": loadavg(),
+        "build": build_info(args),
+        "torch": first_line([args.python, "-c", "import torch; print(torch.__version__)"]),
+        "mpirun": first_line([args.mpirun, "--version"]),
+        "settings": {k: getattr(args, k) for k in ("minbytes", "maxbytes", "warmup", "iters", "min_iters", "budget",
+                                                   "repeat", "np", "impls")},
+    }
+    print(f"# date: {meta['date']}")
+    print(f"# host: {meta['host']}  kernel {meta['kernel']}")
+    print(f"# cpu: {meta['cpu_model']}, {meta['cores']} cores ({meta['cores_usable']} usable)")
+    print(f"# load average (1/5/15 min): {' '.join(f'{x:.2f}' for x in meta['loadavg'] or [])}")
+    b = meta["build"]
+    print(f"# libddl: {b.get('libddl')} (sha256 {b.get('libddl_sha256')}, built {b.get('libddl_mtime')}); "
+          f"source commit {b.get('commit')}{' + uncommitted runtime/ changes' if b.get('runtime_dirty') else ''}")
+    print(f"# torch {meta['torch']}; {meta['mpirun']}")
+    print(f"# allreduce float32 sum, in place; sizes {args.minbytes}..{args.maxbytes} doubling; warm-up min({args.warmup}, timed); "
+          f"timed iterations clamp({args.budget}/size, {args.min_iters}, {args.iters}); repeat {args.repeat} "
+          f"(fastest kept); time = mean per iteration, max over ranks; busbw = algbw*2(n-1)/n")
+    return meta
+
+
+def command(args, impl, n):
+    flags = ["-b", args.minbytes, "-e", args.maxbytes, "-w", args.warmup, "-n", args.iters,
+             "--min-iters", args.min_iters, "--budget", args.budget]
+    env = dict(os.environ)
+    ddl_run = [args.ddl, "run", "--no-prefix", "-np", str(n), "--"]
+    mpirun = [args.mpirun, "--oversubscribe", "-np", str(n)]
+    if os.geteuid() == 0:
+        mpirun.insert(1, "--allow-run-as-root")
+    if impl == "libddl":
+        return ddl_run + [os.path.join(args.build, "bench", "ddl_allreduce_bench")] + flags, env
+    if impl == "torch":
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        return ddl_run + [args.python, os.path.join(os.path.dirname(__file__), "torch_allreduce_bench.py")] + flags, env
+    binary = os.path.join(args.build, "bench", "mpi_allreduce_bench")
+    if impl == "mpi":
+        return mpirun + [binary] + flags, env
+    return mpirun + ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo", binary] + flags, env
+
+
+def available(args, impl):
+    if impl in ("libddl", "torch") and not os.access(args.ddl, os.X_OK):
+        return f"{args.ddl} not found (build first)"
+    if impl == "libddl" and not os.access(os.path.join(args.build, "bench", "ddl_allreduce_bench"), os.X_OK):
+        return "ddl_allreduce_bench not built"
+    if impl == "torch":
+        if subprocess.run([args.python, "-c", "import torch.distributed"], capture_output=True).returncode != 0:
+            return f"{args.python} cannot import torch.distributed"
+    if impl in ("mpi", "mpi-tcp"):
+        if not shutil.which(args.mpirun):
+            return "mpirun not found"
+        if not os.access(os.path.join(args.build, "bench", "mpi_allreduce_bench"), os.X_OK):
+            return "mpi_allreduce_bench not built (MPI not found by CMake?)"
+    return None
+
+
+ROW = re.compile(r"^\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s*$")
+
+
+def parse_table(text):
+    rows = {}
+    for line in text.splitlines():
+        m = ROW.match(line)
+        if m:
+            size, count, iters, us, algbw, busbw, wrong = m.groups()
+            rows[int(size)] = {"count": int(count), "iters": int(iters), "time_us": float(us),
+                               "algbw": float(algbw), "busbw": float(busbw), "wrong": int(wrong)}
+    checked = "# check: ok" in text
+    return rows, checked
+
+
+def run_one(args, impl, n):
+    cmd, env = command(args, impl, n)
+    before = loadavg()
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+        out, err, rc = proc.stdout, proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        err, rc = f"timed out after {args.timeout} s", None
+    wall = time.perf_counter() - start
+    rows, checked = parse_table(out)
+    failure = None
+    if rc != 0:
+        failure = f"exit status {rc}: {(err or '').strip()[-500:]}"
+    elif not checked or any(r["wrong"] for r in rows.values()):
+        failure = "correctness check failed"
+    elif not rows:
+        failure = "no table in the output"
+    return {"command": cmd, "returncode": rc, "wall_s": wall, "loadavg_before": before, "loadavg_after": loadavg(),
+            "stdout": out, "stderr": err, "rows": {str(k): v for k, v in rows.items()}, "failure": failure}
+
+
+def best_rows(runs, n):
+    """Fastest time per size over the successful runs; busbw recomputed from it."""
+    best = {}
+    for r in runs:
+        if r["failure"]:
+            continue
+        for size, row in r["rows"].items():
+            size = int(size)
+            if size not in best or row["time_us"] < best[size]["time_us"]:
+                best[size] = dict(row)
+    factor = 2.0 * (n - 1) / n if n > 1 else 1.0
+    for size, row in best.items():
+        row["algbw"] = size / (row["time_us"] * 1e3)
+        row["busbw"] = row["algbw"] * factor
+    return best
+
+
+def fmt_size(b):
+    for unit, div in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if b >= div and b % div == 0:
+            return f"{b // div}{unit}"
+    return str(b)
+
+
+def print_combined(n, impls, best):
+    sizes = sorted({s for i in impls for s in best.get(i, {})})
+    peers = [i for i in impls if i != "libddl"]
+    line1 = f"{'':>6} {'':>10} "
+    line2 = f"{'size':>6} {'bytes':>10} "
+    for i in impls:
+        line1 += f"| {i:^21} "
+        line2 += f"| {'time(us)':>11} {'busbw':>8} "
+    if "libddl" in impls and peers:
+        line1 += "| libddl/best"
+        line2 += "| busbw ratio (best peer)"
+    print(f"\n== {n} ranks: allreduce float32 sum (busbw in GB/s) ==")
+    print(line1.rstrip())
+    print(line2.rstrip())
+    combined = []
+    for s in sizes:
+        text = f"{fmt_size(s):>6} {s:>10} "
+        entry = {"bytes": s}
+        for i in impls:
+            row = best.get(i, {}).get(s)
+            if row:
+                text += f"| {row['time_us']:>11.2f} {row['busbw']:>8.4f} "
+                entry[i] = {"time_us": row["time_us"], "busbw": row["busbw"]}
+            else:
+                text += f"| {'-':>11} {'-':>8} "
+        if "libddl" in impls and peers:
+            mine = best.get("libddl", {}).get(s)
+            others = [(best[p][s]["busbw"], p) for p in peers if s in best.get(p, {})]
+            if mine and others:
+                bw, who = max(others)
+                ratio = mine["busbw"] / bw if bw > 0 else float("inf")
+                text += f"| {ratio:>8.3f} ({who})"
+                entry["ratio_vs_best_peer"] = ratio
+                entry["best_peer"] = who
+            else:
+                text += f"| {'-':>8}"
+        print(text.rstrip())
+        combined.append(entry)
+    sys.stdout.flush()
+    return combined
+
+
+def main():
+    args = parse_args()
+    meta = header(args)
+    impls = []
+    for impl in args.impls:
+        why = available(args, impl)
+        if why:
+            print(f"# {impl}: skipped: {why}")
+        else:
+            impls.append(impl)
+    results = {"meta": meta, "worlds": {}}
+    ok = True
+    for n in args.np:
+        runs = {i: [] for i in impls}
+        for rep in range(args.repeat):
+            for impl in impls:
+                print(f"# running {impl}, {n} ranks, repeat {rep + 1}/{args.repeat} ...", file=sys.stderr, flush=True)
+                r = run_one(args, impl, n)
+                runs[impl].append(r)
+                status = "FAILED: " + r["failure"] if r["failure"] else "ok"
+                la = r["loadavg_before"][0] if r["loadavg_before"] else float("nan")
+                print(f"# {n} ranks, {impl}, run {rep + 1}: {status} ({r['wall_s']:.1f} s, load {la:.2f})", flush=True)
+                if r["failure"]:
+                    ok = False
+                    sys.stdout.write("".join("#   " + line + "\n" for line in (r["stdout"] + r["stderr"]).splitlines()[-20:]))
+                if args.show_raw:
+                    sys.stdout.write(r["stdout"])
+        best = {i: best_rows(runs[i], n) for i in impls}
+        combined = print_combined(n, impls, best)
+        summary = {}
+        for i in impls:
+            if best[i]:
+                summary[i] = sum(r["busbw"] for r in best[i].values()) / len(best[i])
+        print("avg busbw (GB/s): " + ", ".join(f"{i} {v:.4f}" for i, v in summary.items()))
+        results["worlds"][str(n)] = {"runs": runs, "combined": combined, "avg_busbw": summary}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+        print(f"# wrote {args.json}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
