@@ -161,6 +161,7 @@ class Run {
       if (fds[i].revents != 0) read_stream(*polled[i - 1]);
     if (fds[0].revents & POLLIN) handle_signals();
     if (kill_deadline_ && Clock::now() >= *kill_deadline_) {
+      escalated_ = true;
       signal_all(SIGKILL);
       kill_deadline_.reset();
     }
@@ -230,7 +231,21 @@ class Run {
   }
 
   void on_worker_failed(const Worker& w, int status) {
-    if (failure_ || interrupted_by_) return;  // only the first cause is reported
+    if (interrupted_by_) return;  // stopped from outside: not a worker's failure
+    if (failure_) {
+      // A worker killed by a signal that ddl did not send, just after a worker exited with an
+      // error, is the likelier cause: its peers often exit first, on the broken connection.
+      const bool signal_from_ddl = WIFSIGNALED(status) && (WTERMSIG(status) == SIGTERM || (escalated_ && WTERMSIG(status) == SIGKILL));
+      const bool soon = Clock::now() - failure_time_ < kRootCauseWindow;
+      if (failure_->signal == 0 && WIFSIGNALED(status) && !signal_from_ddl && soon) record_failure(w, status);
+      return;
+    }
+    record_failure(w, status);
+    failure_time_ = Clock::now();
+    begin_stopping(SIGTERM);
+  }
+
+  void record_failure(const Worker& w, int status) {
     WorkerFailure f;
     f.rank = w.rank;
     f.host = options_.host;
@@ -238,11 +253,11 @@ class Run {
     f.exit_code = f.signal ? 128 + f.signal : WEXITSTATUS(status);
     failure_ = f;
     failed_worker_ = &w;
-    begin_stopping(SIGTERM);
   }
 
   void on_external_signal(int sig) {
     if (stopping_) {  // a second Ctrl-C: no more waiting
+      escalated_ = true;
       signal_all(SIGKILL);
       return;
     }
@@ -321,6 +336,9 @@ class Run {
   std::optional<WorkerFailure> failure_;
   const Worker* failed_worker_ = nullptr;
   std::optional<Clock::time_point> kill_deadline_;
+  Clock::time_point failure_time_;
+  bool escalated_ = false;  // ddl has sent SIGKILL
+  static constexpr std::chrono::milliseconds kRootCauseWindow{500};
 };
 
 }  // namespace
