@@ -26,7 +26,6 @@ check finds wrong elements is reported as failed.
 
 import argparse
 import datetime
-import hashlib
 import json
 import os
 import platform
@@ -35,6 +34,8 @@ import socket
 import subprocess
 import sys
 import time
+
+from bench_common import build_info, cpu_model, loadavg
 
 VARIANTS = ["libddl-fused", "libddl-unfused", "torch-loop", "torch-async", "torch-flat"]
 
@@ -59,47 +60,6 @@ def parse_args():
     if bad:
         p.error(f"unknown variant(s): {', '.join(bad)}")
     return a
-
-
-def build_info(args):
-    """Which libddl ran: the source commit (and whether the tree was dirty) and the library's hash."""
-    info = {}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        info["commit"] = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True,
-                                        text=True, timeout=30).stdout.strip() or None
-        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no", "--", "runtime"],
-                               capture_output=True, text=True, timeout=30).stdout.strip()
-        info["runtime_dirty"] = bool(dirty)
-    except (OSError, subprocess.SubprocessError):
-        pass
-    lib = os.path.realpath(os.path.join(args.build, "runtime", "libddl.so"))
-    try:
-        with open(lib, "rb") as f:
-            info["libddl_sha256"] = hashlib.sha256(f.read()).hexdigest()[:16]
-        info["libddl"] = lib
-        info["libddl_mtime"] = datetime.datetime.fromtimestamp(os.path.getmtime(lib)).astimezone().isoformat(timespec="seconds")
-    except OSError:
-        pass
-    return info
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def loadavg():
-    try:
-        return list(os.getloadavg())
-    except OSError:
-        return None
 
 
 def command(args, variant, n):

@@ -1,0 +1,47 @@
+"""What every side-by-side benchmark in bench/ records about the machine and the build it ran."""
+import datetime
+import hashlib
+import os
+import platform
+import subprocess
+
+
+def build_info(args):
+    """Which libddl ran: the source commit (and whether the tree was dirty) and the library's hash."""
+    info = {}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        info["commit"] = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True,
+                                        text=True, timeout=30).stdout.strip() or None
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no", "--", "runtime"],
+                               capture_output=True, text=True, timeout=30).stdout.strip()
+        info["runtime_dirty"] = bool(dirty)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    lib = os.path.realpath(os.path.join(args.build, "runtime", "libddl.so"))
+    try:
+        with open(lib, "rb") as f:
+            info["libddl_sha256"] = hashlib.sha256(f.read()).hexdigest()[:16]
+        info["libddl"] = lib
+        info["libddl_mtime"] = datetime.datetime.fromtimestamp(os.path.getmtime(lib)).astimezone().isoformat(timespec="seconds")
+    except OSError:
+        pass
+    return info
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def loadavg():
+    try:
+        return list(os.getloadavg())
+    except OSError:
+        return None
