@@ -76,7 +76,7 @@ double env_double(const char* name, double fallback) {
 
 ddl::runtime::EngineConfig engine_config(int rank) {
   ddl::runtime::EngineConfig c;
-  c.cycle_time = std::chrono::milliseconds(static_cast<long long>(env_double("DDL_CYCLE_TIME_MS", 1)));
+  c.cycle_time = std::chrono::microseconds(static_cast<long long>(env_double("DDL_CYCLE_TIME_MS", 1) * 1000));
   c.fusion_threshold = static_cast<size_t>(env_double("DDL_FUSION_THRESHOLD", 64.0 * 1024 * 1024));
   c.timeout = std::chrono::milliseconds(static_cast<long long>(env_double("DDL_TIMEOUT", 300) * 1000));
   if (const char* t = std::getenv("DDL_TIMELINE"); t != nullptr && *t != '\0') {

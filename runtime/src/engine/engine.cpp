@@ -75,9 +75,10 @@ std::shared_ptr<OpState> Engine::submit(std::string name, const OpSpec& spec, co
     state->complete(broken_status_, broken_message_);
   } else if (finalize_requested_) {
     state->complete(DDL_ERROR_NOT_INITIALIZED, fmt::format("op '{}' submitted after ddl_finalize", name));
-  } else if (in_flight_.count(name) || std::any_of(inbox_.begin(), inbox_.end(), [&](const auto& p) { return p.name == name; })) {
+  } else if (in_flight_.count(name) || inbox_names_.count(name)) {
     state->complete(DDL_ERROR_INVALID_ARGUMENT, fmt::format("op '{}' is already in flight on rank {}: names must be unique until the op finishes", name, rank_));
   } else {
+    inbox_names_.insert(name);
     inbox_.push_back({std::move(name), spec, send, recv, state, Clock::now(), stream});
     lock.unlock();
     wake_.notify_one();
@@ -128,6 +129,7 @@ bool Engine::run_round() {
     }
     // in_flight_ changes only here and in finish(), both under the lock; the engine thread reads it freely.
     inbox_.clear();
+    inbox_names_.clear();
     mine.finalizing = finalize_requested_;
   }
   const auto now = Clock::now();
@@ -316,6 +318,7 @@ void Engine::fail_everything(ddl_status status, const std::string& message) {
   for (auto& op : inbox_) op.state->complete(status, message);
   in_flight_.clear();
   inbox_.clear();
+  inbox_names_.clear();
 }
 
 }  // namespace ddl::runtime

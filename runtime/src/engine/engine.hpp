@@ -12,6 +12,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "runtime/src/backends/collectives.hpp"
@@ -38,7 +39,7 @@ class OpState {
 };
 
 struct EngineConfig {
-  std::chrono::milliseconds cycle_time{1};      // DDL_CYCLE_TIME_MS
+  std::chrono::microseconds cycle_time{1000};   // DDL_CYCLE_TIME_MS (fractions allowed)
   size_t fusion_threshold = 64u << 20;           // DDL_FUSION_THRESHOLD; 0 = no fusion
   std::chrono::milliseconds timeout{300'000};    // DDL_TIMEOUT: an op waiting longer for a rank fails
   std::string timeline_path;                     // DDL_TIMELINE for this rank; empty = none
@@ -103,6 +104,7 @@ class Engine {
   std::mutex mutex_;  // guards what submit() and finalize() share with the engine thread
   std::condition_variable wake_;
   std::deque<PendingOp> inbox_;
+  std::unordered_set<std::string> inbox_names_;  // the names in inbox_, for the duplicate check
   std::map<std::string, PendingOp> in_flight_;  // submitted on this rank, not yet finished
   bool finalize_requested_ = false;
   bool broken_ = false;
