@@ -38,9 +38,8 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 
-from bench_common import build_info, cpu_model, loadavg
+from bench_common import build_info, cpu_model, loadavg, run_timed
 
 IMPLS = ["libddl", "torch", "mpi", "mpi-tcp"]
 
@@ -161,15 +160,7 @@ def parse_table(text):
 
 def run_one(args, impl, n):
     cmd, env = command(args, impl, n)
-    before = loadavg()
-    start = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
-        out, err, rc = proc.stdout, proc.stderr, proc.returncode
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        err, rc = f"timed out after {args.timeout} s", None
-    wall = time.perf_counter() - start
+    out, err, rc, wall, before = run_timed(cmd, env, args.timeout)
     rows, checked = parse_table(out)
     failure = None
     if rc != 0:

@@ -1,9 +1,11 @@
 """What every side-by-side benchmark in bench/ records about the machine and the build it ran."""
+import argparse
 import datetime
 import hashlib
 import os
 import platform
 import subprocess
+import time
 
 
 def build_info(args):
@@ -45,3 +47,25 @@ def loadavg():
         return list(os.getloadavg())
     except OSError:
         return None
+
+
+def positive_int(text):
+    """argparse type: a whole number of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
+    return value
+
+
+def run_timed(cmd, env, timeout):
+    """Runs cmd to the end (or the timeout); returns what a result record needs in common:
+    stdout, stderr, exit status (None on timeout), wall seconds and the load average before."""
+    before = loadavg()
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        out, err, rc = proc.stdout, proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        err, rc = f"timed out after {timeout} s", None
+    return out, err, rc, time.perf_counter() - start, before

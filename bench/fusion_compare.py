@@ -31,11 +31,9 @@ import os
 import platform
 import re
 import socket
-import subprocess
 import sys
-import time
 
-from bench_common import build_info, cpu_model, loadavg
+from bench_common import build_info, cpu_model, loadavg, run_timed
 
 VARIANTS = ["libddl-fused", "libddl-unfused", "torch-loop", "torch-async", "torch-flat"]
 
@@ -83,15 +81,7 @@ ROW = re.compile(r"^\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s*$")
 
 def run_one(args, variant, n):
     cmd, env = command(args, variant, n)
-    before = loadavg()
-    start = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
-        out, err, rc = proc.stdout, proc.stderr, proc.returncode
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        err, rc = f"timed out after {args.timeout} s", None
-    wall = time.perf_counter() - start
+    out, err, rc, wall, before = run_timed(cmd, env, args.timeout)
     row = None
     for line in out.splitlines():
         m = ROW.match(line)

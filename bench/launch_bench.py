@@ -33,6 +33,8 @@ import subprocess
 import sys
 import time
 
+from bench_common import positive_int
+
 TORCHRUN_PATCH = """
 import sys
 from torch.distributed.elastic.multiprocessing.api import Std
@@ -47,13 +49,6 @@ from torch.distributed.run import main
 sys.argv[0] = "torchrun"
 main(sys.argv[1:])
 """
-
-
-def positive_int(text):
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
-    return value
 
 
 def parse_args():

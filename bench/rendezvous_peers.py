@@ -65,6 +65,7 @@ import sys
 import tempfile
 import threading
 import time
+from bench_common import positive_int
 
 TORCH_PYTHON = "/usr/bin/python3"
 STORE_TIMEOUT_S = 120  # per call, as ddl_rendezvous_bench's clients
@@ -464,13 +465,6 @@ def int_list(text):
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: want positive integers, comma-separated")
     return values
-
-
-def positive_int(text):
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
-    return value
 
 
 def parse_args():
