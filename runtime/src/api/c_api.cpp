@@ -157,6 +157,25 @@ ddl_status check_common(const void* recv, size_t count, ddl_dtype dtype) {
   return DDL_SUCCESS;
 }
 
+// check_common, plus the send buffer of an op that reads one.
+ddl_status check_buffers(const void* send, const void* recv, size_t count, ddl_dtype dtype) {
+  if (auto s = check_common(recv, count, dtype); s != DDL_SUCCESS) return s;
+  if (send == nullptr && count > 0) return fail(DDL_ERROR_INVALID_ARGUMENT, "the send buffer is NULL");
+  return DDL_SUCCESS;
+}
+
+ddl_status check_reduce_op(ddl_reduce_op op) {
+  if (!ddl::runtime::valid_reduce_op(op)) return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("unknown reduce op {}", static_cast<int>(op)));
+  return DDL_SUCCESS;
+}
+
+ddl_status check_root(int root) {
+  int size = 0;
+  if (auto s = ddl_size(&size); s != DDL_SUCCESS) return s;
+  if (root < 0 || root >= size) return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("broadcast root {} is not a rank of a world of {}", root, size));
+  return DDL_SUCCESS;
+}
+
 ddl_status submit(const char* name, const OpSpec& spec, const void* send, void* recv, ddl_handle* handle, void* stream = nullptr) {
   if (handle == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "handle is NULL");
   return with_runtime([&](Runtime& rt) {
@@ -243,23 +262,19 @@ ddl_status ddl_allreduce_flags_async(const char* name, const void* send, void* r
   const bool compress = (flags & DDL_COMPRESS_FP16) != 0;
   if (compress && dtype != DDL_FLOAT32)
     return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("DDL_COMPRESS_FP16 applies to float32 allreduces, not {}", ddl::runtime::dtype_name(dtype)));
-  if (auto s = check_common(recv, count, dtype); s != DDL_SUCCESS) return s;
-  if (!ddl::runtime::valid_reduce_op(op)) return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("unknown reduce op {}", static_cast<int>(op)));
-  if (send == nullptr && count > 0) return fail(DDL_ERROR_INVALID_ARGUMENT, "the send buffer is NULL");
+  if (auto s = check_buffers(send, recv, count, dtype); s != DDL_SUCCESS) return s;
+  if (auto s = check_reduce_op(op); s != DDL_SUCCESS) return s;
   return submit(name, {OpKind::Allreduce, dtype, op, 0, count, {}, false, compress}, send, recv, handle);
 }
 
 ddl_status ddl_broadcast_async(const char* name, void* buffer, size_t count, ddl_dtype dtype, int root, ddl_handle* handle) {
   if (auto s = check_common(buffer, count, dtype); s != DDL_SUCCESS) return s;
-  int size = 0;
-  if (auto s = ddl_size(&size); s != DDL_SUCCESS) return s;
-  if (root < 0 || root >= size) return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("broadcast root {} is not a rank of a world of {}", root, size));
+  if (auto s = check_root(root); s != DDL_SUCCESS) return s;
   return submit(name, {OpKind::Broadcast, dtype, DDL_SUM, root, count, {}}, buffer, buffer, handle);
 }
 
 ddl_status ddl_allgather_async(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype, ddl_handle* handle) {
-  if (auto s = check_common(recv, count, dtype); s != DDL_SUCCESS) return s;
-  if (send == nullptr && count > 0) return fail(DDL_ERROR_INVALID_ARGUMENT, "the send buffer is NULL");
+  if (auto s = check_buffers(send, recv, count, dtype); s != DDL_SUCCESS) return s;
   return submit(name, {OpKind::Allgather, dtype, DDL_SUM, 0, count, {}}, send, recv, handle);
 }
 
@@ -281,32 +296,27 @@ ddl_status ddl_allgatherv_async(const char* name, const void* send, size_t send_
 }
 
 ddl_status ddl_alltoall_async(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype, ddl_handle* handle) {
-  if (auto s = check_common(recv, count, dtype); s != DDL_SUCCESS) return s;
-  if (send == nullptr && count > 0) return fail(DDL_ERROR_INVALID_ARGUMENT, "the send buffer is NULL");
+  if (auto s = check_buffers(send, recv, count, dtype); s != DDL_SUCCESS) return s;
   return submit(name, {OpKind::Alltoall, dtype, DDL_SUM, 0, count, {}}, send, recv, handle);
 }
 
 ddl_status ddl_allreduce_cuda_async(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype,
                                     ddl_reduce_op op, void* stream, ddl_handle* handle) {
-  if (auto s = check_common(recv, count, dtype); s != DDL_SUCCESS) return s;
-  if (!ddl::runtime::valid_reduce_op(op)) return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("unknown reduce op {}", static_cast<int>(op)));
-  if (send == nullptr && count > 0) return fail(DDL_ERROR_INVALID_ARGUMENT, "the send buffer is NULL");
+  if (auto s = check_buffers(send, recv, count, dtype); s != DDL_SUCCESS) return s;
+  if (auto s = check_reduce_op(op); s != DDL_SUCCESS) return s;
   return submit(name, {OpKind::Allreduce, dtype, op, 0, count, {}, true}, send, recv, handle, stream);
 }
 
 ddl_status ddl_broadcast_cuda_async(const char* name, void* buffer, size_t count, ddl_dtype dtype, int root, void* stream,
                                     ddl_handle* handle) {
   if (auto s = check_common(buffer, count, dtype); s != DDL_SUCCESS) return s;
-  int size = 0;
-  if (auto s = ddl_size(&size); s != DDL_SUCCESS) return s;
-  if (root < 0 || root >= size) return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("broadcast root {} is not a rank of a world of {}", root, size));
+  if (auto s = check_root(root); s != DDL_SUCCESS) return s;
   return submit(name, {OpKind::Broadcast, dtype, DDL_SUM, root, count, {}, true}, buffer, buffer, handle, stream);
 }
 
 ddl_status ddl_allgather_cuda_async(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype, void* stream,
                                     ddl_handle* handle) {
-  if (auto s = check_common(recv, count, dtype); s != DDL_SUCCESS) return s;
-  if (send == nullptr && count > 0) return fail(DDL_ERROR_INVALID_ARGUMENT, "the send buffer is NULL");
+  if (auto s = check_buffers(send, recv, count, dtype); s != DDL_SUCCESS) return s;
   return submit(name, {OpKind::Allgather, dtype, DDL_SUM, 0, count, {}, true}, send, recv, handle, stream);
 }
 
