@@ -66,7 +66,9 @@ typedef enum {
 /* An operation in flight; ddl_wait() releases it. */
 typedef struct ddl_handle_s* ddl_handle;
 
-/* Joins the world (see above). Calling it again while initialized does nothing. */
+/* Joins the world (see above). Calling it again while initialized does nothing.
+ * If SIGPIPE has its default action, it is set to ignored, so that a peer that dies turns into an
+ * error on the survivors rather than killing them; a handler the program installed is kept. */
 DDL_API ddl_status ddl_init(void);
 /* Waits for the other ranks to finalize too, then releases everything. */
 DDL_API ddl_status ddl_finalize(void);

@@ -1,4 +1,5 @@
 // The C API of libddl (ddl/ddl.h): argument checks, the process-wide runtime, thread-local errors.
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -189,6 +190,14 @@ ddl_status run_sync(ddl_status submitted, const ddl_handle* handle) {
   return submitted == DDL_SUCCESS ? ddl_wait(*handle) : submitted;
 }
 
+// Gloo writes to its peers with writev(), which cannot ask for MSG_NOSIGNAL: without this a peer
+// that dies mid-collective would kill the survivors with SIGPIPE instead of giving them an error.
+// A handler the program installed itself is left alone.
+void ignore_sigpipe_unless_handled() {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
+}
+
 }  // namespace
 
 extern "C" {
@@ -196,6 +205,7 @@ extern "C" {
 ddl_status ddl_init(void) {
   std::lock_guard lock(g_mutex);
   if (g_runtime) return DDL_SUCCESS;
+  ignore_sigpipe_unless_handled();
   try {
     g_runtime = start_runtime(g_generation++);
     return DDL_SUCCESS;
