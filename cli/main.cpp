@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli/exec_command.hpp"
 #include "cli/run_command.hpp"
 #include "runtime/src/common/error.hpp"
 
@@ -48,6 +49,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.allow_extras();  // `run` passes its program and arguments through (see RunCommand)
   ddl::cli::RunCommand run(app);
+  ddl::cli::ExecCommand exec(app);
 
   SplitArguments split = split_arguments(argc, argv);
   std::vector<std::string> args(split.ddl_args.rbegin(), split.ddl_args.rend());  // CLI11 takes them last-first
@@ -65,6 +67,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (run.selected()) return run.execute(split.program);
+    if (exec.selected()) exec.execute(split.program);
   } catch (const ddl::Error& e) {
     print_error(e.what(), e.hint());
     return e.exit_code();

@@ -58,13 +58,15 @@ struct RunFlags {
   bool cpu = false, share_gpus = false, no_prefix = false;
   double grace_seconds = 10;
   std::string output_dir;
+  std::string launcher = "auto";
+  std::string gpu_order = "as-listed";
 };
 
 RunCommand::RunCommand(CLI::App& app) : flags_(std::make_shared<RunFlags>()) {
   RunFlags& f = *flags_;
-  app_ = app.add_subcommand("run", "Start workers of a program on this machine and supervise them");
+  app_ = app.add_subcommand("run", "Start workers of a program (here, or on the nodes of a Slurm/PBS allocation) and supervise them");
   app_->add_option("-n,--np", f.total, "Workers in all (also written -np)")->check(CLI::PositiveNumber);
-  app_->add_option("-N,--nodes", f.nodes, "Nodes (more than 1 needs an allocation)")->check(CLI::PositiveNumber);
+  app_->add_option("-N,--nodes", f.nodes, "Nodes (more than 1 needs an allocation; inside one: all of its nodes)")->check(CLI::PositiveNumber);
   app_->add_option("--nproc-per-node,--nproc_per_node", f.per_node, "Workers per node (torchrun's spelling)")->check(CLI::PositiveNumber);
   app_->add_option("--gpus-per-node", f.gpus_per_node, "GPU workers per node, one per GPU")->check(CLI::PositiveNumber);
   app_->add_flag("--cpu", f.cpu, "CPU workers: assign no GPU even when there are some");
@@ -74,6 +76,13 @@ RunCommand::RunCommand(CLI::App& app) : flags_(std::make_shared<RunFlags>()) {
       ->check(CLI::NonNegativeNumber);
   app_->add_flag("--no-prefix", f.no_prefix, "Do not prefix output lines with the worker's rank");
   app_->add_option("--output-dir", f.output_dir, "Also write each worker's output to DIR/rank.N.{out,err}");
+  app_->add_option("--launcher", f.launcher,
+                   "Who starts the workers: auto (srun in Slurm, mpiexec/mpirun in PBS, else ddl), local, srun, mpirun, pals")
+      ->check(CLI::IsMember({"auto", "local", "srun", "mpirun", "pals"}))
+      ->capture_default_str();
+  app_->add_option("--gpu-order", f.gpu_order, "as-listed, or reverse: local rank 0 gets the node's last GPU (Polaris)")
+      ->check(CLI::IsMember({"as-listed", "reverse"}))
+      ->capture_default_str();
   // Everything from the program name on belongs to the program, with or without "--".
   app_->prefix_command();
   app_->footer("Example: ddl run -np 4 -- python3 train.py --epochs 3");
@@ -90,6 +99,12 @@ int RunCommand::execute(const std::optional<std::vector<std::string>>& program) 
   request.launch.cpu_only = f.cpu;
   request.launch.share_gpus = f.share_gpus;
   request.command = program_to_run(program, app_->remaining());
+  request.launcher = f.launcher == "local"    ? launcher::TaskLauncher::Local
+                     : f.launcher == "srun"   ? launcher::TaskLauncher::Srun
+                     : f.launcher == "mpirun" ? launcher::TaskLauncher::OpenMpi
+                     : f.launcher == "pals"   ? launcher::TaskLauncher::Pals
+                                              : launcher::TaskLauncher::Auto;
+  request.gpu_order = f.gpu_order == "reverse" ? launcher::GpuOrder::Reversed : launcher::GpuOrder::AsListed;
   request.supervision.grace_period = std::chrono::milliseconds(static_cast<long long>(f.grace_seconds * 1000));
   request.supervision.prefix_output = !f.no_prefix;
   request.supervision.output_dir = f.output_dir;

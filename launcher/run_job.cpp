@@ -1,8 +1,11 @@
 #include "launcher/run_job.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "backends/allocation.hpp"
+#include "launcher/allocation_run.hpp"
 #include "launcher/gpu_inventory.hpp"
 #include "launcher/host.hpp"
 #include "launcher/port_reservation.hpp"
@@ -15,31 +18,33 @@ namespace ddl::launcher {
 
 namespace {
 
-// Several nodes need a scheduler to start workers on the others; this build launches locally only.
-void require_single_node(const LaunchRequest& launch, const Environment& env) {
+// Several nodes need a scheduler to start workers on the others.
+void require_single_node(const LaunchRequest& launch) {
   const int nodes = launch.num_nodes.value_or(1);
   if (nodes <= 1) return;
-  auto allocation = backends::detect_allocation(env);
-  if (allocation.scheduler == backends::Scheduler::None)
-    throw UsageError(fmt::format("-N {} needs an allocation of {} nodes, and this shell is not inside one", nodes, nodes),
-                     fmt::format("get one first (Slurm: salloc -N {0} --gpus-per-node 4; PBS: qsub -I -l select={0}) "
-                                 "and run ddl inside it, or use -N 1 on this machine", nodes));
-  throw UsageError(fmt::format("-N {}: starting workers on other nodes of a {} allocation is not supported by this ddl yet",
-                               nodes, backends::scheduler_name(allocation.scheduler)),
-                   "run with -N 1 for now");
+  throw UsageError(fmt::format("-N {} needs an allocation of {} nodes, and this shell is not inside one", nodes, nodes),
+                   fmt::format("get one first (Slurm: salloc -N {0} --gpus-per-node 4; PBS: qsub -I -l select={0}) "
+                               "and run ddl inside it, or use -N 1 on this machine", nodes));
 }
 
 }  // namespace
 
 RunOutcome run_job(const RunRequest& request, const Environment& env, const std::function<void(const std::string&)>& log) {
-  require_single_node(request.launch, env);
+  const backends::Allocation allocation = backends::detect_allocation(env);
+  const bool in_allocation = allocation.scheduler != backends::Scheduler::None;
+  if (in_allocation && request.launcher != TaskLauncher::Local) return run_in_allocation(request, allocation, env, log);
+  if (request.launcher != TaskLauncher::Local && request.launcher != TaskLauncher::Auto)
+    throw UsageError("--launcher srun/mpirun/pals needs a Slurm or PBS allocation, and this shell is not inside one",
+                     "drop --launcher to start the workers on this machine, or run inside salloc/sbatch/qsub");
+  require_single_node(request.launch);
   if (request.command.empty())
     throw UsageError("no program to run", "put the program after --: ddl run -np 4 -- python train.py");
 
   // Before anything can start a thread (CUDA, the store), so no thread ever takes SIGINT.
   Supervisor supervisor(request.supervision);
 
-  const GpuInventory gpus = request.launch.cpu_only ? GpuInventory{{}, "--cpu"} : discover_gpus(env);
+  GpuInventory gpus = request.launch.cpu_only ? GpuInventory{{}, "--cpu"} : discover_gpus(env);
+  if (request.gpu_order == GpuOrder::Reversed) std::reverse(gpus.ids.begin(), gpus.ids.end());
   const WorldPlan plan = plan_world(request.launch, gpus.count());
   const std::string program = resolve_program(request.command.front(), lookup(env, "PATH").value_or("/usr/bin:/bin"));
 

@@ -12,13 +12,22 @@
 
 namespace ddl::launcher {
 
+// How GPUs are handed to local ranks: in order, or reversed (Polaris: GPU 3 is nearest the first cores).
+enum class GpuOrder { AsListed, Reversed };
+
+// Who starts the workers: ddl itself on this node, or the allocation's task launcher.
+enum class TaskLauncher { Auto, Local, Srun, OpenMpi, Pals };
+
 struct RunRequest {
   LaunchRequest launch;
+  TaskLauncher launcher = TaskLauncher::Auto;
+  GpuOrder gpu_order = GpuOrder::AsListed;
   std::vector<std::string> command;  // program and its arguments
   SupervisorOptions supervision;
 };
 
-// Runs the job and returns how it ended. Bad requests throw ddl::UsageError (exit 2); a program
+// Runs the job and returns how it ended. Inside a Slurm or PBS allocation the workers are started
+// on its nodes by srun / mpiexec / mpirun, each through `ddl exec`; elsewhere ddl starts them here. Bad requests throw ddl::UsageError (exit 2); a program
 // that cannot be run throws ddl::Error with exit status 127, before any worker starts.
 // `log` receives the launcher's own messages (the store's warnings).
 RunOutcome run_job(const RunRequest& request, const Environment& env, const std::function<void(const std::string&)>& log);

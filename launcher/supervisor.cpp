@@ -14,6 +14,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <thread>
 
 #include <fmt/format.h>
@@ -76,6 +77,8 @@ struct Stream {
   std::string prefix;   // "[rank] " or empty
   LineSplitter splitter;
   std::deque<std::string>* tail = nullptr;  // stderr only: the last lines, for the summary
+  const LineLabeller* labeller = nullptr;   // a task launcher's stream: lines carry task ranks
+  const char* file_suffix = "";             // "out" or "err", for per-rank files of a launcher
 };
 
 struct Worker {
@@ -83,6 +86,8 @@ struct Worker {
   int rank = 0;
   bool running = true;
   std::deque<std::string> stderr_tail;
+  LineLabeller labeller;
+  int interrupt_signal = 0;
 };
 
 class Run {
@@ -91,6 +96,7 @@ class Run {
       : options_(options), signal_fd_(signal_fd), child_mask_(child_mask) {}
 
   ~Run() {
+    for (auto& [key, fd] : rank_files_) ::close(fd);
     for (auto& s : streams_) {
       if (s.fd >= 0) ::close(s.fd);
       if (s.file_fd >= 0) ::close(s.file_fd);
@@ -124,20 +130,27 @@ class Run {
   void start(const WorkerLaunch& launch) {
     Worker& w = workers_.emplace_back();
     w.rank = launch.rank;
+    w.labeller = launch.labeller;
+    w.interrupt_signal = launch.interrupt_signal;
     w.process = spawn_worker(launch.program, launch.argv, launch.env, child_mask_);
     const std::string prefix = options_.prefix_output ? rank_prefix(launch.rank) : std::string();
-    const bool files = !options_.output_dir.empty();
+    const bool files = !options_.output_dir.empty() && !launch.labeller;
+    const LineLabeller* labeller = launch.labeller ? &w.labeller : nullptr;
     Stream& out = streams_.emplace_back();
     out.fd = w.process.stdout_fd;
     out.target_fd = STDOUT_FILENO;
     out.file_fd = files ? open_output_file(options_.output_dir, launch.rank, "out") : -1;
     out.prefix = prefix;
+    out.labeller = labeller;
+    out.file_suffix = "out";
     Stream& err = streams_.emplace_back();
     err.fd = w.process.stderr_fd;
     err.target_fd = STDERR_FILENO;
     err.file_fd = files ? open_output_file(options_.output_dir, launch.rank, "err") : -1;
     err.prefix = prefix;
     err.tail = &w.stderr_tail;
+    err.labeller = labeller;
+    err.file_suffix = "err";
   }
 
   int running_workers() const {
@@ -192,15 +205,38 @@ class Run {
     std::string to_terminal;
     std::string to_file;
     split([&](std::string_view line) {
-      to_terminal.append(s.prefix).append(line).push_back('\n');
-      if (s.file_fd >= 0) to_file.append(line).push_back('\n');
+      if (s.labeller != nullptr) {
+        emit_labelled(s, line, to_terminal);
+      } else {
+        to_terminal.append(s.prefix).append(line).push_back('\n');
+        if (s.file_fd >= 0) to_file.append(line).push_back('\n');
+      }
       if (s.tail != nullptr) {
         s.tail->emplace_back(line);
-        if (s.tail->size() > kStderrTailLines) s.tail->pop_front();
+        if (s.tail->size() > (s.labeller ? kLauncherStderrTailLines : kStderrTailLines)) s.tail->pop_front();
       }
     });
     write_all(s.target_fd, to_terminal);
     if (s.file_fd >= 0) write_all(s.file_fd, to_file);
+  }
+
+  // A task launcher's line: "[rank] text" (or the launcher's own line as it is), and with
+  // --output-dir also the text alone in that rank's file.
+  void emit_labelled(Stream& s, std::string_view line, std::string& to_terminal) {
+    std::optional<LabelledLine> labelled = (*s.labeller)(line);
+    if (!labelled) {
+      to_terminal.append(line).push_back('\n');
+      return;
+    }
+    if (options_.prefix_output) to_terminal.append(rank_prefix(labelled->rank));
+    to_terminal.append(labelled->text).push_back('\n');
+    if (options_.output_dir.empty()) return;
+    auto key = std::make_pair(labelled->rank, std::string(s.file_suffix));
+    auto it = rank_files_.find(key);
+    if (it == rank_files_.end()) it = rank_files_.emplace(key, open_output_file(options_.output_dir, labelled->rank, s.file_suffix)).first;
+    std::string text(labelled->text);
+    text.push_back('\n');
+    write_all(it->second, text);
   }
 
   void handle_signals() {
@@ -273,9 +309,10 @@ class Run {
     kill_deadline_ = Clock::now() + options_.grace_period;
   }
 
-  // Signals each worker's whole process group (what it forked too).
+  // Signals each worker's whole process group (what it forked too). A task launcher that wants
+  // another signal to stop its tasks gets that one instead of SIGINT.
   void signal_all(int sig) {
-    for (const auto& w : workers_) ::kill(-w.process.pid, sig);
+    for (const auto& w : workers_) ::kill(-w.process.pid, sig == SIGINT && w.interrupt_signal ? w.interrupt_signal : sig);
   }
 
   // After the last worker: whatever they left behind (in their groups, or re-parented to ddl).
@@ -330,6 +367,7 @@ class Run {
   const sigset_t& child_mask_;
   std::vector<Worker> workers_;
   std::vector<Stream> streams_;
+  std::map<std::pair<int, std::string>, int> rank_files_;  // a task launcher's per-rank output files
   bool stopping_ = false;
   int workers_stopped_ = 0;
   int interrupted_by_ = 0;

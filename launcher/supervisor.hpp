@@ -7,8 +7,10 @@
 #include <signal.h>
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "runtime/src/common/environment.hpp"
@@ -22,11 +24,24 @@ struct SupervisorOptions {
   std::string host;                                // this node's name, for the failure summary
 };
 
+// A line of a task launcher's output (srun --label, mpirun --tag-output) split into the task's
+// rank and its text; nullopt for a line of the launcher's own.
+struct LabelledLine {
+  int rank = 0;
+  std::string_view text;
+};
+using LineLabeller = std::function<std::optional<LabelledLine>(std::string_view line)>;
+
 struct WorkerLaunch {
   int rank = 0;
   std::string program;  // resolved path
   std::vector<std::string> argv;
   Environment env;
+  // Set when this process is a task launcher that runs every rank (srun, mpirun) and labels each
+  // line with the task's rank: lines are then prefixed, filed and kept by that rank instead.
+  LineLabeller labeller;
+  // The signal that tells it to stop its tasks, when SIGINT does not (srun wants two SIGINTs).
+  int interrupt_signal = 0;
 };
 
 struct WorkerFailure {
@@ -63,5 +78,7 @@ class Supervisor {
 
 // Lines of stderr kept per worker for the failure summary.
 inline constexpr size_t kStderrTailLines = 10;
+// A task launcher's stderr carries every rank's lines: more are kept to find the failed rank's.
+inline constexpr size_t kLauncherStderrTailLines = 400;
 
 }  // namespace ddl::launcher

@@ -1,0 +1,46 @@
+#include "backends/command.hpp"
+
+#include <future>
+#include <iterator>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/process.hpp>
+
+namespace ddl::backends {
+
+namespace bp = boost::process;
+
+bool on_path(const std::string& program) { return !bp::search_path(program).empty(); }
+
+CommandResult run_command(const std::vector<std::string>& argv, std::chrono::milliseconds timeout, const std::string& input) {
+  CommandResult result;
+  if (argv.empty()) return result;
+  const auto exe = argv.front().find('/') == std::string::npos ? bp::search_path(argv.front()) : boost::filesystem::path(argv.front());
+  if (exe.empty()) {
+    result.err = argv.front() + ": not found on PATH";
+    return result;
+  }
+  try {
+    boost::asio::io_context io;
+    std::future<std::string> out, err;
+    std::vector<std::string> args(argv.begin() + 1, argv.end());
+    bp::child child(exe, bp::args(args), bp::std_in < bp::buffer(input), bp::std_out > out, bp::std_err > err, io);
+    // Reading both streams and the exit happens on `io`; run it with the deadline.
+    io.run_for(timeout);
+    if (!io.stopped()) {
+      child.terminate();
+      result.err = argv.front() + ": timed out";
+      return result;
+    }
+    child.wait();
+    result.exit_code = child.exit_code();
+    result.out = out.get();
+    result.err = err.get();
+  } catch (const std::exception& e) {
+    result.exit_code = -1;
+    result.err = argv.front() + ": " + e.what();
+  }
+  return result;
+}
+
+}  // namespace ddl::backends

@@ -1,0 +1,26 @@
+// Running a scheduler's command-line tools (scontrol, sbatch, squeue, qsub...) and reading what
+// they print. Backends never print; they return what the tool said.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace ddl::backends {
+
+struct CommandResult {
+  int exit_code = -1;  // -1 when the command could not be started or timed out
+  std::string out;
+  std::string err;
+  bool ok() const { return exit_code == 0; }
+};
+
+// Runs `argv` (argv[0] looked up on PATH) with stdin from /dev/null, and waits at most `timeout`
+// for it (then kills it). `input`, when not empty, is written to its stdin instead.
+CommandResult run_command(const std::vector<std::string>& argv, std::chrono::milliseconds timeout = std::chrono::seconds(30),
+                          const std::string& input = {});
+
+// Whether `program` is on PATH.
+bool on_path(const std::string& program);
+
+}  // namespace ddl::backends

@@ -1,0 +1,116 @@
+#include "backends/slurm/slurm_launch.hpp"
+
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <regex>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "backends/command.hpp"
+#include "runtime/src/common/error.hpp"
+
+namespace ddl::backends::slurm {
+
+namespace {
+
+int leading_int(const std::string& s) {
+  return std::atoi(s.c_str());
+}
+
+// "a100:4" or "4" -> 4; "a100:2,v100:1" -> 3.
+int count_in_gpu_spec(const std::string& spec) {
+  int total = 0;
+  std::stringstream parts(spec);
+  for (std::string part; std::getline(parts, part, ',');) {
+    auto colon = part.rfind(':');
+    total += std::atoi(part.c_str() + (colon == std::string::npos ? 0 : colon + 1));
+  }
+  return total;
+}
+
+}  // namespace
+
+std::vector<std::string> expand_hostlist(const std::string& nodelist) {
+  if (nodelist.find_first_of("[,") == std::string::npos) return {nodelist};
+  CommandResult r = run_command({"scontrol", "show", "hostnames", nodelist});
+  if (!r.ok())
+    throw Error(fmt::format("cannot expand the Slurm node list {}: {}", nodelist, r.err.empty() ? "scontrol failed" : r.err),
+                "check that scontrol is on PATH inside the allocation");
+  std::vector<std::string> hosts;
+  std::stringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);)
+    if (!line.empty()) hosts.push_back(line);
+  return hosts;
+}
+
+int gpus_per_node(const Environment& env) {
+  if (auto on_node = lookup(env, "SLURM_GPUS_ON_NODE")) return leading_int(*on_node);
+  if (auto per_node = lookup(env, "SLURM_GPUS_PER_NODE")) return count_in_gpu_spec(*per_node);
+  if (auto job_gpus = lookup(env, "SLURM_JOB_GPUS"); job_gpus && !job_gpus->empty()) {
+    int n = 1;
+    for (char c : *job_gpus) n += c == ',' ? 1 : 0;
+    return n;
+  }
+  return 0;
+}
+
+int cpus_per_node(const Environment& env) {
+  if (auto on_node = lookup(env, "SLURM_CPUS_ON_NODE")) return std::max(1, leading_int(*on_node));
+  if (auto per_node = lookup(env, "SLURM_JOB_CPUS_PER_NODE")) return std::max(1, leading_int(*per_node));
+  return 1;
+}
+
+bool srun_offers_pmix() {
+  CommandResult r = run_command({"srun", "--mpi=list"}, std::chrono::seconds(10));
+  return r.ok() && (r.out + r.err).find("pmix") != std::string::npos;
+}
+
+std::vector<std::string> srun_command(const TaskLayout& layout, bool pmix) {
+  std::vector<std::string> argv = {"srun",
+                                   fmt::format("--nodes={}", layout.num_nodes),
+                                   fmt::format("--ntasks={}", layout.num_nodes * layout.tasks_per_node),
+                                   fmt::format("--ntasks-per-node={}", layout.tasks_per_node),
+                                   fmt::format("--cpus-per-task={}", layout.cpus_per_task),
+                                   "--kill-on-bad-exit=1",
+                                   "--label",
+                                   // Ranks node by node, as ddl's plan numbers them.
+                                   "--distribution=block"};
+  if (pmix) argv.push_back("--mpi=pmix");
+  argv.insert(argv.end(), layout.task_command.begin(), layout.task_command.end());
+  return argv;
+}
+
+namespace {
+
+// srun says how a task ended in strsignal()'s words ("Killed", "Segmentation fault (core dumped)").
+int signal_named(const std::string& how) {
+  const std::string name = how.substr(0, how.find(" (core dumped)"));
+  for (int sig = 1; sig < NSIG; ++sig)
+    if (const char* s = ::strsignal(sig); s != nullptr && name == s) return sig;
+  return 0;
+}
+
+}  // namespace
+
+std::optional<FailedTask> failed_task(const std::deque<std::string>& srun_stderr) {
+  static const std::regex report(R"(^srun: error: ([^:\s]+): tasks? (\d+)[^:]*: (.*)$)");
+  static const std::regex exited(R"(^Exited with exit code (\d+)$)");
+  for (const auto& line : srun_stderr) {
+    std::smatch m, code;
+    if (!std::regex_match(line, m, report)) continue;
+    FailedTask task{std::stoi(m[2]), m[1], m[3]};
+    if (std::regex_match(task.how, code, exited)) {
+      task.exit_code = std::stoi(code[1]);
+    } else if ((task.signal = signal_named(task.how)) != 0) {
+      task.exit_code = 128 + task.signal;
+    } else {
+      continue;  // not a task's end
+    }
+    return task;
+  }
+  return std::nullopt;
+}
+
+}  // namespace ddl::backends::slurm

@@ -1,0 +1,42 @@
+// Inside a Slurm allocation: what it holds, and the srun line that starts one task per worker.
+#pragma once
+
+#include <deque>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backends/launch_layout.hpp"
+#include "runtime/src/common/environment.hpp"
+
+namespace ddl::backends::slurm {
+
+// The host names of a Slurm node list ("nid[001-003],gpu7"), expanded by `scontrol show hostnames`
+// (a plain single name is returned as it is, without asking scontrol).
+std::vector<std::string> expand_hostlist(const std::string& nodelist);
+
+// GPUs per node the allocation holds: SLURM_GPUS_ON_NODE, else SLURM_GPUS_PER_NODE ("a100:4"),
+// else the entries of SLURM_JOB_GPUS; 0 when it holds none.
+int gpus_per_node(const Environment& env);
+
+// CPUs per node: SLURM_CPUS_ON_NODE, else the first count of SLURM_JOB_CPUS_PER_NODE ("64(x2)").
+int cpus_per_node(const Environment& env);
+
+// Whether this Slurm's srun offers --mpi=pmix (`srun --mpi=list`).
+bool srun_offers_pmix();
+
+// srun --nodes N --ntasks-per-node T --cpus-per-task C --kill-on-bad-exit=1 --label [--mpi=pmix] TASK...
+std::vector<std::string> srun_command(const TaskLayout& layout, bool pmix);
+
+struct FailedTask {
+  int rank = 0;
+  std::string host;
+  std::string how;  // srun's words: "Exited with exit code 7", "Killed"
+  int exit_code = 0;  // the task's exit status, or 128 + signal
+  int signal = 0;     // the signal that killed it, 0 when it exited
+};
+
+// The first task srun reported as failed ("srun: error: HOST: task 1: Exited with exit code 7").
+std::optional<FailedTask> failed_task(const std::deque<std::string>& srun_stderr);
+
+}  // namespace ddl::backends::slurm

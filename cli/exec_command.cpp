@@ -1,0 +1,35 @@
+#include "cli/exec_command.hpp"
+
+#include "launcher/exec_task.hpp"
+#include "runtime/src/common/environment.hpp"
+#include "runtime/src/common/error.hpp"
+
+namespace ddl::cli {
+
+struct ExecFlags {
+  bool cpu = false;
+  std::string gpu_order = "as-listed";
+};
+
+ExecCommand::ExecCommand(CLI::App& app) : flags_(std::make_shared<ExecFlags>()) {
+  ExecFlags& f = *flags_;
+  app_ = app.add_subcommand("exec", "Run one task of a job started by srun/mpirun/mpiexec with ddl's worker environment");
+  app_->add_flag("--cpu", f.cpu, "A CPU worker: pin no GPU");
+  app_->add_option("--gpu-order", f.gpu_order, "as-listed, or reverse: local rank 0 gets the last GPU (Polaris)")
+      ->check(CLI::IsMember({"as-listed", "reverse"}))
+      ->capture_default_str();
+  app_->prefix_command();
+  app_->footer("Example (inside sbatch): srun --ntasks-per-node 4 ddl exec -- python3 train.py");
+}
+
+void ExecCommand::execute(const std::optional<std::vector<std::string>>& program) const {
+  launcher::ExecRequest request;
+  request.command = program ? *program : app_->remaining();
+  if (!program && !request.command.empty() && request.command.front().starts_with("-"))
+    throw UsageError("ddl exec has no option " + request.command.front(), "see `ddl exec --help`; the program goes after --");
+  request.cpu_only = flags_->cpu;
+  request.reverse_gpus = flags_->gpu_order == "reverse";
+  launcher::exec_task(request, current_environment());
+}
+
+}  // namespace ddl::cli

@@ -1,0 +1,203 @@
+#include "launcher/allocation_run.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <regex>
+
+#include <fmt/format.h>
+
+#include "backends/command.hpp"
+#include "backends/pbs/pbs_launch.hpp"
+#include "backends/slurm/slurm_launch.hpp"
+#include "launcher/gpu_inventory.hpp"
+#include "launcher/host.hpp"
+#include "launcher/port_reservation.hpp"
+#include "launcher/store_server.hpp"
+#include "launcher/worker_process.hpp"
+#include "runtime/src/common/error.hpp"
+
+namespace ddl::launcher {
+
+namespace {
+
+using backends::Scheduler;
+
+// What the allocation holds, per node.
+struct AllocationShape {
+  std::vector<std::string> hosts;
+  int gpus_per_node = 0;
+  int cpus_per_node = 1;
+};
+
+AllocationShape shape_of(const backends::Allocation& allocation, const Environment& env) {
+  AllocationShape shape;
+  if (allocation.scheduler == Scheduler::Slurm) {
+    auto nodelist = lookup(env, "SLURM_JOB_NODELIST");
+    if (!nodelist) nodelist = lookup(env, "SLURM_NODELIST");
+    if (!nodelist) throw Error("inside Slurm job " + allocation.job_id + " but SLURM_JOB_NODELIST is not set", "run ddl inside salloc or sbatch");
+    shape.hosts = backends::slurm::expand_hostlist(*nodelist);
+    shape.gpus_per_node = backends::slurm::gpus_per_node(env);
+    shape.cpus_per_node = backends::slurm::cpus_per_node(env);
+  } else {
+    shape.hosts = backends::pbs::nodefile_hosts(lookup(env, "PBS_NODEFILE").value_or(""));
+    shape.gpus_per_node = discover_gpus(env).count();  // this node's, taken for every node
+    auto ncpus = lookup(env, "NCPUS");
+    shape.cpus_per_node = ncpus && std::atoi(ncpus->c_str()) > 0 ? std::atoi(ncpus->c_str()) : available_cpus();
+  }
+  return shape;
+}
+
+WorldPlan plan_in_allocation(const RunRequest& request, const backends::Allocation& allocation, const AllocationShape& shape) {
+  LaunchRequest launch = request.launch;
+  const int nodes = static_cast<int>(shape.hosts.size());
+  const char* scheduler = backends::scheduler_name(allocation.scheduler);
+  if (launch.num_nodes && *launch.num_nodes > nodes)
+    throw UsageError(fmt::format("-N {} but {} job {} holds {} node(s)", *launch.num_nodes, scheduler, allocation.job_id, nodes),
+                     fmt::format("use -N {} or fewer, or ask the scheduler for more nodes", nodes));
+  if (launch.gpus_per_node && *launch.gpus_per_node > shape.gpus_per_node && !launch.share_gpus)
+    throw UsageError(fmt::format("--gpus-per-node {} but {} job {} gives {} GPU(s) per node", *launch.gpus_per_node, scheduler,
+                                 allocation.job_id, shape.gpus_per_node),
+                     fmt::format("use --gpus-per-node {} or fewer, or ask the scheduler for more GPUs per node", shape.gpus_per_node));
+  if (!launch.num_nodes) launch.num_nodes = launch.total_workers && !launch.workers_per_node && !launch.gpus_per_node
+                                                ? std::min(nodes, *launch.total_workers) : nodes;
+  return plan_world(launch, shape.gpus_per_node);
+}
+
+std::string this_executable() {
+  char path[PATH_MAX];
+  ssize_t n = ::readlink("/proc/self/exe", path, sizeof path - 1);
+  if (n <= 0) throw Error("cannot find ddl's own executable (/proc/self/exe)");
+  return std::string(path, static_cast<size_t>(n));
+}
+
+TaskLauncher choose_launcher(const RunRequest& request, Scheduler scheduler) {
+  if (request.launcher != TaskLauncher::Auto) return request.launcher;
+  if (scheduler == Scheduler::Slurm) return TaskLauncher::Srun;
+  return backends::pbs::detect_mpi_launcher() == backends::pbs::MpiLauncher::Pals ? TaskLauncher::Pals : TaskLauncher::OpenMpi;
+}
+
+// The run-wide values every task needs; the launcher passes them on (`-x` for mpirun).
+const char* const kExportedToTasks[] = {"DDL_STORE_ADDR", "DDL_STORE_TOKEN", "DDL_RUN_ID", "DDL_SIZE", "DDL_LOCAL_SIZE",
+                                        "DDL_NUM_NODES", "DDL_GPU_WORKERS", "MASTER_ADDR", "MASTER_PORT", "PATH"};
+
+struct PreparedLaunch {
+  std::vector<std::string> argv;
+  LineLabeller labeller;
+};
+
+PreparedLaunch launch_command(const RunRequest& request, TaskLauncher launcher, const WorldPlan& plan, const AllocationShape& shape,
+                              const Environment& env) {
+  backends::TaskLayout layout;
+  layout.num_nodes = plan.num_nodes;
+  layout.tasks_per_node = plan.workers_per_node;
+  layout.cpus_per_task = std::max(1, shape.cpus_per_node / plan.workers_per_node);
+  layout.task_command = {this_executable(), "exec"};
+  if (!plan.gpu_workers) layout.task_command.push_back("--cpu");
+  if (request.gpu_order == GpuOrder::Reversed) layout.task_command.insert(layout.task_command.end(), {"--gpu-order", "reverse"});
+  layout.task_command.push_back("--");
+  layout.task_command.insert(layout.task_command.end(), request.command.begin(), request.command.end());
+  for (const char* name : kExportedToTasks) layout.exported_names.emplace_back(name);
+  for (const char* optional : {"LD_LIBRARY_PATH", "PYTHONPATH"})
+    if (env.count(optional)) layout.exported_names.emplace_back(optional);
+
+  auto relabel = [](auto parse) {
+    return [parse](std::string_view line) -> std::optional<LabelledLine> {
+      auto task = parse(line);
+      if (!task) return std::nullopt;
+      return LabelledLine{task->rank, task->text};
+    };
+  };
+  switch (launcher) {
+    case TaskLauncher::Srun:
+      return {backends::slurm::srun_command(layout, backends::slurm::srun_offers_pmix()), relabel(backends::rank_colon_label)};
+    case TaskLauncher::Pals:
+      return {backends::pbs::pals_command(layout), relabel(backends::rank_colon_label)};
+    case TaskLauncher::OpenMpi: {
+      auto nodefile = lookup(env, "PBS_NODEFILE");
+      if (!nodefile) throw UsageError("--launcher mpirun needs a host file, and PBS_NODEFILE is not set", "run it inside a PBS job");
+      return {backends::pbs::openmpi_command(layout, *nodefile, ::geteuid() == 0), relabel(backends::pbs::openmpi_label)};
+    }
+    default: break;
+  }
+  throw UsageError("no task launcher for this allocation", "give --launcher srun, mpirun or pals");
+}
+
+// The rank and host of the task that failed, as the launcher reported it, and that rank's lines.
+void explain_failure(RunOutcome& outcome, TaskLauncher launcher, const AllocationShape& shape, const WorldPlan& plan) {
+  if (!outcome.failure) return;
+  WorkerFailure& f = *outcome.failure;
+  std::deque<std::string> said(f.stderr_tail.begin(), f.stderr_tail.end());
+  std::optional<int> rank;
+  if (launcher == TaskLauncher::Srun) {
+    if (auto task = backends::slurm::failed_task(said)) {
+      rank = task->rank;
+      f.host = task->host;
+      f.exit_code = task->exit_code;  // srun itself exits with the code of its own SIGTERM
+      f.signal = task->signal;
+      outcome.exit_code = task->exit_code;
+    }
+  } else {
+    static const std::regex process_name(R"(Process name:\s*\[\[\d+,\d+\],(\d+)\])");
+    for (const auto& line : said) {
+      std::smatch m;
+      if (std::regex_search(line, m, process_name)) rank = std::stoi(m[1]);
+    }
+  }
+  if (!rank) return;
+  f.rank = *rank;
+  outcome.workers_stopped = plan.world_size() - 1;  // the launcher stopped the others
+  if (launcher != TaskLauncher::Srun && f.rank / plan.workers_per_node < static_cast<int>(shape.hosts.size()))
+    f.host = shape.hosts[static_cast<size_t>(f.rank / plan.workers_per_node)];
+  std::vector<std::string> own;
+  const auto label = launcher == TaskLauncher::OpenMpi ? backends::pbs::openmpi_label : backends::rank_colon_label;
+  for (const auto& line : said)
+    if (auto task = label(line); task && task->rank == f.rank) own.emplace_back(task->text);
+  if (own.size() > kStderrTailLines) own.erase(own.begin(), own.end() - static_cast<long>(kStderrTailLines));
+  f.stderr_tail = own;
+}
+
+}  // namespace
+
+RunOutcome run_in_allocation(const RunRequest& request, const backends::Allocation& allocation, const Environment& env,
+                             const std::function<void(const std::string&)>& log) {
+  if (request.command.empty())
+    throw UsageError("no program to run", "put the program after --: ddl run -- python train.py");
+  Supervisor supervisor(request.supervision);  // before any thread (the store) starts
+
+  const AllocationShape shape = shape_of(allocation, env);
+  const WorldPlan plan = plan_in_allocation(request, allocation, shape);
+  resolve_program(request.command.front(), lookup(env, "PATH").value_or("/usr/bin:/bin"));  // 127 before anything starts
+  const TaskLauncher launcher = choose_launcher(request, allocation.scheduler);
+
+  raise_open_file_limit();
+  const std::string token = random_hex(16);
+  StoreServer store({.bind_host = "0.0.0.0", .token = token, .log = log});
+  PortReservation master_port;  // on this node: node 0 when ddl runs in the batch script
+
+  Environment launcher_env = env;
+  launcher_env["DDL_STORE_ADDR"] = fmt::format("{}:{}", host_name(), store.port());
+  launcher_env["DDL_STORE_TOKEN"] = token;
+  launcher_env["DDL_RUN_ID"] = fmt::format("{}-{}", allocation.job_id, random_hex(4));
+  launcher_env["DDL_SIZE"] = std::to_string(plan.world_size());
+  launcher_env["DDL_LOCAL_SIZE"] = std::to_string(plan.workers_per_node);
+  launcher_env["DDL_NUM_NODES"] = std::to_string(plan.num_nodes);
+  launcher_env["DDL_GPU_WORKERS"] = plan.gpu_workers ? "1" : "0";
+  launcher_env["MASTER_ADDR"] = shape.hosts.front();
+  launcher_env["MASTER_PORT"] = std::to_string(master_port.port());
+
+  PreparedLaunch prepared = launch_command(request, launcher, plan, shape, env);
+  WorkerLaunch task_launcher;
+  task_launcher.rank = 0;
+  task_launcher.program = resolve_program(prepared.argv.front(), lookup(env, "PATH").value_or("/usr/bin:/bin"));
+  task_launcher.argv = prepared.argv;
+  task_launcher.env = launcher_env;
+  task_launcher.labeller = prepared.labeller;
+  task_launcher.interrupt_signal = SIGTERM;  // srun wants two SIGINTs within a second to stop
+  RunOutcome outcome = supervisor.run({task_launcher});
+  explain_failure(outcome, launcher, shape, plan);
+  return outcome;
+}
+
+}  // namespace ddl::launcher

@@ -1,0 +1,29 @@
+// `ddl exec`: the per-task shim a scheduler's launcher (srun, mpirun, mpiexec) starts on each
+// node. It maps the launcher's variables onto the worker environment contract, pins the task's
+// GPU, and replaces itself with the user's program, so no extra process stays in between.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "launcher/gpu_inventory.hpp"
+#include "launcher/task_identity.hpp"
+#include "runtime/src/common/environment.hpp"
+
+namespace ddl::launcher {
+
+struct ExecRequest {
+  std::vector<std::string> command;  // the program and its arguments
+  bool cpu_only = false;             // --cpu: no GPU even when some are visible
+  bool reverse_gpus = false;         // --gpu-order reverse: local rank 0 gets the last GPU (Polaris)
+};
+
+// The contract environment of the task `id` over `env`. GPU workers are what ddl run planned
+// (DDL_GPU_WORKERS), else whether `gpus` has any; a GPU worker on a node without GPUs is an error.
+Environment task_environment(const Environment& env, const TaskIdentity& id, const ExecRequest& request, const GpuInventory& gpus);
+
+// Resolves the program, builds its environment and execve()s it; returns only by throwing
+// (UsageError for bad input, Error with exit status 127 for a program that cannot run).
+[[noreturn]] void exec_task(const ExecRequest& request, const Environment& env);
+
+}  // namespace ddl::launcher

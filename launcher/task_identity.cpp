@@ -1,0 +1,110 @@
+#include "launcher/task_identity.hpp"
+
+#include <charconv>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "runtime/src/common/error.hpp"
+
+namespace ddl::launcher {
+
+namespace {
+
+std::optional<int> number_in(const Environment& env, const std::string& name) {
+  auto value = lookup(env, name);
+  if (!value) return std::nullopt;
+  int n = -1;
+  auto [end, ec] = std::from_chars(value->data(), value->data() + value->size(), n);
+  if (ec != std::errc() || end != value->data() + value->size() || n < 0)
+    throw UsageError(fmt::format("{}={} is not a rank or count", name, *value), "ddl exec reads it from the launcher that started the task");
+  return n;
+}
+
+// The first of `names` that is set.
+std::optional<int> first_number(const Environment& env, std::initializer_list<const char*> names) {
+  for (const char* name : names)
+    if (auto n = number_in(env, name)) return n;
+  return std::nullopt;
+}
+
+struct LauncherVariables {
+  const char* source;
+  std::initializer_list<const char*> rank, local_rank, size, local_size, node_rank, num_nodes;
+};
+
+// Which variables each launcher sets. OpenMPI's OMPI_COMM_WORLD_NODE_RANK is not a node index
+// (it counts processes on the node across jobs), so node ranks come from the block layout.
+const LauncherVariables kLaunchers[] = {
+    {"Slurm (SLURM_PROCID)", {"SLURM_PROCID"}, {"SLURM_LOCALID"}, {"SLURM_NTASKS", "SLURM_NPROCS"}, {}, {"SLURM_NODEID"},
+     {"SLURM_STEP_NUM_NODES", "SLURM_NNODES"}},
+    {"OpenMPI (OMPI_COMM_WORLD_RANK)", {"OMPI_COMM_WORLD_RANK"}, {"OMPI_COMM_WORLD_LOCAL_RANK"}, {"OMPI_COMM_WORLD_SIZE"},
+     {"OMPI_COMM_WORLD_LOCAL_SIZE"}, {}, {}},
+    {"Cray PALS (PALS_RANKID)", {"PALS_RANKID"}, {"PALS_LOCAL_RANKID", "PMI_LOCAL_RANK"}, {"PMI_SIZE"}, {"PMI_LOCAL_SIZE"},
+     {"PALS_NODEID"}, {}},
+    {"PMI (PMI_RANK)", {"PMI_RANK"}, {"PMI_LOCAL_RANK", "MPI_LOCALRANKID"}, {"PMI_SIZE"}, {"PMI_LOCAL_SIZE", "MPI_LOCALNRANKS"}, {}, {}},
+    {"PMIx (PMIX_RANK)", {"PMIX_RANK"}, {}, {}, {}, {}, {}},
+};
+
+}  // namespace
+
+int tasks_on_node(const std::string& tasks_per_node, int node) {
+  // Groups "N" or "N(xR)", comma separated.
+  int first = 0;
+  size_t pos = 0;
+  while (pos < tasks_per_node.size()) {
+    size_t comma = tasks_per_node.find(',', pos);
+    std::string group = tasks_per_node.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    int count = 0, repeat = 1;
+    if (std::sscanf(group.c_str(), "%d(x%d)", &count, &repeat) < 1 || count < 1 || repeat < 1)
+      throw UsageError(fmt::format("SLURM_TASKS_PER_NODE={} is not Slurm's N(xR),... form", tasks_per_node), "");
+    if (node < first + repeat) return count;
+    first += repeat;
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  throw UsageError(fmt::format("SLURM_TASKS_PER_NODE={} has no entry for node {}", tasks_per_node, node), "");
+}
+
+TaskIdentity task_identity(const Environment& env) {
+  const LauncherVariables* launcher = nullptr;
+  for (const auto& l : kLaunchers)
+    if (number_in(env, *l.rank.begin())) {
+      launcher = &l;
+      break;
+    }
+  if (launcher == nullptr)
+    throw UsageError("ddl exec found no rank: none of SLURM_PROCID, OMPI_COMM_WORLD_RANK, PALS_RANKID, PMI_RANK, PMIX_RANK is set",
+                     "ddl exec runs inside a task started by srun, mpirun or mpiexec; to start workers use ddl run");
+
+  TaskIdentity id;
+  id.source = launcher->source;
+  id.rank = *first_number(env, launcher->rank);
+  const auto planned_size = number_in(env, "DDL_SIZE");
+  const auto planned_local_size = number_in(env, "DDL_LOCAL_SIZE");
+  const auto planned_nodes = number_in(env, "DDL_NUM_NODES");
+
+  id.size = first_number(env, launcher->size).value_or(planned_size.value_or(1));
+  if (planned_size && *planned_size != id.size)
+    throw UsageError(fmt::format("{} started {} tasks but ddl run planned {} workers", launcher->source, id.size, *planned_size),
+                     "start ddl exec through ddl run, or with the launcher's own counts and without DDL_SIZE set");
+  if (id.rank >= id.size)
+    throw UsageError(fmt::format("{}: rank {} is not below the world size {}", launcher->source, id.rank, id.size), "");
+
+  auto slurm_tasks = lookup(env, "SLURM_STEP_TASKS_PER_NODE");
+  if (!slurm_tasks) slurm_tasks = lookup(env, "SLURM_TASKS_PER_NODE");
+  const auto node_from_launcher = first_number(env, launcher->node_rank);
+  if (launcher->local_size.size() == 0 && slurm_tasks && node_from_launcher)
+    id.local_size = tasks_on_node(*slurm_tasks, *node_from_launcher);
+  else
+    id.local_size = first_number(env, launcher->local_size).value_or(planned_local_size.value_or(id.size));
+  if (id.local_size < 1) id.local_size = 1;
+
+  // Without a local rank, ranks are laid out node by node, as ddl run asks of every launcher.
+  id.local_rank = first_number(env, launcher->local_rank).value_or(id.rank % id.local_size);
+  id.node_rank = node_from_launcher.value_or(id.rank / id.local_size);
+  id.num_nodes = first_number(env, launcher->num_nodes).value_or(planned_nodes.value_or((id.size + id.local_size - 1) / id.local_size));
+  return id;
+}
+
+}  // namespace ddl::launcher
