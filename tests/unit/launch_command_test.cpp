@@ -1,0 +1,102 @@
+// The launch lines and output formats of srun, Cray PALS mpiexec and OpenMPI mpirun.
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "backends/launch_layout.hpp"
+#include "backends/pbs/pbs_launch.hpp"
+#include "backends/slurm/slurm_launch.hpp"
+#include "runtime/src/common/error.hpp"
+
+using namespace ddl::backends;
+
+namespace {
+TaskLayout two_by_four() {
+  TaskLayout layout;
+  layout.num_nodes = 2;
+  layout.tasks_per_node = 4;
+  layout.cpus_per_task = 16;
+  layout.task_command = {"/opt/ddl/bin/ddl", "exec", "--", "python3", "train.py"};
+  layout.exported_names = {"DDL_STORE_TOKEN", "MASTER_ADDR"};
+  return layout;
+}
+}  // namespace
+
+TEST_CASE("srun gets counts per node, cpus per task, kill-on-bad-exit, labels and block ranks") {
+  auto argv = slurm::srun_command(two_by_four(), true);
+  const std::vector<std::string> expected{"srun", "--nodes=2", "--ntasks=8", "--ntasks-per-node=4", "--cpus-per-task=16",
+                                          "--kill-on-bad-exit=1", "--label", "--distribution=block", "--mpi=pmix",
+                                          "/opt/ddl/bin/ddl", "exec", "--", "python3", "train.py"};
+  CHECK(argv == expected);
+  CHECK(slurm::srun_command(two_by_four(), false) != expected);
+}
+
+TEST_CASE("PALS mpiexec: -n, --ppn, --depth with depth binding (Polaris)") {
+  auto argv = pbs::pals_command(two_by_four());
+  const std::vector<std::string> expected{"mpiexec", "-n", "8", "--ppn", "4", "--depth", "16", "--cpu-bind", "depth", "--label",
+                                          "/opt/ddl/bin/ddl", "exec", "--", "python3", "train.py"};
+  CHECK(argv == expected);
+}
+
+TEST_CASE("OpenMPI mpirun: the PBS node file, ppr per node, variables exported by name only") {
+  auto argv = pbs::openmpi_command(two_by_four(), "/var/spool/pbs/aux/1.pbs", false);
+  const std::vector<std::string> expected{"mpirun", "-np", "8", "--hostfile", "/var/spool/pbs/aux/1.pbs", "--map-by", "ppr:4:node",
+                                          "--bind-to", "none", "--oversubscribe", "--tag-output", "-x", "DDL_STORE_TOKEN", "-x",
+                                          "MASTER_ADDR", "/opt/ddl/bin/ddl", "exec", "--", "python3", "train.py"};
+  CHECK(argv == expected);
+  CHECK(pbs::openmpi_command(two_by_four(), "f", true)[1] == "--allow-run-as-root");
+}
+
+TEST_CASE("task labels: srun/PALS 'N: ' and OpenMPI '[job,N]<stdout>:'") {
+  auto a = rank_colon_label("  12: loss 0.5");
+  REQUIRE(a);
+  CHECK(a->rank == 12);
+  CHECK(a->text == "loss 0.5");
+  CHECK(rank_colon_label("3: ")->text == "");
+  CHECK_FALSE(rank_colon_label("srun: error: x"));
+  CHECK_FALSE(rank_colon_label("12 apples: 3"));
+  auto b = pbs::openmpi_label("[1,7]<stderr>:Traceback: x");
+  REQUIRE(b);
+  CHECK(b->rank == 7);
+  CHECK(b->text == "Traceback: x");
+  CHECK_FALSE(pbs::openmpi_label("[warn] something"));
+  CHECK_FALSE(pbs::openmpi_label("Primary job terminated normally"));
+}
+
+TEST_CASE("srun's report of the failed task: rank, host, exit code or signal") {
+  std::deque<std::string> said{"srun: launch/slurm: _step_signal: Terminating StepId=2.0",
+                               "srun: error: nid004: task 5: Exited with exit code 7",
+                               "srun: error: nid001: tasks 0-4,6-7: Terminated"};
+  auto task = slurm::failed_task(said);
+  REQUIRE(task);
+  CHECK(task->rank == 5);
+  CHECK(task->host == "nid004");
+  CHECK(task->exit_code == 7);
+  CHECK(task->signal == 0);
+  auto killed = slurm::failed_task({"srun: error: nid002: task 3: Segmentation fault (core dumped)"});
+  REQUIRE(killed);
+  CHECK(killed->signal == 11);
+  CHECK(killed->exit_code == 139);
+  CHECK_FALSE(slurm::failed_task({"srun: error: Unable to allocate resources: Invalid account"}));
+}
+
+TEST_CASE("Slurm allocation facts: GPUs and CPUs per node in every form Slurm writes them") {
+  CHECK(slurm::gpus_per_node({{"SLURM_GPUS_ON_NODE", "4"}}) == 4);
+  CHECK(slurm::gpus_per_node({{"SLURM_GPUS_PER_NODE", "a100:4"}}) == 4);
+  CHECK(slurm::gpus_per_node({{"SLURM_JOB_GPUS", "0,1,2"}}) == 3);
+  CHECK(slurm::gpus_per_node({}) == 0);
+  CHECK(slurm::cpus_per_node({{"SLURM_JOB_CPUS_PER_NODE", "128(x2)"}}) == 128);
+  CHECK(slurm::expand_hostlist("nid001") == std::vector<std::string>{"nid001"});
+}
+
+TEST_CASE("the PBS node file: distinct hosts in order; a missing file names it") {
+  const std::string path = "/tmp/ddl_unit_nodefile";
+  {
+    std::ofstream f(path);
+    f << "x3102c0s13b0n0\nx3102c0s13b0n0\nx3102c0s13b1n0\n\n";
+  }
+  CHECK(pbs::nodefile_hosts(path) == std::vector<std::string>{"x3102c0s13b0n0", "x3102c0s13b1n0"});
+  std::remove(path.c_str());
+  CHECK_THROWS_WITH_AS(pbs::nodefile_hosts(path), doctest::Contains("/tmp/ddl_unit_nodefile"), ddl::Error);
+}

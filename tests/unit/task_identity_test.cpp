@@ -1,0 +1,94 @@
+// ddl exec: every launcher's variables mapped onto the contract.
+#include <doctest/doctest.h>
+
+#include "launcher/exec_task.hpp"
+#include "launcher/task_identity.hpp"
+#include "runtime/src/common/error.hpp"
+
+using namespace ddl::launcher;
+
+namespace {
+void check(const TaskIdentity& id, int rank, int size, int local_rank, int local_size, int node_rank, int num_nodes) {
+  CHECK(id.rank == rank);
+  CHECK(id.size == size);
+  CHECK(id.local_rank == local_rank);
+  CHECK(id.local_size == local_size);
+  CHECK(id.node_rank == node_rank);
+  CHECK(id.num_nodes == num_nodes);
+}
+}  // namespace
+
+TEST_CASE("Slurm tasks: ranks from SLURM_*, local size from the step's tasks per node") {
+  ddl::Environment env{{"SLURM_PROCID", "9"}, {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "2"}, {"SLURM_NTASKS", "11"},
+                       {"SLURM_STEP_NUM_NODES", "3"}, {"SLURM_STEP_TASKS_PER_NODE", "4(x2),3"}};
+  check(task_identity(env), 9, 11, 1, 3, 2, 3);
+  CHECK(task_identity(env).source == "Slurm (SLURM_PROCID)");
+}
+
+TEST_CASE("OpenMPI tasks: node rank from the block layout, not OMPI_COMM_WORLD_NODE_RANK") {
+  ddl::Environment env{{"OMPI_COMM_WORLD_RANK", "5"}, {"OMPI_COMM_WORLD_SIZE", "8"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                       {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}, {"OMPI_COMM_WORLD_NODE_RANK", "1"}, {"PMIX_RANK", "5"}};
+  check(task_identity(env), 5, 8, 1, 4, 1, 2);
+}
+
+TEST_CASE("Cray PALS tasks (Polaris)") {
+  ddl::Environment env{{"PALS_RANKID", "6"}, {"PALS_LOCAL_RANKID", "2"}, {"PALS_NODEID", "1"}, {"PMI_RANK", "6"},
+                       {"PMI_SIZE", "8"}, {"PMI_LOCAL_SIZE", "4"}, {"PMI_LOCAL_RANK", "2"}};
+  check(task_identity(env), 6, 8, 2, 4, 1, 2);
+}
+
+TEST_CASE("MPICH-style PMI tasks") {
+  ddl::Environment env{{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}, {"MPI_LOCALRANKID", "1"}, {"MPI_LOCALNRANKS", "2"}};
+  check(task_identity(env), 3, 4, 1, 2, 1, 2);
+}
+
+TEST_CASE("a bare PMIx rank takes the world's shape from what ddl run exported") {
+  ddl::Environment env{{"PMIX_RANK", "7"}, {"DDL_SIZE", "8"}, {"DDL_LOCAL_SIZE", "4"}, {"DDL_NUM_NODES", "2"}};
+  check(task_identity(env), 7, 8, 3, 4, 1, 2);
+}
+
+TEST_CASE("no launcher, a non-number, or a world that disagrees with ddl run's plan is a usage error naming it") {
+  CHECK_THROWS_WITH_AS(task_identity({}), doctest::Contains("none of SLURM_PROCID"), ddl::UsageError);
+  CHECK_THROWS_WITH_AS(task_identity({{"SLURM_PROCID", "x1"}}), doctest::Contains("SLURM_PROCID=x1"), ddl::UsageError);
+  CHECK_THROWS_WITH_AS(task_identity({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"DDL_SIZE", "8"}}),
+                       doctest::Contains("started 4 tasks but ddl run planned 8"), ddl::UsageError);
+}
+
+TEST_CASE("Slurm's compressed tasks-per-node form") {
+  CHECK(tasks_on_node("4", 0) == 4);
+  CHECK(tasks_on_node("4(x2),3", 1) == 4);
+  CHECK(tasks_on_node("4(x2),3", 2) == 3);
+  CHECK_THROWS_AS(tasks_on_node("4(x2),3", 3), ddl::UsageError);
+}
+
+TEST_CASE("ddl exec pins the local-rank-th GPU Slurm gave the node, or the reversed order on Polaris") {
+  ddl::Environment env{{"SLURM_PROCID", "5"}, {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "1"}, {"SLURM_NTASKS", "8"},
+                       {"SLURM_NNODES", "2"}, {"SLURM_TASKS_PER_NODE", "4(x2)"}, {"CUDA_VISIBLE_DEVICES", "4,5,6,7"},
+                       {"SLURM_CPUS_PER_TASK", "16"}, {"DDL_GPU_WORKERS", "1"}, {"MASTER_ADDR", "nid001"},
+                       {"MASTER_PORT", "29500"}, {"DDL_STORE_ADDR", "nid001:4000"}, {"DDL_STORE_TOKEN", "t"}, {"DDL_RUN_ID", "42-ab"}};
+  const auto id = task_identity(env);
+  const auto gpus = parse_visible_devices("4,5,6,7");
+  ddl::Environment out = task_environment(env, id, {}, gpus);
+  CHECK(out["CUDA_VISIBLE_DEVICES"] == "5");
+  CHECK(out["RANK"] == "5");
+  CHECK(out["LOCAL_RANK"] == "1");
+  CHECK(out["GROUP_RANK"] == "1");
+  CHECK(out["WORLD_SIZE"] == "8");
+  CHECK(out["OMP_NUM_THREADS"] == "16");
+  CHECK(out["MASTER_ADDR"] == "nid001");
+  CHECK(out["MASTER_PORT"] == "29500");
+  CHECK(out["TORCHELASTIC_RUN_ID"] == "42-ab");
+  CHECK(out.count("DDL_GPU_WORKERS") == 0);
+
+  ExecRequest reversed;
+  reversed.reverse_gpus = true;
+  CHECK(task_environment(env, id, reversed, gpus)["CUDA_VISIBLE_DEVICES"] == "6");
+}
+
+TEST_CASE("a planned GPU worker on a node without GPUs is an error; a CPU worker's GPU variable is untouched") {
+  ddl::Environment env{{"PMI_RANK", "0"}, {"PMI_SIZE", "1"}, {"DDL_GPU_WORKERS", "1"}};
+  CHECK_THROWS_WITH_AS(task_environment(env, task_identity(env), {}, {}), doctest::Contains("should get a GPU"), ddl::UsageError);
+  env["DDL_GPU_WORKERS"] = "0";
+  env["CUDA_VISIBLE_DEVICES"] = "3";
+  CHECK(task_environment(env, task_identity(env), {}, parse_visible_devices("3"))["CUDA_VISIBLE_DEVICES"] == "3");
+}
