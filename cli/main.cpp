@@ -10,6 +10,7 @@
 
 #include "cli/exec_command.hpp"
 #include "cli/run_command.hpp"
+#include "cli/submit_command.hpp"
 #include "runtime/src/common/error.hpp"
 
 namespace {
@@ -50,6 +51,9 @@ int main(int argc, char** argv) {
   app.allow_extras();  // `run` passes its program and arguments through (see RunCommand)
   ddl::cli::RunCommand run(app);
   ddl::cli::ExecCommand exec(app);
+  ddl::cli::SubmitCommand submit(app);
+  ddl::cli::SitesCommand sites(app);
+  ddl::cli::JobCommands jobs(app);
 
   SplitArguments split = split_arguments(argc, argv);
   std::vector<std::string> args(split.ddl_args.rbegin(), split.ddl_args.rend());  // CLI11 takes them last-first
@@ -68,6 +72,9 @@ int main(int argc, char** argv) {
   try {
     if (run.selected()) return run.execute(split.program);
     if (exec.selected()) exec.execute(split.program);
+    if (submit.selected()) return submit.execute(split.program);
+    if (sites.selected()) return sites.execute();
+    if (jobs.selected()) return jobs.execute();
   } catch (const ddl::Error& e) {
     print_error(e.what(), e.hint());
     return e.exit_code();

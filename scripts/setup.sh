@@ -10,8 +10,10 @@ packages=(
   libgloo-dev nlohmann-json3-dev  # libddl: Gloo collectives on CPU, the timeline's JSON
   libpmix-dev pkgconf             # libddl: bootstrap under PMIx launchers
   openmpi-bin libopenmpi-dev      # tests and benchmarks: real mpirun, MPI_Allreduce as a peer
+  libboost-dev libboost-filesystem-dev  # Boost.Process: ddl runs scontrol, sbatch, qsub...
   doctest-dev                     # unit tests
   python3 python3-torch           # the PyTorch DDP example and the integration tests
+  slurm-wlm munge                 # integration tests: one-node Slurm (scripts/local_slurm.sh); its pmix needs libpmix-dev
 )
 
 missing=()

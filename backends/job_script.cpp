@@ -1,0 +1,244 @@
+#include "backends/job_script.hpp"
+
+#include <algorithm>
+#include <regex>
+
+#include <fmt/format.h>
+
+#include "runtime/src/common/error.hpp"
+
+namespace ddl::backends {
+
+namespace {
+
+const std::map<std::string, std::string> kFlags = {
+    {"nodes", "-N/--nodes"},       {"gpus_per_node", "--gpus-per-node"}, {"time", "-t/--time"},
+    {"account", "-A/--account"},   {"queue", "-q/--queue"},              {"partition", "-p/--partition"},
+    {"constraint", "-C/--constraint"}, {"job_name", "-J/--job-name"},    {"output", "-o/--output"},
+    {"image", "--image"},          {"comment", "--comment"},             {"mem", "--mem"},
+    {"filesystems", "--filesystems"}, {"cpus_per_task", "-c/--cpus-per-task"}, {"dependency", "-d/--dependency"},
+    {"gpu_type", "--gpu-type"}};
+
+// Every option's value: the user's, else the site's default, else one derived from the site.
+std::map<std::string, std::string> effective_values(const SiteProfile& site, const JobRequest& job) {
+  std::map<std::string, std::string> v = site.defaults;
+  for (const auto& [key, value] : job.options) v[key] = value;
+  NodeShape shape{site.gpus_per_node, site.cores_per_node};
+  if (auto p = v.find("partition"); p != v.end() && site.partitions.count(p->second)) shape = site.partitions.at(p->second);
+  if (!v.count("nodes")) v["nodes"] = "1";
+  if (!v.count("gpus_per_node")) v["gpus_per_node"] = std::to_string(shape.gpus_per_node);
+  if (!v.count("job_name")) v["job_name"] = "ddl";
+  const int gpus = std::stoi(v["gpus_per_node"]);
+  const int tasks = std::max(1, gpus);
+  v["tasks_per_node"] = std::to_string(tasks);
+  if (!v.count("cpus_per_task")) v["cpus_per_task"] = std::to_string(std::max(1, shape.cores_per_node / tasks));
+  v["cpus_per_node"] = std::to_string(tasks * std::stoi(v["cpus_per_task"]));
+  return v;
+}
+
+NodeShape node_shape(const SiteProfile& site, const std::map<std::string, std::string>& values) {
+  if (auto p = values.find("partition"); p != values.end() && site.partitions.count(p->second)) return site.partitions.at(p->second);
+  return {site.gpus_per_node, site.cores_per_node};
+}
+
+void require_whole_number(const std::map<std::string, std::string>& values, const std::string& option, int minimum) {
+  auto it = values.find(option);
+  if (it == values.end()) return;
+  static const std::regex digits("[0-9]{1,6}");
+  if (!std::regex_match(it->second, digits) || std::stoi(it->second) < minimum)
+    throw UsageError(fmt::format("{} {}: must be a whole number of at least {}", flag_for(option), it->second, minimum), "");
+}
+
+std::string directive_word(const std::string& option, const std::string& value);
+
+// Replaces {{option}} with its value (as a directive word when `in_directive`); `what` names the
+// text for the error when one is unset.
+std::string fill(const std::string& text, const std::map<std::string, std::string>& values, const SiteProfile& site,
+                 const std::string& what, bool in_directive = true) {
+  static const std::regex placeholder(R"(\{\{([a-z_]+)\}\})");
+  std::string out;
+  auto begin = std::sregex_iterator(text.begin(), text.end(), placeholder);
+  size_t last = 0;
+  for (auto it = begin; it != std::sregex_iterator(); ++it) {
+    const std::string key = (*it)[1];
+    auto value = values.find(key);
+    if (value == values.end())
+      throw UsageError(fmt::format("site '{}' needs {} for its {} '{}'", site.name, flag_for(key), what, text),
+                       fmt::format("give {} (see `ddl sites show {}`)", flag_for(key), site.name));
+    out.append(text, last, static_cast<size_t>(it->position()) - last).append(in_directive ? directive_word(key, value->second) : value->second);
+    last = static_cast<size_t>(it->position() + it->length());
+  }
+  return out.append(text, last);
+}
+
+// A value as one word of a directive line: sbatch and qsub split those lines at blanks and honour
+// quotes (they never run a shell on them, so $( ) and backticks are inert text there anyway).
+std::string directive_word(const std::string& option, const std::string& value) {
+  static const std::regex plain("[A-Za-z0-9_./:=@%+,&-]+");
+  if (std::regex_match(value, plain)) return value;
+  if (value.find('"') == std::string::npos) return "\"" + value + "\"";
+  if (value.find('\'') == std::string::npos) return "'" + value + "'";
+  throw UsageError(fmt::format("{} holds both kinds of quote, which a batch directive cannot carry", flag_for(option)),
+                   "drop one kind of quote from it");
+}
+
+std::string directive_prefix(const SiteProfile& site) { return site.scheduler == "slurm" ? "#SBATCH " : "#PBS "; }
+
+void slurm_directives(const SiteProfile& site, const std::map<std::string, std::string>& v, const JobRequest& job,
+                      std::vector<std::string>& d) {
+  auto add = [&](const char* option, const char* flag) {
+    if (auto it = v.find(option); it != v.end() && !it->second.empty())
+      d.push_back(fmt::format("--{}={}", flag, directive_word(option, it->second)));
+  };
+  add("job_name", "job-name");
+  add("nodes", "nodes");
+  add("tasks_per_node", "ntasks-per-node");
+  add("cpus_per_task", "cpus-per-task");
+  if (std::stoi(v.at("gpus_per_node")) > 0 && !site.gpu_request.empty()) d.push_back(fill(site.gpu_request, v, site, "GPU request"));
+  add("time", "time");
+  add("account", "account");
+  add("queue", "qos");
+  add("partition", "partition");
+  add("constraint", "constraint");
+  add("comment", "comment");
+  add("mem", "mem");
+  add("output", "output");
+  add("dependency", "dependency");
+  if (job.signal_before_seconds) {
+    // To every task of the job's steps (the workers themselves), so they can checkpoint.
+    d.push_back(fmt::format("--signal=USR1@{}", *job.signal_before_seconds));
+    d.push_back("--requeue");
+  }
+}
+
+void pbs_directives(const SiteProfile& site, const std::map<std::string, std::string>& v, std::vector<std::string>& d) {
+  d.push_back("-N " + directive_word("job_name", v.at("job_name")));
+  if (!site.gpu_request.empty()) d.push_back("-l " + fill(site.gpu_request, v, site, "select statement"));
+  if (auto t = v.find("time"); t != v.end()) d.push_back("-l walltime=" + t->second);
+  if (auto a = v.find("account"); a != v.end()) d.push_back("-A " + directive_word("account", a->second));
+  if (auto q = v.find("queue"); q != v.end()) d.push_back("-q " + directive_word("queue", q->second));
+  d.push_back("-j oe");  // one output file, as Slurm writes
+  if (auto o = v.find("output"); o != v.end()) d.push_back("-o " + directive_word("output", o->second));
+  if (auto dep = v.find("dependency"); dep != v.end()) d.push_back("-W depend=" + directive_word("dependency", dep->second));
+}
+
+std::string ddl_run_line(const SiteProfile& site, const std::map<std::string, std::string>& v, const JobRequest& job) {
+  std::vector<std::string> words = {job.ddl_program, "run", "-N", v.at("nodes")};
+  const int gpus = std::stoi(v.at("gpus_per_node"));
+  if (gpus > 0) words.insert(words.end(), {"--gpus-per-node", std::to_string(gpus)});
+  else words.insert(words.end(), {"--cpu", "--nproc-per-node", "1"});
+  words.insert(words.end(), {"--launcher", site.launcher});
+  if (site.gpu_order == "reverse") words.insert(words.end(), {"--gpu-order", "reverse"});
+  words.push_back("--");
+  if (site.container && v.count("image"))
+    for (const auto& w : site.container->wrap) words.push_back(fill(w, v, site, "container command", false));
+  words.insert(words.end(), job.command.begin(), job.command.end());
+  std::string line = "exec";
+  for (const auto& w : words) line += " " + shell_quote(w);
+  return line;
+}
+
+}  // namespace
+
+std::string flag_for(const std::string& option) {
+  auto it = kFlags.find(option);
+  return it == kFlags.end() ? option : it->second;
+}
+
+std::string shell_quote(std::string_view s) {
+  static const std::regex plain("[A-Za-z0-9_./:=@%+,-]+");
+  if (!s.empty() && std::regex_match(s.begin(), s.end(), plain)) return std::string(s);
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'') out += "'\\''";
+    else out += c;
+  }
+  return out + "'";
+}
+
+void check_site_rules(const SiteProfile& site, const JobRequest& job) {
+  // Directive values are read by sbatch/qsub, not a shell: a newline would start a new directive.
+  for (const auto& [option, value] : job.options)
+    if (std::any_of(value.begin(), value.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }))
+      throw UsageError(fmt::format("{} contains a newline or control character", flag_for(option)),
+                       "batch directives are one line each; remove it");
+  for (const auto& directive : job.extra_directives)
+    if (directive.find_first_of("\n\r") != std::string::npos || directive.empty())
+      throw UsageError("--directive must be one non-empty line", "give each directive with its own --directive");
+  for (const auto& [option, why] : site.forbidden)
+    if (job.options.count(option))
+      throw UsageError(fmt::format("site '{}' does not allow {}: {}", site.name, flag_for(option), why), fmt::format("drop {}", flag_for(option)));
+
+  const auto v = effective_values(site, job);
+  require_whole_number(v, "nodes", 1);
+  require_whole_number(v, "gpus_per_node", 0);
+  require_whole_number(v, "cpus_per_task", 1);
+  for (const auto& option : site.required)
+    if (!v.count(option) || v.at(option).empty())
+      throw UsageError(fmt::format("site '{}' requires {}", site.name, flag_for(option)),
+                       site.patterns.count(option) && !site.patterns.at(option).fix.empty() ? site.patterns.at(option).fix
+                                                                                             : fmt::format("give {}", flag_for(option)));
+  for (const auto& [option, rule] : site.patterns) {
+    auto it = v.find(option);
+    if (it != v.end() && !std::regex_match(it->second, std::regex(rule.regex)))
+      throw UsageError(fmt::format("{} {}: {}", flag_for(option), it->second, rule.why.empty() ? "does not match " + rule.regex : rule.why),
+                       rule.fix);
+  }
+  static const std::regex walltime(R"((\d+-)?\d{1,3}(:\d{2}){0,2})");
+  if (auto t = v.find("time"); t != v.end() && !std::regex_match(t->second, walltime))
+    throw UsageError(fmt::format("-t/--time {}: not a time limit", t->second), "write it as HH:MM:SS, MM or D-HH:MM:SS");
+  const NodeShape shape = node_shape(site, v);
+  const int gpus = std::stoi(v.at("gpus_per_node"));
+  if (shape.gpus_per_node > 0 && gpus > shape.gpus_per_node)
+    throw UsageError(fmt::format("--gpus-per-node {}: site '{}'{} has {} GPUs per node", gpus, site.name,
+                                 v.count("partition") && site.partitions.count(v.at("partition")) ? " partition " + v.at("partition") : "",
+                                 shape.gpus_per_node),
+                     fmt::format("use --gpus-per-node {} or fewer, and more nodes (-N) for more GPUs", shape.gpus_per_node));
+  if (v.count("image") && !site.container)
+    throw UsageError(fmt::format("--image: site '{}' has no container support in its profile", site.name),
+                     "drop --image, or add a container section to the profile");
+  if (job.signal_before_seconds && site.scheduler != "slurm")
+    throw UsageError(fmt::format("--signal-before: site '{}' uses PBS, which has no signal before the time limit", site.name),
+                     "checkpoint on a timer inside the job instead");
+  if (job.command.empty()) throw UsageError("no program to run", "put it after --: ddl submit --site NAME ... -- python train.py");
+}
+
+JobScript render_job_script(const SiteProfile& site, const JobRequest& job) {
+  check_site_rules(site, job);
+  JobScript result;
+  result.values = effective_values(site, job);
+  const auto& v = result.values;
+
+  std::vector<std::string> directives;
+  if (site.scheduler == "slurm") {
+    if (!v.count("output")) result.values["output"] = "ddl-%j.out";
+    slurm_directives(site, result.values, job, directives);
+  } else {
+    pbs_directives(site, v, directives);
+  }
+  if (site.container && v.count("image") && !site.container->image_directive.empty())
+    directives.push_back(fill(site.container->image_directive, v, site, "container directive"));
+  for (const auto& d : site.directives) directives.push_back(fill(d, v, site, "directive"));
+  directives.insert(directives.end(), job.extra_directives.begin(), job.extra_directives.end());
+  result.output = v.count("output") ? v.at("output") : fmt::format("{}.o<job number>", v.at("job_name"));
+
+  std::string& s = result.text;
+  s = "#!/bin/bash\n";
+  for (const auto& d : directives) s += directive_prefix(site) + d + "\n";
+  s += fmt::format("\n# Generated by ddl {} from the site profile '{}'{}.\n", job.ddl_version, site.name,
+                   site.description.empty() ? "" : " (" + site.description + ")");
+  s += "set -eo pipefail\n";
+  if (site.scheduler == "pbs") s += "cd \"$PBS_O_WORKDIR\"\n";
+  for (const auto& path : site.module_use) s += "module use " + shell_quote(path) + "\n";
+  if (!site.modules.empty()) {
+    s += "module load";
+    for (const auto& m : site.modules) s += " " + shell_quote(m);
+    s += "\n";
+  }
+  for (const auto& line : site.setup) s += line + "\n";
+  for (const auto& [name, value] : site.environment) s += fmt::format("export {}={}\n", name, shell_quote(value));
+  s += ddl_run_line(site, v, job) + "\n";
+  return result;
+}
+
+}  // namespace ddl::backends

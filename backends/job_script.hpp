@@ -1,0 +1,43 @@
+// A batch script for `ddl submit`: the site's rules checked first, then its directives, modules,
+// environment and the `ddl run` line rendered, every value a user gave shell-quoted or refused.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backends/site_profile.hpp"
+
+namespace ddl::backends {
+
+struct JobRequest {
+  std::map<std::string, std::string> options;  // known_options() key -> value the user gave
+  std::vector<std::string> extra_directives;   // --directive, each written after the scheduler's prefix
+  std::optional<int> signal_before_seconds;    // --signal-before: SIGUSR1 to the workers, and requeue
+  std::vector<std::string> command;            // the program and its arguments
+  std::string ddl_program = "ddl";             // how the script calls ddl (an absolute path when submitting)
+  std::string ddl_version;
+};
+
+struct JobScript {
+  std::string text;                             // the whole script
+  std::map<std::string, std::string> values;    // every option's value after defaults
+  std::string output;                           // where the job's output goes ("ddl-%j.out")
+};
+
+// The flag a user types for an option key, for messages: "account" -> "-A/--account".
+std::string flag_for(const std::string& option);
+
+// Checks the request against the site: required options, value patterns, forbidden options, GPUs
+// per node, and values a batch directive cannot carry. Throws UsageError naming the rule and the fix.
+void check_site_rules(const SiteProfile& site, const JobRequest& job);
+
+// Checks the rules, then renders the script.
+JobScript render_job_script(const SiteProfile& site, const JobRequest& job);
+
+// `s` as one word of POSIX shell that expands to exactly `s` (single quotes where needed).
+std::string shell_quote(std::string_view s);
+
+}  // namespace ddl::backends

@@ -1,0 +1,177 @@
+#include "backends/jobs.hpp"
+
+#include <unistd.h>
+
+#include <map>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "backends/command.hpp"
+#include "runtime/src/common/error.hpp"
+
+namespace ddl::backends {
+
+namespace {
+
+std::string first_line(const std::string& text) {
+  std::string line = text.substr(0, text.find('\n'));
+  while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+  return line;
+}
+
+std::string tool_error(const CommandResult& r) {
+  std::string said = first_line(r.err.empty() ? r.out : r.err);
+  return said.empty() ? fmt::format("exit status {}", r.exit_code) : said;
+}
+
+// "Key=Value Key=Value ..." as `scontrol show job -o` prints it (values have no blanks, except
+// the last few fields, which are not read here).
+std::map<std::string, std::string> scontrol_fields(const std::string& line) {
+  std::map<std::string, std::string> fields;
+  std::istringstream words(line);
+  for (std::string word; words >> word;) {
+    auto eq = word.find('=');
+    if (eq != std::string::npos) fields.emplace(word.substr(0, eq), word.substr(eq + 1));
+  }
+  return fields;
+}
+
+bool slurm_state_is_final(const std::string& state) {
+  static const char* const kFinal[] = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+                                       "BOOT_FAIL", "DEADLINE"};
+  for (const char* f : kFinal)
+    if (state == f) return true;
+  return false;
+}
+
+std::optional<JobState> slurm_job_state(const std::string& id) {
+  CommandResult r = run_command({"scontrol", "show", "job", "-o", id});
+  if (!r.ok()) {
+    if ((r.err + r.out).find("Invalid job id") != std::string::npos) return std::nullopt;
+    throw Error(fmt::format("scontrol show job {} failed: {}", id, tool_error(r)), "check that Slurm's tools work here (sinfo)");
+  }
+  auto f = scontrol_fields(first_line(r.out));
+  JobState s;
+  s.id = f["JobId"];
+  s.name = f["JobName"];
+  s.state = f["JobState"];
+  s.reason = f["Reason"] == "None" ? "" : f["Reason"];
+  s.nodes = f["NodeList"] == "(null)" ? "" : f["NodeList"];
+  s.output = f["StdOut"];
+  s.finished = slurm_state_is_final(s.state);
+  if (s.finished && f.count("ExitCode")) {
+    // "code:signal"
+    int code = 0, sig = 0;
+    std::sscanf(f["ExitCode"].c_str(), "%d:%d", &code, &sig);
+    s.exit_code = sig ? 128 + sig : code;
+  }
+  return s;
+}
+
+std::optional<JobState> pbs_job_state(const std::string& id) {
+  CommandResult r = run_command({"qstat", "-x", "-f", "-F", "json", id});
+  if (!r.ok()) {
+    if ((r.err + r.out).find("Unknown Job Id") != std::string::npos) return std::nullopt;
+    throw Error(fmt::format("qstat -f {} failed: {}", id, tool_error(r)), "check that PBS's tools work here (qstat -B)");
+  }
+  auto doc = nlohmann::json::parse(r.out, nullptr, false);
+  if (doc.is_discarded() || !doc.contains("Jobs") || doc["Jobs"].empty())
+    throw Error(fmt::format("qstat -f -F json {} printed no job", id), "check the job id");
+  auto& [full_id, job] = *doc["Jobs"].items().begin();
+  JobState s;
+  s.id = full_id;
+  s.name = job.value("Job_Name", "");
+  s.state = job.value("job_state", "");
+  s.reason = job.value("comment", "");
+  s.nodes = job.value("exec_host", "");
+  s.output = job.value("Output_Path", "");
+  if (auto colon = s.output.find(':'); colon != std::string::npos) s.output = s.output.substr(colon + 1);  // host:path
+  s.finished = s.state == "F" || s.state == "X";
+  if (job.contains("Exit_status")) s.exit_code = job["Exit_status"].get<int>();
+  return s;
+}
+
+}  // namespace
+
+bool looks_like_job_id(const std::string& id) {
+  static const std::regex job_id(R"([0-9]+(_[0-9]+)?(\.[A-Za-z0-9_.-]+)?|[0-9]+\[[0-9]*\](\.[A-Za-z0-9_.-]+)?)");
+  return std::regex_match(id, job_id);
+}
+
+std::string local_scheduler() {
+  if (on_path("sbatch")) return "slurm";
+  if (on_path("qsub")) return "pbs";
+  throw Error("neither Slurm (sbatch) nor PBS (qsub) is on PATH here", "run ddl on the site's login node");
+}
+
+std::string submit_job(const std::string& scheduler, const std::string& script) {
+  const bool slurm = scheduler == "slurm";
+  std::vector<std::string> argv = slurm ? std::vector<std::string>{"sbatch", "--parsable"} : std::vector<std::string>{"qsub", "-"};
+  CommandResult r = run_command(argv, std::chrono::seconds(60), script);
+  if (!r.ok()) throw Error(fmt::format("{} refused the job: {}", argv.front(), tool_error(r)), "fix what it names and submit again");
+  std::string id = first_line(r.out);
+  if (slurm) id = id.substr(0, id.find(';'));  // "123;cluster"
+  if (!looks_like_job_id(id)) throw Error(fmt::format("{} printed no job id: {}", argv.front(), first_line(r.out + r.err)));
+  return id;
+}
+
+std::optional<JobState> job_state(const std::string& scheduler, const std::string& id) {
+  if (!looks_like_job_id(id)) throw UsageError(fmt::format("'{}' is not a job id", id), "give the number sbatch or qsub printed");
+  return scheduler == "slurm" ? slurm_job_state(id) : pbs_job_state(id);
+}
+
+std::vector<JobState> my_jobs(const std::string& scheduler) {
+  std::vector<JobState> jobs;
+  const std::string user = std::getenv("USER") ? std::getenv("USER") : std::to_string(::getuid());
+  if (scheduler == "slurm") {
+    CommandResult r = run_command({"squeue", "-h", "-u", user, "-o", "%i|%j|%T|%R"});
+    if (!r.ok()) throw Error("squeue failed: " + tool_error(r), "check that Slurm's tools work here (sinfo)");
+    std::istringstream lines(r.out);
+    for (std::string line; std::getline(lines, line);) {
+      std::vector<std::string> f;
+      std::istringstream parts(line);
+      for (std::string p; std::getline(parts, p, '|');) f.push_back(p);
+      if (f.size() < 4) continue;
+      JobState s{f[0], f[1], f[2], f[2] == "RUNNING" ? "" : f[3], f[2] == "RUNNING" ? f[3] : "", "", std::nullopt, false};
+      jobs.push_back(s);
+    }
+  } else {
+    CommandResult r = run_command({"qstat", "-f", "-F", "json", "-u", user});
+    if (!r.ok()) throw Error("qstat failed: " + tool_error(r), "check that PBS's tools work here (qstat -B)");
+    auto doc = nlohmann::json::parse(r.out, nullptr, false);
+    if (!doc.is_discarded() && doc.contains("Jobs"))
+      for (auto& [id, job] : doc["Jobs"].items())
+        jobs.push_back({id, job.value("Job_Name", ""), job.value("job_state", ""), job.value("comment", ""), job.value("exec_host", ""), "",
+                        std::nullopt, false});
+  }
+  return jobs;
+}
+
+void cancel_job(const std::string& scheduler, const std::string& id) {
+  if (!looks_like_job_id(id)) throw UsageError(fmt::format("'{}' is not a job id", id), "give the number sbatch or qsub printed");
+  std::vector<std::string> argv = scheduler == "slurm" ? std::vector<std::string>{"scancel", id} : std::vector<std::string>{"qdel", id};
+  CommandResult r = run_command(argv);
+  if (!r.ok() || (scheduler == "slurm" && r.err.find("error") != std::string::npos))
+    throw Error(fmt::format("{} {} failed: {}", argv.front(), id, tool_error(r)), "check the id with ddl status");
+}
+
+std::optional<JobState> follow_job(const std::string& scheduler, const std::string& id, std::chrono::seconds timeout,
+                                   const std::function<void(const JobState&)>& on_change) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::optional<JobState> last;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto now = job_state(scheduler, id);
+    if (!now) return last;
+    if (!last || now->state != last->state || now->reason != last->reason || now->nodes != last->nodes) on_change(*now);
+    last = now;
+    if (now->finished) return last;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  return last;
+}
+
+}  // namespace ddl::backends

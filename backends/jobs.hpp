@@ -1,0 +1,49 @@
+// Batch jobs on the site's scheduler: submit a script, ask how a job is, follow it, cancel it.
+// Slurm through sbatch/scontrol/squeue/scancel, PBS through qsub/qstat/qdel. Backends never print.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddl::backends {
+
+struct JobState {
+  std::string id;
+  std::string name;
+  std::string state;   // the scheduler's word: PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, ... (PBS: Q, R, F, ...)
+  std::string reason;  // why it is pending, or how it ended
+  std::string nodes;   // where it runs
+  std::string output;  // its output file, when the scheduler says
+  std::optional<int> exit_code;
+  bool finished = false;
+};
+
+// "slurm" or "pbs": the scheduler whose tools are on PATH (Slurm first); throws when neither is.
+std::string local_scheduler();
+
+// Submits `script` (on the tool's stdin, so no file is written) and returns the job id. Throws
+// ddl::Error carrying the scheduler's own message when it refuses the job.
+std::string submit_job(const std::string& scheduler, const std::string& script);
+
+// How job `id` is now; nullopt when the scheduler no longer knows it.
+std::optional<JobState> job_state(const std::string& scheduler, const std::string& id);
+
+// The current user's jobs.
+std::vector<JobState> my_jobs(const std::string& scheduler);
+
+// Cancels job `id`; throws ddl::Error with the scheduler's message when it cannot.
+void cancel_job(const std::string& scheduler, const std::string& id);
+
+// Polls job `id` until it ends or `timeout` passes, calling `on_change` whenever its state,
+// reason or nodes change; returns the last state seen.
+std::optional<JobState> follow_job(const std::string& scheduler, const std::string& id, std::chrono::seconds timeout,
+                                   const std::function<void(const JobState&)>& on_change);
+
+// A job id as the scheduler writes one ("123", "123_4", "123.pbs01"); anything else is refused
+// before it reaches a command line.
+bool looks_like_job_id(const std::string& id);
+
+}  // namespace ddl::backends

@@ -1,0 +1,241 @@
+#include "backends/site_profile.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include <fmt/format.h>
+
+#include "backends/builtin_sites.hpp"
+#include "runtime/src/common/error.hpp"
+
+namespace ddl::backends {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+[[noreturn]] void profile_error(const std::string& source, const std::string& field, const std::string& problem) {
+  throw UsageError(fmt::format("site profile {}: field '{}' {}", source, field, problem),
+                   "fix the field (docs/site-profiles.md describes each one), or remove the file to use the built-in profile");
+}
+
+std::string string_field(const json& j, const std::string& source, const char* field) {
+  if (!j.contains(field)) return {};
+  if (!j[field].is_string()) profile_error(source, field, "must be a string");
+  return j[field].get<std::string>();
+}
+
+std::vector<std::string> string_list(const json& j, const std::string& source, const char* field) {
+  std::vector<std::string> out;
+  if (!j.contains(field)) return out;
+  if (!j[field].is_array()) profile_error(source, field, "must be a list of strings");
+  for (const auto& item : j[field]) {
+    if (!item.is_string()) profile_error(source, field, "must be a list of strings");
+    out.push_back(item.get<std::string>());
+  }
+  return out;
+}
+
+std::string option_key(const std::string& source, const std::string& field, const std::string& key) {
+  const auto& known = known_options();
+  if (std::find(known.begin(), known.end(), key) == known.end())
+    profile_error(source, field + "." + key, fmt::format("names no option of ddl submit (known: {})", fmt::join(known, ", ")));
+  return key;
+}
+
+// An object of option -> string.
+std::map<std::string, std::string> option_strings(const json& j, const std::string& source, const char* field) {
+  std::map<std::string, std::string> out;
+  if (!j.contains(field)) return out;
+  if (!j[field].is_object()) profile_error(source, field, "must be an object of option: value");
+  for (const auto& [key, value] : j[field].items()) {
+    option_key(source, field, key);
+    if (value.is_string()) out[key] = value.get<std::string>();
+    else if (value.is_number_integer()) out[key] = std::to_string(value.get<long long>());
+    else profile_error(source, std::string(field) + "." + key, "must be a string or a whole number");
+  }
+  return out;
+}
+
+int int_field(const json& j, const std::string& source, const char* field, int fallback, int minimum) {
+  if (!j.contains(field)) return fallback;
+  if (!j[field].is_number_integer() || j[field].get<long long>() < minimum)
+    profile_error(source, field, fmt::format("must be a whole number of at least {}", minimum));
+  return j[field].get<int>();
+}
+
+std::string one_of(const json& j, const std::string& source, const char* field, std::initializer_list<const char*> allowed,
+                   std::string fallback) {
+  std::string value = string_field(j, source, field);
+  if (value.empty()) return fallback;
+  for (const char* a : allowed)
+    if (value == a) return value;
+  profile_error(source, field, fmt::format("is '{}'; it must be one of {}", value, fmt::join(allowed, ", ")));
+}
+
+const std::vector<std::string> kFields = {"name", "description", "scheduler", "login_host", "gpus_per_node", "cores_per_node",
+                                          "gpu_vendor", "launcher", "gpu_order", "defaults", "required", "patterns", "forbidden", "partitions",
+                                          "gpu_request", "directives", "module_use", "modules", "setup", "environment", "container",
+                                          "jupyter", "notes"};
+
+std::optional<std::string> builtin_text(const std::string& name) {
+  for (const auto& site : builtin_sites())
+    if (site.name == name) return std::string(site.json);
+  return std::nullopt;
+}
+
+json parse_json(const std::string& text, const std::string& source) {
+  try {
+    json j = json::parse(text);
+    if (!j.is_object()) throw UsageError(fmt::format("site profile {}: must be a JSON object", source), "see docs/site-profiles.md");
+    return j;
+  } catch (const json::parse_error& e) {
+    throw UsageError(fmt::format("site profile {}: not valid JSON: {}", source, e.what()), "fix the file, or remove it");
+  }
+}
+
+}  // namespace
+
+const std::vector<std::string>& known_options() {
+  static const std::vector<std::string> options = {"nodes", "gpus_per_node", "time", "account", "queue", "partition",
+                                                   "constraint", "job_name", "output", "image", "comment", "mem",
+                                                   "filesystems", "cpus_per_task", "dependency", "gpu_type"};
+  return options;
+}
+
+std::string user_sites_dir() {
+  const char* xdg = std::getenv("XDG_CONFIG_HOME");
+  if (xdg != nullptr && *xdg != '\0') return fs::path(xdg) / "ddl" / "sites";
+  const char* home = std::getenv("HOME");
+  return fs::path(home != nullptr ? home : "/") / ".config" / "ddl" / "sites";
+}
+
+std::vector<std::string> site_names() {
+  std::vector<std::string> names;
+  for (const auto& site : builtin_sites()) names.emplace_back(site.name);
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(user_sites_dir(), ec))
+    if (entry.path().extension() == ".json") names.push_back(entry.path().stem().string());
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  return names;
+}
+
+SiteProfile parse_site(const json& j, const std::string& source, const std::string& name) {
+  for (const auto& [key, value] : j.items())
+    if (std::find(kFields.begin(), kFields.end(), key) == kFields.end())
+      profile_error(source, key, fmt::format("is not a profile field (known: {})", fmt::join(kFields, ", ")));
+  SiteProfile p;
+  p.name = name;
+  p.description = string_field(j, source, "description");
+  p.scheduler = one_of(j, source, "scheduler", {"slurm", "pbs"}, "");
+  if (p.scheduler.empty()) profile_error(source, "scheduler", "is missing; it must be slurm or pbs");
+  p.login_host = string_field(j, source, "login_host");
+  p.gpus_per_node = int_field(j, source, "gpus_per_node", 0, 0);
+  p.cores_per_node = int_field(j, source, "cores_per_node", 1, 1);
+  p.gpu_vendor = one_of(j, source, "gpu_vendor", {"nvidia", "amd", "intel", "none"}, "nvidia");
+  p.launcher = one_of(j, source, "launcher", {"srun", "pals", "mpirun"}, p.scheduler == "slurm" ? "srun" : "mpirun");
+  p.gpu_order = one_of(j, source, "gpu_order", {"as-listed", "reverse"}, "as-listed");
+  p.defaults = option_strings(j, source, "defaults");
+  for (const auto& option : string_list(j, source, "required")) p.required.push_back(option_key(source, "required", option));
+  if (j.contains("patterns")) {
+    if (!j["patterns"].is_object()) profile_error(source, "patterns", "must be an object of option: {regex, why, fix}");
+    for (const auto& [option, rule] : j["patterns"].items()) {
+      const std::string field = "patterns." + option_key(source, "patterns", option);
+      if (!rule.is_object() || !rule.contains("regex") || !rule["regex"].is_string())
+        profile_error(source, field, "must be an object with a string 'regex' (and 'why', 'fix')");
+      OptionRule r{rule["regex"].get<std::string>(), string_field(rule, source + " " + field, "why"),
+                   string_field(rule, source + " " + field, "fix")};
+      try {
+        std::regex check(r.regex);
+      } catch (const std::regex_error& e) {
+        profile_error(source, field + ".regex", fmt::format("is not a valid regular expression: {}", e.what()));
+      }
+      p.patterns[option] = r;
+    }
+  }
+  p.forbidden = option_strings(j, source, "forbidden");
+  if (j.contains("partitions")) {
+    if (!j["partitions"].is_object()) profile_error(source, "partitions", "must be an object of partition: {gpus_per_node, cores_per_node}");
+    for (const auto& [partition, shape] : j["partitions"].items()) {
+      const std::string field = "partitions." + partition;
+      if (!shape.is_object()) profile_error(source, field, "must be an object {gpus_per_node, cores_per_node}");
+      p.partitions[partition] = {int_field(shape, source + " " + field, "gpus_per_node", p.gpus_per_node, 0),
+                                 int_field(shape, source + " " + field, "cores_per_node", p.cores_per_node, 1)};
+    }
+  }
+  p.gpu_request = string_field(j, source, "gpu_request");
+  p.directives = string_list(j, source, "directives");
+  p.module_use = string_list(j, source, "module_use");
+  p.modules = string_list(j, source, "modules");
+  p.setup = string_list(j, source, "setup");
+  if (j.contains("environment")) {
+    if (!j["environment"].is_object()) profile_error(source, "environment", "must be an object of NAME: value");
+    static const std::regex variable_name("[A-Za-z_][A-Za-z0-9_]*");
+    for (const auto& [var, value] : j["environment"].items()) {
+      if (!std::regex_match(var, variable_name)) profile_error(source, "environment." + var, "is not a shell variable name");
+      if (!value.is_string()) profile_error(source, "environment." + var, "must be a string");
+      p.environment.emplace_back(var, value.get<std::string>());
+    }
+  }
+  if (j.contains("container")) {
+    const json& c = j["container"];
+    if (!c.is_object()) profile_error(source, "container", "must be an object {kind, image_directive, wrap}");
+    ContainerSupport support;
+    support.kind = one_of(c, source + " container", "kind", {"shifter", "apptainer", "singularity"}, "");
+    if (support.kind.empty()) profile_error(source, "container.kind", "is missing; it must be shifter, apptainer or singularity");
+    support.image_directive = string_field(c, source, "image_directive");
+    support.wrap = string_list(c, source, "wrap");
+    p.container = support;
+  }
+  p.jupyter = j.value("jupyter", json::object());
+  if (!p.jupyter.is_object()) profile_error(source, "jupyter", "must be an object");
+  p.notes = string_field(j, source, "notes");
+  if (j.contains("name") && string_field(j, source, "name") != name)
+    profile_error(source, "name", fmt::format("is '{}' but the file defines site '{}'; make them equal", j["name"].get<std::string>(), name));
+  return p;
+}
+
+SiteProfile load_site(const std::string& name) {
+  const fs::path user_file = fs::path(user_sites_dir()) / (name + ".json");
+  std::optional<std::string> builtin = builtin_text(name);
+  std::optional<std::string> user;
+  if (std::error_code ec; fs::exists(user_file, ec)) {
+    std::ifstream in(user_file);
+    if (!in) throw UsageError(fmt::format("site profile {}: cannot be read", user_file.string()), "check its permissions");
+    user = std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  if (!builtin && !user)
+    throw UsageError(fmt::format("no site profile named '{}' (known: {})", name, fmt::join(site_names(), ", ")),
+                     fmt::format("pick one of those, or write {}", user_file.string()));
+
+  json merged = builtin ? parse_json(*builtin, "built-in " + name) : json::object();
+  std::map<std::string, std::string> origin;
+  for (const auto& [key, value] : merged.items()) origin[key] = "built-in";
+  const json builtin_defaults = merged.value("defaults", json::object());
+  for (const auto& [key, value] : builtin_defaults.items()) origin["defaults." + key] = "built-in";
+  if (user) {
+    const json overlay = parse_json(*user, user_file.string());
+    for (const auto& [key, value] : overlay.items()) {
+      // Defaults merge option by option; every other field is replaced whole.
+      if (key == "defaults" && value.is_object() && merged.contains("defaults") && merged["defaults"].is_object()) {
+        for (const auto& [option, v] : value.items()) {
+          merged["defaults"][option] = v;
+          origin["defaults." + option] = user_file.string();
+        }
+      } else {
+        merged[key] = value;
+        origin[key] = user_file.string();
+      }
+    }
+  }
+  SiteProfile profile = parse_site(merged, user ? user_file.string() : "built-in " + name, name);
+  profile.origin = origin;
+  return profile;
+}
+
+}  // namespace ddl::backends

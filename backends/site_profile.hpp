@@ -1,0 +1,78 @@
+// Site profiles (DESIGN.md section 6, docs/site-profiles.md): what ddl knows about a machine —
+// scheduler, login host, GPUs and cores per node, directive defaults, the site's rules, modules,
+// environment, launcher and container options. Built-ins are compiled in from templates/sites/;
+// a user's $XDG_CONFIG_HOME/ddl/sites/NAME.json adds a site or overrides fields of a built-in.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace ddl::backends {
+
+struct OptionRule {
+  std::string regex;  // the whole value must match
+  std::string why;    // the site's rule, in words
+  std::string fix;    // what the user should do
+};
+
+struct ContainerSupport {
+  std::string kind;                // "shifter", "apptainer", "singularity"
+  std::string image_directive;     // a batch directive naming the image ("--image={{image}}"), or empty
+  std::vector<std::string> wrap;   // what each task runs its program through; {{image}} is replaced
+};
+
+// A partition's nodes, where a site's partitions differ (Neuron).
+struct NodeShape {
+  int gpus_per_node = 0;
+  int cores_per_node = 1;
+};
+
+struct SiteProfile {
+  std::string name;
+  std::string description;
+  std::string scheduler;  // "slurm" or "pbs"
+  std::string login_host;
+  int gpus_per_node = 0;
+  int cores_per_node = 1;
+  std::string gpu_vendor = "nvidia";  // nvidia, amd, intel, none
+  std::string launcher;               // srun, pals, mpirun
+  std::string gpu_order = "as-listed";
+  std::map<std::string, std::string> defaults;  // option -> value when the user gives none
+  std::vector<std::string> required;            // options that must have a value
+  std::map<std::string, OptionRule> patterns;   // option -> rule its value must follow
+  std::map<std::string, std::string> forbidden; // option -> why the site refuses it
+  std::map<std::string, NodeShape> partitions;  // partition -> its nodes, when they differ
+  std::string gpu_request;  // Slurm directive asking for GPUs ("--gpus-per-node={{gpus}}"); PBS: select chunk
+  std::vector<std::string> directives;           // further fixed directives, with {{option}} placeholders
+  std::vector<std::string> module_use;
+  std::vector<std::string> modules;
+  std::vector<std::string> setup;                // shell lines the site needs before the launch
+  std::vector<std::pair<std::string, std::string>> environment;  // exported in this order
+  std::optional<ContainerSupport> container;
+  nlohmann::json jupyter;  // defaults for `ddl jupyter`
+  std::string notes;
+  std::map<std::string, std::string> origin;  // field -> "built-in" or the file that set it
+};
+
+// The names of every known site: built-ins and the user's, sorted.
+std::vector<std::string> site_names();
+
+// The profile NAME: the built-in, with a user file of the same name laid over it field by field,
+// or the user's own. Throws UsageError naming the file and the field when one is malformed, and
+// naming the known sites when there is no such site.
+SiteProfile load_site(const std::string& name);
+
+// The directory user profiles are read from: $XDG_CONFIG_HOME/ddl/sites or ~/.config/ddl/sites.
+std::string user_sites_dir();
+
+// Parses one profile from JSON; `source` names it in errors. Exposed for tests.
+SiteProfile parse_site(const nlohmann::json& json, const std::string& source, const std::string& name);
+
+// The options `ddl submit` knows; profile fields name options by these keys.
+const std::vector<std::string>& known_options();
+
+}  // namespace ddl::backends
