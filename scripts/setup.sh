@@ -14,6 +14,7 @@ packages=(
   doctest-dev                     # unit tests
   python3 python3-torch           # the PyTorch DDP example and the integration tests
   slurm-wlm munge                 # integration tests: one-node Slurm (scripts/local_slurm.sh); its pmix needs libpmix-dev
+  lmod                            # integration tests: real `module load` in the generated Perlmutter script
 )
 
 missing=()

@@ -1,0 +1,200 @@
+"""ddl against a real Slurm: slurmctld + slurmd + munge on loopback (scripts/local_slurm.sh), one
+node imitating Perlmutter (4 fake GPUs, feature gpu). `ddl run` inside salloc goes through srun and
+`ddl exec`; `ddl submit` jobs are real sbatch jobs, including the Perlmutter script with real Lmod
+modules (tests/fixtures/modulefiles)."""
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+import unittest
+
+from ddl_testing import DDL, PYTHON, kill_leftovers, lines_by_rank, processes_with, unique_marker, wait_until
+
+SOURCE = os.environ.get("DDL_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+CHECKS = os.environ.get("DDL_COLLECTIVE_CHECKS", os.path.join(SOURCE, "build", "tests", "collective_checks"))
+MODULEFILES = os.path.join(SOURCE, "tests", "fixtures", "modulefiles")
+LMOD_INIT = "/usr/share/lmod/lmod/init/bash"
+SHOW_WORKER = ("import os, sys, json; print('WORKER ' + json.dumps({k: os.environ.get(k) for k in "
+               "['RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', 'CUDA_VISIBLE_DEVICES', 'MASTER_ADDR', "
+               "'MASTER_PORT', 'DDL_STORE_ADDR', 'TORCHELASTIC_RUN_ID', 'OMP_NUM_THREADS', 'DDL_TEST_MODULE_CUDNN', "
+               "'DDL_TEST_MODULE_NCCL', 'FI_MR_CACHE_MONITOR', 'SLURM_JOB_ID']} | {'argv': sys.argv[1:]}))")
+
+
+def slurm_env():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PBS_", "DDL_"))}
+    env["SLURM_CONF"] = os.path.join(os.environ.get("DDL_SLURM_DIR", "/tmp/ddl-slurm"), "slurm.conf")
+    return env
+
+
+def run(argv, timeout=120, **kwargs):
+    return subprocess.run(argv, env=kwargs.pop("env", slurm_env()), capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def command_line(pid):
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().split(b"\0")
+
+
+def workers(output):
+    """The WORKER json lines of SHOW_WORKER, by rank."""
+    found = {}
+    for rank, lines in lines_by_rank(output).items():
+        for line in lines:
+            if line.startswith("WORKER "):
+                found[rank] = json.loads(line[len("WORKER "):])
+    return found
+
+
+class Slurm(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        started = subprocess.run(["bash", os.path.join(SOURCE, "scripts", "local_slurm.sh"), "start"], capture_output=True, text=True,
+                                 timeout=180)
+        if started.returncode != 0:
+            raise RuntimeError("the loopback Slurm did not start:\n" + started.stdout + started.stderr)
+        cls.node = run(["sinfo", "-h", "-o", "%N"]).stdout.strip()
+
+    def salloc(self, *ddl_args, alloc=("--gpus-per-node=4",), timeout=120):
+        return run(["salloc", "-N1", *alloc, DDL, *ddl_args], timeout=timeout)
+
+    def test_ddl_run_inside_salloc_starts_one_worker_per_allocated_gpu(self):
+        result = self.salloc("run", "--", PYTHON, "-c", SHOW_WORKER)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        found = workers(result.stdout)
+        self.assertEqual(sorted(found), [0, 1, 2, 3])
+        for rank, w in found.items():
+            self.assertEqual((w["RANK"], w["WORLD_SIZE"], w["LOCAL_RANK"], w["LOCAL_WORLD_SIZE"], w["GROUP_RANK"]),
+                             (str(rank), "4", str(rank), "4", "0"))
+            self.assertEqual(w["CUDA_VISIBLE_DEVICES"], str(rank))  # the local-rank-th of the GPUs Slurm gave
+            self.assertEqual(w["MASTER_ADDR"], self.node)
+            self.assertTrue(w["SLURM_JOB_ID"])
+            self.assertEqual(w["OMP_NUM_THREADS"], "32")  # the node's 128 CPUs over 4 workers, via --cpus-per-task
+        self.assertEqual(len({w["MASTER_PORT"] for w in found.values()}), 1)
+        self.assertEqual(len({w["TORCHELASTIC_RUN_ID"] for w in found.values()}), 1)
+
+    def test_counts_that_do_not_fit_the_allocation_are_a_clear_error(self):
+        result = self.salloc("run", "--gpus-per-node", "4", "--", "true", alloc=("--gpus-per-node=2",))
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertIn("--gpus-per-node 4 but Slurm job", result.stderr)
+        self.assertIn("gives 2 GPU(s) per node", result.stderr)
+        result = self.salloc("run", "-N", "2", "--", "true")
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertIn("-N 2 but Slurm job", result.stderr)
+
+    def test_libddl_and_pytorch_ddp_run_through_srun(self):
+        result = self.salloc("run", "--cpu", "-np", "3", "--", CHECKS, "world", alloc=("-n3",))
+        self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
+        by_rank = lines_by_rank(result.stdout)
+        self.assertEqual([by_rank[r][0] for r in range(3)], [f"world rank {r} size 3 local {r}/3 node 0" for r in range(3)])
+        example = os.path.join(SOURCE, "examples", "pytorch_ddp.py")
+        result = self.salloc("run", "--cpu", "-np", "2", "--", PYTHON, example, "--epochs", "2", alloc=("-n2",), timeout=300)
+        self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
+        self.assertIn("identical", result.stdout)
+
+    def test_a_failing_worker_ends_the_whole_step_with_its_code(self):
+        marker = unique_marker()
+        script = f'if [ "$RANK" = 2 ]; then echo "rank 2 gives up" >&2; exit 7; fi; exec sleep {marker}'
+        try:
+            start = time.monotonic()
+            result = self.salloc("run", "--", "bash", "-c", script)
+            took = time.monotonic() - start
+            self.assertEqual(result.returncode, 7, result.stderr)
+            self.assertIn(f"ddl: error: rank 2 on {self.node} exited with code 7", result.stderr)
+            self.assertIn("| rank 2 gives up", result.stderr)
+            self.assertLess(took, 30)
+            self.assertTrue(wait_until(lambda: not processes_with(marker), 10), "sleepers outlived the failed step")
+        finally:
+            kill_leftovers(marker)
+
+    def test_sigterm_to_ddl_run_inside_salloc_stops_every_task(self):
+        marker = unique_marker()
+        proc = subprocess.Popen(["salloc", "-N1", "--gpus-per-node=4", DDL, "run", "--", "sleep", marker], env=slurm_env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            self.assertTrue(wait_until(lambda: len(processes_with(marker)) >= 4 + 1, 30), "the workers did not start")
+            ddl_pids = [p for p in processes_with(marker) if command_line(p)[1:2] == [b"run"]]
+            self.assertEqual(len(ddl_pids), 1)
+            os.kill(ddl_pids[0], signal.SIGTERM)
+            out, err = proc.communicate(timeout=60)
+            self.assertIn("ddl: interrupted by SIGTERM", err)
+            self.assertTrue(wait_until(lambda: not processes_with(marker), 15), "tasks outlived ddl run")
+        finally:
+            proc.kill()
+            kill_leftovers(marker)
+
+    def submit(self, *args, cwd, timeout=180):
+        return run([DDL, "submit", *args], cwd=cwd, timeout=timeout)
+
+    def test_the_perlmutter_script_runs_here_with_its_modules_and_reversed_gpus(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            env = slurm_env()
+            env["MODULEPATH"] = MODULEFILES
+            # Real Lmod: `module` is a shell function; sbatch carries it (exported) into the job.
+            command = (f"source {LMOD_INIT} && export MODULEPATH={MODULEFILES} && "
+                       f"exec {DDL} submit --site perlmutter -A m1234_g -t 00:05:00 -J 'pm test' --wait -- {PYTHON} -c \"$SHOW\"")
+            env["SHOW"] = SHOW_WORKER
+            result = subprocess.run(["bash", "-c", command], env=env, cwd=tmp, capture_output=True, text=True, timeout=180)
+            self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+            self.assertRegex(result.stdout, r"submitted job \d+ to Slurm \(site perlmutter\); output: .*/ddl-\d+\.out")
+            self.assertRegex(result.stdout, r"job \d+ COMPLETED on " + self.node + r", exit code 0")
+            output_file = result.stdout.split("output: ")[1].split()[0]
+            with open(output_file) as f:
+                found = workers(f.read())
+            self.assertEqual(sorted(found), [0, 1, 2, 3])
+            for rank, w in found.items():
+                self.assertEqual(w["WORLD_SIZE"], "4")
+                self.assertEqual(w["CUDA_VISIBLE_DEVICES"], str(3 - rank))  # Perlmutter's reversed GPU order
+                self.assertEqual(w["DDL_TEST_MODULE_CUDNN"], "8.7.0")      # module load ran in the job
+                self.assertEqual(w["DDL_TEST_MODULE_NCCL"], "2.15.5-ofi")
+                self.assertEqual(w["FI_MR_CACHE_MONITOR"], "userfaultfd")  # the profile's environment
+
+    def test_user_values_with_shell_syntax_stay_inert_text(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            pwned = os.path.join(tmp, "pwned")
+            nasty = [f"$(touch {pwned}1)", f"`touch {pwned}2`", "it's \"quoted\"", "two\nlines", "; touch " + pwned + "3"]
+            result = self.submit("--site", "slurm", "--gpus-per-node", "1", "-J", f"x $(touch {pwned}0) `id`", "--wait",
+                                 "--", PYTHON, "-c", SHOW_WORKER, *nasty, cwd=tmp)
+            self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+            output_file = result.stdout.split("output: ")[1].split()[0]
+            with open(output_file) as f:
+                found = workers(f.read())
+            self.assertEqual(found[0]["argv"], nasty)
+            self.assertEqual([n for n in os.listdir(tmp) if n.startswith("pwned")], [])
+            newline_name = self.submit("--site", "slurm", "-J", "a\nb", "--dry-run", "--", "true", cwd=tmp)
+            self.assertEqual(newline_name.returncode, 2)
+            self.assertIn("-J/--job-name contains a newline", newline_name.stderr)
+
+    def test_a_failing_job_reports_its_exit_code_and_output_tail(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            result = self.submit("--site", "slurm", "--gpus-per-node", "2", "--wait", "--", "bash", "-c",
+                                 'echo "last words of $RANK"; [ "$RANK" = 1 ] && exit 3; sleep 30', cwd=tmp)
+            self.assertEqual(result.returncode, 3, result.stdout + result.stderr)
+            self.assertRegex(result.stdout, r"job \d+ FAILED on .*exit code 3")
+            self.assertIn("[1] last words of 1", result.stdout)
+            self.assertIn("ddl: error: rank 1 on", result.stdout)
+
+    def test_cancel_ends_a_running_job_and_leaves_nothing_behind(self):
+        marker = unique_marker()
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                result = self.submit("--site", "slurm", "--gpus-per-node", "1", "--", "sleep", marker, cwd=tmp)
+                self.assertEqual(result.returncode, 0, result.stderr)
+                job = result.stdout.split("submitted job ")[1].split()[0]
+                self.assertTrue(wait_until(lambda: processes_with(marker), 30), "the job did not start")
+                listed = run([DDL, "status"])
+                self.assertIn(f"job {job} RUNNING on {self.node}", listed.stdout)
+                cancelled = run([DDL, "cancel", job])
+                self.assertEqual(cancelled.returncode, 0, cancelled.stderr)
+                self.assertTrue(wait_until(lambda: "CANCELLED" in run([DDL, "status", job]).stdout, 30))
+                self.assertTrue(wait_until(lambda: not processes_with(marker), 30), "the job's worker outlived scancel")
+                bad = run([DDL, "cancel", "12; rm -rf /"])
+                self.assertEqual(bad.returncode, 2)
+                self.assertIn("is not a job id", bad.stderr)
+            finally:
+                kill_leftovers(marker)
+
+
+if __name__ == "__main__":
+    unittest.main()
