@@ -31,8 +31,9 @@ std::map<std::string, std::string> effective_values(const SiteProfile& site, con
   const int gpus = std::stoi(v["gpus_per_node"]);
   const int tasks = std::max(1, gpus);
   v["tasks_per_node"] = std::to_string(tasks);
-  if (!v.count("cpus_per_task")) v["cpus_per_task"] = std::to_string(std::max(1, shape.cores_per_node / tasks));
-  v["cpus_per_node"] = std::to_string(tasks * std::stoi(v["cpus_per_task"]));
+  // A site whose core count is unknown (0) gets no core request unless the user makes one.
+  if (!v.count("cpus_per_task") && shape.cores_per_node > 0) v["cpus_per_task"] = std::to_string(std::max(1, shape.cores_per_node / tasks));
+  if (v.count("cpus_per_task")) v["cpus_per_node"] = std::to_string(tasks * std::stoi(v["cpus_per_task"]));
   return v;
 }
 
@@ -127,6 +128,7 @@ std::string ddl_run_line(const SiteProfile& site, const std::map<std::string, st
   const int gpus = std::stoi(v.at("gpus_per_node"));
   if (gpus > 0) words.insert(words.end(), {"--gpus-per-node", std::to_string(gpus)});
   else words.insert(words.end(), {"--cpu", "--nproc-per-node", "1"});
+  if (v.count("cpus_per_task")) words.insert(words.end(), {"--cpus-per-task", v.at("cpus_per_task")});
   words.insert(words.end(), {"--launcher", site.launcher});
   if (site.gpu_order == "reverse") words.insert(words.end(), {"--gpu-order", "reverse"});
   words.push_back("--");

@@ -13,7 +13,7 @@ std::optional<TaskLine> rank_colon_label(std::string_view line) {
   if (i == digits || i >= line.size() || line[i] != ':') return std::nullopt;
   ++i;
   if (i < line.size() && line[i] == ' ') ++i;
-  return TaskLine{rank, line.substr(i)};
+  return TaskLine{rank, std::string(line.substr(i))};
 }
 
 }  // namespace ddl::backends

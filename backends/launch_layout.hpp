@@ -19,7 +19,7 @@ struct TaskLayout {
 // A task launcher's output line split into the task's rank and its text.
 struct TaskLine {
   int rank = 0;
-  std::string_view text;
+  std::string text;
 };
 
 // "3: text" (srun --label, PALS mpiexec --label; the rank may be padded with blanks).

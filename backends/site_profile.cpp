@@ -136,7 +136,7 @@ SiteProfile parse_site(const json& j, const std::string& source, const std::stri
   if (p.scheduler.empty()) profile_error(source, "scheduler", "is missing; it must be slurm or pbs");
   p.login_host = string_field(j, source, "login_host");
   p.gpus_per_node = int_field(j, source, "gpus_per_node", 0, 0);
-  p.cores_per_node = int_field(j, source, "cores_per_node", 1, 1);
+  p.cores_per_node = int_field(j, source, "cores_per_node", 0, 0);  // 0: unknown
   p.gpu_vendor = one_of(j, source, "gpu_vendor", {"nvidia", "amd", "intel", "none"}, "nvidia");
   p.launcher = one_of(j, source, "launcher", {"srun", "pals", "mpirun"}, p.scheduler == "slurm" ? "srun" : "mpirun");
   p.gpu_order = one_of(j, source, "gpu_order", {"as-listed", "reverse"}, "as-listed");
@@ -165,7 +165,7 @@ SiteProfile parse_site(const json& j, const std::string& source, const std::stri
       const std::string field = "partitions." + partition;
       if (!shape.is_object()) profile_error(source, field, "must be an object {gpus_per_node, cores_per_node}");
       p.partitions[partition] = {int_field(shape, source + " " + field, "gpus_per_node", p.gpus_per_node, 0),
-                                 int_field(shape, source + " " + field, "cores_per_node", p.cores_per_node, 1)};
+                                 int_field(shape, source + " " + field, "cores_per_node", p.cores_per_node, 0)};
     }
   }
   p.gpu_request = string_field(j, source, "gpu_request");

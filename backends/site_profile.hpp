@@ -28,7 +28,7 @@ struct ContainerSupport {
 // A partition's nodes, where a site's partitions differ (Neuron).
 struct NodeShape {
   int gpus_per_node = 0;
-  int cores_per_node = 1;
+  int cores_per_node = 0;
 };
 
 struct SiteProfile {
@@ -37,7 +37,7 @@ struct SiteProfile {
   std::string scheduler;  // "slurm" or "pbs"
   std::string login_host;
   int gpus_per_node = 0;
-  int cores_per_node = 1;
+  int cores_per_node = 0;  // 0 when unknown: no core request is made for the user
   std::string gpu_vendor = "nvidia";  // nvidia, amd, intel, none
   std::string launcher;               // srun, pals, mpirun
   std::string gpu_order = "as-listed";

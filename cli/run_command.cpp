@@ -54,7 +54,7 @@ std::vector<std::string> program_to_run(const std::optional<std::vector<std::str
 }  // namespace
 
 struct RunFlags {
-  int total = 0, nodes = 0, per_node = 0, gpus_per_node = 0;
+  int total = 0, nodes = 0, per_node = 0, gpus_per_node = 0, cpus_per_task = 0;
   bool cpu = false, share_gpus = false, no_prefix = false;
   double grace_seconds = 10;
   std::string output_dir;
@@ -69,6 +69,8 @@ RunCommand::RunCommand(CLI::App& app) : flags_(std::make_shared<RunFlags>()) {
   app_->add_option("-N,--nodes", f.nodes, "Nodes (more than 1 needs an allocation; inside one: all of its nodes)")->check(CLI::PositiveNumber);
   app_->add_option("--nproc-per-node,--nproc_per_node", f.per_node, "Workers per node (torchrun's spelling)")->check(CLI::PositiveNumber);
   app_->add_option("--gpus-per-node", f.gpus_per_node, "GPU workers per node, one per GPU")->check(CLI::PositiveNumber);
+  app_->add_option("-c,--cpus-per-task", f.cpus_per_task, "Cores per worker (srun -c, PALS --depth, OMP_NUM_THREADS)")
+      ->check(CLI::PositiveNumber);
   app_->add_flag("--cpu", f.cpu, "CPU workers: assign no GPU even when there are some");
   app_->add_flag("--share-gpus", f.share_gpus, "Allow more GPU workers than GPUs (round robin)");
   app_->add_option("--grace-period", f.grace_seconds, "Seconds between SIGTERM and SIGKILL when stopping workers")
@@ -97,6 +99,7 @@ int RunCommand::execute(const std::optional<std::vector<std::string>>& program) 
   set_if_given(request.launch.workers_per_node, f.per_node);
   set_if_given(request.launch.gpus_per_node, f.gpus_per_node);
   request.launch.cpu_only = f.cpu;
+  if (f.cpus_per_task > 0) request.cpus_per_task = f.cpus_per_task;
   request.launch.share_gpus = f.share_gpus;
   request.command = program_to_run(program, app_->remaining());
   request.launcher = f.launcher == "local"    ? launcher::TaskLauncher::Local

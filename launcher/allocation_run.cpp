@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <memory>
 #include <regex>
 
 #include <fmt/format.h>
@@ -80,7 +81,12 @@ TaskLauncher choose_launcher(const RunRequest& request, Scheduler scheduler) {
 
 // The run-wide values every task needs; the launcher passes them on (`-x` for mpirun).
 const char* const kExportedToTasks[] = {"DDL_STORE_ADDR", "DDL_STORE_TOKEN", "DDL_RUN_ID", "DDL_SIZE", "DDL_LOCAL_SIZE",
-                                        "DDL_NUM_NODES", "DDL_GPU_WORKERS", "MASTER_ADDR", "MASTER_PORT", "PATH"};
+                                        "DDL_NUM_NODES", "DDL_GPU_WORKERS", "DDL_CPUS_PER_TASK", "MASTER_ADDR", "MASTER_PORT", "PATH"};
+
+// Cores per worker: what the user asked for, else the node's cores shared out.
+int cpus_per_task(const RunRequest& request, const WorldPlan& plan, const AllocationShape& shape) {
+  return request.cpus_per_task.value_or(std::max(1, shape.cpus_per_node / plan.workers_per_node));
+}
 
 struct PreparedLaunch {
   std::vector<std::string> argv;
@@ -92,7 +98,7 @@ PreparedLaunch launch_command(const RunRequest& request, TaskLauncher launcher, 
   backends::TaskLayout layout;
   layout.num_nodes = plan.num_nodes;
   layout.tasks_per_node = plan.workers_per_node;
-  layout.cpus_per_task = std::max(1, shape.cpus_per_node / plan.workers_per_node);
+  layout.cpus_per_task = cpus_per_task(request, plan, shape);
   layout.task_command = {this_executable(), "exec"};
   if (!plan.gpu_workers) layout.task_command.push_back("--cpu");
   if (request.gpu_order == GpuOrder::Reversed) layout.task_command.insert(layout.task_command.end(), {"--gpu-order", "reverse"});
@@ -102,22 +108,23 @@ PreparedLaunch launch_command(const RunRequest& request, TaskLauncher launcher, 
   for (const char* optional : {"LD_LIBRARY_PATH", "PYTHONPATH"})
     if (env.count(optional)) layout.exported_names.emplace_back(optional);
 
-  auto relabel = [](auto parse) {
-    return [parse](std::string_view line) -> std::optional<LabelledLine> {
-      auto task = parse(line);
-      if (!task) return std::nullopt;
-      return LabelledLine{task->rank, task->text};
-    };
+  // srun and PALS label whole lines; mpirun's tags need the state of every task's unfinished line.
+  LineLabeller rank_colon = [](std::string_view line) -> std::optional<std::vector<backends::TaskLine>> {
+    auto task = backends::rank_colon_label(line);
+    if (!task) return std::nullopt;
+    return std::vector<backends::TaskLine>{std::move(*task)};
   };
+  auto openmpi = std::make_shared<backends::pbs::OpenMpiOutput>();
+  LineLabeller openmpi_tags = [openmpi](std::string_view line) { return openmpi->feed(line); };
   switch (launcher) {
     case TaskLauncher::Srun:
-      return {backends::slurm::srun_command(layout, backends::slurm::srun_offers_pmix()), relabel(backends::rank_colon_label)};
+      return {backends::slurm::srun_command(layout, backends::slurm::srun_offers_pmix()), rank_colon};
     case TaskLauncher::Pals:
-      return {backends::pbs::pals_command(layout), relabel(backends::rank_colon_label)};
+      return {backends::pbs::pals_command(layout), rank_colon};
     case TaskLauncher::OpenMpi: {
       auto nodefile = lookup(env, "PBS_NODEFILE");
       if (!nodefile) throw UsageError("--launcher mpirun needs a host file, and PBS_NODEFILE is not set", "run it inside a PBS job");
-      return {backends::pbs::openmpi_command(layout, *nodefile, ::geteuid() == 0), relabel(backends::pbs::openmpi_label)};
+      return {backends::pbs::openmpi_command(layout, *nodefile, ::geteuid() == 0), openmpi_tags};
     }
     default: break;
   }
@@ -151,9 +158,14 @@ void explain_failure(RunOutcome& outcome, TaskLauncher launcher, const Allocatio
   if (launcher != TaskLauncher::Srun && f.rank / plan.workers_per_node < static_cast<int>(shape.hosts.size()))
     f.host = shape.hosts[static_cast<size_t>(f.rank / plan.workers_per_node)];
   std::vector<std::string> own;
-  const auto label = launcher == TaskLauncher::OpenMpi ? backends::pbs::openmpi_label : backends::rank_colon_label;
-  for (const auto& line : said)
-    if (auto task = label(line); task && task->rank == f.rank) own.emplace_back(task->text);
+  backends::pbs::OpenMpiOutput openmpi;
+  for (const auto& line : said) {
+    std::optional<std::vector<backends::TaskLine>> tasks;
+    if (launcher == TaskLauncher::OpenMpi) tasks = openmpi.feed(line);
+    else if (auto task = backends::rank_colon_label(line)) tasks = std::vector<backends::TaskLine>{*task};
+    for (const auto& task : tasks.value_or(std::vector<backends::TaskLine>{}))
+      if (task.rank == f.rank) own.push_back(task.text);
+  }
   if (own.size() > kStderrTailLines) own.erase(own.begin(), own.end() - static_cast<long>(kStderrTailLines));
   f.stderr_tail = own;
 }
@@ -188,6 +200,7 @@ RunOutcome run_in_allocation(const RunRequest& request, const backends::Allocati
   launcher_env["MASTER_PORT"] = std::to_string(master_port.port());
 
   PreparedLaunch prepared = launch_command(request, launcher, plan, shape, env);
+  launcher_env["DDL_CPUS_PER_TASK"] = std::to_string(cpus_per_task(request, plan, shape));
   WorkerLaunch task_launcher;
   task_launcher.rank = 0;
   task_launcher.program = resolve_program(prepared.argv.front(), lookup(env, "PATH").value_or("/usr/bin:/bin"));

@@ -25,7 +25,7 @@ bool planned_gpu_workers(const Environment& env, const ExecRequest& request, con
 
 // The cores this node gives the run: what the launcher gave each task times the tasks here.
 int cpus_for_node(const Environment& env, int local_size) {
-  for (const char* per_task : {"SLURM_CPUS_PER_TASK", "PALS_DEPTH"}) {
+  for (const char* per_task : {"DDL_CPUS_PER_TASK", "SLURM_CPUS_PER_TASK", "PALS_DEPTH"}) {
     auto value = lookup(env, per_task);
     if (value && std::atoi(value->c_str()) > 0) return std::atoi(value->c_str()) * local_size;
   }
@@ -67,6 +67,7 @@ Environment task_environment(const Environment& env, const TaskIdentity& id, con
     else result.erase(name);
   }
   result.erase("DDL_GPU_WORKERS");
+  result.erase("DDL_CPUS_PER_TASK");
   return result;
 }
 

@@ -53,7 +53,7 @@ RunOutcome run_job(const RunRequest& request, const Environment& env, const std:
   run.run_id = "ddl-" + random_hex(8);
   run.store_token = random_hex(16);
   run.master_addr = "127.0.0.1";  // one node: workers reach node 0 over loopback
-  run.cpus_on_node = available_cpus();
+  run.cpus_on_node = request.cpus_per_task ? *request.cpus_per_task * plan.workers_per_node : available_cpus();
   StoreServer store({.bind_host = run.master_addr, .token = run.store_token, .log = log});
   run.store_addr = fmt::format("{}:{}", run.master_addr, store.port());
   PortReservation master_port;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@ struct RunRequest {
   LaunchRequest launch;
   TaskLauncher launcher = TaskLauncher::Auto;
   GpuOrder gpu_order = GpuOrder::AsListed;
+  std::optional<int> cpus_per_task;  // cores per worker; default: the node's cores shared out
   std::vector<std::string> command;  // program and its arguments
   SupervisorOptions supervision;
 };

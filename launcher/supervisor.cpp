@@ -220,23 +220,26 @@ class Run {
     if (s.file_fd >= 0) write_all(s.file_fd, to_file);
   }
 
-  // A task launcher's line: "[rank] text" (or the launcher's own line as it is), and with
-  // --output-dir also the text alone in that rank's file.
+  // A task launcher's line: "[rank] text" for each task line it completes (the launcher's own
+  // line as it is), and with --output-dir also the text alone in that rank's file.
   void emit_labelled(Stream& s, std::string_view line, std::string& to_terminal) {
-    std::optional<LabelledLine> labelled = (*s.labeller)(line);
+    std::optional<std::vector<backends::TaskLine>> labelled = (*s.labeller)(line);
     if (!labelled) {
       to_terminal.append(line).push_back('\n');
       return;
     }
-    if (options_.prefix_output) to_terminal.append(rank_prefix(labelled->rank));
-    to_terminal.append(labelled->text).push_back('\n');
-    if (options_.output_dir.empty()) return;
-    auto key = std::make_pair(labelled->rank, std::string(s.file_suffix));
+    for (const backends::TaskLine& task : *labelled) {
+      if (options_.prefix_output) to_terminal.append(rank_prefix(task.rank));
+      to_terminal.append(task.text).push_back('\n');
+      if (!options_.output_dir.empty()) write_rank_file(task.rank, s.file_suffix, task.text);
+    }
+  }
+
+  void write_rank_file(int rank, const char* suffix, const std::string& text) {
+    auto key = std::make_pair(rank, std::string(suffix));
     auto it = rank_files_.find(key);
-    if (it == rank_files_.end()) it = rank_files_.emplace(key, open_output_file(options_.output_dir, labelled->rank, s.file_suffix)).first;
-    std::string text(labelled->text);
-    text.push_back('\n');
-    write_all(it->second, text);
+    if (it == rank_files_.end()) it = rank_files_.emplace(key, open_output_file(options_.output_dir, rank, suffix)).first;
+    write_all(it->second, text + "\n");
   }
 
   void handle_signals() {

@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backends/launch_layout.hpp"
 #include "runtime/src/common/environment.hpp"
 
 namespace ddl::launcher {
@@ -24,13 +25,10 @@ struct SupervisorOptions {
   std::string host;                                // this node's name, for the failure summary
 };
 
-// A line of a task launcher's output (srun --label, mpirun --tag-output) split into the task's
-// rank and its text; nullopt for a line of the launcher's own.
-struct LabelledLine {
-  int rank = 0;
-  std::string_view text;
-};
-using LineLabeller = std::function<std::optional<LabelledLine>(std::string_view line)>;
+// Reads one line of a task launcher's output (srun --label, mpirun --tag-output): nullopt for a
+// line of the launcher's own, else the task lines it completes, each with the task's rank (none
+// when it only continues a task's unfinished line).
+using LineLabeller = std::function<std::optional<std::vector<backends::TaskLine>>(std::string_view line)>;
 
 struct WorkerLaunch {
   int rank = 0;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <regex>
 
 #include <fmt/format.h>
 
@@ -61,21 +62,26 @@ std::vector<std::string> openmpi_command(const TaskLayout& layout, const std::st
   return argv;
 }
 
-std::optional<TaskLine> openmpi_label(std::string_view line) {
-  // [jobid,rank]<stdout>: or <stderr>:
-  if (line.empty() || line[0] != '[') return std::nullopt;
-  auto comma = line.find(',');
-  auto close = line.find("]<");
-  if (comma == std::string_view::npos || close == std::string_view::npos || comma > close) return std::nullopt;
-  auto colon = line.find(">:", close);
-  if (colon == std::string_view::npos) return std::nullopt;
-  int rank = 0;
-  for (size_t i = comma + 1; i < close; ++i) {
-    if (line[i] < '0' || line[i] > '9') return std::nullopt;
-    rank = rank * 10 + (line[i] - '0');
+std::optional<std::vector<TaskLine>> OpenMpiOutput::feed(std::string_view line) {
+  static const std::regex tag(R"(\[\d+,(\d+)\]<std(out|err)>:)");
+  using Iterator = std::regex_iterator<std::string_view::const_iterator>;
+  std::vector<std::match_results<std::string_view::const_iterator>> tags;
+  for (Iterator it(line.begin(), line.end(), tag), end; it != end; ++it) tags.push_back(*it);
+  if (tags.empty() || tags.front().position() != 0) return std::nullopt;
+
+  std::vector<TaskLine> complete;
+  for (size_t i = 0; i < tags.size(); ++i) {
+    const auto key = std::make_pair(std::stoi(tags[i][1].str()), tags[i][2].str() == "err");
+    const size_t from = static_cast<size_t>(tags[i].position() + tags[i].length());
+    const size_t to = i + 1 < tags.size() ? static_cast<size_t>(tags[i + 1].position()) : line.size();
+    std::string& text = unfinished_[key];
+    text.append(line.substr(from, to - from));
+    if (i + 1 == tags.size()) {  // the piece the line's newline ends
+      complete.push_back({key.first, std::move(text)});
+      unfinished_.erase(key);
+    }
   }
-  std::string_view text = line.substr(colon + 2);
-  return TaskLine{rank, text};
+  return complete;
 }
 
 }  // namespace ddl::backends::pbs

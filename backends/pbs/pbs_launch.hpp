@@ -2,6 +2,7 @@
 // Cray PALS mpiexec (Polaris) or OpenMPI mpirun with the job's node file (Sockeye-style sites).
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,7 +27,16 @@ std::vector<std::string> pals_command(const TaskLayout& layout);
 // `as_root` adds --allow-run-as-root (OpenMPI refuses root without it).
 std::vector<std::string> openmpi_command(const TaskLayout& layout, const std::string& nodefile, bool as_root);
 
-// "[1,3]<stdout>:text" (mpirun --tag-output) -> rank 3, "text".
-std::optional<TaskLine> openmpi_label(std::string_view line);
+// Reads mpirun --tag-output. mpirun tags each chunk a task writes, not each line, so one line of
+// its output may hold pieces of several tasks' lines: "[1,0]<stdout>:a[1,1]<stdout>:b" then
+// "[1,0]<stdout>:" completes rank 0's line "a". Pieces are kept per task and stream until done.
+class OpenMpiOutput {
+ public:
+  // The task lines `line` completes (maybe none), or nullopt for a line of mpirun's own.
+  std::optional<std::vector<TaskLine>> feed(std::string_view line);
+
+ private:
+  std::map<std::pair<int, bool>, std::string> unfinished_;  // (rank, is stderr) -> text so far
+};
 
 }  // namespace ddl::backends::pbs

@@ -48,7 +48,7 @@ TEST_CASE("OpenMPI mpirun: the PBS node file, ppr per node, variables exported b
   CHECK(pbs::openmpi_command(two_by_four(), "f", true)[1] == "--allow-run-as-root");
 }
 
-TEST_CASE("task labels: srun/PALS 'N: ' and OpenMPI '[job,N]<stdout>:'") {
+TEST_CASE("srun and PALS labels: 'N: text'") {
   auto a = rank_colon_label("  12: loss 0.5");
   REQUIRE(a);
   CHECK(a->rank == 12);
@@ -56,12 +56,28 @@ TEST_CASE("task labels: srun/PALS 'N: ' and OpenMPI '[job,N]<stdout>:'") {
   CHECK(rank_colon_label("3: ")->text == "");
   CHECK_FALSE(rank_colon_label("srun: error: x"));
   CHECK_FALSE(rank_colon_label("12 apples: 3"));
-  auto b = pbs::openmpi_label("[1,7]<stderr>:Traceback: x");
+}
+
+TEST_CASE("mpirun --tag-output: pieces of several tasks' lines are put back together per task") {
+  pbs::OpenMpiOutput out;
+  auto b = out.feed("[1,7]<stderr>:Traceback: x");
   REQUIRE(b);
-  CHECK(b->rank == 7);
-  CHECK(b->text == "Traceback: x");
-  CHECK_FALSE(pbs::openmpi_label("[warn] something"));
-  CHECK_FALSE(pbs::openmpi_label("Primary job terminated normally"));
+  REQUIRE(b->size() == 1);
+  CHECK((*b)[0].rank == 7);
+  CHECK((*b)[0].text == "Traceback: x");
+  // An unbuffered writer's text and newline arrive apart, and another task's piece in between.
+  auto first = out.feed("[1,0]<stdout>:WORKER a[1,1]<stdout>:WORKER b");
+  REQUIRE(first);
+  REQUIRE(first->size() == 1);
+  CHECK((*first)[0].rank == 1);
+  CHECK((*first)[0].text == "WORKER b");
+  auto second = out.feed("[1,0]<stdout>:");
+  REQUIRE(second);
+  REQUIRE(second->size() == 1);
+  CHECK((*second)[0].rank == 0);
+  CHECK((*second)[0].text == "WORKER a");
+  CHECK_FALSE(out.feed("[warn] something"));
+  CHECK_FALSE(out.feed("Primary job terminated normally"));
 }
 
 TEST_CASE("srun's report of the failed task: rank, host, exit code or signal") {

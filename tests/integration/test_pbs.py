@@ -1,0 +1,78 @@
+"""PBS cannot run on this machine (no PBS server here), so the most real thing is tested instead:
+the script `ddl submit` renders for a PBS site is executed by bash as a PBS job would run it, with
+the variables PBS sets (PBS_JOBID, PBS_NODEFILE, PBS_O_WORKDIR, NCPUS), and its `ddl run` starts
+the workers through real OpenMPI `mpirun --hostfile $PBS_NODEFILE`, each through `ddl exec`.
+Polaris' Cray PALS mpiexec does not exist outside Cray systems: its scripts are golden files only
+(tests/fixtures/scripts, checked by the unit tests)."""
+import json
+import os
+import socket
+import subprocess
+import tempfile
+import unittest
+
+from ddl_testing import DDL, PYTHON, lines_by_rank
+
+SHOW_WORKER = ("import os, json; print('WORKER ' + json.dumps({k: os.environ.get(k) for k in "
+               "['RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'GROUP_RANK', 'CUDA_VISIBLE_DEVICES', 'MASTER_ADDR', 'OMP_NUM_THREADS', "
+               "'OMPI_MCA_pml', 'OMPI_COMM_WORLD_RANK', 'DDL_RUN_ID']} | {'cwd': os.getcwd()}))")
+
+
+def render(*args):
+    result = subprocess.run([DDL, "submit", *args, "--dry-run", "--", PYTHON, "-c", SHOW_WORKER], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def run_as_pbs_job(script, workdir, gpus="0,1,2,3"):
+    """Runs `script` with bash as PBS would on the job's first node (this host)."""
+    nodefile = os.path.join(workdir, "nodefile")
+    with open(nodefile, "w") as f:
+        f.write(socket.gethostname() + "\n")
+    path = os.path.join(workdir, "job.sh")
+    with open(path, "w") as f:
+        f.write(script)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PBS_", "DDL_", "OMPI_"))}
+    env.update({"PBS_JOBID": "4242.pbs-test", "PBS_NODEFILE": nodefile, "PBS_O_WORKDIR": workdir, "CUDA_VISIBLE_DEVICES": gpus})
+    return subprocess.run(["bash", path], env=env, cwd="/", capture_output=True, text=True, timeout=300)
+
+
+def workers(output):
+    return {rank: json.loads(line[len("WORKER "):]) for rank, lines in lines_by_rank(output).items() if rank is not None
+            for line in lines if line.startswith("WORKER ")}
+
+
+class PbsScriptsWithoutPbs(unittest.TestCase):
+    def test_the_sockeye_script_starts_one_worker_per_gpu_through_real_mpirun(self):
+        script = render("--site", "sockeye", "-N", "1", "-A", "st-alice-1-gpu", "-t", "00:10:00")
+        self.assertIn("#PBS -l select=1:ncpus=8:ngpus=4:mem=64gb", script)
+        with tempfile.TemporaryDirectory() as tmp:
+            result = run_as_pbs_job(script, tmp)
+            self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+            found = workers(result.stdout)
+            self.assertEqual(sorted(found), [0, 1, 2, 3])
+            for rank, w in found.items():
+                self.assertEqual((w["RANK"], w["WORLD_SIZE"], w["LOCAL_RANK"], w["GROUP_RANK"]), (str(rank), "4", str(rank), "0"))
+                self.assertEqual(w["CUDA_VISIBLE_DEVICES"], str(rank))
+                self.assertEqual(w["OMPI_COMM_WORLD_RANK"], str(rank))  # really started by mpirun
+                self.assertEqual(w["OMP_NUM_THREADS"], "2")             # the profile's 2 cores per GPU
+                self.assertEqual(w["OMPI_MCA_pml"], "ob1")              # the profile's environment
+                self.assertEqual(w["MASTER_ADDR"], socket.gethostname())
+                self.assertEqual(w["cwd"], tmp)                         # cd "$PBS_O_WORKDIR"
+                self.assertTrue(w["DDL_RUN_ID"].startswith("4242.pbs-test"))
+
+    def test_a_failing_worker_ends_the_generic_pbs_job_with_its_code(self):
+        script = render("--site", "pbs", "-N", "1", "--gpus-per-node", "2", "-c", "1")
+        with tempfile.TemporaryDirectory() as tmp:
+            # The rendered script with its program swapped for one whose rank 1 fails.
+            *setup, exec_line = script.strip().splitlines()
+            program = "bash -c 'echo bye from $RANK >&2; [ $RANK = 1 ] && exit 9; sleep 60'"
+            failing = "\n".join(setup + [exec_line.split(" -- ")[0] + " -- " + program]) + "\n"
+            result = run_as_pbs_job(failing, tmp, gpus="0,1")
+            self.assertEqual(result.returncode, 9, result.stdout + result.stderr)
+            self.assertIn(f"ddl: error: rank 1 on {socket.gethostname()} exited with code 9", result.stderr)
+            self.assertIn("| bye from 1", result.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,140 @@
+// Site profiles and the batch scripts rendered from them: every built-in site against its golden
+// file (tests/fixtures/scripts, reviewed line by line against ../shared/SITES.md), each site rule,
+// user overrides, and broken profiles. DDL_UPDATE_GOLDEN=1 rewrites the golden files.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "backends/job_script.hpp"
+#include "backends/site_profile.hpp"
+#include "runtime/src/common/error.hpp"
+
+using namespace ddl::backends;
+namespace fs = std::filesystem;
+
+namespace {
+
+JobRequest job(std::map<std::string, std::string> options) {
+  JobRequest j;
+  j.options = std::move(options);
+  j.command = {"python3", "train.py", "--epochs", "3"};
+  j.ddl_program = "ddl";
+  j.ddl_version = "VERSION";
+  return j;
+}
+
+void check_golden(const std::string& name, const std::string& site, const JobRequest& request) {
+  const fs::path golden = fs::path(DDL_SOURCE_ROOT) / "tests" / "fixtures" / "scripts" / (name + ".sh");
+  const std::string rendered = render_job_script(load_site(site), request).text;
+  if (std::getenv("DDL_UPDATE_GOLDEN") != nullptr) {
+    fs::create_directories(golden.parent_path());
+    std::ofstream(golden) << rendered;
+  }
+  std::ifstream in(golden);
+  REQUIRE_MESSAGE(in.good(), "missing golden file " << golden << " (DDL_UPDATE_GOLDEN=1 writes it)");
+  std::stringstream expected;
+  expected << in.rdbuf();
+  CHECK_MESSAGE(rendered == expected.str(), "rendered script for " << name << " differs from " << golden);
+}
+
+// Points $XDG_CONFIG_HOME at a fresh directory holding `files` (site name -> JSON text).
+struct UserSites {
+  fs::path dir = fs::temp_directory_path() / "ddl_unit_user_sites";
+  explicit UserSites(const std::map<std::string, std::string>& files) {
+    fs::remove_all(dir);
+    fs::create_directories(dir / "ddl" / "sites");
+    for (const auto& [name, text] : files) std::ofstream(dir / "ddl" / "sites" / (name + ".json")) << text;
+    ::setenv("XDG_CONFIG_HOME", dir.c_str(), 1);
+  }
+  ~UserSites() {
+    ::unsetenv("XDG_CONFIG_HOME");
+    fs::remove_all(dir);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("every built-in site renders its golden script") {
+  UserSites none({});
+  check_golden("perlmutter", "perlmutter", job({{"nodes", "2"}, {"time", "01:00:00"}, {"account", "m1234_g"}, {"queue", "regular"}}));
+  JobRequest shifter = job({{"nodes", "2"}, {"account", "m1234_g"}, {"image", "nersc/pytorch:24.06.01"}});
+  shifter.signal_before_seconds = 300;
+  check_golden("perlmutter_shifter_checkpoint", "perlmutter", shifter);
+  check_golden("neuron", "neuron", job({{"nodes", "2"}, {"partition", "amd_a100nv_8"}, {"comment", "pytorch"}, {"time", "02:00:00"}}));
+  check_golden("polaris", "polaris",
+               job({{"nodes", "2"}, {"account", "MyProject"}, {"filesystems", "home:eagle"}, {"queue", "prod"}, {"time", "01:00:00"}}));
+  check_golden("polaris_apptainer", "polaris",
+               job({{"nodes", "1"}, {"account", "MyProject"}, {"filesystems", "home:grand"}, {"image", "/eagle/p/img.sif"}}));
+  check_golden("sockeye", "sockeye", job({{"nodes", "2"}, {"account", "st-alice-1-gpu"}, {"time", "01:00:00"}}));
+  check_golden("alliance", "alliance", job({{"nodes", "2"}, {"account", "def-alice"}, {"time", "03:00:00"}}));
+  check_golden("slurm", "slurm", job({{"nodes", "2"}, {"gpus_per_node", "4"}, {"job_name", "it's mine $(id)"}}));
+  check_golden("pbs", "pbs", job({{"nodes", "2"}, {"gpus_per_node", "4"}, {"cpus_per_task", "8"}}));
+}
+
+TEST_CASE("each site's rules are one usage error naming the rule and the fix") {
+  UserSites none({});
+  auto refuse = [](const std::string& site, std::map<std::string, std::string> options, const char* says) {
+    CHECK_THROWS_WITH_AS(render_job_script(load_site(site), job(std::move(options))), doctest::Contains(says), ddl::UsageError);
+  };
+  refuse("polaris", {{"filesystems", "home"}}, "site 'polaris' requires -A/--account");
+  refuse("polaris", {{"account", "p"}}, "site 'polaris' requires --filesystems");
+  refuse("polaris", {{"account", "p"}, {"filesystems", "home"}, {"queue", "regular"}}, "Polaris' queues are");
+  refuse("neuron", {}, "site 'neuron' requires --comment");
+  refuse("neuron", {{"comment", "pytorch"}, {"mem", "100G"}}, "site 'neuron' does not allow --mem");
+  refuse("neuron", {{"comment", "pytorch"}, {"partition", "cas_v100_2"}, {"gpus_per_node", "4"}},
+         "site 'neuron' partition cas_v100_2 has 2 GPUs per node");
+  refuse("perlmutter", {{"account", "m1234"}}, "written <project>_g");
+  refuse("perlmutter", {{"account", "m1234_g"}, {"gpus_per_node", "8"}}, "site 'perlmutter' has 4 GPUs per node");
+  refuse("perlmutter", {{"account", "m1234_g"}, {"time", "an hour"}}, "-t/--time an hour: not a time limit");
+  refuse("alliance", {{"account", "alice"}}, "Alliance accounts are written def-<pi>");
+  refuse("sockeye", {{"account", "st-alice-1-gpu"}, {"job_name", "a'b\"c"}}, "holds both kinds of quote");
+  refuse("slurm", {{"account", "x\ny"}}, "-A/--account contains a newline");
+  refuse("slurm", {{"image", "x.sif"}}, "has no container support");
+  JobRequest pbs_signal = job({{"account", "st-a-1-gpu"}});
+  pbs_signal.signal_before_seconds = 60;
+  CHECK_THROWS_WITH_AS(render_job_script(load_site("sockeye"), pbs_signal), doctest::Contains("uses PBS"), ddl::UsageError);
+}
+
+TEST_CASE("a user profile overrides a built-in field by field, and says where each value came from") {
+  UserSites sites({{"perlmutter", R"({"defaults": {"queue": "debug"}, "modules": ["pytorch/2.3"]})"},
+                   {"mycluster", R"({"scheduler": "slurm", "gpus_per_node": 2, "login_host": "login.example.org"})"}});
+  SiteProfile p = load_site("perlmutter");
+  CHECK(p.defaults.at("queue") == "debug");
+  CHECK(p.defaults.at("constraint") == "gpu");  // still the built-in's
+  CHECK(p.modules == std::vector<std::string>{"pytorch/2.3"});
+  CHECK(p.origin.at("defaults.queue") == (sites.dir / "ddl" / "sites" / "perlmutter.json").string());
+  CHECK(p.origin.at("defaults.constraint") == "built-in");
+  CHECK(p.origin.at("login_host") == "built-in");
+  auto names = site_names();
+  CHECK(std::find(names.begin(), names.end(), "mycluster") != names.end());
+  CHECK(load_site("mycluster").gpus_per_node == 2);
+}
+
+TEST_CASE("a broken profile names the file and the field") {
+  UserSites sites({{"typo", R"({"scheduler": "slurm", "gpu_per_node": 4})"},
+                   {"badtype", R"({"scheduler": "slurm", "gpus_per_node": "four"})"},
+                   {"badjson", R"({"scheduler": )"},
+                   {"badregex", R"({"scheduler": "slurm", "patterns": {"account": {"regex": "(["}}})"},
+                   {"badoption", R"({"scheduler": "pbs", "defaults": {"walltime": "1:00:00"}})"}});
+  const std::string dir = (sites.dir / "ddl" / "sites").string();
+  CHECK_THROWS_WITH_AS(load_site("typo"), doctest::Contains(("site profile " + dir + "/typo.json: field 'gpu_per_node' is not a profile field").c_str()),
+                       ddl::UsageError);
+  CHECK_THROWS_WITH_AS(load_site("badtype"), doctest::Contains("field 'gpus_per_node' must be a whole number"), ddl::UsageError);
+  CHECK_THROWS_WITH_AS(load_site("badjson"), doctest::Contains("badjson.json: not valid JSON"), ddl::UsageError);
+  CHECK_THROWS_WITH_AS(load_site("badregex"), doctest::Contains("field 'patterns.account.regex' is not a valid regular expression"),
+                       ddl::UsageError);
+  CHECK_THROWS_WITH_AS(load_site("badoption"), doctest::Contains("field 'defaults.walltime' names no option"), ddl::UsageError);
+  CHECK_THROWS_WITH_AS(load_site("nosuchsite"), doctest::Contains("no site profile named 'nosuchsite' (known: alliance"), ddl::UsageError);
+}
+
+TEST_CASE("shell quoting: plain words stay, anything else is single-quoted") {
+  CHECK(shell_quote("train.py") == "train.py");
+  CHECK(shell_quote("--lr=0.1") == "--lr=0.1");
+  CHECK(shell_quote("") == "''");
+  CHECK(shell_quote("a b") == "'a b'");
+  CHECK(shell_quote("it's") == "'it'\\''s'");
+  CHECK(shell_quote("$(rm -rf /)") == "'$(rm -rf /)'");
+}
