@@ -60,6 +60,7 @@ struct RunFlags {
   std::string output_dir;
   std::string launcher = "auto";
   std::string gpu_order = "as-listed";
+  std::string mpi = "auto";
 };
 
 RunCommand::RunCommand(CLI::App& app) : flags_(std::make_shared<RunFlags>()) {
@@ -82,6 +83,8 @@ RunCommand::RunCommand(CLI::App& app) : flags_(std::make_shared<RunFlags>()) {
                    "Who starts the workers: auto (srun in Slurm, mpiexec/mpirun in PBS, else ddl), local, srun, mpirun, pals")
       ->check(CLI::IsMember({"auto", "local", "srun", "mpirun", "pals"}))
       ->capture_default_str();
+  app_->add_option("--mpi", f.mpi, "srun's --mpi: auto (pmix when Slurm offers it), none (faster start; libddl and torch need no PMIx), or a plugin")
+      ->capture_default_str();
   app_->add_option("--gpu-order", f.gpu_order, "as-listed, or reverse: local rank 0 gets the node's last GPU (Polaris)")
       ->check(CLI::IsMember({"as-listed", "reverse"}))
       ->capture_default_str();
@@ -100,6 +103,7 @@ int RunCommand::execute(const std::optional<std::vector<std::string>>& program) 
   set_if_given(request.launch.gpus_per_node, f.gpus_per_node);
   request.launch.cpu_only = f.cpu;
   if (f.cpus_per_task > 0) request.cpus_per_task = f.cpus_per_task;
+  request.srun_mpi = f.mpi;
   request.launch.share_gpus = f.share_gpus;
   request.command = program_to_run(program, app_->remaining());
   request.launcher = f.launcher == "local"    ? launcher::TaskLauncher::Local

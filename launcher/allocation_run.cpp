@@ -88,6 +88,13 @@ int cpus_per_task(const RunRequest& request, const WorldPlan& plan, const Alloca
   return request.cpus_per_task.value_or(std::max(1, shape.cpus_per_node / plan.workers_per_node));
 }
 
+// The --mpi plugin srun gets: PMIx when asked for "auto" and Slurm offers it (MPI programs and
+// libddl can then bootstrap through it); nothing for "none".
+std::string srun_mpi_plugin(const std::string& requested) {
+  if (requested == "auto") return backends::slurm::srun_offers_pmix() ? "pmix" : "";
+  return requested == "none" ? "" : requested;
+}
+
 struct PreparedLaunch {
   std::vector<std::string> argv;
   LineLabeller labeller;
@@ -118,7 +125,7 @@ PreparedLaunch launch_command(const RunRequest& request, TaskLauncher launcher, 
   LineLabeller openmpi_tags = [openmpi](std::string_view line) { return openmpi->feed(line); };
   switch (launcher) {
     case TaskLauncher::Srun:
-      return {backends::slurm::srun_command(layout, backends::slurm::srun_offers_pmix()), rank_colon};
+      return {backends::slurm::srun_command(layout, srun_mpi_plugin(request.srun_mpi)), rank_colon};
     case TaskLauncher::Pals:
       return {backends::pbs::pals_command(layout), rank_colon};
     case TaskLauncher::OpenMpi: {

@@ -5,6 +5,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string>
 #include <vector>
 
 #include "launcher/supervisor.hpp"
@@ -24,6 +25,7 @@ struct RunRequest {
   TaskLauncher launcher = TaskLauncher::Auto;
   GpuOrder gpu_order = GpuOrder::AsListed;
   std::optional<int> cpus_per_task;  // cores per worker; default: the node's cores shared out
+  std::string srun_mpi = "auto";     // srun --mpi: auto (pmix when Slurm offers it), none, or a plugin
   std::vector<std::string> command;  // program and its arguments
   SupervisorOptions supervision;
 };

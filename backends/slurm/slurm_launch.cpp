@@ -67,7 +67,7 @@ bool srun_offers_pmix() {
   return r.ok() && (r.out + r.err).find("pmix") != std::string::npos;
 }
 
-std::vector<std::string> srun_command(const TaskLayout& layout, bool pmix) {
+std::vector<std::string> srun_command(const TaskLayout& layout, const std::string& mpi_plugin) {
   std::vector<std::string> argv = {"srun",
                                    fmt::format("--nodes={}", layout.num_nodes),
                                    fmt::format("--ntasks={}", layout.num_nodes * layout.tasks_per_node),
@@ -77,7 +77,7 @@ std::vector<std::string> srun_command(const TaskLayout& layout, bool pmix) {
                                    "--label",
                                    // Ranks node by node, as ddl's plan numbers them.
                                    "--distribution=block"};
-  if (pmix) argv.push_back("--mpi=pmix");
+  if (!mpi_plugin.empty()) argv.push_back("--mpi=" + mpi_plugin);
   argv.insert(argv.end(), layout.task_command.begin(), layout.task_command.end());
   return argv;
 }
