@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <regex>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -17,7 +18,7 @@ const std::map<std::string, std::string> kFlags = {
     {"constraint", "-C/--constraint"}, {"job_name", "-J/--job-name"},    {"output", "-o/--output"},
     {"image", "--image"},          {"comment", "--comment"},             {"mem", "--mem"},
     {"filesystems", "--filesystems"}, {"cpus_per_task", "-c/--cpus-per-task"}, {"dependency", "-d/--dependency"},
-    {"gpu_type", "--gpu-type"}};
+    {"gpu_type", "--gpu-type"},   {"cpus_per_node", "-c/--cpus-per-task"}, {"tasks_per_node", "--gpus-per-node"}};
 
 // Every option's value: the user's, else the site's default, else one derived from the site.
 std::map<std::string, std::string> effective_values(const SiteProfile& site, const JobRequest& job) {
@@ -81,6 +82,26 @@ std::string directive_word(const std::string& option, const std::string& value) 
   if (value.find('\'') == std::string::npos) return "'" + value + "'";
   throw UsageError(fmt::format("{} holds both kinds of quote, which a batch directive cannot carry", flag_for(option)),
                    "drop one kind of quote from it");
+}
+
+// The options a site's script has a place for: its scheduler's own directives, the `ddl run` line,
+// and every {{option}} its profile's texts name.
+std::set<std::string> usable_options(const SiteProfile& site) {
+  std::set<std::string> usable = {"nodes", "gpus_per_node", "time", "account", "queue", "job_name", "output", "dependency",
+                                  "cpus_per_task"};
+  if (site.scheduler == "slurm") usable.insert({"partition", "constraint", "comment", "mem"});
+  std::vector<std::string> texts = site.directives;
+  texts.push_back(site.gpu_request);
+  if (site.container) {
+    usable.insert("image");
+    texts.push_back(site.container->image_directive);
+    texts.insert(texts.end(), site.container->wrap.begin(), site.container->wrap.end());
+  }
+  static const std::regex placeholder(R"(\{\{([a-z_]+)\}\})");
+  for (const auto& text : texts)
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), placeholder); it != std::sregex_iterator(); ++it)
+      usable.insert((*it)[1]);
+  return usable;
 }
 
 std::string directive_prefix(const SiteProfile& site) { return site.scheduler == "slurm" ? "#SBATCH " : "#PBS "; }
@@ -167,6 +188,11 @@ void check_site_rules(const SiteProfile& site, const JobRequest& job) {
   for (const auto& directive : job.extra_directives)
     if (directive.find_first_of("\n\r") != std::string::npos || directive.empty())
       throw UsageError("--directive must be one non-empty line", "give each directive with its own --directive");
+  const std::set<std::string> usable = usable_options(site);
+  for (const auto& [option, value] : job.options)
+    if (!usable.count(option) && !site.forbidden.count(option))
+      throw UsageError(fmt::format("{}: site '{}' ({}) has no place for it in its script", flag_for(option), site.name, site.scheduler),
+                       fmt::format("drop {}, or name it in the profile (see `ddl sites show {}`)", flag_for(option), site.name));
   for (const auto& [option, why] : site.forbidden)
     if (job.options.count(option))
       throw UsageError(fmt::format("site '{}' does not allow {}: {}", site.name, flag_for(option), why), fmt::format("drop {}", flag_for(option)));
@@ -196,9 +222,9 @@ void check_site_rules(const SiteProfile& site, const JobRequest& job) {
                                  v.count("partition") && site.partitions.count(v.at("partition")) ? " partition " + v.at("partition") : "",
                                  shape.gpus_per_node),
                      fmt::format("use --gpus-per-node {} or fewer, and more nodes (-N) for more GPUs", shape.gpus_per_node));
-  if (v.count("image") && !site.container)
-    throw UsageError(fmt::format("--image: site '{}' has no container support in its profile", site.name),
-                     "drop --image, or add a container section to the profile");
+  if (gpus > 0 && site.gpu_request.empty())
+    throw UsageError(fmt::format("site '{}' has no gpu_request in its profile, so GPUs cannot be asked for", site.name),
+                     "add gpu_request to the profile (docs/site-profiles.md), or use --gpus-per-node 0 for a CPU job");
   if (job.signal_before_seconds && site.scheduler != "slurm")
     throw UsageError(fmt::format("--signal-before: site '{}' uses PBS, which has no signal before the time limit", site.name),
                      "checkpoint on a timer inside the job instead");

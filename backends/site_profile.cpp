@@ -230,6 +230,8 @@ SiteProfile load_site(const std::string& name) {
       } else {
         merged[key] = value;
         origin[key] = user_file.string();
+        if (key == "defaults" && value.is_object())
+          for (const auto& [option, v] : value.items()) origin["defaults." + option] = user_file.string();
       }
     }
   }

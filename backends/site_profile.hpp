@@ -51,7 +51,7 @@ struct SiteProfile {
   std::vector<std::string> module_use;
   std::vector<std::string> modules;
   std::vector<std::string> setup;                // shell lines the site needs before the launch
-  std::vector<std::pair<std::string, std::string>> environment;  // exported in this order
+  std::vector<std::pair<std::string, std::string>> environment;  // exported by name order (values are quoted, so order does not matter)
   std::optional<ContainerSupport> container;
   nlohmann::json jupyter;  // defaults for `ddl jupyter`
   std::string notes;

@@ -95,7 +95,7 @@ SubmitCommand::SubmitCommand(CLI::App& app) : flags_(std::make_shared<SubmitFlag
   app_->add_flag("--wait", f.wait, "Follow the job until it ends, then show its output's tail; exit with its code");
   app_->add_option("--wait-timeout", f.wait_timeout, "Give up following after this many seconds (default: no limit)");
   app_->prefix_command();
-  app_->footer("Example: ddl submit --site perlmutter -N 2 -t 01:00:00 -A m1234_g -- python train.py");
+  app_->footer("Example: ddl submit --site perlmutter -N 2 -t 01:00:00 -q regular -A m1234_g -- python train.py");
 }
 
 int SubmitCommand::execute(const std::optional<std::vector<std::string>>& program) const {
@@ -105,8 +105,10 @@ int SubmitCommand::execute(const std::optional<std::vector<std::string>>& progra
   job.extra_directives = f.directives;
   if (f.signal_before > 0) job.signal_before_seconds = f.signal_before;
   job.command = program ? *program : app_->remaining();
-  if (!program && !job.command.empty() && job.command.front().starts_with("-"))
-    throw UsageError("ddl submit has no option " + job.command.front(), "see `ddl submit --help`; the program goes after --");
+  const std::vector<std::string> stray = program ? app_->remaining() : std::vector<std::string>{};
+  if (!stray.empty() || (!program && !job.command.empty() && job.command.front().starts_with("-")))
+    throw UsageError("ddl submit has no option " + (stray.empty() ? job.command.front() : stray.front()),
+                     "see `ddl submit --help`; the program goes after --");
   job.ddl_program = this_executable();
   job.ddl_version = DDL_VERSION;
 

@@ -92,7 +92,9 @@ TEST_CASE("each site's rules are one usage error naming the rule and the fix") {
   refuse("alliance", {{"account", "alice"}}, "Alliance accounts are written def-<pi>");
   refuse("sockeye", {{"account", "st-alice-1-gpu"}, {"job_name", "a'b\"c"}}, "holds both kinds of quote");
   refuse("slurm", {{"account", "x\ny"}}, "-A/--account contains a newline");
-  refuse("slurm", {{"image", "x.sif"}}, "has no container support");
+  refuse("slurm", {{"image", "x.sif"}}, "--image: site 'slurm' (slurm) has no place for it");
+  refuse("polaris", {{"account", "p"}, {"filesystems", "home"}, {"partition", "gpu"}}, "-p/--partition: site 'polaris' (pbs) has no place for it");
+  refuse("pbs", {{"gpus_per_node", "4"}}, "site 'pbs' needs -c/--cpus-per-task for its select statement");
   JobRequest pbs_signal = job({{"account", "st-a-1-gpu"}});
   pbs_signal.signal_before_seconds = 60;
   CHECK_THROWS_WITH_AS(render_job_script(load_site("sockeye"), pbs_signal), doctest::Contains("uses PBS"), ddl::UsageError);
