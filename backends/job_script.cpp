@@ -228,7 +228,8 @@ void check_site_rules(const SiteProfile& site, const JobRequest& job) {
   if (job.signal_before_seconds && site.scheduler != "slurm")
     throw UsageError(fmt::format("--signal-before: site '{}' uses PBS, which has no signal before the time limit", site.name),
                      "checkpoint on a timer inside the job instead");
-  if (job.command.empty()) throw UsageError("no program to run", "put it after --: ddl submit --site NAME ... -- python train.py");
+  if (job.command.empty() && job.body.empty())
+    throw UsageError("no program to run", "put it after --: ddl submit --site NAME ... -- python train.py");
 }
 
 JobScript render_job_script(const SiteProfile& site, const JobRequest& job) {
@@ -265,7 +266,8 @@ JobScript render_job_script(const SiteProfile& site, const JobRequest& job) {
   }
   for (const auto& line : site.setup) s += line + "\n";
   for (const auto& [name, value] : site.environment) s += fmt::format("export {}={}\n", name, shell_quote(value));
-  s += ddl_run_line(site, v, job) + "\n";
+  if (job.body.empty()) s += ddl_run_line(site, v, job) + "\n";
+  for (const auto& line : job.body) s += line + "\n";
   return result;
 }
 

@@ -19,6 +19,9 @@ struct JobRequest {
   std::vector<std::string> command;            // the program and its arguments
   std::string ddl_program = "ddl";             // how the script calls ddl (an absolute path when submitting)
   std::string ddl_version;
+  // Lines ddl itself wrote (values already quoted) that end the script instead of `ddl run`:
+  // `ddl jupyter` runs one server, not workers.
+  std::vector<std::string> body;
 };
 
 struct JobScript {

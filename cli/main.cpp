@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/exec_command.hpp"
+#include "cli/jupyter_command.hpp"
 #include "cli/run_command.hpp"
 #include "cli/submit_command.hpp"
 #include "runtime/src/common/error.hpp"
@@ -54,6 +55,7 @@ int main(int argc, char** argv) {
   ddl::cli::SubmitCommand submit(app);
   ddl::cli::SitesCommand sites(app);
   ddl::cli::JobCommands jobs(app);
+  ddl::cli::JupyterCommand jupyter(app);
 
   SplitArguments split = split_arguments(argc, argv);
   std::vector<std::string> args(split.ddl_args.rbegin(), split.ddl_args.rend());  // CLI11 takes them last-first
@@ -75,6 +77,7 @@ int main(int argc, char** argv) {
     if (submit.selected()) return submit.execute(split.program);
     if (sites.selected()) return sites.execute();
     if (jobs.selected()) return jobs.execute();
+    if (jupyter.selected()) return jupyter.execute();
   } catch (const ddl::Error& e) {
     print_error(e.what(), e.hint());
     return e.exit_code();

@@ -56,24 +56,14 @@ void show_status(const backends::JobState& s) {
 
 }  // namespace
 
-struct SubmitFlags {
-  std::string site;
-  std::map<std::string, std::string> options;
-  std::vector<std::string> directives;
-  int signal_before = 0;
-  bool dry_run = false, wait = false;
-  int wait_timeout = 0;
-};
-
-SubmitCommand::SubmitCommand(CLI::App& app) : flags_(std::make_shared<SubmitFlags>()) {
-  SubmitFlags& f = *flags_;
-  app_ = app.add_subcommand("submit", "Write a batch script from a site profile and submit it (sbatch/qsub)");
-  app_->add_option("--site", f.site, "Site profile (ddl sites lists them)")->required();
+void add_job_options(CLI::App& app, std::map<std::string, std::string>& options, bool workers) {
   auto option = [&](const char* names, const char* key, const char* help) {
-    app_->add_option_function<std::string>(names, [&f, key](const std::string& v) { f.options[key] = v; }, help);
+    app.add_option_function<std::string>(names, [&options, key](const std::string& v) { options[key] = v; }, help);
   };
-  option("-N,--nodes", "nodes", "Nodes");
-  option("--gpus-per-node", "gpus_per_node", "GPUs (and workers) per node; default: all the site's");
+  if (workers) {
+    option("-N,--nodes", "nodes", "Nodes");
+    option("--gpus-per-node", "gpus_per_node", "GPUs (and workers) per node; default: all the site's");
+  }
   option("-t,--time", "time", "Time limit, HH:MM:SS");
   option("-A,--account", "account", "Account/project to charge");
   option("-q,--queue,--qos", "queue", "Slurm QOS / PBS queue");
@@ -88,6 +78,26 @@ SubmitCommand::SubmitCommand(CLI::App& app) : flags_(std::make_shared<SubmitFlag
   option("-c,--cpus-per-task", "cpus_per_task", "Cores per worker");
   option("-d,--dependency", "dependency", "Start after another job: afterok:ID");
   option("--gpu-type", "gpu_type", "GPU model where the site asks for one (Alliance: a100, h100)");
+}
+
+std::string this_ddl_executable() { return this_executable(); }
+
+void print_job_status(const backends::JobState& s) { show_status(s); }
+
+struct SubmitFlags {
+  std::string site;
+  std::map<std::string, std::string> options;
+  std::vector<std::string> directives;
+  int signal_before = 0;
+  bool dry_run = false, wait = false;
+  int wait_timeout = 0;
+};
+
+SubmitCommand::SubmitCommand(CLI::App& app) : flags_(std::make_shared<SubmitFlags>()) {
+  SubmitFlags& f = *flags_;
+  app_ = app.add_subcommand("submit", "Write a batch script from a site profile and submit it (sbatch/qsub)");
+  app_->add_option("--site", f.site, "Site profile (ddl sites lists them)")->required();
+  add_job_options(*app_, f.options, true);
   app_->add_option("--directive", f.directives, "An extra batch directive, e.g. --directive '--exclusive' (repeatable)");
   app_->add_option("--signal-before", f.signal_before, "Send SIGUSR1 to the workers this many seconds before the time limit, and requeue")
       ->check(CLI::PositiveNumber);

@@ -15,6 +15,7 @@ packages=(
   python3 python3-torch           # the PyTorch DDP example and the integration tests
   slurm-wlm munge                 # integration tests: one-node Slurm (scripts/local_slurm.sh); its pmix needs libpmix-dev
   lmod                            # integration tests: real `module load` in the generated Perlmutter script
+  jupyter-notebook python3-jupyter-server  # integration tests: ddl jupyter starts a real server
 )
 
 missing=()

@@ -1,0 +1,124 @@
+"""`ddl jupyter` for real: a Jupyter server (Debian's jupyter-notebook) started as a batch job on
+the loopback Slurm (scripts/local_slurm.sh), reached over HTTP the way the printed ssh tunnel
+would reach it (Host: localhost), refused without its token, and gone after `ddl jupyter stop`."""
+import os
+import re
+import stat
+import subprocess
+import tempfile
+import unittest
+import urllib.error
+import urllib.request
+
+from ddl_testing import DDL, processes_with, wait_until
+
+SOURCE = os.environ.get("DDL_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+class NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
+def get(host, port, path, tunnel_port):
+    """GET through the server's real address, with the Host header the ssh tunnel gives the browser."""
+    request = urllib.request.Request(f"http://{host}:{port}{path}", headers={"Host": f"localhost:{tunnel_port}"})
+    opener = urllib.request.build_opener(NoRedirect)
+    try:
+        with opener.open(request, timeout=30) as response:
+            return response.status, response.read().decode(errors="replace"), response.headers
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace"), e.headers
+
+
+class Jupyter(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        started = subprocess.run(["bash", os.path.join(SOURCE, "scripts", "local_slurm.sh"), "start"], capture_output=True, text=True,
+                                 timeout=180)
+        if started.returncode != 0:
+            raise RuntimeError("the loopback Slurm did not start:\n" + started.stdout + started.stderr)
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PBS_", "DDL_"))}
+        self.env["SLURM_CONF"] = os.path.join(os.environ.get("DDL_SLURM_DIR", "/tmp/ddl-slurm"), "slurm.conf")
+        self.env["XDG_STATE_HOME"] = os.path.join(self.tmp.name, "state")
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def ddl(self, *args, timeout=180):
+        return subprocess.run([DDL, *args], env=self.env, cwd=self.tmp.name, capture_output=True, text=True, timeout=timeout)
+
+    def test_start_reach_with_the_token_only_and_stop(self):
+        started = self.ddl("jupyter", "start", "--site", "slurm", "--program", "notebook", "--timeout", "120")
+        self.assertEqual(started.returncode, 0, started.stdout + started.stderr)
+        m = re.search(r"is up on (\S+):(\d+), job (\d+)\.", started.stdout)
+        self.assertIsNotNone(m, started.stdout)
+        host, port, job = m.group(1), int(m.group(2)), m.group(3)
+        try:
+            tunnel = re.search(r"^  (ssh .*)$", started.stdout, re.M).group(1)
+            self.assertEqual(tunnel, f"ssh -N -L {port}:{host}:{port} {os.environ.get('USER', 'root')}@{os.uname().nodename}")
+            token = re.search(rf"http://localhost:{port}/\?token=([0-9a-f]+)$", started.stdout, re.M).group(1)
+            self.assertGreaterEqual(len(token) * 4, 128)
+
+            # The token is in a mode-600 file of a mode-700 directory, and on no command line.
+            sessions = os.path.join(self.env["XDG_STATE_HOME"], "ddl", "jupyter")
+            self.assertEqual(stat.S_IMODE(os.stat(sessions).st_mode), 0o700)
+            for name in os.listdir(sessions):
+                self.assertEqual(stat.S_IMODE(os.stat(os.path.join(sessions, name)).st_mode), 0o600, name)
+            self.assertEqual(processes_with(token), [])
+            servers = processes_with(f"--port={port}")
+            self.assertEqual(len(servers), 1)
+            script = subprocess.run(["scontrol", "write", "batch_script", job, "-"], env=self.env, capture_output=True, text=True)
+            self.assertIn("--port-retries=0", script.stdout)
+            self.assertNotIn(token, script.stdout)
+
+            status, body, _ = get(host, port, f"/tree?token={token}", port)
+            self.assertEqual(status, 200)
+            self.assertIn("Jupyter Notebook", body)
+            self.assertIn("Files", body)  # the file browser itself, not a login or error page
+            status, _, headers = get(host, port, "/tree", port)
+            self.assertEqual(status, 302)
+            self.assertIn("/login", headers["Location"])
+            status, _, _ = get(host, port, "/api/contents", port)
+            self.assertEqual(status, 403)
+            status, _, _ = get(host, port, "/tree?token=" + "0" * len(token), port)
+            self.assertNotEqual(status, 200)
+
+            again = self.ddl("jupyter", "tunnel", job, "--local-port", "9999")
+            self.assertEqual(again.returncode, 0, again.stderr)
+            self.assertIn(f"ssh -N -L 9999:{host}:{port} ", again.stdout)
+            self.assertIn(f"http://localhost:9999/?token={token}", again.stdout)
+        finally:
+            stopped = self.ddl("jupyter", "stop", job)
+        self.assertEqual(stopped.returncode, 0, stopped.stderr)
+        self.assertTrue(wait_until(lambda: not processes_with(f"--port={port}"), 30), "the server outlived ddl jupyter stop")
+        self.assertTrue(wait_until(lambda: "RUNNING" not in self.ddl("status", job).stdout, 30))
+        self.assertEqual(os.listdir(os.path.join(self.env["XDG_STATE_HOME"], "ddl", "jupyter")), [])
+        self.assertEqual(self.ddl("jupyter", "tunnel", job).returncode, 2)
+
+    def test_a_server_that_cannot_start_is_reported_and_cleaned_up(self):
+        result = self.ddl("jupyter", "start", "--site", "slurm", "--program", "lab", "--timeout", "120")
+        # Debian 12 has no JupyterLab: the job fails, and ddl says so instead of waiting.
+        self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
+        self.assertRegex(result.stderr, r"job \d+ ended before Jupyter came up \(its output: .*ddl-\d+\.out\)")
+        self.assertEqual(os.listdir(os.path.join(self.env["XDG_STATE_HOME"], "ddl", "jupyter")), [])
+
+    def test_dry_run_prints_the_script_and_site_rules_apply(self):
+        result = self.ddl("jupyter", "start", "--site", "perlmutter", "-A", "m1234_g", "--env", "my env", "--dry-run")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("#SBATCH --gpus-per-node=1", result.stdout)
+        self.assertIn("conda activate 'my env'", result.stdout)
+        self.assertIn('export JUPYTER_TOKEN="$(cat "$session.token")"', result.stdout)
+        self.assertIn("exec jupyter lab --no-browser --ip=\"$host\"", result.stdout)
+        refused = self.ddl("jupyter", "start", "--site", "perlmutter", "-A", "m1234")
+        self.assertEqual(refused.returncode, 2)
+        self.assertIn("written <project>_g", refused.stderr)
+        self.assertFalse(os.path.exists(os.path.join(self.env["XDG_STATE_HOME"], "ddl", "jupyter")) and
+                         os.listdir(os.path.join(self.env["XDG_STATE_HOME"], "ddl", "jupyter")))
+
+
+if __name__ == "__main__":
+    unittest.main()
