@@ -84,3 +84,21 @@ def ddl(*args, **kwargs):
     if not args or args[0] not in ("run", "--help", "--version"):
         args = ("run", *args)
     return ddl_raw(*args, **kwargs)
+
+
+SOURCE = os.environ.get("DDL_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def start_local_slurm():
+    """Starts the loopback Slurm (scripts/local_slurm.sh; quick when it is up already)."""
+    started = subprocess.run(["bash", os.path.join(SOURCE, "scripts", "local_slurm.sh"), "start"], capture_output=True, text=True,
+                             timeout=180)
+    if started.returncode != 0:
+        raise RuntimeError("the loopback Slurm did not start:\n" + started.stdout + started.stderr)
+
+
+def slurm_env():
+    """The test's environment, pointed at the loopback Slurm, without any allocation of its own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PBS_", "DDL_"))}
+    env["SLURM_CONF"] = os.path.join(os.environ.get("DDL_SLURM_DIR", "/tmp/ddl-slurm"), "slurm.conf")
+    return env

@@ -10,9 +10,7 @@ import unittest
 import urllib.error
 import urllib.request
 
-from ddl_testing import DDL, processes_with, wait_until
-
-SOURCE = os.environ.get("DDL_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+from ddl_testing import DDL, processes_with, slurm_env, start_local_slurm, wait_until
 
 
 class NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -34,15 +32,11 @@ def get(host, port, path, tunnel_port):
 class Jupyter(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        started = subprocess.run(["bash", os.path.join(SOURCE, "scripts", "local_slurm.sh"), "start"], capture_output=True, text=True,
-                                 timeout=180)
-        if started.returncode != 0:
-            raise RuntimeError("the loopback Slurm did not start:\n" + started.stdout + started.stderr)
+        start_local_slurm()
 
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory()
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PBS_", "DDL_"))}
-        self.env["SLURM_CONF"] = os.path.join(os.environ.get("DDL_SLURM_DIR", "/tmp/ddl-slurm"), "slurm.conf")
+        self.env = slurm_env()
         self.env["XDG_STATE_HOME"] = os.path.join(self.tmp.name, "state")
 
     def tearDown(self):

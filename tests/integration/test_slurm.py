@@ -10,9 +10,9 @@ import tempfile
 import time
 import unittest
 
-from ddl_testing import DDL, PYTHON, kill_leftovers, lines_by_rank, processes_with, unique_marker, wait_until
+from ddl_testing import (DDL, PYTHON, SOURCE, kill_leftovers, lines_by_rank, processes_with, slurm_env, start_local_slurm,
+                         unique_marker, wait_until)
 
-SOURCE = os.environ.get("DDL_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 CHECKS = os.environ.get("DDL_COLLECTIVE_CHECKS", os.path.join(SOURCE, "build", "tests", "collective_checks"))
 MODULEFILES = os.path.join(SOURCE, "tests", "fixtures", "modulefiles")
 LMOD_INIT = "/usr/share/lmod/lmod/init/bash"
@@ -20,12 +20,6 @@ SHOW_WORKER = ("import os, sys, json; print('WORKER ' + json.dumps({k: os.enviro
                "['RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', 'CUDA_VISIBLE_DEVICES', 'MASTER_ADDR', "
                "'MASTER_PORT', 'DDL_STORE_ADDR', 'TORCHELASTIC_RUN_ID', 'OMP_NUM_THREADS', 'DDL_TEST_MODULE_CUDNN', "
                "'DDL_TEST_MODULE_NCCL', 'FI_MR_CACHE_MONITOR', 'SLURM_JOB_ID']} | {'argv': sys.argv[1:]}))")
-
-
-def slurm_env():
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PBS_", "DDL_"))}
-    env["SLURM_CONF"] = os.path.join(os.environ.get("DDL_SLURM_DIR", "/tmp/ddl-slurm"), "slurm.conf")
-    return env
 
 
 def run(argv, timeout=120, **kwargs):
@@ -50,10 +44,7 @@ def workers(output):
 class Slurm(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        started = subprocess.run(["bash", os.path.join(SOURCE, "scripts", "local_slurm.sh"), "start"], capture_output=True, text=True,
-                                 timeout=180)
-        if started.returncode != 0:
-            raise RuntimeError("the loopback Slurm did not start:\n" + started.stdout + started.stderr)
+        start_local_slurm()
         cls.node = run(["sinfo", "-h", "-o", "%N"]).stdout.strip()
 
     def salloc(self, *ddl_args, alloc=("--gpus-per-node=4",), timeout=120):
