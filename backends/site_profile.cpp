@@ -79,7 +79,7 @@ std::string one_of(const json& j, const std::string& source, const char* field, 
 
 const std::vector<std::string> kFields = {"name", "description", "scheduler", "login_host", "gpus_per_node", "cores_per_node",
                                           "gpu_vendor", "launcher", "gpu_order", "defaults", "required", "patterns", "forbidden", "partitions",
-                                          "gpu_request", "directives", "module_use", "modules", "setup", "environment", "container",
+                                          "gpu_request", "directives", "module_use", "modules", "setup", "environment", "container", "match",
                                           "jupyter", "notes"};
 
 std::optional<std::string> builtin_text(const std::string& name) {
@@ -192,12 +192,58 @@ SiteProfile parse_site(const json& j, const std::string& source, const std::stri
     support.wrap = string_list(c, source, "wrap");
     p.container = support;
   }
+  if (j.contains("match")) {
+    const json& m = j["match"];
+    if (!m.is_object()) profile_error(source, "match", "must be an object {hostname, environment}");
+    SiteMatch match;
+    match.hostname = string_field(m, source + " match", "hostname");
+    if (m.contains("environment")) {
+      if (!m["environment"].is_object()) profile_error(source, "match.environment", "must be an object of NAME: regex");
+      for (const auto& [var, pattern] : m["environment"].items()) {
+        if (!pattern.is_string()) profile_error(source, "match.environment." + var, "must be a string");
+        match.environment[var] = pattern.get<std::string>();
+      }
+    }
+    for (const auto& [field, pattern] : std::map<std::string, std::string>{{"match.hostname", match.hostname}}) {
+      try {
+        std::regex check(pattern);
+      } catch (const std::regex_error& e) {
+        profile_error(source, field, fmt::format("is not a valid regular expression: {}", e.what()));
+      }
+    }
+    p.match = match;
+  }
   p.jupyter = j.value("jupyter", json::object());
   if (!p.jupyter.is_object()) profile_error(source, "jupyter", "must be an object");
   p.notes = string_field(j, source, "notes");
   if (j.contains("name") && string_field(j, source, "name") != name)
     profile_error(source, "name", fmt::format("is '{}' but the file defines site '{}'; make them equal", j["name"].get<std::string>(), name));
   return p;
+}
+
+std::vector<std::string> matching_sites(const std::string& hostname, const std::map<std::string, std::string>& environment) {
+  std::vector<std::string> found;
+  for (const auto& name : site_names()) {
+    SiteProfile site;
+    try {
+      site = load_site(name);
+    } catch (const Error&) {
+      continue;  // a broken profile matches nothing; `ddl sites show` names its fault
+    }
+    if (!site.match) continue;
+    bool by_host = !site.match->hostname.empty() && std::regex_match(hostname, std::regex(site.match->hostname));
+    bool by_env = !site.match->environment.empty();
+    for (const auto& [var, pattern] : site.match->environment) {
+      auto it = environment.find(var);
+      try {
+        by_env = by_env && it != environment.end() && std::regex_match(it->second, std::regex(pattern));
+      } catch (const std::regex_error&) {
+        by_env = false;
+      }
+    }
+    if (by_host || by_env) found.push_back(name);
+  }
+  return found;
 }
 
 SiteProfile load_site(const std::string& name) {

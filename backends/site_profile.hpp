@@ -31,6 +31,13 @@ struct NodeShape {
   int cores_per_node = 0;
 };
 
+// How to recognise the site from one of its machines (for `ddl check-build`): the host's full
+// name matches `hostname`, or every variable of `environment` matches its pattern.
+struct SiteMatch {
+  std::string hostname;                          // a regular expression, whole name
+  std::map<std::string, std::string> environment;  // NAME -> regular expression of its value
+};
+
 struct SiteProfile {
   std::string name;
   std::string description;
@@ -53,6 +60,7 @@ struct SiteProfile {
   std::vector<std::string> setup;                // shell lines the site needs before the launch
   std::vector<std::pair<std::string, std::string>> environment;  // exported by name order (values are quoted, so order does not matter)
   std::optional<ContainerSupport> container;
+  std::optional<SiteMatch> match;
   nlohmann::json jupyter;  // defaults for `ddl jupyter`
   std::string notes;
   std::map<std::string, std::string> origin;  // field -> "built-in" or the file that set it
@@ -71,6 +79,9 @@ std::string user_sites_dir();
 
 // Parses one profile from JSON; `source` names it in errors. Exposed for tests.
 SiteProfile parse_site(const nlohmann::json& json, const std::string& source, const std::string& name);
+
+// The sites whose `match` fits this machine: its full host name and environment.
+std::vector<std::string> matching_sites(const std::string& hostname, const std::map<std::string, std::string>& environment);
 
 // The options `ddl submit` knows; profile fields name options by these keys.
 const std::vector<std::string>& known_options();

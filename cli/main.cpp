@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli/check_build_command.hpp"
 #include "cli/exec_command.hpp"
 #include "cli/jupyter_command.hpp"
 #include "cli/run_command.hpp"
@@ -56,6 +57,7 @@ int main(int argc, char** argv) {
   ddl::cli::SitesCommand sites(app);
   ddl::cli::JobCommands jobs(app);
   ddl::cli::JupyterCommand jupyter(app);
+  ddl::cli::CheckBuildCommand check_build(app);
 
   SplitArguments split = split_arguments(argc, argv);
   std::vector<std::string> args(split.ddl_args.rbegin(), split.ddl_args.rend());  // CLI11 takes them last-first
@@ -78,6 +80,7 @@ int main(int argc, char** argv) {
     if (sites.selected()) return sites.execute();
     if (jobs.selected()) return jobs.execute();
     if (jupyter.selected()) return jupyter.execute();
+    if (check_build.selected()) return check_build.execute();
   } catch (const ddl::Error& e) {
     print_error(e.what(), e.hint());
     return e.exit_code();

@@ -1,0 +1,266 @@
+#include "launcher/capability_report.hpp"
+
+#include <netdb.h>
+#include <unistd.h>
+
+#include <future>
+#include <regex>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "backends/allocation.hpp"
+#include "backends/command.hpp"
+#include "backends/site_profile.hpp"
+#include "backends/slurm/slurm_launch.hpp"
+#include "ddl/build_features.hpp"
+#include "launcher/gpu_inventory.hpp"
+#include "launcher/host.hpp"
+
+namespace ddl::launcher {
+
+namespace {
+
+using backends::CommandResult;
+using backends::run_command;
+using std::chrono::seconds;
+
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+std::string last_line(const std::string& text) {
+  std::string last;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);)
+    if (!line.empty()) last = line;
+  return last;
+}
+
+// The first "N.N[.N]" in `text`.
+std::string version_in(const std::string& text) {
+  static const std::regex version(R"((\d+\.\d+(\.\d+)?))");
+  std::smatch m;
+  return std::regex_search(text, m, version) ? m[1].str() : std::string();
+}
+
+CapabilityItem item(bool ok, std::string name, std::string version, std::string detail) {
+  return {ok, std::move(name), std::move(version), std::move(detail)};
+}
+
+bool gpu_visible(const Environment& env) { return discover_gpus(env).count() > 0; }
+
+CapabilitySection build_section(const Environment& env) {
+  CapabilitySection s{"Build", {}};
+  const bool gpus = gpu_visible(env);
+  s.items.push_back(item(true, "ddl and libddl", DDL_BUILD_VERSION, fmt::format("{}, {}", DDL_BUILD_TYPE, DDL_BUILD_COMPILER)));
+  const std::string nccl = DDL_BUILD_NCCL_VERSION;
+  s.items.push_back(nccl.empty() ? item(false, "NCCL", "", "not compiled in (no CUDA toolkit with NCCL at build time)")
+                                 : item(true, "NCCL", nccl, gpus ? "compiled" : "compiled; no GPU visible"));
+  const std::string cuda = DDL_BUILD_CUDA_VERSION;
+  s.items.push_back(cuda.empty() ? item(false, "CUDA", "", "not compiled in") : item(true, "CUDA", cuda, "compiled"));
+  s.items.push_back(item(true, "Gloo", "", "compiled: host tensors, over TCP"));
+  const std::string pmix = DDL_BUILD_PMIX_VERSION;
+  s.items.push_back(pmix.empty() ? item(false, "PMIx", "", "not compiled in (libpmix-dev missing at build time)")
+                                 : item(true, "PMIx", pmix, "compiled: bootstrap under mpirun and srun --mpi=pmix"));
+  s.items.push_back(item(false, "libslurm", "", "not used: ddl runs srun, sbatch, squeue, scontrol and scancel"));
+  return s;
+}
+
+// Imports one framework in a child Python and prints what it offers as one JSON line.
+const std::vector<std::pair<std::string, std::string>> kFrameworkProbes = {
+    {"torch",
+     "import json, torch, torch.distributed as d\n"
+     "nccl = torch.cuda.nccl.version() if torch.cuda.is_available() else None\n"
+     "print(json.dumps({'version': torch.__version__, 'detail': 'CUDA %s%s; gloo %s; nccl %s; mpi %s' % ("
+     "torch.version.cuda or 'none', '' if torch.cuda.is_available() else ' (no GPU usable)', "
+     "'yes' if d.is_gloo_available() else 'no', ('yes ' + '.'.join(map(str, nccl)) if isinstance(nccl, tuple) else 'yes') "
+     "if d.is_nccl_available() else 'no', 'yes' if d.is_mpi_available() else 'no')}))"},
+    {"tensorflow",
+     "import json, os\nos.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')\nimport tensorflow as tf\n"
+     "print(json.dumps({'version': tf.__version__, 'detail': '%d GPU(s) visible' % len(tf.config.list_physical_devices('GPU'))}))"},
+    {"lightning",
+     "import json\ntry:\n    import lightning as L\nexcept ImportError:\n    import pytorch_lightning as L\n"
+     "print(json.dumps({'version': L.__version__, 'detail': L.__name__}))"},
+    {"horovod",
+     "import json, horovod\ndetail = ''\ntry:\n    import horovod.torch as hvd\n"
+     "    detail = 'nccl %s; gloo %s; mpi %s' % (hvd.nccl_built(), hvd.gloo_built(), hvd.mpi_built())\nexcept Exception as e:\n"
+     "    detail = 'horovod.torch: %s' % e\nprint(json.dumps({'version': horovod.__version__, 'detail': detail}))"},
+};
+
+CapabilityItem probe_framework(const std::string& python, const std::string& name, const std::string& code, seconds timeout) {
+  CommandResult r = run_command({python, "-c", code}, timeout);
+  if (r.exit_code == -1 && r.err.find("timed out") != std::string::npos)
+    return item(false, name, "", fmt::format("importing it took more than {} s; not probed further", timeout.count()));
+  if (r.exit_code != 0) {
+    if (r.err.find("No module named") != std::string::npos) return item(false, name, "", "not installed");
+    const std::string last = last_line(r.err);
+    return item(false, name, "", "import failed: " + (last.empty() ? "exit " + std::to_string(r.exit_code) : last));
+  }
+  auto j = nlohmann::json::parse(first_line(r.out), nullptr, false);
+  if (j.is_discarded()) return item(false, name, "", "the probe printed no answer");
+  return item(true, name, j.value("version", ""), j.value("detail", ""));
+}
+
+CapabilitySection frameworks_section(const CapabilityOptions& options) {
+  CommandResult py = run_command({options.python, "-c", "import sys; print(sys.executable, sys.version.split()[0])"}, seconds(30));
+  CapabilitySection s{fmt::format("Frameworks ({})", options.python), {}};
+  if (!py.ok()) {
+    s.items.push_back(item(false, "Python", "", fmt::format("{} does not run: {}", options.python, first_line(py.err))));
+    return s;
+  }
+  std::istringstream said(py.out);
+  std::string executable, version;
+  said >> executable >> version;
+  s.title = fmt::format("Frameworks ({}, Python {})", executable, version);
+  std::vector<std::future<CapabilityItem>> probes;  // imports are slow: all at once
+  for (const auto& [name, code] : kFrameworkProbes)
+    probes.push_back(std::async(std::launch::async, probe_framework, executable, name, code, options.probe_timeout));
+  for (auto& p : probes) s.items.push_back(p.get());
+  return s;
+}
+
+CapabilityItem slurm_item() {
+  if (!backends::on_path("srun")) return item(false, "Slurm", "", "srun not found");
+  CommandResult v = run_command({"srun", "--version"}, seconds(10));
+  if (!v.ok()) return item(false, "Slurm", "", "srun is here but cannot reach a Slurm: " + last_line(v.err + v.out));
+  CommandResult mpi = run_command({"srun", "--mpi=list"}, seconds(10));
+  // "MPI plugin types are...", then one plugin per indented line.
+  std::vector<std::string> plugins;
+  static const std::regex plugin(R"(^\s+([a-z0-9_]+)\s*$)");
+  std::istringstream lines(mpi.out + mpi.err);
+  for (std::string line; std::getline(lines, line);) {
+    std::smatch m;
+    if (std::regex_match(line, m, plugin)) plugins.push_back(m[1]);
+  }
+  return item(true, "Slurm", version_in(v.out), plugins.empty() ? "srun" : fmt::format("srun --mpi: {}", fmt::join(plugins, ", ")));
+}
+
+CapabilityItem pbs_item() {
+  if (!backends::on_path("qsub")) return item(false, "PBS", "", "qsub not found");
+  CommandResult v = run_command({"qstat", "--version"}, seconds(10));
+  return item(true, "PBS", version_in(v.out + v.err), "qsub, qstat, qdel");
+}
+
+CapabilityItem mpi_launcher_item() {
+  for (const char* launcher : {"mpiexec", "mpirun"}) {
+    if (!backends::on_path(launcher)) continue;
+    CommandResult v = run_command({launcher, "--version"}, seconds(10));
+    const std::string said = v.out + v.err;
+    std::string kind = said.find("Open MPI") != std::string::npos || said.find("OpenRTE") != std::string::npos ? "Open MPI"
+                       : said.find("PALS") != std::string::npos  ? "Cray PALS"
+                       : said.find("HYDRA") != std::string::npos ? "MPICH (Hydra)"
+                                                                 : "unknown MPI";
+    return item(true, kind, version_in(said), launcher);
+  }
+  return item(false, "MPI launcher", "", "neither mpiexec nor mpirun found");
+}
+
+CapabilitySection controllers_section() {
+  CapabilitySection s{"Controllers", {}};
+  auto slurm = std::async(std::launch::async, slurm_item);
+  auto pbs = std::async(std::launch::async, pbs_item);
+  auto mpi = std::async(std::launch::async, mpi_launcher_item);
+  s.items.push_back(slurm.get());
+  s.items.push_back(pbs.get());
+  s.items.push_back(mpi.get());
+  const std::string pmix = DDL_BUILD_PMIX_VERSION;
+  s.items.push_back(pmix.empty() ? item(false, "PMIx", "", "libddl was built without it") : item(true, "PMIx", pmix, "libddl bootstraps through it"));
+  s.items.push_back(item(true, "ddl rendezvous store", DDL_BUILD_VERSION, "built into ddl run"));
+  return s;
+}
+
+CapabilitySection tensor_ops_section(const Environment& env) {
+  CapabilitySection s{"Tensor operations", {}};
+  const std::string nccl = DDL_BUILD_NCCL_VERSION;
+  if (nccl.empty()) s.items.push_back(item(false, "NCCL", "", "not compiled in: CUDA buffers are unsupported"));
+  else s.items.push_back(item(gpu_visible(env), "NCCL", nccl, gpu_visible(env) ? "CUDA buffers" : "compiled; no GPU visible"));
+  s.items.push_back(item(true, "Gloo", "", "host buffers"));
+  s.items.push_back(item(false, "MPI", "", "not used by libddl: NCCL on GPUs, Gloo on hosts"));
+  return s;
+}
+
+CapabilitySection gpus_section(const Environment& env) {
+  CapabilitySection s{"GPUs", {}};
+  if (backends::on_path("nvidia-smi")) {
+    CommandResult r = run_command({"nvidia-smi", "--query-gpu=index,name,memory.total,driver_version", "--format=csv,noheader"}, seconds(20));
+    std::istringstream lines(r.out);
+    for (std::string line; std::getline(lines, line);) {
+      std::vector<std::string> f;
+      std::istringstream parts(line);
+      for (std::string p; std::getline(parts, p, ',');) f.push_back(p.substr(p.find_first_not_of(' ')));
+      if (f.size() == 4) s.items.push_back(item(true, "GPU " + f[0], "", fmt::format("{}, {}, driver {}", f[1], f[2], f[3])));
+    }
+    if (!r.ok()) s.items.push_back(item(false, "nvidia-smi", "", "failed: " + first_line(r.err + r.out)));
+  }
+  const GpuInventory gpus = discover_gpus(env);
+  if (s.items.empty()) {
+    s.items.push_back(gpus.count() > 0 ? item(true, fmt::format("{} GPU(s)", gpus.count()), "", "from " + gpus.source)
+                                       : item(false, "GPU", "", "none visible: " + gpus.source));
+  } else if (auto cvd = lookup(env, "CUDA_VISIBLE_DEVICES")) {
+    s.items.push_back(item(true, "CUDA_VISIBLE_DEVICES", "", *cvd + fmt::format(" ({} GPU(s) for ddl run)", gpus.count())));
+  }
+  return s;
+}
+
+CapabilitySection allocation_section(const Environment& env) {
+  CapabilitySection s{"Allocation", {}};
+  const backends::Allocation a = backends::detect_allocation(env);
+  if (a.scheduler == backends::Scheduler::None) {
+    s.items.push_back(item(false, "allocation", "", "not inside a Slurm or PBS job: ddl run starts workers on this machine"));
+    return s;
+  }
+  std::string gpus = a.scheduler == backends::Scheduler::Slurm ? std::to_string(backends::slurm::gpus_per_node(env))
+                                                               : std::to_string(discover_gpus(env).count());
+  s.items.push_back(item(true, fmt::format("{} job {}", backends::scheduler_name(a.scheduler), a.job_id), "",
+                         fmt::format("{} node(s), {} GPU(s) per node", a.num_nodes, gpus)));
+  return s;
+}
+
+std::string full_host_name() {
+  const std::string short_name = host_name();
+  addrinfo hints{};
+  hints.ai_flags = AI_CANONNAME;
+  addrinfo* found = nullptr;
+  std::string full = short_name;
+  if (::getaddrinfo(short_name.c_str(), nullptr, &hints, &found) == 0) {
+    if (found != nullptr && found->ai_canonname != nullptr) full = found->ai_canonname;
+    ::freeaddrinfo(found);
+  }
+  return full;
+}
+
+CapabilitySection site_section(const Environment& env) {
+  CapabilitySection s{"Site", {}};
+  const std::string host = full_host_name();
+  const auto sites = backends::matching_sites(host, env);
+  if (sites.empty()) s.items.push_back(item(false, "site profile", "", fmt::format("none matches this machine ({}); ddl sites lists them", host)));
+  for (const auto& name : sites) s.items.push_back(item(true, "site " + name, "", fmt::format("ddl submit --site {} ...", name)));
+  return s;
+}
+
+}  // namespace
+
+std::vector<CapabilitySection> capability_report(const Environment& env, const CapabilityOptions& options) {
+  auto frameworks = std::async(std::launch::async, frameworks_section, options);  // the slow one
+  std::vector<CapabilitySection> report;
+  report.push_back(build_section(env));
+  auto controllers = controllers_section();
+  report.push_back(frameworks.get());
+  report.push_back(std::move(controllers));
+  report.push_back(tensor_ops_section(env));
+  report.push_back(gpus_section(env));
+  report.push_back(allocation_section(env));
+  report.push_back(site_section(env));
+  return report;
+}
+
+nlohmann::json capability_json(const std::vector<CapabilitySection>& report) {
+  nlohmann::json sections = nlohmann::json::array();
+  for (const auto& section : report) {
+    nlohmann::json items = nlohmann::json::array();
+    for (const auto& i : section.items) items.push_back({{"ok", i.ok}, {"name", i.name}, {"version", i.version}, {"detail", i.detail}});
+    sections.push_back({{"title", section.title}, {"items", items}});
+  }
+  return {{"ddl", DDL_BUILD_VERSION}, {"sections", sections}};
+}
+
+}  // namespace ddl::launcher

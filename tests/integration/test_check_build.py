@@ -1,0 +1,101 @@
+"""`ddl check-build` against the real machine: every version it reports is checked against what the
+tool itself says (torch, srun, mpirun, the build's own NCCL/PMIx), inside and outside a real Slurm
+allocation (the loopback cluster), with broken and hanging Python packages, and site matching."""
+import json
+import os
+import re
+import socket
+import subprocess
+import tempfile
+import time
+import unittest
+
+from ddl_testing import DDL, PYTHON, slurm_env, start_local_slurm
+
+BUILD = os.environ.get("DDL_BUILD_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
+
+
+def build_feature(name):
+    with open(os.path.join(BUILD, "generated", "ddl", "build_features.hpp")) as f:
+        return re.search(rf'#define {name} "([^"]*)"', f.read()).group(1)
+
+
+class CheckBuild(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        start_local_slurm()
+
+    def check_build(self, *args, env=None, timeout=300):
+        full = slurm_env()
+        full.update(env or {})
+        return subprocess.run([DDL, "check-build", "--python", PYTHON, *args], env=full, capture_output=True, text=True, timeout=timeout)
+
+    def test_every_version_is_what_the_tool_itself_says(self):
+        result = self.check_build()
+        self.assertEqual(result.returncode, 0, result.stderr)
+        out = result.stdout
+        torch = subprocess.run([PYTHON, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True).stdout.strip()
+        self.assertIn(f"  [X] torch {torch} (CUDA ", out)
+        self.assertIn("gloo yes", out)
+        srun = subprocess.run(["srun", "--version"], env=slurm_env(), capture_output=True, text=True).stdout.split()[-1]
+        self.assertRegex(out, rf"  \[X\] Slurm {re.escape(srun)} \(srun --mpi: .*pmix")
+        mpirun = re.search(r"(\d+\.\d+\.\d+)", subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout).group(1)
+        self.assertIn(f"  [X] Open MPI {mpirun} ", out)
+        nccl = build_feature("DDL_BUILD_NCCL_VERSION")
+        if nccl:
+            self.assertIn(f"  [X] NCCL {nccl} (compiled; no GPU visible)", out)
+            self.assertIn(f"  [ ] NCCL {nccl} (compiled; no GPU visible)", out.split("Tensor operations")[1])
+        else:
+            self.assertIn("  [ ] NCCL (not compiled in", out)
+        pmix = build_feature("DDL_BUILD_PMIX_VERSION")
+        self.assertIn(f"  [X] PMIx {pmix} (compiled" if pmix else "  [ ] PMIx (not compiled in", out)
+        self.assertIn("  [ ] PBS (qsub not found)", out)
+        self.assertIn("  [ ] allocation (not inside a Slurm or PBS job", out)
+        self.assertIn("  [X] Gloo (host buffers)", out)
+
+    def test_json_holds_the_same_items(self):
+        text = self.check_build().stdout
+        doc = json.loads(self.check_build("--json").stdout)
+        for section in doc["sections"]:
+            self.assertIn("\n" + section["title"] + "\n", text)
+            for item in section["items"]:
+                name = item["name"] + (" " + item["version"] if item["version"] else "")
+                self.assertIn(f"[{'X' if item['ok'] else ' '}] {name}", text)
+
+    def test_inside_an_allocation_it_names_the_job_and_its_gpus(self):
+        result = subprocess.run(["salloc", "-N1", "--gpus-per-node=2", DDL, "check-build", "--python", PYTHON], env=slurm_env(),
+                                capture_output=True, text=True, timeout=300)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertRegex(result.stdout, r"  \[X\] Slurm job \d+ \(1 node\(s\), 2 GPU\(s\) per node\)")
+        result = self.check_build(env={"CUDA_VISIBLE_DEVICES": "2,3"})
+        self.assertIn("  [X] 2 GPU(s) (from CUDA_VISIBLE_DEVICES)", result.stdout)
+
+    def test_missing_broken_and_hanging_python_pieces_are_lines_not_crashes(self):
+        result = subprocess.run([DDL, "check-build", "--python", "/nonexistent/python3"], capture_output=True, text=True, timeout=120)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("  [ ] Python (/nonexistent/python3 does not run: ", result.stdout)
+        with tempfile.TemporaryDirectory() as fake:
+            for name, body in (("tensorflow", "import time\ntime.sleep(120)\n"), ("horovod", "raise RuntimeError('broken build')\n")):
+                os.makedirs(os.path.join(fake, name))
+                with open(os.path.join(fake, name, "__init__.py"), "w") as f:
+                    f.write(body)
+            start = time.monotonic()
+            result = self.check_build("--probe-timeout", "3", env={"PYTHONPATH": fake})
+            self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertLess(time.monotonic() - start, 60)
+            self.assertIn("  [ ] tensorflow (importing it took more than 3 s; not probed further)", result.stdout)
+            self.assertIn("  [ ] horovod (import failed: RuntimeError: broken build)", result.stdout)
+
+    def test_the_site_profile_that_matches_this_machine(self):
+        self.assertIn("  [X] site perlmutter (ddl submit --site perlmutter ...)", self.check_build(env={"NERSC_HOST": "perlmutter"}).stdout)
+        with tempfile.TemporaryDirectory() as config:
+            os.makedirs(os.path.join(config, "ddl", "sites"))
+            with open(os.path.join(config, "ddl", "sites", "thisbox.json"), "w") as f:
+                json.dump({"scheduler": "slurm", "match": {"hostname": re.escape(socket.getfqdn()) + "|" + re.escape(socket.gethostname())}}, f)
+            result = self.check_build(env={"XDG_CONFIG_HOME": config})
+            self.assertIn("  [X] site thisbox (ddl submit --site thisbox ...)", result.stdout)
+        self.assertIn("  [ ] site profile (none matches this machine", self.check_build().stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
