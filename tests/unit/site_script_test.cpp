@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "backends/job_script.hpp"
+#include "backends/jupyter_session.hpp"
 #include "backends/site_profile.hpp"
 #include "runtime/src/common/error.hpp"
 
@@ -72,6 +73,23 @@ TEST_CASE("every built-in site renders its golden script") {
   check_golden("alliance", "alliance", job({{"nodes", "2"}, {"account", "def-alice"}, {"time", "03:00:00"}}));
   check_golden("slurm", "slurm", job({{"nodes", "2"}, {"gpus_per_node", "4"}, {"job_name", "it's mine $(id)"}}));
   check_golden("pbs", "pbs", job({{"nodes", "2"}, {"gpus_per_node", "4"}, {"cpus_per_task", "8"}}));
+}
+
+TEST_CASE("ddl jupyter's scripts: PBS (Polaris) and Slurm (Perlmutter) golden files") {
+  UserSites none({});
+  JupyterSession session;
+  session.name = "jupyter-0123456789ab";
+  session.dir = "/home/alice/.local/state/ddl/jupyter";
+  session.program = "lab";
+  JobRequest polaris = job({{"nodes", "1"}, {"gpus_per_node", "1"}, {"account", "MyProject"}, {"filesystems", "home:eagle"},
+                            {"job_name", "ddl-jupyter"}, {"time", "04:00:00"}});
+  polaris.command.clear();
+  polaris.body = jupyter_body(session, "base");
+  check_golden("polaris_jupyter", "polaris", polaris);
+  JobRequest perlmutter = job({{"nodes", "1"}, {"gpus_per_node", "1"}, {"account", "m1234_g"}, {"job_name", "ddl-jupyter"}});
+  perlmutter.command.clear();
+  perlmutter.body = jupyter_body(session, "/global/common/software/m1234/venv");
+  check_golden("perlmutter_jupyter", "perlmutter", perlmutter);
 }
 
 TEST_CASE("each site's rules are one usage error naming the rule and the fix") {
