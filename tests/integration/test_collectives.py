@@ -21,9 +21,10 @@ class Collectives(unittest.TestCase):
         return result, lines_by_rank(result.stdout)
 
     def test_every_op_dtype_and_size_on_1_2_3_4_and_8_ranks(self):
-        for workers in (1, 2, 3, 4, 8):
-            with self.subTest(workers=workers):
-                result, by_rank = self.run_checks(workers)
+        # One node: shared memory by default; DDL_SHM=0 takes the Gloo (TCP) path multi-node runs use.
+        for workers, shm in ((1, "1"), (2, "1"), (3, "1"), (4, "1"), (8, "1"), (2, "0"), (3, "0"), (4, "0")):
+            with self.subTest(workers=workers, shm=shm):
+                result, by_rank = self.run_checks(workers, env={"DDL_SHM": shm})
                 self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-2000:])
                 for rank in range(workers):
                     self.assertRegex(by_rank[rank][-1], rf"^PASS \d+ checks on rank {rank} of {workers}$")
@@ -67,9 +68,14 @@ class Collectives(unittest.TestCase):
             self.assertEqual(by_rank[rank][0], expected)
 
     def test_a_rank_killed_mid_allreduce_becomes_an_error_on_every_survivor(self):
+        for shm in ("1", "0"):
+            with self.subTest(shm=shm):
+                self.check_killed_rank(shm)
+
+    def check_killed_rank(self, shm):
         start = time.monotonic()
         # Survivors ignore ddl run's SIGTERM, so the error they print is the runtime's own.
-        result, by_rank = self.run_checks(3, "die", "1", env={"DDL_TIMEOUT": "5"}, timeout=120)
+        result, by_rank = self.run_checks(3, "die", "1", env={"DDL_TIMEOUT": "5", "DDL_SHM": shm}, timeout=120)
         took = time.monotonic() - start
         self.assertEqual(result.returncode, 137)  # ddl run reports the root cause: rank 1's SIGKILL
         self.assertIn("rank 1 on ", result.stderr)

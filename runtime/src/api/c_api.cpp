@@ -139,7 +139,13 @@ std::shared_ptr<Runtime> start_runtime(int generation) {
     store = rt->pmix->gloo_store();
   }
   auto config = engine_config(rank);
-  auto collectives = ddl::runtime::make_gloo_collectives(rank, size, *store, interface_host(rt->placement.num_nodes), config.timeout);
+  // All ranks on this node: shared memory, unless DDL_SHM=0; else (or if it cannot be set up) Gloo.
+  std::unique_ptr<ddl::runtime::Collectives> collectives;
+  const char* shm = std::getenv("DDL_SHM");
+  if (rt->placement.local_size == size && !(shm != nullptr && std::string(shm) == "0"))
+    collectives = ddl::runtime::make_shared_memory_collectives(rank, size, *store, config.timeout);
+  if (!collectives)
+    collectives = ddl::runtime::make_gloo_collectives(rank, size, *store, interface_host(rt->placement.num_nodes), config.timeout);
   rt->engine = std::make_unique<Engine>(std::move(collectives), config);
   return rt;
 }

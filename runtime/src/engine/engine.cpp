@@ -116,11 +116,14 @@ bool Engine::run_round() {
   Announcement mine;
   {
     std::unique_lock lock(mutex_);
-    // Sleep one cycle unless there is work; a submit wakes the thread early. After a stretch of idle
-    // rounds (no op anywhere for ~100 cycles) the sleep grows to 16 cycles, so an idle world does
-    // not keep the cores busy while a busy one keeps its latency.
+    // Sleep one cycle unless there is work; a submit wakes the thread early. A rank whose ops wait
+    // for its peers does not sleep: the next round's allgather waits for them anyway, and a peer
+    // that submits wakes at once, so the op runs in the round right after the last submit. After a
+    // stretch of idle rounds (no op anywhere for ~100 cycles) the sleep grows to 16 cycles, so an
+    // idle world does not keep the cores busy while a busy one keeps its latency.
     const int cycles = idle_rounds_ < kIdleRoundsBeforeBackoff ? 1 : 16;
-    if (inbox_.empty() && !finalize_requested_) wake_.wait_for(lock, config_.cycle_time * cycles);
+    const bool waiting_for_peers = !in_flight_.empty() || !gpu_in_flight_.empty();
+    if (inbox_.empty() && !finalize_requested_ && !waiting_for_peers) wake_.wait_for(lock, config_.cycle_time * cycles);
     for (auto& op : inbox_) {
       if (auto id = negotiator_.cached_id(op.name, op.spec)) mine.cached.push_back(*id);
       else mine.submitted.emplace_back(op.name, op.spec);
