@@ -185,7 +185,7 @@ class SharedMemory final : public Collectives {
     for (int r = 0; r < size_; ++r) {
       const pid_t pid = header()->pids[r].load();
       if (r != rank_ && pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH)
-        throw std::runtime_error(fmt::format("lost a peer: rank {} (pid {}) is gone", r, pid));
+        throw std::runtime_error(fmt::format("rank {} (pid {}) is gone", r, pid));
     }
   }
 
