@@ -38,6 +38,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr int kMaxRanks = 64;
 constexpr size_t kHeaderBytes = 4096;
+constexpr std::chrono::microseconds kSpinBeforeSleep{50};
 
 struct Header {
   std::atomic<uint32_t> arrived;     // ranks at the current barrier
@@ -75,10 +76,13 @@ class SharedMemory final : public Collectives {
       if (h->sleepers.load() > 0) futex(&h->generation, FUTEX_WAKE, INT32_MAX, nullptr);
       return;
     }
-    // More ranks than cores is common on one node: spin briefly, yield, then sleep on the futex.
-    for (int i = 0; i < 400; ++i) {
+    // Peers are usually microseconds behind: spin on the word, yielding the core (more ranks than
+    // cores is common on one node), for up to kSpinBeforeSleep; only then sleep on the futex, whose
+    // wake-up costs tens of microseconds.
+    const auto spin_until = Clock::now() + kSpinBeforeSleep;
+    for (int i = 0; Clock::now() < spin_until; ++i) {
       if (h->generation.load() != generation) return;
-      if (i >= 200) ::sched_yield();
+      if (i >= 64) ::sched_yield();
     }
     const auto deadline = Clock::now() + timeout_;
     while (h->generation.load() == generation) {
