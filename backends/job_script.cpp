@@ -133,10 +133,41 @@ void slurm_directives(const SiteProfile& site, const std::map<std::string, std::
   }
 }
 
+// Slurm's time forms (minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S) as PBS's HH:MM:SS: PBS reads a
+// bare "30" as seconds and refuses days.
+std::string pbs_walltime(const std::string& slurm_time) {
+  int days = 0;
+  std::string rest = slurm_time;
+  if (auto dash = rest.find('-'); dash != std::string::npos) {
+    days = std::stoi(rest.substr(0, dash));
+    rest = rest.substr(dash + 1);
+  }
+  std::vector<int> parts;
+  for (size_t at = 0; at <= rest.size();) {
+    size_t colon = rest.find(':', at);
+    parts.push_back(std::stoi(rest.substr(at, colon == std::string::npos ? std::string::npos : colon - at)));
+    if (colon == std::string::npos) break;
+    at = colon + 1;
+  }
+  long seconds = 0;
+  if (slurm_time.find('-') != std::string::npos) {  // D-H, D-H:M, D-H:M:S
+    const int factors[] = {3600, 60, 1};
+    for (size_t i = 0; i < parts.size() && i < 3; ++i) seconds += static_cast<long>(parts[i]) * factors[i];
+  } else if (parts.size() == 1) {  // minutes
+    seconds = parts[0] * 60L;
+  } else if (parts.size() == 2) {  // minutes:seconds
+    seconds = parts[0] * 60L + parts[1];
+  } else {
+    seconds = parts[0] * 3600L + parts[1] * 60L + parts[2];
+  }
+  seconds += days * 86400L;
+  return fmt::format("{:02}:{:02}:{:02}", seconds / 3600, seconds / 60 % 60, seconds % 60);
+}
+
 void pbs_directives(const SiteProfile& site, const std::map<std::string, std::string>& v, std::vector<std::string>& d) {
   d.push_back("-N " + directive_word("job_name", v.at("job_name")));
   if (!site.gpu_request.empty()) d.push_back("-l " + fill(site.gpu_request, v, site, "select statement"));
-  if (auto t = v.find("time"); t != v.end()) d.push_back("-l walltime=" + t->second);
+  if (auto t = v.find("time"); t != v.end()) d.push_back("-l walltime=" + pbs_walltime(t->second));
   if (auto a = v.find("account"); a != v.end()) d.push_back("-A " + directive_word("account", a->second));
   if (auto q = v.find("queue"); q != v.end()) d.push_back("-q " + directive_word("queue", q->second));
   d.push_back("-j oe");  // one output file, as Slurm writes
@@ -197,10 +228,12 @@ void check_site_rules(const SiteProfile& site, const JobRequest& job) {
     if (job.options.count(option))
       throw UsageError(fmt::format("site '{}' does not allow {}: {}", site.name, flag_for(option), why), fmt::format("drop {}", flag_for(option)));
 
+  // Whole numbers first: the derived values below compute with them.
+  require_whole_number(job.options, "nodes", 1);
+  require_whole_number(job.options, "gpus_per_node", 0);
+  require_whole_number(job.options, "cpus_per_task", 1);
+  require_whole_number(site.defaults, "cpus_per_task", 1);
   const auto v = effective_values(site, job);
-  require_whole_number(v, "nodes", 1);
-  require_whole_number(v, "gpus_per_node", 0);
-  require_whole_number(v, "cpus_per_task", 1);
   for (const auto& option : site.required)
     if (!v.count(option) || v.at(option).empty())
       throw UsageError(fmt::format("site '{}' requires {}", site.name, flag_for(option)),

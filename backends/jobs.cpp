@@ -91,7 +91,12 @@ std::optional<JobState> pbs_job_state(const std::string& id) {
   s.output = job.value("Output_Path", "");
   if (auto colon = s.output.find(':'); colon != std::string::npos) s.output = s.output.substr(colon + 1);  // host:path
   s.finished = s.state == "F" || s.state == "X";
-  if (job.contains("Exit_status")) s.exit_code = job["Exit_status"].get<int>();
+  if (job.contains("Exit_status") && job["Exit_status"].is_number_integer()) {
+    // PBS writes 256 + signal for a job killed by a signal, and negative codes for jobs it could
+    // not start; as a process exit status those become 128 + signal and 1.
+    const int status = job["Exit_status"].get<int>();
+    s.exit_code = status > 256 ? 128 + (status - 256) : status < 0 ? 1 : status;
+  }
   return s;
 }
 
@@ -111,7 +116,9 @@ std::string local_scheduler() {
 std::string submit_job(const std::string& scheduler, const std::string& script) {
   const bool slurm = scheduler == "slurm";
   std::vector<std::string> argv = slurm ? std::vector<std::string>{"sbatch", "--parsable"} : std::vector<std::string>{"qsub", "-"};
-  CommandResult r = run_command(argv, std::chrono::seconds(60), script);
+  // Generous: a submit that timed out here may still have been accepted, and a retry would
+  // submit the job twice.
+  CommandResult r = run_command(argv, std::chrono::seconds(300), script);
   if (!r.ok()) throw Error(fmt::format("{} refused the job: {}", argv.front(), tool_error(r)), "fix what it names and submit again");
   std::string id = first_line(r.out);
   if (slurm) id = id.substr(0, id.find(';'));  // "123;cluster"

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <netdb.h>
+#include <poll.h>
 #include <pwd.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -65,9 +66,17 @@ bool accepts_connections(const JupyterEndpoint& at) {
   if (::getaddrinfo(at.host.c_str(), std::to_string(at.port).c_str(), &hints, &found) != 0) return false;
   bool connected = false;
   for (addrinfo* a = found; a != nullptr && !connected; a = a->ai_next) {
-    int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
     if (fd < 0) continue;
-    connected = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+    // Non-blocking with a 2 s limit: a filtered port must not stall the wait past its timeout.
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+      connected = true;
+    } else if (errno == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      int error = 0;
+      socklen_t len = sizeof error;
+      connected = ::poll(&p, 1, 2000) == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len) == 0 && error == 0;
+    }
     ::close(fd);
   }
   ::freeaddrinfo(found);
@@ -104,10 +113,14 @@ std::vector<std::string> jupyter_body(const JupyterSession& session, const std::
       "# ddl jupyter: the token comes from a mode-600 file, never a command line; the port is one the kernel",
       "# hands out on this node (bind port 0), and --port-retries=0 keeps Jupyter from moving to another.",
       "session=" + shell_quote(session.dir + "/" + session.name),
-      "export JUPYTER_TOKEN=\"$(cat \"$session.token\")\""};
+      "JUPYTER_TOKEN=$(cat \"$session.token\") && [ -n \"$JUPYTER_TOKEN\" ] || { echo \"ddl jupyter: cannot read $session.token here\" >&2; exit 1; }",
+      "export JUPYTER_TOKEN"};
   if (!environment.empty()) {
     if (environment.find('/') != std::string::npos) lines.push_back("source " + shell_quote(environment + "/bin/activate"));
-    else lines.push_back("conda activate " + shell_quote(environment));
+    else {
+      lines.push_back("eval \"$(conda shell.bash hook)\"  # conda activate needs conda's shell functions in a batch shell");
+      lines.push_back("conda activate " + shell_quote(environment));
+    }
   }
   lines.push_back("port=$(python3 -c 'import socket; s = socket.socket(); s.bind((\"\", 0)); print(s.getsockname()[1])')");
   lines.push_back("host=$(hostname)");
@@ -159,10 +172,11 @@ std::optional<JupyterEndpoint> jupyter_endpoint(const JupyterSession& session) {
 }
 
 JupyterEndpoint wait_for_jupyter(const JupyterSession& session, std::chrono::seconds timeout,
-                                 const std::function<void(const JobState&)>& on_change) {
+                                 const std::function<void(const JobState&)>& on_change, const std::function<bool()>& interrupted) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::optional<JobState> last;
   while (std::chrono::steady_clock::now() < deadline) {
+    if (interrupted()) throw Error(fmt::format("interrupted while waiting for Jupyter of job {}", session.job));
     auto now = job_state(session.scheduler, session.job);
     if (now && (!last || now->state != last->state || now->reason != last->reason || now->nodes != last->nodes)) on_change(*now);
     if (!now || now->finished) {

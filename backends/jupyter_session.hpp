@@ -56,10 +56,11 @@ void remove_jupyter_session(const JupyterSession& session);
 // Where the server listens, once the job has written it.
 std::optional<JupyterEndpoint> jupyter_endpoint(const JupyterSession& session);
 
-// Follows the job until the server accepts connections (returns where), the job ends, or
-// `timeout` passes (both throw ddl::Error). `on_change` gets every change of the job's state.
+// Follows the job until the server accepts connections (returns where), the job ends, `timeout`
+// passes, or `interrupted` says so (all three throw ddl::Error). `on_change` gets every change of
+// the job's state.
 JupyterEndpoint wait_for_jupyter(const JupyterSession& session, std::chrono::seconds timeout,
-                                 const std::function<void(const JobState&)>& on_change);
+                                 const std::function<void(const JobState&)>& on_change, const std::function<bool()>& interrupted);
 
 // ssh -N -L LPORT:HOST:PORT [-J JUMP] USER@LOGIN
 std::string ssh_tunnel_command(const JupyterSession& session, const JupyterEndpoint& at, int local_port);

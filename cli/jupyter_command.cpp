@@ -1,6 +1,9 @@
 #include "cli/jupyter_command.hpp"
 
+#include <signal.h>
 #include <unistd.h>
+
+#include <atomic>
 
 #include <cstdio>
 
@@ -28,6 +31,18 @@ struct JupyterFlags {
 };
 
 namespace {
+
+std::atomic<bool> g_interrupted{false};
+
+void on_interrupt(int) { g_interrupted = true; }
+
+// Ctrl-C or SIGTERM while waiting for the server: stop waiting, then cancel the job.
+void catch_interrupts() {
+  struct sigaction action {};
+  action.sa_handler = on_interrupt;
+  ::sigaction(SIGINT, &action, nullptr);
+  ::sigaction(SIGTERM, &action, nullptr);
+}
 
 std::string this_host() {
   char name[256] = {};
@@ -107,17 +122,25 @@ int JupyterCommand::start() const {
     backends::remove_jupyter_session(session);
     throw;
   }
-  backends::save_jupyter_session(session);
-  std::printf("submitted job %s to %s (site %s): jupyter %s; waiting up to %d s for it\n", session.job.c_str(),
-              site.scheduler == "slurm" ? "Slurm" : "PBS", site.name.c_str(), program.c_str(), f.timeout);
-  std::fflush(stdout);
+  catch_interrupts();
   backends::JupyterEndpoint at;
+  bool saved = false;
   try {
-    at = backends::wait_for_jupyter(session, std::chrono::seconds(f.timeout), print_job_status);
+    backends::save_jupyter_session(session);
+    saved = true;
+    std::printf("submitted job %s to %s (site %s): jupyter %s; waiting up to %d s for it\n", session.job.c_str(),
+                site.scheduler == "slurm" ? "Slurm" : "PBS", site.name.c_str(), program.c_str(), f.timeout);
+    std::fflush(stdout);
+    at = backends::wait_for_jupyter(session, std::chrono::seconds(f.timeout), print_job_status, [] { return g_interrupted.load(); });
   } catch (const Error&) {
     if (::isatty(STDOUT_FILENO)) std::printf("\n");
     auto state = backends::job_state(session.scheduler, session.job);
-    if (!state || state->finished) backends::remove_jupyter_session(session);  // nothing left to tunnel to
+    const bool still_queued_or_running = state && !state->finished;
+    // Waiting timed out: the job is left for `tunnel`, as the message says. Anything else (an
+    // interrupt, a session that could not be saved, a job that ended) leaves nothing behind.
+    if (still_queued_or_running && saved && !g_interrupted) throw;
+    if (still_queued_or_running) backends::cancel_job(session.scheduler, session.job);
+    backends::remove_jupyter_session(session);
     throw;
   }
   if (::isatty(STDOUT_FILENO)) std::printf("\n");

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <deque>
 #include <memory>
 #include <regex>
 
@@ -101,7 +102,7 @@ struct PreparedLaunch {
 };
 
 PreparedLaunch launch_command(const RunRequest& request, TaskLauncher launcher, const WorldPlan& plan, const AllocationShape& shape,
-                              const Environment& env) {
+                              const Environment& env, const std::shared_ptr<std::deque<std::string>>& launcher_reports) {
   backends::TaskLayout layout;
   layout.num_nodes = plan.num_nodes;
   layout.tasks_per_node = plan.workers_per_node;
@@ -116,9 +117,15 @@ PreparedLaunch launch_command(const RunRequest& request, TaskLauncher launcher, 
     if (env.count(optional)) layout.exported_names.emplace_back(optional);
 
   // srun and PALS label whole lines; mpirun's tags need the state of every task's unfinished line.
-  LineLabeller rank_colon = [](std::string_view line) -> std::optional<std::vector<backends::TaskLine>> {
+  // srun's own error lines are kept as they stream by (the first 50): at scale the survivors'
+  // output would push the first task's end out of the stderr tail.
+  auto reports = launcher_reports;
+  LineLabeller rank_colon = [reports](std::string_view line) -> std::optional<std::vector<backends::TaskLine>> {
     auto task = backends::rank_colon_label(line);
-    if (!task) return std::nullopt;
+    if (!task) {
+      if (line.starts_with("srun: error: ") && reports->size() < 50) reports->emplace_back(line);
+      return std::nullopt;
+    }
     return std::vector<backends::TaskLine>{std::move(*task)};
   };
   auto openmpi = std::make_shared<backends::pbs::OpenMpiOutput>();
@@ -139,13 +146,16 @@ PreparedLaunch launch_command(const RunRequest& request, TaskLauncher launcher, 
 }
 
 // The rank and host of the task that failed, as the launcher reported it, and that rank's lines.
-void explain_failure(RunOutcome& outcome, TaskLauncher launcher, const AllocationShape& shape, const WorldPlan& plan) {
+void explain_failure(RunOutcome& outcome, TaskLauncher launcher, const AllocationShape& shape, const WorldPlan& plan,
+                     const std::deque<std::string>& launcher_reports) {
   if (!outcome.failure) return;
   WorkerFailure& f = *outcome.failure;
   std::deque<std::string> said(f.stderr_tail.begin(), f.stderr_tail.end());
+  std::deque<std::string> reports = launcher_reports;
+  reports.insert(reports.end(), said.begin(), said.end());
   std::optional<int> rank;
   if (launcher == TaskLauncher::Srun) {
-    if (auto task = backends::slurm::failed_task(said)) {
+    if (auto task = backends::slurm::failed_task(reports)) {
       rank = task->rank;
       f.host = task->host;
       f.exit_code = task->exit_code;  // srun itself exits with the code of its own SIGTERM
@@ -206,7 +216,8 @@ RunOutcome run_in_allocation(const RunRequest& request, const backends::Allocati
   launcher_env["MASTER_ADDR"] = shape.hosts.front();
   launcher_env["MASTER_PORT"] = std::to_string(master_port.port());
 
-  PreparedLaunch prepared = launch_command(request, launcher, plan, shape, env);
+  auto launcher_reports = std::make_shared<std::deque<std::string>>();
+  PreparedLaunch prepared = launch_command(request, launcher, plan, shape, env, launcher_reports);
   launcher_env["DDL_CPUS_PER_TASK"] = std::to_string(cpus_per_task(request, plan, shape));
   WorkerLaunch task_launcher;
   task_launcher.rank = 0;
@@ -216,7 +227,7 @@ RunOutcome run_in_allocation(const RunRequest& request, const backends::Allocati
   task_launcher.labeller = prepared.labeller;
   task_launcher.interrupt_signal = SIGTERM;  // srun wants two SIGINTs within a second to stop
   RunOutcome outcome = supervisor.run({task_launcher});
-  explain_failure(outcome, launcher, shape, plan);
+  explain_failure(outcome, launcher, shape, plan, *launcher_reports);
   return outcome;
 }
 

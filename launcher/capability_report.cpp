@@ -186,7 +186,10 @@ CapabilitySection gpus_section(const Environment& env) {
     for (std::string line; std::getline(lines, line);) {
       std::vector<std::string> f;
       std::istringstream parts(line);
-      for (std::string p; std::getline(parts, p, ',');) f.push_back(p.substr(p.find_first_not_of(' ')));
+      for (std::string p; std::getline(parts, p, ',');) {
+        const auto start = p.find_first_not_of(' ');
+        f.push_back(start == std::string::npos ? std::string() : p.substr(start));
+      }
       if (f.size() == 4) s.items.push_back(item(true, "GPU " + f[0], "", fmt::format("{}, {}, driver {}", f[1], f[2], f[3])));
     }
     if (!r.ok()) s.items.push_back(item(false, "nvidia-smi", "", "failed: " + first_line(r.err + r.out)));

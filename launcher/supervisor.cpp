@@ -113,7 +113,14 @@ class Run {
       kill_everything();
       throw;
     }
-    while (running_workers() > 0) step();
+    try {
+      while (running_workers() > 0) step();
+    } catch (...) {
+      // ddl itself failed mid-run (an output file, poll): no worker may outlive it.
+      signal_all(SIGKILL);
+      kill_everything();
+      throw;
+    }
     kill_everything();
     drain_streams(Clock::now() + std::chrono::seconds(2));
     return outcome();

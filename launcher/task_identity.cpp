@@ -33,16 +33,19 @@ struct LauncherVariables {
   std::initializer_list<const char*> rank, local_rank, size, local_size, node_rank, num_nodes;
 };
 
-// Which variables each launcher sets. OpenMPI's OMPI_COMM_WORLD_NODE_RANK is not a node index
-// (it counts processes on the node across jobs), so node ranks come from the block layout.
+// Which variables each launcher sets, in the order they are trusted. An mpirun or mpiexec started
+// inside a Slurm job passes the batch script's own SLURM_PROCID=0 on to its tasks, so the MPI
+// launchers' variables come first; under srun --mpi=pmi2 PMI_RANK and SLURM_PROCID agree.
+// OpenMPI's OMPI_COMM_WORLD_NODE_RANK is not a node index (it counts processes on the node across
+// jobs), so node ranks come from the block layout.
 const LauncherVariables kLaunchers[] = {
-    {"Slurm (SLURM_PROCID)", {"SLURM_PROCID"}, {"SLURM_LOCALID"}, {"SLURM_NTASKS", "SLURM_NPROCS"}, {}, {"SLURM_NODEID"},
-     {"SLURM_STEP_NUM_NODES", "SLURM_NNODES"}},
     {"OpenMPI (OMPI_COMM_WORLD_RANK)", {"OMPI_COMM_WORLD_RANK"}, {"OMPI_COMM_WORLD_LOCAL_RANK"}, {"OMPI_COMM_WORLD_SIZE"},
      {"OMPI_COMM_WORLD_LOCAL_SIZE"}, {}, {}},
     {"Cray PALS (PALS_RANKID)", {"PALS_RANKID"}, {"PALS_LOCAL_RANKID", "PMI_LOCAL_RANK"}, {"PMI_SIZE"}, {"PMI_LOCAL_SIZE"},
      {"PALS_NODEID"}, {}},
     {"PMI (PMI_RANK)", {"PMI_RANK"}, {"PMI_LOCAL_RANK", "MPI_LOCALRANKID"}, {"PMI_SIZE"}, {"PMI_LOCAL_SIZE", "MPI_LOCALNRANKS"}, {}, {}},
+    {"Slurm (SLURM_PROCID)", {"SLURM_PROCID"}, {"SLURM_LOCALID"}, {"SLURM_NTASKS", "SLURM_NPROCS"}, {}, {"SLURM_NODEID"},
+     {"SLURM_STEP_NUM_NODES", "SLURM_NNODES"}},
     {"PMIx (PMIX_RANK)", {"PMIX_RANK"}, {}, {}, {}, {}, {}},
 };
 
@@ -74,7 +77,7 @@ TaskIdentity task_identity(const Environment& env) {
       break;
     }
   if (launcher == nullptr)
-    throw UsageError("ddl exec found no rank: none of SLURM_PROCID, OMPI_COMM_WORLD_RANK, PALS_RANKID, PMI_RANK, PMIX_RANK is set",
+    throw UsageError("ddl exec found no rank: none of OMPI_COMM_WORLD_RANK, PALS_RANKID, PMI_RANK, SLURM_PROCID, PMIX_RANK is set",
                      "ddl exec runs inside a task started by srun, mpirun or mpiexec; to start workers use ddl run");
 
   TaskIdentity id;

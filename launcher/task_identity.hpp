@@ -19,8 +19,8 @@ struct TaskIdentity {
   std::string source;  // the launcher the ranks came from, for messages: "Slurm (SLURM_PROCID)"
 };
 
-// The task's identity. Ranks come from the launcher's variables (SLURM_*, OMPI_COMM_WORLD_*,
-// PALS_*, PMI_*, PMIX_RANK, in that order); sizes the launcher does not export come from the
+// The task's identity. Ranks come from the launcher's variables (OMPI_COMM_WORLD_*, PALS_*,
+// PMI_*, SLURM_*, PMIX_RANK, in that order); sizes the launcher does not export come from the
 // shape `ddl run` exported (DDL_SIZE, DDL_LOCAL_SIZE, DDL_NUM_NODES), with ranks laid out node by
 // node. Throws UsageError naming the variable when none is set, one is not a number, or the
 // launcher's and ddl run's world sizes disagree.

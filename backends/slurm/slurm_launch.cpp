@@ -74,6 +74,9 @@ std::vector<std::string> srun_command(const TaskLayout& layout, const std::strin
                                    fmt::format("--ntasks-per-node={}", layout.tasks_per_node),
                                    fmt::format("--cpus-per-task={}", layout.cpus_per_task),
                                    "--kill-on-bad-exit=1",
+                                   // Tasks need ddl run's variables even when the job was submitted
+                                   // with --export=NONE (SLURM_EXPORT_ENV is inherited by srun).
+                                   "--export=ALL",
                                    "--label",
                                    // Ranks node by node, as ddl's plan numbers them.
                                    "--distribution=block"};

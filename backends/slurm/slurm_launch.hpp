@@ -25,7 +25,7 @@ int cpus_per_node(const Environment& env);
 // Whether this Slurm's srun offers --mpi=pmix (`srun --mpi=list`).
 bool srun_offers_pmix();
 
-// srun --nodes N --ntasks-per-node T --cpus-per-task C --kill-on-bad-exit=1 --label [--mpi=PLUGIN] TASK...
+// srun --nodes N --ntasks-per-node T --cpus-per-task C --kill-on-bad-exit=1 --export=ALL --label [--mpi=PLUGIN] TASK...
 // (no --mpi when `mpi_plugin` is empty).
 std::vector<std::string> srun_command(const TaskLayout& layout, const std::string& mpi_plugin);
 

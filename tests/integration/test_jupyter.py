@@ -3,6 +3,7 @@ the loopback Slurm (scripts/local_slurm.sh), reached over HTTP the way the print
 would reach it (Host: localhost), refused without its token, and gone after `ddl jupyter stop`."""
 import os
 import re
+import signal
 import stat
 import subprocess
 import tempfile
@@ -100,12 +101,31 @@ class Jupyter(unittest.TestCase):
         self.assertRegex(result.stderr, r"job \d+ ended before Jupyter came up \(its output: .*ddl-\d+\.out\)")
         self.assertEqual(os.listdir(os.path.join(self.env["XDG_STATE_HOME"], "ddl", "jupyter")), [])
 
+    def test_ctrl_c_while_waiting_cancels_the_job_and_leaves_nothing(self):
+        blocker = self.ddl("submit", "--site", "slurm", "--", "sleep", "300")
+        self.assertEqual(blocker.returncode, 0, blocker.stderr)
+        blocker_job = blocker.stdout.split("submitted job ")[1].split()[0]
+        try:
+            proc = subprocess.Popen([DDL, "jupyter", "start", "--site", "slurm", "--program", "notebook", "-d", f"afterok:{blocker_job}"],
+                                    env=self.env, cwd=self.tmp.name, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            first = proc.stdout.readline()
+            job = re.search(r"submitted job (\d+)", first).group(1)
+            self.assertTrue(wait_until(lambda: "PENDING" in self.ddl("status", job).stdout, 30))
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=60)
+            self.assertEqual(proc.returncode, 1, err)
+            self.assertIn(f"interrupted while waiting for Jupyter of job {job}", err)
+            self.assertTrue(wait_until(lambda: "CANCELLED" in self.ddl("status", job).stdout, 30), self.ddl("status", job).stdout)
+            self.assertEqual(os.listdir(os.path.join(self.env["XDG_STATE_HOME"], "ddl", "jupyter")), [])
+        finally:
+            self.ddl("cancel", blocker_job)
+
     def test_dry_run_prints_the_script_and_site_rules_apply(self):
         result = self.ddl("jupyter", "start", "--site", "perlmutter", "-A", "m1234_g", "--env", "my env", "--dry-run")
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertIn("#SBATCH --gpus-per-node=1", result.stdout)
         self.assertIn("conda activate 'my env'", result.stdout)
-        self.assertIn('export JUPYTER_TOKEN="$(cat "$session.token")"', result.stdout)
+        self.assertIn('JUPYTER_TOKEN=$(cat "$session.token") && [ -n "$JUPYTER_TOKEN" ] || {', result.stdout)
         self.assertIn("exec jupyter lab --no-browser --ip=\"$host\"", result.stdout)
         refused = self.ddl("jupyter", "start", "--site", "perlmutter", "-A", "m1234")
         self.assertEqual(refused.returncode, 2)

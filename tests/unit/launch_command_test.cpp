@@ -26,7 +26,7 @@ TaskLayout two_by_four() {
 TEST_CASE("srun gets counts per node, cpus per task, kill-on-bad-exit, labels and block ranks") {
   auto argv = slurm::srun_command(two_by_four(), "pmix");
   const std::vector<std::string> expected{"srun", "--nodes=2", "--ntasks=8", "--ntasks-per-node=4", "--cpus-per-task=16",
-                                          "--kill-on-bad-exit=1", "--label", "--distribution=block", "--mpi=pmix",
+                                          "--kill-on-bad-exit=1", "--export=ALL", "--label", "--distribution=block", "--mpi=pmix",
                                           "/opt/ddl/bin/ddl", "exec", "--", "python3", "train.py"};
   CHECK(argv == expected);
   CHECK(slurm::srun_command(two_by_four(), "").size() == expected.size() - 1);

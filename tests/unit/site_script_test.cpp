@@ -110,12 +110,28 @@ TEST_CASE("each site's rules are one usage error naming the rule and the fix") {
   refuse("alliance", {{"account", "alice"}}, "Alliance accounts are written def-<pi>");
   refuse("sockeye", {{"account", "st-alice-1-gpu"}, {"job_name", "a'b\"c"}}, "holds both kinds of quote");
   refuse("slurm", {{"account", "x\ny"}}, "-A/--account contains a newline");
+  refuse("perlmutter", {{"account", "m1_g"}, {"gpus_per_node", "abc"}}, "--gpus-per-node abc: must be a whole number");
   refuse("slurm", {{"image", "x.sif"}}, "--image: site 'slurm' (slurm) has no place for it");
   refuse("polaris", {{"account", "p"}, {"filesystems", "home"}, {"partition", "gpu"}}, "-p/--partition: site 'polaris' (pbs) has no place for it");
   refuse("pbs", {{"gpus_per_node", "4"}}, "site 'pbs' needs -c/--cpus-per-task for its select statement");
   JobRequest pbs_signal = job({{"account", "st-a-1-gpu"}});
   pbs_signal.signal_before_seconds = 60;
   CHECK_THROWS_WITH_AS(render_job_script(load_site("sockeye"), pbs_signal), doctest::Contains("uses PBS"), ddl::UsageError);
+}
+
+TEST_CASE("PBS gets Slurm's time forms as HH:MM:SS walltime") {
+  UserSites none({});
+  auto walltime = [](const std::string& time) {
+    const std::string text = render_job_script(load_site("sockeye"), job({{"account", "st-a-1-gpu"}, {"time", time}})).text;
+    const auto at = text.find("walltime=");
+    return text.substr(at + 9, text.find('\n', at) - at - 9);
+  };
+  CHECK(walltime("30") == "00:30:00");
+  CHECK(walltime("90:30") == "01:30:30");
+  CHECK(walltime("01:00:00") == "01:00:00");
+  CHECK(walltime("1-00:00:00") == "24:00:00");
+  CHECK(walltime("2-12") == "60:00:00");
+  CHECK(walltime("1-02:30") == "26:30:00");
 }
 
 TEST_CASE("a user profile overrides a built-in field by field, and says where each value came from") {

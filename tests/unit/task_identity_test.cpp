@@ -31,6 +31,13 @@ TEST_CASE("OpenMPI tasks: node rank from the block layout, not OMPI_COMM_WORLD_N
   check(task_identity(env), 5, 8, 1, 4, 1, 2);
 }
 
+TEST_CASE("mpirun inside a Slurm job: OpenMPI's ranks win over the batch script's inherited SLURM_PROCID=0") {
+  ddl::Environment env{{"SLURM_PROCID", "0"}, {"SLURM_LOCALID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_NODEID", "0"},
+                       {"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                       {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}};
+  check(task_identity(env), 3, 4, 1, 2, 1, 2);
+}
+
 TEST_CASE("Cray PALS tasks (Polaris)") {
   ddl::Environment env{{"PALS_RANKID", "6"}, {"PALS_LOCAL_RANKID", "2"}, {"PALS_NODEID", "1"}, {"PMI_RANK", "6"},
                        {"PMI_SIZE", "8"}, {"PMI_LOCAL_SIZE", "4"}, {"PMI_LOCAL_RANK", "2"}};
@@ -48,7 +55,7 @@ TEST_CASE("a bare PMIx rank takes the world's shape from what ddl run exported")
 }
 
 TEST_CASE("no launcher, a non-number, or a world that disagrees with ddl run's plan is a usage error naming it") {
-  CHECK_THROWS_WITH_AS(task_identity({}), doctest::Contains("none of SLURM_PROCID"), ddl::UsageError);
+  CHECK_THROWS_WITH_AS(task_identity({}), doctest::Contains("none of OMPI_COMM_WORLD_RANK"), ddl::UsageError);
   CHECK_THROWS_WITH_AS(task_identity({{"SLURM_PROCID", "x1"}}), doctest::Contains("SLURM_PROCID=x1"), ddl::UsageError);
   CHECK_THROWS_WITH_AS(task_identity({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"DDL_SIZE", "8"}}),
                        doctest::Contains("started 4 tasks but ddl run planned 8"), ddl::UsageError);

@@ -233,8 +233,18 @@ void* map_segment(const std::string& name, size_t bytes, bool create) {
   }
   void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ::close(fd);
+  if (base == MAP_FAILED && create) ::shm_unlink(name.c_str());
   return base == MAP_FAILED ? nullptr : base;
 }
+
+// Rank 0 removes the segment's name on every way out of the setup (a peer that never comes makes
+// the store throw): once all ranks have it mapped, or given up, nobody needs the name.
+struct UnlinkOnExit {
+  std::string name;
+  ~UnlinkOnExit() {
+    if (!name.empty()) ::shm_unlink(name.c_str());
+  }
+};
 
 }  // namespace
 
@@ -244,9 +254,11 @@ std::unique_ptr<Collectives> make_shared_memory_collectives(int rank, int size, 
   const size_t bytes = segment_bytes(size);
   std::string name;
   void* base = nullptr;
+  UnlinkOnExit name_guard;
   if (rank == 0) {
     name = "/ddl-" + random_suffix();
     base = map_segment(name, bytes, true);
+    if (base != nullptr) name_guard.name = name;
     store.set("shm/name/0", std::vector<char>(name.begin(), name.end()));
   } else {
     auto value = store.get("shm/name/0");  // keys end in their owner's rank (the PMIx store needs it)
@@ -258,7 +270,6 @@ std::unique_ptr<Collectives> make_shared_memory_collectives(int rank, int size, 
   store.set(fmt::format("shm/mapped/{}", rank), std::vector<char>{mapped});
   bool all = true;
   for (int r = 0; r < size; ++r) all = all && store.get(fmt::format("shm/mapped/{}", r)) == std::vector<char>{'1'};
-  if (rank == 0 && base != nullptr) ::shm_unlink(name.c_str());  // every rank has it open or gave up: no name to leak
   if (!all) {
     if (base != nullptr) ::munmap(base, bytes);
     return nullptr;
