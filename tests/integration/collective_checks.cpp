@@ -4,6 +4,7 @@
 //   collective_checks mismatch   ranks disagree on one op's shape: every rank must get an error
 //   collective_checks die K      rank K kills itself mid-allreduce: survivors must get an error
 //   collective_checks world      prints what ddl_init found (rank, size, local rank/size, node), then allreduces
+//   collective_checks reinit     the same, then ddl_finalize, ddl_init and the allreduces again
 // Prints "PASS n checks" (or what failed) and exits 0 when every check held.
 #include <signal.h>
 #include <unistd.h>
@@ -281,7 +282,7 @@ int main(int argc, char** argv) {
   require(ddl_size(&g_size), "ddl_size");
   std::string mode = argc > 1 ? argv[1] : "all";
   int rc = 0;
-  if (mode == "world") {
+  if (mode == "world" || mode == "reinit") {
     int local_rank = -1, local_size = -1, node_rank = -1;
     require(ddl_local_rank(&local_rank), "ddl_local_rank");
     require(ddl_local_size(&local_size), "ddl_local_size");
@@ -297,6 +298,13 @@ int main(int argc, char** argv) {
     check_submission_order();
   }
   require(ddl_finalize(), "ddl_finalize");
+  if (mode == "reinit") {
+    // A second world in the same process: nothing of the first (store or PMIx keys, the
+    // shared-memory segment) may leak into it.
+    require(ddl_init(), "ddl_init again");
+    check_allreduces();
+    require(ddl_finalize(), "ddl_finalize again");
+  }
   if (g_failures == 0 && rc == 0) std::printf("PASS %d checks on rank %d of %d\n", g_checks, g_rank, g_size);
   return g_failures == 0 ? rc : 1;
 }

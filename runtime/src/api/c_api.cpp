@@ -136,7 +136,7 @@ std::shared_ptr<Runtime> start_runtime(int generation) {
     size = w.size;
     // PMIx node ids need not count from 0; a world whose ranks all share this node is one node.
     rt->placement = {w.local_rank, w.local_size, w.local_size == w.size ? 0 : w.node_rank, w.local_size == w.size ? 1 : 2};
-    store = rt->pmix->gloo_store();
+    store = rt->pmix->gloo_store(fmt::format("{}.", generation));
   }
   auto config = engine_config(rank);
   // All ranks on this node: shared memory, unless DDL_SHM=0; else (or if it cannot be set up) Gloo.

@@ -45,7 +45,7 @@ uint32_t get_u32(const pmix_proc_t& proc, const char* key, uint32_t fallback) {
 
 class PmixStore final : public gloo::rendezvous::Store {
  public:
-  explicit PmixStore(std::shared_ptr<PmixSession::State> state) : state_(std::move(state)) {}
+  PmixStore(std::shared_ptr<PmixSession::State> state, std::string prefix) : state_(std::move(state)), prefix_(std::move(prefix)) {}
 
   void set(const std::string& key, const std::vector<char>& data) override {
     pmix_value_t value;
@@ -53,7 +53,7 @@ class PmixStore final : public gloo::rendezvous::Store {
     value.type = PMIX_BYTE_OBJECT;
     value.data.bo.bytes = const_cast<char*>(data.data());
     value.data.bo.size = data.size();
-    std::string k = "ddl." + key;
+    std::string k = "ddl." + prefix_ + key;
     if (PMIx_Put(PMIX_GLOBAL, k.c_str(), &value) != PMIX_SUCCESS || PMIx_Commit() != PMIX_SUCCESS)
       throw Error(fmt::format("PMIx: cannot publish '{}'", key));
     dirty_ = true;
@@ -108,7 +108,7 @@ class PmixStore final : public gloo::rendezvous::Store {
     if (wait) PMIX_INFO_LOAD(&info, PMIX_TIMEOUT, &seconds, PMIX_INT);
     else PMIX_INFO_LOAD(&info, PMIX_OPTIONAL, &optional, PMIX_BOOL);
     pmix_value_t* value = nullptr;
-    const std::string k = "ddl." + key;
+    const std::string k = "ddl." + prefix_ + key;
     pmix_status_t rc = PMIx_Get(&proc, k.c_str(), &info, 1, &value);
     PMIX_INFO_DESTRUCT(&info);
     std::optional<std::vector<char>> out;
@@ -119,6 +119,7 @@ class PmixStore final : public gloo::rendezvous::Store {
   }
 
   std::shared_ptr<PmixSession::State> state_;
+  std::string prefix_;  // the ddl_init generation, so keys of an earlier init are never read
   bool dirty_ = false;
 };
 
@@ -143,7 +144,9 @@ PmixSession::PmixSession(std::chrono::milliseconds timeout) : state_(std::make_s
 
 PmixSession::~PmixSession() { PMIx_Finalize(nullptr, 0); }
 
-std::unique_ptr<gloo::rendezvous::Store> PmixSession::gloo_store() { return std::make_unique<PmixStore>(state_); }
+std::unique_ptr<gloo::rendezvous::Store> PmixSession::gloo_store(const std::string& prefix) {
+  return std::make_unique<PmixStore>(state_, prefix);
+}
 
 bool pmix_compiled_in() { return true; }
 
@@ -155,7 +158,7 @@ PmixSession::PmixSession(std::chrono::milliseconds) {
   throw Error("this libddl was built without PMIx", "rebuild with libpmix-dev installed (DDL_WITH_PMIX), or start the program with `ddl run`");
 }
 PmixSession::~PmixSession() = default;
-std::unique_ptr<gloo::rendezvous::Store> PmixSession::gloo_store() { return nullptr; }
+std::unique_ptr<gloo::rendezvous::Store> PmixSession::gloo_store(const std::string&) { return nullptr; }
 bool pmix_compiled_in() { return false; }
 
 #endif

@@ -26,7 +26,8 @@ class PmixSession {
   const PmixWorld& world() const { return world_; }
   // Gloo's rendezvous store over PMIx Put/Fence/Get. Each rank's set()s become visible to the
   // others at the next wait() after them, which runs a fence that every rank must join.
-  std::unique_ptr<gloo::rendezvous::Store> gloo_store();
+  // Keys are put under `prefix`, so successive ddl_init calls in one process never see each other's.
+  std::unique_ptr<gloo::rendezvous::Store> gloo_store(const std::string& prefix);
 
   struct State;  // shared with the store it hands out
 
