@@ -28,8 +28,11 @@ void print_outcome(const launcher::RunOutcome& o) {
     const auto& f = *o.failure;
     std::string how = f.signal ? fmt::format("was killed by {} (exit code {})", signal_name(f.signal), f.exit_code)
                                : fmt::format("exited with code {}", f.exit_code);
-    std::fprintf(stderr, "ddl: error: rank %d on %s %s; stopped %d other worker(s)\n", f.rank, f.host.c_str(), how.c_str(),
-                 o.workers_stopped);
+    if (f.rank < 0)
+      std::fprintf(stderr, "ddl: error: %s %s without naming a failed rank (see its messages above)\n", f.host.c_str(), how.c_str());
+    else
+      std::fprintf(stderr, "ddl: error: rank %d on %s %s; stopped %d other worker(s)\n", f.rank, f.host.c_str(), how.c_str(),
+                   o.workers_stopped);
     if (!f.stderr_tail.empty()) {
       std::fprintf(stderr, "ddl: last lines of rank %d's stderr:\n", f.rank);
       for (const auto& line : f.stderr_tail) std::fprintf(stderr, "  | %s\n", line.c_str());

@@ -169,7 +169,13 @@ void explain_failure(RunOutcome& outcome, TaskLauncher launcher, const Allocatio
       if (std::regex_search(line, m, process_name)) rank = std::stoi(m[1]);
     }
   }
-  if (!rank) return;
+  if (!rank) {  // the launcher did not say which task (PALS), or failed itself
+    f.rank = -1;
+    f.host = launcher == TaskLauncher::Srun ? "srun" : launcher == TaskLauncher::OpenMpi ? "mpirun" : "mpiexec";
+    f.stderr_tail.clear();
+    outcome.workers_stopped = plan.world_size() - 1;
+    return;
+  }
   f.rank = *rank;
   outcome.workers_stopped = plan.world_size() - 1;  // the launcher stopped the others
   if (launcher != TaskLauncher::Srun && f.rank / plan.workers_per_node < static_cast<int>(shape.hosts.size()))

@@ -43,8 +43,8 @@ struct WorkerLaunch {
 };
 
 struct WorkerFailure {
-  int rank = 0;
-  std::string host;
+  int rank = 0;          // -1 when a task launcher ran the workers and did not say which one failed
+  std::string host;      // where it ran; with rank -1, the task launcher's name
   int exit_code = 0;  // the worker's exit status, or 128 + signal
   int signal = 0;     // the signal that killed it, 0 when it exited
   std::vector<std::string> stderr_tail;  // its last lines of stderr

@@ -74,6 +74,12 @@ class Slurm(unittest.TestCase):
         self.assertEqual(result.returncode, 2, result.stderr)
         self.assertIn("-N 2 but Slurm job", result.stderr)
 
+    def test_a_step_srun_cannot_start_is_reported_as_srun_s_failure(self):
+        result = self.salloc("run", "--cpus-per-task", "100000", "--", "true")
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("srun: error:", result.stderr)
+        self.assertRegex(result.stderr, r"ddl: error: srun exited with code \d+ without naming a failed rank")
+
     def test_libddl_and_pytorch_ddp_run_through_srun(self):
         result = self.salloc("run", "--cpu", "-np", "3", "--", CHECKS, "world", alloc=("-n3",))
         self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
