@@ -25,7 +25,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import shutil
 import socket
 import statistics
@@ -33,7 +32,7 @@ import subprocess
 import sys
 import time
 
-from bench_common import positive_int
+from bench_common import cpu_model, positive_int
 
 TORCHRUN_PATCH = """
 import sys
@@ -127,17 +126,6 @@ def measure(name, command, repeat, timeout):
     result.update(status="ok", runs=len(times), times_ms=[t * 1e3 for t in times],
                   median_ms=statistics.median(times) * 1e3, min_ms=min(times) * 1e3)
     return result
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def machine_info():

@@ -53,7 +53,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import re
 import resource
 import select
@@ -65,7 +64,7 @@ import sys
 import tempfile
 import threading
 import time
-from bench_common import positive_int
+from bench_common import cpu_model, positive_int
 
 TORCH_PYTHON = "/usr/bin/python3"
 STORE_TIMEOUT_S = 120  # per call, as ddl_rendezvous_bench's clients
@@ -373,17 +372,6 @@ def summarize(runs):
     times = [r["ms"] for r in runs]
     return {"status": "ok", "median_ms": statistics.median(times), "min_ms": min(times),
             "runs": runs}
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def torch_version(python):
