@@ -2,6 +2,7 @@
 
 #include <future>
 #include <iterator>
+#include <sstream>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/process.hpp>
@@ -9,6 +10,20 @@
 namespace ddl::backends {
 
 namespace bp = boost::process;
+
+std::string first_line(const std::string& text) {
+  std::string line = text.substr(0, text.find('\n'));
+  while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+  return line;
+}
+
+std::string last_line(const std::string& text) {
+  std::string last;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);)
+    if (!line.empty()) last = line;
+  return last;
+}
 
 bool on_path(const std::string& program) { return !bp::search_path(program).empty(); }
 

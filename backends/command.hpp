@@ -20,6 +20,10 @@ struct CommandResult {
 CommandResult run_command(const std::vector<std::string>& argv, std::chrono::milliseconds timeout = std::chrono::seconds(30),
                           const std::string& input = {});
 
+// The first line of a tool's output, without trailing blanks or CR; the last non-empty line.
+std::string first_line(const std::string& text);
+std::string last_line(const std::string& text);
+
 // Whether `program` is on PATH.
 bool on_path(const std::string& program);
 

@@ -17,12 +17,6 @@ namespace ddl::backends {
 
 namespace {
 
-std::string first_line(const std::string& text) {
-  std::string line = text.substr(0, text.find('\n'));
-  while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
-  return line;
-}
-
 std::string tool_error(const CommandResult& r) {
   std::string said = first_line(r.err.empty() ? r.out : r.err);
   return said.empty() ? fmt::format("exit status {}", r.exit_code) : said;
@@ -166,6 +160,10 @@ void cancel_job(const std::string& scheduler, const std::string& id) {
     throw Error(fmt::format("{} {} failed: {}", argv.front(), id, tool_error(r)), "check the id with ddl status");
 }
 
+bool shows_change(const std::optional<JobState>& before, const JobState& now) {
+  return !before || now.state != before->state || now.reason != before->reason || now.nodes != before->nodes;
+}
+
 std::optional<JobState> follow_job(const std::string& scheduler, const std::string& id, std::chrono::seconds timeout,
                                    const std::function<void(const JobState&)>& on_change) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -173,7 +171,7 @@ std::optional<JobState> follow_job(const std::string& scheduler, const std::stri
   while (std::chrono::steady_clock::now() < deadline) {
     auto now = job_state(scheduler, id);
     if (!now) return last;
-    if (!last || now->state != last->state || now->reason != last->reason || now->nodes != last->nodes) on_change(*now);
+    if (shows_change(last, *now)) on_change(*now);
     last = now;
     if (now->finished) return last;
     std::this_thread::sleep_for(std::chrono::milliseconds(500));

@@ -37,6 +37,9 @@ std::vector<JobState> my_jobs(const std::string& scheduler);
 // Cancels job `id`; throws ddl::Error with the scheduler's message when it cannot.
 void cancel_job(const std::string& scheduler, const std::string& id);
 
+// Whether `now` differs from `before` in what a status line shows (state, reason, nodes).
+bool shows_change(const std::optional<JobState>& before, const JobState& now);
+
 // Polls job `id` until it ends or `timeout` passes, calling `on_change` whenever its state,
 // reason or nodes change; returns the last state seen.
 std::optional<JobState> follow_job(const std::string& scheduler, const std::string& id, std::chrono::seconds timeout,

@@ -4,7 +4,6 @@
 #include <netdb.h>
 #include <poll.h>
 #include <pwd.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -21,25 +20,13 @@
 
 #include "backends/job_script.hpp"
 #include "runtime/src/common/error.hpp"
+#include "runtime/src/common/random_hex.hpp"
 
 namespace ddl::backends {
 
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string random_hex(size_t bytes) {
-  std::string raw(bytes, '\0');
-  size_t got = 0;
-  while (got < bytes) {
-    ssize_t n = ::getrandom(raw.data() + got, bytes - got, 0);
-    if (n < 0 && errno != EINTR) throw Error(fmt::format("getrandom failed: {}", std::strerror(errno)));
-    if (n > 0) got += static_cast<size_t>(n);
-  }
-  std::string hex;
-  for (unsigned char c : raw) hex += fmt::format("{:02x}", c);
-  return hex;
-}
 
 // Creates `path` with mode 600 (refusing to follow or reuse an existing file) and writes `text`.
 void write_private_file(const std::string& path, const std::string& text) {
@@ -178,7 +165,7 @@ JupyterEndpoint wait_for_jupyter(const JupyterSession& session, std::chrono::sec
   while (std::chrono::steady_clock::now() < deadline) {
     if (interrupted()) throw Error(fmt::format("interrupted while waiting for Jupyter of job {}", session.job));
     auto now = job_state(session.scheduler, session.job);
-    if (now && (!last || now->state != last->state || now->reason != last->reason || now->nodes != last->nodes)) on_change(*now);
+    if (now && shows_change(last, *now)) on_change(*now);
     if (!now || now->finished) {
       std::string output = now && !now->output.empty() ? " (its output: " + now->output + ")" : "";
       throw Error(fmt::format("job {} ended before Jupyter came up{}", session.job, output),

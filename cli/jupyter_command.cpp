@@ -14,6 +14,7 @@
 #include "backends/jupyter_session.hpp"
 #include "backends/site_profile.hpp"
 #include "cli/submit_command.hpp"
+#include "launcher/host.hpp"
 #include "runtime/src/common/error.hpp"
 
 namespace ddl::cli {
@@ -42,12 +43,6 @@ void catch_interrupts() {
   action.sa_handler = on_interrupt;
   ::sigaction(SIGINT, &action, nullptr);
   ::sigaction(SIGTERM, &action, nullptr);
-}
-
-std::string this_host() {
-  char name[256] = {};
-  ::gethostname(name, sizeof name - 1);
-  return name;
 }
 
 void print_connection(const backends::JupyterSession& s, const backends::JupyterEndpoint& at, int local_port) {
@@ -96,7 +91,7 @@ int JupyterCommand::start() const {
   job.options["nodes"] = "1";
   job.options["gpus_per_node"] = std::to_string(f.gpus >= 0 ? f.gpus : (site.gpus_per_node > 0 ? 1 : 0));
   if (!job.options.count("job_name")) job.options["job_name"] = "ddl-jupyter";
-  job.ddl_program = this_ddl_executable();
+  job.ddl_program = launcher::this_executable();
   job.ddl_version = DDL_VERSION;
   if (f.dry_run) {
     backends::JupyterSession example;
@@ -113,7 +108,7 @@ int JupyterCommand::start() const {
   backends::JupyterSession session = backends::new_jupyter_session(program);
   session.site = site.name;
   session.scheduler = site.scheduler;
-  session.login_host = site.login_host.empty() ? this_host() : site.login_host;
+  session.login_host = site.login_host.empty() ? launcher::host_name() : site.login_host;
   session.jump_host = site.jupyter.value("jump_host", std::string());
   job.body = backends::jupyter_body(session, f.environment);
   try {

@@ -12,17 +12,12 @@
 #include "backends/job_script.hpp"
 #include "backends/jobs.hpp"
 #include "backends/site_profile.hpp"
+#include "launcher/host.hpp"
 #include "runtime/src/common/error.hpp"
 
 namespace ddl::cli {
 
 namespace {
-
-std::string this_executable() {
-  char path[PATH_MAX];
-  ssize_t n = ::readlink("/proc/self/exe", path, sizeof path - 1);
-  return n > 0 ? std::string(path, static_cast<size_t>(n)) : "ddl";
-}
 
 std::string describe(const backends::JobState& s) {
   std::string line = fmt::format("job {} {}", s.id, s.state);
@@ -47,14 +42,14 @@ void print_tail(const std::string& path, size_t lines) {
   for (const auto& line : tail) std::printf("%s\n", line.c_str());
 }
 
+}  // namespace
+
 // One status line that rewrites itself on a terminal, and one line per change elsewhere.
-void show_status(const backends::JobState& s) {
+void print_job_status(const backends::JobState& s) {
   if (::isatty(STDOUT_FILENO)) std::printf("\r\033[K%s", describe(s).c_str());
   else std::printf("%s\n", describe(s).c_str());
   std::fflush(stdout);
 }
-
-}  // namespace
 
 void add_job_options(CLI::App& app, std::map<std::string, std::string>& options, bool workers) {
   auto option = [&](const char* names, const char* key, const char* help) {
@@ -79,10 +74,6 @@ void add_job_options(CLI::App& app, std::map<std::string, std::string>& options,
   option("-d,--dependency", "dependency", "Start after another job: afterok:ID");
   option("--gpu-type", "gpu_type", "GPU model where the site asks for one (Alliance: a100, h100)");
 }
-
-std::string this_ddl_executable() { return this_executable(); }
-
-void print_job_status(const backends::JobState& s) { show_status(s); }
 
 struct SubmitFlags {
   std::string site;
@@ -119,7 +110,7 @@ int SubmitCommand::execute(const std::optional<std::vector<std::string>>& progra
   if (!stray.empty() || (!program && !job.command.empty() && job.command.front().starts_with("-")))
     throw UsageError("ddl submit has no option " + (stray.empty() ? job.command.front() : stray.front()),
                      "see `ddl submit --help`; the program goes after --");
-  job.ddl_program = this_executable();
+  job.ddl_program = launcher::this_executable();
   job.ddl_version = DDL_VERSION;
 
   const backends::SiteProfile site = backends::load_site(f.site);
@@ -137,7 +128,7 @@ int SubmitCommand::execute(const std::optional<std::vector<std::string>>& progra
   if (!f.wait) return 0;
 
   const auto timeout = std::chrono::seconds(f.wait_timeout > 0 ? f.wait_timeout : 365 * 24 * 3600);
-  auto last = backends::follow_job(site.scheduler, id, timeout, show_status);
+  auto last = backends::follow_job(site.scheduler, id, timeout, print_job_status);
   if (::isatty(STDOUT_FILENO)) std::printf("\n");
   if (!last || !last->finished) {
     std::fprintf(stderr, "ddl: error: stopped following job %s before it ended (--wait-timeout)\n", id.c_str());

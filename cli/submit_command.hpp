@@ -18,8 +18,6 @@ namespace ddl::cli {
 // The batch options `ddl submit` and `ddl jupyter start` share (-t, -A, -q, -p, -C, ...), each
 // stored under its site-profile key; `workers` adds -N and --gpus-per-node.
 void add_job_options(CLI::App& app, std::map<std::string, std::string>& options, bool workers);
-// The path of this ddl binary, for the scripts it writes.
-std::string this_ddl_executable();
 // One live status line for a followed job (rewritten in place on a terminal).
 void print_job_status(const backends::JobState& s);
 

@@ -19,6 +19,7 @@
 #include "launcher/store_server.hpp"
 #include "launcher/worker_process.hpp"
 #include "runtime/src/common/error.hpp"
+#include "runtime/src/common/random_hex.hpp"
 
 namespace ddl::launcher {
 
@@ -65,13 +66,6 @@ WorldPlan plan_in_allocation(const RunRequest& request, const backends::Allocati
   if (!launch.num_nodes) launch.num_nodes = launch.total_workers && !launch.workers_per_node && !launch.gpus_per_node
                                                 ? std::min(nodes, *launch.total_workers) : nodes;
   return plan_world(launch, shape.gpus_per_node);
-}
-
-std::string this_executable() {
-  char path[PATH_MAX];
-  ssize_t n = ::readlink("/proc/self/exe", path, sizeof path - 1);
-  if (n <= 0) throw Error("cannot find ddl's own executable (/proc/self/exe)");
-  return std::string(path, static_cast<size_t>(n));
 }
 
 TaskLauncher choose_launcher(const RunRequest& request, Scheduler scheduler) {

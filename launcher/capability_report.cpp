@@ -25,15 +25,8 @@ using backends::CommandResult;
 using backends::run_command;
 using std::chrono::seconds;
 
-std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
-
-std::string last_line(const std::string& text) {
-  std::string last;
-  std::istringstream lines(text);
-  for (std::string line; std::getline(lines, line);)
-    if (!line.empty()) last = line;
-  return last;
-}
+using backends::first_line;
+using backends::last_line;
 
 // The first "N.N[.N]" in `text`.
 std::string version_in(const std::string& text) {

@@ -1,9 +1,10 @@
 #include "launcher/host.hpp"
 
 #include <sched.h>
-#include <sys/random.h>
 #include <sys/resource.h>
 #include <unistd.h>
+
+#include <climits>
 
 #include <cerrno>
 #include <cstring>
@@ -21,26 +22,19 @@ std::string host_name() {
   return buf;
 }
 
+std::string this_executable() {
+  char path[PATH_MAX];
+  ssize_t n = ::readlink("/proc/self/exe", path, sizeof path - 1);
+  if (n <= 0) throw Error("cannot find ddl's own executable (/proc/self/exe)");
+  return std::string(path, static_cast<size_t>(n));
+}
+
 int available_cpus() {
   cpu_set_t set;
   CPU_ZERO(&set);
   if (::sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
   long n = ::sysconf(_SC_NPROCESSORS_ONLN);
   return n > 0 ? static_cast<int>(n) : 1;
-}
-
-std::string random_hex(size_t bytes) {
-  std::vector<unsigned char> raw(bytes);
-  size_t got = 0;
-  while (got < bytes) {
-    ssize_t n = ::getrandom(raw.data() + got, bytes - got, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw Error(fmt::format("cannot read random bytes: {}", std::strerror(errno)));
-    got += static_cast<size_t>(n);
-  }
-  std::string hex;
-  for (unsigned char b : raw) hex += fmt::format("{:02x}", b);
-  return hex;
 }
 
 void raise_open_file_limit() {

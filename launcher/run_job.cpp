@@ -13,6 +13,7 @@
 #include "launcher/worker_environment.hpp"
 #include "launcher/worker_process.hpp"
 #include "runtime/src/common/error.hpp"
+#include "runtime/src/common/random_hex.hpp"
 
 namespace ddl::launcher {
 

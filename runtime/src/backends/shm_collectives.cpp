@@ -13,7 +13,6 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -29,6 +28,7 @@
 #include <gloo/rendezvous/store.h>
 
 #include "runtime/src/backends/collectives.hpp"
+#include "runtime/src/common/random_hex.hpp"
 
 namespace ddl::runtime {
 
@@ -213,14 +213,6 @@ class SharedMemory final : public Collectives {
 
 size_t segment_bytes(int size) { return kHeaderBytes + 2 * static_cast<size_t>(size + 1) * chunk_bytes(size); }
 
-std::string random_suffix() {
-  unsigned char raw[8];
-  if (::getrandom(raw, sizeof raw, 0) != static_cast<ssize_t>(sizeof raw)) throw std::runtime_error("getrandom failed");
-  std::string hex;
-  for (unsigned char c : raw) hex += fmt::format("{:02x}", c);
-  return hex;
-}
-
 // Maps the segment `name`; rank 0 creates it (and reserves its memory, so a full /dev/shm is an
 // error now rather than a SIGBUS later). Returns nullptr when this rank cannot.
 void* map_segment(const std::string& name, size_t bytes, bool create) {
@@ -256,7 +248,7 @@ std::unique_ptr<Collectives> make_shared_memory_collectives(int rank, int size, 
   void* base = nullptr;
   UnlinkOnExit name_guard;
   if (rank == 0) {
-    name = "/ddl-" + random_suffix();
+    name = "/ddl-" + ddl::random_hex(8);
     base = map_segment(name, bytes, true);
     if (base != nullptr) name_guard.name = name;
     store.set("shm/name/0", std::vector<char>(name.begin(), name.end()));

@@ -1,0 +1,29 @@
+#include "runtime/src/common/random_hex.hpp"
+
+#include <sys/random.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "runtime/src/common/error.hpp"
+
+namespace ddl {
+
+std::string random_hex(size_t bytes) {
+  std::vector<unsigned char> raw(bytes);
+  size_t got = 0;
+  while (got < bytes) {
+    ssize_t n = ::getrandom(raw.data() + got, bytes - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw Error(fmt::format("cannot read random bytes: {}", std::strerror(errno)));
+    got += static_cast<size_t>(n);
+  }
+  std::string hex;
+  for (unsigned char b : raw) hex += fmt::format("{:02x}", b);
+  return hex;
+}
+
+}  // namespace ddl
