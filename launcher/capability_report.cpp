@@ -39,11 +39,9 @@ CapabilityItem item(bool ok, std::string name, std::string version, std::string 
   return {ok, std::move(name), std::move(version), std::move(detail)};
 }
 
-bool gpu_visible(const Environment& env) { return discover_gpus(env).count() > 0; }
-
-CapabilitySection build_section(const Environment& env) {
+CapabilitySection build_section(const GpuInventory& inventory) {
   CapabilitySection s{"Build", {}};
-  const bool gpus = gpu_visible(env);
+  const bool gpus = inventory.count() > 0;
   s.items.push_back(item(true, "ddl and libddl", DDL_BUILD_VERSION, fmt::format("{}, {}", DDL_BUILD_TYPE, DDL_BUILD_COMPILER)));
   const std::string nccl = DDL_BUILD_NCCL_VERSION;
   s.items.push_back(nccl.empty() ? item(false, "NCCL", "", "not compiled in (no CUDA toolkit with NCCL at build time)")
@@ -161,17 +159,17 @@ CapabilitySection controllers_section() {
   return s;
 }
 
-CapabilitySection tensor_ops_section(const Environment& env) {
+CapabilitySection tensor_ops_section(const GpuInventory& inventory) {
   CapabilitySection s{"Tensor operations", {}};
   const std::string nccl = DDL_BUILD_NCCL_VERSION;
   if (nccl.empty()) s.items.push_back(item(false, "NCCL", "", "not compiled in: CUDA buffers are unsupported"));
-  else s.items.push_back(item(gpu_visible(env), "NCCL", nccl, gpu_visible(env) ? "CUDA buffers" : "compiled; no GPU visible"));
+  else s.items.push_back(item(inventory.count() > 0, "NCCL", nccl, inventory.count() > 0 ? "CUDA buffers" : "compiled; no GPU visible"));
   s.items.push_back(item(true, "Gloo", "", "host buffers"));
   s.items.push_back(item(false, "MPI", "", "not used by libddl: NCCL on GPUs, Gloo on hosts"));
   return s;
 }
 
-CapabilitySection gpus_section(const Environment& env) {
+CapabilitySection gpus_section(const Environment& env, const GpuInventory& gpus) {
   CapabilitySection s{"GPUs", {}};
   if (backends::on_path("nvidia-smi")) {
     CommandResult r = run_command({"nvidia-smi", "--query-gpu=index,name,memory.total,driver_version", "--format=csv,noheader"}, seconds(20));
@@ -187,7 +185,6 @@ CapabilitySection gpus_section(const Environment& env) {
     }
     if (!r.ok()) s.items.push_back(item(false, "nvidia-smi", "", "failed: " + first_line(r.err + r.out)));
   }
-  const GpuInventory gpus = discover_gpus(env);
   if (s.items.empty()) {
     s.items.push_back(gpus.count() > 0 ? item(true, fmt::format("{} GPU(s)", gpus.count()), "", "from " + gpus.source)
                                        : item(false, "GPU", "", "none visible: " + gpus.source));
@@ -197,7 +194,7 @@ CapabilitySection gpus_section(const Environment& env) {
   return s;
 }
 
-CapabilitySection allocation_section(const Environment& env) {
+CapabilitySection allocation_section(const Environment& env, const GpuInventory& inventory) {
   CapabilitySection s{"Allocation", {}};
   const backends::Allocation a = backends::detect_allocation(env);
   if (a.scheduler == backends::Scheduler::None) {
@@ -205,7 +202,7 @@ CapabilitySection allocation_section(const Environment& env) {
     return s;
   }
   std::string gpus = a.scheduler == backends::Scheduler::Slurm ? std::to_string(backends::slurm::gpus_per_node(env))
-                                                               : std::to_string(discover_gpus(env).count());
+                                                               : std::to_string(inventory.count());
   s.items.push_back(item(true, fmt::format("{} job {}", backends::scheduler_name(a.scheduler), a.job_id), "",
                          fmt::format("{} node(s), {} GPU(s) per node", a.num_nodes, gpus)));
   return s;
@@ -237,14 +234,15 @@ CapabilitySection site_section(const Environment& env) {
 
 std::vector<CapabilitySection> capability_report(const Environment& env, const CapabilityOptions& options) {
   auto frameworks = std::async(std::launch::async, frameworks_section, options);  // the slow one
+  const GpuInventory inventory = discover_gpus(env);  // once: it may load libcuda or run nvidia-smi
   std::vector<CapabilitySection> report;
-  report.push_back(build_section(env));
+  report.push_back(build_section(inventory));
   auto controllers = controllers_section();
   report.push_back(frameworks.get());
   report.push_back(std::move(controllers));
-  report.push_back(tensor_ops_section(env));
-  report.push_back(gpus_section(env));
-  report.push_back(allocation_section(env));
+  report.push_back(tensor_ops_section(inventory));
+  report.push_back(gpus_section(env, inventory));
+  report.push_back(allocation_section(env, inventory));
   report.push_back(site_section(env));
   return report;
 }
