@@ -101,3 +101,67 @@ TEST_CASE("a full cache stops growing but keeps working") {
   CHECK(n.cached_id("a", allreduce(1)).has_value());
   CHECK_FALSE(n.cached_id("b", allreduce(1)).has_value());
 }
+
+namespace {
+Announcement by_ids(std::vector<uint32_t> ids) {
+  Announcement a;
+  a.cached = std::move(ids);
+  return a;
+}
+// Makes "a", "b", "c" (allreduce of 1, 2, 3 elements) cached on a world of `size` and returns their ids.
+std::vector<uint32_t> cache_abc(Negotiator& n, int size) {
+  std::vector<Announcement> all(static_cast<size_t>(size), announce({{"a", allreduce(1)}, {"b", allreduce(2)}, {"c", allreduce(3)}}));
+  n.merge(all, Clock::now());
+  return {*n.cached_id("a", allreduce(1)), *n.cached_id("b", allreduce(2)), *n.cached_id("c", allreduce(3))};
+}
+}  // namespace
+
+TEST_CASE("cached ops announced over several rounds in different orders run in rank 0's order") {
+  Negotiator n(3);
+  auto id = cache_abc(n, 3);
+  auto now = Clock::now();
+  auto d1 = n.merge({by_ids({id[2], id[0]}), by_ids({id[0]}), by_ids({id[1], id[0]})}, now);
+  CHECK(names(d1) == std::vector<std::string>{"a"});
+  CHECK(n.pending_names().size() == 2);
+  auto d2 = n.merge({by_ids({id[1]}), by_ids({id[1], id[2]}), by_ids({id[2]})}, now);
+  CHECK(names(d2) == std::vector<std::string>{"c", "b"});  // rank 0 announced c in the round before b
+  CHECK(n.pending_names().empty());
+}
+
+TEST_CASE("ranks that announced by id and a rank that announces in full later are agreed on together") {
+  Negotiator n(3);
+  auto id = cache_abc(n, 3);
+  auto now = Clock::now();
+  CHECK(n.merge({by_ids({id[1]}), by_ids({id[1]}), announce({})}, now).ready.empty());
+  auto same = n.merge({announce({}), announce({}), announce({{"b", allreduce(2)}})}, now);
+  CHECK(names(same) == std::vector<std::string>{"b"});
+  // The late rank's spec differs: the mismatch names both groups of ranks.
+  n.merge({by_ids({id[1]}), by_ids({id[1]}), announce({})}, now);
+  auto differs = n.merge({announce({}), announce({}), announce({{"b", allreduce(7)}})}, now);
+  CHECK(differs.ready.empty());
+  REQUIRE(differs.failed.size() == 1);
+  CHECK(differs.failed[0].message == "op 'b' differs between ranks: rank 0-1: allreduce float32[2] sum; rank 2: allreduce float32[7] sum");
+  // After a full announcement, a rank's later id announcement joins it.
+  n.merge({announce({{"c", allreduce(3)}}), announce({}), announce({})}, now);
+  CHECK(names(n.merge({announce({}), by_ids({id[2]}), by_ids({id[2]})}, now)) == std::vector<std::string>{"c"});
+  CHECK(n.pending_names().empty());
+}
+
+TEST_CASE("a cached op some rank never announces stalls and fails everywhere") {
+  Negotiator n(3);
+  auto id = cache_abc(n, 3);
+  auto t0 = Clock::now();
+  n.merge({by_ids({id[0]}), announce({}), by_ids({id[0]})}, t0);
+  CHECK(n.stalled(t0 + std::chrono::seconds(1), std::chrono::seconds(5)).empty());
+  auto stalled = n.stalled(t0 + std::chrono::seconds(6), std::chrono::seconds(5));
+  REQUIRE(stalled == std::vector<std::string>{"a"});
+  Announcement rank0;
+  rank0.expired = stalled;
+  auto d = n.merge({rank0, announce({}), announce({})}, t0);
+  REQUIRE(d.failed.size() == 1);
+  CHECK(d.failed[0].status == DDL_ERROR_TIMEOUT);
+  CHECK(d.failed[0].message.find("op 'a' timed out: rank(s) 1 never submitted it") != std::string::npos);
+  CHECK(n.pending_names().empty());
+  // The id is usable again afterwards.
+  CHECK(names(n.merge({by_ids({id[0]}), by_ids({id[0]}), by_ids({id[0]})}, t0)) == std::vector<std::string>{"a"});
+}

@@ -7,15 +7,13 @@
 
 namespace ddl::runtime {
 
-void OpState::complete(ddl_status status, std::string message) {
-  {
-    std::lock_guard lock(mutex_);
-    if (done_) return;
-    done_ = true;
-    status_ = status;
-    message_ = std::move(message);
-  }
-  cv_.notify_all();
+bool OpState::settle(ddl_status status, std::string message) {
+  std::lock_guard lock(mutex_);
+  if (done_) return false;
+  done_ = true;
+  status_ = status;
+  message_ = std::move(message);
+  return true;
 }
 
 ddl_status OpState::wait(std::string& message) {
@@ -270,8 +268,8 @@ void Engine::run_fused_allreduce(const std::vector<PendingOp*>& ops) {
     timeline_.record(op->name, "MEMCPY_IN_FUSION_BUFFER", t0, t1);
     timeline_.record(op->name, "ALLREDUCE", t1, t2);
     timeline_.record(op->name, "MEMCPY_OUT_FUSION_BUFFER", t2, t3);
-    finish(*op, DDL_SUCCESS);
   }
+  finish_successful(ops);
 }
 
 void Engine::run_single(PendingOp& op) {
@@ -310,6 +308,23 @@ void Engine::finish(PendingOp& op, ddl_status status, std::string message) {
     in_flight_.erase(name);  // `op` is gone after this line
   }
   state->complete(status, std::move(message));
+}
+
+void Engine::finish_successful(const std::vector<PendingOp*>& ops) {
+  std::vector<std::shared_ptr<OpState>> states;
+  states.reserve(ops.size());
+  {
+    std::lock_guard lock(mutex_);
+    for (PendingOp* op : ops) {
+      states.push_back(std::move(op->state));
+      std::string name = op->name;
+      in_flight_.erase(name);  // `op` is gone after this line
+    }
+  }
+  std::vector<OpState*> settled;
+  for (auto& state : states)
+    if (state->settle(DDL_SUCCESS, {})) settled.push_back(state.get());
+  for (OpState* state : settled) state->wake();
 }
 
 void Engine::fail_everything(ddl_status status, const std::string& message) {

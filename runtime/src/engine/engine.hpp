@@ -7,7 +7,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
-#include <map>
+#include <unordered_map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -26,7 +26,14 @@ namespace ddl::runtime {
 // The outcome of one op, shared by the engine (which completes it) and the caller (who waits).
 class OpState {
  public:
-  void complete(ddl_status status, std::string message);
+  void complete(ddl_status status, std::string message) {
+    if (settle(status, std::move(message))) wake();
+  }
+  // The two halves of complete(): settle a whole batch before waking any waiter, so a caller
+  // waiting on the batch's handles one by one finds the rest already done instead of sleeping and
+  // being woken once per handle. settle() returns false if the op was already complete.
+  bool settle(ddl_status status, std::string message);
+  void wake() { cv_.notify_all(); }
   ddl_status wait(std::string& message);
   bool done();
 
@@ -88,6 +95,7 @@ class Engine {
   void enqueue_gpu_ops(const std::vector<PendingOp*>& ops);
   void poll_gpu_ops();
   void finish(PendingOp& op, ddl_status status, std::string message = {});
+  void finish_successful(const std::vector<PendingOp*>& ops);  // one lock and one wake-up pass for a batch
   void fail_everything(ddl_status status, const std::string& message);
   size_t bytes_of(const OpSpec& spec) const;
 
@@ -105,7 +113,7 @@ class Engine {
   std::condition_variable wake_;
   std::deque<PendingOp> inbox_;
   std::unordered_set<std::string> inbox_names_;  // the names in inbox_, for the duplicate check
-  std::map<std::string, PendingOp> in_flight_;  // submitted on this rank, not yet finished
+  std::unordered_map<std::string, PendingOp> in_flight_;  // submitted on this rank, not yet finished
   bool finalize_requested_ = false;
   bool broken_ = false;
   ddl_status broken_status_ = DDL_SUCCESS;

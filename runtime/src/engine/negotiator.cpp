@@ -37,53 +37,97 @@ void Negotiator::remember(const std::string& name, const OpSpec& spec) {
   if (cache_.size() >= cache_capacity_) return;  // full: later names are announced in full
   cache_ids_.emplace(name, static_cast<uint32_t>(cache_.size()));
   cache_.emplace_back(name, spec);
+  cached_waits_.emplace_back();
 }
 
-RoundDecision Negotiator::merge(const std::vector<Announcement>& announcements, std::chrono::steady_clock::time_point now) {
+Negotiator::Entry& Negotiator::entry_for(const std::string& name, TimePoint now) {
+  auto [it, inserted] = table_.try_emplace(name);
+  Entry& e = it->second;
+  if (!inserted) return e;
+  e.specs.resize(static_cast<size_t>(size_));
+  e.first_seen = now;
+  // Ranks that announced this name by cache id before one announced it in full join the entry.
+  if (auto id = cache_ids_.find(name); id != cache_ids_.end()) {
+    CachedWait& w = cached_waits_[id->second];
+    if (w.announced > 0) {
+      for (int r = 0; r < size_; ++r)
+        if (w.ranks[static_cast<size_t>(r)]) e.specs[static_cast<size_t>(r)] = cache_[id->second].second;
+      e.announced = w.announced;
+      e.order = w.order;
+      e.first_seen = w.first_seen;
+      w.announced = 0;
+    }
+  }
+  return e;
+}
+
+void Negotiator::announce_full(int rank, const std::string& name, const OpSpec& spec, TimePoint now,
+                               std::vector<Completed>& completed) {
+  Entry& e = entry_for(name, now);
+  e.specs[static_cast<size_t>(rank)] = spec;
+  if (rank == 0) e.order = next_order_++;
+  if (++e.announced == size_) completed.push_back({e.order, name, std::nullopt});
+}
+
+void Negotiator::announce_cached(int rank, uint32_t id, TimePoint now, std::vector<Completed>& completed) {
+  if (id >= cache_.size()) throw std::runtime_error(fmt::format("rank {} announced unknown cache id {}", rank, id));
+  const auto& [name, spec] = cache_[id];
+  if (table_.count(name)) {  // another rank announced it in full: agree on it there
+    announce_full(rank, name, spec, now, completed);
+    return;
+  }
+  CachedWait& w = cached_waits_[id];
+  if (w.announced == 0) {
+    w.ranks.assign(static_cast<size_t>(size_), false);
+    w.first_seen = now;
+  }
+  w.ranks[static_cast<size_t>(rank)] = true;
+  if (rank == 0) w.order = next_order_++;
+  if (++w.announced == size_) completed.push_back({w.order, {}, id});
+}
+
+RoundDecision Negotiator::merge(const std::vector<Announcement>& announcements, TimePoint now) {
   RoundDecision decision;
   decision.all_finalizing = true;
-  std::vector<std::string> completed;
+  std::vector<Completed> completed;
   for (int rank = 0; rank < size_; ++rank) {
     const Announcement& a = announcements[static_cast<size_t>(rank)];
     decision.all_finalizing = decision.all_finalizing && a.finalizing;
-    std::vector<std::pair<std::string, OpSpec>> ops;
-    for (uint32_t id : a.cached) {
-      if (id >= cache_.size()) throw std::runtime_error(fmt::format("rank {} announced unknown cache id {}", rank, id));
-      ops.push_back(cache_[id]);
-    }
-    ops.insert(ops.end(), a.submitted.begin(), a.submitted.end());
-    for (const auto& [name, spec] : ops) {
-      Entry& e = table_[name];
-      if (e.specs.empty()) {
-        e.specs.resize(static_cast<size_t>(size_));
-        e.first_seen = now;
-      }
-      e.specs[static_cast<size_t>(rank)] = spec;
-      if (rank == 0) e.order = next_order_++;
-      if (++e.announced == size_) completed.push_back(name);
-    }
+    for (uint32_t id : a.cached) announce_cached(rank, id, now, completed);
+    for (const auto& [name, spec] : a.submitted) announce_full(rank, name, spec, now, completed);
   }
   // Rank 0's clock decides stalls, so that every rank fails the same ops in the same round.
   std::set<std::string> expired(announcements[0].expired.begin(), announcements[0].expired.end());
   for (const auto& name : expired) {
-    auto it = table_.find(name);
-    if (it == table_.end() || it->second.announced == size_) continue;
-    decision.failed.push_back({name, DDL_ERROR_TIMEOUT, stall_message(name, it->second)});
-    table_.erase(it);
+    if (auto it = table_.find(name); it != table_.end()) {
+      if (it->second.announced == size_) continue;
+      decision.failed.push_back({name, DDL_ERROR_TIMEOUT, stall_message(name, missing_ranks(it->second))});
+      table_.erase(it);
+    } else if (auto id = cache_ids_.find(name); id != cache_ids_.end()) {
+      CachedWait& w = cached_waits_[id->second];
+      if (w.announced == 0 || w.announced == size_) continue;
+      decision.failed.push_back({name, DDL_ERROR_TIMEOUT, stall_message(name, missing_ranks(w))});
+      w.announced = 0;
+    }
   }
-  std::sort(completed.begin(), completed.end(),
-            [&](const std::string& a, const std::string& b) { return table_[a].order < table_[b].order; });
-  for (const auto& name : completed) {
-    Entry& e = table_[name];
+  std::sort(completed.begin(), completed.end(), [](const Completed& a, const Completed& b) { return a.order < b.order; });
+  for (const Completed& c : completed) {
+    if (c.cached_id) {  // every rank announced the cached spec: agreed by construction
+      cached_waits_[*c.cached_id].announced = 0;
+      decision.ready.push_back({cache_[*c.cached_id].first, cache_[*c.cached_id].second});
+      continue;
+    }
+    auto it = table_.find(c.name);
+    Entry& e = it->second;
     const OpSpec& first = *e.specs[0];
     bool same = std::all_of(e.specs.begin(), e.specs.end(), [&](const auto& s) { return *s == first; });
     if (same) {
-      decision.ready.push_back({name, first});
-      remember(name, first);
+      decision.ready.push_back({c.name, first});
+      remember(c.name, first);
     } else {
-      decision.failed.push_back({name, DDL_ERROR_MISMATCH, mismatch_message(name, e)});
+      decision.failed.push_back({c.name, DDL_ERROR_MISMATCH, mismatch_message(c.name, e)});
     }
-    table_.erase(name);
+    table_.erase(it);
   }
   return decision;
 }
@@ -102,24 +146,41 @@ std::string Negotiator::mismatch_message(const std::string& name, const Entry& e
   return fmt::format("op '{}' differs between ranks: {}", name, parts);
 }
 
-std::string Negotiator::stall_message(const std::string& name, const Entry& e) const {
+std::vector<int> Negotiator::missing_ranks(const Entry& e) const {
   std::vector<int> missing;
   for (int r = 0; r < size_; ++r)
     if (!e.specs[static_cast<size_t>(r)]) missing.push_back(r);
+  return missing;
+}
+
+std::vector<int> Negotiator::missing_ranks(const CachedWait& w) const {
+  std::vector<int> missing;
+  for (int r = 0; r < size_; ++r)
+    if (!w.ranks[static_cast<size_t>(r)]) missing.push_back(r);
+  return missing;
+}
+
+std::string Negotiator::stall_message(const std::string& name, const std::vector<int>& missing) const {
   return fmt::format("op '{}' timed out: rank(s) {} never submitted it (raise DDL_TIMEOUT if they are only slow)", name,
                      rank_list(missing));
 }
 
-std::vector<std::string> Negotiator::stalled(std::chrono::steady_clock::time_point now, std::chrono::milliseconds timeout) const {
+std::vector<std::string> Negotiator::stalled(TimePoint now, std::chrono::milliseconds timeout) const {
   std::vector<std::string> names;
   for (const auto& [name, e] : table_)
     if (e.announced < size_ && now - e.first_seen > timeout) names.push_back(name);
+  for (size_t id = 0; id < cached_waits_.size(); ++id) {
+    const CachedWait& w = cached_waits_[id];
+    if (w.announced > 0 && w.announced < size_ && now - w.first_seen > timeout) names.push_back(cache_[id].first);
+  }
   return names;
 }
 
 std::vector<std::string> Negotiator::pending_names() const {
   std::vector<std::string> names;
   for (const auto& [name, e] : table_) names.push_back(name);
+  for (size_t id = 0; id < cached_waits_.size(); ++id)
+    if (cached_waits_[id].announced > 0) names.push_back(cache_[id].first);
   return names;
 }
 

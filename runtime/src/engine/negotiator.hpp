@@ -4,7 +4,7 @@
 #pragma once
 
 #include <chrono>
-#include <map>
+#include <unordered_map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -50,23 +50,44 @@ class Negotiator {
   std::vector<std::string> pending_names() const;
 
  private:
+  using TimePoint = std::chrono::steady_clock::time_point;
+  // An op announced in full by some rank: what each rank announced.
   struct Entry {
     std::vector<std::optional<OpSpec>> specs;  // per rank
     int announced = 0;
     uint64_t order = UINT64_MAX;  // rank 0's announcement order
-    std::chrono::steady_clock::time_point first_seen;
+    TimePoint first_seen;
+  };
+  // An op every rank so far announced by cache id, so with the cached spec: the steady state of a
+  // training loop, kept in a vector by id so that a step of a thousand ops costs no map lookups.
+  struct CachedWait {
+    int announced = 0;  // 0: nothing waiting under this id
+    uint64_t order = UINT64_MAX;
+    TimePoint first_seen;
+    std::vector<bool> ranks;  // which ranks announced it
+  };
+  struct Completed {
+    uint64_t order;
+    std::string name;                    // announced in full by some rank (in table_), or
+    std::optional<uint32_t> cached_id;   // by id by every rank (in cached_waits_)
   };
   std::string mismatch_message(const std::string& name, const Entry& e) const;
-  std::string stall_message(const std::string& name, const Entry& e) const;
+  std::string stall_message(const std::string& name, const std::vector<int>& missing) const;
+  std::vector<int> missing_ranks(const Entry& e) const;
+  std::vector<int> missing_ranks(const CachedWait& w) const;
 
+  void announce_cached(int rank, uint32_t id, TimePoint now, std::vector<Completed>& completed);
+  void announce_full(int rank, const std::string& name, const OpSpec& spec, TimePoint now, std::vector<Completed>& completed);
+  Entry& entry_for(const std::string& name, TimePoint now);
   void remember(const std::string& name, const OpSpec& spec);
 
   int size_;
   size_t cache_capacity_;
   std::vector<std::pair<std::string, OpSpec>> cache_;  // by id
-  std::map<std::string, uint32_t> cache_ids_;
+  std::unordered_map<std::string, uint32_t> cache_ids_;
+  std::vector<CachedWait> cached_waits_;  // by id
   uint64_t next_order_ = 0;
-  std::map<std::string, Entry> table_;
+  std::unordered_map<std::string, Entry> table_;
 };
 
 }  // namespace ddl::runtime
