@@ -4,8 +4,11 @@
 // barrier instead of a Gloo allgather.
 //
 // Every operation works in chunks of at most kChunk bytes per rank, through two sets of slots used
-// in turn, so that writing chunk k+1 never overwrites what another rank may still be reading of
-// chunk k: one barrier per chunk (two for allreduce: gather, then reduce). A peer that dies is
+// in turn across chunks and operations alike (every rank runs the same sequence of collectives, so
+// every rank's turn agrees). Writing into a set happens only after a barrier that every rank
+// passed after its last read of that set, so no operation needs a barrier at its end: one barrier
+// per chunk (two for allreduce: gather, then reduce), and one for a small allgather_bytes, the
+// engine's negotiation round. A peer that dies is
 // noticed within ~50 ms (its pid is gone) and one that hangs at the engine's timeout; both are
 // thrown as errors, which the engine turns into a failed op on every survivor.
 #include <fcntl.h>
@@ -39,13 +42,15 @@ using Clock = std::chrono::steady_clock;
 constexpr int kMaxRanks = 64;
 constexpr size_t kHeaderBytes = 4096;
 constexpr std::chrono::microseconds kSpinBeforeSleep{50};
+// Up to this size an allreduce is reduced whole by every rank: redundant work, but one barrier.
+constexpr size_t kSmallAllreduceBytes = 32 << 10;
 
 struct Header {
   std::atomic<uint32_t> arrived;     // ranks at the current barrier
   std::atomic<uint32_t> generation;  // bumped by the last arrival; the futex word
   std::atomic<uint32_t> sleepers;    // ranks in FUTEX_WAIT, so the last arrival wakes only when needed
   std::atomic<int32_t> pids[kMaxRanks];
-  std::atomic<uint64_t> lengths[kMaxRanks];  // allgather_bytes: each rank's message length
+  std::atomic<uint64_t> lengths[2][kMaxRanks];  // allgather_bytes: each rank's message length, per set
 };
 static_assert(sizeof(Header) <= kHeaderBytes);
 
@@ -102,11 +107,12 @@ class SharedMemory final : public Collectives {
   // and copies back only the segments others reduced: each byte crosses memory about half as often
   // as with whole-chunk copies.
   void allreduce(void* data, size_t count, size_t element_size, ReduceFunction reduce) override {
+    if (count * element_size <= kSmallAllreduceBytes) return allreduce_small(data, count, element_size, reduce);
     char* bytes = static_cast<char*>(data);
     const size_t per_chunk = std::max<size_t>(1, chunk_ / element_size);
-    for (size_t first = 0, round = 0; first < count; first += per_chunk, ++round) {
+    for (size_t first = 0; first < count; first += per_chunk) {
       const size_t n = std::min(per_chunk, count - first);
-      const int set = static_cast<int>(round % 2);
+      const int set = next_set();
       char* chunk = bytes + first * element_size;
       auto seg_begin = [&](int r) { return n * r / size_ * element_size; };  // byte offsets in the chunk
       const size_t mine = seg_begin(rank_), mine_end = seg_begin(rank_ + 1), end = n * element_size;
@@ -128,16 +134,27 @@ class SharedMemory final : public Collectives {
     }
   }
 
+  // A small message costs one barrier instead of two: every rank publishes all of it, then every
+  // rank reduces every slot itself, in rank order like the large path, so all get the same bits.
+  void allreduce_small(void* data, size_t count, size_t element_size, ReduceFunction reduce) {
+    if (count == 0) return;
+    const int set = next_set();
+    std::memcpy(slot(set, rank_), data, count * element_size);
+    barrier();
+    char* out = static_cast<char*>(data);
+    reduce(out, slot(set, 0), slot(set, 1), count);
+    for (int r = 2; r < size_; ++r) reduce(out, out, slot(set, r), count);
+  }
+
   void broadcast(void* data, size_t bytes, int root) override {
     char* buffer = static_cast<char*>(data);
-    for (size_t first = 0, round = 0; first < bytes; first += chunk_, ++round) {
+    for (size_t first = 0; first < bytes; first += chunk_) {
       const size_t n = std::min(chunk_, bytes - first);
-      const int set = static_cast<int>(round % 2);
+      const int set = next_set();
       if (rank_ == root) std::memcpy(slot(set, root), buffer + first, n);
       barrier();
       if (rank_ != root) std::memcpy(buffer + first, slot(set, root), n);
     }
-    barrier();  // the next op may reuse the slots at once
   }
 
   void allgatherv(const void* send, void* recv, const std::vector<size_t>& bytes_per_rank) override {
@@ -147,26 +164,33 @@ class SharedMemory final : public Collectives {
     for (int r = 1; r < size_; ++r) offset[r] = offset[r - 1] + bytes_per_rank[r - 1];
     const size_t longest = *std::max_element(bytes_per_rank.begin(), bytes_per_rank.end());
     std::vector<char> own(in, in + bytes_per_rank[rank_]);  // `send` may overlap `recv`
-    for (size_t first = 0, round = 0; first < longest; first += chunk_, ++round) {
-      const int set = static_cast<int>(round % 2);
+    for (size_t first = 0; first < longest; first += chunk_) {
+      const int set = next_set();
       if (first < own.size()) std::memcpy(slot(set, rank_), own.data() + first, std::min(chunk_, own.size() - first));
       barrier();
       for (int r = 0; r < size_; ++r)
         if (first < bytes_per_rank[r]) std::memcpy(out + offset[r] + first, slot(set, r), std::min(chunk_, bytes_per_rank[r] - first));
     }
-    barrier();
   }
 
+  // Each rank publishes its length and, when it fits in one slot (always, but for a first round
+  // announcing thousands of ops in full), its bytes, then one barrier; otherwise an allgatherv follows.
   std::vector<std::string> allgather_bytes(const std::string& mine) override {
-    header()->lengths[rank_].store(mine.size());
+    const int set = next_set();
+    header()->lengths[set][rank_].store(mine.size());
+    if (mine.size() <= chunk_) std::memcpy(slot(set, rank_), mine.data(), mine.size());
     barrier();
     std::vector<size_t> lengths(size_);
-    for (int r = 0; r < size_; ++r) lengths[r] = header()->lengths[r].load();
+    for (int r = 0; r < size_; ++r) lengths[r] = header()->lengths[set][r].load();
+    std::vector<std::string> parts;
+    if (std::all_of(lengths.begin(), lengths.end(), [&](size_t l) { return l <= chunk_; })) {
+      for (int r = 0; r < size_; ++r) parts.emplace_back(slot(set, r), lengths[r]);
+      return parts;
+    }
     size_t total = 0;
     for (size_t l : lengths) total += l;
     std::string all(total, '\0');
     allgatherv(mine.data(), all.data(), lengths);
-    std::vector<std::string> parts;
     size_t at = 0;
     for (size_t l : lengths) {
       parts.push_back(all.substr(at, l));
@@ -180,14 +204,13 @@ class SharedMemory final : public Collectives {
     char* out = static_cast<char*>(recv);
     std::vector<char> own(in, in + bytes_per_rank * size_);  // `send` may be `recv`
     const size_t piece = std::max<size_t>(1, chunk_ / size_);  // of each destination's block per round
-    for (size_t first = 0, round = 0; first < bytes_per_rank; first += piece, ++round) {
-      const int set = static_cast<int>(round % 2);
+    for (size_t first = 0; first < bytes_per_rank; first += piece) {
+      const int set = next_set();
       const size_t n = std::min(piece, bytes_per_rank - first);
       for (int to = 0; to < size_; ++to) std::memcpy(slot(set, rank_) + to * piece, own.data() + to * bytes_per_rank + first, n);
       barrier();
       for (int from = 0; from < size_; ++from) std::memcpy(out + from * bytes_per_rank + first, slot(set, from) + rank_ * piece, n);
     }
-    barrier();
   }
 
  private:
@@ -195,6 +218,8 @@ class SharedMemory final : public Collectives {
   // Slot r of set s, then the set's result area: (size + 1) chunks per set.
   char* slot(int set, int r) const { return base_ + kHeaderBytes + (static_cast<size_t>(set) * (size_ + 1) + r) * chunk_; }
   char* result(int set) const { return slot(set, size_); }
+  // The set the next chunk uses: the sets alternate over every chunk of every operation.
+  int next_set() { return static_cast<int>(chunks_++ % 2); }
 
   void check_peers_alive() const {
     for (int r = 0; r < size_; ++r) {
@@ -209,6 +234,7 @@ class SharedMemory final : public Collectives {
   size_t bytes_;
   size_t chunk_;
   std::chrono::milliseconds timeout_;
+  uint64_t chunks_ = 0;
 };
 
 size_t segment_bytes(int size) { return kHeaderBytes + 2 * static_cast<size_t>(size + 1) * chunk_bytes(size); }
