@@ -105,8 +105,21 @@ class Collectives(unittest.TestCase):
                     trace = json.load(f)
                 events = trace["traceEvents"]
                 phases = {e["name"] for e in events if e["ph"] == "X"}
-                self.assertTrue({"NEGOTIATE", "ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER", "MEMCPY_OUT_FUSION_BUFFER",
+                self.assertTrue({"NEGOTIATE", "WAIT", "ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER", "MEMCPY_OUT_FUSION_BUFFER",
                                  "broadcast", "allgather", "allgatherv", "alltoall", "barrier"} <= phases, phases)
+                # A fused allreduce's phases follow one another, in this order, on its row.
+                by_op = {}
+                for e in events:
+                    if e["ph"] == "X":
+                        by_op.setdefault(e["args"]["op"], []).append(e)
+                fused_once = [evs for evs in by_op.values() if [e["name"] for e in evs].count("MEMCPY_IN_FUSION_BUFFER") == 1]
+                self.assertTrue(fused_once, "no op was fused exactly once")
+                for evs in fused_once:
+                    evs.sort(key=lambda e: e["ts"])
+                    self.assertEqual([e["name"] for e in evs],
+                                     ["NEGOTIATE", "WAIT", "MEMCPY_IN_FUSION_BUFFER", "ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER"])
+                    for before, after in zip(evs, evs[1:]):
+                        self.assertLessEqual(before["ts"] + before["dur"], after["ts"] + 1)  # 1 µs of rounding
                 rows = {e["args"]["name"] for e in events if e["ph"] == "M"}
                 self.assertIn("allreduce.f32.sum.7", rows)
                 self.assertTrue(all(e["pid"] == rank for e in events))

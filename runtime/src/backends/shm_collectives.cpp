@@ -32,6 +32,7 @@
 
 #include "runtime/src/backends/collectives.hpp"
 #include "runtime/src/common/random_hex.hpp"
+#include "runtime/src/engine/copy_bytes.hpp"
 
 namespace ddl::runtime {
 
@@ -116,8 +117,8 @@ class SharedMemory final : public Collectives {
       char* chunk = bytes + first * element_size;
       auto seg_begin = [&](int r) { return n * r / size_ * element_size; };  // byte offsets in the chunk
       const size_t mine = seg_begin(rank_), mine_end = seg_begin(rank_ + 1), end = n * element_size;
-      std::memcpy(slot(set, rank_), chunk, mine);
-      std::memcpy(slot(set, rank_) + mine_end, chunk + mine_end, end - mine_end);
+      copy_bytes(slot(set, rank_), chunk, mine);
+      copy_bytes(slot(set, rank_) + mine_end, chunk + mine_end, end - mine_end);
       barrier();
       // Always in rank order, by one rank per segment: every rank gets the same bits, every run.
       if (mine_end > mine) {
@@ -126,11 +127,11 @@ class SharedMemory final : public Collectives {
         auto source = [&](int r) -> const char* { return r == rank_ ? chunk + mine : slot(set, r) + mine; };
         reduce(out, source(0), source(1), elements);
         for (int r = 2; r < size_; ++r) reduce(out, out, source(r), elements);
-        std::memcpy(chunk + mine, out, mine_end - mine);
+        copy_bytes(chunk + mine, out, mine_end - mine);
       }
       barrier();
-      std::memcpy(chunk, result(set), mine);
-      std::memcpy(chunk + mine_end, result(set) + mine_end, end - mine_end);
+      copy_bytes(chunk, result(set), mine);
+      copy_bytes(chunk + mine_end, result(set) + mine_end, end - mine_end);
     }
   }
 
@@ -139,7 +140,7 @@ class SharedMemory final : public Collectives {
   void allreduce_small(void* data, size_t count, size_t element_size, ReduceFunction reduce) {
     if (count == 0) return;
     const int set = next_set();
-    std::memcpy(slot(set, rank_), data, count * element_size);
+    copy_bytes(slot(set, rank_), data, count * element_size);
     barrier();
     char* out = static_cast<char*>(data);
     reduce(out, slot(set, 0), slot(set, 1), count);
@@ -151,9 +152,9 @@ class SharedMemory final : public Collectives {
     for (size_t first = 0; first < bytes; first += chunk_) {
       const size_t n = std::min(chunk_, bytes - first);
       const int set = next_set();
-      if (rank_ == root) std::memcpy(slot(set, root), buffer + first, n);
+      if (rank_ == root) copy_bytes(slot(set, root), buffer + first, n);
       barrier();
-      if (rank_ != root) std::memcpy(buffer + first, slot(set, root), n);
+      if (rank_ != root) copy_bytes(buffer + first, slot(set, root), n);
     }
   }
 
@@ -166,10 +167,10 @@ class SharedMemory final : public Collectives {
     std::vector<char> own(in, in + bytes_per_rank[rank_]);  // `send` may overlap `recv`
     for (size_t first = 0; first < longest; first += chunk_) {
       const int set = next_set();
-      if (first < own.size()) std::memcpy(slot(set, rank_), own.data() + first, std::min(chunk_, own.size() - first));
+      if (first < own.size()) copy_bytes(slot(set, rank_), own.data() + first, std::min(chunk_, own.size() - first));
       barrier();
       for (int r = 0; r < size_; ++r)
-        if (first < bytes_per_rank[r]) std::memcpy(out + offset[r] + first, slot(set, r), std::min(chunk_, bytes_per_rank[r] - first));
+        if (first < bytes_per_rank[r]) copy_bytes(out + offset[r] + first, slot(set, r), std::min(chunk_, bytes_per_rank[r] - first));
     }
   }
 
@@ -178,7 +179,7 @@ class SharedMemory final : public Collectives {
   std::vector<std::string> allgather_bytes(const std::string& mine) override {
     const int set = next_set();
     header()->lengths[set][rank_].store(mine.size());
-    if (mine.size() <= chunk_) std::memcpy(slot(set, rank_), mine.data(), mine.size());
+    if (mine.size() <= chunk_) copy_bytes(slot(set, rank_), mine.data(), mine.size());
     barrier();
     std::vector<size_t> lengths(size_);
     for (int r = 0; r < size_; ++r) lengths[r] = header()->lengths[set][r].load();
@@ -207,9 +208,9 @@ class SharedMemory final : public Collectives {
     for (size_t first = 0; first < bytes_per_rank; first += piece) {
       const int set = next_set();
       const size_t n = std::min(piece, bytes_per_rank - first);
-      for (int to = 0; to < size_; ++to) std::memcpy(slot(set, rank_) + to * piece, own.data() + to * bytes_per_rank + first, n);
+      for (int to = 0; to < size_; ++to) copy_bytes(slot(set, rank_) + to * piece, own.data() + to * bytes_per_rank + first, n);
       barrier();
-      for (int from = 0; from < size_; ++from) std::memcpy(out + from * bytes_per_rank + first, slot(set, from) + rank_ * piece, n);
+      for (int from = 0; from < size_; ++from) copy_bytes(out + from * bytes_per_rank + first, slot(set, from) + rank_ * piece, n);
     }
   }
 

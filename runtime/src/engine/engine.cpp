@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "runtime/src/engine/copy_bytes.hpp"
+
 namespace ddl::runtime {
 
 bool OpState::settle(ddl_status status, std::string message) {
@@ -33,7 +35,7 @@ namespace {
 // Copies `count` elements into the fusion buffer, converting float32 to float16 when compressing.
 void pack_into(const void* from, char* to, size_t count, ddl_dtype dtype, bool compress) {
   if (!compress) {
-    if (count > 0) std::memcpy(to, from, count * dtype_size(dtype));
+    copy_bytes(to, from, count * dtype_size(dtype));
     return;
   }
   const auto* f = static_cast<const float*>(from);
@@ -43,7 +45,7 @@ void pack_into(const void* from, char* to, size_t count, ddl_dtype dtype, bool c
 
 void unpack_from(const char* from, void* to, size_t count, ddl_dtype dtype, bool compress) {
   if (!compress) {
-    if (count > 0) std::memcpy(to, from, count * dtype_size(dtype));
+    copy_bytes(to, from, count * dtype_size(dtype));
     return;
   }
   const auto* h = reinterpret_cast<const unsigned short*>(from);
@@ -160,6 +162,7 @@ void Engine::execute(const std::vector<ReadyOp>& ready) {
   for (const auto& r : ready) {
     PendingOp& op = in_flight_.at(r.name);  // every rank submitted it, this one included
     timeline_.record(op.name, "NEGOTIATE", op.submitted, negotiated);
+    op.agreed = negotiated;
     ops.push_back(&op);
   }
   // Host allreduces of one dtype and reduction are fused; CUDA ops are launched as one NCCL group;
@@ -187,6 +190,7 @@ void Engine::enqueue_gpu_ops(const std::vector<PendingOp*>& ops) {
   }
   gpu_->group_start();
   for (PendingOp* op : ops) {
+    record_wait(*op, Clock::now());
     const OpSpec& s = op->spec;
     GpuCollectives::Token token = nullptr;
     switch (s.kind) {
@@ -249,6 +253,7 @@ void Engine::run_fused_allreduce(const std::vector<PendingOp*>& ops) {
   if (fusion_buffer_.size() < elements * wire_element) fusion_buffer_.resize(elements * wire_element);
 
   auto t0 = Clock::now();
+  for (PendingOp* op : ops) record_wait(*op, t0);
   size_t offset = 0;
   for (PendingOp* op : ops) {
     pack_into(op->send, fusion_buffer_.data() + offset * wire_element, op->spec.count, dtype, compress);
@@ -277,6 +282,7 @@ void Engine::run_single(PendingOp& op) {
   const size_t element = dtype_size(s.dtype);
   const size_t bytes = bytes_of(s);
   auto start = Clock::now();
+  record_wait(op, start);
   switch (s.kind) {
     case OpKind::Allreduce:
       if (op.send != op.recv && bytes > 0) std::memmove(op.recv, op.send, bytes);
@@ -299,6 +305,8 @@ void Engine::run_single(PendingOp& op) {
   timeline_.record(op.name, op_kind_name(s.kind), start, Clock::now());
   finish(op, DDL_SUCCESS);
 }
+
+void Engine::record_wait(const PendingOp& op, Clock::time_point started) { timeline_.record(op.name, "WAIT", op.agreed, started); }
 
 void Engine::finish(PendingOp& op, ddl_status status, std::string message) {
   std::shared_ptr<OpState> state = op.state;

@@ -78,6 +78,7 @@ class Engine {
     std::shared_ptr<OpState> state;
     Clock::time_point submitted;
     void* stream = nullptr;
+    Clock::time_point agreed;  // when every rank had submitted it
   };
   // A CUDA op enqueued on its stream, waiting for its event.
   struct GpuOpInFlight {
@@ -96,6 +97,7 @@ class Engine {
   void poll_gpu_ops();
   void finish(PendingOp& op, ddl_status status, std::string message = {});
   void finish_successful(const std::vector<PendingOp*>& ops);  // one lock and one wake-up pass for a batch
+  void record_wait(const PendingOp& op, Clock::time_point started);  // agreed until its collective starts
   void fail_everything(ddl_status status, const std::string& message);
   size_t bytes_of(const OpSpec& spec) const;
 
