@@ -43,13 +43,13 @@ std::unique_ptr<Collectives> make_single_process_collectives();
 std::unique_ptr<Collectives> make_gloo_collectives(int rank, int size, gloo::rendezvous::Store& store,
                                                    const std::string& interface_host, std::chrono::milliseconds timeout);
 
-// Gloo's rendezvous store over the ddl store, under a key prefix that keeps the keys of one
-// ddl_init apart from another's.
 // Collectives through one shared-memory segment, for a world whose ranks all run on this node;
 // nullptr (on every rank alike) when the world is too large or some rank cannot map the segment.
 std::unique_ptr<Collectives> make_shared_memory_collectives(int rank, int size, gloo::rendezvous::Store& store,
                                                             std::chrono::milliseconds timeout);
 
+// Gloo's rendezvous store over the ddl store, under a key prefix that keeps the keys of one
+// ddl_init apart from another's.
 std::unique_ptr<gloo::rendezvous::Store> make_tcp_gloo_store(store::TcpStoreClient client, const std::string& prefix);
 
 }  // namespace ddl::runtime
