@@ -6,6 +6,7 @@
 #include "runtime/src/engine/copy_bytes.hpp"
 
 using ddl::runtime::copy_bytes;
+using ddl::runtime::move_bytes;
 
 namespace {
 std::vector<uint8_t> pattern(size_t bytes, uint8_t seed) {
@@ -40,4 +41,20 @@ TEST_CASE("copy_bytes copies large blocks, below and above the size where it han
     CHECK(target.front() == 0xAB);
     CHECK(target.back() == 0xAB);
   }
+}
+
+TEST_CASE("move_bytes copies between separate buffers and moves within one, either direction") {
+  const auto source = pattern(8192, 11);
+  std::vector<uint8_t> separate(8192, 0);
+  move_bytes(separate.data(), source.data(), source.size());
+  CHECK(separate == source);
+  for (long shift : {-4096L, -64L, -1L, 1L, 64L, 4096L}) {
+    auto buffer = pattern(16384, 5);
+    const auto before = buffer;
+    const size_t from = 6000, bytes = 5000;
+    move_bytes(buffer.data() + from + shift, buffer.data() + from, bytes);
+    CHECK(std::equal(before.begin() + from, before.begin() + from + bytes, buffer.begin() + from + shift));
+  }
+  move_bytes(nullptr, nullptr, 0);  // an empty buffer may have no address
+  copy_bytes(nullptr, nullptr, 0);
 }

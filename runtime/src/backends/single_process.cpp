@@ -1,6 +1,5 @@
-#include <cstring>
-
 #include "runtime/src/backends/collectives.hpp"
+#include "runtime/src/engine/copy_bytes.hpp"
 
 namespace ddl::runtime {
 
@@ -14,10 +13,10 @@ class SingleProcess final : public Collectives {
   void allreduce(void*, size_t, size_t, ReduceFunction) override {}  // one contribution: already the result
   void broadcast(void*, size_t, int) override {}
   void allgatherv(const void* send, void* recv, const std::vector<size_t>& bytes) override {
-    if (send != recv && bytes[0] > 0) std::memmove(recv, send, bytes[0]);
+    if (send != recv) move_bytes(recv, send, bytes[0]);
   }
   void alltoall(const void* send, void* recv, size_t bytes) override {
-    if (send != recv && bytes > 0) std::memmove(recv, send, bytes);
+    if (send != recv) move_bytes(recv, send, bytes);
   }
   void barrier() override {}
 };

@@ -1,5 +1,6 @@
 #include "runtime/src/engine/copy_bytes.hpp"
 
+#include <cstdint>
 #include <cstring>
 
 namespace ddl::runtime {
@@ -16,6 +17,7 @@ constexpr size_t kBlock = 64;
 }  // namespace
 
 void copy_bytes(void* to, const void* from, size_t bytes) {
+  if (bytes == 0) return;  // the pointers of an empty buffer may be null
   if (bytes < kLibcBelow || bytes >= kLibcFrom) {
     std::memcpy(to, from, bytes);
     return;
@@ -26,6 +28,14 @@ void copy_bytes(void* to, const void* from, size_t bytes) {
   // A copy of a constant 64 bytes is expanded inline into vector loads and stores.
   for (; at + kBlock <= bytes; at += kBlock) __builtin_memcpy(d + at, s + at, kBlock);
   if (at < bytes) std::memcpy(d + at, s + at, bytes - at);  // under 64 bytes: memcpy's short path
+}
+
+void move_bytes(void* to, const void* from, size_t bytes) {
+  if (bytes == 0) return;
+  const auto t = reinterpret_cast<uintptr_t>(to);
+  const auto f = reinterpret_cast<uintptr_t>(from);
+  if (t < f + bytes && f < t + bytes) std::memmove(to, from, bytes);
+  else copy_bytes(to, from, bytes);
 }
 
 }  // namespace ddl::runtime

@@ -12,4 +12,7 @@ namespace ddl::runtime {
 // shared-memory collectives copy chunks in and out of their slots.
 void copy_bytes(void* to, const void* from, size_t bytes);
 
+// memmove(to, from, bytes): copy_bytes unless the two ranges overlap.
+void move_bytes(void* to, const void* from, size_t bytes);
+
 }  // namespace ddl::runtime

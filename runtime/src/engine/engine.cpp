@@ -285,7 +285,7 @@ void Engine::run_single(PendingOp& op) {
   record_wait(op, start);
   switch (s.kind) {
     case OpKind::Allreduce:
-      if (op.send != op.recv && bytes > 0) std::memmove(op.recv, op.send, bytes);
+      if (op.send != op.recv) move_bytes(op.recv, op.send, bytes);
       collectives_->allreduce(op.recv, s.count, element, reduce_function(s.dtype, s.reduce));
       if (s.reduce == DDL_AVERAGE) divide_by_world_size(op.recv, s.count, s.dtype, size_);
       break;
