@@ -165,3 +165,44 @@ TEST_CASE("a cached op some rank never announces stalls and fails everywhere") {
   // The id is usable again afterwards.
   CHECK(names(n.merge({by_ids({id[0]}), by_ids({id[0]}), by_ids({id[0]})}, t0)) == std::vector<std::string>{"a"});
 }
+
+TEST_CASE("a name agreed with a new spec keeps its cache id, which then stands for the new spec") {
+  Negotiator n(2);
+  auto id = cache_abc(n, 2);
+  auto now = Clock::now();
+  CHECK(names(n.merge({announce({{"a", allreduce(9)}}), announce({{"a", allreduce(9)}})}, now)) == std::vector<std::string>{"a"});
+  CHECK_FALSE(n.cached_id("a", allreduce(1)).has_value());
+  REQUIRE(n.cached_id("a", allreduce(9)) == id[0]);
+  auto d = n.merge({by_ids({id[0]}), by_ids({id[0]})}, now);
+  REQUIRE(d.ready.size() == 1);
+  CHECK(d.ready[0].spec == allreduce(9));
+}
+
+TEST_CASE("cached and fully announced ops that complete in one round keep rank 0's order") {
+  Negotiator n(2);
+  auto id = cache_abc(n, 2);
+  auto t0 = Clock::now();
+  // Rank 0 announces b (by id), then d (new), then a (by id) joined later by rank 1's full "a".
+  n.merge({by_ids({id[1]}), announce({})}, t0);
+  n.merge({announce({{"d", allreduce(4)}}), announce({})}, t0);
+  n.merge({by_ids({id[0]}), announce({})}, t0);
+  auto d = n.merge({announce({}), announce({{"a", allreduce(1)}, {"d", allreduce(4)}, {"b", allreduce(2)}})}, t0);
+  CHECK(names(d) == std::vector<std::string>{"b", "d", "a"});
+  CHECK(n.stalled(t0 + std::chrono::hours(1), std::chrono::seconds(1)).empty());  // nothing left to stall
+}
+
+TEST_CASE("an id wait that moved into a full entry still expires, naming the rank that is missing") {
+  Negotiator n(3);
+  auto id = cache_abc(n, 3);
+  auto t0 = Clock::now();
+  n.merge({by_ids({id[2]}), announce({}), announce({})}, t0);
+  n.merge({announce({}), announce({{"c", allreduce(3)}}), announce({})}, t0 + std::chrono::seconds(2));
+  // The wait began when rank 0 announced it, not when the entry was made.
+  CHECK(n.stalled(t0 + std::chrono::seconds(6), std::chrono::seconds(5)) == std::vector<std::string>{"c"});
+  Announcement rank0;
+  rank0.expired = {"c"};
+  auto d = n.merge({rank0, announce({}), announce({})}, t0);
+  REQUIRE(d.failed.size() == 1);
+  CHECK(d.failed[0].message.find("rank(s) 2 never submitted it") != std::string::npos);
+  CHECK(n.pending_names().empty());
+}
