@@ -29,6 +29,18 @@ class Collectives(unittest.TestCase):
                 for rank in range(workers):
                     self.assertRegex(by_rank[rank][-1], rf"^PASS \d+ checks on rank {rank} of {workers}$")
 
+    def test_a_rank_with_its_own_fusion_threshold_follows_rank_0(self):
+        # Which ops fuse decides which collectives run: were rank 1 to fuse nothing while its peers
+        # fuse, the transports would get out of step. Every rank uses rank 0's threshold.
+        per_rank = 'if [ "$RANK" = 1 ]; then export DDL_FUSION_THRESHOLD=0; fi; exec "$0" all'
+        for shm in ("1", "0"):
+            with self.subTest(shm=shm):
+                result = ddl("-np", "3", "--", "sh", "-c", per_rank, CHECKS, env={"DDL_SHM": shm, "DDL_TIMEOUT": "60"}, timeout=300)
+                self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-2000:])
+                by_rank = lines_by_rank(result.stdout)
+                for rank in range(3):
+                    self.assertRegex(by_rank[rank][-1], rf"^PASS \d+ checks on rank {rank} of 3$")
+
     def test_bootstrap_through_pmix_under_real_mpirun(self):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DDL_", "SLURM_", "PBS_"))}
         result = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "3", CHECKS, "world"], env=env,

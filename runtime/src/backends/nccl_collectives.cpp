@@ -1,5 +1,8 @@
 #include "runtime/src/backends/gpu_collectives.hpp"
 
+#include <cstdint>
+#include <string>
+
 #include <fmt/format.h>
 
 #include "runtime/src/common/error.hpp"
@@ -35,6 +38,16 @@ ncclDataType_t nccl_type(ddl_dtype t) {
   return ncclFloat32;
 }
 
+// The GPU that holds `pointer` becomes this thread's device; throws if it is not GPU memory.
+int select_device_of(const void* pointer) {
+  cudaPointerAttributes attributes{};
+  check_cuda(cudaPointerGetAttributes(&attributes, pointer), "cannot inspect the GPU buffer");
+  if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged)
+    throw Error("a CUDA collective was given a buffer that is not CUDA device memory", "use the host functions for host buffers");
+  check_cuda(cudaSetDevice(attributes.device), "cannot select the buffer's GPU");
+  return attributes.device;
+}
+
 ncclRedOp_t nccl_op(ddl_reduce_op op) {
   switch (op) {
     case DDL_SUM: return ncclSum;
@@ -48,16 +61,24 @@ ncclRedOp_t nccl_op(ddl_reduce_op op) {
 
 class NcclCollectives final : public GpuCollectives {
  public:
+  // Every rank takes part in the same host collectives whatever fails locally (another rank's
+  // buffer, its GPU), then all ranks agree whether any failed: a rank that threw early would leave
+  // the host transport out of step with its peers.
   NcclCollectives(Collectives& host, const void* sample_pointer) {
-    cudaPointerAttributes attributes{};
-    check_cuda(cudaPointerGetAttributes(&attributes, sample_pointer), "cannot inspect the GPU buffer");
-    if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged)
-      throw Error("a CUDA collective was given a buffer that is not CUDA device memory", "use the host functions for host buffers");
-    device_ = attributes.device;
-    check_cuda(cudaSetDevice(device_), "cannot select the buffer's GPU");
     ncclUniqueId id{};
-    if (host.rank() == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    std::string local_error, local_hint;
+    try {
+      device_ = select_device_of(sample_pointer);
+      if (host.rank() == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    } catch (const Error& e) {
+      local_error = e.what();
+      local_hint = e.hint();
+    }
     host.broadcast(&id, sizeof id, 0);
+    int32_t failed = local_error.empty() ? 0 : 1;
+    host.allreduce(&failed, 1, sizeof failed, reduce_function(DDL_INT32, DDL_MAX));
+    if (!local_error.empty()) throw Error(local_error, local_hint);
+    if (failed != 0) throw Error("another rank could not set up NCCL for this op; its own error says why");
     check_nccl(ncclCommInitRank(&comm_, host.size(), id, host.rank()), "ncclCommInitRank");
   }
 

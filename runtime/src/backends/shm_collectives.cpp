@@ -43,8 +43,10 @@ using Clock = std::chrono::steady_clock;
 constexpr int kMaxRanks = 64;
 constexpr size_t kHeaderBytes = 4096;
 constexpr std::chrono::microseconds kSpinBeforeSleep{50};
-// Up to this size an allreduce is reduced whole by every rank: redundant work, but one barrier.
+// Up to this size, on up to 4 ranks, an allreduce is reduced whole by every rank: redundant work,
+// but one barrier. Above 4 ranks the size shrinks in proportion, so the redundant work stays put.
 constexpr size_t kSmallAllreduceBytes = 32 << 10;
+size_t small_allreduce_bytes(int size) { return kSmallAllreduceBytes * 4 / static_cast<size_t>(std::max(size, 4)); }
 
 struct Header {
   std::atomic<uint32_t> arrived;     // ranks at the current barrier
@@ -64,7 +66,13 @@ size_t chunk_bytes(int size) { return size <= 8 ? (size_t{1} << 20) : (size_t{25
 class SharedMemory final : public Collectives {
  public:
   SharedMemory(int rank, int size, void* base, size_t bytes, std::chrono::milliseconds timeout)
-      : rank_(rank), size_(size), base_(static_cast<char*>(base)), bytes_(bytes), chunk_(chunk_bytes(size)), timeout_(timeout) {
+      : rank_(rank),
+        size_(size),
+        base_(static_cast<char*>(base)),
+        bytes_(bytes),
+        chunk_(chunk_bytes(size)),
+        small_allreduce_bytes_(small_allreduce_bytes(size)),
+        timeout_(timeout) {
     header()->pids[rank].store(static_cast<int32_t>(::getpid()));
   }
   ~SharedMemory() override { ::munmap(base_, bytes_); }
@@ -108,7 +116,7 @@ class SharedMemory final : public Collectives {
   // and copies back only the segments others reduced: each byte crosses memory about half as often
   // as with whole-chunk copies.
   void allreduce(void* data, size_t count, size_t element_size, ReduceFunction reduce) override {
-    if (count * element_size <= kSmallAllreduceBytes) return allreduce_small(data, count, element_size, reduce);
+    if (count * element_size <= small_allreduce_bytes_) return allreduce_small(data, count, element_size, reduce);
     char* bytes = static_cast<char*>(data);
     const size_t per_chunk = std::max<size_t>(1, chunk_ / element_size);
     for (size_t first = 0; first < count; first += per_chunk) {
@@ -234,6 +242,7 @@ class SharedMemory final : public Collectives {
   char* base_;
   size_t bytes_;
   size_t chunk_;
+  size_t small_allreduce_bytes_;
   std::chrono::milliseconds timeout_;
   uint64_t chunks_ = 0;
 };

@@ -62,6 +62,11 @@ Engine::Engine(std::unique_ptr<Collectives> collectives, EngineConfig config)
       size_(collectives_->size()),
       negotiator_(size_),
       timeline_(config_.timeline_path, rank_) {
+  // Which ops fuse decides which collectives run, so every rank must use the same threshold: rank
+  // 0's, like its clock for stalls.
+  uint64_t threshold = config_.fusion_threshold;
+  collectives_->broadcast(&threshold, sizeof threshold, 0);
+  config_.fusion_threshold = static_cast<size_t>(threshold);
   thread_ = std::thread([this] { run_loop(); });
 }
 
@@ -133,7 +138,9 @@ bool Engine::run_round() {
     // in_flight_ changes only here and in finish(), both under the lock; the engine thread reads it freely.
     inbox_.clear();
     inbox_names_.clear();
-    mine.finalizing = finalize_requested_;
+    // A rank with CUDA ops still running is not done yet; announcing that (rather than each rank
+    // checking its own) keeps every rank leaving the loop in the same round.
+    mine.finalizing = finalize_requested_ && gpu_in_flight_.empty();
   }
   const auto now = Clock::now();
   if (rank_ == 0) mine.expired = negotiator_.stalled(now, config_.timeout);
@@ -151,7 +158,7 @@ bool Engine::run_round() {
   idle_rounds_ = idle ? idle_rounds_ + 1 : 0;
   execute(decision.ready);
   poll_gpu_ops();
-  return !(decision.all_finalizing && decision.ready.empty() && gpu_in_flight_.empty());
+  return !(decision.all_finalizing && decision.ready.empty());
 }
 
 size_t Engine::bytes_of(const OpSpec& spec) const { return spec.count * dtype_size(spec.dtype); }
