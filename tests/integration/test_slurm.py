@@ -90,6 +90,15 @@ class Slurm(unittest.TestCase):
         self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
         self.assertIn("identical", result.stdout)
 
+    def test_libddl_bootstraps_through_pmix_under_srun_mpi_pmix_without_ddl_run(self):
+        # No ddl run, so no store: the workers find each other through Slurm's PMIx server alone.
+        env = {k: v for k, v in slurm_env().items() if not k.startswith("DDL_")}
+        result = run(["salloc", "-N1", "-n3", "srun", "--mpi=pmix", "-n", "3", CHECKS, "world"], env=env, timeout=300)
+        self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
+        worlds = sorted(line for line in result.stdout.splitlines() if line.startswith("world "))
+        self.assertEqual(worlds, [f"world rank {r} size 3 local {r}/3 node 0" for r in range(3)])
+        self.assertEqual(len([line for line in result.stdout.splitlines() if line.startswith("PASS ")]), 3)
+
     def test_a_failing_worker_ends_the_whole_step_with_its_code(self):
         marker = unique_marker()
         script = f'if [ "$RANK" = 2 ]; then echo "rank 2 gives up" >&2; exit 7; fi; exec sleep {marker}'
