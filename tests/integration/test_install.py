@@ -1,6 +1,7 @@
 """After `cmake --install`, a program outside the tree builds against libddl with find_package(ddl)
 and with pkg-config, and runs under `ddl run`."""
 import os
+import re
 import subprocess
 import tempfile
 import unittest
@@ -34,6 +35,20 @@ class Install(unittest.TestCase):
         for path in ("bin/ddl", "include/ddl/ddl.h", "include/ddl/ddl.hpp", "lib/libddl.so", "lib/cmake/ddl/ddlConfig.cmake",
                      "lib/pkgconfig/ddl.pc"):
             self.assertTrue(os.path.exists(os.path.join(self.prefix, path)), path)
+
+    def test_libddl_exports_its_c_api_and_nothing_of_its_insides(self):
+        out = run("nm", "-D", "--defined-only", os.path.join(self.libdir, "libddl.so")).stdout
+        symbols = [line.split() for line in out.splitlines()]
+        functions = sorted(name for _, kind, name in symbols if kind == "T")
+        with open(os.path.join(self.prefix, "include", "ddl", "ddl.h")) as f:
+            declared = sorted(set(re.findall(r"DDL_API[^;(]*?\b(ddl_\w+)\s*\(", f.read())))
+        self.assertTrue(declared)
+        self.assertEqual(functions, declared)  # every function of ddl.h, and no other function
+        # What else the table holds is libstdc++'s weak template type info, never ddl's engine,
+        # Gloo or fmt.
+        insides = [name for _, _, name in symbols
+                   if name not in declared and re.search(r"3ddl|gloo|fmt|nlohmann|pmix", name, re.IGNORECASE)]
+        self.assertEqual(insides, [])
 
     def test_find_package_consumer_runs_under_ddl_run(self):
         build = os.path.join(self.tmp.name, "consumer-build")
