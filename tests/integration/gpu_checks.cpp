@@ -33,18 +33,27 @@ void check(bool ok, const std::string& what) {
   if (!ok) { ++g_failures; std::printf("FAIL rank %d: %s\n", g_rank, what.c_str()); }
 }
 
+// Once ddl_wait returns, the op's work on its stream is finished (ddl.h: "the handle completes
+// when the result is in recv"). The stream does not synchronize with the default stream, so the
+// cudaMemcpy that reads the result would not wait for unfinished work either.
+void check_stream_idle(cudaStream_t stream, const char* op) {
+  check(cudaStreamQuery(stream) == cudaSuccess, std::string(op) + ": work still on the stream after ddl_wait returned");
+}
+
 int run_on_gpu() {
   cudaStream_t stream;
-  require_cuda(cudaStreamCreate(&stream), "cudaStreamCreate");
+  require_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   const size_t n = 1 << 20;
   std::vector<float> host(n);
   for (size_t i = 0; i < n; ++i) host[i] = static_cast<float>((g_rank + 1) * (i % 7));
   float* dev = nullptr;
   require_cuda(cudaMalloc(&dev, n * sizeof(float)), "cudaMalloc");
   require_cuda(cudaMemcpy(dev, host.data(), n * sizeof(float), cudaMemcpyHostToDevice), "copy in");
+  require_cuda(cudaDeviceSynchronize(), "copy in done");  // a pageable copy may return before its DMA ends
   ddl_handle h;
   require(ddl_allreduce_cuda_async("gpu.sum", dev, dev, n, DDL_FLOAT32, DDL_SUM, stream, &h), "allreduce_cuda_async");
   require(ddl_wait(h), "wait allreduce");
+  check_stream_idle(stream, "allreduce");
   require_cuda(cudaMemcpy(host.data(), dev, n * sizeof(float), cudaMemcpyDeviceToHost), "copy out");
   const float ranks_sum = static_cast<float>(g_size * (g_size + 1) / 2);
   bool ok = true;
@@ -55,8 +64,10 @@ int run_on_gpu() {
   int64_t* db = nullptr;
   require_cuda(cudaMalloc(&db, 7 * sizeof(int64_t)), "cudaMalloc");
   require_cuda(cudaMemcpy(db, b.data(), 7 * sizeof(int64_t), cudaMemcpyHostToDevice), "copy in");
+  require_cuda(cudaDeviceSynchronize(), "copy in done");
   require(ddl_broadcast_cuda_async("gpu.bcast", db, 7, DDL_INT64, 0, stream, &h), "broadcast_cuda_async");
   require(ddl_wait(h), "wait broadcast");
+  check_stream_idle(stream, "broadcast");
   require_cuda(cudaMemcpy(b.data(), db, 7 * sizeof(int64_t), cudaMemcpyDeviceToHost), "copy out");
   check(b == std::vector<int64_t>(7, 42), "CUDA broadcast");
 
@@ -65,8 +76,10 @@ int run_on_gpu() {
   require_cuda(cudaMalloc(&dsend, sizeof(double)), "cudaMalloc");
   require_cuda(cudaMalloc(&drecv, sizeof(double) * static_cast<size_t>(g_size)), "cudaMalloc");
   require_cuda(cudaMemcpy(dsend, &mine, sizeof(double), cudaMemcpyHostToDevice), "copy in");
+  require_cuda(cudaDeviceSynchronize(), "copy in done");
   require(ddl_allgather_cuda_async("gpu.gather", dsend, drecv, 1, DDL_FLOAT64, stream, &h), "allgather_cuda_async");
   require(ddl_wait(h), "wait allgather");
+  check_stream_idle(stream, "allgather");
   std::vector<double> all(static_cast<size_t>(g_size));
   require_cuda(cudaMemcpy(all.data(), drecv, sizeof(double) * all.size(), cudaMemcpyDeviceToHost), "copy out");
   for (int r = 0; r < g_size; ++r) check(all[static_cast<size_t>(r)] == r * 10.0, "CUDA allgather");

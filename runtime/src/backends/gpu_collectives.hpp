@@ -12,14 +12,17 @@ namespace ddl::runtime {
 
 class GpuCollectives {
  public:
-  using Token = void*;  // marks the end of one enqueued op on its stream
+  using Token = void*;  // marks the end of what was enqueued on a stream
   virtual ~GpuCollectives() = default;
-  virtual Token allreduce(const void* send, void* recv, size_t count, ddl_dtype dtype, ddl_reduce_op op, void* stream) = 0;
-  virtual Token broadcast(void* data, size_t count, ddl_dtype dtype, int root, void* stream) = 0;
-  virtual Token allgather(const void* send, void* recv, size_t count, ddl_dtype dtype, void* stream) = 0;
-  // Starts and ends a group of enqueues that NCCL launches together.
+  // Starts and ends a group of ops that NCCL launches together. Inside a group NCCL may put
+  // nothing on the streams yet: only after group_end() are the ops there to be marked.
   virtual void group_start() = 0;
   virtual void group_end() = 0;
+  virtual void allreduce(const void* send, void* recv, size_t count, ddl_dtype dtype, ddl_reduce_op op, void* stream) = 0;
+  virtual void broadcast(void* data, size_t count, ddl_dtype dtype, int root, void* stream) = 0;
+  virtual void allgather(const void* send, void* recv, size_t count, ddl_dtype dtype, void* stream) = 0;
+  // After group_end(): a token that completes once everything enqueued on `stream` so far has.
+  virtual Token mark(void* stream) = 0;
   // Whether the op of `token` finished; throws ddl::Error on an asynchronous NCCL error.
   virtual bool done(Token token) = 0;
   virtual void release(Token token) = 0;

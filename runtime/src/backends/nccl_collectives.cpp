@@ -38,6 +38,13 @@ ncclDataType_t nccl_type(ddl_dtype t) {
   return ncclFloat32;
 }
 
+void require_a_gpu() {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0)
+    throw Error("a CUDA collective was called but no GPU is visible to this worker",
+                "check CUDA_VISIBLE_DEVICES and nvidia-smi; host buffers use the non-CUDA functions");
+}
+
 // The GPU that holds `pointer` becomes this thread's device; throws if it is not GPU memory.
 int select_device_of(const void* pointer) {
   cudaPointerAttributes attributes{};
@@ -68,6 +75,7 @@ class NcclCollectives final : public GpuCollectives {
     ncclUniqueId id{};
     std::string local_error, local_hint;
     try {
+      require_a_gpu();
       device_ = select_device_of(sample_pointer);
       if (host.rank() == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
     } catch (const Error& e) {
@@ -86,17 +94,20 @@ class NcclCollectives final : public GpuCollectives {
     if (comm_ != nullptr) ncclCommDestroy(comm_);
   }
 
-  Token allreduce(const void* send, void* recv, size_t count, ddl_dtype dtype, ddl_reduce_op op, void* stream) override {
+  void allreduce(const void* send, void* recv, size_t count, ddl_dtype dtype, ddl_reduce_op op, void* stream) override {
     check_nccl(ncclAllReduce(send, recv, count, nccl_type(dtype), nccl_op(op), comm_, static_cast<cudaStream_t>(stream)), "ncclAllReduce");
-    return mark(stream);
   }
-  Token broadcast(void* data, size_t count, ddl_dtype dtype, int root, void* stream) override {
+  void broadcast(void* data, size_t count, ddl_dtype dtype, int root, void* stream) override {
     check_nccl(ncclBroadcast(data, data, count, nccl_type(dtype), root, comm_, static_cast<cudaStream_t>(stream)), "ncclBroadcast");
-    return mark(stream);
   }
-  Token allgather(const void* send, void* recv, size_t count, ddl_dtype dtype, void* stream) override {
+  void allgather(const void* send, void* recv, size_t count, ddl_dtype dtype, void* stream) override {
     check_nccl(ncclAllGather(send, recv, count, nccl_type(dtype), comm_, static_cast<cudaStream_t>(stream)), "ncclAllGather");
-    return mark(stream);
+  }
+  Token mark(void* stream) override {
+    cudaEvent_t event = nullptr;
+    check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
+    check_cuda(cudaEventRecord(event, static_cast<cudaStream_t>(stream)), "cudaEventRecord");
+    return event;
   }
   void group_start() override { check_nccl(ncclGroupStart(), "ncclGroupStart"); }
   void group_end() override { check_nccl(ncclGroupEnd(), "ncclGroupEnd"); }
@@ -118,13 +129,6 @@ class NcclCollectives final : public GpuCollectives {
   }
 
  private:
-  Token mark(void* stream) {
-    cudaEvent_t event = nullptr;
-    check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
-    check_cuda(cudaEventRecord(event, static_cast<cudaStream_t>(stream)), "cudaEventRecord");
-    return event;
-  }
-
   int device_ = 0;
   ncclComm_t comm_ = nullptr;
 };
@@ -132,10 +136,6 @@ class NcclCollectives final : public GpuCollectives {
 }  // namespace
 
 std::unique_ptr<GpuCollectives> make_nccl_collectives(Collectives& host, const void* sample_pointer) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0)
-    throw Error("a CUDA collective was called but no GPU is visible to this worker",
-                "check CUDA_VISIBLE_DEVICES and nvidia-smi; host buffers use the non-CUDA functions");
   return std::make_unique<NcclCollectives>(host, sample_pointer);
 }
 

@@ -199,16 +199,18 @@ void Engine::enqueue_gpu_ops(const std::vector<PendingOp*>& ops) {
   for (PendingOp* op : ops) {
     record_wait(*op, Clock::now());
     const OpSpec& s = op->spec;
-    GpuCollectives::Token token = nullptr;
     switch (s.kind) {
-      case OpKind::Allreduce: token = gpu_->allreduce(op->send, op->recv, s.count, s.dtype, s.reduce, op->stream); break;
-      case OpKind::Broadcast: token = gpu_->broadcast(op->recv, s.count, s.dtype, s.root, op->stream); break;
-      case OpKind::Allgather: token = gpu_->allgather(op->send, op->recv, s.count, s.dtype, op->stream); break;
+      case OpKind::Allreduce: gpu_->allreduce(op->send, op->recv, s.count, s.dtype, s.reduce, op->stream); break;
+      case OpKind::Broadcast: gpu_->broadcast(op->recv, s.count, s.dtype, s.root, op->stream); break;
+      case OpKind::Allgather: gpu_->allgather(op->send, op->recv, s.count, s.dtype, op->stream); break;
       default: break;  // the C API offers no other CUDA op
     }
-    gpu_in_flight_.push_back({op->name, token, Clock::now()});
   }
   gpu_->group_end();
+  // Only now are the ops on their streams: an event recorded inside the group could complete
+  // before NCCL had put anything there.
+  const auto enqueued = Clock::now();
+  for (PendingOp* op : ops) gpu_in_flight_.push_back({op->name, gpu_->mark(op->stream), enqueued});
 }
 
 void Engine::poll_gpu_ops() {
