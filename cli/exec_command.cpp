@@ -28,7 +28,7 @@ void ExecCommand::execute(const std::optional<std::vector<std::string>>& program
   if (!program && !request.command.empty() && request.command.front().starts_with("-"))
     throw UsageError("ddl exec has no option " + request.command.front(), "see `ddl exec --help`; the program goes after --");
   request.cpu_only = flags_->cpu;
-  request.reverse_gpus = flags_->gpu_order == "reverse";
+  request.gpu_order = flags_->gpu_order == "reverse" ? launcher::GpuOrder::Reversed : launcher::GpuOrder::AsListed;
   launcher::exec_task(request, current_environment());
 }
 

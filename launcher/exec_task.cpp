@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -50,8 +49,7 @@ Environment task_environment(const Environment& env, const TaskIdentity& id, con
   if (plan.gpu_workers && gpus.count() == 0)
     throw UsageError(fmt::format("rank {} on {} should get a GPU, but none is visible there ({})", id.rank, host_name(), gpus.source),
                      "ask the scheduler for GPUs on every node (--gpus-per-node), or run CPU workers with ddl run --cpu");
-  GpuInventory order = gpus;
-  if (request.reverse_gpus) std::reverse(order.ids.begin(), order.ids.end());
+  const GpuInventory order = in_order(gpus, request.gpu_order);
 
   RunContext run;
   run.run_id = run_id_of(env);

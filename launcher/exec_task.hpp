@@ -15,7 +15,7 @@ namespace ddl::launcher {
 struct ExecRequest {
   std::vector<std::string> command;  // the program and its arguments
   bool cpu_only = false;             // --cpu: no GPU even when some are visible
-  bool reverse_gpus = false;         // --gpu-order reverse: local rank 0 gets the last GPU (Polaris)
+  GpuOrder gpu_order = GpuOrder::AsListed;  // --gpu-order reverse: local rank 0 gets the last GPU (Polaris)
 };
 
 // The contract environment of the task `id` over `env`. GPU workers are what ddl run planned

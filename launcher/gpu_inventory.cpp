@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -77,6 +78,11 @@ GpuInventory discover_gpus(const Environment& env) {
   if (int n = cuda_driver_device_count(); n >= 0) return numbered(n, "the CUDA driver");
   if (int n = nvidia_smi_device_count(); n >= 0) return numbered(n, "nvidia-smi");
   return {{}, "no CUDA driver or nvidia-smi"};
+}
+
+GpuInventory in_order(GpuInventory gpus, GpuOrder order) {
+  if (order == GpuOrder::Reversed) std::reverse(gpus.ids.begin(), gpus.ids.end());
+  return gpus;
 }
 
 const std::string& gpu_for_local_rank(const GpuInventory& gpus, int local_rank) {

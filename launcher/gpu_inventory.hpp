@@ -14,6 +14,12 @@ struct GpuInventory {
   int count() const { return static_cast<int>(ids.size()); }
 };
 
+// How GPUs are handed to local ranks: in order, or reversed (Polaris: GPU 3 is nearest the first cores).
+enum class GpuOrder { AsListed, Reversed };
+
+// `gpus` in the order local ranks take them.
+GpuInventory in_order(GpuInventory gpus, GpuOrder order);
+
 // The entries of a CUDA_VISIBLE_DEVICES value, as CUDA reads it: comma separated, blanks
 // trimmed, and the list ends at the first entry that is a negative number.
 GpuInventory parse_visible_devices(const std::string& value);

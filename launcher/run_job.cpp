@@ -1,6 +1,5 @@
 #include "launcher/run_job.hpp"
 
-#include <algorithm>
 
 #include <fmt/format.h>
 
@@ -44,8 +43,7 @@ RunOutcome run_job(const RunRequest& request, const Environment& env, const std:
   // Before anything can start a thread (CUDA, the store), so no thread ever takes SIGINT.
   Supervisor supervisor(request.supervision);
 
-  GpuInventory gpus = request.launch.cpu_only ? GpuInventory{{}, "--cpu"} : discover_gpus(env);
-  if (request.gpu_order == GpuOrder::Reversed) std::reverse(gpus.ids.begin(), gpus.ids.end());
+  const GpuInventory gpus = request.launch.cpu_only ? GpuInventory{{}, "--cpu"} : in_order(discover_gpus(env), request.gpu_order);
   const WorldPlan plan = plan_world(request.launch, gpus.count());
   const std::string program = resolve_program(request.command.front(), lookup(env, "PATH").value_or("/usr/bin:/bin"));
 

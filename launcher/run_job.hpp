@@ -5,17 +5,14 @@
 #include <functional>
 #include <optional>
 #include <string>
-#include <string>
 #include <vector>
 
+#include "launcher/gpu_inventory.hpp"
 #include "launcher/supervisor.hpp"
 #include "launcher/world_plan.hpp"
 #include "runtime/src/common/environment.hpp"
 
 namespace ddl::launcher {
-
-// How GPUs are handed to local ranks: in order, or reversed (Polaris: GPU 3 is nearest the first cores).
-enum class GpuOrder { AsListed, Reversed };
 
 // Who starts the workers: ddl itself on this node, or the allocation's task launcher.
 enum class TaskLauncher { Auto, Local, Srun, OpenMpi, Pals };

@@ -88,7 +88,7 @@ TEST_CASE("ddl exec pins the local-rank-th GPU Slurm gave the node, or the rever
   CHECK(out.count("DDL_GPU_WORKERS") == 0);
 
   ExecRequest reversed;
-  reversed.reverse_gpus = true;
+  reversed.gpu_order = GpuOrder::Reversed;
   CHECK(task_environment(env, id, reversed, gpus)["CUDA_VISIBLE_DEVICES"] == "6");
 }
 
