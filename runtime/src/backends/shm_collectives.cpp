@@ -128,13 +128,11 @@ class SharedMemory final : public Collectives {
       copy_bytes(slot(set, rank_), chunk, mine);
       copy_bytes(slot(set, rank_) + mine_end, chunk + mine_end, end - mine_end);
       barrier();
-      // Always in rank order, by one rank per segment: every rank gets the same bits, every run.
+      // By one rank per segment: every rank gets the same bits, every run.
       if (mine_end > mine) {
         char* out = result(set) + mine;
-        const size_t elements = (mine_end - mine) / element_size;
-        auto source = [&](int r) -> const char* { return r == rank_ ? chunk + mine : slot(set, r) + mine; };
-        reduce(out, source(0), source(1), elements);
-        for (int r = 2; r < size_; ++r) reduce(out, out, source(r), elements);
+        reduce_in_rank_order(out, (mine_end - mine) / element_size, reduce,
+                             [&](int r) -> const char* { return r == rank_ ? chunk + mine : slot(set, r) + mine; });
         copy_bytes(chunk + mine, out, mine_end - mine);
       }
       barrier();
@@ -150,9 +148,15 @@ class SharedMemory final : public Collectives {
     const int set = next_set();
     copy_bytes(slot(set, rank_), data, count * element_size);
     barrier();
-    char* out = static_cast<char*>(data);
-    reduce(out, slot(set, 0), slot(set, 1), count);
-    for (int r = 2; r < size_; ++r) reduce(out, out, slot(set, r), count);
+    reduce_in_rank_order(static_cast<char*>(data), count, reduce, [&](int r) -> const char* { return slot(set, r); });
+  }
+
+  // out = source(0) op source(1) op ... op source(size - 1), always in this order, so the bits
+  // never depend on which rank reduces or which path an allreduce takes.
+  template <typename Source>
+  void reduce_in_rank_order(char* out, size_t count, ReduceFunction reduce, Source source) const {
+    reduce(out, source(0), source(1), count);
+    for (int r = 2; r < size_; ++r) reduce(out, out, source(r), count);
   }
 
   void broadcast(void* data, size_t bytes, int root) override {
