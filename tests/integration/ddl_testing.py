@@ -102,3 +102,13 @@ def slurm_env():
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PBS_", "DDL_"))}
     env["SLURM_CONF"] = os.path.join(os.environ.get("DDL_SLURM_DIR", "/tmp/ddl-slurm"), "slurm.conf")
     return env
+
+
+def check_pmix_world(test, result, size):
+    """A `collective_checks world` run that a PMIx launcher started, without ddl run: it exits 0,
+    each rank reports its place in one node's world of `size`, and each passes its checks."""
+    test.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
+    lines = result.stdout.splitlines()
+    test.assertEqual(sorted(line for line in lines if line.startswith("world ")),
+                     [f"world rank {r} size {size} local {r}/{size} node 0" for r in range(size)])
+    test.assertEqual(len([line for line in lines if line.startswith("PASS ")]), size)
