@@ -283,7 +283,7 @@ void Engine::run_fused_allreduce(const std::vector<PendingOp*>& ops) {
     timeline_.record(op->name, "ALLREDUCE", t1, t2);
     timeline_.record(op->name, "MEMCPY_OUT_FUSION_BUFFER", t2, t3);
   }
-  finish_successful(ops);
+  finish(ops, DDL_SUCCESS);
 }
 
 void Engine::run_single(PendingOp& op) {
@@ -317,21 +317,13 @@ void Engine::run_single(PendingOp& op) {
 
 void Engine::record_wait(const PendingOp& op, Clock::time_point started) { timeline_.record(op.name, "WAIT", op.agreed, started); }
 
-void Engine::finish(PendingOp& op, ddl_status status, std::string message) {
-  std::shared_ptr<OpState> state = op.state;
-  {
-    std::lock_guard lock(mutex_);  // submit() reads in_flight_ for duplicate names
-    std::string name = op.name;
-    in_flight_.erase(name);  // `op` is gone after this line
-  }
-  state->complete(status, std::move(message));
-}
+void Engine::finish(PendingOp& op, ddl_status status, const std::string& message) { finish({&op}, status, message); }
 
-void Engine::finish_successful(const std::vector<PendingOp*>& ops) {
+void Engine::finish(const std::vector<PendingOp*>& ops, ddl_status status, const std::string& message) {
   std::vector<std::shared_ptr<OpState>> states;
   states.reserve(ops.size());
   {
-    std::lock_guard lock(mutex_);
+    std::lock_guard lock(mutex_);  // submit() reads in_flight_ for duplicate names
     for (PendingOp* op : ops) {
       states.push_back(std::move(op->state));
       std::string name = op->name;
@@ -340,7 +332,7 @@ void Engine::finish_successful(const std::vector<PendingOp*>& ops) {
   }
   std::vector<OpState*> settled;
   for (auto& state : states)
-    if (state->settle(DDL_SUCCESS, {})) settled.push_back(state.get());
+    if (state->settle(status, message)) settled.push_back(state.get());
   for (OpState* state : settled) state->wake();
 }
 

@@ -95,8 +95,9 @@ class Engine {
   void run_single(PendingOp& op);
   void enqueue_gpu_ops(const std::vector<PendingOp*>& ops);
   void poll_gpu_ops();
-  void finish(PendingOp& op, ddl_status status, std::string message = {});
-  void finish_successful(const std::vector<PendingOp*>& ops);  // one lock and one wake-up pass for a batch
+  void finish(PendingOp& op, ddl_status status, const std::string& message = {});
+  // A batch takes one lock, and its waiters are woken only once all of its ops are settled.
+  void finish(const std::vector<PendingOp*>& ops, ddl_status status, const std::string& message = {});
   void record_wait(const PendingOp& op, Clock::time_point started);  // agreed until its collective starts
   void fail_everything(ddl_status status, const std::string& message);
   size_t bytes_of(const OpSpec& spec) const;
