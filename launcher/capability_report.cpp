@@ -3,6 +3,7 @@
 #include <netdb.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <future>
 #include <regex>
 #include <sstream>
@@ -91,6 +92,21 @@ CapabilityItem probe_framework(const std::string& python, const std::string& nam
   return item(true, name, j.value("version", ""), j.value("detail", ""));
 }
 
+// ddl's own Python package, looked up beside this ddl: BUILD/python (build tree) or
+// PREFIX/lib/python3/dist-packages (installed), then wherever the Python's own path finds it.
+std::string ddl_torch_probe() {
+  const auto bin = std::filesystem::path(this_executable()).parent_path();
+  const auto build_tree = (bin / ".." / "python").lexically_normal().string();
+  const auto installed = (bin / ".." / "lib" / "python3" / "dist-packages").lexically_normal().string();
+  return fmt::format(
+      "import json, os, sys\n"
+      "sys.path[:0] = [p for p in ({}, {}) if os.path.isdir(os.path.join(p, 'ddl'))]\n"
+      "import ddl, ddl.torch as hvd, ddl._lib as lib, torch\n"
+      "print(json.dumps({{'version': ddl.__version__, 'detail': 'Horovod API on torch %s; %s; libddl %s' % (torch.__version__, "
+      "'NCCL for CUDA tensors' if hvd.nccl_built() else 'host tensors only (no NCCL)', lib.lib._name)}}))",
+      nlohmann::json(build_tree).dump(), nlohmann::json(installed).dump());
+}
+
 CapabilitySection frameworks_section(const CapabilityOptions& options) {
   CommandResult py = run_command({options.python, "-c", "import sys; print(sys.executable, sys.version.split()[0])"}, seconds(30));
   CapabilitySection s{fmt::format("Frameworks ({})", options.python), {}};
@@ -105,6 +121,7 @@ CapabilitySection frameworks_section(const CapabilityOptions& options) {
   std::vector<std::future<CapabilityItem>> probes;  // imports are slow: all at once
   for (const auto& [name, code] : kFrameworkProbes)
     probes.push_back(std::async(std::launch::async, probe_framework, executable, name, code, options.probe_timeout));
+  probes.push_back(std::async(std::launch::async, probe_framework, executable, "ddl.torch", ddl_torch_probe(), options.probe_timeout));
   for (auto& p : probes) s.items.push_back(p.get());
   return s;
 }

@@ -41,6 +41,15 @@ Environment worker_environment(const Environment& base, const WorldPlan& plan, c
   set("TORCHELASTIC_RESTART_COUNT", 0);
   set("TORCHELASTIC_MAX_RESTARTS", 0);
 
+  // horovodrun's set, so Horovod-style scripts (and ddl.torch's tests of them) read the same ranks.
+  // Cross ranks count nodes, as on a homogeneous allocation.
+  set("HOROVOD_RANK", worker.rank);
+  set("HOROVOD_SIZE", plan.world_size());
+  set("HOROVOD_LOCAL_RANK", worker.local_rank);
+  set("HOROVOD_LOCAL_SIZE", plan.workers_per_node);
+  set("HOROVOD_CROSS_RANK", worker.node_rank);
+  set("HOROVOD_CROSS_SIZE", plan.num_nodes);
+
   if (plan.gpu_workers) set("CUDA_VISIBLE_DEVICES", gpu_for_local_rank(gpus, worker.local_rank));
   if (!env.count("OMP_NUM_THREADS")) set("OMP_NUM_THREADS", threads_per_worker(run.cpus_on_node, plan.workers_per_node));
   // Output goes through a pipe; without this Python holds a worker's prints until it exits.

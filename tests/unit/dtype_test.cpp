@@ -65,6 +65,37 @@ TEST_CASE("element sizes") {
   CHECK(dtype_size(DDL_BFLOAT16) == 2);
   CHECK(dtype_size(DDL_FLOAT32) == 4);
   CHECK(dtype_size(DDL_INT64) == 8);
-  CHECK_FALSE(valid_dtype(6));
+  CHECK(dtype_size(DDL_UINT8) == 1);
+  CHECK(dtype_size(DDL_INT8) == 1);
+  CHECK(dtype_size(DDL_INT16) == 2);
+  CHECK(valid_dtype(DDL_INT16));
+  CHECK_FALSE(valid_dtype(9));
   CHECK_FALSE(valid_reduce_op(-1));
+}
+
+TEST_CASE("the 8- and 16-bit integer types reduce in their own width") {
+  std::vector<int8_t> a{-100, 3}, b{-50, 4}, out(2);
+  reduce_function(DDL_INT8, DDL_MIN)(out.data(), a.data(), b.data(), 2);
+  CHECK(out == std::vector<int8_t>{-100, 3});
+  std::vector<uint8_t> u1{200, 7}, u2{50, 8}, u3(2);
+  reduce_function(DDL_UINT8, DDL_SUM)(u3.data(), u1.data(), u2.data(), 2);
+  CHECK(u3 == std::vector<uint8_t>{250, 15});
+  std::vector<int16_t> s1{-300, 12}, s2{2, 3}, s3(2);
+  reduce_function(DDL_INT16, DDL_PRODUCT)(s3.data(), s1.data(), s2.data(), 2);
+  CHECK(s3 == std::vector<int16_t>{-600, 36});
+}
+
+TEST_CASE("scaling follows Horovod: integers in double truncated toward zero, half through float") {
+  std::vector<int32_t> ints{7, -7, 3};
+  scale(ints.data(), 3, DDL_INT32, 0.5);
+  CHECK(ints == std::vector<int32_t>{3, -3, 1});
+  std::vector<float> f{2.0f, -1.0f};
+  scale(f.data(), 2, DDL_FLOAT32, 0.1);
+  CHECK(f == std::vector<float>{2.0f * 0.1f, -1.0f * 0.1f});
+  std::vector<unsigned short> h{float_to_half(3.0f)};
+  scale(h.data(), 1, DDL_FLOAT16, 0.5);
+  CHECK(half_to_float(h[0]) == 1.5f);
+  std::vector<double> unchanged{1.0 / 3};
+  scale(unchanged.data(), 1, DDL_FLOAT64, 1.0);
+  CHECK(unchanged[0] == 1.0 / 3);
 }

@@ -206,3 +206,54 @@ TEST_CASE("an id wait that moved into a full entry still expires, naming the ran
   CHECK(d.failed[0].message.find("rank(s) 2 never submitted it") != std::string::npos);
   CHECK(n.pending_names().empty());
 }
+
+TEST_CASE("shapes, scales and the joined flag survive serialization") {
+  Announcement a;
+  OpSpec spec{OpKind::Reducescatter, DDL_INT16, DDL_MAX, 0, 6, {4, 2}, false, false, {6, 1}, 0.25, 3.0};
+  a.submitted = {{"rs", spec}};
+  a.joined = true;
+  Announcement b = Announcement::parse(a.serialize());
+  REQUIRE(b.submitted.size() == 1);
+  CHECK(b.submitted[0].second == spec);
+  CHECK(b.joined);
+  CHECK_FALSE(b.finalizing);
+}
+
+TEST_CASE("the same element count in different shapes is a mismatch") {
+  Negotiator n(2);
+  OpSpec flat{OpKind::Allreduce, DDL_FLOAT32, DDL_SUM, 0, 6, {}, false, false, {2, 3}};
+  OpSpec other = flat;
+  other.shape = {3, 2};
+  auto d = n.merge({announce({{"x", flat}}), announce({{"x", other}})}, Clock::now());
+  REQUIRE(d.failed.size() == 1);
+  CHECK(d.failed[0].status == DDL_ERROR_MISMATCH);
+  CHECK(d.failed[0].message.find("shape (2,3)") != std::string::npos);
+}
+
+TEST_CASE("while a rank waits in join, others' allreduces complete without it and broadcasts fail") {
+  Negotiator n(3);
+  auto now = Clock::now();
+  OpSpec join{OpKind::Join, DDL_FLOAT32, DDL_SUM, 0, 0, {}};
+  OpSpec bcast{OpKind::Broadcast, DDL_FLOAT32, DDL_SUM, 0, 4, {}};
+  Announcement joined = announce({{"ddl.join", join}});
+  joined.joined = true;
+  // Rank 1 joins; ranks 0 and 2 allreduce "g": ready with rank 1 standing in.
+  auto d1 = n.merge({announce({{"g", allreduce(4)}}), joined, announce({{"g", allreduce(4)}})}, now);
+  REQUIRE(d1.ready.size() == 1);
+  CHECK(d1.ready[0].name == "g");
+  CHECK(d1.ready[0].some_joined);
+  Announcement still = announce({});
+  still.joined = true;
+  auto d2 = n.merge({announce({{"b", bcast}}), still, announce({{"b", bcast}})}, now);
+  CHECK(d2.ready.empty());
+  REQUIRE(d2.failed.size() == 1);
+  CHECK(d2.failed[0].status == DDL_ERROR_UNSUPPORTED);
+  // Ranks 2 then 0 join: the join completes, naming rank 0 (the last to join) on every rank.
+  Announcement joined2 = joined;
+  auto d3 = n.merge({announce({}), still, joined2}, now);
+  CHECK(d3.ready.empty());
+  auto d4 = n.merge({joined2, still, still}, now);
+  REQUIRE(d4.ready.size() == 1);
+  CHECK(d4.ready[0].spec.kind == OpKind::Join);
+  CHECK(d4.ready[0].last_joined == 0);
+}

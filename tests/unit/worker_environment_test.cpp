@@ -29,7 +29,8 @@ TEST_CASE("every contract variable has the value of the worker's rank") {
       {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "4"}, {"GROUP_RANK", "1"}, {"GROUP_WORLD_SIZE", "2"},
       {"ROLE_RANK", "6"}, {"ROLE_WORLD_SIZE", "8"}, {"ROLE_NAME", "default"}, {"MASTER_ADDR", "127.0.0.1"},
       {"MASTER_PORT", "29511"}, {"TORCHELASTIC_RUN_ID", "ddl-abc"}, {"TORCHELASTIC_RESTART_COUNT", "0"},
-      {"TORCHELASTIC_MAX_RESTARTS", "0"}, {"CUDA_VISIBLE_DEVICES", "5"}, {"OMP_NUM_THREADS", "4"},
+      {"TORCHELASTIC_MAX_RESTARTS", "0"}, {"HOROVOD_RANK", "6"}, {"HOROVOD_SIZE", "8"}, {"HOROVOD_LOCAL_RANK", "2"},
+      {"HOROVOD_LOCAL_SIZE", "4"}, {"HOROVOD_CROSS_RANK", "1"}, {"HOROVOD_CROSS_SIZE", "2"}, {"CUDA_VISIBLE_DEVICES", "5"}, {"OMP_NUM_THREADS", "4"},
       {"PYTHONUNBUFFERED", "1"}};
   CHECK(env == expected);
 }

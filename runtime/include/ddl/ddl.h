@@ -52,7 +52,10 @@ typedef enum {
   DDL_FLOAT32 = 2,
   DDL_FLOAT64 = 3,
   DDL_INT32 = 4,
-  DDL_INT64 = 5
+  DDL_INT64 = 5,
+  DDL_UINT8 = 6,
+  DDL_INT8 = 7,
+  DDL_INT16 = 8   /* host buffers only: NCCL has no 16-bit integer type */
 } ddl_dtype;
 
 typedef enum {
@@ -136,6 +139,80 @@ DDL_API int ddl_has_pmix(void);
 #define DDL_COMPRESS_FP16 1u
 DDL_API ddl_status ddl_allreduce_flags_async(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype,
                                              ddl_reduce_op op, unsigned flags, ddl_handle* handle);
+
+/* ---- Process sets, scaling, shapes: what Horovod-style frameworks (ddl.torch) need ----
+ *
+ * A process set is a subgroup of the world's ranks with collectives of its own; NULL stands for
+ * the whole world wherever a ddl_process_set is taken. */
+typedef struct ddl_process_set_s* ddl_process_set;
+
+/* Collective over the whole world: every rank calls it, in the same order, with the same ranks
+ * (distinct world ranks, any order; they are kept sorted). Every rank gets a handle; on a rank
+ * that is not a member, ddl_process_set_rank() gives -1 and operations on the set fail with
+ * DDL_ERROR_INVALID_ARGUMENT. Ranks that disagree on the list fail with DDL_ERROR_MISMATCH. */
+DDL_API ddl_status ddl_process_set_create(const int* ranks, int count, ddl_process_set* set);
+/* Collective over the whole world, like create. Operations still in flight on the set fail. */
+DDL_API ddl_status ddl_process_set_destroy(ddl_process_set set);
+/* This rank's rank within the set (-1 if not a member), and the set's size. */
+DDL_API ddl_status ddl_process_set_rank(ddl_process_set set, int* rank);
+DDL_API ddl_status ddl_process_set_size(ddl_process_set set, int* size);
+/* The set's world ranks, ascending, into ranks[0 .. size-1]. */
+DDL_API ddl_status ddl_process_set_ranks(ddl_process_set set, int* ranks);
+
+/* Options of the *_ex operations. Start from DDL_OP_OPTIONS_INIT. */
+#define DDL_CUDA_BUFFERS 2u /* flag: the buffers are CUDA device memory, enqueued on `stream` */
+typedef struct {
+  ddl_process_set process_set; /* NULL: the world */
+  double prescale;             /* reductions: each rank's input is multiplied by it first */
+  double postscale;            /* reductions: the result is multiplied by it (after AVERAGE's division) */
+  unsigned flags;              /* DDL_COMPRESS_FP16, DDL_CUDA_BUFFERS */
+  void* stream;                /* a cudaStream_t with DDL_CUDA_BUFFERS (NULL: the default stream) */
+  const long long* shape;      /* optional (ndim 0): the tensor's shape, which ranks must agree on; */
+  int ndim;                    /* for allgatherv and alltoallv every dimension but the first */
+} ddl_op_options;
+#define DDL_OP_OPTIONS_INIT {NULL, 1.0, 1.0, 0u, NULL, NULL, 0}
+
+/* The general, asynchronous forms. Ranks and roots are ranks within the process set. Scaling
+ * follows Horovod: integers scale in double and truncate, 16-bit floats in float. */
+DDL_API ddl_status ddl_allreduce_ex(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype,
+                                    ddl_reduce_op op, const ddl_op_options* options, ddl_handle* handle);
+DDL_API ddl_status ddl_broadcast_ex(const char* name, void* buffer, size_t count, ddl_dtype dtype, int root,
+                                    const ddl_op_options* options, ddl_handle* handle);
+/* recv_counts[r] elements come from rank r of the set; this rank sends recv_counts[its rank]. */
+DDL_API ddl_status ddl_allgatherv_ex(const char* name, const void* send, void* recv, const size_t* recv_counts,
+                                     ddl_dtype dtype, const ddl_op_options* options, ddl_handle* handle);
+/* An allgather whose per-rank counts only each rank knows (say, tensors whose first dimension
+ * differs by rank): the counts are exchanged when the operation runs, and the result is kept with
+ * the handle. Read it with ddl_gathered(), then release the handle with ddl_wait(). Host buffers. */
+DDL_API ddl_status ddl_allgather_any_ex(const char* name, const void* send, size_t send_count, ddl_dtype dtype,
+                                        const ddl_op_options* options, ddl_handle* handle);
+/* Waits for a ddl_allgather_any_ex without releasing its handle and returns its status; on success
+ * counts[r] (r < set size) is rank r's count and *data the gathered elements in rank order, valid
+ * until ddl_wait(handle). */
+DDL_API ddl_status ddl_gathered(ddl_handle handle, size_t* counts, const void** data);
+/* send_counts[j] elements go to rank j (blocks in rank order); recv_counts[j] come from rank j.
+ * Each rank passes its own counts, which must match its peers' (ranks learn them beforehand, e.g.
+ * with an alltoall of the counts). */
+DDL_API ddl_status ddl_alltoallv_ex(const char* name, const void* send, const size_t* send_counts, void* recv,
+                                    const size_t* recv_counts, ddl_dtype dtype, const ddl_op_options* options,
+                                    ddl_handle* handle);
+/* send holds the sum of recv_counts elements on every rank; rank r receives the reduction of block r
+ * (recv_counts[r] elements, blocks in rank order). Every rank passes the same recv_counts. */
+DDL_API ddl_status ddl_reducescatter_ex(const char* name, const void* send, void* recv, const size_t* recv_counts,
+                                        ddl_dtype dtype, ddl_reduce_op op, const ddl_op_options* options,
+                                        ddl_handle* handle);
+/* Horovod's join: returns once every rank of the set (NULL: the world) has called it, and meanwhile
+ * takes part in the others' host allreduces and reducescatters (adding zeros) and barriers, so
+ * ranks with fewer batches need not invent any. Other operations fail on every rank
+ * (DDL_ERROR_UNSUPPORTED) while a rank waits here, as in Horovod. *last_rank is the last rank to join (within the set). */
+DDL_API ddl_status ddl_join(ddl_process_set set, int* last_rank);
+/* Completes when every rank of the set (NULL: the world) has called it. */
+DDL_API ddl_status ddl_barrier_ex(ddl_process_set set, ddl_handle* handle);
+
+/* Starts writing this rank's timeline (Chrome-trace JSON, as DDL_TIMELINE) to `path`, closing any
+ * open one; ddl_timeline_stop() closes it. */
+DDL_API ddl_status ddl_timeline_start(const char* path);
+DDL_API ddl_status ddl_timeline_stop(void);
 
 /* Waits for the operation, releases the handle and returns its status. */
 DDL_API ddl_status ddl_wait(ddl_handle handle);

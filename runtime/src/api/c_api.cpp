@@ -2,10 +2,14 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <numeric>
 #include <string>
 
 #include <fmt/format.h>
@@ -24,6 +28,14 @@ struct ddl_handle_s {
   std::shared_ptr<ddl::runtime::OpState> state;
 };
 
+// A process set. The ddl_process_set handed out is its id (1, 2, ...), not this object's address,
+// so a handle used after its set was destroyed, or after ddl_finalize, is an error and not a crash.
+struct ProcessSet {
+  std::vector<int> ranks;  // world ranks, ascending
+  int rank = -1;           // this rank within the set; -1 if not a member
+  std::shared_ptr<ddl::runtime::Engine> engine;  // members only
+};
+
 namespace {
 
 using ddl::runtime::Engine;
@@ -36,8 +48,20 @@ struct Placement {
 
 struct Runtime {
   Placement placement;
+  std::string mode;  // store, pmix or single
+  int generation = 0;
   std::unique_ptr<ddl::runtime::PmixSession> pmix;  // while bootstrapped through PMIx
-  std::unique_ptr<Engine> engine;                   // destroyed before pmix
+  std::unique_ptr<gloo::rendezvous::Store> store;   // the world's rendezvous store, for process sets
+  bool shared_memory = false;                       // the world's ranks talk through shared memory
+  std::shared_ptr<Engine> engine;                   // destroyed before pmix
+  std::mutex sets_mutex;
+  std::map<uintptr_t, std::shared_ptr<ProcessSet>> sets;
+  uintptr_t next_set_id = 1;  // every rank creates sets in the same order, so ids agree
+  ~Runtime() {
+    sets.clear();  // their engines go before the store and PMIx they rendezvoused through
+    engine.reset();
+    store.reset();
+  }
 };
 
 std::mutex g_mutex;
@@ -114,21 +138,21 @@ std::string interface_host(int num_nodes) {
 
 std::shared_ptr<Runtime> start_runtime(int generation) {
   auto rt = std::make_shared<Runtime>();
-  const std::string mode = bootstrap_mode();
-  if (mode == "single") {
-    rt->engine = std::make_unique<Engine>(ddl::runtime::make_single_process_collectives(), engine_config(0));
+  rt->mode = bootstrap_mode();
+  rt->generation = generation;
+  if (rt->mode == "single") {
+    rt->engine = std::make_shared<Engine>(ddl::runtime::make_single_process_collectives(), engine_config(0));
     return rt;
   }
   int rank = 0, size = 1;
-  std::unique_ptr<gloo::rendezvous::Store> store;
-  if (mode == "store") {
+  if (rt->mode == "store") {
     rank = env_int("DDL_RANK", -1);
     size = env_int("DDL_SIZE", -1);
     if (rank < 0 || size < 1 || rank >= size)
       throw ddl::Error("DDL_RANK and DDL_SIZE are missing or out of range: start the program with `ddl run`");
     rt->placement = {env_int("DDL_LOCAL_RANK", 0), env_int("DDL_LOCAL_SIZE", 1), env_int("DDL_NODE_RANK", 0),
                      env_int("DDL_NUM_NODES", 1)};
-    store = ddl::runtime::make_tcp_gloo_store(ddl::store::TcpStoreClient::from_environment(), fmt::format("ddl/{}/gloo/", generation));
+    rt->store = ddl::runtime::make_tcp_gloo_store(ddl::store::TcpStoreClient::from_environment(), fmt::format("ddl/{}/gloo/", generation));
   } else {
     rt->pmix = std::make_unique<ddl::runtime::PmixSession>(engine_config(0).timeout);
     const auto& w = rt->pmix->world();
@@ -136,18 +160,38 @@ std::shared_ptr<Runtime> start_runtime(int generation) {
     size = w.size;
     // PMIx node ids need not count from 0; a world whose ranks all share this node is one node.
     rt->placement = {w.local_rank, w.local_size, w.local_size == w.size ? 0 : w.node_rank, w.local_size == w.size ? 1 : 2};
-    store = rt->pmix->gloo_store(fmt::format("{}.", generation));
+    rt->store = rt->pmix->gloo_store(fmt::format("{}.", generation));
   }
   auto config = engine_config(rank);
   // All ranks on this node: shared memory, unless DDL_SHM=0; else (or if it cannot be set up) Gloo.
   std::unique_ptr<ddl::runtime::Collectives> collectives;
   const char* shm = std::getenv("DDL_SHM");
   if (rt->placement.local_size == size && !(shm != nullptr && std::string(shm) == "0"))
-    collectives = ddl::runtime::make_shared_memory_collectives(rank, size, *store, config.timeout);
+    collectives = ddl::runtime::make_shared_memory_collectives(rank, size, *rt->store, config.timeout);
+  rt->shared_memory = collectives != nullptr;
   if (!collectives)
-    collectives = ddl::runtime::make_gloo_collectives(rank, size, *store, interface_host(rt->placement.num_nodes), config.timeout);
-  rt->engine = std::make_unique<Engine>(std::move(collectives), config);
+    collectives = ddl::runtime::make_gloo_collectives(rank, size, *rt->store, interface_host(rt->placement.num_nodes), config.timeout);
+  rt->engine = std::make_shared<Engine>(std::move(collectives), config);
   return rt;
+}
+
+// The collectives among a process set's members, rendezvousing under the set's own keys.
+std::unique_ptr<ddl::runtime::Collectives> process_set_collectives(Runtime& rt, uintptr_t id, const ProcessSet& set) {
+  const int size = static_cast<int>(set.ranks.size());
+  if (rt.mode == "single") return ddl::runtime::make_single_process_collectives();
+  const auto config = engine_config(rt.engine->rank());
+  std::unique_ptr<gloo::rendezvous::Store> pmix_store;
+  gloo::rendezvous::Store* world = rt.store.get();
+  if (rt.pmix) {  // the world store's wait() is a fence every rank of the world must join
+    pmix_store = rt.pmix->gloo_store(fmt::format("{}.", rt.generation), /*fence_on_wait=*/false);
+    world = pmix_store.get();
+  }
+  auto store = ddl::runtime::make_subgroup_store(*world, fmt::format("set{}/", id), set.ranks, /*forward_wait=*/!rt.pmix);
+  std::unique_ptr<ddl::runtime::Collectives> collectives;
+  if (rt.shared_memory) collectives = ddl::runtime::make_shared_memory_collectives(set.rank, size, *store, config.timeout);
+  if (!collectives)
+    collectives = ddl::runtime::make_gloo_collectives(set.rank, size, *store, interface_host(rt.placement.num_nodes), config.timeout);
+  return collectives;
 }
 
 // Runs `body` with the runtime, turning "not initialized" and exceptions into statuses.
@@ -227,6 +271,11 @@ ddl_status ddl_finalize(void) {
     rt = std::move(g_runtime);
   }
   if (!rt) return fail(DDL_ERROR_NOT_INITIALIZED, "ddl_finalize() without ddl_init()");
+  {
+    std::lock_guard lock(rt->sets_mutex);
+    for (auto& [id, set] : rt->sets)
+      if (set->engine) set->engine->finalize();
+  }
   rt->engine->finalize();
   return DDL_SUCCESS;
 }
@@ -320,6 +369,7 @@ ddl_status ddl_allreduce_cuda_async(const char* name, const void* send, void* re
                                     ddl_reduce_op op, void* stream, ddl_handle* handle) {
   if (auto s = check_buffers(send, recv, count, dtype); s != DDL_SUCCESS) return s;
   if (auto s = check_reduce_op(op); s != DDL_SUCCESS) return s;
+  if (dtype == DDL_INT16) return fail(DDL_ERROR_UNSUPPORTED, "NCCL cannot reduce int16 CUDA buffers");
   return submit(name, {OpKind::Allreduce, dtype, op, 0, count, {}, true}, send, recv, handle, stream);
 }
 
@@ -367,6 +417,332 @@ ddl_status ddl_alltoall(const char* name, const void* send, void* recv, size_t c
 ddl_status ddl_barrier(void) {
   ddl_handle h = nullptr;
   return run_sync(submit(nullptr, {OpKind::Barrier, DDL_FLOAT32, DDL_SUM, 0, 0, {}}, nullptr, nullptr, &h), &h);
+}
+
+// ---- Process sets and the *_ex operations ----
+
+ddl_status ddl_process_set_create(const int* ranks, int count, ddl_process_set* out) {
+  if (out == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "ddl_process_set_create: NULL output");
+  if (count < 1 || ranks == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "ddl_process_set_create: a process set needs at least one rank");
+  return with_runtime([&](Runtime& rt) {
+    const int world = rt.engine->size();
+    std::vector<int> sorted(ranks, ranks + count);
+    std::sort(sorted.begin(), sorted.end());
+    for (size_t i = 0; i < sorted.size(); ++i) {
+      if (sorted[i] < 0 || sorted[i] >= world)
+        return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("ddl_process_set_create: rank {} is not a rank of a world of {}", sorted[i], world));
+      if (i > 0 && sorted[i] == sorted[i - 1])
+        return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("ddl_process_set_create: rank {} is listed twice", sorted[i]));
+    }
+    uintptr_t id;
+    {
+      std::lock_guard lock(rt.sets_mutex);
+      id = rt.next_set_id++;
+    }
+    // Every rank must have asked for the same set: compare a digest of the lists across the world.
+    uint64_t digest = 1469598103934665603ull;
+    for (int r : sorted) digest = (digest ^ static_cast<uint64_t>(r)) * 1099511628211ull;
+    std::vector<uint64_t> digests(static_cast<size_t>(world));
+    ddl_handle h = nullptr;
+    auto name = fmt::format("ddl.process_set_create.{}", id);
+    if (auto st = run_sync(submit(name.c_str(), {OpKind::Allgather, DDL_INT64, DDL_SUM, 0, 1, {}}, &digest, digests.data(), &h), &h);
+        st != DDL_SUCCESS)
+      return st;
+    std::vector<int> differing;
+    for (int r = 0; r < world; ++r)
+      if (digests[static_cast<size_t>(r)] != digests[0]) differing.push_back(r);
+    if (!differing.empty())
+      return fail(DDL_ERROR_MISMATCH, fmt::format("ddl_process_set_create: ranks {} asked for a different set of ranks than rank 0", fmt::join(differing, ",")));
+    auto set = std::make_shared<ProcessSet>();
+    set->ranks = sorted;
+    auto me = std::find(sorted.begin(), sorted.end(), rt.engine->rank());
+    if (me != sorted.end()) {
+      set->rank = static_cast<int>(me - sorted.begin());
+      try {
+        auto config = engine_config(rt.engine->rank());
+        config.timeline_path.clear();  // the world's engine owns the timeline file
+        set->engine = std::make_shared<Engine>(process_set_collectives(rt, id, *set), config);
+      } catch (const std::exception& e) {
+        return fail(DDL_ERROR_BOOTSTRAP, fmt::format("ddl_process_set_create: connecting ranks {} failed: {}", fmt::join(sorted, ","), e.what()));
+      }
+    }
+    std::lock_guard lock(rt.sets_mutex);
+    rt.sets.emplace(id, std::move(set));
+    *out = reinterpret_cast<ddl_process_set>(id);
+    return DDL_SUCCESS;
+  });
+}
+
+namespace {
+
+// The set behind a handle (nullptr, with the error set, if there is none).
+std::shared_ptr<ProcessSet> find_set(Runtime& rt, ddl_process_set handle) {
+  std::lock_guard lock(rt.sets_mutex);
+  auto it = rt.sets.find(reinterpret_cast<uintptr_t>(handle));
+  if (it == rt.sets.end()) {
+    fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("process set {} does not exist (it was destroyed, or ddl_finalize was called)",
+                                                 reinterpret_cast<uintptr_t>(handle)));
+    return nullptr;
+  }
+  return it->second;
+}
+
+// Where an op on `set` runs: the world's engine for NULL, else the set's own.
+struct Target {
+  Engine* engine = nullptr;
+  std::shared_ptr<Engine> keep;  // a set's engine stays alive while the op is submitted
+  int rank = 0, size = 1;
+};
+
+ddl_status resolve(Runtime& rt, ddl_process_set handle, Target& t) {
+  if (handle == nullptr) {
+    t = {rt.engine.get(), nullptr, rt.engine->rank(), rt.engine->size()};
+    return DDL_SUCCESS;
+  }
+  auto set = find_set(rt, handle);
+  if (!set) return DDL_ERROR_INVALID_ARGUMENT;
+  if (!set->engine)
+    return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("rank {} is not a member of process set {} (ranks {})", rt.engine->rank(),
+                                                        reinterpret_cast<uintptr_t>(handle), fmt::join(set->ranks, ",")));
+  t = {set->engine.get(), set->engine, set->rank, static_cast<int>(set->ranks.size())};
+  return DDL_SUCCESS;
+}
+
+const ddl_op_options kDefaultOptions = DDL_OP_OPTIONS_INIT;
+
+// The options, checked: known flags, a shape when ndim > 0, scaling only on host buffers.
+ddl_status read_options(const ddl_op_options* given, ddl_op_options& o, std::vector<int64_t>& shape) {
+  o = given ? *given : kDefaultOptions;
+  if (o.flags & ~(DDL_COMPRESS_FP16 | DDL_CUDA_BUFFERS)) return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("unknown op flags {:#x}", o.flags));
+  if (o.ndim < 0 || (o.ndim > 0 && o.shape == nullptr)) return fail(DDL_ERROR_INVALID_ARGUMENT, "options: ndim > 0 needs a shape");
+  shape.assign(o.shape, o.shape + o.ndim);
+  if ((o.flags & DDL_CUDA_BUFFERS) && (o.prescale != 1.0 || o.postscale != 1.0))
+    return fail(DDL_ERROR_UNSUPPORTED, "prescale and postscale apply to host buffers; scale CUDA buffers on their stream");
+  return DDL_SUCCESS;
+}
+
+ddl_status submit_to(Target& t, const char* name, const OpSpec& spec, const void* send, void* recv, ddl_handle* handle, void* stream) {
+  if (handle == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "handle is NULL");
+  *handle = new ddl_handle_s{t.engine->submit(name ? name : "", spec, send, recv, stream)};
+  return DDL_SUCCESS;
+}
+
+uint64_t sum_of(const size_t* counts, int n) { return std::accumulate(counts, counts + n, uint64_t{0}); }
+
+}  // namespace
+
+ddl_status ddl_process_set_destroy(ddl_process_set handle) {
+  return with_runtime([&](Runtime& rt) {
+    auto set = find_set(rt, handle);
+    if (!set) return DDL_ERROR_INVALID_ARGUMENT;
+    {
+      std::lock_guard lock(rt.sets_mutex);
+      rt.sets.erase(reinterpret_cast<uintptr_t>(handle));
+    }
+    if (set->engine) set->engine->finalize();
+    return DDL_SUCCESS;
+  });
+}
+
+}  // extern "C"
+
+namespace {
+// A question about a set: `world` answers it for NULL (the world), `read` for a set's handle.
+template <typename World, typename Read>
+ddl_status query_set(ddl_process_set handle, const void* out, const char* what, World world, Read read) {
+  if (out == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("{}: NULL output", what));
+  return with_runtime([&](Runtime& rt) {
+    if (handle == nullptr) return world(rt);
+    auto set = find_set(rt, handle);
+    if (!set) return DDL_ERROR_INVALID_ARGUMENT;
+    read(*set);
+    return DDL_SUCCESS;
+  });
+}
+}  // namespace
+
+extern "C" {
+
+ddl_status ddl_process_set_rank(ddl_process_set handle, int* rank) {
+  return query_set(handle, rank, "ddl_process_set_rank", [&](Runtime&) { return ddl_rank(rank); },
+                   [&](const ProcessSet& set) { *rank = set.rank; });
+}
+
+ddl_status ddl_process_set_size(ddl_process_set handle, int* size) {
+  return query_set(handle, size, "ddl_process_set_size", [&](Runtime&) { return ddl_size(size); },
+                   [&](const ProcessSet& set) { *size = static_cast<int>(set.ranks.size()); });
+}
+
+ddl_status ddl_process_set_ranks(ddl_process_set handle, int* ranks) {
+  return query_set(
+      handle, ranks, "ddl_process_set_ranks",
+      [&](Runtime& rt) {
+        std::iota(ranks, ranks + rt.engine->size(), 0);
+        return DDL_SUCCESS;
+      },
+      [&](const ProcessSet& set) { std::copy(set.ranks.begin(), set.ranks.end(), ranks); });
+}
+
+ddl_status ddl_allreduce_ex(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype, ddl_reduce_op op,
+                            const ddl_op_options* options, ddl_handle* handle) {
+  ddl_op_options o;
+  std::vector<int64_t> shape;
+  if (auto s = read_options(options, o, shape); s != DDL_SUCCESS) return s;
+  if (auto s = check_buffers(send, recv, count, dtype); s != DDL_SUCCESS) return s;
+  if (auto s = check_reduce_op(op); s != DDL_SUCCESS) return s;
+  const bool compress = (o.flags & DDL_COMPRESS_FP16) != 0;
+  if (compress && dtype != DDL_FLOAT32)
+    return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("DDL_COMPRESS_FP16 applies to float32 allreduces, not {}", ddl::runtime::dtype_name(dtype)));
+  if ((o.flags & DDL_CUDA_BUFFERS) && dtype == DDL_INT16) return fail(DDL_ERROR_UNSUPPORTED, "NCCL cannot reduce int16 CUDA buffers");
+  return with_runtime([&](Runtime& rt) {
+    Target t;
+    if (auto s = resolve(rt, o.process_set, t); s != DDL_SUCCESS) return s;
+    OpSpec spec{OpKind::Allreduce, dtype, op, 0, count, {}, (o.flags & DDL_CUDA_BUFFERS) != 0, compress, shape, o.prescale, o.postscale};
+    return submit_to(t, name, spec, send, recv, handle, o.stream);
+  });
+}
+
+ddl_status ddl_broadcast_ex(const char* name, void* buffer, size_t count, ddl_dtype dtype, int root, const ddl_op_options* options,
+                            ddl_handle* handle) {
+  ddl_op_options o;
+  std::vector<int64_t> shape;
+  if (auto s = read_options(options, o, shape); s != DDL_SUCCESS) return s;
+  if (auto s = check_common(buffer, count, dtype); s != DDL_SUCCESS) return s;
+  return with_runtime([&](Runtime& rt) {
+    Target t;
+    if (auto s = resolve(rt, o.process_set, t); s != DDL_SUCCESS) return s;
+    if (root < 0 || root >= t.size) return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("broadcast root {} is not a rank of a set of {}", root, t.size));
+    OpSpec spec{OpKind::Broadcast, dtype, DDL_SUM, root, count, {}, (o.flags & DDL_CUDA_BUFFERS) != 0, false, shape};
+    return submit_to(t, name, spec, buffer, buffer, handle, o.stream);
+  });
+}
+
+ddl_status ddl_allgatherv_ex(const char* name, const void* send, void* recv, const size_t* recv_counts, ddl_dtype dtype,
+                             const ddl_op_options* options, ddl_handle* handle) {
+  ddl_op_options o;
+  std::vector<int64_t> shape;
+  if (auto s = read_options(options, o, shape); s != DDL_SUCCESS) return s;
+  if (recv_counts == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "allgatherv: recv_counts is NULL");
+  return with_runtime([&](Runtime& rt) {
+    Target t;
+    if (auto s = resolve(rt, o.process_set, t); s != DDL_SUCCESS) return s;
+    std::vector<uint64_t> counts(recv_counts, recv_counts + t.size);
+    const uint64_t total = sum_of(recv_counts, t.size);
+    if (auto s = check_buffers(send, recv, total, dtype); s != DDL_SUCCESS) return s;
+    if (counts[static_cast<size_t>(t.rank)] > 0 && send == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "allgatherv: the send buffer is NULL");
+    const bool cuda = (o.flags & DDL_CUDA_BUFFERS) != 0;
+    if (cuda) {  // NCCL gathers equal blocks only
+      if (std::any_of(counts.begin(), counts.end(), [&](uint64_t c) { return c != counts[0]; }))
+        return fail(DDL_ERROR_UNSUPPORTED, "allgatherv of CUDA buffers needs equal counts on every rank");
+      return submit_to(t, name, {OpKind::Allgather, dtype, DDL_SUM, 0, counts[0], {}, true, false, shape}, send, recv, handle, o.stream);
+    }
+    return submit_to(t, name, {OpKind::Allgatherv, dtype, DDL_SUM, 0, total, counts, false, false, shape}, send, recv, handle, nullptr);
+  });
+}
+
+ddl_status ddl_alltoallv_ex(const char* name, const void* send, const size_t* send_counts, void* recv, const size_t* recv_counts,
+                            ddl_dtype dtype, const ddl_op_options* options, ddl_handle* handle) {
+  ddl_op_options o;
+  std::vector<int64_t> shape;
+  if (auto s = read_options(options, o, shape); s != DDL_SUCCESS) return s;
+  if (o.flags & DDL_CUDA_BUFFERS) return fail(DDL_ERROR_UNSUPPORTED, "alltoallv takes host buffers");
+  if (send_counts == nullptr || recv_counts == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "alltoallv: send_counts or recv_counts is NULL");
+  if (handle == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "handle is NULL");
+  return with_runtime([&](Runtime& rt) {
+    Target t;
+    if (auto s = resolve(rt, o.process_set, t); s != DDL_SUCCESS) return s;
+    const auto n = static_cast<size_t>(t.size);
+    if (auto s = check_buffers(send, recv, sum_of(recv_counts, t.size), dtype); s != DDL_SUCCESS) return s;
+    if (sum_of(send_counts, t.size) > 0 && send == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "alltoallv: the send buffer is NULL");
+    OpSpec spec{OpKind::Alltoallv, dtype, DDL_SUM, 0, 0, {}, false, false, shape};
+    *handle = new ddl_handle_s{t.engine->submit_with_counts(name ? name : "", spec, send, recv, std::vector<size_t>(send_counts, send_counts + n),
+                                                          std::vector<size_t>(recv_counts, recv_counts + n))};
+    return DDL_SUCCESS;
+  });
+}
+
+ddl_status ddl_allgather_any_ex(const char* name, const void* send, size_t send_count, ddl_dtype dtype,
+                                const ddl_op_options* options, ddl_handle* handle) {
+  ddl_op_options o;
+  std::vector<int64_t> shape;
+  if (auto s = read_options(options, o, shape); s != DDL_SUCCESS) return s;
+  if (o.flags & DDL_CUDA_BUFFERS) return fail(DDL_ERROR_UNSUPPORTED, "ddl_allgather_any_ex takes host buffers");
+  if (auto s = check_common(send, send_count, dtype); s != DDL_SUCCESS) return s;
+  if (handle == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "handle is NULL");
+  return with_runtime([&](Runtime& rt) {
+    Target t;
+    if (auto s = resolve(rt, o.process_set, t); s != DDL_SUCCESS) return s;
+    OpSpec spec{OpKind::AllgatherAny, dtype, DDL_SUM, 0, 0, {}, false, false, shape};
+    *handle = new ddl_handle_s{t.engine->submit_with_counts(name ? name : "", spec, send, nullptr, {send_count}, {})};
+    return DDL_SUCCESS;
+  });
+}
+
+ddl_status ddl_gathered(ddl_handle handle, size_t* counts, const void** data) {
+  if (handle == nullptr || counts == nullptr || data == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "ddl_gathered: NULL argument");
+  std::string message;
+  ddl_status status = handle->state->wait(message);
+  if (status != DDL_SUCCESS) return fail(status, message);
+  const auto& c = handle->state->gathered_counts();
+  std::copy(c.begin(), c.end(), counts);
+  *data = handle->state->gathered().data();
+  return DDL_SUCCESS;
+}
+
+ddl_status ddl_reducescatter_ex(const char* name, const void* send, void* recv, const size_t* recv_counts, ddl_dtype dtype,
+                                ddl_reduce_op op, const ddl_op_options* options, ddl_handle* handle) {
+  ddl_op_options o;
+  std::vector<int64_t> shape;
+  if (auto s = read_options(options, o, shape); s != DDL_SUCCESS) return s;
+  if (o.flags & DDL_CUDA_BUFFERS) return fail(DDL_ERROR_UNSUPPORTED, "reducescatter takes host buffers");
+  if (recv_counts == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "reducescatter: recv_counts is NULL");
+  if (auto s = check_reduce_op(op); s != DDL_SUCCESS) return s;
+  return with_runtime([&](Runtime& rt) {
+    Target t;
+    if (auto s = resolve(rt, o.process_set, t); s != DDL_SUCCESS) return s;
+    std::vector<uint64_t> counts(recv_counts, recv_counts + t.size);
+    const uint64_t total = sum_of(recv_counts, t.size);
+    if (auto s = check_buffers(send, recv, total, dtype); s != DDL_SUCCESS) return s;
+    OpSpec spec{OpKind::Reducescatter, dtype, op, 0, total, counts, false, false, shape, o.prescale, o.postscale};
+    return submit_to(t, name, spec, send, recv, handle, nullptr);
+  });
+}
+
+ddl_status ddl_join(ddl_process_set set, int* last_rank) {
+  if (last_rank == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "ddl_join: NULL output");
+  return with_runtime([&](Runtime& rt) {
+    Target t;
+    if (auto s = resolve(rt, set, t); s != DDL_SUCCESS) return s;
+    auto state = t.engine->submit("ddl.join", {OpKind::Join, DDL_FLOAT32, DDL_SUM, 0, 0, {}}, nullptr, nullptr);
+    std::string message;
+    if (ddl_status s = state->wait(message); s != DDL_SUCCESS) return fail(s, message);
+    *last_rank = static_cast<int>(state->gathered_counts().at(0));
+    return DDL_SUCCESS;
+  });
+}
+
+ddl_status ddl_barrier_ex(ddl_process_set set, ddl_handle* handle) {
+  return with_runtime([&](Runtime& rt) {
+    Target t;
+    if (auto s = resolve(rt, set, t); s != DDL_SUCCESS) return s;
+    return submit_to(t, nullptr, {OpKind::Barrier, DDL_FLOAT32, DDL_SUM, 0, 0, {}}, nullptr, nullptr, handle, nullptr);
+  });
+}
+
+ddl_status ddl_timeline_start(const char* path) {
+  if (path == nullptr || *path == '\0') return fail(DDL_ERROR_INVALID_ARGUMENT, "ddl_timeline_start: empty path");
+  return with_runtime([&](Runtime& rt) {
+    if (!rt.engine->timeline().open(path))
+      return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("ddl_timeline_start: cannot write '{}': {}", path, std::strerror(errno)));
+    return DDL_SUCCESS;
+  });
+}
+
+ddl_status ddl_timeline_stop(void) {
+  return with_runtime([&](Runtime& rt) {
+    rt.engine->timeline().close();
+    return DDL_SUCCESS;
+  });
 }
 
 ddl_status ddl_wait(ddl_handle handle) {

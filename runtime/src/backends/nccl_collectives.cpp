@@ -34,6 +34,9 @@ ncclDataType_t nccl_type(ddl_dtype t) {
     case DDL_FLOAT64: return ncclFloat64;
     case DDL_INT32: return ncclInt32;
     case DDL_INT64: return ncclInt64;
+    case DDL_UINT8: return ncclUint8;
+    case DDL_INT8: return ncclInt8;
+    case DDL_INT16: return ncclFloat16;  // moved, never reduced: the C API refuses int16 CUDA allreduces
   }
   return ncclFloat32;
 }

@@ -45,7 +45,8 @@ uint32_t get_u32(const pmix_proc_t& proc, const char* key, uint32_t fallback) {
 
 class PmixStore final : public gloo::rendezvous::Store {
  public:
-  PmixStore(std::shared_ptr<PmixSession::State> state, std::string prefix) : state_(std::move(state)), prefix_(std::move(prefix)) {}
+  PmixStore(std::shared_ptr<PmixSession::State> state, std::string prefix, bool fence_on_wait)
+      : state_(std::move(state)), prefix_(std::move(prefix)), fence_on_wait_(fence_on_wait) {}
 
   void set(const std::string& key, const std::vector<char>& data) override {
     pmix_value_t value;
@@ -73,7 +74,7 @@ class PmixStore final : public gloo::rendezvous::Store {
 
   void wait(const std::vector<std::string>& keys) override { wait(keys, state_->timeout); }
   void wait(const std::vector<std::string>&, const std::chrono::milliseconds& timeout) override {
-    if (!dirty_) return;
+    if (!dirty_ || !fence_on_wait_) return;
     pmix_info_t info[2];
     bool collect = true;
     int seconds = static_cast<int>(std::max<long long>(1, timeout.count() / 1000));
@@ -120,6 +121,7 @@ class PmixStore final : public gloo::rendezvous::Store {
 
   std::shared_ptr<PmixSession::State> state_;
   std::string prefix_;  // the ddl_init generation, so keys of an earlier init are never read
+  bool fence_on_wait_ = true;
   bool dirty_ = false;
 };
 
@@ -144,8 +146,8 @@ PmixSession::PmixSession(std::chrono::milliseconds timeout) : state_(std::make_s
 
 PmixSession::~PmixSession() { PMIx_Finalize(nullptr, 0); }
 
-std::unique_ptr<gloo::rendezvous::Store> PmixSession::gloo_store(const std::string& prefix) {
-  return std::make_unique<PmixStore>(state_, prefix);
+std::unique_ptr<gloo::rendezvous::Store> PmixSession::gloo_store(const std::string& prefix, bool fence_on_wait) {
+  return std::make_unique<PmixStore>(state_, prefix, fence_on_wait);
 }
 
 bool pmix_compiled_in() { return true; }
@@ -158,7 +160,7 @@ PmixSession::PmixSession(std::chrono::milliseconds) {
   throw Error("this libddl was built without PMIx", "rebuild with libpmix-dev installed (DDL_WITH_PMIX), or start the program with `ddl run`");
 }
 PmixSession::~PmixSession() = default;
-std::unique_ptr<gloo::rendezvous::Store> PmixSession::gloo_store(const std::string&) { return nullptr; }
+std::unique_ptr<gloo::rendezvous::Store> PmixSession::gloo_store(const std::string&, bool) { return nullptr; }
 bool pmix_compiled_in() { return false; }
 
 #endif

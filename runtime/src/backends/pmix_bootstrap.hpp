@@ -27,7 +27,9 @@ class PmixSession {
   // Gloo's rendezvous store over PMIx Put/Fence/Get. Each rank's set()s become visible to the
   // others at the next wait() after them, which runs a fence that every rank must join.
   // Keys are put under `prefix`, so successive ddl_init calls in one process never see each other's.
-  std::unique_ptr<gloo::rendezvous::Store> gloo_store(const std::string& prefix);
+  // fence_on_wait=false: wait() does nothing and get() relies on PMIx fetching the key from its
+  // owner, for rendezvous among a subset of the ranks (a process set), where no world fence runs.
+  std::unique_ptr<gloo::rendezvous::Store> gloo_store(const std::string& prefix, bool fence_on_wait = true);
 
   struct State;  // shared with the store it hands out
 

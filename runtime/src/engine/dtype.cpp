@@ -6,13 +6,16 @@
 
 namespace ddl::runtime {
 
-bool valid_dtype(int dtype) { return dtype >= DDL_FLOAT16 && dtype <= DDL_INT64; }
+bool valid_dtype(int dtype) { return dtype >= DDL_FLOAT16 && dtype <= DDL_INT16; }
 bool valid_reduce_op(int op) { return op >= DDL_SUM && op <= DDL_PRODUCT; }
 
 size_t dtype_size(ddl_dtype dtype) {
   switch (dtype) {
+    case DDL_UINT8:
+    case DDL_INT8: return 1;
     case DDL_FLOAT16:
-    case DDL_BFLOAT16: return 2;
+    case DDL_BFLOAT16:
+    case DDL_INT16: return 2;
     case DDL_FLOAT32:
     case DDL_INT32: return 4;
     case DDL_FLOAT64:
@@ -22,7 +25,7 @@ size_t dtype_size(ddl_dtype dtype) {
 }
 
 const char* dtype_name(ddl_dtype dtype) {
-  static const char* names[] = {"float16", "bfloat16", "float32", "float64", "int32", "int64"};
+  static const char* names[] = {"float16", "bfloat16", "float32", "float64", "int32", "int64", "uint8", "int8", "int16"};
   return valid_dtype(dtype) ? names[dtype] : "unknown-dtype";
 }
 
@@ -129,6 +132,9 @@ ReduceFunction for_dtype(ddl_dtype dtype) {
     case DDL_FLOAT64: return [](void* o, const void* a, const void* b, size_t n) { apply<double>(o, a, b, n, Op{}); };
     case DDL_INT32: return [](void* o, const void* a, const void* b, size_t n) { apply<int32_t>(o, a, b, n, Op{}); };
     case DDL_INT64: return [](void* o, const void* a, const void* b, size_t n) { apply<int64_t>(o, a, b, n, Op{}); };
+    case DDL_UINT8: return [](void* o, const void* a, const void* b, size_t n) { apply<uint8_t>(o, a, b, n, Op{}); };
+    case DDL_INT8: return [](void* o, const void* a, const void* b, size_t n) { apply<int8_t>(o, a, b, n, Op{}); };
+    case DDL_INT16: return [](void* o, const void* a, const void* b, size_t n) { apply<int16_t>(o, a, b, n, Op{}); };
   }
   return nullptr;
 }
@@ -137,6 +143,19 @@ template <typename T>
 void divide(void* data, size_t n, int divisor) {
   auto* d = static_cast<T*>(data);
   for (size_t i = 0; i < n; ++i) d[i] = static_cast<T>(d[i] / static_cast<T>(divisor));
+}
+
+// Integers scale in double and truncate toward zero; floats in their own precision.
+template <typename T, typename Math>
+void multiply(void* data, size_t n, Math factor) {
+  auto* d = static_cast<T*>(data);
+  for (size_t i = 0; i < n; ++i) d[i] = static_cast<T>(static_cast<Math>(d[i]) * factor);
+}
+
+template <float (*ToFloat)(unsigned short), unsigned short (*FromFloat)(float)>
+void multiply_16(void* data, size_t n, float factor) {
+  auto* d = static_cast<unsigned short*>(data);
+  for (size_t i = 0; i < n; ++i) d[i] = FromFloat(ToFloat(d[i]) * factor);
 }
 
 }  // namespace
@@ -168,6 +187,25 @@ void divide_by_world_size(void* data, size_t n, ddl_dtype dtype, int divisor) {
     case DDL_FLOAT64: return divide<double>(data, n, divisor);
     case DDL_INT32: return divide<int32_t>(data, n, divisor);
     case DDL_INT64: return divide<int64_t>(data, n, divisor);
+    case DDL_UINT8: return divide<uint8_t>(data, n, divisor);
+    case DDL_INT8: return divide<int8_t>(data, n, divisor);
+    case DDL_INT16: return divide<int16_t>(data, n, divisor);
+  }
+}
+
+void scale(void* data, size_t n, ddl_dtype dtype, double factor) {
+  if (factor == 1.0) return;
+  const auto f = static_cast<float>(factor);
+  switch (dtype) {
+    case DDL_FLOAT16: return multiply_16<half_to_float, float_to_half>(data, n, f);
+    case DDL_BFLOAT16: return multiply_16<bfloat16_to_float, float_to_bfloat16>(data, n, f);
+    case DDL_FLOAT32: return multiply<float>(data, n, f);
+    case DDL_FLOAT64: return multiply<double>(data, n, factor);
+    case DDL_INT32: return multiply<int32_t>(data, n, factor);
+    case DDL_INT64: return multiply<int64_t>(data, n, factor);
+    case DDL_UINT8: return multiply<uint8_t>(data, n, factor);
+    case DDL_INT8: return multiply<int8_t>(data, n, factor);
+    case DDL_INT16: return multiply<int16_t>(data, n, factor);
   }
 }
 

@@ -22,6 +22,10 @@ ReduceFunction reduce_function(ddl_dtype dtype, ddl_reduce_op op);
 // data[i] /= divisor, for the AVERAGE reduction (integers truncate toward zero).
 void divide_by_world_size(void* data, size_t n, ddl_dtype dtype, int divisor);
 
+// data[i] *= factor, as Horovod's prescale and postscale do it: 16-bit floats in float, float32 in
+// float, integers in double truncated toward zero. A factor of 1 leaves data untouched.
+void scale(void* data, size_t n, ddl_dtype dtype, double factor);
+
 // IEEE half and bfloat16 <-> float, round to nearest even.
 float half_to_float(unsigned short h);
 unsigned short float_to_half(float f);

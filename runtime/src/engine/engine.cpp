@@ -73,18 +73,31 @@ Engine::Engine(std::unique_ptr<Collectives> collectives, EngineConfig config)
 Engine::~Engine() { finalize(); }
 
 std::shared_ptr<OpState> Engine::submit(std::string name, const OpSpec& spec, const void* send, void* recv, void* stream) {
+  return enqueue({std::move(name), spec, send, recv, nullptr, Clock::now(), stream});
+}
+
+std::shared_ptr<OpState> Engine::submit_with_counts(std::string name, const OpSpec& spec, const void* send, void* recv,
+                                                  std::vector<size_t> send_counts, std::vector<size_t> recv_counts) {
+  PendingOp op{std::move(name), spec, send, recv, nullptr, Clock::now(), nullptr};
+  op.send_counts = std::move(send_counts);
+  op.recv_counts = std::move(recv_counts);
+  return enqueue(std::move(op));
+}
+
+std::shared_ptr<OpState> Engine::enqueue(PendingOp op) {
   auto state = std::make_shared<OpState>();
+  op.state = state;
   std::unique_lock lock(mutex_);
-  if (name.empty()) name = fmt::format("unnamed.{}", unnamed_counter_++);
+  if (op.name.empty()) op.name = fmt::format("unnamed.{}", unnamed_counter_++);
   if (broken_) {
     state->complete(broken_status_, broken_message_);
   } else if (finalize_requested_) {
-    state->complete(DDL_ERROR_NOT_INITIALIZED, fmt::format("op '{}' submitted after ddl_finalize", name));
-  } else if (in_flight_.count(name) || inbox_names_.count(name)) {
-    state->complete(DDL_ERROR_INVALID_ARGUMENT, fmt::format("op '{}' is already in flight on rank {}: names must be unique until the op finishes", name, rank_));
+    state->complete(DDL_ERROR_NOT_INITIALIZED, fmt::format("op '{}' submitted after ddl_finalize", op.name));
+  } else if (in_flight_.count(op.name) || inbox_names_.count(op.name)) {
+    state->complete(DDL_ERROR_INVALID_ARGUMENT, fmt::format("op '{}' is already in flight on rank {}: names must be unique until the op finishes", op.name, rank_));
   } else {
-    inbox_names_.insert(name);
-    inbox_.push_back({std::move(name), spec, send, recv, state, Clock::now(), stream});
+    inbox_names_.insert(op.name);
+    inbox_.push_back(std::move(op));
     lock.unlock();
     wake_.notify_one();
   }
@@ -130,6 +143,7 @@ bool Engine::run_round() {
     const bool waiting_for_peers = !in_flight_.empty() || !gpu_in_flight_.empty();
     if (inbox_.empty() && !finalize_requested_ && !waiting_for_peers) wake_.wait_for(lock, config_.cycle_time * cycles);
     for (auto& op : inbox_) {
+      if (op.spec.kind == OpKind::Join) joined_ = true;
       if (auto id = negotiator_.cached_id(op.name, op.spec)) mine.cached.push_back(*id);
       else mine.submitted.emplace_back(op.name, op.spec);
       std::string name = op.name;
@@ -141,6 +155,7 @@ bool Engine::run_round() {
     // A rank with CUDA ops still running is not done yet; announcing that (rather than each rank
     // checking its own) keeps every rank leaving the loop in the same round.
     mine.finalizing = finalize_requested_ && gpu_in_flight_.empty();
+    mine.joined = joined_;
   }
   const auto now = Clock::now();
   if (rank_ == 0) mine.expired = negotiator_.stalled(now, config_.timeout);
@@ -166,8 +181,12 @@ size_t Engine::bytes_of(const OpSpec& spec) const { return spec.count * dtype_si
 void Engine::execute(const std::vector<ReadyOp>& ready) {
   const auto negotiated = Clock::now();
   std::vector<PendingOp*> ops;
+  stand_ins_.clear();
   for (const auto& r : ready) {
-    PendingOp& op = in_flight_.at(r.name);  // every rank submitted it, this one included
+    auto found = in_flight_.find(r.name);
+    // Every rank submitted it, this one included, unless this rank waits in join.
+    PendingOp& op = found != in_flight_.end() ? found->second : stand_in_for(r);
+    if (r.spec.kind == OpKind::Join) op.join_result = r.last_joined;
     timeline_.record(op.name, "NEGOTIATE", op.submitted, negotiated);
     op.agreed = negotiated;
     ops.push_back(&op);
@@ -266,6 +285,7 @@ void Engine::run_fused_allreduce(const std::vector<PendingOp*>& ops) {
   size_t offset = 0;
   for (PendingOp* op : ops) {
     pack_into(op->send, fusion_buffer_.data() + offset * wire_element, op->spec.count, dtype, compress);
+    scale(fusion_buffer_.data() + offset * wire_element, op->spec.count, wire, op->spec.prescale);
     offset += op->spec.count;
   }
   auto t1 = Clock::now();
@@ -275,6 +295,7 @@ void Engine::run_fused_allreduce(const std::vector<PendingOp*>& ops) {
   for (PendingOp* op : ops) {
     unpack_from(fusion_buffer_.data() + offset * wire_element, op->recv, op->spec.count, dtype, compress);
     if (reduce == DDL_AVERAGE) divide_by_world_size(op->recv, op->spec.count, dtype, size_);
+    scale(op->recv, op->spec.count, dtype, op->spec.postscale);
     offset += op->spec.count;
   }
   auto t3 = Clock::now();
@@ -295,8 +316,10 @@ void Engine::run_single(PendingOp& op) {
   switch (s.kind) {
     case OpKind::Allreduce:
       if (op.send != op.recv) move_bytes(op.recv, op.send, bytes);
+      scale(op.recv, s.count, s.dtype, s.prescale);
       collectives_->allreduce(op.recv, s.count, element, reduce_function(s.dtype, s.reduce));
       if (s.reduce == DDL_AVERAGE) divide_by_world_size(op.recv, s.count, s.dtype, size_);
+      scale(op.recv, s.count, s.dtype, s.postscale);
       break;
     case OpKind::Broadcast: collectives_->broadcast(op.recv, bytes, s.root); break;
     case OpKind::Allgather:
@@ -310,9 +333,93 @@ void Engine::run_single(PendingOp& op) {
     }
     case OpKind::Alltoall: collectives_->alltoall(op.send, op.recv, bytes); break;
     case OpKind::Barrier: collectives_->barrier(); break;
+    case OpKind::Reducescatter: run_reducescatter(op); break;
+    case OpKind::Alltoallv: run_alltoallv(op); break;
+    case OpKind::AllgatherAny: run_allgather_any(op); break;
+    case OpKind::Join:
+      joined_ = false;
+      op.state->set_gathered({static_cast<uint64_t>(op.join_result)}, {});
+      break;
   }
   timeline_.record(op.name, op_kind_name(s.kind), start, Clock::now());
   finish(op, DDL_SUCCESS);
+}
+
+// Reduces the whole input in a staging buffer, then keeps this rank's block: the transports have
+// no reduce-scatter of their own, and this costs one allreduce of the input.
+void Engine::run_reducescatter(PendingOp& op) {
+  const OpSpec& s = op.spec;
+  const size_t element = dtype_size(s.dtype);
+  if (scratch_.size() < s.count * element) scratch_.resize(s.count * element);
+  copy_bytes(scratch_.data(), op.send, s.count * element);
+  scale(scratch_.data(), s.count, s.dtype, s.prescale);
+  collectives_->allreduce(scratch_.data(), s.count, element, reduce_function(s.dtype, s.reduce));
+  size_t offset = 0;
+  for (int r = 0; r < rank_; ++r) offset += s.counts[static_cast<size_t>(r)];
+  const size_t mine = s.counts[static_cast<size_t>(rank_)];
+  copy_bytes(op.recv, scratch_.data() + offset * element, mine * element);
+  if (s.reduce == DDL_AVERAGE) divide_by_world_size(op.recv, mine, s.dtype, size_);
+  scale(op.recv, mine, s.dtype, s.postscale);
+}
+
+// Blocks of different sizes travel as one alltoall of blocks padded to the largest block any rank
+// sends, which every rank first learns with a max-allreduce.
+void Engine::run_alltoallv(PendingOp& op) {
+  const size_t element = dtype_size(op.spec.dtype);
+  const auto ranks = static_cast<size_t>(size_);
+  int64_t block = 0;
+  for (size_t c : op.send_counts) block = std::max(block, static_cast<int64_t>(c));
+  collectives_->allreduce(&block, 1, sizeof block, reduce_function(DDL_INT64, DDL_MAX));
+  const size_t block_bytes = static_cast<size_t>(block) * element;
+  if (scratch_.size() < 2 * ranks * block_bytes) scratch_.resize(2 * ranks * block_bytes);
+  char* out = scratch_.data();
+  char* in = out + ranks * block_bytes;
+  const char* from = static_cast<const char*>(op.send);
+  for (size_t j = 0; j < ranks; ++j) {
+    copy_bytes(out + j * block_bytes, from, op.send_counts[j] * element);
+    from += op.send_counts[j] * element;
+  }
+  if (block_bytes > 0) collectives_->alltoall(out, in, block_bytes);
+  char* to = static_cast<char*>(op.recv);
+  for (size_t j = 0; j < ranks; ++j) {
+    copy_bytes(to, in + j * block_bytes, op.recv_counts[j] * element);
+    to += op.recv_counts[j] * element;
+  }
+}
+
+// Every rank's count first (one small allgather), then the data into a buffer the handle keeps.
+void Engine::run_allgather_any(PendingOp& op) {
+  const size_t element = dtype_size(op.spec.dtype);
+  const auto ranks = static_cast<size_t>(size_);
+  uint64_t mine = op.send_counts.at(0);
+  std::vector<uint64_t> counts(ranks);
+  collectives_->allgatherv(&mine, counts.data(), std::vector<size_t>(ranks, sizeof mine));
+  std::vector<size_t> bytes(ranks);
+  size_t total = 0;
+  for (size_t r = 0; r < ranks; ++r) total += bytes[r] = counts[r] * element;
+  std::vector<char> data(total);
+  collectives_->allgatherv(op.send, data.data(), bytes);
+  op.state->set_gathered(std::move(counts), std::move(data));
+}
+
+Engine::PendingOp& Engine::stand_in_for(const ReadyOp& ready) {
+  if (!joined_) throw std::runtime_error(fmt::format("op '{}' was agreed but never submitted on rank {}", ready.name, rank_));
+  auto& [op, buffer] = stand_ins_.emplace_back();
+  op = PendingOp{ready.name, ready.spec, nullptr, nullptr, std::make_shared<OpState>(), Clock::now(), nullptr};
+  const OpSpec& s = ready.spec;
+  const size_t element = dtype_size(s.dtype);
+  if (s.kind == OpKind::Allreduce) {
+    buffer.assign(s.count * element, 0);
+    op.send = op.recv = buffer.data();
+  } else if (s.kind == OpKind::Reducescatter) {
+    buffer.assign((s.count + s.counts[static_cast<size_t>(rank_)]) * element, 0);
+    op.send = buffer.data();
+    op.recv = buffer.data() + s.count * element;
+  } else if (s.kind == OpKind::AllgatherAny) {
+    op.send = buffer.data();
+    op.send_counts = {0};
+  }
+  return op;
 }
 
 void Engine::record_wait(const PendingOp& op, Clock::time_point started) { timeline_.record(op.name, "WAIT", op.agreed, started); }

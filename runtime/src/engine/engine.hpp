@@ -36,8 +36,17 @@ class OpState {
   void wake() { cv_.notify_all(); }
   ddl_status wait(std::string& message);
   bool done();
+  // An AllgatherAny's result, kept here until the handle is released.
+  void set_gathered(std::vector<uint64_t> counts, std::vector<char> data) {
+    gathered_counts_ = std::move(counts);
+    gathered_ = std::move(data);
+  }
+  const std::vector<uint64_t>& gathered_counts() const { return gathered_counts_; }
+  const std::vector<char>& gathered() const { return gathered_; }
 
  private:
+  std::vector<uint64_t> gathered_counts_;
+  std::vector<char> gathered_;
   std::mutex mutex_;
   std::condition_variable cv_;
   bool done_ = false;
@@ -65,6 +74,11 @@ class Engine {
   // Queues an op. An empty name takes the next "unnamed.N". Never blocks on peers. `stream` is the
   // CUDA stream of a CUDA op.
   std::shared_ptr<OpState> submit(std::string name, const OpSpec& spec, const void* send, void* recv, void* stream = nullptr);
+  // An op with counts of this rank alone, in elements, not part of the agreed spec: an alltoallv's
+  // blocks, or {send count} of an allgather-any.
+  std::shared_ptr<OpState> submit_with_counts(std::string name, const OpSpec& spec, const void* send, void* recv,
+                                            std::vector<size_t> send_counts, std::vector<size_t> recv_counts);
+  Timeline& timeline() { return timeline_; }
   // Tells the other ranks this one is done and waits until all are; ops still pending then fail.
   void finalize();
 
@@ -79,6 +93,8 @@ class Engine {
     Clock::time_point submitted;
     void* stream = nullptr;
     Clock::time_point agreed;  // when every rank had submitted it
+    int join_result = -1;  // a join: the last rank to join
+    std::vector<size_t> send_counts, recv_counts;  // alltoallv: this rank's blocks; allgather-any: {its count}
   };
   // A CUDA op enqueued on its stream, waiting for its event.
   struct GpuOpInFlight {
@@ -93,6 +109,13 @@ class Engine {
   void run_allreduces(const std::vector<PendingOp*>& ops);
   void run_fused_allreduce(const std::vector<PendingOp*>& ops);
   void run_single(PendingOp& op);
+  void run_reducescatter(PendingOp& op);
+  void run_alltoallv(PendingOp& op);
+  void run_allgather_any(PendingOp& op);
+  // While this rank waits in ddl_join, an op the others agreed on runs here with a stand-in:
+  // zeros for a reduction, nothing for a gather.
+  PendingOp& stand_in_for(const ReadyOp& ready);
+  std::shared_ptr<OpState> enqueue(PendingOp op);
   void enqueue_gpu_ops(const std::vector<PendingOp*>& ops);
   void poll_gpu_ops();
   void finish(PendingOp& op, ddl_status status, const std::string& message = {});
@@ -109,6 +132,9 @@ class Engine {
   Negotiator negotiator_;
   Timeline timeline_;
   std::vector<char> fusion_buffer_;
+  std::vector<char> scratch_;  // reducescatter's and alltoallv's staging buffer
+  bool joined_ = false;        // engine thread: this rank has a join in flight
+  std::deque<std::pair<PendingOp, std::vector<char>>> stand_ins_;  // this round's, with their buffers
   std::unique_ptr<GpuCollectives> gpu_;  // made when the first CUDA op runs
   std::vector<GpuOpInFlight> gpu_in_flight_;
 

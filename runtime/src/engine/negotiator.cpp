@@ -66,7 +66,7 @@ void Negotiator::announce_full(int rank, const std::string& name, const OpSpec& 
   Entry& e = entry_for(name, now);
   e.specs[static_cast<size_t>(rank)] = spec;
   if (rank == 0) e.order = next_order_++;
-  if (++e.announced == size_) completed.push_back({e.order, name, std::nullopt});
+  if (++e.announced == size_) completed.push_back({e.order, false, name, std::nullopt});
 }
 
 void Negotiator::announce_cached(int rank, uint32_t id, TimePoint now, std::vector<Completed>& completed) {
@@ -83,13 +83,50 @@ void Negotiator::announce_cached(int rank, uint32_t id, TimePoint now, std::vect
   }
   w.ranks[static_cast<size_t>(rank)] = true;
   if (rank == 0) w.order = next_order_++;
-  if (++w.announced == size_) completed.push_back({w.order, {}, id});
+  if (++w.announced == size_) completed.push_back({w.order, false, cache_[id].first, id});
+}
+
+void Negotiator::update_joined(const std::vector<Announcement>& announcements) {
+  joined_.resize(static_cast<size_t>(size_), false);
+  joined_count_ = 0;
+  for (int r = 0; r < size_; ++r) {
+    const bool j = announcements[static_cast<size_t>(r)].joined;
+    if (j && !joined_[static_cast<size_t>(r)]) last_joined_ = r;  // the highest rank joining in this round
+    joined_[static_cast<size_t>(r)] = j;
+    joined_count_ += j ? 1 : 0;
+  }
+}
+
+// Ops that every rank not in ddl_join has announced are complete: the joined ranks stand in.
+void Negotiator::complete_for_joined(std::vector<Completed>& completed) const {
+  if (joined_count_ == 0) return;
+  auto all_missing_joined = [&](auto has) {
+    for (int r = 0; r < size_; ++r)
+      if (!has(r) && !joined_[static_cast<size_t>(r)]) return false;
+    return true;
+  };
+  for (const auto& [name, e] : table_)
+    if (e.announced > 0 && e.announced < size_ && all_missing_joined([&](int r) { return e.specs[static_cast<size_t>(r)].has_value(); }))
+      completed.push_back({e.order, true, name, std::nullopt});
+  for (size_t id = 0; id < cached_waits_.size(); ++id) {
+    const CachedWait& w = cached_waits_[id];
+    if (w.announced > 0 && w.announced < size_ && all_missing_joined([&](int r) { return static_cast<bool>(w.ranks[static_cast<size_t>(r)]); }))
+      completed.push_back({w.order, true, cache_[id].first, static_cast<uint32_t>(id)});
+  }
+}
+
+// What a joined rank can stand in for: reductions (it adds zeros) and barriers. Broadcasts and
+// gathers fail while a rank waits in join, as in Horovod.
+bool Negotiator::runs_with_joined(const OpSpec& spec) const {
+  if (spec.cuda) return false;
+  return spec.kind == OpKind::Allreduce || spec.kind == OpKind::Reducescatter || spec.kind == OpKind::Barrier;
 }
 
 RoundDecision Negotiator::merge(const std::vector<Announcement>& announcements, TimePoint now) {
   RoundDecision decision;
   decision.all_finalizing = true;
   std::vector<Completed> completed;
+  update_joined(announcements);
   for (int rank = 0; rank < size_; ++rank) {
     const Announcement& a = announcements[static_cast<size_t>(rank)];
     decision.all_finalizing = decision.all_finalizing && a.finalizing;
@@ -110,19 +147,31 @@ RoundDecision Negotiator::merge(const std::vector<Announcement>& announcements, 
       w.announced = 0;
     }
   }
-  std::sort(completed.begin(), completed.end(), [](const Completed& a, const Completed& b) { return a.order < b.order; });
+  complete_for_joined(completed);
+  // Ops rank 0 never announced (it joined) come last, by name: the same order on every rank.
+  std::sort(completed.begin(), completed.end(),
+            [](const Completed& a, const Completed& b) { return a.order != b.order ? a.order < b.order : a.name < b.name; });
+  auto joined_failure = [&](const std::string& name, const OpSpec& spec) {
+    decision.failed.push_back({name, DDL_ERROR_UNSUPPORTED,
+                               fmt::format("op '{}' ({}) cannot run while ranks wait in join: only host allreduce, "
+                                           "reducescatter and barrier can", name, spec.describe())});
+  };
   for (const Completed& c : completed) {
     if (c.cached_id) {  // every rank announced the cached spec: agreed by construction
       cached_waits_[*c.cached_id].announced = 0;
-      decision.ready.push_back({cache_[*c.cached_id].first, cache_[*c.cached_id].second});
+      const OpSpec& spec = cache_[*c.cached_id].second;
+      if (c.with_joined && !runs_with_joined(spec)) joined_failure(c.name, spec);
+      else decision.ready.push_back({c.name, spec, c.with_joined, spec.kind == OpKind::Join ? last_joined_ : -1});
       continue;
     }
     auto it = table_.find(c.name);
     Entry& e = it->second;
-    const OpSpec& first = *e.specs[0];
-    bool same = std::all_of(e.specs.begin(), e.specs.end(), [&](const auto& s) { return *s == first; });
-    if (same) {
-      decision.ready.push_back({c.name, first});
+    const OpSpec& first = **std::find_if(e.specs.begin(), e.specs.end(), [](const auto& s) { return s.has_value(); });
+    bool same = std::all_of(e.specs.begin(), e.specs.end(), [&](const auto& s) { return !s || *s == first; });
+    if (same && c.with_joined && !runs_with_joined(first)) {
+      joined_failure(c.name, first);
+    } else if (same) {
+      decision.ready.push_back({c.name, first, c.with_joined, first.kind == OpKind::Join ? last_joined_ : -1});
       remember(c.name, first);
     } else {
       decision.failed.push_back({c.name, DDL_ERROR_MISMATCH, mismatch_message(c.name, e)});
@@ -136,6 +185,7 @@ std::string Negotiator::mismatch_message(const std::string& name, const Entry& e
   // Group ranks by what they submitted: "rank 0-2: allreduce float32[4] sum; rank 3: ...".
   std::vector<std::pair<std::string, std::vector<int>>> groups;
   for (int r = 0; r < size_; ++r) {
+    if (!e.specs[static_cast<size_t>(r)]) continue;  // a joined rank
     std::string d = e.specs[static_cast<size_t>(r)]->describe();
     auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == d; });
     if (it == groups.end()) groups.push_back({d, {r}});

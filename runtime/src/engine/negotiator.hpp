@@ -16,6 +16,8 @@ namespace ddl::runtime {
 struct ReadyOp {
   std::string name;
   OpSpec spec;
+  bool some_joined = false;  // ranks in ddl_join stand in for this op
+  int last_joined = -1;      // a join: the last rank to join
 };
 
 struct FailedOp {
@@ -68,6 +70,7 @@ class Negotiator {
   };
   struct Completed {
     uint64_t order;
+    bool with_joined = false;  // some ranks never announced it: they joined
     std::string name;                    // announced in full by some rank (in table_), or
     std::optional<uint32_t> cached_id;   // by id by every rank (in cached_waits_)
   };
@@ -81,7 +84,14 @@ class Negotiator {
   Entry& entry_for(const std::string& name, TimePoint now);
   void remember(const std::string& name, const OpSpec& spec);
 
+  void update_joined(const std::vector<Announcement>& announcements);
+  void complete_for_joined(std::vector<Completed>& completed) const;
+  bool runs_with_joined(const OpSpec& spec) const;
+
   int size_;
+  std::vector<bool> joined_;  // ranks whose last announcement said they wait in ddl_join
+  int joined_count_ = 0;
+  int last_joined_ = -1;
   size_t cache_capacity_;
   std::vector<std::pair<std::string, OpSpec>> cache_;  // by id
   std::unordered_map<std::string, uint32_t> cache_ids_;

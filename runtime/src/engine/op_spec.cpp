@@ -1,5 +1,6 @@
 #include "runtime/src/engine/op_spec.hpp"
 
+#include <bit>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -10,17 +11,20 @@
 namespace ddl::runtime {
 
 const char* op_kind_name(OpKind kind) {
-  static const char* names[] = {"allreduce", "broadcast", "allgather", "allgatherv", "alltoall", "barrier"};
+  static const char* names[] = {"allreduce", "broadcast", "allgather", "allgatherv", "alltoall", "barrier", "reducescatter", "alltoallv", "allgather", "join"};
   auto i = static_cast<size_t>(kind);
   return i < std::size(names) ? names[i] : "unknown-op";
 }
 
 std::string OpSpec::describe() const {
-  if (kind == OpKind::Barrier) return "barrier";
+  if (kind == OpKind::Barrier || kind == OpKind::Join) return op_kind_name(kind);
   std::string s = fmt::format("{} {}[{}]", op_kind_name(kind), dtype_name(dtype), count);
-  if (kind == OpKind::Allreduce) s += fmt::format(" {}", reduce_op_name(reduce));
+  if (!shape.empty()) s += fmt::format(" shape ({})", fmt::join(shape, ","));
+  if (kind == OpKind::Allreduce || kind == OpKind::Reducescatter) s += fmt::format(" {}", reduce_op_name(reduce));
   if (kind == OpKind::Broadcast) s += fmt::format(" from rank {}", root);
-  if (kind == OpKind::Allgatherv) s += fmt::format(" counts [{}]", fmt::join(counts, ","));
+  if (kind == OpKind::Allgatherv || kind == OpKind::Reducescatter) s += fmt::format(" counts [{}]", fmt::join(counts, ","));
+  if (prescale != 1.0) s += fmt::format(" prescaled by {}", prescale);
+  if (postscale != 1.0) s += fmt::format(" postscaled by {}", postscale);
   s += cuda ? " on cuda" : "";
   s += compress_fp16 ? " compressed to float16" : "";
   return s;
@@ -28,12 +32,15 @@ std::string OpSpec::describe() const {
 
 std::string Announcement::serialize() const {
   store::Writer w;
-  w.u8(finalizing ? 1 : 0).u32(static_cast<uint32_t>(submitted.size()));
+  w.u8(static_cast<uint8_t>((finalizing ? 1 : 0) | (joined ? 2 : 0))).u32(static_cast<uint32_t>(submitted.size()));
   for (const auto& [name, spec] : submitted) {
     w.str(name).u8(static_cast<uint8_t>(spec.kind)).u8(static_cast<uint8_t>(spec.dtype)).u8(static_cast<uint8_t>(spec.reduce));
     w.u8(static_cast<uint8_t>((spec.cuda ? 1 : 0) | (spec.compress_fp16 ? 2 : 0)));
     w.i64(spec.root).i64(static_cast<int64_t>(spec.count)).u32(static_cast<uint32_t>(spec.counts.size()));
     for (uint64_t c : spec.counts) w.i64(static_cast<int64_t>(c));
+    w.u32(static_cast<uint32_t>(spec.shape.size()));
+    for (int64_t d : spec.shape) w.i64(d);
+    w.i64(std::bit_cast<int64_t>(spec.prescale)).i64(std::bit_cast<int64_t>(spec.postscale));
   }
   w.u32(static_cast<uint32_t>(expired.size()));
   for (const auto& name : expired) w.str(name);
@@ -51,7 +58,8 @@ Announcement Announcement::parse(const std::string& bytes) {
   auto flag = r.u8();
   auto n = r.u32();
   if (!flag || !n) throw fail();
-  a.finalizing = *flag != 0;
+  a.finalizing = (*flag & 1) != 0;
+  a.joined = (*flag & 2) != 0;
   for (uint32_t i = 0; i < *n; ++i) {
     auto name = r.str();
     auto kind = r.u8();
@@ -69,6 +77,18 @@ Announcement Announcement::parse(const std::string& bytes) {
       if (!c) throw fail();
       spec.counts.push_back(static_cast<uint64_t>(*c));
     }
+    auto ndim = r.u32();
+    if (!ndim) throw fail();
+    for (uint32_t j = 0; j < *ndim; ++j) {
+      auto d = r.i64();
+      if (!d) throw fail();
+      spec.shape.push_back(*d);
+    }
+    auto prescale = r.i64();
+    auto postscale = r.i64();
+    if (!prescale || !postscale) throw fail();
+    spec.prescale = std::bit_cast<double>(*prescale);
+    spec.postscale = std::bit_cast<double>(*postscale);
     a.submitted.emplace_back(std::move(*name), std::move(spec));
   }
   auto nexpired = r.u32();

@@ -10,7 +10,11 @@
 
 namespace ddl::runtime {
 
-enum class OpKind : uint8_t { Allreduce = 0, Broadcast = 1, Allgather = 2, Allgatherv = 3, Alltoall = 4, Barrier = 5 };
+enum class OpKind : uint8_t {
+  Allreduce = 0, Broadcast = 1, Allgather = 2, Allgatherv = 3, Alltoall = 4, Barrier = 5, Reducescatter = 6, Alltoallv = 7,
+  AllgatherAny = 8,  // an allgatherv whose per-rank counts are exchanged when it runs
+  Join = 9           // done once every rank has joined; joined ranks stand in for the others' ops
+};
 const char* op_kind_name(OpKind kind);
 
 struct OpSpec {
@@ -18,10 +22,13 @@ struct OpSpec {
   ddl_dtype dtype = DDL_FLOAT32;
   ddl_reduce_op reduce = DDL_SUM;  // allreduce only
   int32_t root = 0;                // broadcast only
-  uint64_t count = 0;              // elements sent by each rank (per destination for alltoall)
-  std::vector<uint64_t> counts;    // allgatherv: elements from each rank
+  uint64_t count = 0;              // elements sent by each rank (per destination for alltoall; in all for reducescatter)
+  std::vector<uint64_t> counts;    // allgatherv: elements from each rank; reducescatter: elements to each rank
   bool cuda = false;               // the buffers are CUDA device memory (NCCL)
   bool compress_fp16 = false;      // allreduce float32 travels as float16
+  std::vector<int64_t> shape;      // the caller's tensor shape, when it gave one (ranks must agree)
+  double prescale = 1.0;           // allreduce, reducescatter: input *= prescale
+  double postscale = 1.0;          // allreduce, reducescatter: result *= postscale
 
   bool operator==(const OpSpec&) const = default;
   // "allreduce float32[1000] sum", "broadcast int64[3] from rank 2", ...
@@ -33,6 +40,7 @@ struct Announcement {
   std::vector<std::pair<std::string, OpSpec>> submitted;  // ops newly submitted since the last round
   std::vector<uint32_t> cached;                            // more of them, as response-cache ids
   bool finalizing = false;                                 // this rank called ddl_finalize
+  bool joined = false;                                     // this rank waits in ddl_join
   std::vector<std::string> expired;                        // rank 0 only: ops that waited too long
 
   std::string serialize() const;

@@ -5,15 +5,34 @@
 namespace ddl::runtime {
 
 Timeline::Timeline(const std::string& path, int rank) : rank_(rank) {
-  if (path.empty()) return;
-  file_ = std::fopen(path.c_str(), "w");
-  if (file_ != nullptr) std::fputs("{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n", file_);
+  if (!path.empty()) open(path);
 }
 
-Timeline::~Timeline() {
+Timeline::~Timeline() { close(); }
+
+bool Timeline::open(const std::string& path) {
+  std::lock_guard lock(mutex_);
+  close_locked();
+  file_ = std::fopen(path.c_str(), "w");
+  if (file_ == nullptr) return false;
+  std::fputs("{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n", file_);
+  rows_.clear();
+  first_ = true;
+  enabled_ = true;
+  return true;
+}
+
+void Timeline::close() {
+  std::lock_guard lock(mutex_);
+  close_locked();
+}
+
+void Timeline::close_locked() {
+  enabled_ = false;
   if (file_ == nullptr) return;
   std::fputs("\n]}\n", file_);
   std::fclose(file_);
+  file_ = nullptr;
 }
 
 int Timeline::row_of(const std::string& op_name) {
@@ -28,6 +47,8 @@ int Timeline::row_of(const std::string& op_name) {
 }
 
 void Timeline::record(const std::string& op_name, const char* phase, Clock::time_point start, Clock::time_point end) {
+  if (!enabled()) return;
+  std::lock_guard lock(mutex_);
   if (file_ == nullptr) return;
   using us = std::chrono::duration<double, std::micro>;
   int row = row_of(op_name);

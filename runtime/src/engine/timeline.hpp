@@ -1,11 +1,13 @@
 // DDL_TIMELINE: a Chrome-trace JSON file (chrome://tracing, Perfetto) with one row per op name and
 // one event per phase of each op (negotiate, memcpy into the fusion buffer, the collective, memcpy
-// out). Written by the engine thread only.
+// out). Written by the engine thread; open() and close() may come from any thread (start_timeline).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <mutex>
 #include <string>
 
 namespace ddl::runtime {
@@ -20,12 +22,18 @@ class Timeline {
   Timeline(const Timeline&) = delete;
   Timeline& operator=(const Timeline&) = delete;
 
-  bool enabled() const { return file_ != nullptr; }
+  bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
   void record(const std::string& op_name, const char* phase, Clock::time_point start, Clock::time_point end);
+  // Starts a new document at `path` (closing any open one); false if the file cannot be written.
+  bool open(const std::string& path);
+  void close();
 
  private:
   int row_of(const std::string& op_name);
+  void close_locked();
 
+  std::mutex mutex_;
+  std::atomic<bool> enabled_{false};
   std::FILE* file_ = nullptr;
   int rank_ = 0;
   Clock::time_point origin_ = Clock::now();

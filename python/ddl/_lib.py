@@ -1,0 +1,127 @@
+"""libddl's C API through ctypes: finding the library, the prototypes, statuses and dtypes."""
+
+import ctypes
+import os
+
+# ddl_status
+SUCCESS, INVALID_ARGUMENT, NOT_INITIALIZED, MISMATCH, TIMEOUT, PEER_FAILED, BOOTSTRAP, INTERNAL, UNSUPPORTED = range(9)
+# ddl_dtype
+FLOAT16, BFLOAT16, FLOAT32, FLOAT64, INT32, INT64, UINT8, INT8, INT16 = range(9)
+# ddl_reduce_op
+SUM, AVERAGE, MIN, MAX, PRODUCT = range(5)
+# op flags
+COMPRESS_FP16 = 1
+CUDA_BUFFERS = 2
+
+
+class OpOptions(ctypes.Structure):
+    _fields_ = [
+        ("process_set", ctypes.c_void_p),
+        ("prescale", ctypes.c_double),
+        ("postscale", ctypes.c_double),
+        ("flags", ctypes.c_uint),
+        ("stream", ctypes.c_void_p),
+        ("shape", ctypes.POINTER(ctypes.c_longlong)),
+        ("ndim", ctypes.c_int),
+    ]
+
+
+def _candidates():
+    """Where libddl may be: $DDL_LIBRARY, beside an installed package (PREFIX/lib), the build tree."""
+    explicit = os.environ.get("DDL_LIBRARY")
+    if explicit:
+        return [explicit]
+    here = os.path.dirname(os.path.abspath(__file__))
+    return [
+        os.path.join(here, "..", "..", "..", "libddl.so.0"),  # PREFIX/lib/python3/dist-packages/ddl
+        os.path.join(here, "..", "..", "runtime", "libddl.so.0"),  # BUILD/python/ddl
+        "libddl.so.0",  # the loader's search path
+    ]
+
+
+def _load():
+    errors = []
+    for path in _candidates():
+        try:
+            return ctypes.CDLL(os.path.normpath(path) if os.sep in path else path, mode=ctypes.RTLD_GLOBAL)
+        except OSError as e:
+            errors.append(f"{path}: {e}")
+    raise ImportError("ddl: cannot load libddl (set DDL_LIBRARY to the path of libddl.so.0, or install ddl "
+                      "with `cmake --install build --prefix P` and use P/lib/python3/dist-packages): "
+                      + "; ".join(errors))
+
+
+lib = _load()
+
+_c = ctypes
+_status = _c.c_int
+_handle_p = _c.POINTER(_c.c_void_p)
+_size_p = _c.POINTER(_c.c_size_t)
+_opts_p = _c.POINTER(OpOptions)
+
+_PROTOTYPES = {
+    "ddl_init": ([], _status),
+    "ddl_finalize": ([], _status),
+    "ddl_is_initialized": ([], _c.c_int),
+    "ddl_rank": ([_c.POINTER(_c.c_int)], _status),
+    "ddl_size": ([_c.POINTER(_c.c_int)], _status),
+    "ddl_local_rank": ([_c.POINTER(_c.c_int)], _status),
+    "ddl_local_size": ([_c.POINTER(_c.c_int)], _status),
+    "ddl_node_rank": ([_c.POINTER(_c.c_int)], _status),
+    "ddl_last_error": ([], _c.c_char_p),
+    "ddl_nccl_version": ([], _c.c_char_p),
+    "ddl_has_pmix": ([], _c.c_int),
+    "ddl_wait": ([_c.c_void_p], _status),
+    "ddl_test": ([_c.c_void_p, _c.POINTER(_c.c_int)], _status),
+    "ddl_process_set_create": ([_c.POINTER(_c.c_int), _c.c_int, _handle_p], _status),
+    "ddl_process_set_destroy": ([_c.c_void_p], _status),
+    "ddl_process_set_rank": ([_c.c_void_p, _c.POINTER(_c.c_int)], _status),
+    "ddl_process_set_size": ([_c.c_void_p, _c.POINTER(_c.c_int)], _status),
+    "ddl_allreduce_ex": ([_c.c_char_p, _c.c_void_p, _c.c_void_p, _c.c_size_t, _c.c_int, _c.c_int, _opts_p, _handle_p], _status),
+    "ddl_broadcast_ex": ([_c.c_char_p, _c.c_void_p, _c.c_size_t, _c.c_int, _c.c_int, _opts_p, _handle_p], _status),
+    "ddl_allgatherv_ex": ([_c.c_char_p, _c.c_void_p, _c.c_void_p, _size_p, _c.c_int, _opts_p, _handle_p], _status),
+    "ddl_alltoallv_ex": ([_c.c_char_p, _c.c_void_p, _size_p, _c.c_void_p, _size_p, _c.c_int, _opts_p, _handle_p], _status),
+    "ddl_allgather_any_ex": ([_c.c_char_p, _c.c_void_p, _c.c_size_t, _c.c_int, _opts_p, _handle_p], _status),
+    "ddl_gathered": ([_c.c_void_p, _size_p, _c.POINTER(_c.c_void_p)], _status),
+    "ddl_reducescatter_ex": ([_c.c_char_p, _c.c_void_p, _c.c_void_p, _size_p, _c.c_int, _c.c_int, _opts_p, _handle_p], _status),
+    "ddl_barrier_ex": ([_c.c_void_p, _handle_p], _status),
+    "ddl_join": ([_c.c_void_p, _c.POINTER(_c.c_int)], _status),
+    "ddl_timeline_start": ([_c.c_char_p], _status),
+    "ddl_timeline_stop": ([], _status),
+}
+
+for _name, (_args, _ret) in _PROTOTYPES.items():
+    _fn = getattr(lib, _name, None)
+    if _fn is not None:
+        _fn.argtypes = _args
+        _fn.restype = _ret
+
+
+def last_error():
+    return lib.ddl_last_error().decode(errors="replace")
+
+
+def int_out(fn, *args):
+    """Calls a getter `fn(..., int*)` and returns the int, or raises on failure."""
+    v = _c.c_int(0)
+    status = fn(*args, _c.byref(v))
+    if status != SUCCESS:
+        raise_for(status)
+    return v.value
+
+
+class DdlError(RuntimeError):
+    """A failure inside libddl that is not one of Horovod's own error kinds."""
+
+
+_raisers = {}
+
+
+def register_raisers(mapping):
+    """ddl.torch maps statuses to Horovod's exception types."""
+    _raisers.update(mapping)
+
+
+def raise_for(status, message=None):
+    message = message or last_error()
+    raise _raisers.get(status, DdlError)(message)

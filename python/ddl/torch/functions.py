@@ -1,0 +1,104 @@
+"""Model, optimizer and object broadcasts, as horovod.torch.functions."""
+
+import io
+import pickle
+
+import torch
+
+from ddl.torch import mpi_ops as ops
+from ddl.torch.process_sets import global_process_set
+
+
+def broadcast_parameters(params, root_rank, process_set=global_process_set):
+    """Overwrites every rank's parameters with root_rank's. `params` is a state_dict, named_parameters()
+    or a list of (name, tensor)."""
+    if isinstance(params, dict):
+        items = sorted(params.items())
+    elif isinstance(params, list) or hasattr(params, "__iter__"):
+        items = list(params)
+        if any(not (isinstance(p, tuple) and len(p) == 2) for p in items):
+            raise ValueError("broadcast_parameters takes a state_dict or a list of (name, tensor) pairs")
+    else:
+        raise ValueError(f"invalid params of type {type(params).__name__}")
+    handles = []
+    for name, p in items:
+        if p is None:
+            continue
+        tensor = p.data if isinstance(p, torch.nn.Parameter) else p
+        if not torch.is_tensor(tensor):
+            continue
+        handles.append(ops.broadcast_async_(tensor, root_rank, name=f"broadcast_parameters.{name}",
+                                            process_set=process_set))
+    for h in handles:
+        ops.synchronize(h)
+
+
+def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_set):
+    """Makes every rank's optimizer state (and hyper-parameters) root_rank's. An optimizer that has not
+    stepped yet gets its state created first, with zero gradients, as Horovod does."""
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    state_dict = optimizer.state_dict()
+    if len(state_dict["state"]) == 0:
+        _create_state(optimizer)
+        state_dict = optimizer.state_dict()
+    root_state = broadcast_object(state_dict if ops._world_rank() == root_rank else None, root_rank,
+                                  name="broadcast_optimizer_state", process_set=process_set)
+    if ops._world_rank() != root_rank:
+        optimizer.load_state_dict(root_state)
+
+
+def _create_state(optimizer):
+    """One step with zero gradients, the parameters restored afterwards, so that the state exists."""
+    saved = []
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
+            saved.append((p, p.data.clone()))
+    with torch.no_grad():
+        if getattr(optimizer, "_ddl_distributed", False):  # the wrapped optimizer's own step, no allreduce
+            type(optimizer).__mro__[1].step(optimizer)
+        else:
+            optimizer.step()
+    for p, data in saved:
+        p.data.copy_(data)
+
+
+def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
+    """Returns root_rank's `obj` (any picklable object) on every rank."""
+    name = name or "broadcast_object"  # the same on every rank, whatever each passes
+    if ops._world_rank() == root_rank:
+        payload = torch.frombuffer(bytearray(_dumps(obj)), dtype=torch.uint8)
+        length = torch.tensor([payload.numel()], dtype=torch.int64)
+    else:
+        length = torch.zeros(1, dtype=torch.int64)
+    ops.broadcast_(length, root_rank, name=f"{name}.length", process_set=process_set)
+    if ops._world_rank() != root_rank:
+        payload = torch.empty(int(length.item()), dtype=torch.uint8)
+    ops.broadcast_(payload, root_rank, name=f"{name}.data", process_set=process_set)
+    return obj if ops._world_rank() == root_rank else _loads(payload)
+
+
+def allgather_object(obj, name=None, process_set=global_process_set):
+    """Returns the list of every rank's `obj`, in rank order."""
+    name = name or "allgather_object"
+    payload = torch.frombuffer(bytearray(_dumps(obj)), dtype=torch.uint8)
+    lengths = ops.synchronize(ops.allgather_async(torch.tensor([payload.numel()], dtype=torch.int64),
+                                                  name=f"{name}.lengths", process_set=process_set))
+    data = ops.synchronize(ops.allgather_async(payload, name=f"{name}.data", process_set=process_set))
+    out, offset = [], 0
+    for n in lengths.tolist():
+        out.append(_loads(data[offset:offset + n]))
+        offset += n
+    return out
+
+
+def _dumps(obj):
+    buf = io.BytesIO()
+    torch.save(obj, buf, pickle_protocol=pickle.HIGHEST_PROTOCOL)
+    return buf.getvalue() or b"\0"
+
+
+def _loads(tensor):
+    return torch.load(io.BytesIO(tensor.numpy().tobytes()))

@@ -1,0 +1,667 @@
+"""Horovod's collective operations on PyTorch tensors, over libddl.
+
+Host tensors go through libddl's host path (shared memory within a node, Gloo between nodes); CUDA
+tensors through its NCCL path on PyTorch's current stream. Every op has a name ("allreduce.NAME", or
+"allreduce.noname.N" counted per process set), which ranks agree on in any order, as in Horovod.
+"""
+
+import ctypes
+import os
+
+import torch
+
+from ddl import _lib as L
+from ddl.torch.process_sets import ProcessSet, global_process_set, _registry
+
+# Horovod's reduction constants (same values as horovod.torch).
+Average = 0
+Sum = 1
+Adasum = 2
+Min = 3
+Max = 4
+Product = 5
+
+_REDUCE = {Average: L.AVERAGE, Sum: L.SUM, Min: L.MIN, Max: L.MAX, Product: L.PRODUCT}
+
+
+class HorovodInternalError(RuntimeError):
+    """A collective failed on this rank because a peer failed, timed out or the world broke."""
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """Horovod's elastic signal; ddl runs fixed worlds and never raises it."""
+
+
+L.register_raisers({
+    L.INVALID_ARGUMENT: ValueError,
+    L.NOT_INITIALIZED: ValueError,
+    L.MISMATCH: RuntimeError,
+    L.TIMEOUT: HorovodInternalError,
+    L.PEER_FAILED: HorovodInternalError,
+    L.BOOTSTRAP: HorovodInternalError,
+    L.INTERNAL: HorovodInternalError,
+})
+
+_DTYPES = {
+    torch.float16: L.FLOAT16, torch.bfloat16: L.BFLOAT16, torch.float32: L.FLOAT32, torch.float64: L.FLOAT64,
+    torch.int32: L.INT32, torch.int64: L.INT64, torch.uint8: L.UINT8, torch.int8: L.INT8, torch.int16: L.INT16,
+}
+
+
+# ---- checks and small helpers ----
+
+def _check_initialized():
+    if not L.lib.ddl_is_initialized():
+        raise ValueError("ddl.torch has not been initialized; call hvd.init() first")
+
+
+def _ddl_dtype(tensor, moves_only=False):
+    dtype = tensor.dtype
+    if dtype == torch.bool and moves_only:
+        return L.UINT8
+    try:
+        return _DTYPES[dtype]
+    except KeyError:
+        raise ValueError(f"Tensor type {tensor.type()} is not supported: use one of "
+                         "uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64") from None
+
+
+def _is_cuda(tensor):
+    if tensor.device.type == "cuda":
+        return True
+    if tensor.device.type != "cpu":
+        raise ValueError(f"tensors on {tensor.device.type} are not supported: move it to the CPU or a CUDA GPU")
+    return False
+
+
+def _reduce_op(op, average, default=Average):
+    if average is not None:
+        if op is not None:
+            raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+        return Average if average else Sum
+    op = default if op is None else op
+    if op == Adasum:
+        raise NotImplementedError("Adasum is not supported by ddl.torch: use op=hvd.Average or hvd.Sum")
+    if op not in _REDUCE:
+        raise ValueError(f"unknown reduction op {op!r}: use hvd.Average, Sum, Min, Max or Product")
+    return op
+
+
+def _process_set_target(process_set):
+    """The C handle of a process set this rank belongs to."""
+    _check_initialized()
+    if not isinstance(process_set, ProcessSet):
+        raise ValueError(f"process_set must be a ProcessSet, not {type(process_set).__name__}")
+    if process_set.process_set_id is None:
+        raise ValueError(f"{process_set} was not added: call hvd.add_process_set() on every rank first")
+    if process_set.process_set_id != 0 and process_set.process_set_id not in _registry:
+        raise ValueError(f"{process_set} was removed")
+    if not process_set.included():
+        raise ValueError(f"rank {L.int_out(L.lib.ddl_rank)} is not in {process_set}: call this op only on its ranks")
+    return process_set
+
+
+def _stream_of(tensor):
+    return ctypes.c_void_p(torch.cuda.current_stream(tensor.device).cuda_stream)
+
+
+def _options(process_set, tensor=None, shape=None, prescale=1.0, postscale=1.0, flags=0):
+    opts = L.OpOptions()
+    opts.process_set = process_set._c_handle
+    opts.prescale = prescale
+    opts.postscale = postscale
+    opts.flags = flags
+    if tensor is not None and tensor.is_cuda:
+        opts.flags |= L.CUDA_BUFFERS
+        opts.stream = _stream_of(tensor)
+    if shape:
+        dims = (ctypes.c_longlong * len(shape))(*shape)
+        opts.shape = dims
+        opts.ndim = len(shape)
+        opts._keep = dims
+    return opts
+
+
+def _sizes(values):
+    return (ctypes.c_size_t * len(values))(*values)
+
+
+def _row_elements(tensor):
+    n = 1
+    for d in tensor.shape[1:]:
+        n *= d
+    return n
+
+
+# ---- names and handles ----
+
+class _Names:
+    """Op names per process set: explicit ones stay taken until their handle is synchronized, as in
+    Horovod a name is in use until its op is done; unnamed ops count up identically on every rank."""
+
+    def __init__(self):
+        self.taken = {}
+        self.counters = {}
+
+    def claim(self, kind, name, process_set):
+        key = process_set.process_set_id
+        if name is None:
+            n = self.counters.get(key, 0)
+            self.counters[key] = n + 1
+            full = f"{kind}.noname.{n}"
+        else:
+            full = f"{kind}.{name}"
+        taken = self.taken.setdefault(key, set())
+        if full in taken:
+            raise ValueError(f"an op named '{full}' is already in flight on this rank: give concurrent ops "
+                             "distinct names, or synchronize the first one before reusing its name")
+        taken.add(full)
+        return key, full
+
+    def release(self, key, full):
+        self.taken.get(key, set()).discard(full)
+
+    def clear(self):
+        self.taken.clear()
+        self.counters.clear()
+
+
+_names = _Names()
+
+
+class _Pending:
+    """One handle of the Python API: one or more libddl ops and what turns their buffers into the result."""
+    __slots__ = ("c_handles", "finish", "claims", "keep", "collect")
+
+    def __init__(self, c_handles, finish, claims, keep, collect=None):
+        self.c_handles = c_handles
+        self.finish = finish
+        self.claims = claims
+        self.keep = keep
+        self.collect = collect  # reads results libddl keeps with a handle, before the handles are released
+
+
+_handle_map = {}
+_next_handle = [0]
+
+
+def _register(pending):
+    handle = _next_handle[0]
+    _next_handle[0] += 1
+    _handle_map[handle] = pending
+    return handle
+
+
+def _submit(fn, name_bytes, *args):
+    """Calls a ddl_*_ex function and returns the C handle, raising Horovod's exception on failure."""
+    h = ctypes.c_void_p()
+    status = fn(name_bytes, *args, ctypes.byref(h))
+    if status != L.SUCCESS:
+        L.raise_for(status)
+    return h
+
+
+def _wait_all(c_handles):
+    """Waits for every op (so none stays in flight) and raises the first failure."""
+    failure = None
+    for h in c_handles:
+        status = L.lib.ddl_wait(h)
+        if status != L.SUCCESS and failure is None:
+            failure = (status, L.last_error())
+    if failure:
+        L.raise_for(*failure)
+
+
+def _release_claims(claims):
+    for key, full in claims:
+        _names.release(key, full)
+
+
+def _start(kind, name, process_set, launch):
+    """Claims a name, runs `launch(full_name)` -> (c_handles, finish, keep), registers the handle."""
+    target = _process_set_target(process_set)
+    claim = _names.claim(kind, name, target)
+    try:
+        launched = launch(claim[1].encode())
+    except BaseException:
+        _names.release(*claim)
+        raise
+    return _register(_Pending(*launched[:2], [claim], *launched[2:]))
+
+
+def poll(handle):
+    """True when the operation behind `handle` has finished (synchronize() then returns at once)."""
+    pending = _handle_map.get(handle)
+    if pending is None:
+        raise ValueError(f"handle {handle} was not returned by an async op, or was already synchronized")
+    done = ctypes.c_int(0)
+    for h in pending.c_handles:
+        if L.lib.ddl_test(h, ctypes.byref(done)) != L.SUCCESS or not done.value:
+            return False
+    return True
+
+
+def synchronize(handle):
+    """Waits for the operation behind `handle` and returns its output."""
+    pending = _handle_map.pop(handle, None)
+    if pending is None:
+        raise ValueError(f"handle {handle} was not returned by an async op, or was already synchronized")
+    try:
+        if pending.collect is not None:
+            pending.collect()
+    finally:
+        try:
+            _wait_all(pending.c_handles)
+        finally:
+            _release_claims(pending.claims)
+    return pending.finish()
+
+
+def _drop_all_handles():
+    """At shutdown: libddl fails what is still in flight; forget it here too."""
+    for pending in _handle_map.values():
+        for h in pending.c_handles:
+            L.lib.ddl_wait(h)
+    _handle_map.clear()
+    _names.clear()
+
+
+# ---- allreduce ----
+
+def _scale_like_horovod(tensor, factor):
+    """tensor * factor as Horovod computes it: integers in float64, float16 in float32."""
+    if factor == 1.0:
+        return tensor
+    if not tensor.is_floating_point():
+        return (tensor.double() * factor).to(tensor.dtype)
+    if tensor.dtype in (torch.float16, torch.bfloat16) and not tensor.is_cuda:
+        return (tensor.float() * factor).to(tensor.dtype)
+    return tensor * factor
+
+
+def _launch_allreduce(tensor, output, full_name, op, prescale, postscale, process_set, flags=0):
+    """Submits one allreduce of `tensor` into `output` (both contiguous); returns (c_handle, finish_fn)."""
+    dtype = _ddl_dtype(tensor)
+    cuda = _is_cuda(tensor)
+    after = None
+    if cuda and (prescale != 1.0 or postscale != 1.0 or dtype == L.INT16):
+        if dtype == L.INT16:  # NCCL has no int16: reduce a staged int32 copy
+            staged = tensor.to(torch.int32)
+            h = _launch_allreduce(_scale_like_horovod(staged, prescale), staged, full_name, op, 1.0, 1.0, process_set)[0]
+            return h, lambda: output.copy_(_scale_like_horovod(staged, postscale))
+        scaled = _scale_like_horovod(tensor, prescale).contiguous()
+        h = _launch_allreduce(scaled, output, full_name, op, 1.0, 1.0, process_set)[0]
+        return h, lambda: output.copy_(_scale_like_horovod(output, postscale))
+    opts = _options(process_set, tensor, tuple(tensor.shape), prescale, postscale, flags)
+    h = _submit(L.lib.ddl_allreduce_ex, full_name, tensor.data_ptr(), output.data_ptr(), tensor.numel(), dtype,
+                _REDUCE[op], ctypes.byref(opts))
+    return h, after
+
+
+def _allreduce_group_async(kind, tensors, outputs, name, op, prescale, postscale, process_set, flags=0):
+    """Starts one allreduce per tensor (fused by libddl) under one handle; the outputs are returned."""
+    if len({t.is_cuda for t in tensors}) > 1:
+        raise RuntimeError("grouped ops need every tensor on the same device (all CPU or all CUDA)")
+
+    def launch(full_name):
+        c_handles, finishers, keep = [], [], []
+        try:
+            for i, (t, out) in enumerate(zip(tensors, outputs)):
+                src = t.contiguous()
+                dst = out if out.is_contiguous() else out.contiguous()
+                sub = full_name if len(tensors) == 1 and kind != "grouped_allreduce" else full_name + f".{i}".encode()
+                h, after = _launch_allreduce(src, dst, sub, op, prescale, postscale, process_set, flags)
+                c_handles.append(h)
+                keep.append((src, dst))
+                finishers.append((after, out, dst))
+        except BaseException:
+            _wait_quietly(c_handles)
+            raise
+
+        def finish():
+            results = []
+            for after, out, dst in finishers:
+                if after is not None:
+                    after()
+                if dst.data_ptr() != out.data_ptr():
+                    out.copy_(dst)
+                results.append(out)
+            return results
+        return c_handles, finish, keep
+
+    return _start(kind, name, process_set, launch)
+
+
+def _wait_quietly(c_handles):
+    for h in c_handles:
+        L.lib.ddl_wait(h)
+
+
+def _single(handle_of_group):
+    pending = _handle_map[handle_of_group]
+    group_finish = pending.finish
+    pending.finish = lambda: group_finish()[0]
+    return handle_of_group
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                    process_set=global_process_set):
+    """Starts an allreduce of `tensor` into a new tensor; returns a handle for poll()/synchronize()."""
+    op = _reduce_op(op, average)
+    output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    return _single(_allreduce_group_async("allreduce", [tensor], [output], name, op, prescale_factor,
+                                          postscale_factor, process_set))
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                     process_set=global_process_set):
+    """Starts an in-place allreduce of `tensor`; returns a handle."""
+    op = _reduce_op(op, average)
+    return _single(_allreduce_group_async("allreduce", [tensor], [tensor], name, op, prescale_factor,
+                                          postscale_factor, process_set))
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+               process_set=global_process_set):
+    """In-place allreduce; returns `tensor`."""
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                            process_set=global_process_set):
+    op = _reduce_op(op, average)
+    outputs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
+    return _allreduce_group_async("grouped_allreduce", list(tensors), outputs, name, op, prescale_factor,
+                                  postscale_factor, process_set)
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                             process_set=global_process_set):
+    op = _reduce_op(op, average)
+    return _allreduce_group_async("grouped_allreduce", list(tensors), list(tensors), name, op, prescale_factor,
+                                  postscale_factor, process_set)
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                       process_set=global_process_set):
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor,
+                                                process_set))
+
+
+# ---- allgather ----
+
+def _launch_allgather(tensor, full_name, process_set):
+    """Submits an allgather whose first dimensions may differ by rank (libddl exchanges them).
+    Returns (c_handle, collect, result, keep): collect() reads the gathered rows before the handle
+    is released; result() is the gathered tensor."""
+    src = tensor.contiguous()
+    if src.dim() == 0:
+        src = src.reshape(1)
+    device = src.device if _is_cuda(src) else None
+    data = src.view(torch.uint8) if src.dtype == torch.bool else src
+    dtype = _ddl_dtype(data)
+    if device is not None:
+        data = data.cpu()  # gathered through the host: NCCL needs every rank's count up front
+    row = _row_elements(src)
+    opts = _options(process_set, None, tuple(src.shape[1:]))
+    h = _submit(L.lib.ddl_allgather_any_ex, full_name, data.data_ptr(), data.numel(), dtype, ctypes.byref(opts))
+    box = []
+
+    def collect():
+        n = process_set.size()
+        counts = (ctypes.c_size_t * n)()
+        ptr = ctypes.c_void_p()
+        status = L.lib.ddl_gathered(h, counts, ctypes.byref(ptr))
+        if status != L.SUCCESS:
+            L.raise_for(status)
+        rows = sum(counts) // row if row else 0
+        out = data.new_empty((rows,) + tuple(src.shape[1:]))
+        if out.numel():
+            ctypes.memmove(out.data_ptr(), ptr, out.numel() * out.element_size())
+        if src.dtype == torch.bool:
+            out = out.view(torch.bool)
+        box.append(out.to(device) if device is not None else out)
+
+    return h, collect, lambda: box[0], (src, data)
+
+
+def _allgather_group_async(kind, tensors, name, process_set):
+    if len({t.is_cuda for t in tensors}) > 1:
+        raise RuntimeError("grouped ops need every tensor on the same device (all CPU or all CUDA)")
+
+    def launch(full_name):
+        c_handles, collects, results, keep = [], [], [], []
+        try:
+            for i, t in enumerate(tensors):
+                sub = full_name if kind == "allgather" else full_name + f".{i}".encode()
+                h, collect, result, k = _launch_allgather(t, sub, process_set)
+                c_handles.append(h)
+                collects.append(collect)
+                results.append(result)
+                keep.append(k)
+        except BaseException:
+            _wait_quietly(c_handles)
+            raise
+
+        def collect_all():
+            for c in collects:
+                c()
+        return c_handles, lambda: [r() for r in results], keep, collect_all
+
+    return _start(kind, name, process_set, launch)
+
+
+def allgather_async(tensor, name=None, process_set=global_process_set):
+    """Starts gathering `tensor` from every rank along the first dimension (sizes may differ by rank)."""
+    return _single(_allgather_group_async("allgather", [tensor], name, process_set))
+
+
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
+    return _allgather_group_async("grouped_allgather", list(tensors), name, process_set)
+
+
+# ---- broadcast ----
+
+def _root_in_set(root_rank, process_set):
+    if not isinstance(root_rank, int) or isinstance(root_rank, bool):
+        raise ValueError(f"root_rank must be an int, not {type(root_rank).__name__}")
+    ranks = process_set.ranks if process_set.process_set_id != 0 else None
+    if ranks is None:
+        return root_rank
+    if root_rank not in ranks:
+        raise ValueError(f"root_rank {root_rank} is not in {process_set}")
+    return ranks.index(root_rank)
+
+
+def _broadcast_into_async(kind, tensor, output, root_rank, name, process_set):
+    root = _root_in_set(root_rank, _process_set_target(process_set))
+
+    def launch(full_name):
+        buf = output if output.is_contiguous() else output.contiguous()
+        if buf is not output or tensor.data_ptr() != output.data_ptr():
+            buf.copy_(tensor)
+        data = buf.view(torch.uint8) if buf.dtype == torch.bool else buf
+        dtype = _ddl_dtype(data)
+        if dtype == L.INT16 and data.is_cuda:
+            data = data.view(torch.float16)  # moved, not reduced
+        opts = _options(process_set, data, tuple(buf.shape))
+        h = _submit(L.lib.ddl_broadcast_ex, full_name, data.data_ptr(), data.numel(),
+                    L.FLOAT16 if data.dtype == torch.float16 else dtype, root, ctypes.byref(opts))
+
+        def finish():
+            if buf is not output:
+                output.copy_(buf)
+            return output
+        return [h], finish, (tensor, buf, data)
+
+    return _start(kind, name, process_set, launch)
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
+    """Starts broadcasting root_rank's `tensor` into a new tensor on every rank."""
+    return _broadcast_into_async("broadcast", tensor, torch.empty_like(tensor, memory_format=torch.contiguous_format),
+                                 root_rank, name, process_set)
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
+    """Starts broadcasting root_rank's `tensor` into `tensor` itself on every rank."""
+    return _broadcast_into_async("broadcast", tensor, tensor, root_rank, name, process_set)
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+# ---- alltoall ----
+
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+    """Starts an alltoall: rows splits[j] go to rank j. synchronize() returns (output, received_splits)."""
+    target = _process_set_target(process_set)
+    n = target.size()
+    if tensor.dim() == 0:
+        raise ValueError("alltoall needs a tensor of at least one dimension")
+    if splits is None:
+        if tensor.shape[0] % n != 0:
+            raise ValueError(f"alltoall without splits needs the first dimension ({tensor.shape[0]}) to be a "
+                             f"multiple of the number of ranks ({n}), or give splits")
+        send_splits = [tensor.shape[0] // n] * n
+        splits_device = None
+    else:
+        splits_tensor = splits if torch.is_tensor(splits) else torch.tensor(splits, dtype=torch.int32)
+        if splits_tensor.dtype != torch.int32:
+            raise ValueError(f"splits must hold 32-bit integers (torch.int32), not {splits_tensor.dtype}")
+        send_splits = [int(s) for s in splits_tensor.flatten().tolist()]
+        splits_device = splits_tensor.device
+        if len(send_splits) != n or any(s < 0 for s in send_splits):
+            raise ValueError(f"splits must hold {n} non-negative entries, one per rank, not {send_splits}")
+        if sum(send_splits) > tensor.shape[0]:
+            raise ValueError(f"the sum of splits ({sum(send_splits)}) exceeds the first dimension of the tensor "
+                             f"({tensor.shape[0]})")
+
+    def launch(full_name):
+        src = tensor.contiguous()
+        data = src.view(torch.uint8) if src.dtype == torch.bool else src
+        dtype = _ddl_dtype(data)
+        cuda = _is_cuda(src)
+        if cuda:
+            data = data.cpu()  # libddl's alltoallv takes host buffers
+        # Every rank learns how many rows each peer sends it.
+        mine = torch.tensor(send_splits, dtype=torch.int64)
+        theirs = torch.empty(n, dtype=torch.int64)
+        opts = _options(target)
+        h = _submit(L.lib.ddl_alltoallv_ex, full_name + b".splits", mine.data_ptr(), _sizes([1] * n),
+                    theirs.data_ptr(), _sizes([1] * n), L.INT64, ctypes.byref(opts))
+        _wait_all([h])
+        recv_splits = theirs.tolist()
+        row = _row_elements(src)
+        out = data.new_empty((sum(recv_splits),) + tuple(src.shape[1:]))
+        opts = _options(target, None, tuple(src.shape[1:]))
+        h = _submit(L.lib.ddl_alltoallv_ex, full_name, data.data_ptr(), _sizes([s * row for s in send_splits]),
+                    out.data_ptr(), _sizes([s * row for s in recv_splits]), dtype, ctypes.byref(opts))
+
+        def finish():
+            result = out.view(torch.bool) if src.dtype == torch.bool else out
+            if cuda:
+                result = result.to(src.device)
+            received = torch.tensor(recv_splits, dtype=torch.int32)
+            if splits_device is not None:
+                received = received.to(splits_device)
+            return result, received
+        return [h], finish, (src, data, out)
+
+    return _start("alltoall", name, target, launch)
+
+
+# ---- reducescatter ----
+
+def _scatter_rows(first_dim, n):
+    base, extra = divmod(first_dim, n)
+    return [base + (1 if r < extra else 0) for r in range(n)]
+
+
+def _reducescatter_group_async(kind, tensors, name, op, prescale, postscale, process_set):
+    target = _process_set_target(process_set)
+    n = target.size()
+    me = target.rank()
+    for t in tensors:
+        if t.dim() == 0:
+            raise ValueError("reducescatter needs a tensor of at least one dimension, not a scalar")
+        _ddl_dtype(t)
+    if len({t.is_cuda for t in tensors}) > 1:
+        raise RuntimeError("grouped ops need every tensor on the same device (all CPU or all CUDA)")
+
+    def launch(full_name):
+        c_handles, results, keep = [], [], []
+        try:
+            for i, t in enumerate(tensors):
+                src = t.contiguous()
+                cuda = _is_cuda(src)
+                data = src.cpu() if cuda else src
+                rows = _scatter_rows(src.shape[0], n)
+                row = _row_elements(src)
+                out = data.new_empty((rows[me],) + tuple(src.shape[1:]))
+                opts = _options(target, None, tuple(src.shape), prescale, postscale)
+                sub = full_name if kind == "reducescatter" else full_name + f".{i}".encode()
+                h = _submit(L.lib.ddl_reducescatter_ex, sub, data.data_ptr(), out.data_ptr(),
+                            _sizes([r * row for r in rows]), _ddl_dtype(data), _REDUCE[op], ctypes.byref(opts))
+                c_handles.append(h)
+                keep.append((src, data, out))
+                results.append((out, src.device if cuda else None))
+        except BaseException:
+            _wait_quietly(c_handles)
+            raise
+        return c_handles, lambda: [o.to(d) if d is not None else o for o, d in results], keep
+
+    return _start(kind, name, target, launch)
+
+
+def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,
+                        postscale_factor=1.0):
+    """Starts reducing `tensor` over ranks and scattering the first dimension: rank r gets rows
+    [offset_r, offset_r + n_r), the first (rows % size) ranks one row more than the others."""
+    op = _reduce_op(op, None)
+    return _single(_reducescatter_group_async("reducescatter", [tensor], name, op, prescale_factor,
+                                              postscale_factor, process_set))
+
+
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,
+                                postscale_factor=1.0):
+    op = _reduce_op(op, None)
+    return _reducescatter_group_async("grouped_reducescatter", list(tensors), name, op, prescale_factor,
+                                      postscale_factor, process_set)
+
+
+# ---- barrier, sparse ----
+
+def barrier(process_set=global_process_set):
+    """Returns when every rank of the process set has called it."""
+    target = _process_set_target(process_set)
+    h = ctypes.c_void_p()
+    status = L.lib.ddl_barrier_ex(target._c_handle, ctypes.byref(h))
+    if status != L.SUCCESS:
+        L.raise_for(status)
+    _wait_all([h])
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """Reduces a sparse tensor by gathering every rank's indices and values; returns a callable that
+    waits and gives the (uncoalesced) sparse result."""
+    op = _reduce_op(op, None)
+    if op not in (Average, Sum):
+        raise ValueError("sparse allreduce supports hvd.Average and hvd.Sum")
+    t = tensor.coalesce() if not tensor.is_coalesced() else tensor
+    indices_handle = allgather_async(t._indices().transpose(0, 1).contiguous(), name=f"{name}.indices",
+                                     process_set=process_set)
+    values_handle = allgather_async(t._values(), name=f"{name}.values", process_set=process_set)
+
+    def handle():
+        values = synchronize(values_handle)
+        indices = synchronize(indices_handle)
+        if op == Average:
+            values = values / process_set.size()
+        return torch.sparse_coo_tensor(indices.transpose(0, 1), values, t.size())
+    return handle
+
+
+def _world_rank():
+    return L.int_out(L.lib.ddl_rank)

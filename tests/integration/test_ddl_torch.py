@@ -1,0 +1,131 @@
+"""ddl.torch (Horovod's PyTorch API over libddl) from real PyTorch under `ddl run`: every check of
+torch_api_checks.py on 2 and 3 ranks, Horovod's environment variables, failures that must reach
+every rank, and the package installed by `cmake --install`."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import unittest
+
+from ddl_testing import PYTHON, ddl, lines_by_rank
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BUILD_DIR = os.environ.get("DDL_BUILD_DIR", os.path.join(HERE, "..", "..", "build"))
+PACKAGE = os.path.join(BUILD_DIR, "python")
+CHECKS = os.path.join(HERE, "torch_api_checks.py")
+
+
+def run_python(np, code_or_file, env=None, timeout=300):
+    """Runs a Python worker under `ddl run -np NP` with the build tree's ddl package."""
+    args = [code_or_file] if os.path.exists(code_or_file) else ["-c", textwrap.dedent(code_or_file)]
+    return ddl("-np", str(np), "--", PYTHON, *args, env={"PYTHONPATH": PACKAGE, **(env or {})}, timeout=timeout)
+
+
+class ApiChecks(unittest.TestCase):
+    def check_on(self, np):
+        result = run_python(np, CHECKS)
+        by_rank = lines_by_rank(result.stdout)
+        failed = [line for r in range(np) for line in by_rank.get(r, []) if line.startswith("FAIL")]
+        self.assertEqual(failed, [], result.stdout[-4000:] + result.stderr[-2000:])
+        self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+        for r in range(np):
+            oks = [line for line in by_rank[r] if line.startswith("ok ")]
+            self.assertGreaterEqual(len(oks), 18, by_rank[r])
+            self.assertEqual(by_rank[r][-1], "checks done, 0 failed")
+
+    def test_every_check_on_2_ranks(self):
+        self.check_on(2)
+
+    def test_every_check_on_3_ranks(self):
+        self.check_on(3)
+
+
+class HorovodEnvironment(unittest.TestCase):
+    def test_ranks_match_horovodrun_variables(self):
+        result = run_python(3, """
+            import os, ddl.torch as hvd
+            hvd.init()
+            print(hvd.rank(), os.environ["HOROVOD_RANK"], hvd.size(), os.environ["HOROVOD_SIZE"],
+                  hvd.local_rank(), os.environ["HOROVOD_LOCAL_RANK"], os.environ["HOROVOD_CROSS_SIZE"])
+        """)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        by_rank = lines_by_rank(result.stdout)
+        for r in range(3):
+            self.assertEqual(by_rank[r], [f"{r} {r} 3 3 {r} {r} 1"])
+
+    def test_horovod_timeline_variable_is_an_alias_of_ddl_timeline(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "timeline.json")
+            result = run_python(2, """
+                import torch, ddl.torch as hvd
+                hvd.init()
+                hvd.allreduce(torch.ones(4), name="aliased")
+                hvd.shutdown()
+            """, env={"HOROVOD_TIMELINE": path})
+            self.assertEqual(result.returncode, 0, result.stderr)
+            with open(path) as f:
+                trace = json.load(f)
+            names = {e.get("args", {}).get("op") for e in trace["traceEvents"]}
+            self.assertIn("allreduce.aliased", names)
+
+
+class FailuresReachEveryRank(unittest.TestCase):
+    def test_an_op_one_rank_never_submits_fails_everywhere_within_ddl_timeout(self):
+        start = time.monotonic()
+        result = run_python(2, """
+            import torch, ddl.torch as hvd
+            hvd.init()
+            try:
+                if hvd.rank() == 0:
+                    hvd.allreduce(torch.ones(2), name="only.rank0")
+                else:
+                    hvd.broadcast(torch.ones(2), 0, name="only.rank1")
+                print("no error")
+            except hvd.HorovodInternalError as e:
+                print("HorovodInternalError:", e)
+        """, env={"DDL_TIMEOUT": "3"}, timeout=120)
+        elapsed = time.monotonic() - start
+        self.assertEqual(result.returncode, 0, result.stderr)
+        by_rank = lines_by_rank(result.stdout)
+        self.assertIn("allreduce.only.rank0", by_rank[0][0])
+        self.assertIn("never submitted", by_rank[0][0])
+        self.assertTrue(by_rank[1][0].startswith("HorovodInternalError:"), by_rank[1])
+        self.assertLess(elapsed, 60)
+
+    def test_a_rank_that_dies_mid_training_fails_the_run_with_its_code(self):
+        result = run_python(2, """
+            import os, torch, ddl.torch as hvd
+            hvd.init()
+            for step in range(1000):
+                if hvd.rank() == 1 and step == 5:
+                    os._exit(17)
+                hvd.allreduce(torch.ones(1000), name="grad")
+        """, env={"DDL_TIMEOUT": "20"}, timeout=120)
+        self.assertEqual(result.returncode, 17, result.stderr)
+        self.assertIn("rank 1", result.stderr)
+
+
+class Installed(unittest.TestCase):
+    def test_installed_package_imports_and_runs_with_installed_libddl(self):
+        with tempfile.TemporaryDirectory() as prefix:
+            subprocess.run(["cmake", "--install", BUILD_DIR, "--prefix", prefix], check=True, capture_output=True)
+            site = os.path.join(prefix, "lib", "python3", "dist-packages")
+            self.assertTrue(os.path.isfile(os.path.join(site, "ddl", "torch", "__init__.py")))
+            env = {k: v for k, v in os.environ.items() if k not in ("DDL_LIBRARY", "LD_LIBRARY_PATH")}
+            env["PYTHONPATH"] = site
+            probe = subprocess.run([PYTHON, "-c", "import ddl.torch, ddl._lib as l; print(l.lib._name)"],
+                                   env=env, capture_output=True, text=True, timeout=120)
+            self.assertEqual(probe.returncode, 0, probe.stderr)
+            self.assertEqual(os.path.realpath(probe.stdout.strip()), os.path.realpath(os.path.join(prefix, "lib", "libddl.so.0")))
+            result = ddl("-np", "2", "--", PYTHON, "-c",
+                         "import torch, ddl.torch as hvd; hvd.init(); print(hvd.allreduce(torch.ones(1), op=hvd.Sum).item())",
+                         env={"PYTHONPATH": site})
+            self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertEqual(lines_by_rank(result.stdout)[0], ["2.0"])
+
+
+if __name__ == "__main__":
+    unittest.main()

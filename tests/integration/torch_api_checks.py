@@ -1,0 +1,346 @@
+"""A worker program that checks ddl.torch (Horovod's API over libddl) on every rank: run by
+test_ddl_torch.py under `ddl run -np N`. Each check prints "ok NAME" or "FAIL NAME: why"; expected
+values are computed here from every rank's inputs, which each rank can rebuild from the rank number."""
+import os
+import sys
+import tempfile
+import traceback
+
+import torch
+
+import ddl.torch as hvd
+
+failures = []
+
+
+def check(name):
+    def wrap(fn):
+        try:
+            fn()
+            print(f"ok {name}", flush=True)
+        except Exception:  # report and carry on, so one defect does not hide the others
+            failures.append(name)
+            print(f"FAIL {name}: {traceback.format_exc()}", flush=True)
+        return fn
+    return wrap
+
+
+def expect_error(kinds, fn, *args, **kwargs):
+    try:
+        fn(*args, **kwargs)
+    except kinds as e:
+        return e
+    raise AssertionError(f"{fn.__name__} raised no {kinds}")
+
+
+# ---- before init ----
+
+@check("ops before init raise ValueError")
+def _():
+    assert not hvd.is_initialized()
+    expect_error(ValueError, hvd.allreduce, torch.ones(2))
+    expect_error(ValueError, hvd.rank)
+
+
+hvd.init()
+R, N = hvd.rank(), hvd.size()
+INTS = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
+FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+
+
+def data(rank, shape=(3, 4), dtype=torch.float32, seed=0):
+    """Rank `rank`'s input: small integers, exact in every dtype."""
+    g = torch.Generator().manual_seed(1000 * seed + rank)
+    return torch.randint(1, 5, shape, generator=g).to(dtype)
+
+
+@check("topology and build flags")
+def _():
+    assert (R, N) == (int(os.environ["DDL_RANK"]), int(os.environ["DDL_SIZE"]))
+    assert hvd.local_rank() == R and hvd.local_size() == N
+    assert hvd.cross_rank() == 0 and hvd.cross_size() == 1 and hvd.is_homogeneous()
+    assert hvd.gloo_built() and not hvd.mpi_built() and not hvd.mpi_enabled() and not hvd.ccl_built()
+    assert bool(hvd.nccl_built()) == hvd.cuda_built()
+
+
+@check("allreduce: every dtype and op against the reference")
+def _():
+    for dtype in INTS + FLOATS:
+        every = [data(r, dtype=dtype).double() for r in range(N)]
+        stack = torch.stack(every)
+        refs = {hvd.Sum: stack.sum(0), hvd.Min: stack.min(0).values, hvd.Max: stack.max(0).values,
+                hvd.Product: stack.prod(0), hvd.Average: stack.sum(0) / N}
+        for op, ref in refs.items():
+            if dtype in (torch.uint8, torch.int8) and op in (hvd.Sum, hvd.Product, hvd.Average):
+                continue  # would overflow 8 bits
+            out = hvd.allreduce(data(R, dtype=dtype), op=op)
+            assert out.dtype == dtype, (dtype, out.dtype)
+            if op == hvd.Average and not dtype.is_floating_point:
+                ref = torch.trunc(ref)
+            assert torch.equal(out.double(), ref.to(dtype).double()), (dtype, op, out, ref)
+
+
+@check("allreduce: prescale and postscale as Horovod computes them")
+def _():
+    for dtype in (torch.int32, torch.float32, torch.float64):
+        x = data(R, dtype=dtype)
+        out = hvd.allreduce(x, op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0)
+        ref = sum(((data(r, dtype=dtype).double() * 0.5).to(dtype).double() for r in range(N)))
+        ref = (ref * 3.0).to(dtype)
+        assert torch.equal(out, ref), (dtype, out, ref)
+
+
+@check("allreduce_ in place, async with poll, grouped and non-contiguous tensors")
+def _():
+    x = data(R)
+    assert hvd.allreduce_(x, op=hvd.Sum) is x
+    assert torch.equal(x, sum(data(r) for r in range(N)))
+    h = hvd.allreduce_async(data(R), op=hvd.Max, name="async.max")
+    assert hvd.synchronize(h).equal(torch.stack([data(r) for r in range(N)]).max(0).values)
+    h = hvd.allreduce_async(torch.ones(1), name="p")
+    assert isinstance(hvd.poll(h), bool)
+    hvd.synchronize(h)
+    expect_error(ValueError, hvd.poll, h)
+    tensors = [data(R, seed=i) for i in range(5)]
+    outs = hvd.grouped_allreduce(tensors, op=hvd.Sum)
+    for i, o in enumerate(outs):
+        assert torch.equal(o, sum(data(r, seed=i) for r in range(N)))
+    t = data(R, shape=(4, 3)).t()  # not contiguous
+    hvd.allreduce_(t, op=hvd.Sum)
+    assert torch.equal(t, sum(data(r, shape=(4, 3)) for r in range(N)).t())
+
+
+@check("allgather: first dimensions differing by rank, bool, grouped")
+def _():
+    x = torch.full((R + 1, 2), R, dtype=torch.int16)
+    out = hvd.allgather(x)
+    assert torch.equal(out, torch.cat([torch.full((r + 1, 2), r, dtype=torch.int16) for r in range(N)]))
+    b = hvd.allgather(torch.tensor([R % 2 == 0]))
+    assert b.dtype == torch.bool and b.tolist() == [r % 2 == 0 for r in range(N)]
+    outs = hvd.grouped_allgather([torch.full((1,), R), torch.full((2,), 10 * R)])
+    assert outs[0].tolist() == list(range(N)) and outs[1].tolist() == [10 * r for r in range(N) for _ in (0, 1)]
+
+
+@check("broadcast: every root, in place and copying")
+def _():
+    for root in range(N):
+        out = hvd.broadcast(data(R), root)
+        assert torch.equal(out, data(root))
+        x = data(R, dtype=torch.float16)
+        hvd.broadcast_(x, root)
+        assert torch.equal(x, data(root, dtype=torch.float16))
+
+
+@check("alltoall: equal and given splits, received splits")
+def _():
+    x = torch.arange(2 * N) + 100 * R
+    out = hvd.alltoall(x)
+    assert out.tolist() == [100 * r + 2 * R + k for r in range(N) for k in (0, 1)]
+    splits = torch.tensor([r + 1 for r in range(N)], dtype=torch.int32)  # rank j gets j+1 rows from everyone
+    rows = torch.cat([torch.full((j + 1, 2), 10 * R + j) for j in range(N)])
+    out, received = hvd.alltoall(rows, splits)
+    assert received.tolist() == [R + 1] * N
+    assert torch.equal(out, torch.cat([torch.full((R + 1, 2), 10 * r + R) for r in range(N)]))
+
+
+@check("reducescatter: uneven rows go to the first ranks")
+def _():
+    rows = 2 * N + 1
+    x = data(R, shape=(rows, 2))
+    out = hvd.reducescatter(x, op=hvd.Sum)
+    total = sum(data(r, shape=(rows, 2)) for r in range(N))
+    counts = [rows // N + (1 if r < rows % N else 0) for r in range(N)]
+    start = sum(counts[:R])
+    assert torch.equal(out, total[start:start + counts[R]])
+    avg = hvd.grouped_reducescatter([x.double()], op=hvd.Average)[0]
+    assert torch.allclose(avg, total[start:start + counts[R]].double() / N)
+
+
+@check("process sets: ops within a set, membership and duplicate errors")
+def _():
+    evens = hvd.add_process_set([r for r in range(N) if r % 2 == 0])
+    odds = hvd.add_process_set([r for r in range(N) if r % 2 == 1]) if N > 1 else None
+    mine = evens if R % 2 == 0 else odds
+    members = mine.ranks
+    assert mine.size() == len(members) and mine.rank() == members.index(R) and mine.included()
+    out = hvd.allreduce(data(R), op=hvd.Sum, process_set=mine)
+    assert torch.equal(out, sum(data(r) for r in members))
+    gathered = hvd.allgather(torch.tensor([R]), process_set=mine)
+    assert gathered.tolist() == members
+    assert hvd.broadcast(torch.tensor([R]), members[-1], process_set=mine).tolist() == [members[-1]]
+    other = odds if mine is evens else evens
+    if other is not None:
+        assert other.rank() == -1 and not other.included()
+        expect_error(ValueError, hvd.allreduce, torch.ones(1), process_set=other)
+    expect_error(ValueError, hvd.add_process_set, list(evens.ranks))
+    hvd.barrier(process_set=mine)
+    assert hvd.remove_process_set(evens)
+    if odds is not None:
+        assert hvd.remove_process_set(odds)
+    assert not hvd.remove_process_set(evens)
+
+
+@check("errors: mismatched shapes and dtypes fail on every rank, bad input fails at once")
+def _():
+    if N > 1:
+        e = expect_error(RuntimeError, hvd.allreduce, torch.ones(3 + R), name="mismatch.1")
+        assert "mismatch.1" in str(e), e
+        expect_error(RuntimeError, hvd.allreduce, torch.ones(2, 6) if R == 0 else torch.ones(3, 4), name="mismatch.2")
+        expect_error(RuntimeError, hvd.allgather, torch.ones(2, R + 1))
+        expect_error(RuntimeError, hvd.broadcast, torch.ones(2), R)
+    expect_error(ValueError, hvd.allreduce, torch.ones(2, dtype=torch.complex64))
+    expect_error(NotImplementedError, hvd.allreduce, torch.ones(2), op=hvd.Adasum)
+    if N > 1:
+        expect_error(ValueError, hvd.alltoall, torch.ones(N + 1))
+    expect_error(ValueError, hvd.alltoall, torch.ones(N), torch.ones(N))
+    expect_error(ValueError, hvd.broadcast, torch.ones(1), N)
+    x = torch.ones(4)
+    h = hvd.allreduce_async(x, name="dup")
+    expect_error(ValueError, hvd.allreduce_async, x, name="dup")
+    hvd.synchronize(h)
+    hvd.synchronize(hvd.allreduce_async(x, name="dup"))  # free again once synchronized
+
+
+@check("autograd of allreduce, allgather, broadcast, alltoall and reducescatter")
+def _():
+    x = data(R, dtype=torch.float64).requires_grad_()
+    hvd.allreduce(x, op=hvd.Sum).sum().backward()
+    assert torch.equal(x.grad, torch.full_like(x, N))
+    y = torch.ones(R + 1, 2, dtype=torch.float64, requires_grad=True)
+    g = hvd.allgather(y)
+    (g * torch.arange(g.shape[0], dtype=torch.float64).unsqueeze(1)).sum().backward()
+    start = sum(r + 1 for r in range(R))
+    assert torch.equal(y.grad[:, 0], torch.arange(start, start + R + 1, dtype=torch.float64))
+    z = torch.ones(3, dtype=torch.float64, requires_grad=True)
+    hvd.broadcast(z, 0).sum().backward()
+    assert torch.equal(z.grad, torch.full_like(z, 1.0 if R == 0 else 0.0))
+    w = torch.ones(2 * N, dtype=torch.float64, requires_grad=True)
+    (hvd.alltoall(w) * 2).sum().backward()
+    assert torch.equal(w.grad, torch.full_like(w, 2.0))
+    v = torch.ones(2 * N, dtype=torch.float64, requires_grad=True)
+    hvd.reducescatter(v, op=hvd.Average).sum().backward()
+    assert torch.equal(v.grad, torch.ones_like(v))
+
+
+def model():
+    torch.manual_seed(7)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+
+
+def batch(rank, step):
+    g = torch.Generator().manual_seed(100 * step + rank)
+    return torch.randn(4, 6, generator=g), torch.randn(4, 3, generator=g)
+
+
+def _zero_grad_mid_step(opt, net):
+    x, y = batch(R, 99)
+    torch.nn.functional.mse_loss(net(x), y).backward()
+    try:
+        opt.zero_grad()
+    finally:
+        opt.synchronize()
+
+
+@check("DistributedOptimizer equals SGD on the averaged gradient (plain, grouped, fp16, 2 passes per step)")
+def _():
+    for kwargs in ({}, {"groups": 2}, {"compression": hvd.Compression.fp16}, {"backward_passes_per_step": 2},
+                   {"gradient_predivide_factor": 2.0}):
+        net, ref = model(), model()
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1),
+                                       named_parameters=net.named_parameters(), **kwargs)
+        ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+        passes = kwargs.get("backward_passes_per_step", 1)
+        for step in range(3):
+            opt.zero_grad()
+            for p in range(passes):
+                x, y = batch(R, 10 * step + p)
+                torch.nn.functional.mse_loss(net(x), y).backward()
+            opt.step()
+            ref_opt.zero_grad()
+            for r in range(N):  # the average over ranks of each rank's accumulated gradient
+                for p in range(passes):
+                    x, y = batch(r, 10 * step + p)
+                    (torch.nn.functional.mse_loss(ref(x), y) / N).backward()
+            ref_opt.step()
+        tol = 2e-3 if "compression" in kwargs else 1e-5
+        for a, b in zip(net.parameters(), ref.parameters()):
+            assert torch.allclose(a, b, atol=tol), (kwargs, (a - b).abs().max())
+        expect_error(AssertionError, _zero_grad_mid_step, opt, net)
+
+
+@check("DistributedOptimizer: duplicate or missing names are ValueErrors")
+def _():
+    net = model()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    expect_error(ValueError, hvd.DistributedOptimizer, opt, named_parameters=[("a", p) for p in net.parameters()])
+    expect_error(ValueError, hvd.DistributedOptimizer, opt, named_parameters=list(net.named_parameters())[:1])
+
+
+@check("broadcast_parameters, broadcast_optimizer_state, broadcast_object, allgather_object")
+def _():
+    torch.manual_seed(R)
+    net = torch.nn.Linear(3, 2)
+    opt = torch.optim.Adam(net.parameters(), lr=0.01 * (R + 1))
+    hvd.broadcast_parameters(net.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    assert opt.param_groups[0]["lr"] == 0.01
+    params = hvd.allgather_object([p.detach().clone() for p in net.parameters()])
+    for theirs in params:
+        assert all(torch.equal(a, b) for a, b in zip(theirs, net.parameters()))
+    assert hvd.broadcast_object({"rank": R} if R == N - 1 else None, root_rank=N - 1) == {"rank": N - 1}
+    assert hvd.allgather_object(("r", R)) == [("r", r) for r in range(N)]
+
+
+@check("join: a rank with fewer batches adds zeros; everyone learns the last rank to join")
+def _():
+    if N == 1:
+        assert hvd.join() == 0
+        return
+    if R != 0:
+        out = hvd.allreduce(torch.full((3,), float(R)), op=hvd.Sum, name="join.step")
+        assert out.tolist() == [float(sum(range(1, N)))] * 3, out
+    last = hvd.join()
+    assert hvd.allgather_object(last) == [last] * N and last != 0, last
+
+
+@check("SyncBatchNorm matches BatchNorm over the whole batch")
+def _():
+    full = torch.stack([data(r, shape=(2, 3), dtype=torch.float64) for r in range(N)]).view(2 * N, 3)
+    sync = hvd.SyncBatchNorm(3).double()
+    bn = torch.nn.BatchNorm1d(3).double()
+    mine = full[2 * R:2 * R + 2].clone().requires_grad_()
+    whole = full.clone().requires_grad_()
+    out = sync(mine)
+    ref = bn(whole)
+    assert torch.allclose(out, ref[2 * R:2 * R + 2])
+    assert torch.allclose(sync.running_mean, bn.running_mean) and torch.allclose(sync.running_var, bn.running_var)
+    (out * torch.arange(6, dtype=torch.float64).view(2, 3)).sum().backward()
+    weights = torch.arange(6, dtype=torch.float64).view(2, 3).repeat(N, 1)
+    (ref * weights).sum().backward()
+    assert torch.allclose(mine.grad, whole.grad[2 * R:2 * R + 2])
+
+
+@check("timeline: start_timeline writes Chrome-trace JSON of named ops")
+def _():
+    path = os.path.join(tempfile.gettempdir(), f"ddl-torch-timeline-{os.environ['DDL_RUN_ID']}-{R}.json")
+    hvd.start_timeline(path)
+    hvd.allreduce(torch.ones(3), name="timeline.op")
+    hvd.stop_timeline()
+    with open(path) as f:
+        text = f.read()
+    os.unlink(path)
+    assert "allreduce.timeline.op" in text, text[:500]
+
+
+@check("shutdown and init again")
+def _():
+    hvd.shutdown()
+    assert not hvd.is_initialized()
+    hvd.init()
+    assert (hvd.rank(), hvd.size()) == (R, N)
+    assert torch.equal(hvd.allreduce(torch.ones(2), op=hvd.Sum), torch.full((2,), float(N)))
+
+
+hvd.shutdown()
+print(f"checks done, {len(failures)} failed", flush=True)
+sys.exit(1 if failures else 0)
