@@ -43,6 +43,19 @@ class ApiChecks(unittest.TestCase):
         self.check_on(3)
 
 
+class HorovodExample(unittest.TestCase):
+    def test_the_tutorial_script_trains_and_ends_with_identical_replicas(self):
+        example = os.path.join(HERE, "..", "..", "examples", "pytorch_horovod.py")
+        for extra in ([], ["--fp16-allreduce"]):
+            result = ddl("-np", "2", "--", PYTHON, example, "--epochs", "2", *extra, env={"PYTHONPATH": PACKAGE},
+                         timeout=300)
+            self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+            lines = lines_by_rank(result.stdout)[0]
+            self.assertRegex(lines[-1], r"^replicas identical: yes \(sha256 [0-9a-f]{16}\)$")
+            accuracy = float(lines[-2].rsplit("accuracy ", 1)[1].rstrip("%"))
+            self.assertGreater(accuracy, 90.0, lines)
+
+
 class HorovodEnvironment(unittest.TestCase):
     def test_ranks_match_horovodrun_variables(self):
         result = run_python(3, """
