@@ -121,6 +121,28 @@ class FailuresReachEveryRank(unittest.TestCase):
         self.assertIn("rank 1", result.stderr)
 
 
+class UnderMpirun(unittest.TestCase):
+    def test_process_sets_bootstrap_through_pmix_and_the_run_ends_cleanly(self):
+        """Under real OpenMPI mpirun libddl bootstraps through PMIx; process sets rendezvous through it
+        without a world-wide fence, and ddl.torch finalizes at exit so mpirun reports success."""
+        code = textwrap.dedent("""
+            import torch, ddl.torch as hvd
+            hvd.init()
+            r = hvd.rank()
+            a = hvd.add_process_set([0, 2]); b = hvd.add_process_set([1])
+            s = a if r in (0, 2) else b
+            total = hvd.allreduce(torch.tensor([float(r)]), op=hvd.Sum, process_set=s).item()
+            print(r, s.ranks, total, hvd.allgather(torch.tensor([r]), process_set=s).tolist(), flush=True)
+        """)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DDL_", "SLURM_", "PBS_"))}
+        env.update(PYTHONPATH=PACKAGE, DDL_TIMEOUT="30")
+        result = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "3", PYTHON, "-c", code],
+                                env=env, capture_output=True, text=True, timeout=180)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        lines = sorted(line for line in result.stdout.splitlines() if line[:1].isdigit())
+        self.assertEqual(lines, ["0 [0, 2] 2.0 [0, 2]", "1 [1] 1.0 [1]", "2 [0, 2] 2.0 [0, 2]"])
+
+
 class Installed(unittest.TestCase):
     def test_installed_package_imports_and_runs_with_installed_libddl(self):
         with tempfile.TemporaryDirectory() as prefix:

@@ -9,8 +9,10 @@ Names, signatures, defaults and exceptions follow horovod.torch 0.28, so Horovod
 one changed import. Start the program with `ddl run` (or mpirun / srun --mpi=pmix).
 """
 
+import atexit
 import ctypes
 import os
+import sys
 
 import torch
 
@@ -32,6 +34,33 @@ _ENV_ALIASES = {"HOROVOD_FUSION_THRESHOLD": "DDL_FUSION_THRESHOLD", "HOROVOD_CYC
                 "HOROVOD_TIMELINE": "DDL_TIMELINE"}
 
 _topology = {}
+_exit_state = {"hooked": False, "uncaught": False}
+
+
+def _finalize_at_exit():
+    """Under a PMIx launcher (mpirun, srun --mpi=pmix) a process that exits without finalizing is
+    reported as failed, so leave cleanly at exit, as Horovod does; but not after an uncaught
+    exception, where finalizing would wait for peers that may be waiting for this rank. Under
+    `ddl run` nothing needs it, and a failing rank should exit at once."""
+    if _exit_state["uncaught"] or not L.lib.ddl_is_initialized():
+        return
+    try:
+        shutdown()
+    except Exception:
+        pass
+
+
+def _hook_exit():
+    if _exit_state["hooked"] or "DDL_STORE_ADDR" in os.environ or "PMIX_RANK" not in os.environ:
+        return
+    _exit_state["hooked"] = True
+    previous = sys.excepthook
+
+    def excepthook(*args):
+        _exit_state["uncaught"] = True
+        previous(*args)
+    sys.excepthook = excepthook
+    atexit.register(_finalize_at_exit)
 
 
 def _apply_env_aliases():
@@ -53,6 +82,7 @@ def init(comm=None, process_sets=None):
             L.raise_for(status)
         _learn_topology()
         _process_sets._reset_global(_topology["size"])
+        _hook_exit()
     for ps in process_sets or []:
         if ps.process_set_id is None:
             add_process_set(ps)
