@@ -299,8 +299,13 @@ def _():
     if R != 0:
         out = hvd.allreduce(torch.full((3,), float(R)), op=hvd.Sum, name="join.step")
         assert out.tolist() == [float(sum(range(1, N)))] * 3, out
+        # Gathers cannot stand in for a joined rank: they fail (unnamed, so these ranks count one
+        # more unnamed op than rank 0).
+        expect_error(RuntimeError, hvd.allgather, torch.ones(1))
     last = hvd.join()
     assert hvd.allgather_object(last) == [last] * N and last != 0, last
+    # After the join every rank counts unnamed ops afresh, so they match again.
+    assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == N
 
 
 @check("SyncBatchNorm matches BatchNorm over the whole batch")

@@ -232,6 +232,7 @@ def join(device=-1):
     status = L.lib.ddl_join(None, ctypes.byref(last))
     if status != L.SUCCESS:
         L.raise_for(status)
+    _ops._names.restart_counting()
     return last.value
 
 

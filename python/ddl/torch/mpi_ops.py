@@ -142,13 +142,14 @@ class _Names:
     def __init__(self):
         self.taken = {}
         self.counters = {}
+        self.epoch = 0
 
     def claim(self, kind, name, process_set):
         key = process_set.process_set_id
         if name is None:
             n = self.counters.get(key, 0)
             self.counters[key] = n + 1
-            full = f"{kind}.noname.{n}"
+            full = f"{kind}.noname.{self.epoch}.{n}"
         else:
             full = f"{kind}.{name}"
         taken = self.taken.setdefault(key, set())
@@ -157,6 +158,12 @@ class _Names:
                              "distinct names, or synchronize the first one before reusing its name")
         taken.add(full)
         return key, full
+
+    def restart_counting(self):
+        """After a join every rank is at the same point again, whatever unnamed ops some ranks made
+        while others had joined: count afresh, under a new epoch so no old name comes back."""
+        self.counters.clear()
+        self.epoch += 1
 
     def release(self, key, full):
         self.taken.get(key, set()).discard(full)
