@@ -37,6 +37,11 @@ class CheckBuild(unittest.TestCase):
         torch = subprocess.run([PYTHON, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True).stdout.strip()
         self.assertIn(f"  [X] torch {torch} (CUDA ", out)
         self.assertIn("gloo yes", out)
+        # ddl's own Python package, found beside this build's ddl (build/python), on this build's libddl.
+        libddl = os.path.realpath(os.path.join(os.path.dirname(DDL), "..", "runtime", "libddl.so.0"))
+        self.assertRegex(out, rf"  \[X\] ddl\.torch \d+\.\d+\.\d+ \(Horovod API on torch {re.escape(torch)}; .*; libddl (.*)\)")
+        loaded = re.search(r"ddl\.torch .*; libddl (.*)\)", out).group(1)
+        self.assertEqual(os.path.realpath(loaded), libddl)
         srun = subprocess.run(["srun", "--version"], env=slurm_env(), capture_output=True, text=True).stdout.split()[-1]
         self.assertRegex(out, rf"  \[X\] Slurm {re.escape(srun)} \(srun --mpi: .*pmix")
         mpirun = re.search(r"(\d+\.\d+\.\d+)", subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout).group(1)
