@@ -201,6 +201,24 @@ def _():
     hvd.synchronize(hvd.allreduce_async(x, name="dup"))  # free again once synchronized
 
 
+@check("C API: an alltoallv expecting more than any rank sent fails that rank only, without reading past")
+def _():
+    import ctypes
+    from ddl import _lib as L
+    sizes = lambda v: (ctypes.c_size_t * N)(*v)
+    send = torch.arange(N, dtype=torch.int64) + 10 * R
+    expect = [1] * N if R != 0 else [1] * (N - 1) + [5]  # rank 0 wants 5 from the last rank, which sends 1
+    recv = torch.zeros(sum(expect), dtype=torch.int64)
+    h = ctypes.c_void_p()
+    assert L.lib.ddl_alltoallv_ex(b"raw.alltoallv", send.data_ptr(), sizes([1] * N), recv.data_ptr(), sizes(expect),
+                                  L.INT64, None, ctypes.byref(h)) == L.SUCCESS
+    status = L.lib.ddl_wait(h)
+    if R == 0:
+        assert status == L.MISMATCH and "expected 5 elements" in L.last_error(), (status, L.last_error())
+    else:
+        assert status == L.SUCCESS and recv.tolist() == [10 * r + R for r in range(N)], recv
+
+
 @check("autograd of allreduce, allgather, broadcast, alltoall and reducescatter")
 def _():
     x = data(R, dtype=torch.float64).requires_grad_()

@@ -243,7 +243,10 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     """Returns the reduction of `tensor` over the process set (default op: Average); differentiable."""
     op = _ops._reduce_op(op, average)
     compressed, ctx = compression.compress(tensor)
-    summed = _ag.AllreduceFn.apply(compressed, name, op, prescale_factor, postscale_factor, process_set)
+    if compressed.requires_grad and torch.is_grad_enabled():
+        summed = _ag.AllreduceFn.apply(compressed, name, op, prescale_factor, postscale_factor, process_set)
+    else:  # no graph to record: skip autograd's bookkeeping (most of a small op's Python cost)
+        summed = synchronize(allreduce_async(compressed, None, name, op, prescale_factor, postscale_factor, process_set))
     return compression.decompress(summed, ctx)
 
 

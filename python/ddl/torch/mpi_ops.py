@@ -261,7 +261,8 @@ def synchronize(handle):
             _wait_all(pending.c_handles)
         finally:
             _release_claims(pending.claims)
-    return pending.finish()
+    finish = pending.finish
+    return finish if torch.is_tensor(finish) else finish()
 
 
 def _drop_all_handles():
@@ -351,21 +352,41 @@ def _single(handle_of_group):
     return handle_of_group
 
 
+def _allreduce_one_async(tensor, output, name, op, prescale, postscale, process_set):
+    """One allreduce: contiguous host tensors take a short path (this is every gradient of a
+    DistributedOptimizer step); the rest go through the general one."""
+    if tensor.is_cuda or not tensor.is_contiguous() or not output.is_contiguous():
+        return _single(_allreduce_group_async("allreduce", [tensor], [output], name, op, prescale, postscale,
+                                              process_set))
+    target = _process_set_target(process_set)
+    dtype = _DTYPES.get(tensor.dtype)
+    if dtype is None:
+        _ddl_dtype(tensor)  # raises the ValueError that names the type
+    _is_cuda(tensor)  # raises for devices other than CPU and CUDA
+    claim = _names.claim("allreduce", name, target)
+    try:
+        opts = _options(target, None, tensor.shape, prescale, postscale)
+        h = _submit(L.lib.ddl_allreduce_ex, claim[1].encode(), tensor.data_ptr(), output.data_ptr(), tensor.numel(),
+                    dtype, _REDUCE[op], ctypes.byref(opts))
+    except BaseException:
+        _names.release(*claim)
+        raise
+    return _register(_Pending([h], output, [claim], (tensor, opts)))
+
+
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                     process_set=global_process_set):
     """Starts an allreduce of `tensor` into a new tensor; returns a handle for poll()/synchronize()."""
     op = _reduce_op(op, average)
     output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-    return _single(_allreduce_group_async("allreduce", [tensor], [output], name, op, prescale_factor,
-                                          postscale_factor, process_set))
+    return _allreduce_one_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                      process_set=global_process_set):
     """Starts an in-place allreduce of `tensor`; returns a handle."""
     op = _reduce_op(op, average)
-    return _single(_allreduce_group_async("allreduce", [tensor], [tensor], name, op, prescale_factor,
-                                          postscale_factor, process_set))
+    return _allreduce_one_async(tensor, tensor, name, op, prescale_factor, postscale_factor, process_set)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,

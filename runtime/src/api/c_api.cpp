@@ -684,6 +684,7 @@ ddl_status ddl_gathered(ddl_handle handle, size_t* counts, const void** data) {
   ddl_status status = handle->state->wait(message);
   if (status != DDL_SUCCESS) return fail(status, message);
   const auto& c = handle->state->gathered_counts();
+  if (c.empty()) return fail(DDL_ERROR_INVALID_ARGUMENT, "ddl_gathered: the handle is not a ddl_allgather_any_ex");
   std::copy(c.begin(), c.end(), counts);
   *data = handle->state->gathered().data();
   return DDL_SUCCESS;

@@ -334,7 +334,9 @@ void Engine::run_single(PendingOp& op) {
     case OpKind::Alltoall: collectives_->alltoall(op.send, op.recv, bytes); break;
     case OpKind::Barrier: collectives_->barrier(); break;
     case OpKind::Reducescatter: run_reducescatter(op); break;
-    case OpKind::Alltoallv: run_alltoallv(op); break;
+    case OpKind::Alltoallv:
+      if (!run_alltoallv(op)) return;  // finished with its error
+      break;
     case OpKind::AllgatherAny: run_allgather_any(op); break;
     case OpKind::Join:
       joined_ = false;
@@ -363,8 +365,9 @@ void Engine::run_reducescatter(PendingOp& op) {
 }
 
 // Blocks of different sizes travel as one alltoall of blocks padded to the largest block any rank
-// sends, which every rank first learns with a max-allreduce.
-void Engine::run_alltoallv(PendingOp& op) {
+// sends, which every rank first learns with a max-allreduce. A rank that expects more from a peer
+// than any rank sent fails this op alone (the collectives ran, so ranks stay in step).
+bool Engine::run_alltoallv(PendingOp& op) {
   const size_t element = dtype_size(op.spec.dtype);
   const auto ranks = static_cast<size_t>(size_);
   int64_t block = 0;
@@ -380,11 +383,19 @@ void Engine::run_alltoallv(PendingOp& op) {
     from += op.send_counts[j] * element;
   }
   if (block_bytes > 0) collectives_->alltoall(out, in, block_bytes);
+  for (size_t j = 0; j < ranks; ++j) {
+    if (op.recv_counts[j] > static_cast<size_t>(block)) {
+      finish(op, DDL_ERROR_MISMATCH, fmt::format("alltoallv '{}': rank {} expected {} elements from rank {}, but no rank sent more than {}",
+                                                 op.name, rank_, op.recv_counts[j], j, block));
+      return false;
+    }
+  }
   char* to = static_cast<char*>(op.recv);
   for (size_t j = 0; j < ranks; ++j) {
     copy_bytes(to, in + j * block_bytes, op.recv_counts[j] * element);
     to += op.recv_counts[j] * element;
   }
+  return true;
 }
 
 // Every rank's count first (one small allgather), then the data into a buffer the handle keeps.

@@ -110,7 +110,7 @@ class Engine {
   void run_fused_allreduce(const std::vector<PendingOp*>& ops);
   void run_single(PendingOp& op);
   void run_reducescatter(PendingOp& op);
-  void run_alltoallv(PendingOp& op);
+  bool run_alltoallv(PendingOp& op);  // false: finished with an error
   void run_allgather_any(PendingOp& op);
   // While this rank waits in ddl_join, an op the others agreed on runs here with a stand-in:
   // zeros for a reduction, nothing for a gather.
