@@ -132,14 +132,19 @@ class UnderMpirun(unittest.TestCase):
             a = hvd.add_process_set([0, 2]); b = hvd.add_process_set([1])
             s = a if r in (0, 2) else b
             total = hvd.allreduce(torch.tensor([float(r)]), op=hvd.Sum, process_set=s).item()
-            print(r, s.ranks, total, hvd.allgather(torch.tensor([r]), process_set=s).tolist(), flush=True)
+            gathered = hvd.allgather(torch.tensor([r]), process_set=s).tolist()
+            with open(f"{sys.argv[1]}/rank{r}", "w") as out:
+                out.write(f"{r} {s.ranks} {total} {gathered}")
         """)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DDL_", "SLURM_", "PBS_"))}
         env.update(PYTHONPATH=PACKAGE, DDL_TIMEOUT="30")
-        result = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "3", PYTHON, "-c", code],
-                                env=env, capture_output=True, text=True, timeout=180)
-        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
-        lines = sorted(line for line in result.stdout.splitlines() if line[:1].isdigit())
+        # Each rank writes its own file: mpirun forwards ranks' stdout in pieces that may interleave.
+        with tempfile.TemporaryDirectory() as results:
+            result = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "3",
+                                     PYTHON, "-c", "import sys\n" + code, results],
+                                    env=env, capture_output=True, text=True, timeout=180)
+            self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+            lines = sorted(open(os.path.join(results, name)).read() for name in os.listdir(results))
         self.assertEqual(lines, ["0 [0, 2] 2.0 [0, 2]", "1 [1] 1.0 [1]", "2 [0, 2] 2.0 [0, 2]"])
 
 
