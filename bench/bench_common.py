@@ -69,3 +69,13 @@ def run_timed(cmd, env, timeout):
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         err, rc = f"timed out after {timeout} s", None
     return out, err, rc, time.perf_counter() - start, before
+
+
+def parse_with_variants(parser, variants):
+    """parser.parse_args(), with --variants (comma-separated) checked against `variants` and split."""
+    args = parser.parse_args()
+    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    bad = [v for v in args.variants if v not in variants]
+    if bad:
+        parser.error(f"unknown variant(s): {', '.join(bad)}")
+    return args

@@ -33,7 +33,7 @@ import re
 import socket
 import sys
 
-from bench_common import build_info, cpu_model, loadavg, run_timed
+from bench_common import build_info, cpu_model, loadavg, parse_with_variants, run_timed
 
 VARIANTS = ["libddl-fused", "libddl-unfused", "torch-loop", "torch-async", "torch-flat"]
 
@@ -52,12 +52,7 @@ def parse_args():
     p.add_argument("--repeat", type=int, default=1, help="runs per variant; the fastest is kept")
     p.add_argument("--timeout", type=float, default=1200, help="seconds before one run counts as failed")
     p.add_argument("--json", metavar="FILE", help="also write everything here")
-    a = p.parse_args()
-    a.variants = [v.strip() for v in a.variants.split(",") if v.strip()]
-    bad = [v for v in a.variants if v not in VARIANTS]
-    if bad:
-        p.error(f"unknown variant(s): {', '.join(bad)}")
-    return a
+    return parse_with_variants(p, VARIANTS)
 
 
 def command(args, variant, n):

@@ -70,6 +70,9 @@ void put(std::vector<char>& buf, ddl_dtype t, size_t i, double v) {
     case DDL_FLOAT64: reinterpret_cast<double*>(buf.data())[i] = v; break;
     case DDL_INT32: reinterpret_cast<int32_t*>(buf.data())[i] = static_cast<int32_t>(v); break;
     case DDL_INT64: reinterpret_cast<int64_t*>(buf.data())[i] = static_cast<int64_t>(v); break;
+    case DDL_UINT8: reinterpret_cast<uint8_t*>(buf.data())[i] = static_cast<uint8_t>(v); break;
+    case DDL_INT8: reinterpret_cast<int8_t*>(buf.data())[i] = static_cast<int8_t>(v); break;
+    case DDL_INT16: reinterpret_cast<int16_t*>(buf.data())[i] = static_cast<int16_t>(v); break;
   }
 }
 double get(const std::vector<char>& buf, ddl_dtype t, size_t i) {
@@ -80,6 +83,9 @@ double get(const std::vector<char>& buf, ddl_dtype t, size_t i) {
     case DDL_FLOAT64: return reinterpret_cast<const double*>(buf.data())[i];
     case DDL_INT32: return reinterpret_cast<const int32_t*>(buf.data())[i];
     case DDL_INT64: return static_cast<double>(reinterpret_cast<const int64_t*>(buf.data())[i]);
+    case DDL_UINT8: return reinterpret_cast<const uint8_t*>(buf.data())[i];
+    case DDL_INT8: return reinterpret_cast<const int8_t*>(buf.data())[i];
+    case DDL_INT16: return reinterpret_cast<const int16_t*>(buf.data())[i];
   }
   return 0;
 }

@@ -2,8 +2,11 @@
 //   gpu_checks          allreduce, broadcast and allgather of device buffers on a stream, checked on
 //                       the host; exits 77 (ctest: skipped) with a message when no GPU is visible
 //   gpu_checks no-gpu   without a GPU: CUDA ops fail with DDL_ERROR_UNSUPPORTED, host ops still work
+//   gpu_checks shared   ranks that share one GPU: a CUDA op fails on every rank naming the shared
+//                       GPU (NCCL allows one rank per GPU), and host ops still work
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -60,6 +63,26 @@ int run_on_gpu() {
   for (size_t i = 0; i < n; ++i) ok = ok && host[i] == ranks_sum * static_cast<float>(i % 7);
   check(ok, "CUDA allreduce sum of 1M floats");
 
+  // Out of place, into a buffer of NaNs, with an odd count: every element must be written
+  // (NCCL's ncclAvg on one rank left the tail unwritten).
+  const size_t odd = 4913;
+  float* avg = nullptr;
+  require_cuda(cudaMalloc(&avg, odd * sizeof(float)), "cudaMalloc");
+  require_cuda(cudaMemset(avg, 0xFF, odd * sizeof(float)), "cudaMemset");
+  for (size_t i = 0; i < odd; ++i) host[i] = static_cast<float>((g_rank + 1) * (i % 7));
+  require_cuda(cudaMemcpy(dev, host.data(), odd * sizeof(float), cudaMemcpyHostToDevice), "copy in");
+  require_cuda(cudaDeviceSynchronize(), "copy in done");
+  require(ddl_allreduce_cuda_async("gpu.avg", dev, avg, odd, DDL_FLOAT32, DDL_AVERAGE, stream, &h), "allreduce_cuda_async average");
+  require(ddl_wait(h), "wait average");
+  std::vector<float> means(odd);
+  require_cuda(cudaMemcpy(means.data(), avg, odd * sizeof(float), cudaMemcpyDeviceToHost), "copy out");
+  size_t wrong = 0;
+  for (size_t i = 0; i < odd; ++i) {
+    const float want = ranks_sum / static_cast<float>(g_size) * static_cast<float>(i % 7);
+    if (!(std::fabs(means[i] - want) <= 1e-5f * (1.0f + std::fabs(want)))) ++wrong;
+  }
+  check(wrong == 0, "CUDA allreduce average of 4913 floats out of place: " + std::to_string(wrong) + " elements wrong");
+
   std::vector<int64_t> b(7, g_rank == 0 ? 42 : -1);
   int64_t* db = nullptr;
   require_cuda(cudaMalloc(&db, 7 * sizeof(int64_t)), "cudaMalloc");
@@ -98,10 +121,26 @@ int run_without_gpu() {
   return g_failures == 0 ? 0 : 1;
 }
 
+int run_on_a_shared_gpu() {
+  float* dev = nullptr;
+  require_cuda(cudaMalloc(&dev, sizeof(float)), "cudaMalloc");
+  ddl_handle h;
+  require(ddl_allreduce_cuda_async("gpu.shared", dev, dev, 1, DDL_FLOAT32, DDL_SUM, nullptr, &h), "submit");
+  ddl_status s = ddl_wait(h);
+  std::printf("cuda op on a shared GPU: %s: %s\n", ddl_status_string(s), ddl_last_error());
+  check(s == DDL_ERROR_UNSUPPORTED, "a CUDA op on a GPU another rank uses is DDL_ERROR_UNSUPPORTED");
+  check(std::string(ddl_last_error()).find("both use GPU") != std::string::npos, "the error names the shared GPU");
+  float x = 1;
+  require(ddl_allreduce("host.after", &x, &x, 1, DDL_FLOAT32, DDL_SUM), "host allreduce after the CUDA failure");
+  check(x == static_cast<float>(g_size), "host allreduce after the CUDA failure");
+  return g_failures == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool no_gpu_mode = argc > 1 && std::string(argv[1]) == "no-gpu";
+  const std::string mode = argc > 1 ? argv[1] : "";
+  const bool no_gpu_mode = mode == "no-gpu";
   int devices = 0;
   cudaError_t rc = cudaGetDeviceCount(&devices);
   if (!no_gpu_mode && (rc != cudaSuccess || devices == 0)) {
@@ -112,7 +151,7 @@ int main(int argc, char** argv) {
   require(ddl_init(), "ddl_init");
   require(ddl_rank(&g_rank), "ddl_rank");
   require(ddl_size(&g_size), "ddl_size");
-  int result = no_gpu_mode ? run_without_gpu() : run_on_gpu();
+  int result = no_gpu_mode ? run_without_gpu() : mode == "shared" ? run_on_a_shared_gpu() : run_on_gpu();
   require(ddl_finalize(), "ddl_finalize");
   if (result == 0) std::printf("PASS rank %d of %d\n", g_rank, g_size);
   return result;

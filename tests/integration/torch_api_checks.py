@@ -4,33 +4,11 @@ values are computed here from every rank's inputs, which each rank can rebuild f
 import os
 import sys
 import tempfile
-import traceback
 
 import torch
 
 import ddl.torch as hvd
-
-failures = []
-
-
-def check(name):
-    def wrap(fn):
-        try:
-            fn()
-            print(f"ok {name}", flush=True)
-        except Exception:  # report and carry on, so one defect does not hide the others
-            failures.append(name)
-            print(f"FAIL {name}: {traceback.format_exc()}", flush=True)
-        return fn
-    return wrap
-
-
-def expect_error(kinds, fn, *args, **kwargs):
-    try:
-        fn(*args, **kwargs)
-    except kinds as e:
-        return e
-    raise AssertionError(f"{fn.__name__} raised no {kinds}")
+from worker_checks import check, expect_error, failures
 
 
 # ---- before init ----

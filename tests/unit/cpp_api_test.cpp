@@ -38,5 +38,12 @@ TEST_CASE("bad arguments are errors with a message, not crashes") {
   CHECK(ddl_broadcast("b", &x, 1, DDL_FLOAT32, 3) == DDL_ERROR_INVALID_ARGUMENT);
   CHECK(std::string(ddl_last_error()) == "broadcast root 3 is not a rank of a world of 1");
   CHECK(ddl_allreduce("n", nullptr, nullptr, 4, DDL_FLOAT32, DDL_SUM) == DDL_ERROR_INVALID_ARGUMENT);
+  // NCCL cannot scale: scales on CUDA buffers are refused rather than silently dropped.
+  ddl_op_options cuda = DDL_OP_OPTIONS_INIT;
+  cuda.flags = DDL_CUDA_BUFFERS;
+  cuda.prescale = 0.5;
+  ddl_handle h = nullptr;
+  CHECK(ddl_allreduce_ex("scaled", &x, &x, 1, DDL_FLOAT32, DDL_SUM, &cuda, &h) == DDL_ERROR_UNSUPPORTED);
+  CHECK(std::string(ddl_last_error()).find("prescale and postscale apply to host buffers") != std::string::npos);
   ::unsetenv("DDL_BOOTSTRAP");
 }

@@ -1,6 +1,7 @@
 """Model, optimizer and object broadcasts, as horovod.torch.functions."""
 
 import io
+import inspect
 import pickle
 
 import torch
@@ -101,4 +102,9 @@ def _dumps(obj):
 
 
 def _loads(tensor):
-    return torch.load(io.BytesIO(tensor.numpy().tobytes()))
+    # Any picklable object travels, as with Horovod's cloudpickle, so not only weights: PyTorch 2.6
+    # made weights_only=True the default, which refuses most objects.
+    return torch.load(io.BytesIO(tensor.numpy().tobytes()), **_LOAD_ANY_OBJECT)
+
+
+_LOAD_ANY_OBJECT = {"weights_only": False} if "weights_only" in inspect.signature(torch.load).parameters else {}

@@ -277,33 +277,39 @@ def _drop_all_handles():
 # ---- allreduce ----
 
 def _scale_like_horovod(tensor, factor):
-    """tensor * factor as Horovod computes it: integers in float64, float16 in float32."""
+    """tensor * factor as Horovod computes it: integers in float64; float16 on the CPU in float32,
+    on a GPU with the factor first rounded to float16 (Horovod's CUDA kernel scales in half)."""
     if factor == 1.0:
         return tensor
     if not tensor.is_floating_point():
         return (tensor.double() * factor).to(tensor.dtype)
-    if tensor.dtype in (torch.float16, torch.bfloat16) and not tensor.is_cuda:
+    if tensor.dtype in (torch.float16, torch.bfloat16):
+        if tensor.is_cuda:
+            return tensor * torch.tensor(factor, dtype=tensor.dtype).item()
         return (tensor.float() * factor).to(tensor.dtype)
     return tensor * factor
 
 
 def _launch_allreduce(tensor, output, full_name, op, prescale, postscale, process_set, flags=0):
-    """Submits one allreduce of `tensor` into `output` (both contiguous); returns (c_handle, finish_fn)."""
+    """Submits one allreduce of `tensor` into `output` (both contiguous).
+
+    Returns (c_handle, finish_fn or None, temporaries): the caller keeps the temporaries alive until
+    the handle completes, since libddl reads them later, from its own thread."""
     dtype = _ddl_dtype(tensor)
     cuda = _is_cuda(tensor)
-    after = None
     if cuda and (prescale != 1.0 or postscale != 1.0 or dtype == L.INT16):
         if dtype == L.INT16:  # NCCL has no int16: reduce a staged int32 copy
             staged = tensor.to(torch.int32)
-            h = _launch_allreduce(_scale_like_horovod(staged, prescale), staged, full_name, op, 1.0, 1.0, process_set)[0]
-            return h, lambda: output.copy_(_scale_like_horovod(staged, postscale))
+            scaled = _scale_like_horovod(staged, prescale)
+            h = _launch_allreduce(scaled, staged, full_name, op, 1.0, 1.0, process_set)[0]
+            return h, lambda: output.copy_(_scale_like_horovod(staged, postscale)), (staged, scaled)
         scaled = _scale_like_horovod(tensor, prescale).contiguous()
         h = _launch_allreduce(scaled, output, full_name, op, 1.0, 1.0, process_set)[0]
-        return h, lambda: output.copy_(_scale_like_horovod(output, postscale))
+        return h, lambda: output.copy_(_scale_like_horovod(output, postscale)), (scaled,)
     opts = _options(process_set, tensor, tuple(tensor.shape), prescale, postscale, flags)
     h = _submit(L.lib.ddl_allreduce_ex, full_name, tensor.data_ptr(), output.data_ptr(), tensor.numel(), dtype,
                 _REDUCE[op], ctypes.byref(opts))
-    return h, after
+    return h, None, (opts,)
 
 
 def _allreduce_group_async(kind, tensors, outputs, name, op, prescale, postscale, process_set, flags=0):
@@ -318,9 +324,9 @@ def _allreduce_group_async(kind, tensors, outputs, name, op, prescale, postscale
                 src = t.contiguous()
                 dst = out if out.is_contiguous() else out.contiguous()
                 sub = full_name if len(tensors) == 1 and kind != "grouped_allreduce" else full_name + f".{i}".encode()
-                h, after = _launch_allreduce(src, dst, sub, op, prescale, postscale, process_set, flags)
+                h, after, temporaries = _launch_allreduce(src, dst, sub, op, prescale, postscale, process_set, flags)
                 c_handles.append(h)
-                keep.append((src, dst))
+                keep.append((src, dst, temporaries))
                 finishers.append((after, out, dst))
         except BaseException:
             _wait_quietly(c_handles)
@@ -556,8 +562,9 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
         splits_device = None
     else:
         splits_tensor = splits if torch.is_tensor(splits) else torch.tensor(splits, dtype=torch.int32)
-        if splits_tensor.dtype != torch.int32:
-            raise ValueError(f"splits must hold 32-bit integers (torch.int32), not {splits_tensor.dtype}")
+        # Horovod takes int32 only; any integer type is taken here (torch.tensor([1, 2]) is int64).
+        if splits_tensor.dtype.is_floating_point or splits_tensor.dtype.is_complex or splits_tensor.dtype == torch.bool:
+            raise ValueError(f"splits must hold integers (torch.int32), not {splits_tensor.dtype}")
         send_splits = [int(s) for s in splits_tensor.flatten().tolist()]
         splits_device = splits_tensor.device
         if len(send_splits) != n or any(s < 0 for s in send_splits):
@@ -624,11 +631,12 @@ def _reducescatter_group_async(kind, tensors, name, op, prescale, postscale, pro
             for i, t in enumerate(tensors):
                 src = t.contiguous()
                 cuda = _is_cuda(src)
-                data = src.cpu() if cuda else src
+                # CUDA tensors reduce through the host; they are scaled on the GPU, as Horovod does.
+                data = _scale_like_horovod(src, prescale).cpu() if cuda else src
                 rows = _scatter_rows(src.shape[0], n)
                 row = _row_elements(src)
                 out = data.new_empty((rows[me],) + tuple(src.shape[1:]))
-                opts = _options(target, None, tuple(src.shape), prescale, postscale)
+                opts = _options(target, None, tuple(src.shape), 1.0 if cuda else prescale, 1.0 if cuda else postscale)
                 sub = full_name if kind == "reducescatter" else full_name + f".{i}".encode()
                 h = _submit(L.lib.ddl_reducescatter_ex, sub, data.data_ptr(), out.data_ptr(),
                             _sizes([r * row for r in rows]), _ddl_dtype(data), _REDUCE[op], ctypes.byref(opts))
@@ -638,7 +646,7 @@ def _reducescatter_group_async(kind, tensors, name, op, prescale, postscale, pro
         except BaseException:
             _wait_quietly(c_handles)
             raise
-        return c_handles, lambda: [o.to(d) if d is not None else o for o, d in results], keep
+        return c_handles, lambda: [_scale_like_horovod(o.to(d), postscale) if d is not None else o for o, d in results], keep
 
     return _start(kind, name, target, launch)
 

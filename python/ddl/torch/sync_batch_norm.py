@@ -23,7 +23,7 @@ class SyncBatchNorm(_BatchNorm):
 
     def forward(self, input):
         self._check_input_dim(input)
-        if not self.training or self.process_set.size() == 1:
+        if not self.training:
             return super().forward(input)
         if self.momentum is None:
             self.num_batches_tracked += 1
@@ -33,8 +33,10 @@ class SyncBatchNorm(_BatchNorm):
             if self.track_running_stats:
                 self.num_batches_tracked += 1
         dims = [0] + list(range(2, input.dim()))
-        count = torch.tensor([input.numel() // input.shape[1]], dtype=input.dtype, device=input.device)
-        local = torch.cat([input.sum(dims), (input * input).sum(dims), count])
+        # Statistics in float32 at least: sums of squares of float16 activations overflow at 65504.
+        x = input.to(torch.promote_types(input.dtype, torch.float32))
+        count = torch.tensor([input.numel() // input.shape[1]], dtype=x.dtype, device=input.device)
+        local = torch.cat([x.sum(dims), (x * x).sum(dims), count])
         # The sums of every rank, differentiable: backward sums the gradients of every rank's sums.
         total = ag.AllreduceFn.apply(local, None, ops.Sum, 1.0, 1.0, self.process_set)
         c = input.shape[1]
@@ -47,7 +49,8 @@ class SyncBatchNorm(_BatchNorm):
                 self.running_mean.mul_(1 - factor).add_(mean.detach() * factor)
                 self.running_var.mul_(1 - factor).add_(unbiased.detach() * factor)
         shape = [1, c] + [1] * (input.dim() - 2)
-        out = (input - mean.view(shape)) / torch.sqrt(var.view(shape) + self.eps)
+        var = torch.clamp(var, min=0)  # E[x^2] - E[x]^2 may round below zero
+        out = (x - mean.view(shape)) / torch.sqrt(var.view(shape) + self.eps)
         if self.affine:
             out = out * self.weight.view(shape) + self.bias.view(shape)
-        return out
+        return out.to(input.dtype)

@@ -163,8 +163,8 @@ DDL_API ddl_status ddl_process_set_ranks(ddl_process_set set, int* ranks);
 #define DDL_CUDA_BUFFERS 2u /* flag: the buffers are CUDA device memory, enqueued on `stream` */
 typedef struct {
   ddl_process_set process_set; /* NULL: the world */
-  double prescale;             /* reductions: each rank's input is multiplied by it first */
-  double postscale;            /* reductions: the result is multiplied by it (after AVERAGE's division) */
+  double prescale;             /* reductions: each rank's input is multiplied by it first (host buffers only) */
+  double postscale;            /* reductions: the result is multiplied by it, after AVERAGE's division (host only) */
   unsigned flags;              /* DDL_COMPRESS_FP16, DDL_CUDA_BUFFERS */
   void* stream;                /* a cudaStream_t with DDL_CUDA_BUFFERS (NULL: the default stream) */
   const long long* shape;      /* optional (ndim 0): the tensor's shape, which ranks must agree on; */

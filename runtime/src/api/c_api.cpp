@@ -594,6 +594,8 @@ ddl_status ddl_allreduce_ex(const char* name, const void* send, void* recv, size
   if (compress && dtype != DDL_FLOAT32)
     return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("DDL_COMPRESS_FP16 applies to float32 allreduces, not {}", ddl::runtime::dtype_name(dtype)));
   if ((o.flags & DDL_CUDA_BUFFERS) && dtype == DDL_INT16) return fail(DDL_ERROR_UNSUPPORTED, "NCCL cannot reduce int16 CUDA buffers");
+  if ((o.flags & DDL_CUDA_BUFFERS) && (o.prescale != 1.0 || o.postscale != 1.0))
+    return fail(DDL_ERROR_UNSUPPORTED, "prescale and postscale apply to host buffers: scale CUDA buffers on the device before or after the op");
   return with_runtime([&](Runtime& rt) {
     Target t;
     if (auto s = resolve(rt, o.process_set, t); s != DDL_SUCCESS) return s;

@@ -1,7 +1,11 @@
 #include "runtime/src/backends/gpu_collectives.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -58,6 +62,24 @@ int select_device_of(const void* pointer) {
   return attributes.device;
 }
 
+// "host/PCI bus id" of a GPU: equal on two ranks only when they would share one GPU.
+std::string gpu_identity(int device) {
+  char bus_id[64] = {};
+  check_cuda(cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, device), "cannot read the GPU's PCI bus id");
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  return fmt::format("{}/{}", host, bus_id);
+}
+
+// NCCL refuses a communicator with two ranks on one GPU ("invalid usage"); say which ranks and why.
+void refuse_shared_gpus(const std::vector<std::string>& gpus) {
+  for (size_t a = 0; a < gpus.size(); ++a)
+    for (size_t b = a + 1; b < gpus.size(); ++b)
+      if (gpus[a] == gpus[b])
+        throw Error(fmt::format("ranks {} and {} both use GPU {}, and NCCL needs a GPU of its own for each rank", a, b, gpus[a]),
+                    "start one worker per GPU (ddl run without --share-gpus, or fewer workers), or keep CUDA tensors off the collectives");
+}
+
 ncclRedOp_t nccl_op(ddl_reduce_op op) {
   switch (op) {
     case DDL_SUM: return ncclSum;
@@ -86,11 +108,13 @@ class NcclCollectives final : public GpuCollectives {
       local_hint = e.hint();
     }
     host.broadcast(&id, sizeof id, 0);
-    int32_t failed = local_error.empty() ? 0 : 1;
-    host.allreduce(&failed, 1, sizeof failed, reduce_function(DDL_INT32, DDL_MAX));
+    const std::vector<std::string> gpus = host.allgather_bytes(local_error.empty() ? gpu_identity(device_) : std::string());
     if (!local_error.empty()) throw Error(local_error, local_hint);
-    if (failed != 0) throw Error("another rank could not set up NCCL for this op; its own error says why");
+    if (std::find(gpus.begin(), gpus.end(), std::string()) != gpus.end())
+      throw Error("another rank could not set up NCCL for this op; its own error says why");
+    refuse_shared_gpus(gpus);
     check_nccl(ncclCommInitRank(&comm_, host.size(), id, host.rank()), "ncclCommInitRank");
+    size_ = host.size();
   }
 
   ~NcclCollectives() override {
@@ -98,6 +122,9 @@ class NcclCollectives final : public GpuCollectives {
   }
 
   void allreduce(const void* send, void* recv, size_t count, ddl_dtype dtype, ddl_reduce_op op, void* stream) override {
+    // NCCL 2.28.9 on one rank left the last elements of an out-of-place ncclAvg unwritten (H100:
+    // 4097 and 4913 floats, 5000 and 65537 doubles); one rank's average is its sum, which is right.
+    if (op == DDL_AVERAGE && size_ == 1) op = DDL_SUM;
     check_nccl(ncclAllReduce(send, recv, count, nccl_type(dtype), nccl_op(op), comm_, static_cast<cudaStream_t>(stream)), "ncclAllReduce");
   }
   void broadcast(void* data, size_t count, ddl_dtype dtype, int root, void* stream) override {
@@ -133,6 +160,7 @@ class NcclCollectives final : public GpuCollectives {
 
  private:
   int device_ = 0;
+  int size_ = 0;
   ncclComm_t comm_ = nullptr;
 };
 
