@@ -121,6 +121,84 @@ class FailuresReachEveryRank(unittest.TestCase):
         self.assertIn("rank 1", result.stderr)
 
 
+class Join(unittest.TestCase):
+    def test_a_join_outlasts_ddl_timeout_while_the_others_train(self):
+        # Rank 0 runs out of data at once; rank 1 trains on for 3 s with DDL_TIMEOUT=1.
+        result = run_python(2, """
+            import time, torch, ddl.torch as hvd
+            hvd.init()
+            if hvd.rank() == 1:
+                end, steps = time.monotonic() + 3, 0
+                while time.monotonic() < end:
+                    total = hvd.allreduce(torch.ones(2), name="grad", op=hvd.Sum)
+                    assert total.tolist() == [1.0, 1.0], total  # rank 0 adds zeros
+                    steps += 1
+                    time.sleep(0.05)
+            print("join ->", hvd.join(), flush=True)
+        """, env={"DDL_TIMEOUT": "1"}, timeout=120)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertEqual([lines[-1] for _, lines in sorted(lines_by_rank(result.stdout).items()) if _ is not None],
+                         ["join -> 1", "join -> 1"])
+
+    def test_a_join_that_timed_out_stands_in_for_nothing_afterwards(self):
+        result = run_python(2, """
+            import time, torch, ddl.torch as hvd
+            hvd.init()
+            if hvd.rank() == 0:
+                try:
+                    hvd.join()
+                except hvd.HorovodInternalError as e:
+                    print("join failed:", e, flush=True)
+                time.sleep(2)  # rank 1 submits 'x' first: a stand-in would complete it with zeros
+            else:
+                time.sleep(3)
+            print("x =", hvd.allreduce(torch.ones(1), name="x", op=hvd.Sum).item(), flush=True)
+        """, env={"DDL_TIMEOUT": "1"}, timeout=120)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        by_rank = lines_by_rank(result.stdout)
+        self.assertIn("'ddl.join' timed out: rank(s) 1 never submitted it", by_rank[0][0])
+        self.assertEqual([by_rank[0][-1], by_rank[1][-1]], ["x = 2.0", "x = 2.0"])
+
+    def test_unnamed_ops_made_while_another_rank_waited_in_join_do_not_shift_later_ones(self):
+        result = run_python(2, """
+            import torch, ddl.torch as hvd
+            hvd.init()
+            if hvd.rank() == 1:
+                hvd.barrier()  # completes with rank 0 standing in
+                hvd.barrier()
+            hvd.join()
+            hvd.barrier()
+            print("total", hvd.allreduce(torch.ones(1), op=hvd.Sum).item(), flush=True)
+        """, env={"DDL_TIMEOUT": "20"}, timeout=120)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        by_rank = lines_by_rank(result.stdout)
+        self.assertEqual([by_rank[0][-1], by_rank[1][-1]], ["total 2.0", "total 2.0"])
+
+
+class Timeline(unittest.TestCase):
+    def test_start_timeline_called_by_every_rank_writes_one_valid_file_or_one_per_rank_with_r(self):
+        with tempfile.TemporaryDirectory() as d:
+            result = run_python(3, f"""
+                import torch, ddl.torch as hvd
+                hvd.init()
+                for path in ("{d}/shared.json", "{d}/rank%r.json"):
+                    hvd.start_timeline(path)
+                    for step in range(5):
+                        hvd.allreduce(torch.ones(100), name="grad")
+                    hvd.stop_timeline()
+            """, timeout=120)
+            self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+            self.assertEqual(sorted(os.listdir(d)), ["rank0.json", "rank1.json", "rank2.json", "shared.json"])
+            for name in os.listdir(d):
+                with open(os.path.join(d, name)) as f:
+                    events = json.load(f)
+                events = events["traceEvents"] if isinstance(events, dict) else events
+                self.assertTrue(any("grad" in json.dumps(e) for e in events), name)
+                # pid is the rank that wrote the event: shared.json is rank 0's alone
+                want = 0 if name == "shared.json" else int(name[len("rank"):-len(".json")])
+                self.assertEqual({e["pid"] for e in events if "pid" in e}, {want}, name)
+
+
 class UnderMpirun(unittest.TestCase):
     def test_process_sets_bootstrap_through_pmix_and_the_run_ends_cleanly(self):
         """Under real OpenMPI mpirun libddl bootstraps through PMIx; process sets rendezvous through it

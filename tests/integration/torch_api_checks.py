@@ -323,8 +323,9 @@ def _():
 
 @check("timeline: start_timeline writes Chrome-trace JSON of named ops")
 def _():
+    # "%r": every rank its own file (a plain path is written by rank 0 alone; test_ddl_torch checks that)
+    hvd.start_timeline(os.path.join(tempfile.gettempdir(), f"ddl-torch-timeline-{os.environ['DDL_RUN_ID']}-%r.json"))
     path = os.path.join(tempfile.gettempdir(), f"ddl-torch-timeline-{os.environ['DDL_RUN_ID']}-{R}.json")
-    hvd.start_timeline(path)
     hvd.allreduce(torch.ones(3), name="timeline.op")
     hvd.stop_timeline()
     with open(path) as f:

@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include "runtime/src/engine/negotiator.hpp"
 
 using namespace ddl::runtime;
@@ -256,4 +258,23 @@ TEST_CASE("while a rank waits in join, others' allreduces complete without it an
   REQUIRE(d4.ready.size() == 1);
   CHECK(d4.ready[0].spec.kind == OpKind::Join);
   CHECK(d4.ready[0].last_joined == 0);
+}
+
+TEST_CASE("a waiting join stalls only after DDL_TIMEOUT without any op running, other ops after DDL_TIMEOUT") {
+  using std::chrono::seconds;
+  Negotiator n(2);
+  const auto t0 = Clock::now();
+  OpSpec join{OpKind::Join, DDL_FLOAT32, DDL_SUM, 0, 0, {}};
+  Announcement joined = announce({{"ddl.join", join}});
+  joined.joined = true;
+  n.merge({joined, announce({})}, t0);
+  Announcement still = announce({});
+  still.joined = true;
+  // Rank 1 trains on: its allreduce at t0+4 s runs with rank 0 standing in.
+  REQUIRE(n.merge({still, announce({{"g", allreduce(4)}})}, t0 + seconds(4)).ready.size() == 1);
+  CHECK(n.stalled(t0 + seconds(8), seconds(5)).empty());  // 8 s after the join, 4 s after the last op
+  REQUIRE(n.merge({still, announce({{"x", allreduce(4)}})}, t0 + seconds(8)).ready.size() == 1);
+  CHECK(n.stalled(t0 + seconds(12), seconds(5)).empty());
+  const auto late = n.stalled(t0 + seconds(14), seconds(5));  // the last op ran at 8 s
+  CHECK(std::find(late.begin(), late.end(), "ddl.join") != late.end());
 }

@@ -206,7 +206,8 @@ def rocm_built():
 
 
 def start_timeline(file_path, mark_cycles=False):
-    """Starts writing a Chrome-trace timeline of this rank's ops to `file_path`."""
+    """Starts writing a Chrome-trace timeline of the ops to `file_path`: rank 0 writes it, or every rank
+    its own when the path holds "%r" (replaced by the rank)."""
     _require("rank")
     status = L.lib.ddl_timeline_start(os.fsencode(file_path))
     if status != L.SUCCESS:

@@ -209,8 +209,9 @@ DDL_API ddl_status ddl_join(ddl_process_set set, int* last_rank);
 /* Completes when every rank of the set (NULL: the world) has called it. */
 DDL_API ddl_status ddl_barrier_ex(ddl_process_set set, ddl_handle* handle);
 
-/* Starts writing this rank's timeline (Chrome-trace JSON, as DDL_TIMELINE) to `path`, closing any
- * open one; ddl_timeline_stop() closes it. */
+/* Starts writing the timeline (Chrome-trace JSON, as DDL_TIMELINE) to `path`, closing any open one;
+ * ddl_timeline_stop() closes it. As with DDL_TIMELINE, rank 0 writes `path` and the other ranks
+ * nothing, unless "%r" in `path` (replaced by the rank) gives every rank its own file. */
 DDL_API ddl_status ddl_timeline_start(const char* path);
 DDL_API ddl_status ddl_timeline_stop(void);
 

@@ -99,18 +99,20 @@ double env_double(const char* name, double fallback) {
   return d;
 }
 
+// The file this rank writes a timeline to: "%r" in the path becomes the rank, so every rank can
+// write its own; otherwise rank 0 writes and the others none (empty), as Horovod's coordinator does.
+std::string timeline_path_for(std::string path, int rank) {
+  auto at = path.find("%r");
+  if (at != std::string::npos) return path.replace(at, 2, std::to_string(rank));
+  return rank == 0 ? path : std::string();
+}
+
 ddl::runtime::EngineConfig engine_config(int rank) {
   ddl::runtime::EngineConfig c;
   c.cycle_time = std::chrono::microseconds(static_cast<long long>(env_double("DDL_CYCLE_TIME_MS", 1) * 1000));
   c.fusion_threshold = static_cast<size_t>(env_double("DDL_FUSION_THRESHOLD", 64.0 * 1024 * 1024));
   c.timeout = std::chrono::milliseconds(static_cast<long long>(env_double("DDL_TIMEOUT", 300) * 1000));
-  if (const char* t = std::getenv("DDL_TIMELINE"); t != nullptr && *t != '\0') {
-    // "%r" in the path becomes the rank, so every rank can write its own; otherwise rank 0 writes.
-    std::string path = t;
-    auto at = path.find("%r");
-    if (at != std::string::npos) c.timeline_path = path.replace(at, 2, std::to_string(rank));
-    else if (rank == 0) c.timeline_path = path;
-  }
+  if (const char* t = std::getenv("DDL_TIMELINE"); t != nullptr && *t != '\0') c.timeline_path = timeline_path_for(t, rank);
   return c;
 }
 
@@ -735,8 +737,10 @@ ddl_status ddl_barrier_ex(ddl_process_set set, ddl_handle* handle) {
 ddl_status ddl_timeline_start(const char* path) {
   if (path == nullptr || *path == '\0') return fail(DDL_ERROR_INVALID_ARGUMENT, "ddl_timeline_start: empty path");
   return with_runtime([&](Runtime& rt) {
-    if (!rt.engine->timeline().open(path))
-      return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("ddl_timeline_start: cannot write '{}': {}", path, std::strerror(errno)));
+    const std::string mine = timeline_path_for(path, rt.engine->rank());
+    if (mine.empty()) return DDL_SUCCESS;  // another rank writes it
+    if (!rt.engine->timeline().open(mine))
+      return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("ddl_timeline_start: cannot write '{}': {}", mine, std::strerror(errno)));
     return DDL_SUCCESS;
   });
 }

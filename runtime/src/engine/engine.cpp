@@ -338,10 +338,14 @@ void Engine::run_single(PendingOp& op) {
       if (!run_alltoallv(op)) return;  // finished with its error
       break;
     case OpKind::AllgatherAny: run_allgather_any(op); break;
-    case OpKind::Join:
-      joined_ = false;
+    case OpKind::Join: {
+      // Every rank leaves the join in this round; each starts numbering its unnamed ops afresh,
+      // since ranks made different numbers of them while some waited here.
+      std::lock_guard lock(mutex_);
+      unnamed_counter_ = 0;
       op.state->set_gathered({static_cast<uint64_t>(op.join_result)}, {});
       break;
+    }
   }
   timeline_.record(op.name, op_kind_name(s.kind), start, Clock::now());
   finish(op, DDL_SUCCESS);
@@ -443,6 +447,7 @@ void Engine::finish(const std::vector<PendingOp*>& ops, ddl_status status, const
   {
     std::lock_guard lock(mutex_);  // submit() reads in_flight_ for duplicate names
     for (PendingOp* op : ops) {
+      if (op->spec.kind == OpKind::Join) joined_ = false;  // however it ended: this rank stands in no more
       states.push_back(std::move(op->state));
       std::string name = op->name;
       in_flight_.erase(name);  // `op` is gone after this line

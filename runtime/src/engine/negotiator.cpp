@@ -178,6 +178,7 @@ RoundDecision Negotiator::merge(const std::vector<Announcement>& announcements, 
     }
     table_.erase(it);
   }
+  if (!decision.ready.empty()) last_progress_ = now;
   return decision;
 }
 
@@ -215,13 +216,20 @@ std::string Negotiator::stall_message(const std::string& name, const std::vector
                      rank_list(missing));
 }
 
+// A join waits for ranks that still train, which may take longer than DDL_TIMEOUT: it stalls only
+// when no op at all has run for that long. Every other op stalls DDL_TIMEOUT after it was first seen.
 std::vector<std::string> Negotiator::stalled(TimePoint now, std::chrono::milliseconds timeout) const {
+  auto waited = [&](TimePoint first_seen, const OpSpec& spec) {
+    return now - (spec.kind == OpKind::Join ? std::max(first_seen, last_progress_) : first_seen);
+  };
   std::vector<std::string> names;
-  for (const auto& [name, e] : table_)
-    if (e.announced < size_ && now - e.first_seen > timeout) names.push_back(name);
+  for (const auto& [name, e] : table_) {
+    const OpSpec& spec = **std::find_if(e.specs.begin(), e.specs.end(), [](const auto& s) { return s.has_value(); });
+    if (e.announced < size_ && waited(e.first_seen, spec) > timeout) names.push_back(name);
+  }
   for (size_t id = 0; id < cached_waits_.size(); ++id) {
     const CachedWait& w = cached_waits_[id];
-    if (w.announced > 0 && w.announced < size_ && now - w.first_seen > timeout) names.push_back(cache_[id].first);
+    if (w.announced > 0 && w.announced < size_ && waited(w.first_seen, cache_[id].second) > timeout) names.push_back(cache_[id].first);
   }
   return names;
 }

@@ -92,6 +92,7 @@ class Negotiator {
   std::vector<bool> joined_;  // ranks whose last announcement said they wait in ddl_join
   int joined_count_ = 0;
   int last_joined_ = -1;
+  TimePoint last_progress_{};  // when an op last became ready (a waiting join stalls only without progress)
   size_t cache_capacity_;
   std::vector<std::pair<std::string, OpSpec>> cache_;  // by id
   std::unordered_map<std::string, uint32_t> cache_ids_;
