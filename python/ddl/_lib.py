@@ -83,6 +83,7 @@ _PROTOTYPES = {
     "ddl_alltoallv_ex": ([_c.c_char_p, _c.c_void_p, _size_p, _c.c_void_p, _size_p, _c.c_int, _opts_p, _handle_p], _status),
     "ddl_allgather_any_ex": ([_c.c_char_p, _c.c_void_p, _c.c_size_t, _c.c_int, _opts_p, _handle_p], _status),
     "ddl_gathered": ([_c.c_void_p, _size_p, _c.POINTER(_c.c_void_p)], _status),
+    "ddl_alltoall_any_ex": ([_c.c_char_p, _c.c_void_p, _size_p, _c.c_int, _opts_p, _handle_p], _status),
     "ddl_reducescatter_ex": ([_c.c_char_p, _c.c_void_p, _c.c_void_p, _size_p, _c.c_int, _c.c_int, _opts_p, _handle_p], _status),
     "ddl_barrier_ex": ([_c.c_void_p, _handle_p], _status),
     "ddl_join": ([_c.c_void_p, _c.POINTER(_c.c_int)], _status),

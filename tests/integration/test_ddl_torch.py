@@ -175,6 +175,28 @@ class Join(unittest.TestCase):
         self.assertEqual([by_rank[0][-1], by_rank[1][-1]], ["total 2.0", "total 2.0"])
 
 
+class ProcessSets(unittest.TestCase):
+    def test_a_set_one_rank_gets_wrong_fails_on_every_rank_and_later_sets_still_agree(self):
+        result = run_python(3, """
+            import torch, ddl.torch as hvd
+            hvd.init()
+            r = hvd.rank()
+            try:
+                hvd.add_process_set([0, 1] if r == 0 else [0, 7])
+            except (ValueError, RuntimeError) as e:
+                print("first:", e, flush=True)
+            s = hvd.add_process_set([1, 2])
+            if r in (1, 2):
+                print("second:", hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=s).item(), flush=True)
+        """, env={"DDL_TIMEOUT": "20"}, timeout=120)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        by_rank = lines_by_rank(result.stdout)
+        self.assertIn("ranks 1,2 asked for an invalid set", by_rank[0][0])
+        for r in (1, 2):
+            self.assertIn("rank 7 is not a rank of a world of 3", by_rank[r][0])
+            self.assertEqual(by_rank[r][1], "second: 2.0")
+
+
 class Timeline(unittest.TestCase):
     def test_start_timeline_called_by_every_rank_writes_one_valid_file_or_one_per_rank_with_r(self):
         with tempfile.TemporaryDirectory() as d:

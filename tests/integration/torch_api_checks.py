@@ -121,6 +121,23 @@ def _():
     assert torch.equal(out, torch.cat([torch.full((R + 1, 2), 10 * r + R) for r in range(N)]))
 
 
+@check("alltoall_async and allgather_async submitted in opposite orders on different ranks")
+def _():
+    def a2a():
+        return hvd.alltoall_async(torch.arange(N) + 10 * R, name="order.a2a")
+
+    def ag():
+        return hvd.allgather_async(torch.full((R + 1,), R), name="order.ag")
+    first, second = (a2a, ag) if R % 2 == 0 else (ag, a2a)
+    handles = [first(), second()]  # neither submit may wait for the peers
+    results = [hvd.synchronize(h) for h in handles]
+    gathered = results[1] if R % 2 == 0 else results[0]
+    exchanged, received = results[0] if R % 2 == 0 else results[1]
+    assert received.tolist() == [1] * N, received
+    assert gathered.tolist() == [r for r in range(N) for _ in range(r + 1)], gathered
+    assert exchanged.tolist() == [R + 10 * r for r in range(N)], exchanged
+
+
 @check("reducescatter: uneven rows go to the first ranks")
 def _():
     rows = 2 * N + 1

@@ -579,22 +579,28 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
         dtype = _ddl_dtype(data)
         cuda = _is_cuda(src)
         if cuda:
-            data = data.cpu()  # libddl's alltoallv takes host buffers
-        # Every rank learns how many rows each peer sends it.
-        mine = torch.tensor(send_splits, dtype=torch.int64)
-        theirs = torch.empty(n, dtype=torch.int64)
-        opts = _options(target)
-        h = _submit(L.lib.ddl_alltoallv_ex, full_name + b".splits", mine.data_ptr(), _sizes([1] * n),
-                    theirs.data_ptr(), _sizes([1] * n), L.INT64, ctypes.byref(opts))
-        _wait_all([h])
-        recv_splits = theirs.tolist()
+            data = data.cpu()  # through the host: what arrives is learnt when the op runs
         row = _row_elements(src)
-        out = data.new_empty((sum(recv_splits),) + tuple(src.shape[1:]))
         opts = _options(target, None, tuple(src.shape[1:]))
-        h = _submit(L.lib.ddl_alltoallv_ex, full_name, data.data_ptr(), _sizes([s * row for s in send_splits]),
-                    out.data_ptr(), _sizes([s * row for s in recv_splits]), dtype, ctypes.byref(opts))
+        # libddl exchanges the counts when the op runs, so submitting never waits for the peers.
+        h = _submit(L.lib.ddl_alltoall_any_ex, full_name, data.data_ptr(), _sizes([s * row for s in send_splits]),
+                    dtype, ctypes.byref(opts))
+        box = []
+
+        def collect():
+            counts = (ctypes.c_size_t * n)()
+            ptr = ctypes.c_void_p()
+            status = L.lib.ddl_gathered(h, counts, ctypes.byref(ptr))
+            if status != L.SUCCESS:
+                L.raise_for(status)
+            recv_splits = [c // row if row else 0 for c in counts]
+            out = data.new_empty((sum(recv_splits),) + tuple(src.shape[1:]))
+            if out.numel():
+                ctypes.memmove(out.data_ptr(), ptr, out.numel() * out.element_size())
+            box.append((out, recv_splits))
 
         def finish():
+            out, recv_splits = box[0]
             result = out.view(torch.bool) if src.dtype == torch.bool else out
             if cuda:
                 result = result.to(src.device)
@@ -602,7 +608,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
             if splits_device is not None:
                 received = received.to(splits_device)
             return result, received
-        return [h], finish, (src, data, out)
+        return [h], finish, (src, data, opts), collect
 
     return _start("alltoall", name, target, launch)
 

@@ -186,10 +186,16 @@ DDL_API ddl_status ddl_allgatherv_ex(const char* name, const void* send, void* r
  * the handle. Read it with ddl_gathered(), then release the handle with ddl_wait(). Host buffers. */
 DDL_API ddl_status ddl_allgather_any_ex(const char* name, const void* send, size_t send_count, ddl_dtype dtype,
                                         const ddl_op_options* options, ddl_handle* handle);
-/* Waits for a ddl_allgather_any_ex without releasing its handle and returns its status; on success
+/* Waits for a ddl_allgather_any_ex (or ddl_alltoall_any_ex) without releasing its handle and returns its status; on success
  * counts[r] (r < set size) is rank r's count and *data the gathered elements in rank order, valid
  * until ddl_wait(handle). */
 DDL_API ddl_status ddl_gathered(ddl_handle handle, size_t* counts, const void** data);
+/* send_counts[j] elements of `send` go to rank j (blocks in rank order), without knowing what will
+ * arrive: libddl exchanges the counts when the op runs, and keeps what arrived with the handle.
+ * ddl_gathered() gives counts[j] = elements received from rank j and *data = them in rank order.
+ * Host buffers. */
+DDL_API ddl_status ddl_alltoall_any_ex(const char* name, const void* send, const size_t* send_counts, ddl_dtype dtype,
+                                       const ddl_op_options* options, ddl_handle* handle);
 /* send_counts[j] elements go to rank j (blocks in rank order); recv_counts[j] come from rank j.
  * Each rank passes its own counts, which must match its peers' (ranks learn them beforehand, e.g.
  * with an alltoall of the counts). */

@@ -423,38 +423,56 @@ ddl_status ddl_barrier(void) {
 
 // ---- Process sets and the *_ex operations ----
 
+namespace {
+
+// Why a sorted list of ranks cannot be a process set of a world of `world` ranks ("" if it can).
+std::string invalid_set_ranks(const std::vector<int>& sorted, int world) {
+  if (sorted.empty()) return "a process set needs at least one rank";
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    if (sorted[i] < 0 || sorted[i] >= world) return fmt::format("rank {} is not a rank of a world of {}", sorted[i], world);
+    if (i > 0 && sorted[i] == sorted[i - 1]) return fmt::format("rank {} is listed twice", sorted[i]);
+  }
+  return "";
+}
+
+}  // namespace
+
 ddl_status ddl_process_set_create(const int* ranks, int count, ddl_process_set* out) {
   if (out == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "ddl_process_set_create: NULL output");
-  if (count < 1 || ranks == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "ddl_process_set_create: a process set needs at least one rank");
   return with_runtime([&](Runtime& rt) {
     const int world = rt.engine->size();
-    std::vector<int> sorted(ranks, ranks + count);
+    std::vector<int> sorted;
+    if (ranks != nullptr && count > 0) sorted.assign(ranks, ranks + count);
     std::sort(sorted.begin(), sorted.end());
-    for (size_t i = 0; i < sorted.size(); ++i) {
-      if (sorted[i] < 0 || sorted[i] >= world)
-        return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("ddl_process_set_create: rank {} is not a rank of a world of {}", sorted[i], world));
-      if (i > 0 && sorted[i] == sorted[i - 1])
-        return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("ddl_process_set_create: rank {} is listed twice", sorted[i]));
-    }
+    const std::string local_error = invalid_set_ranks(sorted, world);
+    // Every rank takes an id and joins the agreement, even one whose own list is invalid: a rank
+    // that returned early would number its later sets differently from the others.
     uintptr_t id;
     {
       std::lock_guard lock(rt.sets_mutex);
       id = rt.next_set_id++;
     }
-    // Every rank must have asked for the same set: compare a digest of the lists across the world.
+    // Every rank must have asked for the same valid set: compare digests of the lists across the world.
+    constexpr uint64_t kInvalid = 0;
     uint64_t digest = 1469598103934665603ull;
     for (int r : sorted) digest = (digest ^ static_cast<uint64_t>(r)) * 1099511628211ull;
+    if (!local_error.empty() || digest == kInvalid) digest = local_error.empty() ? 1 : kInvalid;
     std::vector<uint64_t> digests(static_cast<size_t>(world));
     ddl_handle h = nullptr;
     auto name = fmt::format("ddl.process_set_create.{}", id);
     if (auto st = run_sync(submit(name.c_str(), {OpKind::Allgather, DDL_INT64, DDL_SUM, 0, 1, {}}, &digest, digests.data(), &h), &h);
         st != DDL_SUCCESS)
       return st;
-    std::vector<int> differing;
-    for (int r = 0; r < world; ++r)
-      if (digests[static_cast<size_t>(r)] != digests[0]) differing.push_back(r);
+    if (!local_error.empty()) return fail(DDL_ERROR_INVALID_ARGUMENT, "ddl_process_set_create: " + local_error);
+    std::vector<int> invalid, differing;
+    for (int r = 0; r < world; ++r) {
+      if (digests[static_cast<size_t>(r)] == kInvalid) invalid.push_back(r);
+      else if (digests[static_cast<size_t>(r)] != digest) differing.push_back(r);
+    }
+    if (!invalid.empty())
+      return fail(DDL_ERROR_MISMATCH, fmt::format("ddl_process_set_create: ranks {} asked for an invalid set (their own error says why)", fmt::join(invalid, ",")));
     if (!differing.empty())
-      return fail(DDL_ERROR_MISMATCH, fmt::format("ddl_process_set_create: ranks {} asked for a different set of ranks than rank 0", fmt::join(differing, ",")));
+      return fail(DDL_ERROR_MISMATCH, fmt::format("ddl_process_set_create: ranks {} asked for a different set of ranks than rank {}", fmt::join(differing, ","), rt.engine->rank()));
     auto set = std::make_shared<ProcessSet>();
     set->ranks = sorted;
     auto me = std::find(sorted.begin(), sorted.end(), rt.engine->rank());
@@ -682,13 +700,32 @@ ddl_status ddl_allgather_any_ex(const char* name, const void* send, size_t send_
   });
 }
 
+ddl_status ddl_alltoall_any_ex(const char* name, const void* send, const size_t* send_counts, ddl_dtype dtype,
+                               const ddl_op_options* options, ddl_handle* handle) {
+  ddl_op_options o;
+  std::vector<int64_t> shape;
+  if (auto s = read_options(options, o, shape); s != DDL_SUCCESS) return s;
+  if (o.flags & DDL_CUDA_BUFFERS) return fail(DDL_ERROR_UNSUPPORTED, "ddl_alltoall_any_ex takes host buffers");
+  if (send_counts == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "ddl_alltoall_any_ex: send_counts is NULL");
+  if (handle == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "handle is NULL");
+  return with_runtime([&](Runtime& rt) {
+    Target t;
+    if (auto s = resolve(rt, o.process_set, t); s != DDL_SUCCESS) return s;
+    if (auto s = check_common(send, sum_of(send_counts, t.size), dtype); s != DDL_SUCCESS) return s;
+    OpSpec spec{OpKind::AlltoallAny, dtype, DDL_SUM, 0, 0, {}, false, false, shape};
+    *handle = new ddl_handle_s{t.engine->submit_with_counts(name ? name : "", spec, send, nullptr,
+                                                          std::vector<size_t>(send_counts, send_counts + t.size), {})};
+    return DDL_SUCCESS;
+  });
+}
+
 ddl_status ddl_gathered(ddl_handle handle, size_t* counts, const void** data) {
   if (handle == nullptr || counts == nullptr || data == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "ddl_gathered: NULL argument");
   std::string message;
   ddl_status status = handle->state->wait(message);
   if (status != DDL_SUCCESS) return fail(status, message);
   const auto& c = handle->state->gathered_counts();
-  if (c.empty()) return fail(DDL_ERROR_INVALID_ARGUMENT, "ddl_gathered: the handle is not a ddl_allgather_any_ex");
+  if (c.empty()) return fail(DDL_ERROR_INVALID_ARGUMENT, "ddl_gathered: the handle is not a ddl_allgather_any_ex or ddl_alltoall_any_ex");
   std::copy(c.begin(), c.end(), counts);
   *data = handle->state->gathered().data();
   return DDL_SUCCESS;

@@ -338,6 +338,7 @@ void Engine::run_single(PendingOp& op) {
       if (!run_alltoallv(op)) return;  // finished with its error
       break;
     case OpKind::AllgatherAny: run_allgather_any(op); break;
+    case OpKind::AlltoallAny: run_alltoall_any(op); break;
     case OpKind::Join: {
       // Every rank leaves the join in this round; each starts numbering its unnamed ops afresh,
       // since ranks made different numbers of them while some waited here.
@@ -371,7 +372,10 @@ void Engine::run_reducescatter(PendingOp& op) {
 // Blocks of different sizes travel as one alltoall of blocks padded to the largest block any rank
 // sends, which every rank first learns with a max-allreduce. A rank that expects more from a peer
 // than any rank sent fails this op alone (the collectives ran, so ranks stay in step).
-bool Engine::run_alltoallv(PendingOp& op) {
+// Exchanges op.send's blocks (op.send_counts[j] elements for rank j, in rank order) in blocks as
+// large as the largest any rank sends; returns that size in elements. Block j of the result lies
+// at scratch_ + (size + j) * block bytes.
+size_t Engine::exchange_blocks(const PendingOp& op) {
   const size_t element = dtype_size(op.spec.dtype);
   const auto ranks = static_cast<size_t>(size_);
   int64_t block = 0;
@@ -380,26 +384,51 @@ bool Engine::run_alltoallv(PendingOp& op) {
   const size_t block_bytes = static_cast<size_t>(block) * element;
   if (scratch_.size() < 2 * ranks * block_bytes) scratch_.resize(2 * ranks * block_bytes);
   char* out = scratch_.data();
-  char* in = out + ranks * block_bytes;
   const char* from = static_cast<const char*>(op.send);
   for (size_t j = 0; j < ranks; ++j) {
     copy_bytes(out + j * block_bytes, from, op.send_counts[j] * element);
     from += op.send_counts[j] * element;
   }
-  if (block_bytes > 0) collectives_->alltoall(out, in, block_bytes);
-  for (size_t j = 0; j < ranks; ++j) {
-    if (op.recv_counts[j] > static_cast<size_t>(block)) {
+  if (block_bytes > 0) collectives_->alltoall(out, out + ranks * block_bytes, block_bytes);
+  return static_cast<size_t>(block);
+}
+
+// Copies the first counts[j] elements of each received block j, in rank order, to `to`.
+void Engine::unpack_blocks(size_t block, const std::vector<size_t>& counts, ddl_dtype dtype, char* to) {
+  const size_t element = dtype_size(dtype);
+  const char* in = scratch_.data() + static_cast<size_t>(size_) * block * element;
+  for (size_t j = 0; j < counts.size(); ++j) {
+    copy_bytes(to, in + j * block * element, counts[j] * element);
+    to += counts[j] * element;
+  }
+}
+
+bool Engine::run_alltoallv(PendingOp& op) {
+  const size_t block = exchange_blocks(op);
+  for (size_t j = 0; j < op.recv_counts.size(); ++j) {
+    if (op.recv_counts[j] > block) {
       finish(op, DDL_ERROR_MISMATCH, fmt::format("alltoallv '{}': rank {} expected {} elements from rank {}, but no rank sent more than {}",
                                                  op.name, rank_, op.recv_counts[j], j, block));
       return false;
     }
   }
-  char* to = static_cast<char*>(op.recv);
-  for (size_t j = 0; j < ranks; ++j) {
-    copy_bytes(to, in + j * block_bytes, op.recv_counts[j] * element);
-    to += op.recv_counts[j] * element;
-  }
+  unpack_blocks(block, op.recv_counts, op.spec.dtype, static_cast<char*>(op.recv));
   return true;
+}
+
+// Each rank's count for every other first (one small alltoall), then the data into a buffer the
+// handle keeps: no rank needs to know beforehand what it will receive.
+void Engine::run_alltoall_any(PendingOp& op) {
+  const auto ranks = static_cast<size_t>(size_);
+  std::vector<uint64_t> sending(op.send_counts.begin(), op.send_counts.end()), receiving(ranks);
+  collectives_->alltoall(sending.data(), receiving.data(), sizeof(uint64_t));
+  const size_t block = exchange_blocks(op);
+  std::vector<size_t> counts(receiving.begin(), receiving.end());
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  std::vector<char> data(total * dtype_size(op.spec.dtype));
+  unpack_blocks(block, counts, op.spec.dtype, data.data());
+  op.state->set_gathered(std::move(receiving), std::move(data));
 }
 
 // Every rank's count first (one small allgather), then the data into a buffer the handle keeps.

@@ -13,7 +13,8 @@ namespace ddl::runtime {
 enum class OpKind : uint8_t {
   Allreduce = 0, Broadcast = 1, Allgather = 2, Allgatherv = 3, Alltoall = 4, Barrier = 5, Reducescatter = 6, Alltoallv = 7,
   AllgatherAny = 8,  // an allgatherv whose per-rank counts are exchanged when it runs
-  Join = 9           // done once every rank has joined; joined ranks stand in for the others' ops
+  Join = 9,          // done once every rank has joined; joined ranks stand in for the others' ops
+  AlltoallAny = 10   // an alltoallv whose receive counts are exchanged when it runs
 };
 const char* op_kind_name(OpKind kind);
 
