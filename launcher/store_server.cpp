@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <unordered_map>
@@ -176,10 +177,19 @@ class StoreServer::Loop {
     logged = true;
   }
 
+  // Reads what the socket holds. An unauthenticated connection may buffer no more than one auth
+  // frame (the rest stays in the kernel until it has authenticated, or is dropped with it): a client
+  // without the token must not make the launcher hold memory.
   void read_from(uint64_t id, Connection& c) {
     char buf[65536];
     while (true) {
-      ssize_t n = ::recv(c.fd, buf, sizeof buf, 0);
+      size_t room = sizeof buf;
+      if (!c.authenticated) {
+        const size_t cap = 4 + kMaxAuthFrameBytes;
+        if (c.in.size() >= cap) break;
+        room = std::min(room, cap - c.in.size());
+      }
+      ssize_t n = ::recv(c.fd, buf, room, 0);
       if (n > 0) { c.in.append(buf, static_cast<size_t>(n)); continue; }
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
@@ -187,6 +197,8 @@ class StoreServer::Loop {
       return;
     }
     process_frames(id);
+    // Still unauthenticated with a full buffer: the frame claimed to be larger than an auth frame
+    // may be (process_frames rejected it) or the connection is gone; nothing more to read here.
   }
 
   // Handles every complete frame in the input buffer, in order; stops while a Wait is pending.
@@ -213,11 +225,12 @@ class StoreServer::Loop {
   }
 
   void reject(uint64_t id) {
-    Connection& c = conns_[id];
+    auto it = conns_.find(id);
+    if (it == conns_.end()) return;  // already closed
     uint64_t count = ++*rejected_;
     if (count == 1)
       log(fmt::format("store: rejected a connection from {}: wrong or missing DDL_STORE_TOKEN "
-                      "(further rejections are counted, not logged)", peer_name(c.fd)));
+                      "(further rejections are counted, not logged)", peer_name(it->second.fd)));
     close_connection(id);
   }
 
@@ -261,7 +274,8 @@ class StoreServer::Loop {
           long long current = std::strtoll(it->second.c_str(), &end, 10);
           if (it->second.empty() || *end != '\0')
             return reply(id, c, Writer().u8(static_cast<uint8_t>(Status::Error)).str(fmt::format("key '{}' does not hold an integer", *key)));
-          sum += current;
+          if (__builtin_add_overflow(sum, static_cast<int64_t>(current), &sum))
+            return reply(id, c, Writer().u8(static_cast<uint8_t>(Status::Error)).str(fmt::format("add to key '{}' overflows 64 bits", *key)));
         }
         assign(*key, std::to_string(sum));
         return reply(id, c, Writer().u8(static_cast<uint8_t>(Status::Ok)).i64(sum));
@@ -296,7 +310,9 @@ class StoreServer::Loop {
     c.waiting = true;
     c.missing = missing.size();
     c.wait_seq = next_wait_seq_++;
-    c.wait_deadline = Clock::now() + std::chrono::milliseconds(std::max<int64_t>(*timeout_ms, 0));
+    // Clamped to a year, so that no timeout a client sends can overflow the clock.
+    constexpr int64_t kLongestWaitMs = 365LL * 24 * 3600 * 1000;
+    c.wait_deadline = Clock::now() + std::chrono::milliseconds(std::clamp<int64_t>(*timeout_ms, 0, kLongestWaitMs));
     note_deadline(c.wait_deadline);
     for (auto& key : missing) waiters_[key].push_back({id, c.wait_seq});
   }
@@ -323,19 +339,23 @@ class StoreServer::Loop {
     if (auto it = conns_.find(id); it != conns_.end() && !it->second.in.empty()) pending_frames_.push_back(id);
   }
 
+  // Collects what expired first, then acts on it: answering a wait may close its connection (the
+  // client reset it), which must not happen while iterating over the connections.
   void expire_deadlines() {
     const auto now = Clock::now();
     next_deadline_ = Clock::time_point::max();
-    std::vector<uint64_t> silent;
+    std::vector<uint64_t> silent, timed_out;
     for (auto& [id, c] : conns_) {
       if (!c.authenticated) {
         if (now >= c.auth_deadline) silent.push_back(id);
         else note_deadline(c.auth_deadline);
       } else if (c.waiting) {
-        if (now >= c.wait_deadline) finish_wait(id, c, Status::Timeout);
+        if (now >= c.wait_deadline) timed_out.push_back(id);
         else note_deadline(c.wait_deadline);
       }
     }
+    for (uint64_t id : timed_out)
+      if (auto it = conns_.find(id); it != conns_.end()) finish_wait(id, it->second, Status::Timeout);
     for (uint64_t id : silent) reject(id);
   }
 

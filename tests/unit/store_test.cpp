@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdint>
 #include <mutex>
 #include <chrono>
 #include <string>
@@ -171,4 +172,65 @@ TEST_CASE("constant-time comparison is still a comparison") {
   CHECK_FALSE(ddl::store::constant_time_equal("abc", "abcd"));
   CHECK_FALSE(ddl::store::constant_time_equal("", "a"));
   CHECK(ddl::store::constant_time_equal("", ""));
+}
+
+TEST_CASE("a client without the token cannot make the server buffer what it streams") {
+  StoreServer server({.token = kToken});
+  int fd = raw_connect(server.port());
+  // A length prefix of a frame small enough to be an auth frame, then far more bytes than it.
+  std::string prefix("\x00\x00\x10\x00", 4);  // 4096 bytes follow
+  REQUIRE(::send(fd, prefix.data(), prefix.size(), 0) == 4);
+  std::string chunk(1 << 20, 'x');
+  size_t sent = 0;
+  timeval tv{2, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  while (sent < (64u << 20)) {
+    ssize_t n = ::send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL);
+    if (n <= 0) break;  // reset by the server, or the kernel's buffers are full and it reads no more
+    sent += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  // The kernel's socket buffers take a few MiB; the server must not have drained 64 MiB into memory.
+  CHECK(sent < (16u << 20));
+  CHECK(server.rejected_connections() == 1);
+  TcpStoreClient good(address_of(server), kToken, 5s);  // and it still serves
+  good.set("k", "v");
+  CHECK(good.get("k") == "v");
+}
+
+TEST_CASE("hundreds of waits expiring while their clients reset leave the server serving") {
+  StoreServer server({.token = kToken});
+  std::vector<int> fds;
+  std::string auth = ddl::store::Writer().u8(static_cast<uint8_t>(ddl::store::Op::Auth)).str(kToken).frame();
+  std::string wait = ddl::store::Writer().u8(static_cast<uint8_t>(ddl::store::Op::Wait)).u32(1).str("never").i64(300).frame();
+  for (int i = 0; i < 300; ++i) {
+    int fd = raw_connect(server.port());
+    std::string both = auth + wait;
+    REQUIRE(::send(fd, both.data(), both.size(), 0) == static_cast<ssize_t>(both.size()));
+    fds.push_back(fd);
+  }
+  std::this_thread::sleep_for(250ms);
+  for (int fd : fds) {  // reset (RST, not FIN) just before the waits expire
+    linger hard{1, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &hard, sizeof hard);
+    ::close(fd);
+  }
+  std::this_thread::sleep_for(200ms);
+  TcpStoreClient good(address_of(server), kToken, 5s);
+  good.set("alive", "yes");
+  CHECK(good.get("alive") == "yes");
+}
+
+TEST_CASE("extreme wait timeouts and additions are answered, not undefined") {
+  StoreServer server({.token = kToken});
+  TcpStoreClient c(address_of(server), kToken, 5s);
+  c.set("max", std::to_string(INT64_MAX));
+  CHECK_THROWS_WITH_AS(c.add("max", 1), "store add 'max' failed: add to key 'max' overflows 64 bits", ddl::Error);
+  std::thread setter([&] {
+    std::this_thread::sleep_for(100ms);
+    TcpStoreClient(address_of(server), kToken, 5s).set("later", "1");
+  });
+  c.wait({"later"}, std::chrono::milliseconds(INT64_MAX));  // a deadline past the clock's range
+  setter.join();
+  CHECK(c.get("later") == "1");
 }
