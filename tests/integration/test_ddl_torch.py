@@ -221,6 +221,20 @@ class Timeline(unittest.TestCase):
                 self.assertEqual({e["pid"] for e in events if "pid" in e}, {want}, name)
 
 
+    def test_a_script_that_exits_without_shutdown_leaves_a_valid_timeline(self):
+        with tempfile.TemporaryDirectory() as d:
+            result = run_python(2, """
+                import torch, ddl.torch as hvd
+                hvd.init()
+                for step in range(20):
+                    hvd.allreduce(torch.ones(10), name="grad")
+            """, env={"DDL_TIMELINE": f"{d}/t%r.json"}, timeout=120)
+            self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+            for r in range(2):
+                with open(f"{d}/t{r}.json") as f:
+                    self.assertGreater(len(json.load(f)["traceEvents"]), 20)
+
+
 class UnderMpirun(unittest.TestCase):
     def test_process_sets_bootstrap_through_pmix_and_the_run_ends_cleanly(self):
         """Under real OpenMPI mpirun libddl bootstraps through PMIx; process sets rendezvous through it

@@ -138,7 +138,18 @@ std::string interface_host(int num_nodes) {
   return name;
 }
 
+// A timeline is valid JSON only once closed, and most programs (Python scripts above all) exit
+// without ddl_finalize: close the world's at exit. try_lock: a thread that holds g_mutex at exit
+// may never let go of it.
+void close_timeline_at_exit() {
+  std::unique_lock lock(g_mutex, std::try_to_lock);
+  if (!lock.owns_lock() || !g_runtime || !g_runtime->engine) return;
+  g_runtime->engine->timeline().close();
+}
+
 std::shared_ptr<Runtime> start_runtime(int generation) {
+  static std::once_flag at_exit_registered;
+  std::call_once(at_exit_registered, [] { std::atexit(close_timeline_at_exit); });
   auto rt = std::make_shared<Runtime>();
   rt->mode = bootstrap_mode();
   rt->generation = generation;

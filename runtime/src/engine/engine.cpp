@@ -139,9 +139,17 @@ bool Engine::run_round() {
     // that submits wakes at once, so the op runs in the round right after the last submit. After a
     // stretch of idle rounds (no op anywhere for ~100 cycles) the sleep grows to 16 cycles, so an
     // idle world does not keep the cores busy while a busy one keeps its latency.
+    //
+    // A rank that waits for its peers while nobody does anything (a gradient hook's op submitted,
+    // the other ranks still in backward) backs off too, from 10 µs doubling up to one cycle:
+    // otherwise the engines of all ranks go round in lockstep, each taking a core from the compute
+    // that would submit the awaited ops. A submit here still wakes it at once.
     const int cycles = idle_rounds_ < kIdleRoundsBeforeBackoff ? 1 : 16;
     const bool waiting_for_peers = !in_flight_.empty() || !gpu_in_flight_.empty();
-    if (inbox_.empty() && !finalize_requested_ && !waiting_for_peers) wake_.wait_for(lock, config_.cycle_time * cycles);
+    if (inbox_.empty() && !finalize_requested_) {
+      if (!waiting_for_peers) wake_.wait_for(lock, config_.cycle_time * cycles);
+      else if (fruitless_rounds_ >= kFruitlessRoundsBeforeBackoff) wake_.wait_for(lock, waiting_backoff());
+    }
     for (auto& op : inbox_) {
       if (op.spec.kind == OpKind::Join) joined_ = true;
       if (auto id = negotiator_.cached_id(op.name, op.spec)) mine.cached.push_back(*id);
@@ -171,9 +179,22 @@ bool Engine::run_round() {
   const bool idle = decision.ready.empty() && decision.failed.empty() && in_flight_.empty() && gpu_in_flight_.empty() &&
                     std::all_of(round.begin(), round.end(), [](const Announcement& a) { return a.submitted.empty() && a.cached.empty(); });
   idle_rounds_ = idle ? idle_rounds_ + 1 : 0;
+  const bool fruitless = decision.ready.empty() && decision.failed.empty() &&
+                         std::all_of(round.begin(), round.end(), [](const Announcement& a) { return a.submitted.empty() && a.cached.empty(); });
+  fruitless_rounds_ = fruitless ? fruitless_rounds_ + 1 : 0;
   execute(decision.ready);
   poll_gpu_ops();
   return !(decision.all_finalizing && decision.ready.empty());
+}
+
+// 10 µs, doubling with every fruitless round past the threshold, up to one cycle; CUDA ops in
+// flight cap it at 50 µs, since only polling sees them finish.
+std::chrono::microseconds Engine::waiting_backoff() const {
+  const int doublings = std::min(fruitless_rounds_ - kFruitlessRoundsBeforeBackoff, 10);
+  auto backoff = std::min(std::chrono::microseconds(10) * (1 << doublings),
+                          std::chrono::duration_cast<std::chrono::microseconds>(config_.cycle_time));
+  if (!gpu_in_flight_.empty()) backoff = std::min(backoff, std::chrono::microseconds(50));
+  return backoff;
 }
 
 size_t Engine::bytes_of(const OpSpec& spec) const { return spec.count * dtype_size(spec.dtype); }
