@@ -140,15 +140,16 @@ bool Engine::run_round() {
     // stretch of idle rounds (no op anywhere for ~100 cycles) the sleep grows to 16 cycles, so an
     // idle world does not keep the cores busy while a busy one keeps its latency.
     //
-    // A rank that waits for its peers while nobody does anything (a gradient hook's op submitted,
-    // the other ranks still in backward) backs off too, from 10 µs doubling up to one cycle:
-    // otherwise the engines of all ranks go round in lockstep, each taking a core from the compute
-    // that would submit the awaited ops. A submit here still wakes it at once.
+    // A rank that has waited for its peers for a while with nobody doing anything (a gradient
+    // hook's op submitted, the other ranks still in backward) sleeps too, an eighth of how long
+    // nothing has happened: otherwise the engines of all ranks go round in lockstep, each taking a
+    // core from the compute that would submit the awaited ops. The delay this adds to the op is at
+    // most an eighth of what it already waited; a submit here still wakes the thread at once.
     const int cycles = idle_rounds_ < kIdleRoundsBeforeBackoff ? 1 : 16;
     const bool waiting_for_peers = !in_flight_.empty() || !gpu_in_flight_.empty();
     if (inbox_.empty() && !finalize_requested_) {
       if (!waiting_for_peers) wake_.wait_for(lock, config_.cycle_time * cycles);
-      else if (fruitless_rounds_ >= kFruitlessRoundsBeforeBackoff) wake_.wait_for(lock, waiting_backoff());
+      else if (auto pause = waiting_backoff(Clock::now()); pause.count() > 0) wake_.wait_for(lock, pause);
     }
     for (auto& op : inbox_) {
       if (op.spec.kind == OpKind::Join) joined_ = true;
@@ -181,20 +182,22 @@ bool Engine::run_round() {
   idle_rounds_ = idle ? idle_rounds_ + 1 : 0;
   const bool fruitless = decision.ready.empty() && decision.failed.empty() &&
                          std::all_of(round.begin(), round.end(), [](const Announcement& a) { return a.submitted.empty() && a.cached.empty(); });
-  fruitless_rounds_ = fruitless ? fruitless_rounds_ + 1 : 0;
+  if (!fruitless) last_progress_ = Clock::now();
   execute(decision.ready);
   poll_gpu_ops();
   return !(decision.all_finalizing && decision.ready.empty());
 }
 
-// 10 µs, doubling with every fruitless round past the threshold, up to one cycle; CUDA ops in
-// flight cap it at 50 µs, since only polling sees them finish.
-std::chrono::microseconds Engine::waiting_backoff() const {
-  const int doublings = std::min(fruitless_rounds_ - kFruitlessRoundsBeforeBackoff, 10);
-  auto backoff = std::min(std::chrono::microseconds(10) * (1 << doublings),
-                          std::chrono::duration_cast<std::chrono::microseconds>(config_.cycle_time));
-  if (!gpu_in_flight_.empty()) backoff = std::min(backoff, std::chrono::microseconds(50));
-  return backoff;
+// Zero while the last progress is recent (peers are usually microseconds behind); then an eighth
+// of the time since, at most one cycle. CUDA ops in flight cap it at 50 µs: only polling sees
+// them finish.
+std::chrono::microseconds Engine::waiting_backoff(Clock::time_point now) const {
+  using std::chrono::microseconds;
+  const auto quiet = std::chrono::duration_cast<microseconds>(now - last_progress_);
+  if (quiet < kQuietBeforeBackoff) return microseconds(0);
+  auto pause = std::min(quiet / 8, std::chrono::duration_cast<microseconds>(config_.cycle_time));
+  if (!gpu_in_flight_.empty()) pause = std::min(pause, microseconds(50));
+  return pause;
 }
 
 size_t Engine::bytes_of(const OpSpec& spec) const { return spec.count * dtype_size(spec.dtype); }

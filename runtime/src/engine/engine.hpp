@@ -153,9 +153,9 @@ class Engine {
   uint64_t unnamed_counter_ = 0;
   static constexpr int kIdleRoundsBeforeBackoff = 100;
   int idle_rounds_ = 0;  // engine thread only: consecutive rounds in which no rank did anything
-  static constexpr int kFruitlessRoundsBeforeBackoff = 8;
-  int fruitless_rounds_ = 0;  // engine thread only: consecutive rounds that announced and ran nothing
-  std::chrono::microseconds waiting_backoff() const;
+  static constexpr std::chrono::microseconds kQuietBeforeBackoff{200};
+  Clock::time_point last_progress_{};  // engine thread only: the last round that announced or ran something
+  std::chrono::microseconds waiting_backoff(Clock::time_point now) const;
   std::thread thread_;
 };
 
