@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "ddl/ddl.hpp"
@@ -38,6 +39,10 @@ TEST_CASE("bad arguments are errors with a message, not crashes") {
   CHECK(ddl_broadcast("b", &x, 1, DDL_FLOAT32, 3) == DDL_ERROR_INVALID_ARGUMENT);
   CHECK(std::string(ddl_last_error()) == "broadcast root 3 is not a rank of a world of 1");
   CHECK(ddl_allreduce("n", nullptr, nullptr, 4, DDL_FLOAT32, DDL_SUM) == DDL_ERROR_INVALID_ARGUMENT);
+  size_t counts[1] = {4};
+  float out[4];
+  CHECK(ddl_allgatherv("v", nullptr, 4, out, counts, DDL_FLOAT32) == DDL_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ddl_last_error()) == "allgatherv: the send buffer is NULL");
   // NCCL cannot scale: scales on CUDA buffers are refused rather than silently dropped.
   ddl_op_options cuda = DDL_OP_OPTIONS_INIT;
   cuda.flags = DDL_CUDA_BUFFERS;
@@ -46,4 +51,9 @@ TEST_CASE("bad arguments are errors with a message, not crashes") {
   CHECK(ddl_allreduce_ex("scaled", &x, &x, 1, DDL_FLOAT32, DDL_SUM, &cuda, &h) == DDL_ERROR_UNSUPPORTED);
   CHECK(std::string(ddl_last_error()).find("prescale and postscale apply to host buffers") != std::string::npos);
   ::unsetenv("DDL_BOOTSTRAP");
+}
+
+TEST_CASE("the library's version is the header's") {
+  CHECK(std::string(ddl_version()) == std::to_string(DDL_VERSION_MAJOR) + "." + std::to_string(DDL_VERSION_MINOR) + "." +
+                                          std::to_string(DDL_VERSION_PATCH));
 }

@@ -1,9 +1,10 @@
 /* libddl: collective operations for data-parallel training, callable from C and C++.
  *
  * A program started by `ddl run` calls ddl_init(), which joins the run's other workers through the
- * rendezvous store that `ddl run` hosts (DDL_STORE_ADDR / DDL_STORE_TOKEN). Without those
- * variables the world is this single process, so a notebook or a unit test needs no launcher.
- * DDL_BOOTSTRAP=store|single forces one of them.
+ * rendezvous store that `ddl run` hosts (DDL_STORE_ADDR / DDL_STORE_TOKEN). Started by a PMIx
+ * launcher instead (OpenMPI's mpirun, `srun --mpi=pmix`), it joins through PMIx. Without either,
+ * the world is this single process, so a notebook or a unit test needs no launcher.
+ * DDL_BOOTSTRAP=store|pmix|single forces one of them.
  *
  * Every collective has a name. Ranks may submit their named operations in different orders: a
  * background thread agrees with the other ranks on which names every rank has submitted, and runs
@@ -12,8 +13,9 @@
  * naming the operation and the ranks. A NULL name means "the next unnamed operation": ranks must
  * then submit their unnamed operations in the same order.
  *
- * Buffers are host memory, except for the *_cuda_async functions. Calls are thread-safe. Every function returns a ddl_status; on failure
- * ddl_last_error() describes the last failure of the calling thread.
+ * Buffers are host memory, except for the *_cuda_async functions and DDL_CUDA_BUFFERS. Calls are
+ * thread-safe. Every function that can fail returns a ddl_status (no C++ exception leaves the
+ * library); on failure ddl_last_error() describes the last failure of the calling thread.
  *
  * Environment: DDL_TIMEOUT (seconds, default 300) bounds every wait on a peer; DDL_CYCLE_TIME_MS
  * (default 1) is the negotiation period; DDL_FUSION_THRESHOLD (bytes, default 64 MiB, 0 turns
@@ -21,6 +23,11 @@
  */
 #ifndef DDL_DDL_H
 #define DDL_DDL_H
+
+/* The version of this header; ddl_version() gives the library's ("0.1.0"). */
+#define DDL_VERSION_MAJOR 0
+#define DDL_VERSION_MINOR 1
+#define DDL_VERSION_PATCH 0
 
 #include <stddef.h>
 
@@ -86,6 +93,8 @@ DDL_API ddl_status ddl_node_rank(int* node_rank);
 /* The message of the calling thread's last failure ("" if none). Valid until its next ddl call. */
 DDL_API const char* ddl_last_error(void);
 DDL_API const char* ddl_status_string(ddl_status status);
+/* The library's version, "MAJOR.MINOR.PATCH": compare with DDL_VERSION_* to detect a mismatch. */
+DDL_API const char* ddl_version(void);
 DDL_API size_t ddl_dtype_size(ddl_dtype dtype);
 
 /* recv[i] = op over ranks of send[i], for i < count. send may equal recv (in place). */

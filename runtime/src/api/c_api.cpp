@@ -208,11 +208,26 @@ std::unique_ptr<ddl::runtime::Collectives> process_set_collectives(Runtime& rt, 
 }
 
 // Runs `body` with the runtime, turning "not initialized" and exceptions into statuses.
+// Runs `body`; no C++ exception may cross into the caller's C.
+template <typename Body>
+ddl_status guarded(const char* what, Body body) {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return fail(DDL_ERROR_INTERNAL, fmt::format("{}: out of memory", what));
+  } catch (const std::exception& e) {
+    return fail(DDL_ERROR_INTERNAL, fmt::format("{}: {}", what, e.what()));
+  }
+}
+
+// Runs `body` on the initialized runtime.
 template <typename Body>
 ddl_status with_runtime(Body body) {
-  auto rt = runtime();
-  if (!rt) return fail(DDL_ERROR_NOT_INITIALIZED, "ddl_init() has not been called (or ddl_finalize() has)");
-  return body(*rt);
+  return guarded("libddl", [&] {
+    auto rt = runtime();
+    if (!rt) return fail(DDL_ERROR_NOT_INITIALIZED, "ddl_init() has not been called (or ddl_finalize() has)");
+    return body(*rt);
+  });
 }
 
 ddl_status check_common(const void* recv, size_t count, ddl_dtype dtype) {
@@ -312,6 +327,8 @@ DDL_WORLD_GETTER(ddl_node_rank, rt.placement.node_rank)
 
 const char* ddl_last_error(void) { return t_last_error.c_str(); }
 
+const char* ddl_version(void) { return DDL_VERSION_STRING; }
+
 const char* ddl_status_string(ddl_status status) {
   switch (status) {
     case DDL_SUCCESS: return "success";
@@ -362,6 +379,7 @@ ddl_status ddl_allgatherv_async(const char* name, const void* send, size_t send_
   if (auto s = ddl_size(&size); s != DDL_SUCCESS) return s;
   ddl_rank(&rank);
   if (recv_counts == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "recv_counts is NULL");
+  if (send == nullptr && send_count > 0) return fail(DDL_ERROR_INVALID_ARGUMENT, "allgatherv: the send buffer is NULL");
   std::vector<uint64_t> counts(recv_counts, recv_counts + size);
   uint64_t total = 0;
   for (uint64_t c : counts) total += c;
