@@ -1,6 +1,7 @@
 #include "backends/job_script.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <regex>
 #include <set>
 
@@ -43,6 +44,36 @@ NodeShape node_shape(const SiteProfile& site, const std::map<std::string, std::s
   return {site.gpus_per_node, site.cores_per_node};
 }
 
+// libstdc++'s std::regex recurses once per character matched, so a long value overflows the stack:
+// values and profile texts are scanned by hand, and a site's own patterns see at most
+// kLongestValue characters.
+constexpr size_t kLongestValue = 1024;
+
+bool plain_word(std::string_view s, std::string_view extra) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [&](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || extra.find(c) != std::string_view::npos;
+  });
+}
+
+struct Placeholder {
+  size_t position, length;
+  std::string key;
+};
+
+// Every {{key}} (key: a-z and _) in `text`, in order.
+std::vector<Placeholder> placeholders(const std::string& text) {
+  std::vector<Placeholder> found;
+  for (size_t at = text.find("{{"); at != std::string::npos; at = text.find("{{", at + 1)) {
+    size_t end = at + 2;
+    while (end < text.size() && (std::islower(static_cast<unsigned char>(text[end])) || text[end] == '_')) ++end;
+    if (end > at + 2 && text.compare(end, 2, "}}") == 0) {
+      found.push_back({at, end + 2 - at, text.substr(at + 2, end - at - 2)});
+      at = end + 1;
+    }
+  }
+  return found;
+}
+
 void require_whole_number(const std::map<std::string, std::string>& values, const std::string& option, int minimum) {
   auto it = values.find(option);
   if (it == values.end()) return;
@@ -57,18 +88,16 @@ std::string directive_word(const std::string& option, const std::string& value);
 // text for the error when one is unset.
 std::string fill(const std::string& text, const std::map<std::string, std::string>& values, const SiteProfile& site,
                  const std::string& what, bool in_directive = true) {
-  static const std::regex placeholder(R"(\{\{([a-z_]+)\}\})");
   std::string out;
-  auto begin = std::sregex_iterator(text.begin(), text.end(), placeholder);
   size_t last = 0;
-  for (auto it = begin; it != std::sregex_iterator(); ++it) {
-    const std::string key = (*it)[1];
+  for (const Placeholder& p : placeholders(text)) {
+    const std::string& key = p.key;
     auto value = values.find(key);
     if (value == values.end())
       throw UsageError(fmt::format("site '{}' needs {} for its {} '{}'", site.name, flag_for(key), what, text),
                        fmt::format("give {} (see `ddl sites show {}`)", flag_for(key), site.name));
-    out.append(text, last, static_cast<size_t>(it->position()) - last).append(in_directive ? directive_word(key, value->second) : value->second);
-    last = static_cast<size_t>(it->position() + it->length());
+    out.append(text, last, p.position - last).append(in_directive ? directive_word(key, value->second) : value->second);
+    last = p.position + p.length;
   }
   return out.append(text, last);
 }
@@ -76,8 +105,7 @@ std::string fill(const std::string& text, const std::map<std::string, std::strin
 // A value as one word of a directive line: sbatch and qsub split those lines at blanks and honour
 // quotes (they never run a shell on them, so $( ) and backticks are inert text there anyway).
 std::string directive_word(const std::string& option, const std::string& value) {
-  static const std::regex plain("[A-Za-z0-9_./:=@%+,&-]+");
-  if (std::regex_match(value, plain)) return value;
+  if (plain_word(value, "_./:=@%+,&-")) return value;
   if (value.find('"') == std::string::npos) return "\"" + value + "\"";
   if (value.find('\'') == std::string::npos) return "'" + value + "'";
   throw UsageError(fmt::format("{} holds both kinds of quote, which a batch directive cannot carry", flag_for(option)),
@@ -97,10 +125,8 @@ std::set<std::string> usable_options(const SiteProfile& site) {
     texts.push_back(site.container->image_directive);
     texts.insert(texts.end(), site.container->wrap.begin(), site.container->wrap.end());
   }
-  static const std::regex placeholder(R"(\{\{([a-z_]+)\}\})");
   for (const auto& text : texts)
-    for (auto it = std::sregex_iterator(text.begin(), text.end(), placeholder); it != std::sregex_iterator(); ++it)
-      usable.insert((*it)[1]);
+    for (const Placeholder& p : placeholders(text)) usable.insert(p.key);
   return usable;
 }
 
@@ -200,8 +226,7 @@ std::string flag_for(const std::string& option) {
 }
 
 std::string shell_quote(std::string_view s) {
-  static const std::regex plain("[A-Za-z0-9_./:=@%+,-]+");
-  if (!s.empty() && std::regex_match(s.begin(), s.end(), plain)) return std::string(s);
+  if (plain_word(s, "_./:=@%+,-")) return std::string(s);
   std::string out = "'";
   for (char c : s) {
     if (c == '\'') out += "'\\''";
@@ -212,6 +237,10 @@ std::string shell_quote(std::string_view s) {
 
 void check_site_rules(const SiteProfile& site, const JobRequest& job) {
   // Directive values are read by sbatch/qsub, not a shell: a newline would start a new directive.
+  for (const auto& [option, value] : job.options)
+    if (value.size() > kLongestValue)
+      throw UsageError(fmt::format("{} is {} characters long; a batch directive value may have at most {}", flag_for(option),
+                                   value.size(), kLongestValue), "shorten it");
   for (const auto& [option, value] : job.options)
     if (std::any_of(value.begin(), value.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }))
       throw UsageError(fmt::format("{} contains a newline or control character", flag_for(option)),
@@ -234,6 +263,10 @@ void check_site_rules(const SiteProfile& site, const JobRequest& job) {
   require_whole_number(job.options, "cpus_per_task", 1);
   require_whole_number(site.defaults, "cpus_per_task", 1);
   const auto v = effective_values(site, job);
+  for (const auto& [option, value] : v)  // profile defaults too
+    if (value.size() > kLongestValue)
+      throw UsageError(fmt::format("{} is {} characters long; a batch directive value may have at most {}", flag_for(option),
+                                   value.size(), kLongestValue), "shorten it (in the site profile, if it comes from there)");
   for (const auto& option : site.required)
     if (!v.count(option) || v.at(option).empty())
       throw UsageError(fmt::format("site '{}' requires {}", site.name, flag_for(option)),

@@ -119,6 +119,19 @@ TEST_CASE("each site's rules are one usage error naming the rule and the fix") {
   CHECK_THROWS_WITH_AS(render_job_script(load_site("sockeye"), pbs_signal), doctest::Contains("uses PBS"), ddl::UsageError);
 }
 
+TEST_CASE("values of tens of kilobytes are refused or quoted, never a crash") {
+  UserSites none({});
+  const std::string huge(40000, 'a');
+  CHECK_THROWS_WITH_AS(render_job_script(load_site("perlmutter"), job({{"account", huge}})),
+                       "-A/--account is 40000 characters long; a batch directive value may have at most 1024", ddl::UsageError);
+  CHECK_THROWS_WITH_AS(render_job_script(load_site("perlmutter"), job({{"account", "m1_g"}, {"time", std::string(40000, '1')}})),
+                       doctest::Contains("-t/--time is 40000 characters long"), ddl::UsageError);
+  JobRequest long_argument = job({{"account", "m1234_g"}});
+  long_argument.command.push_back(huge + " and a space");
+  const std::string text = render_job_script(load_site("perlmutter"), long_argument).text;
+  CHECK(text.find("'" + huge + " and a space'") != std::string::npos);
+}
+
 TEST_CASE("PBS gets Slurm's time forms as HH:MM:SS walltime") {
   UserSites none({});
   auto walltime = [](const std::string& time) {
