@@ -278,7 +278,7 @@ void check_site_rules(const SiteProfile& site, const JobRequest& job) {
       throw UsageError(fmt::format("{} {}: {}", flag_for(option), it->second, rule.why.empty() ? "does not match " + rule.regex : rule.why),
                        rule.fix);
   }
-  static const std::regex walltime(R"((\d+-)?\d{1,3}(:\d{2}){0,2})");
+  static const std::regex walltime(R"((\d{1,4}-)?\d{1,3}(:\d{2}){0,2})");
   if (auto t = v.find("time"); t != v.end() && !std::regex_match(t->second, walltime))
     throw UsageError(fmt::format("-t/--time {}: not a time limit", t->second), "write it as HH:MM:SS, MM or D-HH:MM:SS");
   const NodeShape shape = node_shape(site, v);

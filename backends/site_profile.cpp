@@ -61,11 +61,66 @@ std::map<std::string, std::string> option_strings(const json& j, const std::stri
   return out;
 }
 
+// Counts of GPUs and cores: far below 32 bits, so nothing is truncated on the way to an int.
+constexpr long long kLargestCount = 1 << 20;
+
 int int_field(const json& j, const std::string& source, const char* field, int fallback, int minimum) {
   if (!j.contains(field)) return fallback;
-  if (!j[field].is_number_integer() || j[field].get<long long>() < minimum)
-    profile_error(source, field, fmt::format("must be a whole number of at least {}", minimum));
-  return j[field].get<int>();
+  const json& v = j[field];
+  const bool in_range = v.is_number_unsigned() ? v.get<unsigned long long>() <= static_cast<unsigned long long>(kLargestCount)
+                                               : v.is_number_integer() && v.get<long long>() <= kLargestCount;
+  if (!in_range || v.get<long long>() < minimum)
+    profile_error(source, field, fmt::format("must be a whole number from {} to {}", minimum, kLargestCount));
+  return static_cast<int>(v.get<long long>());
+}
+
+// Options that are counts: a default for one must be a whole number a script can use.
+void require_count_defaults(const std::map<std::string, std::string>& defaults, const std::string& source) {
+  for (const char* option : {"nodes", "gpus_per_node", "cpus_per_task"}) {
+    auto it = defaults.find(option);
+    if (it == defaults.end()) continue;
+    const std::string& v = it->second;
+    const bool whole = !v.empty() && v.size() <= 6 && std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (!whole) profile_error(source, std::string("defaults.") + option, fmt::format("is '{}'; it must be a whole number", v));
+  }
+}
+
+// Every string that can reach a batch script must stay on its line: a newline in a directive,
+// a module name or a description would start a line of its own, which the shell would run.
+// Only `notes`, which is printed and never written into a script, may hold line breaks.
+void refuse_control_characters(const json& j, const std::string& source, const std::string& path) {
+  if (j.is_string()) {
+    const auto& text = j.get_ref<const std::string&>();
+    if (std::any_of(text.begin(), text.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }))
+      profile_error(source, path, "contains a newline or another control character; each value must be one line");
+  } else if (j.is_object()) {
+    for (const auto& [key, value] : j.items())
+      if (!(path.empty() && key == "notes")) refuse_control_characters(value, source, path.empty() ? key : path + "." + key);
+  } else if (j.is_array()) {
+    for (size_t i = 0; i < j.size(); ++i) refuse_control_characters(j[i], source, fmt::format("{}[{}]", path, i));
+  }
+}
+
+// nlohmann's parser recurses once per level of nesting: refuse absurd depths before parsing.
+constexpr int kDeepestNesting = 64;
+
+bool nested_too_deep(const std::string& text) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kDeepestNesting) return true;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return false;
 }
 
 std::string one_of(const json& j, const std::string& source, const char* field, std::initializer_list<const char*> allowed,
@@ -89,13 +144,17 @@ std::optional<std::string> builtin_text(const std::string& name) {
 }
 
 json parse_json(const std::string& text, const std::string& source) {
+  if (nested_too_deep(text))
+    throw UsageError(fmt::format("site profile {}: nested more than {} levels deep", source, kDeepestNesting), "fix the file, or remove it");
+  json j;
   try {
-    json j = json::parse(text);
-    if (!j.is_object()) throw UsageError(fmt::format("site profile {}: must be a JSON object", source), "see docs/site-profiles.md");
-    return j;
-  } catch (const json::parse_error& e) {
+    j = json::parse(text);
+  } catch (const json::exception& e) {  // syntax, and numbers out of range such as 1e999
     throw UsageError(fmt::format("site profile {}: not valid JSON: {}", source, e.what()), "fix the file, or remove it");
   }
+  if (!j.is_object()) throw UsageError(fmt::format("site profile {}: must be a JSON object", source), "see docs/site-profiles.md");
+  refuse_control_characters(j, source, "");
+  return j;
 }
 
 }  // namespace
@@ -141,6 +200,7 @@ SiteProfile parse_site(const json& j, const std::string& source, const std::stri
   p.launcher = one_of(j, source, "launcher", {"srun", "pals", "mpirun"}, p.scheduler == "slurm" ? "srun" : "mpirun");
   p.gpu_order = one_of(j, source, "gpu_order", {"as-listed", "reverse"}, "as-listed");
   p.defaults = option_strings(j, source, "defaults");
+  require_count_defaults(p.defaults, source);
   for (const auto& option : string_list(j, source, "required")) p.required.push_back(option_key(source, "required", option));
   if (j.contains("patterns")) {
     if (!j["patterns"].is_object()) profile_error(source, "patterns", "must be an object of option: {regex, why, fix}");

@@ -179,6 +179,31 @@ TEST_CASE("a broken profile names the file and the field") {
   CHECK_THROWS_WITH_AS(load_site("nosuchsite"), doctest::Contains("no site profile named 'nosuchsite' (known: alliance"), ddl::UsageError);
 }
 
+TEST_CASE("hostile profiles are usage errors naming the file and field, never a crash or a shell line") {
+  std::string deep = R"({"scheduler": "slurm", "notes": )" + std::string(100000, '[') + std::string(100000, ']') + "}";
+  UserSites sites({{"huge", R"({"scheduler": "slurm", "gpus_per_node": 4294967295})"},
+                   {"inf", R"({"scheduler": "slurm", "cores_per_node": 1e999})"},
+                   {"deep", deep},
+                   {"inject", "{\"scheduler\": \"slurm\", \"directives\": [\"--exclusive\\nrm -rf ~\"]}"},
+                   {"describe", "{\"scheduler\": \"slurm\", \"description\": \"a\\ntouch /tmp/pwned\"}"},
+                   {"noted", "{\"scheduler\": \"slurm\", \"notes\": \"line one\\nline two\"}"},
+                   {"badcount", R"({"scheduler": "slurm", "defaults": {"gpus_per_node": "four"}})"}});
+  CHECK_THROWS_WITH_AS(load_site("huge"), doctest::Contains("field 'gpus_per_node' must be a whole number from 0 to 1048576"), ddl::UsageError);
+  CHECK_THROWS_WITH_AS(load_site("inf"), doctest::Contains("inf.json: not valid JSON"), ddl::UsageError);
+  CHECK_THROWS_WITH_AS(load_site("deep"), doctest::Contains("deep.json: nested more than 64 levels deep"), ddl::UsageError);
+  CHECK_THROWS_WITH_AS(load_site("inject"), doctest::Contains("field 'directives[0]' contains a newline"), ddl::UsageError);
+  CHECK_THROWS_WITH_AS(load_site("describe"), doctest::Contains("field 'description' contains a newline"), ddl::UsageError);
+  CHECK(load_site("noted").notes.find("line two") != std::string::npos);  // notes are printed, never scripted
+  CHECK_THROWS_WITH_AS(load_site("badcount"), doctest::Contains("field 'defaults.gpus_per_node' is 'four'; it must be a whole number"),
+                       ddl::UsageError);
+}
+
+TEST_CASE("a PBS time with an absurd day count is a usage error") {
+  UserSites none({});
+  CHECK_THROWS_WITH_AS(render_job_script(load_site("sockeye"), job({{"account", "st-a-1-gpu"}, {"time", "99999999999-1"}})),
+                       doctest::Contains("-t/--time 99999999999-1: not a time limit"), ddl::UsageError);
+}
+
 TEST_CASE("shell quoting: plain words stay, anything else is single-quoted") {
   CHECK(shell_quote("train.py") == "train.py");
   CHECK(shell_quote("--lr=0.1") == "--lr=0.1");
