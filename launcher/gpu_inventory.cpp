@@ -3,11 +3,11 @@
 #include <dlfcn.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstdlib>
 
 #include <fmt/format.h>
 
+#include "backends/command.hpp"
 #include "runtime/src/common/error.hpp"
 
 namespace ddl::launcher {
@@ -47,14 +47,22 @@ int cuda_driver_device_count() {
   return count;
 }
 
-// Counts GPUs with nvidia-smi when it is on PATH; -1 when it is not or fails.
+// Counts GPUs with nvidia-smi when it is on PATH; -1 when it is not, fails, or does not answer
+// within 10 s (a wedged driver can leave nvidia-smi hanging, and ddl run must not hang with it).
 int nvidia_smi_device_count() {
-  FILE* pipe = ::popen("nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null", "r");
-  if (pipe == nullptr) return -1;
+  if (!backends::on_path("nvidia-smi")) return -1;
+  const backends::CommandResult r =
+      backends::run_command({"nvidia-smi", "--query-gpu=index", "--format=csv,noheader"}, std::chrono::seconds(10));
+  if (!r.ok()) return -1;
   int lines = 0;
-  char buf[256];
-  while (std::fgets(buf, sizeof buf, pipe) != nullptr) ++lines;
-  return ::pclose(pipe) == 0 ? lines : -1;
+  size_t start = 0;
+  while (start < r.out.size()) {
+    size_t end = r.out.find('\n', start);
+    if (end == std::string::npos) end = r.out.size();
+    if (!trim(r.out.substr(start, end - start)).empty()) ++lines;
+    start = end + 1;
+  }
+  return lines;
 }
 
 }  // namespace
