@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "cli/validators.hpp"
 #include "launcher/host.hpp"
 #include "launcher/run_job.hpp"
 #include "runtime/src/common/environment.hpp"
@@ -69,17 +70,17 @@ struct RunFlags {
 RunCommand::RunCommand(CLI::App& app) : flags_(std::make_shared<RunFlags>()) {
   RunFlags& f = *flags_;
   app_ = app.add_subcommand("run", "Start workers of a program (here, or on the nodes of a Slurm/PBS allocation) and supervise them");
-  app_->add_option("-n,--np", f.total, "Workers in all (also written -np)")->check(CLI::PositiveNumber);
-  app_->add_option("-N,--nodes", f.nodes, "Nodes (more than 1 needs an allocation; inside one: all of its nodes)")->check(CLI::PositiveNumber);
-  app_->add_option("--nproc-per-node,--nproc_per_node", f.per_node, "Workers per node (torchrun's spelling)")->check(CLI::PositiveNumber);
-  app_->add_option("--gpus-per-node", f.gpus_per_node, "GPU workers per node, one per GPU")->check(CLI::PositiveNumber);
+  app_->add_option("-n,--np", f.total, "Workers in all (also written -np)")->check(whole_count());
+  app_->add_option("-N,--nodes", f.nodes, "Nodes (more than 1 needs an allocation; inside one: all of its nodes)")->check(whole_count());
+  app_->add_option("--nproc-per-node,--nproc_per_node", f.per_node, "Workers per node (torchrun's spelling)")->check(whole_count());
+  app_->add_option("--gpus-per-node", f.gpus_per_node, "GPU workers per node, one per GPU")->check(whole_count());
   app_->add_option("-c,--cpus-per-task", f.cpus_per_task, "Cores per worker (srun -c, PALS --depth, OMP_NUM_THREADS)")
-      ->check(CLI::PositiveNumber);
+      ->check(whole_count());
   app_->add_flag("--cpu", f.cpu, "CPU workers: assign no GPU even when there are some");
   app_->add_flag("--share-gpus", f.share_gpus, "Allow more GPU workers than GPUs (round robin)");
   app_->add_option("--grace-period", f.grace_seconds, "Seconds between SIGTERM and SIGKILL when stopping workers")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(seconds_at_most(86400));
   app_->add_flag("--no-prefix", f.no_prefix, "Do not prefix output lines with the worker's rank");
   app_->add_option("--output-dir", f.output_dir, "Also write each worker's output to DIR/rank.N.{out,err}");
   app_->add_option("--launcher", f.launcher,

@@ -91,7 +91,7 @@ SubmitCommand::SubmitCommand(CLI::App& app) : flags_(std::make_shared<SubmitFlag
   add_job_options(*app_, f.options, true);
   app_->add_option("--directive", f.directives, "An extra batch directive, e.g. --directive '--exclusive' (repeatable)");
   app_->add_option("--signal-before", f.signal_before, "Send SIGUSR1 to the workers this many seconds before the time limit, and requeue")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 86400));
   app_->add_flag("--dry-run", f.dry_run, "Print the script instead of submitting it");
   app_->add_flag("--wait", f.wait, "Follow the job until it ends, then show its output's tail; exit with its code");
   app_->add_option("--wait-timeout", f.wait_timeout, "Give up following after this many seconds (default: no limit)");

@@ -27,9 +27,21 @@ void require_single_node(const LaunchRequest& launch) {
                                "and run ddl inside it, or use -N 1 on this machine", nodes));
 }
 
+// libddl reads these in every worker: a bad value is one error here, not one per worker.
+void check_libddl_settings(const Environment& env) {
+  try {
+    if (auto v = lookup(env, "DDL_TIMEOUT"); v && !v->empty()) timeout_setting(*v);
+    if (auto v = lookup(env, "DDL_CYCLE_TIME_MS"); v && !v->empty()) number_setting("DDL_CYCLE_TIME_MS", *v, 0, 60'000);
+    if (auto v = lookup(env, "DDL_FUSION_THRESHOLD"); v && !v->empty()) number_setting("DDL_FUSION_THRESHOLD", *v, 0, 0x1p40);
+  } catch (const Error& e) {
+    throw UsageError(e.what(), e.hint());
+  }
+}
+
 }  // namespace
 
 RunOutcome run_job(const RunRequest& request, const Environment& env, const std::function<void(const std::string&)>& log) {
+  check_libddl_settings(env);
   const backends::Allocation allocation = backends::detect_allocation(env);
   const bool in_allocation = allocation.scheduler != backends::Scheduler::None;
   if (in_allocation && request.launcher != TaskLauncher::Local) return run_in_allocation(request, allocation, env, log);

@@ -94,6 +94,28 @@ class UsageErrors(unittest.TestCase):
             self.assertTrue(result.stderr.startswith("ddl: error:"), result.stderr)
             self.assertIn(needle, result.stderr.splitlines()[0])
 
+    def test_numbers_that_are_not_numbers_are_refused_with_the_range(self):
+        for args, says in ((["-np", "0"], "--np: Value 0 not in range 1 to 1048576"),
+                           (["--grace-period", "nan", "-np", "1"], "--grace-period: must be a number of seconds from 0 to 86400, not nan"),
+                           (["--grace-period", "1e300", "-np", "1"], "not 1e300"),
+                           (["--grace-period", "inf", "-np", "1"], "not inf")):
+            result = ddl("run", *args, "--", "true")
+            self.assertEqual(result.returncode, 2, args)
+            self.assertIn(says, result.stderr.splitlines()[0])
+            self.assertLess(len(result.stderr.splitlines()[0]), 200)
+
+    def test_libddl_settings_are_checked_once_by_ddl_run_before_any_worker_starts(self):
+        for name, value, says in (("DDL_TIMEOUT", "nan", "DDL_TIMEOUT='nan' is not a number from 0 to 31536000"),
+                                  ("DDL_TIMEOUT", "inf", "DDL_TIMEOUT='inf' is not a number"),
+                                  ("DDL_TIMEOUT", "0", "DDL_TIMEOUT=0 would fail every wait at once"),
+                                  ("DDL_TIMEOUT", "10s", "DDL_TIMEOUT='10s' is not a number"),
+                                  ("DDL_CYCLE_TIME_MS", "-1", "DDL_CYCLE_TIME_MS='-1' is not a number from 0 to 60000"),
+                                  ("DDL_FUSION_THRESHOLD", "1e99", "DDL_FUSION_THRESHOLD='1e99' is not a number")):
+            result = ddl("run", "-np", "2", "--", "sh", "-c", "echo started", env={name: value})
+            self.assertEqual(result.returncode, 2, (name, value, result.stderr))
+            self.assertIn(says, result.stderr.splitlines()[0])
+            self.assertNotIn("started", result.stdout)
+
 
 if __name__ == "__main__":
     unittest.main()

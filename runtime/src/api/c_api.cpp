@@ -19,6 +19,7 @@
 #include "runtime/src/backends/collectives.hpp"
 #include "runtime/src/backends/gpu_collectives.hpp"
 #include "runtime/src/backends/pmix_bootstrap.hpp"
+#include "runtime/src/common/environment.hpp"
 #include "runtime/src/common/error.hpp"
 #include "runtime/src/engine/dtype.hpp"
 #include "runtime/src/engine/engine.hpp"
@@ -90,15 +91,6 @@ int env_int(const char* name, int fallback) {
   return static_cast<int>(n);
 }
 
-double env_double(const char* name, double fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  char* end = nullptr;
-  double d = std::strtod(v, &end);
-  if (*end != '\0' || d < 0) throw ddl::Error(fmt::format("{}='{}' is not a non-negative number", name, v));
-  return d;
-}
-
 // The file this rank writes a timeline to: "%r" in the path becomes the rank, so every rank can
 // write its own; otherwise rank 0 writes and the others none (empty), as Horovod's coordinator does.
 std::string timeline_path_for(std::string path, int rank) {
@@ -109,9 +101,9 @@ std::string timeline_path_for(std::string path, int rank) {
 
 ddl::runtime::EngineConfig engine_config(int rank) {
   ddl::runtime::EngineConfig c;
-  c.cycle_time = std::chrono::microseconds(static_cast<long long>(env_double("DDL_CYCLE_TIME_MS", 1) * 1000));
-  c.fusion_threshold = static_cast<size_t>(env_double("DDL_FUSION_THRESHOLD", 64.0 * 1024 * 1024));
-  c.timeout = std::chrono::milliseconds(static_cast<long long>(env_double("DDL_TIMEOUT", 300) * 1000));
+  c.cycle_time = std::chrono::microseconds(static_cast<long long>(ddl::number_from_environment("DDL_CYCLE_TIME_MS", 1, 0, 60'000) * 1000));
+  c.fusion_threshold = static_cast<size_t>(ddl::number_from_environment("DDL_FUSION_THRESHOLD", 64.0 * 1024 * 1024, 0, 0x1p40));
+  c.timeout = ddl::timeout_from_environment();
   if (const char* t = std::getenv("DDL_TIMELINE"); t != nullptr && *t != '\0') c.timeline_path = timeline_path_for(t, rank);
   return c;
 }

@@ -1,5 +1,12 @@
 #include "runtime/src/common/environment.hpp"
 
+#include <cmath>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include "runtime/src/common/error.hpp"
+
 extern char** environ;
 
 namespace ddl {
@@ -26,6 +33,34 @@ std::optional<std::string> lookup(const Environment& env, const std::string& nam
   auto it = env.find(name);
   if (it == env.end()) return std::nullopt;
   return it->second;
+}
+
+double number_setting(const std::string& name, const std::string& value, double minimum, double maximum) {
+  char* end = nullptr;
+  const double number = std::strtod(value.c_str(), &end);
+  if (value.empty() || *end != '\0' || !std::isfinite(number) || number < minimum || number > maximum)
+    throw Error(fmt::format("{}='{}' is not a number from {} to {}", name, value, minimum, maximum),
+                fmt::format("set {} to a plain number in that range, or unset it", name));
+  return number;
+}
+
+double number_from_environment(const char* name, double fallback, double minimum, double maximum) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return fallback;
+  return number_setting(name, value, minimum, maximum);
+}
+
+std::chrono::milliseconds timeout_setting(const std::string& value) {
+  constexpr double kYear = 365.0 * 24 * 3600;
+  const double seconds = number_setting("DDL_TIMEOUT", value, 0, kYear);
+  if (seconds <= 0) throw Error("DDL_TIMEOUT=0 would fail every wait at once: it is in seconds and must be more than 0", "set e.g. DDL_TIMEOUT=300");
+  return std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
+}
+
+std::chrono::milliseconds timeout_from_environment() {
+  const char* value = std::getenv("DDL_TIMEOUT");
+  if (value == nullptr || *value == '\0') return std::chrono::milliseconds(300'000);
+  return timeout_setting(value);
 }
 
 }  // namespace ddl

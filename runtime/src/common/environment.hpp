@@ -1,6 +1,7 @@
 // A process environment as a sorted name -> value map, so launcher logic is a pure function of it.
 #pragma once
 
+#include <chrono>
 #include <map>
 #include <optional>
 #include <string>
@@ -16,5 +17,15 @@ Environment current_environment();
 std::vector<std::string> to_envp(const Environment& env);
 // The value of `name`, or nullopt when unset (an empty value counts as set).
 std::optional<std::string> lookup(const Environment& env, const std::string& name);
+
+// The number in environment variable `name` (`fallback` when unset or empty). Anything but a finite
+// number within [minimum, maximum] (nan, inf, "10s", out of range) throws ddl::Error naming the
+// variable, so DDL_TIMEOUT and friends mean the same wherever they are read.
+double number_from_environment(const char* name, double fallback, double minimum, double maximum);
+// The same check of one value of variable `name`.
+double number_setting(const std::string& name, const std::string& value, double minimum, double maximum);
+// DDL_TIMEOUT: seconds, more than 0 and at most a year (default 300).
+std::chrono::milliseconds timeout_from_environment();
+std::chrono::milliseconds timeout_setting(const std::string& value);
 
 }  // namespace ddl

@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "runtime/src/common/environment.hpp"
 #include "runtime/src/common/error.hpp"
 #include "runtime/src/store/store_protocol.hpp"
 
@@ -131,16 +132,6 @@ RecvResult recv_exact(int fd, char* out, size_t size, Clock::time_point deadline
   return RecvResult::Ok;
 }
 
-milliseconds timeout_from_environment() {
-  const char* value = std::getenv("DDL_TIMEOUT");
-  if (value == nullptr || *value == '\0') return milliseconds(300'000);
-  char* end = nullptr;
-  double seconds = std::strtod(value, &end);
-  if (*end != '\0' || seconds <= 0)
-    throw Error(fmt::format("DDL_TIMEOUT='{}' is not a positive number of seconds", value), "set e.g. DDL_TIMEOUT=300");
-  return milliseconds(static_cast<long long>(seconds * 1000));
-}
-
 }  // namespace
 
 TcpStoreClient::TcpStoreClient(const std::string& address, const std::string& token, milliseconds timeout)
@@ -167,7 +158,7 @@ TcpStoreClient TcpStoreClient::from_environment() {
   const char* token = std::getenv("DDL_STORE_TOKEN");
   if (addr == nullptr || token == nullptr)
     throw Error("DDL_STORE_ADDR and DDL_STORE_TOKEN are not set", "start the program with `ddl run`");
-  return TcpStoreClient(addr, token, timeout_from_environment());
+  return TcpStoreClient(addr, token, ddl::timeout_from_environment());
 }
 
 TcpStoreClient::TcpStoreClient(TcpStoreClient&& other) noexcept

@@ -1,0 +1,29 @@
+// Checks for numeric flags, with messages a user can act on. CLI11's PositiveNumber printed a
+// 309-digit range for -np 0, and its ranges let nan through (every comparison with nan is false).
+#pragma once
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+namespace ddl::cli {
+
+// Counts of workers, nodes, GPUs and cores: whole numbers from 1 to 2^20.
+inline CLI::Validator whole_count(int minimum = 1) { return CLI::Range(minimum, 1 << 20); }
+
+// A finite number of seconds from 0 to `most`.
+inline CLI::Validator seconds_at_most(double most) {
+  return CLI::Validator(
+      [most](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double seconds = std::strtod(text.c_str(), &end);
+        if (text.empty() || *end != '\0' || !std::isfinite(seconds) || seconds < 0 || seconds > most)
+          return "must be a number of seconds from 0 to " + std::to_string(static_cast<long long>(most)) + ", not " + text;
+        return {};
+      },
+      "SECONDS");
+}
+
+}  // namespace ddl::cli
