@@ -4,27 +4,46 @@
 
 namespace ddl::launcher {
 
+// Passes partial_ + tail as one line. An empty redraw ('\r' right after a line end) is dropped.
+void LineSplitter::complete(std::string_view tail, char end, const LineSink& sink) {
+  if (partial_.empty()) {
+    if (!(end == '\r' && tail.empty())) sink(tail, end);
+    return;
+  }
+  partial_.append(tail);
+  sink(partial_, end);
+  partial_.clear();
+}
+
 void LineSplitter::feed(std::string_view data, const LineSink& sink) {
+  if (carriage_return_pending_ && !data.empty()) {
+    carriage_return_pending_ = false;
+    const bool crlf = data.front() == '\n';
+    complete({}, crlf ? '\n' : '\r', sink);
+    if (crlf) data.remove_prefix(1);
+  }
   while (!data.empty()) {
-    auto newline = data.find('\n');
-    if (newline == std::string_view::npos) {
+    auto at = data.find_first_of("\r\n");
+    if (at == std::string_view::npos) {
       partial_.append(data);
+      if (partial_.size() >= kLongestLine) complete({}, '\n', sink);
       return;
     }
-    if (partial_.empty()) {
-      sink(data.substr(0, newline));
-    } else {
-      partial_.append(data.substr(0, newline));
-      sink(partial_);
-      partial_.clear();
+    if (data[at] == '\r' && at + 1 == data.size()) {  // "\r\n" cut between reads, or a redraw: the next read tells
+      partial_.append(data.substr(0, at));
+      carriage_return_pending_ = true;
+      return;
     }
-    data.remove_prefix(newline + 1);
+    const bool crlf = data[at] == '\r' && data[at + 1] == '\n';
+    complete(data.substr(0, at), crlf || data[at] == '\n' ? '\n' : '\r', sink);
+    data.remove_prefix(at + (crlf ? 2 : 1));
   }
 }
 
 void LineSplitter::finish(const LineSink& sink) {
+  carriage_return_pending_ = false;
   if (partial_.empty()) return;
-  sink(partial_);
+  sink(partial_, '\n');
   partial_.clear();
 }
 

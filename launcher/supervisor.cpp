@@ -211,14 +211,14 @@ class Run {
   void emit(Stream& s, Split split) {
     std::string to_terminal;
     std::string to_file;
-    split([&](std::string_view line) {
+    split([&](std::string_view line, char end) {
       if (s.labeller != nullptr) {
-        emit_labelled(s, line, to_terminal);
+        emit_labelled(s, line, end, to_terminal);
       } else {
-        to_terminal.append(s.prefix).append(line).push_back('\n');
-        if (s.file_fd >= 0) to_file.append(line).push_back('\n');
+        to_terminal.append(s.prefix).append(line).push_back(end);
+        if (s.file_fd >= 0) to_file.append(line).push_back(end);
       }
-      if (s.tail != nullptr) {
+      if (s.tail != nullptr && end == '\n') {  // a progress bar's redraws are not lines to remember
         s.tail->emplace_back(line);
         if (s.tail->size() > (s.labeller ? kLauncherStderrTailLines : kStderrTailLines)) s.tail->pop_front();
       }
@@ -229,16 +229,16 @@ class Run {
 
   // A task launcher's line: "[rank] text" for each task line it completes (the launcher's own
   // line as it is), and with --output-dir also the text alone in that rank's file.
-  void emit_labelled(Stream& s, std::string_view line, std::string& to_terminal) {
+  void emit_labelled(Stream& s, std::string_view line, char end, std::string& to_terminal) {
     std::optional<std::vector<backends::TaskLine>> labelled = (*s.labeller)(line);
     if (!labelled) {
-      to_terminal.append(line).push_back('\n');
+      to_terminal.append(line).push_back(end);
       return;
     }
     for (const backends::TaskLine& task : *labelled) {
       if (options_.prefix_output) to_terminal.append(rank_prefix(task.rank));
-      to_terminal.append(task.text).push_back('\n');
-      if (!options_.output_dir.empty()) write_rank_file(task.rank, s.file_suffix, task.text);
+      to_terminal.append(task.text).push_back(end);
+      if (!options_.output_dir.empty()) write_rank_file(task.rank, s.file_suffix, task.text + end);
     }
   }
 
@@ -246,7 +246,7 @@ class Run {
     auto key = std::make_pair(rank, std::string(suffix));
     auto it = rank_files_.find(key);
     if (it == rank_files_.end()) it = rank_files_.emplace(key, open_output_file(options_.output_dir, rank, suffix)).first;
-    write_all(it->second, text + "\n");
+    write_all(it->second, text);
   }
 
   void handle_signals() {

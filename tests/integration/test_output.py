@@ -1,10 +1,13 @@
 """Worker output reaches ddl's stdout/stderr line by line, whole, prefixed with the rank."""
 import os
 import re
+import select
+import subprocess
 import tempfile
+import time
 import unittest
 
-from ddl_testing import PYTHON, ddl
+from ddl_testing import DDL, PYTHON, ddl
 
 # Each worker writes many long lines to both streams as fast as it can, in pieces, so that lines
 # of different workers would splice if ddl forwarded bytes instead of lines.
@@ -65,6 +68,30 @@ class Output(unittest.TestCase):
             result = ddl("-np", "1", "--output-dir", os.path.join(f.name, "sub"), "--", "true")
         self.assertEqual(result.returncode, 1)
         self.assertTrue(result.stderr.startswith("ddl: error: --output-dir: cannot create"), result.stderr)
+
+
+    def test_a_progress_bar_redrawn_with_carriage_returns_shows_while_the_worker_runs(self):
+        # tqdm's way: "\r" + the bar, no newline until the end. Each redraw must reach ddl's output
+        # while the worker still runs (they were held until it exited), prefixed, ending in "\r".
+        script = ("import sys, time\n"
+                  "for p in (10, 50):\n"
+                  "    sys.stderr.write(f'\\rprogress {p}%'); sys.stderr.flush(); time.sleep(0.2)\n"
+                  "sys.stderr.write('\\rprogress 99%'); sys.stderr.flush()\n"
+                  "time.sleep(30)\n")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PBS_"))}
+        proc = subprocess.Popen([DDL, "run", "-np", "1", "--", PYTHON, "-c", script], stderr=subprocess.PIPE, env=env)
+        try:
+            seen = b""
+            deadline = time.monotonic() + 20
+            while b"[0] progress 50%\r" not in seen and time.monotonic() < deadline:
+                ready, _, _ = select.select([proc.stderr], [], [], 1)
+                if ready:
+                    seen += os.read(proc.stderr.fileno(), 4096)
+            self.assertIn(b"[0] progress 10%\r[0] progress 50%\r", seen)
+            self.assertIsNone(proc.poll(), "the worker should still be running")
+        finally:
+            proc.terminate()  # ddl stops its worker on SIGTERM
+            proc.wait(timeout=60)
 
 
 if __name__ == "__main__":

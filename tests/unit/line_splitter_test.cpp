@@ -11,7 +11,7 @@ namespace {
 std::vector<std::string> split_all(const std::vector<std::string>& chunks, bool finish) {
   LineSplitter splitter;
   std::vector<std::string> lines;
-  auto sink = [&](std::string_view line) { lines.emplace_back(line); };
+  auto sink = [&](std::string_view line, char end) { lines.emplace_back(std::string(line) + (end == '\r' ? "<CR>" : "")); };
   for (const auto& c : chunks) splitter.feed(c, sink);
   if (finish) splitter.finish(sink);
   return lines;
@@ -30,6 +30,21 @@ TEST_CASE("an unfinished last line waits for the end of the stream") {
   CHECK(split_all({"done\npart"}, false) == std::vector<std::string>{"done"});
   CHECK(split_all({"done\npart"}, true) == std::vector<std::string>{"done", "part"});
   CHECK(split_all({}, true).empty());
+}
+
+TEST_CASE("a progress bar's carriage-return redraws go out as they come, and CRLF is one line end") {
+  // tqdm: "\r" before each redraw, a newline at the end.
+  CHECK(split_all({"\r  1%|", "\r 50%|", "\r100%|\n"}, false) == std::vector<std::string>{"  1%|<CR>", " 50%|<CR>", "100%|"});
+  CHECK(split_all({"a\r\nb\r\n"}, false) == std::vector<std::string>{"a", "b"});
+  CHECK(split_all({"a\r", "\nb\r", "c\n"}, false) == std::vector<std::string>{"a", "b<CR>", "c"});  // CRLF cut between reads
+  CHECK(split_all({"tail\r"}, true) == std::vector<std::string>{"tail"});
+}
+
+TEST_CASE("an endless unfinished line goes out every 64 KiB instead of piling up") {
+  const std::string chunk(40 * 1024, 'x');
+  auto lines = split_all({chunk, chunk, chunk}, false);
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0].size() == 80 * 1024);
 }
 
 TEST_CASE("rank prefixes") {
