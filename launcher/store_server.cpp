@@ -115,6 +115,7 @@ class StoreServer::Loop {
     Clock::time_point wait_deadline;
     uint64_t wait_seq = 0;
     bool waiting = false;
+    bool peer_done = false;  // the client shut down its sending side: answer what it sent, then close
   };
 
   void watch(int fd, uint64_t id, uint32_t events) {
@@ -193,7 +194,15 @@ class StoreServer::Loop {
       if (n > 0) { c.in.append(buf, static_cast<size_t>(n)); continue; }
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-      close_connection(id);  // orderly close or error
+      if (n < 0) {  // an error: nothing can be answered
+        close_connection(id);
+        return;
+      }
+      // End of stream: a client may send its requests and then shut down its side (a half-close);
+      // it still reads, so answer every whole request first.
+      c.peer_done = true;
+      process_frames(id);
+      close_when_answered(id);
       return;
     }
     process_frames(id);
@@ -222,6 +231,22 @@ class StoreServer::Loop {
       if (!c.authenticated) authenticate(id, c, body);
       else handle_request(id, c, body);
     }
+  }
+
+  // A connection whose client has stopped sending closes once nothing is left to answer; until then
+  // it is watched only for writability (at end of stream it would read as ready forever).
+  void close_when_answered(uint64_t id) {
+    auto it = conns_.find(id);
+    if (it == conns_.end() || !it->second.peer_done) return;
+    Connection& c = it->second;
+    if (!c.waiting && c.out.empty() && !has_whole_request(c)) close_connection(id);
+    else set_events(c.fd, id, c.out.empty() ? 0u : static_cast<uint32_t>(EPOLLOUT));
+  }
+
+  // A request queued behind a pending Wait, still to be answered.
+  static bool has_whole_request(const Connection& c) {
+    auto length = peek_frame_length(c.in);
+    return length && c.in.size() >= 4 + *length;
   }
 
   void reject(uint64_t id) {
@@ -362,7 +387,10 @@ class StoreServer::Loop {
   void drain_pending_frames() {
     auto pending = std::move(pending_frames_);
     pending_frames_.clear();
-    for (uint64_t id : pending) process_frames(id);
+    for (uint64_t id : pending) {
+      process_frames(id);
+      close_when_answered(id);
+    }
   }
 
   void reply(uint64_t id, Connection& c, const Writer& w) {
@@ -377,13 +405,17 @@ class StoreServer::Loop {
       if (n > 0) { c.out.erase(0, static_cast<size_t>(n)); continue; }
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-        set_events(c.fd, id, EPOLLIN | EPOLLOUT);
+        set_events(c.fd, id, c.peer_done ? static_cast<uint32_t>(EPOLLOUT) : static_cast<uint32_t>(EPOLLIN | EPOLLOUT));
         return true;
       }
       close_connection(id);
       return false;
     }
-    set_events(c.fd, id, EPOLLIN);
+    if (c.peer_done && !c.waiting && !has_whole_request(c)) {  // all answered
+      close_connection(id);
+      return false;
+    }
+    set_events(c.fd, id, c.peer_done ? 0u : static_cast<uint32_t>(EPOLLIN));
     return true;
   }
 

@@ -234,3 +234,32 @@ TEST_CASE("extreme wait timeouts and additions are answered, not undefined") {
   setter.join();
   CHECK(c.get("later") == "1");
 }
+
+TEST_CASE("requests followed by a half-close are answered before the server closes") {
+  StoreServer server({.token = kToken});
+  TcpStoreClient(address_of(server), kToken, 5s).set("k", "v");
+  int fd = raw_connect(server.port());
+  using ddl::store::Op;
+  using ddl::store::Writer;
+  std::string requests = Writer().u8(static_cast<uint8_t>(Op::Auth)).str(kToken).frame() +
+                         Writer().u8(static_cast<uint8_t>(Op::Wait)).u32(1).str("later").i64(5000).frame() +
+                         Writer().u8(static_cast<uint8_t>(Op::Get)).str("k").frame();
+  REQUIRE(::send(fd, requests.data(), requests.size(), 0) == static_cast<ssize_t>(requests.size()));
+  REQUIRE(::shutdown(fd, SHUT_WR) == 0);  // done sending; still reading
+  std::thread setter([&] {
+    std::this_thread::sleep_for(200ms);
+    TcpStoreClient(address_of(server), kToken, 5s).set("later", "1");
+  });
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  std::string replies;
+  char buf[256];
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) replies.append(buf, static_cast<size_t>(n));  // until the server closes
+  setter.join();
+  ::close(fd);
+  // Three replies: auth Ok, wait Ok (once "later" was set), and the Get's value.
+  std::string want = Writer().u8(static_cast<uint8_t>(ddl::store::Status::Ok)).frame() +
+                     Writer().u8(static_cast<uint8_t>(ddl::store::Status::Ok)).frame() +
+                     Writer().u8(static_cast<uint8_t>(ddl::store::Status::Ok)).str("v").frame();
+  CHECK(replies == want);
+}
