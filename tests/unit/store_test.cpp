@@ -263,3 +263,39 @@ TEST_CASE("requests followed by a half-close are answered before the server clos
                      Writer().u8(static_cast<uint8_t>(ddl::store::Status::Ok)).str("v").frame();
   CHECK(replies == want);
 }
+
+TEST_CASE("after a reply comes too late, the client drops the connection instead of reading it as the next answer") {
+  // A fake store: accepts, answers the auth, then answers the next request only after 1 s.
+  int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::listen(listener, 1) == 0);
+  socklen_t len = sizeof addr;
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  const std::string address = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  using ddl::store::Status;
+  using ddl::store::Writer;
+  std::thread fake([&] {
+    int fd = ::accept(listener, nullptr, nullptr);
+    char buf[4096];
+    ::recv(fd, buf, sizeof buf, 0);  // the auth frame
+    std::string ok = Writer().u8(static_cast<uint8_t>(Status::Ok)).frame();
+    ::send(fd, ok.data(), ok.size(), MSG_NOSIGNAL);
+    ::recv(fd, buf, sizeof buf, 0);  // the set
+    std::this_thread::sleep_for(1000ms);
+    std::string late = Writer().u8(static_cast<uint8_t>(Status::Ok)).str("stale").frame();
+    ::send(fd, late.data(), late.size(), MSG_NOSIGNAL);
+    std::this_thread::sleep_for(500ms);
+    ::close(fd);
+  });
+  {
+    TcpStoreClient c(address, kToken, 300ms);
+    CHECK_THROWS_WITH_AS(c.set("k", "v"), doctest::Contains("timed out"), ddl::Error);
+    std::this_thread::sleep_for(1200ms);  // the late reply has arrived by now
+    CHECK_THROWS_WITH_AS(c.try_get("k"), doctest::Contains("was dropped after an earlier failure"), ddl::Error);
+  }
+  fake.join();
+  ::close(listener);
+}

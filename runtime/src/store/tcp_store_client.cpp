@@ -173,6 +173,21 @@ TcpStoreClient::~TcpStoreClient() {
 std::string TcpStoreClient::call(const std::string& request, const char* what, const std::string& key,
                                  Clock::time_point deadline, uint8_t* status) {
   auto where = [&] { return key.empty() ? std::string(what) : fmt::format("{} '{}'", what, key); };
+  if (fd_ < 0)
+    throw Error(fmt::format("store {} failed: the connection to {} was dropped after an earlier failure", where(), address_),
+                "connect again (a late reply to the failed request would have answered this one)");
+  // Any failure below leaves the stream between frames unknown: the connection is given up, so a
+  // reply that arrives late cannot be taken for the answer to the next request.
+  struct DropUnlessDone {
+    int& fd;
+    bool done = false;
+    ~DropUnlessDone() {
+      if (!done && fd >= 0) {
+        ::close(fd);
+        fd = -1;
+      }
+    }
+  } drop{fd_};
   if (!send_all(fd_, request, deadline))
     throw Error(fmt::format("store {} failed: cannot send to {}", where(), address_), "the ddl run that hosts the store may have ended");
   char header[4];
@@ -194,6 +209,7 @@ std::string TcpStoreClient::call(const std::string& request, const char* what, c
     throw Error(fmt::format("store {} failed: {} closed the connection", where(), address_),
                 "the ddl run that hosts the store may have ended");
   }
+  drop.done = true;  // a whole reply arrived: the stream is at a frame boundary again
   *status = static_cast<uint8_t>(body[0]);
   if (*status == static_cast<uint8_t>(Status::Error))
     throw Error(fmt::format("store {} failed: {}", where(), Reader(std::string_view(body).substr(1)).str().value_or("malformed error reply")));
