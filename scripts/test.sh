@@ -3,4 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec ctest --test-dir build --output-on-failure -j 1
+ctest --test-dir build --output-on-failure -j 1
+# The C++ tests again under AddressSanitizer + UndefinedBehaviorSanitizer.
+exec bash scripts/sanitizers.sh

@@ -1,5 +1,6 @@
 #include "runtime/src/store/tcp_store_client.hpp"
 
+#include <algorithm>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -251,9 +252,11 @@ void TcpStoreClient::wait(const std::vector<std::string>& keys, milliseconds tim
   for (const auto& k : keys) w.str(k);
   w.i64(timeout.count());
   const std::string first = keys.empty() ? std::string() : keys.front();
-  // The server enforces `timeout`; the socket deadline leaves it a margin to say so itself.
+  // The server enforces `timeout`; the socket deadline leaves it a margin to say so itself. Both
+  // clamp it to a year, so that no timeout overflows the clock.
   uint8_t status = 0;
-  call(w.frame(), "wait", first, Clock::now() + timeout + milliseconds(2000), &status);
+  const milliseconds bounded = std::clamp(timeout, milliseconds(0), milliseconds(365LL * 24 * 3600 * 1000));
+  call(w.frame(), "wait", first, Clock::now() + bounded + milliseconds(2000), &status);
   if (status == static_cast<uint8_t>(Status::Timeout))
     throw Error(fmt::format("store wait for '{}'{} timed out after {} ms", first,
                             keys.size() > 1 ? fmt::format(" and {} more keys", keys.size() - 1) : "", timeout.count()),
