@@ -32,6 +32,7 @@ struct AllocationShape {
   std::vector<std::string> hosts;
   int gpus_per_node = 0;
   int cpus_per_node = 1;
+  std::vector<int> tasks_per_node;  // what the allocation asked srun to start on each node, if known
 };
 
 AllocationShape shape_of(const backends::Allocation& allocation, const Environment& env) {
@@ -43,6 +44,7 @@ AllocationShape shape_of(const backends::Allocation& allocation, const Environme
     shape.hosts = backends::slurm::expand_hostlist(*nodelist);
     shape.gpus_per_node = backends::slurm::gpus_per_node(env);
     shape.cpus_per_node = backends::slurm::cpus_per_node(env);
+    shape.tasks_per_node = backends::slurm::tasks_per_node(env, static_cast<int>(shape.hosts.size()));
   } else {
     shape.hosts = backends::pbs::nodefile_hosts(lookup(env, "PBS_NODEFILE").value_or(""));
     shape.gpus_per_node = discover_gpus(env).count();  // this node's, taken for every node
@@ -50,6 +52,19 @@ AllocationShape shape_of(const backends::Allocation& allocation, const Environme
     shape.cpus_per_node = ncpus && std::atoi(ncpus->c_str()) > 0 ? std::atoi(ncpus->c_str()) : available_cpus();
   }
   return shape;
+}
+
+// CPU workers with no count: as many per node as srun would start (salloc --ntasks-per-node),
+// so `ddl run --cpu` and `srun` agree; one per node when the allocation does not say.
+std::optional<int> allocation_tasks_per_node(const backends::Allocation& allocation, const AllocationShape& shape, int nodes) {
+  if (shape.tasks_per_node.empty()) return std::nullopt;
+  const auto used_end = shape.tasks_per_node.begin() + std::min<long>(nodes, static_cast<long>(shape.tasks_per_node.size()));
+  const auto [fewest, most] = std::minmax_element(shape.tasks_per_node.begin(), used_end);
+  if (*fewest != *most)
+    throw UsageError(fmt::format("{} job {} starts {} to {} tasks on its nodes, and ddl runs the same number on every node",
+                                 backends::scheduler_name(allocation.scheduler), allocation.job_id, *fewest, *most),
+                     fmt::format("give the count: --nproc-per-node {} (or ask for --ntasks-per-node)", *fewest));
+  return *fewest;
 }
 
 WorldPlan plan_in_allocation(const RunRequest& request, const backends::Allocation& allocation, const AllocationShape& shape) {
@@ -65,6 +80,8 @@ WorldPlan plan_in_allocation(const RunRequest& request, const backends::Allocati
                      fmt::format("use --gpus-per-node {} or fewer, or ask the scheduler for more GPUs per node", shape.gpus_per_node));
   if (!launch.num_nodes) launch.num_nodes = launch.total_workers && !launch.workers_per_node && !launch.gpus_per_node
                                                 ? std::min(nodes, *launch.total_workers) : nodes;
+  if (!launch.total_workers && !launch.workers_per_node && !launch.gpus_per_node && (launch.cpu_only || shape.gpus_per_node == 0))
+    launch.workers_per_node = allocation_tasks_per_node(allocation, shape, *launch.num_nodes);
   return plan_world(launch, shape.gpus_per_node);
 }
 

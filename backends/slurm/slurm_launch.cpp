@@ -62,6 +62,25 @@ int cpus_per_node(const Environment& env) {
   return 1;
 }
 
+std::vector<int> tasks_per_node(const Environment& env, int num_nodes) {
+  std::vector<int> counts;
+  if (auto spec = lookup(env, "SLURM_TASKS_PER_NODE")) {
+    static const std::regex entry(R"((\d{1,7})(?:\(x(\d{1,7})\))?)");
+    std::stringstream parts(*spec);
+    for (std::string part; std::getline(parts, part, ',');) {
+      std::smatch m;
+      if (!std::regex_match(part, m, entry) || std::stoi(m[1]) < 1) return {};
+      const int repeat = m[2].matched ? std::stoi(m[2]) : 1;
+      if (counts.size() + static_cast<size_t>(repeat) > 1'000'000) return {};
+      counts.insert(counts.end(), static_cast<size_t>(repeat), std::stoi(m[1]));
+    }
+    return counts;
+  }
+  if (auto per_node = lookup(env, "SLURM_NTASKS_PER_NODE"); per_node && leading_int(*per_node) > 0)
+    counts.assign(static_cast<size_t>(std::max(num_nodes, 1)), leading_int(*per_node));
+  return counts;
+}
+
 bool srun_offers_pmix() {
   CommandResult r = run_command({"srun", "--mpi=list"}, std::chrono::seconds(10));
   return r.ok() && (r.out + r.err).find("pmix") != std::string::npos;

@@ -22,6 +22,11 @@ int gpus_per_node(const Environment& env);
 // CPUs per node: SLURM_CPUS_ON_NODE, else the first count of SLURM_JOB_CPUS_PER_NODE ("64(x2)").
 int cpus_per_node(const Environment& env);
 
+// Tasks per node of the allocation, one entry per node: SLURM_TASKS_PER_NODE ("2(x3),1" ->
+// 2,2,2,1), else SLURM_NTASKS_PER_NODE for each of `num_nodes`; empty when neither is set or
+// readable. What srun would start, and so what `ddl run` starts for CPU workers with no count.
+std::vector<int> tasks_per_node(const Environment& env, int num_nodes);
+
 // Whether this Slurm's srun offers --mpi=pmix (`srun --mpi=list`).
 bool srun_offers_pmix();
 

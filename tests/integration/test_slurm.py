@@ -90,6 +90,13 @@ class Slurm(unittest.TestCase):
         self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
         self.assertIn("identical", result.stdout)
 
+    def test_cpu_workers_without_a_count_follow_the_allocation_s_tasks_per_node(self):
+        # As srun would: salloc --ntasks-per-node 3 means 3 CPU workers, not 1.
+        result = self.salloc("run", "--cpu", "--", CHECKS, "world", alloc=("--ntasks-per-node", "3"))
+        self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
+        by_rank = lines_by_rank(result.stdout)
+        self.assertEqual([by_rank[r][0] for r in range(3)], [f"world rank {r} size 3 local {r}/3 node 0" for r in range(3)])
+
     def test_libddl_bootstraps_through_pmix_under_srun_mpi_pmix_without_ddl_run(self):
         # No ddl run, so no store: the workers find each other through Slurm's PMIx server alone.
         env = {k: v for k, v in slurm_env().items() if not k.startswith("DDL_")}

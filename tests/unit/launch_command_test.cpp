@@ -103,6 +103,17 @@ TEST_CASE("Slurm allocation facts: GPUs and CPUs per node in every form Slurm wr
   CHECK(slurm::gpus_per_node({{"SLURM_JOB_GPUS", "0,1,2"}}) == 3);
   CHECK(slurm::gpus_per_node({}) == 0);
   CHECK(slurm::cpus_per_node({{"SLURM_JOB_CPUS_PER_NODE", "128(x2)"}}) == 128);
+}
+
+TEST_CASE("the tasks srun would start on each node of the allocation") {
+  CHECK(slurm::tasks_per_node({{"SLURM_TASKS_PER_NODE", "2(x2)"}}, 2) == std::vector<int>{2, 2});
+  CHECK(slurm::tasks_per_node({{"SLURM_TASKS_PER_NODE", "2(x3),1"}}, 4) == std::vector<int>{2, 2, 2, 1});
+  CHECK(slurm::tasks_per_node({{"SLURM_TASKS_PER_NODE", "4"}}, 1) == std::vector<int>{4});
+  CHECK(slurm::tasks_per_node({{"SLURM_NTASKS_PER_NODE", "3"}}, 2) == std::vector<int>{3, 3});
+  CHECK(slurm::tasks_per_node({{"SLURM_TASKS_PER_NODE", "2(x"}}, 2).empty());
+  CHECK(slurm::tasks_per_node({{"SLURM_TASKS_PER_NODE", "0"}}, 1).empty());
+  CHECK(slurm::tasks_per_node({{"SLURM_TASKS_PER_NODE", "1(x99999999)"}}, 1).empty());
+  CHECK(slurm::tasks_per_node({}, 2).empty());
   CHECK(slurm::expand_hostlist("nid001") == std::vector<std::string>{"nid001"});
 }
 
