@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/check_build_command.hpp"
+#include "cli/agent_command.hpp"
 #include "cli/exec_command.hpp"
 #include "cli/jupyter_command.hpp"
 #include "cli/run_command.hpp"
@@ -58,6 +59,7 @@ int main(int argc, char** argv) {
   ddl::cli::JobCommands jobs(app);
   ddl::cli::JupyterCommand jupyter(app);
   ddl::cli::CheckBuildCommand check_build(app);
+  ddl::cli::AgentCommand agent(app);
 
   SplitArguments split = split_arguments(argc, argv);
   std::vector<std::string> args(split.ddl_args.rbegin(), split.ddl_args.rend());  // CLI11 takes them last-first
@@ -81,6 +83,7 @@ int main(int argc, char** argv) {
     if (jobs.selected()) return jobs.execute();
     if (jupyter.selected()) return jupyter.execute();
     if (check_build.selected()) return check_build.execute();
+    if (agent.selected()) return agent.execute();
   } catch (const ddl::Error& e) {
     print_error(e.what(), e.hint());
     return e.exit_code();

@@ -11,6 +11,8 @@
 
 #include "cli/validators.hpp"
 #include "launcher/host.hpp"
+#include "launcher/host_list.hpp"
+#include "launcher/remote_run.hpp"
 #include "launcher/run_job.hpp"
 #include "runtime/src/common/environment.hpp"
 #include "runtime/src/common/error.hpp"
@@ -29,7 +31,9 @@ void print_outcome(const launcher::RunOutcome& o) {
     const auto& f = *o.failure;
     std::string how = f.signal ? fmt::format("was killed by {} (exit code {})", signal_name(f.signal), f.exit_code)
                                : fmt::format("exited with code {}", f.exit_code);
-    if (f.rank < 0)
+    if (!f.description.empty())
+      std::fprintf(stderr, "ddl: error: %s; stopped %d other worker(s)\n", f.description.c_str(), o.workers_stopped);
+    else if (f.rank < 0)
       std::fprintf(stderr, "ddl: error: %s %s without naming a failed rank (see its messages above)\n", f.host.c_str(), how.c_str());
     else
       std::fprintf(stderr, "ddl: error: rank %d on %s %s; stopped %d other worker(s)\n", f.rank, f.host.c_str(), how.c_str(),
@@ -65,6 +69,7 @@ struct RunFlags {
   std::string launcher = "auto";
   std::string gpu_order = "as-listed";
   std::string mpi = "auto";
+  std::string hosts, hostfile, rsh;
 };
 
 RunCommand::RunCommand(CLI::App& app) : flags_(std::make_shared<RunFlags>()) {
@@ -89,6 +94,9 @@ RunCommand::RunCommand(CLI::App& app) : flags_(std::make_shared<RunFlags>()) {
       ->capture_default_str();
   app_->add_option("--mpi", f.mpi, "srun's --mpi: auto (pmix when Slurm offers it), none (faster start; libddl and torch need no PMIx), or a plugin")
       ->capture_default_str();
+  auto* hosts = app_->add_option("-H,--hosts", f.hosts, "Run on these hosts over ssh: host1:4,host2:4 (host:slots; a host named N times has N slots)");
+  app_->add_option("--hostfile", f.hostfile, "Run on the hosts of FILE over ssh: lines 'host slots=4' or 'host:4'")->excludes(hosts);
+  app_->add_option("--rsh", f.rsh, fmt::format("Remote shell for -H/--hostfile, split at blanks (default: {})", launcher::kDefaultRemoteShell));
   app_->add_option("--gpu-order", f.gpu_order, "as-listed, or reverse: local rank 0 gets the node's last GPU (Polaris)")
       ->check(CLI::IsMember({"as-listed", "reverse"}))
       ->capture_default_str();
@@ -110,6 +118,10 @@ int RunCommand::execute(const std::optional<std::vector<std::string>>& program) 
   request.srun_mpi = f.mpi;
   request.launch.share_gpus = f.share_gpus;
   request.command = program_to_run(program, app_->remaining());
+  if (!f.hosts.empty()) request.hosts = launcher::parse_host_flag(f.hosts);
+  if (!f.hostfile.empty()) request.hosts = launcher::read_hostfile(f.hostfile);
+  if (!f.rsh.empty() && request.hosts.empty()) throw UsageError("--rsh is for -H/--hostfile", "add -H host1:4,host2:4, or drop --rsh");
+  request.remote_shell = f.rsh;
   request.launcher = f.launcher == "local"    ? launcher::TaskLauncher::Local
                      : f.launcher == "srun"   ? launcher::TaskLauncher::Srun
                      : f.launcher == "mpirun" ? launcher::TaskLauncher::OpenMpi

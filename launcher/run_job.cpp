@@ -8,6 +8,7 @@
 #include "launcher/gpu_inventory.hpp"
 #include "launcher/host.hpp"
 #include "launcher/port_reservation.hpp"
+#include "launcher/remote_run.hpp"
 #include "launcher/store_server.hpp"
 #include "launcher/worker_environment.hpp"
 #include "launcher/worker_process.hpp"
@@ -42,6 +43,12 @@ void check_libddl_settings(const Environment& env) {
 
 RunOutcome run_job(const RunRequest& request, const Environment& env, const std::function<void(const std::string&)>& log) {
   check_libddl_settings(env);
+  if (!request.hosts.empty()) {
+    if (request.launcher != TaskLauncher::Auto && request.launcher != TaskLauncher::Local)
+      throw UsageError("-H/--hostfile starts workers through the remote shell, and --launcher names another launcher",
+                       "drop --launcher, or drop -H/--hostfile to use the allocation's launcher");
+    return run_on_hosts(request, env, log);
+  }
   const backends::Allocation allocation = backends::detect_allocation(env);
   const bool in_allocation = allocation.scheduler != backends::Scheduler::None;
   if (in_allocation && request.launcher != TaskLauncher::Local) return run_in_allocation(request, allocation, env, log);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "launcher/gpu_inventory.hpp"
+#include "launcher/host_list.hpp"
 #include "launcher/supervisor.hpp"
 #include "launcher/world_plan.hpp"
 #include "runtime/src/common/environment.hpp"
@@ -25,6 +26,8 @@ struct RunRequest {
   std::string srun_mpi = "auto";     // srun --mpi: auto (pmix when Slurm offers it), none, or a plugin
   std::vector<std::string> command;  // program and its arguments
   SupervisorOptions supervision;
+  std::vector<HostSlots> hosts;      // -H / --hostfile: run on these hosts over the remote shell
+  std::string remote_shell;          // --rsh: the remote shell command; empty for the default
 };
 
 // Runs the job and returns how it ended. Inside a Slurm or PBS allocation the workers are started

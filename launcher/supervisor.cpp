@@ -88,15 +88,37 @@ struct Worker {
   std::deque<std::string> stderr_tail;
   LineLabeller labeller;
   int interrupt_signal = 0;
+  int control_fd = -1;  // write end of a remote shell's stdin, or -1
 };
+
+// A remote shell still running this long after it was sent SIGKILL for its workers is killed.
+constexpr std::chrono::seconds kRemoteKillWait{3};
+
+// Writes all of `data` to a pipe, waiting while it is full; false if the reader is gone.
+bool write_to_pipe(int fd, std::string_view data) {
+  while (!data.empty()) {
+    ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) {
+      pollfd p{fd, POLLOUT, 0};
+      ::poll(&p, 1, 100);
+      continue;
+    }
+    if (n <= 0) return false;
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return true;
+}
 
 class Run {
  public:
   Run(const SupervisorOptions& options, int signal_fd, const sigset_t& child_mask)
-      : options_(options), signal_fd_(signal_fd), child_mask_(child_mask) {}
+      : options_(options), signal_fd_(signal_fd), control_fd_(options.control_fd), child_mask_(child_mask) {}
 
   ~Run() {
     for (auto& [key, fd] : rank_files_) ::close(fd);
+    for (auto& w : workers_)
+      if (w.control_fd >= 0) ::close(w.control_fd);
     for (auto& s : streams_) {
       if (s.fd >= 0) ::close(s.fd);
       if (s.file_fd >= 0) ::close(s.file_fd);
@@ -139,9 +161,11 @@ class Run {
     w.rank = launch.rank;
     w.labeller = launch.labeller;
     w.interrupt_signal = launch.interrupt_signal;
-    w.process = spawn_worker(launch.program, launch.argv, launch.env, child_mask_);
-    const std::string prefix = options_.prefix_output ? rank_prefix(launch.rank) : std::string();
-    const bool files = !options_.output_dir.empty() && !launch.labeller;
+    w.process = launch.control_input ? spawn_with_control(launch, w) : spawn_worker(launch.program, launch.argv, launch.env, child_mask_);
+    const std::string prefix = options_.relay_with_rank_labels ? fmt::format("{}: ", launch.rank)
+                               : options_.prefix_output        ? rank_prefix(launch.rank)
+                                                               : std::string();
+    const bool files = !options_.output_dir.empty() && !launch.labeller && !options_.relay_with_rank_labels;
     const LineLabeller* labeller = launch.labeller ? &w.labeller : nullptr;
     Stream& out = streams_.emplace_back();
     out.fd = w.process.stdout_fd;
@@ -160,6 +184,25 @@ class Run {
     err.file_suffix = "err";
   }
 
+  // A remote shell: its stdin is a pipe that carries the job first, then signals.
+  WorkerProcess spawn_with_control(const WorkerLaunch& launch, Worker& w) {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) throw Error(fmt::format("cannot create a pipe: {}", std::strerror(errno)));
+    WorkerProcess process;
+    try {
+      process = spawn_worker(launch.program, launch.argv, launch.env, child_mask_, fds[0]);
+    } catch (...) {
+      ::close(fds[0]);
+      ::close(fds[1]);
+      throw;
+    }
+    ::close(fds[0]);
+    w.control_fd = fds[1];
+    ::fcntl(w.control_fd, F_SETFL, O_NONBLOCK);
+    write_to_pipe(w.control_fd, *launch.control_input);  // a shell that fails to connect reads none of it
+    return process;
+  }
+
   int running_workers() const {
     int n = 0;
     for (const auto& w : workers_) n += w.running ? 1 : 0;
@@ -168,29 +211,59 @@ class Run {
 
   // Waits for output, a signal or the kill deadline, and handles what came.
   void step() {
-    std::vector<pollfd> fds{{signal_fd_, POLLIN, 0}};
+    std::vector<pollfd> fds{{signal_fd_, POLLIN, 0}, {control_fd_, POLLIN, 0}};
     std::vector<Stream*> polled;
     for (auto& s : streams_) {
       if (s.fd < 0) continue;
       fds.push_back({s.fd, POLLIN, 0});
       polled.push_back(&s);
     }
-    int rc = ::poll(fds.data(), fds.size(), ms_until_kill_deadline());
+    int rc = ::poll(fds.data(), fds.size(), ms_until_next_deadline());
     if (rc < 0 && errno != EINTR) throw Error(fmt::format("poll failed: {}", std::strerror(errno)));
-    for (size_t i = 1; i < fds.size(); ++i)
-      if (fds[i].revents != 0) read_stream(*polled[i - 1]);
+    for (size_t i = 2; i < fds.size(); ++i)
+      if (fds[i].revents != 0) read_stream(*polled[i - 2]);
     if (fds[0].revents & POLLIN) handle_signals();
+    if (fds[1].revents != 0) read_control();
     if (kill_deadline_ && Clock::now() >= *kill_deadline_) {
       escalated_ = true;
       signal_all(SIGKILL);
       kill_deadline_.reset();
     }
+    if (remote_kill_deadline_ && Clock::now() >= *remote_kill_deadline_) {
+      for (const auto& w : workers_)
+        if (w.control_fd >= 0) ::kill(-w.process.pid, SIGKILL);
+      remote_kill_deadline_.reset();
+    }
   }
 
-  int ms_until_kill_deadline() const {
-    if (!kill_deadline_) return -1;
-    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(*kill_deadline_ - Clock::now()).count();
+  int ms_until_next_deadline() const {
+    std::optional<Clock::time_point> next = kill_deadline_;
+    if (remote_kill_deadline_ && (!next || *remote_kill_deadline_ < *next)) next = remote_kill_deadline_;
+    if (!next) return -1;
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(*next - Clock::now()).count();
     return ms < 0 ? 0 : static_cast<int>(ms + 1);
+  }
+
+  // The launching host's word (an agent's stdin): "signal N" lines; the end means it is gone.
+  void read_control() {
+    char buf[256];
+    ssize_t n = ::read(control_fd_, buf, sizeof buf);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    if (n <= 0) {
+      control_fd_ = -1;  // poll ignores it from now on; the owner closes it
+      on_external_signal(SIGHUP);
+      return;
+    }
+    control_splitter_.feed(std::string_view(buf, static_cast<size_t>(n)), [&](std::string_view line, char) {
+      int sig = 0;
+      if (std::sscanf(std::string(line).c_str(), "signal %d", &sig) != 1 || sig < 1 || sig >= NSIG) return;
+      if (sig == SIGKILL) {
+        escalated_ = true;
+        signal_all(SIGKILL);
+      } else {
+        on_external_signal(sig);
+      }
+    });
   }
 
   // Reads what is there now; the lines it completes go out in one write each way.
@@ -321,8 +394,19 @@ class Run {
 
   // Signals each worker's whole process group (what it forked too). A task launcher that wants
   // another signal to stop its tasks gets that one instead of SIGINT.
+  // A remote shell gets the signal as a line for its agent to deliver.
   void signal_all(int sig) {
-    for (const auto& w : workers_) ::kill(-w.process.pid, sig == SIGINT && w.interrupt_signal ? w.interrupt_signal : sig);
+    for (const auto& w : workers_) {
+      const int to_send = sig == SIGINT && w.interrupt_signal ? w.interrupt_signal : sig;
+      if (w.control_fd < 0) {
+        ::kill(-w.process.pid, to_send);
+        continue;
+      }
+      if (!w.running) continue;
+      if (!write_to_pipe(w.control_fd, fmt::format("signal {}\n", to_send)) || to_send == SIGKILL) {
+        if (!remote_kill_deadline_) remote_kill_deadline_ = Clock::now() + kRemoteKillWait;
+      }
+    }
   }
 
   // After the last worker: whatever they left behind (in their groups, or re-parented to ddl).
@@ -374,6 +458,9 @@ class Run {
 
   const SupervisorOptions& options_;
   int signal_fd_;
+  int control_fd_;  // the launching host's control lines (an agent's stdin), -1 when none or ended
+  LineSplitter control_splitter_;
+  std::optional<Clock::time_point> remote_kill_deadline_;
   const sigset_t& child_mask_;
   std::vector<Worker> workers_;
   std::vector<Stream> streams_;

@@ -23,6 +23,12 @@ struct SupervisorOptions {
   bool prefix_output = true;                       // "[rank] " before each line
   std::string output_dir;                          // also write rank.N.out / rank.N.err here when set
   std::string host;                                // this node's name, for the failure summary
+  // On a host of `ddl run -H`, the agent's stdin from the launching host: a line "signal N" acts as
+  // signal N arriving, and its end (the connection dropped) as SIGHUP. -1: none.
+  int control_fd = -1;
+  // Output lines go out as "rank: text" for the launching host to label (prefix_output and
+  // output_dir are then the launching host's business).
+  bool relay_with_rank_labels = false;
 };
 
 // Reads one line of a task launcher's output (srun --label, mpirun --tag-output): nullopt for a
@@ -40,9 +46,16 @@ struct WorkerLaunch {
   LineLabeller labeller;
   // The signal that tells it to stop its tasks, when SIGINT does not (srun wants two SIGINTs).
   int interrupt_signal = 0;
+  // Set for a remote shell running a host's agent: its stdin is a pipe that gets this text first
+  // and then the signals meant for its workers, as lines "signal N". SIGKILL is also sent as a
+  // line, and the remote shell itself is killed a few seconds later if it has not ended by then.
+  std::optional<std::string> control_input;
+  // What to call this launch in the failure summary when it is not a worker (a host's name).
+  std::string host;
 };
 
 struct WorkerFailure {
+  std::string description;  // set when no rank failed but the launch did: the whole error, one line
   int rank = 0;          // -1 when a task launcher ran the workers and did not say which one failed
   std::string host;      // where it ran; with rank -1, the task launcher's name
   int exit_code = 0;  // the worker's exit status, or 128 + signal

@@ -55,7 +55,7 @@ std::string resolve_program(const std::string& name, const std::string& path) {
 }
 
 WorkerProcess spawn_worker(const std::string& program, const std::vector<std::string>& argv, const Environment& env,
-                           const sigset_t& child_signal_mask) {
+                           const sigset_t& child_signal_mask, int stdin_fd) {
   int out_pipe[2];
   int err_pipe[2];
   if (::pipe2(out_pipe, O_CLOEXEC) != 0) throw Error(fmt::format("cannot create a pipe: {}", std::strerror(errno)));
@@ -87,8 +87,7 @@ WorkerProcess spawn_worker(const std::string& program, const std::vector<std::st
     // Workers never outlive ddl: if ddl is killed, the kernel kills the worker.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(137);
-    int devnull = ::open("/dev/null", O_RDONLY);
-    ::dup2(devnull, STDIN_FILENO);
+    ::dup2(stdin_fd >= 0 ? stdin_fd : ::open("/dev/null", O_RDONLY), STDIN_FILENO);
     ::dup2(out_pipe[1], STDOUT_FILENO);
     ::dup2(err_pipe[1], STDERR_FILENO);
     ::signal(SIGPIPE, SIG_DFL);

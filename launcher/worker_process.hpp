@@ -23,8 +23,9 @@ struct WorkerProcess {
 };
 
 // Forks and executes `program` with `argv` and `env`. The child runs with `child_signal_mask`
-// and default SIGPIPE; if exec fails it says why on its stderr and exits 127.
+// and default SIGPIPE; if exec fails it says why on its stderr and exits 127. Its stdin is
+// `stdin_fd` when given, else /dev/null.
 WorkerProcess spawn_worker(const std::string& program, const std::vector<std::string>& argv, const Environment& env,
-                           const sigset_t& child_signal_mask);
+                           const sigset_t& child_signal_mask, int stdin_fd = -1);
 
 }  // namespace ddl::launcher

@@ -16,6 +16,7 @@ packages=(
   slurm-wlm munge                 # integration tests: one-node Slurm (scripts/local_slurm.sh); its pmix needs libpmix-dev
   lmod                            # integration tests: real `module load` in the generated Perlmutter script
   jupyter-notebook python3-jupyter-server  # integration tests: ddl jupyter starts a real server
+  openssh-server openssh-client iproute2 util-linux  # integration tests: hosts of scripts/testbed.sh, ddl run -H over ssh
 )
 
 missing=()

@@ -21,6 +21,7 @@
 #include "runtime/src/backends/pmix_bootstrap.hpp"
 #include "runtime/src/common/environment.hpp"
 #include "runtime/src/common/error.hpp"
+#include "runtime/src/common/net_address.hpp"
 #include "runtime/src/engine/dtype.hpp"
 #include "runtime/src/engine/engine.hpp"
 #include "runtime/src/store/tcp_store_client.hpp"
@@ -122,9 +123,16 @@ std::string bootstrap_mode() {
   return "single";
 }
 
-// One node: peers are reached over loopback. Several: by this host's name.
+// One node: peers are reached over loopback. Several: at this host's address on the route to the
+// store's host (DDL_GLOO_ADDR overrides it), else (PMIx, or the store's own host) by its name.
 std::string interface_host(int num_nodes) {
   if (num_nodes <= 1) return "127.0.0.1";
+  if (const char* given = std::getenv("DDL_GLOO_ADDR"); given != nullptr && *given != '\0') return given;
+  if (const char* store = std::getenv("DDL_STORE_ADDR"); store != nullptr) {
+    const std::string addr = store;
+    std::string towards = ddl::address_towards(addr.substr(0, addr.rfind(':')));
+    if (!towards.starts_with("127.")) return towards;  // on the store's own host the route is loopback
+  }
   char name[256] = {};
   ::gethostname(name, sizeof name - 1);
   return name;

@@ -1,0 +1,82 @@
+#include "launcher/host_agent.hpp"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstdio>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "launcher/host.hpp"
+#include "launcher/remote_job.hpp"
+#include "launcher/supervisor.hpp"
+#include "launcher/worker_process.hpp"
+#include "runtime/src/common/error.hpp"
+
+namespace ddl::launcher {
+
+namespace {
+
+constexpr size_t kLongestJob = 64 << 20;
+
+// The first line of `fd`, read a byte at a time so that nothing after it (the control lines the
+// supervisor reads later) is consumed.
+std::string read_job_line(int fd) {
+  std::string line;
+  for (char c; line.size() < kLongestJob;) {
+    ssize_t n = ::read(fd, &c, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw Error("the launching host sent no job (its connection ended first)", "ddl agent is started by ddl run -H, not by hand");
+    if (c == '\n') return line;
+    line.push_back(c);
+  }
+  throw Error("the job the launching host sent is too long");
+}
+
+GpuInventory gpus_for(const RemoteJob& job) {
+  if (!job.plan.gpu_workers) return {{}, "--cpu"};
+  GpuInventory gpus = in_order(discover_gpus(job.env), job.gpu_order);
+  if (gpus.count() == 0)
+    throw UsageError(fmt::format("{} has no GPU visible and the run has GPU workers", host_name()),
+                     "give every host GPUs, or run CPU workers with --cpu");
+  if (gpus.count() < job.plan.workers_per_node && !job.share_gpus)
+    throw UsageError(fmt::format("{} has {} GPU(s) for {} GPU workers per host", host_name(), gpus.count(), job.plan.workers_per_node),
+                     "run fewer workers per host, or add --share-gpus");
+  return gpus;
+}
+
+}  // namespace
+
+int run_host_agent(int control_fd) {
+  const RemoteJob job = decode_remote_job(read_job_line(control_fd));
+  SupervisorOptions options;
+  options.grace_period = std::chrono::milliseconds(job.grace_period_ms);
+  options.host = host_name();
+  options.control_fd = control_fd;
+  options.relay_with_rank_labels = true;
+  Supervisor supervisor(options);  // before any thread could start
+
+  if (!job.working_dir.empty() && ::chdir(job.working_dir.c_str()) != 0)
+    std::fprintf(stderr, "ddl: note: %s has no directory %s (%s); its workers start in the remote shell's directory\n",
+                 options.host.c_str(), job.working_dir.c_str(), std::strerror(errno));
+  // Programs the agent runs itself (nvidia-smi) come from the run's PATH, as the workers' do.
+  for (const char* name : {"PATH", "LD_LIBRARY_PATH"})
+    if (auto value = lookup(job.env, name)) ::setenv(name, value->c_str(), 1);
+  const GpuInventory gpus = gpus_for(job);
+  const std::string program = resolve_program(job.command.front(), lookup(job.env, "PATH").value_or("/usr/bin:/bin"));
+  RunContext run = job.run;
+  run.cpus_on_node = job.cpus_per_task ? *job.cpus_per_task * job.plan.workers_per_node : available_cpus();
+
+  std::vector<WorkerLaunch> launches;
+  for (const WorkerSlot& slot : job.plan.slots_on_node(job.node_rank))
+    launches.push_back({slot.rank, program, job.command, worker_environment(job.env, job.plan, slot, run, gpus)});
+  const RunOutcome outcome = supervisor.run(launches);
+  if (outcome.failure)
+    std::fprintf(stderr, "%srank=%d code=%d signal=%d\n", kAgentFailurePrefix, outcome.failure->rank, outcome.failure->exit_code,
+                 outcome.failure->signal);
+  return outcome.exit_code;
+}
+
+}  // namespace ddl::launcher

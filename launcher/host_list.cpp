@@ -1,0 +1,115 @@
+#include "launcher/host_list.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <optional>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "runtime/src/common/error.hpp"
+
+namespace ddl::launcher {
+
+namespace {
+
+constexpr int kMostSlots = 1 << 20;
+
+// Letters, digits, '.', '-', '_' and ':' of IPv6 in brackets are all a host name may hold here;
+// anything else would reach the remote shell's command line.
+bool valid_host_name(std::string_view name) {
+  if (name.empty() || name.size() > 253 || name.front() == '-') return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_';
+  });
+}
+
+std::optional<int> slot_count(std::string_view text) {
+  int n = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (ec != std::errc() || end != text.data() + text.size() || n < 1 || n > kMostSlots) return std::nullopt;
+  return n;
+}
+
+void add(std::vector<HostSlots>& hosts, const std::string& name, int slots) {
+  auto it = std::find_if(hosts.begin(), hosts.end(), [&](const HostSlots& h) { return h.name == name; });
+  if (it == hosts.end()) hosts.push_back({name, slots});
+  else it->slots = std::min(kMostSlots, it->slots + slots);
+}
+
+std::string trimmed(std::string_view s) {
+  const auto first = s.find_first_not_of(" \t\r");
+  if (first == std::string_view::npos) return {};
+  return std::string(s.substr(first, s.find_last_not_of(" \t\r") - first + 1));
+}
+
+// "host" or "host:N"; nullopt-free: throws with `where` naming the flag or file line.
+HostSlots host_and_slots(const std::string& entry, const std::string& where, const char* example) {
+  const auto colon = entry.rfind(':');
+  HostSlots h{entry.substr(0, colon), 1};
+  if (colon != std::string::npos) {
+    auto n = slot_count(std::string_view(entry).substr(colon + 1));
+    if (!n) throw UsageError(fmt::format("{}: '{}' has no whole slot count after ':' (1 to {})", where, entry, kMostSlots),
+                             fmt::format("write it as {}", example));
+    h.slots = *n;
+  }
+  if (!valid_host_name(h.name))
+    throw UsageError(fmt::format("{}: '{}' is not a host name", where, h.name),
+                     fmt::format("use names or addresses of letters, digits, '.', '-' and '_', as {}", example));
+  return h;
+}
+
+}  // namespace
+
+std::vector<HostSlots> parse_host_flag(const std::string& value) {
+  std::vector<HostSlots> hosts;
+  std::stringstream entries(value);
+  for (std::string entry; std::getline(entries, entry, ',');) {
+    entry = trimmed(entry);
+    if (entry.empty()) throw UsageError(fmt::format("-H '{}' has an empty host entry", value), "write it as -H host1:4,host2:4");
+    HostSlots h = host_and_slots(entry, "-H", "-H host1:4,host2:4");
+    add(hosts, h.name, h.slots);
+  }
+  if (hosts.empty()) throw UsageError("-H names no host", "write it as -H host1:4,host2:4");
+  return hosts;
+}
+
+std::vector<HostSlots> parse_hostfile_text(const std::string& text, const std::string& path) {
+  std::vector<HostSlots> hosts;
+  std::stringstream lines(text);
+  int number = 0;
+  for (std::string line; std::getline(lines, line);) {
+    ++number;
+    line = trimmed(line.substr(0, line.find('#')));
+    if (line.empty()) continue;
+    const std::string where = fmt::format("--hostfile {} line {}", path, number);
+    std::stringstream words(line);
+    std::string first;
+    words >> first;
+    HostSlots h = host_and_slots(first, where, "'host1 slots=4' or 'host1:4'");
+    for (std::string word; words >> word;) {
+      const auto eq = word.find('=');
+      const std::string key = word.substr(0, eq);
+      if (eq == std::string::npos || (key != "slots" && key != "max_slots" && key != "max-slots"))
+        throw UsageError(fmt::format("{}: '{}' is not slots=N", where, word), "write each line as 'host1 slots=4'");
+      auto n = slot_count(std::string_view(word).substr(eq + 1));
+      if (!n) throw UsageError(fmt::format("{}: '{}' needs a whole number from 1 to {}", where, word, kMostSlots), "write each line as 'host1 slots=4'");
+      if (key == "slots") h.slots = *n;
+    }
+    add(hosts, h.name, h.slots);
+  }
+  if (hosts.empty()) throw UsageError(fmt::format("--hostfile {} names no host", path), "write one host per line: 'host1 slots=4'");
+  return hosts;
+}
+
+std::vector<HostSlots> read_hostfile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw UsageError(fmt::format("--hostfile {}: cannot read it", path), "check the path and its permissions");
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_hostfile_text(text.str(), path);
+}
+
+}  // namespace ddl::launcher

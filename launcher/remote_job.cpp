@@ -1,0 +1,85 @@
+#include "launcher/remote_job.hpp"
+
+#include <algorithm>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/src/common/error.hpp"
+
+namespace ddl::launcher {
+
+using nlohmann::json;
+
+namespace {
+constexpr int kJobFormat = 1;
+}
+
+std::string encode_remote_job(const RemoteJob& job) {
+  json j = {{"format", kJobFormat},
+            {"node_rank", job.node_rank},
+            {"num_nodes", job.plan.num_nodes},
+            {"workers_per_node", job.plan.workers_per_node},
+            {"gpu_workers", job.plan.gpu_workers},
+            {"gpu_order_reversed", job.gpu_order == GpuOrder::Reversed},
+            {"share_gpus", job.share_gpus},
+            {"run_id", job.run.run_id},
+            {"store_addr", job.run.store_addr},
+            {"store_token", job.run.store_token},
+            {"master_addr", job.run.master_addr},
+            {"master_port", job.run.master_port},
+            {"command", job.command},
+            {"working_dir", job.working_dir},
+            {"env", job.env},
+            {"grace_period_ms", job.grace_period_ms}};
+  if (job.cpus_per_task) j["cpus_per_task"] = *job.cpus_per_task;
+  // Replace, not throw, on bytes that are not UTF-8: an environment may hold any bytes.
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+RemoteJob decode_remote_job(const std::string& line) {
+  try {
+    const json j = json::parse(line);
+    if (j.at("format").get<int>() != kJobFormat)
+      throw Error("the launching host's ddl speaks another job format", "install the same ddl version on every host");
+    RemoteJob job;
+    job.node_rank = j.at("node_rank").get<int>();
+    job.plan.num_nodes = j.at("num_nodes").get<int>();
+    job.plan.workers_per_node = j.at("workers_per_node").get<int>();
+    job.plan.gpu_workers = j.at("gpu_workers").get<bool>();
+    if (job.node_rank < 0 || job.node_rank >= job.plan.num_nodes || job.plan.workers_per_node < 1)
+      throw Error("the launching host sent a node rank outside its plan");
+    job.gpu_order = j.at("gpu_order_reversed").get<bool>() ? GpuOrder::Reversed : GpuOrder::AsListed;
+    job.share_gpus = j.at("share_gpus").get<bool>();
+    job.run.run_id = j.at("run_id").get<std::string>();
+    job.run.store_addr = j.at("store_addr").get<std::string>();
+    job.run.store_token = j.at("store_token").get<std::string>();
+    job.run.master_addr = j.at("master_addr").get<std::string>();
+    job.run.master_port = j.at("master_port").get<uint16_t>();
+    job.command = j.at("command").get<std::vector<std::string>>();
+    job.working_dir = j.at("working_dir").get<std::string>();
+    job.env = j.at("env").get<Environment>();
+    job.grace_period_ms = j.at("grace_period_ms").get<long long>();
+    if (j.contains("cpus_per_task")) job.cpus_per_task = j.at("cpus_per_task").get<int>();
+    if (job.command.empty()) throw Error("the launching host sent no program");
+    return job;
+  } catch (const json::exception& e) {
+    throw Error(std::string("cannot read the job the launching host sent: ") + e.what(),
+                "install the same ddl version on every host; `ddl agent` is started by `ddl run -H`, not by hand");
+  }
+}
+
+Environment forwarded_environment(const Environment& env) {
+  static const char* const kHostOwn[] = {"HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY",
+                                         "SSH_AUTH_SOCK", "DISPLAY", "XAUTHORITY", "XDG_SESSION_ID", "XDG_RUNTIME_DIR", "TMUX",
+                                         "TMUX_PANE", "STY", "WINDOW", "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+                                         "HIP_VISIBLE_DEVICES", "ZE_AFFINITY_MASK"};
+  Environment out;
+  for (const auto& [name, value] : env) {
+    if (name.starts_with("SLURM_") || name.starts_with("PBS_") || name.starts_with("DDL_AGENT")) continue;
+    if (std::find(std::begin(kHostOwn), std::end(kHostOwn), name) != std::end(kHostOwn)) continue;
+    out.emplace(name, value);
+  }
+  return out;
+}
+
+}  // namespace ddl::launcher

@@ -1,0 +1,258 @@
+#include "launcher/remote_run.hpp"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "backends/launch_layout.hpp"
+#include "launcher/host.hpp"
+#include "launcher/host_agent.hpp"
+#include "launcher/port_reservation.hpp"
+#include "launcher/remote_job.hpp"
+#include "launcher/store_server.hpp"
+#include "launcher/worker_environment.hpp"
+#include "launcher/worker_process.hpp"
+#include "runtime/src/common/error.hpp"
+#include "runtime/src/common/net_address.hpp"
+#include "runtime/src/common/random_hex.hpp"
+
+namespace ddl::launcher {
+
+namespace {
+
+int fewest_slots(const std::vector<HostSlots>& hosts, size_t count) {
+  int fewest = INT_MAX;
+  for (size_t i = 0; i < count; ++i) fewest = std::min(fewest, hosts[i].slots);
+  return fewest;
+}
+
+// -np alone: the fewest first hosts that hold it evenly within their slots.
+size_t hosts_for_total(int total, const std::vector<HostSlots>& hosts) {
+  for (size_t k = 1; k <= hosts.size(); ++k)
+    if (total % static_cast<int>(k) == 0 && total / static_cast<int>(k) <= fewest_slots(hosts, k)) return k;
+  int slots = 0;
+  for (const auto& h : hosts) slots += h.slots;
+  throw UsageError(fmt::format("-np {} does not fit the hosts' slots ({} in all, and ddl runs the same number on each host used)", total, slots),
+                   "give the hosts more slots (-H host1:8,host2:8), or run fewer workers");
+}
+
+void require_slots(const std::vector<HostSlots>& hosts, int per_host) {
+  for (const auto& h : hosts)
+    if (h.slots < per_host)
+      throw UsageError(fmt::format("host {} has {} slot(s) and {} workers per host were asked", h.name, h.slots, per_host),
+                       fmt::format("give it more slots ({}:{}), or run fewer workers per host", h.name, per_host));
+}
+
+std::vector<std::string> words_of(const std::string& command) {
+  std::istringstream in(command);
+  std::vector<std::string> words;
+  for (std::string w; in >> w;) words.push_back(w);
+  if (words.empty()) throw UsageError("--rsh is empty", fmt::format("give the remote shell command, e.g. --rsh '{}'", kDefaultRemoteShell));
+  return words;
+}
+
+std::string single_quoted(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// What a remote host's shell said of its own (not its workers' lines), kept to explain a failure.
+struct RemoteHost {
+  std::string name;
+  int first_rank = 0;
+  std::shared_ptr<std::deque<std::string>> said = std::make_shared<std::deque<std::string>>();
+};
+
+// The agent's relayed lines are "rank: text"; its failure line and errors are kept for the
+// summary and not shown; anything else is the remote shell's or the agent's own message, shown as it is and kept.
+LineLabeller remote_labeller(const std::shared_ptr<std::deque<std::string>>& said) {
+  return [said](std::string_view line) -> std::optional<std::vector<backends::TaskLine>> {
+    if (auto task = backends::rank_colon_label(line)) return std::vector<backends::TaskLine>{std::move(*task)};
+    said->emplace_back(line);
+    if (said->size() > 200) said->pop_front();
+    // The agent's failure report and its own error: the summary says them once, for the host.
+    if (line.starts_with(kAgentFailurePrefix) || line.starts_with("ddl: error: ") || line.starts_with("hint: "))
+      return std::vector<backends::TaskLine>{};
+    return std::nullopt;
+  };
+}
+
+WorkerLaunch remote_launch(const RemoteJob& job, const RemoteHost& host, const std::vector<std::string>& shell) {
+  WorkerLaunch launch;
+  launch.rank = host.first_rank;
+  launch.argv = shell;
+  launch.argv.push_back(host.name);
+  launch.argv.push_back("exec " + single_quoted(this_executable()) + " agent");
+  launch.env = job.env;
+  launch.labeller = remote_labeller(host.said);
+  launch.control_input = encode_remote_job(job) + "\n";
+  launch.host = host.name;
+  return launch;
+}
+
+// The last line the remote shell or agent said that starts with `prefix`, without it.
+std::optional<std::string> last_said(const std::deque<std::string>& said, std::string_view prefix) {
+  for (auto it = said.rbegin(); it != said.rend(); ++it)
+    if (it->starts_with(prefix)) return it->substr(prefix.size());
+  return std::nullopt;
+}
+
+// A remote host's launch failed: name the worker its agent reported, else what went wrong.
+void explain_remote_failure(WorkerFailure& f, const RemoteHost& host, const std::string& shell_name) {
+  const std::deque<std::string>& said = *host.said;
+  std::vector<std::string> lines_of_shell = f.stderr_tail;
+  f.host = host.name;
+  if (auto report = last_said(said, kAgentFailurePrefix)) {
+    int rank = 0, code = 0, signal = 0;
+    if (std::sscanf(report->c_str(), "rank=%d code=%d signal=%d", &rank, &code, &signal) == 3) {
+      f.rank = rank;
+      f.exit_code = code;
+      f.signal = signal;
+      f.stderr_tail.clear();
+      for (const auto& line : lines_of_shell)
+        if (auto task = backends::rank_colon_label(line); task && task->rank == rank) f.stderr_tail.push_back(task->text);
+      if (f.stderr_tail.size() > kStderrTailLines) f.stderr_tail.erase(f.stderr_tail.begin(), f.stderr_tail.end() - kStderrTailLines);
+      return;
+    }
+  }
+  f.rank = -1;
+  f.stderr_tail.clear();
+  if (auto error = last_said(said, "ddl: error: ")) {
+    f.description = fmt::format("on {}: {}", host.name, *error);
+    if (auto hint = last_said(said, "hint: ")) f.description += fmt::format(" ({})", *hint);
+    return;
+  }
+  std::string last = said.empty() ? std::string("it said nothing") : said.back();
+  if (f.signal != 0) {
+    f.description = fmt::format("lost {}: its {} was killed by {}", host.name, shell_name, f.signal == SIGKILL ? "SIGKILL" : fmt::format("signal {}", f.signal));
+    return;
+  }
+  if (f.exit_code == 127)
+    f.description = fmt::format("cannot start ddl on {} at {} ({}: {})", host.name, this_executable(), shell_name, last);
+  else if (f.exit_code == 255)
+    f.description = fmt::format("cannot reach {} through {}: {}", host.name, shell_name, last);
+  else
+    f.description = fmt::format("{} to {} ended with code {}: {}", shell_name, host.name, f.exit_code, last);
+  f.description += f.exit_code == 127 ? " — install ddl at the same path on every host (a shared file system does)"
+                   : f.exit_code == 255 ? " — check that the host is up, runs sshd and takes your key (ssh it by hand), or give --rsh"
+                                        : "";
+}
+
+}  // namespace
+
+HostsPlan plan_on_hosts(const LaunchRequest& launch, const std::vector<HostSlots>& hosts, int gpus_here) {
+  LaunchRequest r = launch;
+  const size_t named = hosts.size();
+  if (r.num_nodes && static_cast<size_t>(*r.num_nodes) > named)
+    throw UsageError(fmt::format("-N {} but the host list names {} host(s)", *r.num_nodes, named), "name more hosts, or use a smaller -N");
+  const bool per_host_given = r.workers_per_node || r.gpus_per_node;
+  size_t used = r.num_nodes ? static_cast<size_t>(*r.num_nodes) : named;
+  if (r.total_workers && !per_host_given && !r.num_nodes) used = hosts_for_total(*r.total_workers, hosts);
+  std::vector<HostSlots> chosen(hosts.begin(), hosts.begin() + static_cast<long>(used));
+  r.num_nodes = static_cast<int>(used);
+  if (!per_host_given && !r.total_workers) {
+    const int fewest = fewest_slots(chosen, used);
+    for (const auto& h : chosen)
+      if (h.slots != fewest)
+        throw UsageError(fmt::format("the hosts have different slot counts ({} has {}, {} has {}), and ddl runs the same number on each",
+                                     chosen.front().name, chosen.front().slots, h.name, h.slots),
+                         fmt::format("give --nproc-per-node {} (or equal slots)", fewest));
+    r.workers_per_node = fewest;
+  }
+  const WorldPlan plan = plan_world(r, gpus_here);
+  require_slots(chosen, plan.workers_per_node);
+  return {plan, chosen};
+}
+
+RunOutcome run_on_hosts(const RunRequest& request, const Environment& env, const std::function<void(const std::string&)>& log) {
+  if (request.command.empty()) throw UsageError("no program to run", "put the program after --: ddl run -H a:4,b:4 -- python train.py");
+  const std::vector<std::string> shell = words_of(request.remote_shell.empty() ? kDefaultRemoteShell : request.remote_shell);
+  Supervisor supervisor(request.supervision);  // before any thread (the store) starts
+
+  std::vector<bool> local;
+  for (const auto& h : request.hosts) local.push_back(is_this_host(h.name));
+  const bool any_local = std::find(local.begin(), local.end(), true) != local.end();
+  // GPUs of this host decide for the plan when it runs workers; else --gpus-per-node is trusted
+  // and each host's agent checks its own.
+  GpuInventory gpus_here{{}, "--cpu"};
+  if (!request.launch.cpu_only) gpus_here = in_order(discover_gpus(env), request.gpu_order);
+  int gpus_for_plan = any_local ? gpus_here.count() : request.launch.gpus_per_node.value_or(0);
+  if (request.launch.share_gpus && request.launch.gpus_per_node) gpus_for_plan = std::max(gpus_for_plan, 1);
+  const HostsPlan hosts = plan_on_hosts(request.launch, request.hosts, gpus_for_plan);
+  const WorldPlan& plan = hosts.plan;
+
+  std::optional<std::string> here;  // this host's address as the other hosts reach it
+  for (size_t i = 0; i < hosts.hosts.size(); ++i)
+    if (!local[i]) {
+      try {
+        std::string towards = address_towards(hosts.hosts[i].name);
+        if (!here) here = towards;
+      } catch (const Error& e) {
+        throw UsageError(e.what() + std::string(" (named by the host list)"), e.hint());
+      }
+    }
+  const std::string program = resolve_program(request.command.front(), lookup(env, "PATH").value_or("/usr/bin:/bin"));
+
+  raise_open_file_limit();
+  RunContext run;
+  run.run_id = "ddl-" + random_hex(8);
+  run.store_token = random_hex(16);
+  StoreServer store({.bind_host = here ? "0.0.0.0" : "127.0.0.1", .token = run.store_token, .log = log});
+  run.store_addr = fmt::format("{}:{}", here.value_or("127.0.0.1"), store.port());
+  PortReservation master_port;  // free here; node 0 is usually this host
+  run.master_addr = local[0] ? here.value_or("127.0.0.1") : hosts.hosts[0].name;
+  run.master_port = master_port.port();
+  run.cpus_on_node = request.cpus_per_task ? *request.cpus_per_task * plan.workers_per_node : available_cpus();
+
+  RemoteJob job;
+  job.plan = plan;
+  job.gpu_order = request.gpu_order;
+  job.share_gpus = request.launch.share_gpus;
+  job.cpus_per_task = request.cpus_per_task;
+  job.run = run;
+  job.command = request.command;
+  std::error_code ec;
+  job.working_dir = std::filesystem::current_path(ec).string();
+  job.env = forwarded_environment(env);
+  job.grace_period_ms = request.supervision.grace_period.count();
+
+  std::vector<WorkerLaunch> launches;
+  std::map<int, RemoteHost> remote_by_rank;  // by the first rank of each remote host
+  for (int node = 0; node < plan.num_nodes; ++node) {
+    if (local[static_cast<size_t>(node)]) {
+      for (const WorkerSlot& slot : plan.slots_on_node(node))
+        launches.push_back({slot.rank, program, request.command, worker_environment(env, plan, slot, run, gpus_here)});
+      continue;
+    }
+    RemoteHost host{hosts.hosts[static_cast<size_t>(node)].name, node * plan.workers_per_node};
+    job.node_rank = node;
+    WorkerLaunch launch = remote_launch(job, host, shell);
+    launch.program = resolve_program(shell.front(), lookup(env, "PATH").value_or("/usr/bin:/bin"));
+    launches.push_back(std::move(launch));
+    remote_by_rank.emplace(host.first_rank, host);
+  }
+
+  RunOutcome outcome = supervisor.run(launches);
+  if (outcome.failure) {
+    if (auto it = remote_by_rank.find(outcome.failure->rank); it != remote_by_rank.end())
+      explain_remote_failure(*outcome.failure, it->second, shell.front());
+    outcome.exit_code = outcome.failure->exit_code;
+  }
+  if (outcome.failure || outcome.interrupted_by) outcome.workers_stopped = plan.world_size() - (outcome.failure ? 1 : 0);
+  if (store.rejected_connections() > 1)
+    log(fmt::format("store: rejected {} connections with a wrong or missing token in all", store.rejected_connections()));
+  return outcome;
+}
+
+}  // namespace ddl::launcher

@@ -1,0 +1,230 @@
+"""`ddl run -H` / `--hostfile` across real hosts: the test bed of scripts/testbed.sh (network, UTS
+and mount namespaces, each host with its own name, address, /dev/shm, /tmp and sshd), workers
+started over real ssh. The launching host is ddlhost1; processes are looked for on the whole
+machine (the hosts share its process table), by a marker unique to each test."""
+import json
+import os
+import signal
+import subprocess
+import time
+import unittest
+
+from ddl_testing import DDL, PYTHON, SOURCE, kill_leftovers, lines_by_rank, processes_with, unique_marker, wait_until
+
+TESTBED = os.path.join(SOURCE, "scripts", "testbed.sh")
+CHECKS = os.environ.get("DDL_COLLECTIVE_CHECKS", os.path.join(SOURCE, "build", "tests", "collective_checks"))
+HOSTS = "ddlhost1:2,ddlhost2:2"
+
+# Prints the worker's view as JSON, then (argv[2] == "wait") sleeps until a signal ends it.
+WORKER = r"""
+import json, os, signal, socket, sys, time
+keys = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "MASTER_ADDR",
+        "MASTER_PORT", "DDL_STORE_ADDR", "DDL_RUN_ID", "CUDA_VISIBLE_DEVICES", "DDL_NODE_RANK", "DDL_NUM_NODES"]
+info = {k: os.environ.get(k) for k in keys}
+info["host"] = socket.gethostname()
+info["cwd"] = os.getcwd()
+def stop(sig, frame):
+    print(f"rank {info['RANK']} on {info['host']} got {signal.Signals(sig).name}", flush=True)
+    sys.exit(3)
+signal.signal(signal.SIGINT, stop)
+signal.signal(signal.SIGTERM, stop)
+print(json.dumps(info), flush=True)
+if sys.argv[2] == "wait":
+    time.sleep(120)
+elif sys.argv[2].startswith("fail"):
+    if info["RANK"] == sys.argv[2][4:]:
+        print("failing on purpose", file=sys.stderr, flush=True)
+        sys.exit(7)
+    time.sleep(120)
+"""
+
+
+def bed(*args, timeout=60):
+    return subprocess.run(["bash", TESTBED, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def on_host(host, *command, timeout=120, env=None):
+    """Runs COMMAND on HOST of the bed to its end."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PBS_"))}
+    full_env.update(env or {})
+    return subprocess.run(["bash", TESTBED, "exec", host, *command], capture_output=True, text=True, timeout=timeout, env=full_env,
+                          cwd=SOURCE)
+
+
+def start_on_host(host, *command):
+    return subprocess.Popen(["bash", TESTBED, "exec", host, *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=SOURCE)
+
+
+def comm(pid):
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def parent(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return -1
+
+
+def children(pid, name):
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and parent(int(p)) == pid and comm(int(p)) == name]
+
+
+def workers(stdout):
+    found = {}
+    for rank, lines in lines_by_rank(stdout).items():
+        for line in lines:
+            if rank is not None and line.startswith("{"):
+                found[rank] = json.loads(line)
+    return found
+
+
+class HostsTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        started = bed("start", "2", timeout=120)
+        if started.returncode != 0:
+            raise RuntimeError("the test bed did not start:\n" + started.stdout + started.stderr)
+        cls.shared = bed("dir").stdout.strip()
+
+    @classmethod
+    def tearDownClass(cls):
+        bed("stop")
+
+    def setUp(self):
+        self.marker = unique_marker()
+        self.addCleanup(kill_leftovers, self.marker)
+
+    def run_on_hosts(self, *ddl_args, mode="exit", timeout=120, env=None):
+        return on_host("ddlhost1", DDL, "run", *ddl_args, "--", PYTHON, "-c", WORKER, self.marker, mode, timeout=timeout, env=env)
+
+    def wait_for_workers(self, count):
+        self.assertTrue(wait_until(lambda: len([p for p in processes_with(self.marker) if comm(p) == "python3"]) >= count, 30),
+                        "workers did not start")
+        time.sleep(1)  # past Python's start-up, so the signal handlers are installed
+
+    def launching_ddl(self):
+        found = [p for p in processes_with(self.marker) if comm(p) == "ddl"]
+        self.assertEqual(len(found), 1, found)
+        return found[0]
+
+    def assert_nothing_left(self):
+        self.assertTrue(wait_until(lambda: not processes_with(self.marker), 10), f"left running: {processes_with(self.marker)}")
+
+    def test_workers_get_global_local_and_node_ranks_on_each_host_and_reach_node_0_by_its_address(self):
+        result = self.run_on_hosts("--cpu", "-H", HOSTS)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        found = workers(result.stdout)
+        self.assertEqual(sorted(found), [0, 1, 2, 3])
+        for rank, w in found.items():
+            self.assertEqual(int(w["RANK"]), rank)
+            self.assertEqual((w["WORLD_SIZE"], w["LOCAL_WORLD_SIZE"], w["GROUP_WORLD_SIZE"]), ("4", "2", "2"))
+            self.assertEqual((int(w["LOCAL_RANK"]), int(w["GROUP_RANK"])), (rank % 2, rank // 2))
+            self.assertEqual(w["host"], f"ddlhost{rank // 2 + 1}")
+            self.assertEqual(w["MASTER_ADDR"], "198.18.0.11")  # ddlhost1 as the others reach it, never 127.0.0.1
+            self.assertEqual(w["DDL_STORE_ADDR"].split(":")[0], "198.18.0.11")
+            self.assertEqual(w["cwd"], SOURCE if os.path.isabs(SOURCE) else os.path.realpath(SOURCE))
+        self.assertEqual(len({w["DDL_RUN_ID"] for w in found.values()}), 1)
+        self.assertEqual(len({w["MASTER_PORT"] for w in found.values()}), 1)
+
+    def test_hostfile_in_mpirun_and_horovodrun_forms(self):
+        for text in ("# two hosts\nddlhost1 slots=2\nddlhost2 slots=2 max_slots=8\n", "ddlhost1:2\n\nddlhost2:2  # comment\n"):
+            path = os.path.join(self.shared, f"hostfile.{self.marker}")
+            with open(path, "w") as f:
+                f.write(text)
+            result = self.run_on_hosts("--cpu", "--hostfile", path)
+            self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+            self.assertEqual({r: w["host"] for r, w in workers(result.stdout).items()},
+                             {0: "ddlhost1", 1: "ddlhost1", 2: "ddlhost2", 3: "ddlhost2"})
+
+    def test_np_alone_fills_the_first_host_first(self):
+        result = self.run_on_hosts("--cpu", "-H", "ddlhost1:4,ddlhost2:4", "-np", "2")
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertEqual({w["host"] for w in workers(result.stdout).values()}, {"ddlhost1"})
+
+    def test_each_host_pins_its_own_gpus(self):
+        # A fake nvidia-smi answers by host: ddlhost2 has 4 GPUs. ddlhost1's own selection
+        # (CUDA_VISIBLE_DEVICES=3,2) is its own and does not travel to ddlhost2.
+        bin_dir = os.path.join(self.shared, f"bin.{self.marker}")
+        os.makedirs(bin_dir)
+        with open(os.path.join(bin_dir, "nvidia-smi"), "w") as f:
+            f.write("#!/bin/sh\n[ \"$(hostname)\" = ddlhost2 ] && printf '0\\n1\\n2\\n3\\n' || printf '0\\n1\\n'\n")
+        os.chmod(os.path.join(bin_dir, "nvidia-smi"), 0o755)
+        env = {"PATH": bin_dir + ":" + os.environ["PATH"], "CUDA_VISIBLE_DEVICES": "3,2"}
+        result = self.run_on_hosts("--gpus-per-node", "2", "-H", HOSTS, env=env)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertEqual({r: w["CUDA_VISIBLE_DEVICES"] for r, w in workers(result.stdout).items()}, {0: "3", 1: "2", 2: "0", 3: "1"})
+        result = self.run_on_hosts("--gpus-per-node", "4", "--share-gpus", "-H", "ddlhost1:4,ddlhost2:4", env=env)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertEqual([workers(result.stdout)[r]["CUDA_VISIBLE_DEVICES"] for r in range(4, 8)], ["0", "1", "2", "3"])
+
+    def test_libddl_collectives_and_pytorch_ddp_across_hosts(self):
+        result = on_host("ddlhost1", DDL, "run", "--cpu", "-H", HOSTS, "--", CHECKS, "world", timeout=300)
+        self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
+        by_rank = lines_by_rank(result.stdout)
+        for rank in range(4):
+            self.assertIn(f"world rank {rank} size 4 local {rank % 2}/2 node {rank // 2}", by_rank[rank])
+            self.assertTrue(any(line.startswith("PASS") for line in by_rank[rank]), by_rank[rank])
+        example = os.path.join(SOURCE, "examples", "pytorch_ddp.py")
+        result = on_host("ddlhost1", DDL, "run", "--cpu", "-H", "ddlhost1:1,ddlhost2:1", "--", PYTHON, example, "--epochs", "1", timeout=300)
+        self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
+        self.assertIn("replicas identical: yes", result.stdout)
+
+    def test_a_failing_worker_on_the_second_host_stops_every_host_with_its_code(self):
+        result = self.run_on_hosts("--cpu", "-H", HOSTS, "--grace-period", "5", mode="fail3")
+        self.assertEqual(result.returncode, 7, result.stdout + result.stderr)
+        self.assertIn("ddl: error: rank 3 on ddlhost2 exited with code 7", result.stderr)
+        self.assertIn("  | failing on purpose", result.stderr)
+        for rank in (0, 1, 2):
+            self.assertIn(f"rank {rank} on ddlhost{rank // 2 + 1} got SIGTERM", result.stdout)
+        self.assert_nothing_left()
+
+    def test_ctrl_c_and_sigterm_reach_every_remote_worker(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            launcher = start_on_host("ddlhost1", DDL, "run", "--cpu", "-H", HOSTS, "--", PYTHON, "-c", WORKER, self.marker, "wait")
+            self.wait_for_workers(4)
+            os.kill(self.launching_ddl(), sig)
+            out, err = launcher.communicate(timeout=60)
+            self.assertEqual(launcher.returncode, 128 + sig, out + err)
+            for rank in range(4):
+                self.assertIn(f"rank {rank} on ddlhost{rank // 2 + 1} got {sig.name}", out)
+            self.assert_nothing_left()
+
+    def test_a_dropped_ssh_connection_leaves_nothing_running_on_the_remote_host(self):
+        launcher = start_on_host("ddlhost1", DDL, "run", "--cpu", "-H", HOSTS, "--", PYTHON, "-c", WORKER, self.marker, "wait")
+        self.wait_for_workers(4)
+        ssh = children(self.launching_ddl(), "ssh")
+        self.assertEqual(len(ssh), 1)
+        os.kill(ssh[0], signal.SIGKILL)
+        out, err = launcher.communicate(timeout=60)
+        self.assertNotEqual(launcher.returncode, 0)
+        self.assertIn("ddl: error: lost ddlhost2", err)
+        self.assert_nothing_left()
+
+    def test_bad_hosts_get_one_clear_line(self):
+        cases = [
+            (["-H", "ddlhost1:1,nosuchhost:1"], 2, "host nosuchhost does not resolve"),
+            (["-H", "ddlhost1:1,ddlhost2:1", "--nproc-per-node", "2"], 2, "host ddlhost1 has 1 slot(s) and 2 workers per host were asked"),
+            (["-H", "ddlhost1:2,ddlhost2:1"], 2, "the hosts have different slot counts"),
+            (["-H", "ddlhost1:x"], 2, "-H: 'ddlhost1:x' has no whole slot count"),
+            (["-H", "a;rm -rf /:1"], 2, "is not a host name"),
+            # ssh that offers no key: the host refuses it
+            (["-H", "ddlhost1:1,ddlhost2:1", "--rsh", "ssh -F /dev/null -o BatchMode=yes -o StrictHostKeyChecking=no "
+              "-o UserKnownHostsFile=/dev/null -o IdentityFile=/dev/null"], 255, "cannot reach ddlhost2 through ssh"),
+        ]
+        for args, code, message in cases:
+            result = on_host("ddlhost1", DDL, "run", "--cpu", *args, "--", "true")
+            self.assertEqual(result.returncode, code, result.stdout + result.stderr)
+            errors = [line for line in result.stderr.splitlines() if line.startswith("ddl: error:")]
+            self.assertEqual(len(errors), 1, result.stderr)
+            self.assertIn(message, errors[0])
+
+
+if __name__ == "__main__":
+    unittest.main()

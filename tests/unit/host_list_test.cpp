@@ -1,0 +1,101 @@
+#include <doctest/doctest.h>
+
+#include "launcher/host_list.hpp"
+#include "launcher/remote_job.hpp"
+#include "launcher/remote_run.hpp"
+#include "runtime/src/common/error.hpp"
+
+using namespace ddl::launcher;
+
+namespace {
+std::vector<std::pair<std::string, int>> pairs(const std::vector<HostSlots>& hosts) {
+  std::vector<std::pair<std::string, int>> out;
+  for (const auto& h : hosts) out.emplace_back(h.name, h.slots);
+  return out;
+}
+using Pairs = std::vector<std::pair<std::string, int>>;
+
+std::string usage_error_of(const std::function<void()>& body) {
+  try {
+    body();
+  } catch (const ddl::UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST_CASE("-H takes horovodrun's host:slots and mpirun's repeated hosts") {
+  CHECK(pairs(parse_host_flag("a:4,b:4")) == Pairs{{"a", 4}, {"b", 4}});
+  CHECK(pairs(parse_host_flag("a,a,b")) == Pairs{{"a", 2}, {"b", 1}});
+  CHECK(pairs(parse_host_flag(" node-1.cluster:2 , 10.0.0.7:3")) == Pairs{{"node-1.cluster", 2}, {"10.0.0.7", 3}});
+  CHECK(usage_error_of([] { parse_host_flag("a:0"); }).find("'a:0' has no whole slot count") != std::string::npos);
+  CHECK(usage_error_of([] { parse_host_flag("a:4,,b"); }).find("empty host entry") != std::string::npos);
+  CHECK(usage_error_of([] { parse_host_flag("a:99999999999"); }).find("1 to 1048576") != std::string::npos);
+  CHECK(usage_error_of([] { parse_host_flag("$(reboot):1"); }).find("is not a host name") != std::string::npos);
+  CHECK(usage_error_of([] { parse_host_flag("-oProxyCommand=x"); }).find("is not a host name") != std::string::npos);
+}
+
+TEST_CASE("host files in the mpirun, deepspeed and horovodrun forms, errors by line") {
+  const std::string text = "# cluster\nn1 slots=4\n\nn2 slots=4 max_slots=8  # big\nn3:2\nn4\n";
+  CHECK(pairs(parse_hostfile_text(text, "hf")) == Pairs{{"n1", 4}, {"n2", 4}, {"n3", 2}, {"n4", 1}});
+  CHECK(usage_error_of([] { parse_hostfile_text("n1 slots=4\nn2 cpus=4\n", "hf"); }) == "--hostfile hf line 2: 'cpus=4' is not slots=N");
+  CHECK(usage_error_of([] { parse_hostfile_text("n1 slots=x\n", "hf"); }).find("hf line 1: 'slots=x' needs a whole number") != std::string::npos);
+  CHECK(usage_error_of([] { parse_hostfile_text("# nothing\n", "hf"); }) == "--hostfile hf names no host");
+  CHECK(usage_error_of([] { read_hostfile("/nonexistent/hosts"); }) == "--hostfile /nonexistent/hosts: cannot read it");
+}
+
+TEST_CASE("planning on hosts: slots, counts and the first hosts first") {
+  const std::vector<HostSlots> two_by_4{{"a", 4}, {"b", 4}};
+  LaunchRequest cpu;
+  cpu.cpu_only = true;
+  HostsPlan all = plan_on_hosts(cpu, two_by_4, 0);
+  CHECK(all.plan.num_nodes == 2);
+  CHECK(all.plan.workers_per_node == 4);
+
+  LaunchRequest np4 = cpu;
+  np4.total_workers = 4;
+  CHECK(plan_on_hosts(np4, two_by_4, 0).hosts.size() == 1);  // as mpirun fills a's slots first
+  np4.total_workers = 6;
+  HostsPlan six = plan_on_hosts(np4, two_by_4, 0);
+  CHECK((six.plan.num_nodes == 2 && six.plan.workers_per_node == 3));
+  np4.total_workers = 9;
+  CHECK(usage_error_of([&] { plan_on_hosts(np4, two_by_4, 0); }).find("-np 9 does not fit") != std::string::npos);
+
+  LaunchRequest per5 = cpu;
+  per5.workers_per_node = 5;
+  CHECK(usage_error_of([&] { plan_on_hosts(per5, two_by_4, 0); }) == "host a has 4 slot(s) and 5 workers per host were asked");
+  LaunchRequest three_nodes = cpu;
+  three_nodes.num_nodes = 3;
+  CHECK(usage_error_of([&] { plan_on_hosts(three_nodes, two_by_4, 0); }) == "-N 3 but the host list names 2 host(s)");
+  CHECK(usage_error_of([&] { plan_on_hosts(cpu, {{"a", 4}, {"b", 2}}, 0); }).find("different slot counts") != std::string::npos);
+
+  LaunchRequest gpus;
+  gpus.gpus_per_node = 4;
+  HostsPlan gpu_plan = plan_on_hosts(gpus, two_by_4, 4);
+  CHECK((gpu_plan.plan.gpu_workers && gpu_plan.plan.workers_per_node == 4));
+}
+
+TEST_CASE("the job a remote host's agent reads round-trips, and the launching host's own variables stay home") {
+  RemoteJob job;
+  job.node_rank = 1;
+  job.plan = {2, 3, true};
+  job.gpu_order = GpuOrder::Reversed;
+  job.cpus_per_task = 8;
+  job.run = {"ddl-1", "10.0.0.1:5000", "secret", "10.0.0.1", 29500, 1};
+  job.command = {"python3", "train.py", "--lr", "0.1 'quoted'"};
+  job.working_dir = "/home/me/run";
+  job.env = forwarded_environment({{"PATH", "/bin"}, {"HOSTNAME", "login1"}, {"CUDA_VISIBLE_DEVICES", "0"}, {"SLURM_JOB_ID", "7"},
+                                   {"PWD", "/x"}, {"SSH_CONNECTION", "a b"}, {"NCCL_DEBUG", "INFO"}});
+  const RemoteJob back = decode_remote_job(encode_remote_job(job));
+  CHECK(back.node_rank == 1);
+  CHECK((back.plan.num_nodes == 2 && back.plan.workers_per_node == 3 && back.plan.gpu_workers));
+  CHECK(back.gpu_order == GpuOrder::Reversed);
+  CHECK(back.cpus_per_task == 8);
+  CHECK((back.run.store_addr == "10.0.0.1:5000" && back.run.store_token == "secret" && back.run.master_port == 29500));
+  CHECK(back.command == job.command);
+  CHECK(back.env == ddl::Environment{{"PATH", "/bin"}, {"NCCL_DEBUG", "INFO"}});
+  CHECK_THROWS_AS(decode_remote_job("{\"format\": 1}"), ddl::Error);
+  CHECK_THROWS_AS(decode_remote_job("not json"), ddl::Error);
+  CHECK(encode_remote_job(job).find('\n') == std::string::npos);
+}
