@@ -62,7 +62,7 @@ std::vector<std::string> program_to_run(const std::optional<std::vector<std::str
 }  // namespace
 
 struct RunFlags {
-  int total = 0, nodes = 0, per_node = 0, gpus_per_node = 0, cpus_per_task = 0;
+  int total = 0, nodes = 0, per_node = 0, gpus_per_node = 0, cpus_per_task = 0, max_restarts = 0;
   bool cpu = false, share_gpus = false, no_prefix = false;
   double grace_seconds = 10;
   std::string output_dir;
@@ -86,6 +86,10 @@ RunCommand::RunCommand(CLI::App& app) : flags_(std::make_shared<RunFlags>()) {
   app_->add_option("--grace-period", f.grace_seconds, "Seconds between SIGTERM and SIGKILL when stopping workers")
       ->capture_default_str()
       ->check(seconds_at_most(86400));
+  app_->add_option("--max-restarts,--max_restarts", f.max_restarts,
+                   "After a worker fails, stop all and start them again, up to this many times (torchrun's); 0: never")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000000).description("0 to 1000000"));
   app_->add_flag("--no-prefix", f.no_prefix, "Do not prefix output lines with the worker's rank");
   app_->add_option("--output-dir", f.output_dir, "Also write each worker's output to DIR/rank.N.{out,err}");
   app_->add_option("--launcher", f.launcher,
@@ -122,6 +126,7 @@ int RunCommand::execute(const std::optional<std::vector<std::string>>& program) 
   if (!f.hostfile.empty()) request.hosts = launcher::read_hostfile(f.hostfile);
   if (!f.rsh.empty() && request.hosts.empty()) throw UsageError("--rsh is for -H/--hostfile", "add -H host1:4,host2:4, or drop --rsh");
   request.remote_shell = f.rsh;
+  request.max_restarts = f.max_restarts;
   request.launcher = f.launcher == "local"    ? launcher::TaskLauncher::Local
                      : f.launcher == "srun"   ? launcher::TaskLauncher::Srun
                      : f.launcher == "mpirun" ? launcher::TaskLauncher::OpenMpi

@@ -93,7 +93,8 @@ TaskLauncher choose_launcher(const RunRequest& request, Scheduler scheduler) {
 
 // The run-wide values every task needs; the launcher passes them on (`-x` for mpirun).
 const char* const kExportedToTasks[] = {"DDL_STORE_ADDR", "DDL_STORE_TOKEN", "DDL_RUN_ID", "DDL_SIZE", "DDL_LOCAL_SIZE",
-                                        "DDL_NUM_NODES", "DDL_GPU_WORKERS", "DDL_CPUS_PER_TASK", "MASTER_ADDR", "MASTER_PORT", "PATH"};
+                                        "DDL_NUM_NODES", "DDL_GPU_WORKERS", "DDL_CPUS_PER_TASK", "MASTER_ADDR", "MASTER_PORT", "PATH",
+                                        "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS"};
 
 // Cores per worker: what the user asked for, else the node's cores shared out.
 int cpus_per_task(const RunRequest& request, const WorldPlan& plan, const AllocationShape& shape) {
@@ -225,13 +226,15 @@ RunOutcome run_in_allocation(const RunRequest& request, const backends::Allocati
   Environment launcher_env = env;
   launcher_env["DDL_STORE_ADDR"] = fmt::format("{}:{}", host_name(), store.port());
   launcher_env["DDL_STORE_TOKEN"] = token;
-  launcher_env["DDL_RUN_ID"] = fmt::format("{}-{}", allocation.job_id, random_hex(4));
+  launcher_env["DDL_RUN_ID"] = fmt::format("{}-{}", allocation.job_id, request.run_tag.substr(0, 4));
   launcher_env["DDL_SIZE"] = std::to_string(plan.world_size());
   launcher_env["DDL_LOCAL_SIZE"] = std::to_string(plan.workers_per_node);
   launcher_env["DDL_NUM_NODES"] = std::to_string(plan.num_nodes);
   launcher_env["DDL_GPU_WORKERS"] = plan.gpu_workers ? "1" : "0";
   launcher_env["MASTER_ADDR"] = shape.hosts.front();
   launcher_env["MASTER_PORT"] = std::to_string(master_port.port());
+  launcher_env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(request.restart_count);
+  launcher_env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(request.max_restarts);
 
   auto launcher_reports = std::make_shared<std::deque<std::string>>();
   PreparedLaunch prepared = launch_command(request, launcher, plan, shape, env, launcher_reports);

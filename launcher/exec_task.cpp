@@ -57,6 +57,8 @@ Environment task_environment(const Environment& env, const TaskIdentity& id, con
   run.store_token = lookup(env, "DDL_STORE_TOKEN").value_or("");
   run.master_addr = lookup(env, "MASTER_ADDR").value_or("");
   run.cpus_on_node = cpus_for_node(env, id.local_size);
+  run.restart_count = std::atoi(lookup(env, "TORCHELASTIC_RESTART_COUNT").value_or("0").c_str());
+  run.max_restarts = std::atoi(lookup(env, "TORCHELASTIC_MAX_RESTARTS").value_or("0").c_str());
   const WorkerSlot slot{id.rank, id.local_rank, id.node_rank};
   Environment result = worker_environment(env, plan, slot, run, order);
   // What only ddl run knows is passed through as it came, or left unset.

@@ -27,6 +27,8 @@ std::string encode_remote_job(const RemoteJob& job) {
             {"store_token", job.run.store_token},
             {"master_addr", job.run.master_addr},
             {"master_port", job.run.master_port},
+            {"restart_count", job.run.restart_count},
+            {"max_restarts", job.run.max_restarts},
             {"command", job.command},
             {"working_dir", job.working_dir},
             {"env", job.env},
@@ -55,6 +57,8 @@ RemoteJob decode_remote_job(const std::string& line) {
     job.run.store_token = j.at("store_token").get<std::string>();
     job.run.master_addr = j.at("master_addr").get<std::string>();
     job.run.master_port = j.at("master_port").get<uint16_t>();
+    job.run.restart_count = j.at("restart_count").get<int>();
+    job.run.max_restarts = j.at("max_restarts").get<int>();
     job.command = j.at("command").get<std::vector<std::string>>();
     job.working_dir = j.at("working_dir").get<std::string>();
     job.env = j.at("env").get<Environment>();

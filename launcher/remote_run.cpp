@@ -206,7 +206,7 @@ RunOutcome run_on_hosts(const RunRequest& request, const Environment& env, const
 
   raise_open_file_limit();
   RunContext run;
-  run.run_id = "ddl-" + random_hex(8);
+  run.run_id = "ddl-" + request.run_tag;
   run.store_token = random_hex(16);
   StoreServer store({.bind_host = here ? "0.0.0.0" : "127.0.0.1", .token = run.store_token, .log = log});
   run.store_addr = fmt::format("{}:{}", here.value_or("127.0.0.1"), store.port());
@@ -214,6 +214,8 @@ RunOutcome run_on_hosts(const RunRequest& request, const Environment& env, const
   run.master_addr = local[0] ? here.value_or("127.0.0.1") : hosts.hosts[0].name;
   run.master_port = master_port.port();
   run.cpus_on_node = request.cpus_per_task ? *request.cpus_per_task * plan.workers_per_node : available_cpus();
+  run.restart_count = request.restart_count;
+  run.max_restarts = request.max_restarts;
 
   RemoteJob job;
   job.plan = plan;

@@ -39,10 +39,31 @@ void check_libddl_settings(const Environment& env) {
   }
 }
 
+std::string what_failed(const WorkerFailure& f) {
+  if (!f.description.empty()) return f.description;
+  const std::string how = f.signal ? fmt::format("was killed by signal {}", f.signal) : fmt::format("exited with code {}", f.exit_code);
+  return f.rank < 0 ? fmt::format("{} {}", f.host, how) : fmt::format("rank {} on {} {}", f.rank, f.host, how);
+}
+
+RunOutcome run_once(const RunRequest& request, const Environment& env, const std::function<void(const std::string&)>& log);
+
 }  // namespace
 
 RunOutcome run_job(const RunRequest& request, const Environment& env, const std::function<void(const std::string&)>& log) {
   check_libddl_settings(env);
+  RunRequest attempt = request;
+  attempt.run_tag = random_hex(8);  // TORCHELASTIC_RUN_ID stays the same across restarts, as torchrun's
+  for (attempt.restart_count = 0;; ++attempt.restart_count) {
+    RunOutcome outcome = run_once(attempt, env, log);
+    if (!outcome.failure || outcome.interrupted_by || attempt.restart_count >= request.max_restarts) return outcome;
+    log(fmt::format("{}; restarting all workers ({} of {} restarts)", what_failed(*outcome.failure), attempt.restart_count + 1,
+                    request.max_restarts));
+  }
+}
+
+namespace {
+
+RunOutcome run_once(const RunRequest& request, const Environment& env, const std::function<void(const std::string&)>& log) {
   if (!request.hosts.empty()) {
     if (request.launcher != TaskLauncher::Auto && request.launcher != TaskLauncher::Local)
       throw UsageError("-H/--hostfile starts workers through the remote shell, and --launcher names another launcher",
@@ -68,7 +89,7 @@ RunOutcome run_job(const RunRequest& request, const Environment& env, const std:
 
   raise_open_file_limit();
   RunContext run;
-  run.run_id = "ddl-" + random_hex(8);
+  run.run_id = "ddl-" + request.run_tag;
   run.store_token = random_hex(16);
   run.master_addr = "127.0.0.1";  // one node: workers reach node 0 over loopback
   run.cpus_on_node = request.cpus_per_task ? *request.cpus_per_task * plan.workers_per_node : available_cpus();
@@ -76,6 +97,8 @@ RunOutcome run_job(const RunRequest& request, const Environment& env, const std:
   run.store_addr = fmt::format("{}:{}", run.master_addr, store.port());
   PortReservation master_port;
   run.master_port = master_port.port();
+  run.restart_count = request.restart_count;
+  run.max_restarts = request.max_restarts;
 
   std::vector<WorkerLaunch> launches;
   for (const WorkerSlot& slot : plan.slots_on_node(0))
@@ -85,5 +108,7 @@ RunOutcome run_job(const RunRequest& request, const Environment& env, const std:
     log(fmt::format("store: rejected {} connections with a wrong or missing token in all", store.rejected_connections()));
   return outcome;
 }
+
+}  // namespace
 
 }  // namespace ddl::launcher

@@ -29,7 +29,11 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr int kHandledSignals[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP};
+constexpr int kHandledSignals[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2};
+
+// Signals that ask the workers for something (a checkpoint before the time limit: Slurm's
+// --signal=B:USR1@300) rather than to stop: passed on, and the run goes on.
+bool passed_on_only(int sig) { return sig == SIGUSR1 || sig == SIGUSR2; }
 
 void write_all(int fd, std::string_view data) {
   while (!data.empty()) {
@@ -260,6 +264,8 @@ class Run {
       if (sig == SIGKILL) {
         escalated_ = true;
         signal_all(SIGKILL);
+      } else if (passed_on_only(sig)) {
+        signal_running(sig);
       } else {
         on_external_signal(sig);
       }
@@ -327,6 +333,7 @@ class Run {
     while (::read(signal_fd_, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
       int sig = static_cast<int>(info.ssi_signo);
       if (sig == SIGCHLD) reap_children();
+      else if (passed_on_only(sig)) signal_running(sig);
       else on_external_signal(sig);
     }
   }
@@ -406,6 +413,14 @@ class Run {
       if (!write_to_pipe(w.control_fd, fmt::format("signal {}\n", to_send)) || to_send == SIGKILL) {
         if (!remote_kill_deadline_) remote_kill_deadline_ = Clock::now() + kRemoteKillWait;
       }
+    }
+  }
+
+  void signal_running(int sig) {
+    for (const auto& w : workers_) {
+      if (!w.running) continue;
+      if (w.control_fd >= 0) write_to_pipe(w.control_fd, fmt::format("signal {}\n", sig));
+      else ::kill(-w.process.pid, sig);
     }
   }
 

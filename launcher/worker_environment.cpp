@@ -38,8 +38,8 @@ Environment worker_environment(const Environment& base, const WorldPlan& plan, c
   set("MASTER_ADDR", run.master_addr);
   set("MASTER_PORT", run.master_port);
   set("TORCHELASTIC_RUN_ID", run.run_id);
-  set("TORCHELASTIC_RESTART_COUNT", 0);
-  set("TORCHELASTIC_MAX_RESTARTS", 0);
+  set("TORCHELASTIC_RESTART_COUNT", run.restart_count);
+  set("TORCHELASTIC_MAX_RESTARTS", run.max_restarts);
 
   // horovodrun's set, so Horovod-style scripts (and ddl.torch's tests of them) read the same ranks.
   // Cross ranks count nodes, as on a homogeneous allocation.

@@ -18,6 +18,8 @@ struct RunContext {
   std::string master_addr;  // MASTER_ADDR: node 0
   uint16_t master_port = 0; // MASTER_PORT: reserved free on node 0
   int cpus_on_node = 1;     // cores this node gives the run, for OMP_NUM_THREADS
+  int restart_count = 0;    // TORCHELASTIC_RESTART_COUNT: how many times the workers were restarted
+  int max_restarts = 0;     // TORCHELASTIC_MAX_RESTARTS: --max-restarts
 };
 
 // `base` (the launcher's own environment) with the contract variables of `worker` set over it.

@@ -4,6 +4,7 @@
 #   bash scripts/testbed.sh start [N]        # N hosts (default 2): ddlhost1..ddlhostN; idempotent
 #   bash scripts/testbed.sh stop             # kills everything inside, removes every trace
 #   bash scripts/testbed.sh exec HOST CMD... # runs CMD on HOST (its network, host name and mounts)
+#   bash scripts/testbed.sh status           # exit 0 when the bed is up
 #   bash scripts/testbed.sh hosts            # the host names, one per line
 #   bash scripts/testbed.sh dir              # the state directory (shared by all hosts, like a cluster's shared file system)
 #
@@ -193,6 +194,10 @@ case "${1:-}" in
     in_host "$host" "$@"
     ;;
   hosts) host_names ;;
+  status)
+    [ -f "$DIR/hosts.list" ] && running switch || exit 1
+    for host in $(host_names); do running "$host" || exit 1; done
+    ;;
   dir) echo "$DIR" ;;
-  *) die "usage: testbed.sh start [N] | stop | exec HOST CMD... | hosts | dir" ;;
+  *) die "usage: testbed.sh start [N] | stop | status | exec HOST CMD... | hosts | dir" ;;
 esac

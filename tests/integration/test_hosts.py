@@ -19,7 +19,8 @@ HOSTS = "ddlhost1:2,ddlhost2:2"
 WORKER = r"""
 import json, os, signal, socket, sys, time
 keys = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "MASTER_ADDR",
-        "MASTER_PORT", "DDL_STORE_ADDR", "DDL_RUN_ID", "CUDA_VISIBLE_DEVICES", "DDL_NODE_RANK", "DDL_NUM_NODES"]
+        "MASTER_PORT", "DDL_STORE_ADDR", "DDL_RUN_ID", "CUDA_VISIBLE_DEVICES", "DDL_NODE_RANK", "DDL_NUM_NODES",
+        "TORCHELASTIC_RESTART_COUNT"]
 info = {k: os.environ.get(k) for k in keys}
 info["host"] = socket.gethostname()
 info["cwd"] = os.getcwd()
@@ -31,6 +32,8 @@ signal.signal(signal.SIGTERM, stop)
 print(json.dumps(info), flush=True)
 if sys.argv[2] == "wait":
     time.sleep(120)
+elif sys.argv[2] == "fail3once":
+    sys.exit(9 if info["RANK"] == "3" and info["TORCHELASTIC_RESTART_COUNT"] == "0" else 0)
 elif sys.argv[2].startswith("fail"):
     if info["RANK"] == sys.argv[2][4:]:
         print("failing on purpose", file=sys.stderr, flush=True)
@@ -88,6 +91,7 @@ def workers(stdout):
 class HostsTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
+        cls.bed_was_up = bed("status").returncode == 0  # then it is someone else's to stop
         started = bed("start", "2", timeout=120)
         if started.returncode != 0:
             raise RuntimeError("the test bed did not start:\n" + started.stdout + started.stderr)
@@ -95,7 +99,8 @@ class HostsTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        bed("stop")
+        if not cls.bed_was_up:
+            bed("stop")
 
     def setUp(self):
         self.marker = unique_marker()
@@ -185,6 +190,19 @@ class HostsTest(unittest.TestCase):
             self.assertIn(f"rank {rank} on ddlhost{rank // 2 + 1} got SIGTERM", result.stdout)
         self.assert_nothing_left()
 
+    def test_max_restarts_starts_every_host_again(self):
+        result = self.run_on_hosts("--cpu", "-H", HOSTS, "--max-restarts", "1", mode="fail3once")
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertIn("rank 3 on ddlhost2 exited with code 9; restarting all workers (1 of 1 restarts)", result.stderr)
+        by_restart = {}
+        for rank, lines in lines_by_rank(result.stdout).items():
+            for line in lines:
+                if rank is not None and line.startswith("{"):
+                    w = json.loads(line)
+                    by_restart.setdefault(w["TORCHELASTIC_RESTART_COUNT"], set()).add((rank, w["host"]))
+        self.assertEqual(by_restart["1"], {(0, "ddlhost1"), (1, "ddlhost1"), (2, "ddlhost2"), (3, "ddlhost2")})
+        self.assert_nothing_left()
+
     def test_ctrl_c_and_sigterm_reach_every_remote_worker(self):
         for sig in (signal.SIGINT, signal.SIGTERM):
             launcher = start_on_host("ddlhost1", DDL, "run", "--cpu", "-H", HOSTS, "--", PYTHON, "-c", WORKER, self.marker, "wait")
@@ -195,6 +213,19 @@ class HostsTest(unittest.TestCase):
             for rank in range(4):
                 self.assertIn(f"rank {rank} on ddlhost{rank // 2 + 1} got {sig.name}", out)
             self.assert_nothing_left()
+
+    def test_sigusr1_reaches_every_remote_worker_without_stopping_the_run(self):
+        script = ('import os, signal, socket, sys, time\n'
+                  'signal.signal(signal.SIGUSR1, lambda s, f: (print(f"rank {os.environ[\'RANK\']} on {socket.gethostname()} '
+                  'checkpoint", flush=True), sys.exit(0)))\n'
+                  'time.sleep(60)\n')
+        launcher = start_on_host("ddlhost1", DDL, "run", "--cpu", "-H", HOSTS, "--", PYTHON, "-c", script, self.marker)
+        self.wait_for_workers(4)
+        os.kill(self.launching_ddl(), signal.SIGUSR1)
+        out, err = launcher.communicate(timeout=60)
+        self.assertEqual(launcher.returncode, 0, out + err)
+        for rank in range(4):
+            self.assertIn(f"rank {rank} on ddlhost{rank // 2 + 1} checkpoint", out)
 
     def test_a_dropped_ssh_connection_leaves_nothing_running_on_the_remote_host(self):
         launcher = start_on_host("ddlhost1", DDL, "run", "--cpu", "-H", HOSTS, "--", PYTHON, "-c", WORKER, self.marker, "wait")

@@ -134,5 +134,82 @@ class Signals(unittest.TestCase):
         self.assertTrue(wait_until(lambda: processes_with(self.marker) == [], 5))
 
 
+class PassedOnSignals(unittest.TestCase):
+    def test_sigusr1_reaches_every_worker_and_the_run_goes_on(self):
+        # Slurm's --signal=B:USR1@300 asks for a checkpoint before the time limit; it must not kill ddl.
+        marker = unique_marker()
+        self.addCleanup(kill_leftovers, marker)
+        script = ('trap \'echo "rank $RANK checkpoint"; exit 0\' USR1; echo ready; '
+                  f'sleep {marker} & wait; sleep {marker} & wait')
+        proc = start_ddl("-np", "2", "--", "sh", "-c", script)
+        self.assertTrue(wait_until(lambda: len([p for p in processes_with(marker) if open(f"/proc/{p}/comm").read().strip() == "sleep"]) >= 2, 10))
+        os.kill(proc.pid, signal.SIGUSR1)
+        out, err = proc.communicate(timeout=30)
+        self.assertEqual(proc.returncode, 0, out + err)
+        self.assertIn("[0] rank 0 checkpoint", out)
+        self.assertIn("[1] rank 1 checkpoint", out)
+
+
+# Rank 1 fails (code 10 + its restart count) until restart FAIL_UNTIL; every worker says what it got.
+FLAKY = ('echo "rank $RANK restart $TORCHELASTIC_RESTART_COUNT/$TORCHELASTIC_MAX_RESTARTS run $TORCHELASTIC_RUN_ID '
+         'store $DDL_STORE_ADDR $(echo $DDL_STORE_TOKEN | cksum)"; '
+         'if [ "$RANK" = 1 ] && [ "$TORCHELASTIC_RESTART_COUNT" -lt "$FAIL_UNTIL" ]; then exit $((10 + TORCHELASTIC_RESTART_COUNT)); fi; '
+         'sleep 0.2')
+
+
+class Restarts(unittest.TestCase):
+    def said(self, stdout):
+        """[(rank, restart, run id, store, token checksum)] in output order."""
+        found = []
+        for line in stdout.splitlines():
+            words = line.split()
+            if len(words) >= 9 and words[1] == "rank":
+                restart, most = words[4].split("/")
+                found.append((int(words[2]), int(restart), int(most), words[6], words[8], words[9]))
+        return found
+
+    def test_a_failed_group_is_started_again_with_the_next_restart_count_and_a_fresh_store(self):
+        result = ddl("-np", "2", "--max-restarts", "3", "--", "sh", "-c", FLAKY, env={"FAIL_UNTIL": "2"}, timeout=60)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        said = self.said(result.stdout)
+        self.assertEqual(sorted((rank, restart) for rank, restart, *_ in said), [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)])
+        self.assertTrue(all(most == 3 for _, _, most, *_ in said))
+        self.assertEqual(len({run_id for *_, run_id, _, _ in said}), 1)  # one run, as torchrun's run id
+        stores = {restart: (store, token) for _, restart, _, _, store, token in said}
+        self.assertEqual(len(set(stores.values())), 3, stores)  # a new store and token for each start
+        self.assertIn("ddl: rank 1 on ", result.stderr)
+        self.assertIn("exited with code 10; restarting all workers (1 of 3 restarts)", result.stderr)
+        self.assertIn("exited with code 11; restarting all workers (2 of 3 restarts)", result.stderr)
+        self.assertNotIn("ddl: error", result.stderr)
+
+    def test_out_of_restarts_ddl_exits_with_the_last_failure_s_code(self):
+        result = ddl("-np", "2", "--max-restarts", "2", "--", "sh", "-c", FLAKY, env={"FAIL_UNTIL": "99"}, timeout=60)
+        self.assertEqual(result.returncode, 12, result.stdout + result.stderr)
+        self.assertEqual(sorted({restart for _, restart, *_ in self.said(result.stdout)}), [0, 1, 2])
+        self.assertIn("ddl: error: rank 1 on ", result.stderr)
+        self.assertIn("exited with code 12", result.stderr)
+
+    def test_without_max_restarts_a_failure_ends_the_run(self):
+        result = ddl("-np", "2", "--", "sh", "-c", FLAKY, env={"FAIL_UNTIL": "1"}, timeout=60)
+        self.assertEqual(result.returncode, 10, result.stdout + result.stderr)
+        self.assertNotIn("restarting", result.stderr)
+
+    def test_ctrl_c_is_not_a_failure_to_restart_from(self):
+        marker = unique_marker()
+        self.addCleanup(kill_leftovers, marker)
+        proc = start_ddl("-np", "2", "--max-restarts", "5", "--", "sleep", marker)
+        self.assertTrue(wait_until(lambda: len(processes_with(marker)) >= 3, 10))
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        self.assertEqual(proc.returncode, 130, err)
+        self.assertNotIn("restarting", err)
+        self.assertTrue(wait_until(lambda: processes_with(marker) == [], 5))
+
+    def test_max_restarts_must_be_a_count(self):
+        result = ddl("-np", "2", "--max-restarts", "-1", "--", "true")
+        self.assertEqual(result.returncode, 2)
+        self.assertIn("--max-restarts", result.stderr)
+
+
 if __name__ == "__main__":
     unittest.main()
