@@ -170,12 +170,15 @@ class HostsTest(unittest.TestCase):
         self.assertEqual([workers(result.stdout)[r]["CUDA_VISIBLE_DEVICES"] for r in range(4, 8)], ["0", "1", "2", "3"])
 
     def test_libddl_collectives_and_pytorch_ddp_across_hosts(self):
-        result = on_host("ddlhost1", DDL, "run", "--cpu", "-H", HOSTS, "--", CHECKS, "world", timeout=300)
-        self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
-        by_rank = lines_by_rank(result.stdout)
-        for rank in range(4):
-            self.assertIn(f"world rank {rank} size 4 local {rank % 2}/2 node {rank // 2}", by_rank[rank])
-            self.assertTrue(any(line.startswith("PASS") for line in by_rank[rank]), by_rank[rank])
+        # Shared memory within each host and Gloo between them; then Gloo alone (DDL_SHM=0).
+        for hosts, per_host, env in (("ddlhost1:3,ddlhost2:3", 3, {}), (HOSTS, 2, {"DDL_SHM": "0"})):
+            result = on_host("ddlhost1", DDL, "run", "--cpu", "-H", hosts, "--", CHECKS, "world", timeout=300, env=env)
+            self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
+            by_rank = lines_by_rank(result.stdout)
+            size = 2 * per_host
+            for rank in range(size):
+                self.assertIn(f"world rank {rank} size {size} local {rank % per_host}/{per_host} node {rank // per_host}", by_rank[rank])
+                self.assertTrue(any(line.startswith("PASS") for line in by_rank[rank]), by_rank[rank])
         example = os.path.join(SOURCE, "examples", "pytorch_ddp.py")
         result = on_host("ddlhost1", DDL, "run", "--cpu", "-H", "ddlhost1:1,ddlhost2:1", "--", PYTHON, example, "--epochs", "1", timeout=300)
         self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])

@@ -48,6 +48,12 @@ std::unique_ptr<Collectives> make_gloo_collectives(int rank, int size, gloo::ren
 std::unique_ptr<Collectives> make_shared_memory_collectives(int rank, int size, gloo::rendezvous::Store& store,
                                                             std::chrono::milliseconds timeout);
 
+// Gloo among all ranks, plus, when the world spans hosts with `local_size` > 1 ranks on each
+// (ranks numbered host by host) and every host can map shared memory: shared memory within a host
+// and Gloo between hosts for the bulk collectives. Otherwise plain Gloo.
+std::unique_ptr<Collectives> make_hierarchical_collectives(int rank, int size, int local_size, gloo::rendezvous::Store& store,
+                                                           const std::string& interface_host, std::chrono::milliseconds timeout);
+
 // The store a process set rendezvouses through: `world` under `prefix`, keys ending in a rank of
 // the set renamed after that rank's world rank (world_ranks[set rank]). forward_wait=false for a
 // store whose wait() would be a world-wide fence (PMIx) and whose get() already blocks.
