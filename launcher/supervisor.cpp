@@ -98,16 +98,23 @@ struct Worker {
 // A remote shell still running this long after it was sent SIGKILL for its workers is killed.
 constexpr std::chrono::seconds kRemoteKillWait{3};
 
-// Writes all of `data` to a pipe, waiting while it is full; false if the reader is gone.
+// A remote shell that has not taken the job (or a signal line) within this long never will.
+constexpr std::chrono::seconds kRemoteShellReadWait{20};
+
+// Writes all of `data` to a pipe, waiting while it is full; false if the reader is gone or has
+// not read for kRemoteShellReadWait.
 bool write_to_pipe(int fd, std::string_view data) {
+  auto deadline = Clock::now() + kRemoteShellReadWait;
   while (!data.empty()) {
     ssize_t n = ::write(fd, data.data(), data.size());
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && errno == EAGAIN) {
+      if (Clock::now() >= deadline) return false;
       pollfd p{fd, POLLOUT, 0};
       ::poll(&p, 1, 100);
       continue;
     }
+    if (n > 0) deadline = Clock::now() + kRemoteShellReadWait;
     if (n <= 0) return false;
     data.remove_prefix(static_cast<size_t>(n));
   }
@@ -203,7 +210,9 @@ class Run {
     ::close(fds[0]);
     w.control_fd = fds[1];
     ::fcntl(w.control_fd, F_SETFL, O_NONBLOCK);
-    write_to_pipe(w.control_fd, *launch.control_input);  // a shell that fails to connect reads none of it
+    // A shell that fails to connect reads none of it and exits; one that neither reads nor exits
+    // is killed (its launch then fails like any other).
+    if (!write_to_pipe(w.control_fd, *launch.control_input)) ::kill(-process.pid, SIGKILL);
     return process;
   }
 
