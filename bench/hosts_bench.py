@@ -23,15 +23,22 @@ inside ddlhost1 (`testbed.sh exec ddlhost1 ...`); ssh between the hosts uses the
 
 2. Allreduce between the hosts, float32 sum in place, --sizes (default 1M..64M, doubling), with
    1 rank per host (2 ranks) and 4 ranks per host (8 ranks):
-       libddl  ddl run --no-prefix -H ddlhost1:P,ddlhost2:P --cpu -- BUILD/bench/ddl_allreduce_bench ...
-       mpi     mpirun --allow-run-as-root --oversubscribe -H ddlhost1:P,ddlhost2:P --mca plm_rsh_agent ssh
-                 --mca btl tcp,vader,self --mca btl_tcp_if_include eth0 BUILD/bench/mpi_allreduce_bench ...
-   (MPI: shared memory (vader) within a host, TCP on the bed's eth0 between hosts; --mpi-args
-   replaces the last four words.) Both programs time themselves (nccl-tests style, mean per call,
-   max over ranks) and print the same table, parsed here. With --allreduce-repeat R each runs R
-   times, interleaved, and the fastest time per size is kept. Reported per size: time (us) and
-   busbw (GB/s, algbw * 2(n-1)/n) of each, and OpenMPI's time / libddl's (above 1: libddl faster).
-   A run that fails, or whose correctness check counts wrong elements, is reported and left out.
+       libddl     ddl run --no-prefix -H ddlhost1:P,ddlhost2:P --cpu -- BUILD/bench/ddl_allreduce_bench ...
+       mpi        mpirun --allow-run-as-root --oversubscribe -H ddlhost1:P,ddlhost2:P --mca plm_rsh_agent ssh
+                    --mca btl tcp,vader,self --mca btl_tcp_if_include eth0 BUILD/bench/mpi_allreduce_bench ...
+       mpi-yield  the same plus --mca mpi_yield_when_idle 1
+   MPI: shared memory (vader) within a host, TCP on the bed's eth0 between hosts (--mpi-args
+   replaces the four words after `ssh`; Open MPI's defaults pick the same here). The bed's hosts
+   share this machine's cores (2 on the development VM), and Open MPI's ranks busy-poll without
+   yielding unless mpirun knows they are oversubscribed (-H host:4 declares 4 slots, so it does
+   not): under any other load their waits then last whole scheduler slices (a floor of 8-24 ms
+   per call was seen). mpi_yield_when_idle is Open MPI's own setting for oversubscribed nodes
+   and is the fair peer on this machine; plain `mpi` is what a user gets by default.
+   Both programs time themselves (nccl-tests style, mean per call, max over ranks) and print the
+   same table, parsed here. With --allreduce-repeat R each runs R times, interleaved, and the
+   fastest time per size is kept. Reported per size: time (us) and busbw (GB/s, algbw *
+   2(n-1)/n) of each, and each MPI's time / libddl's (above 1: libddl faster). A run that fails,
+   or whose correctness check counts wrong elements, is reported and left out.
 
 The defaults keep a full run near 2-3 minutes on the 2-core development VM; the machine may be
 shared, so the load average before and after each run is recorded in --json.
@@ -40,10 +47,12 @@ shared, so the load average before and after each run is recorded in --json.
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import re
 import shlex
+import signal
 import socket
 import statistics
 import subprocess
@@ -58,6 +67,9 @@ TESTBED = os.path.join(ROOT, "scripts", "testbed.sh")
 HOSTS = ("ddlhost1", "ddlhost2")
 ROW = re.compile(r"^\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s*$")
 DEFAULT_MPI_ARGS = "--mca btl tcp,vader,self --mca btl_tcp_if_include eth0"
+IMPLS = ["libddl", "mpi", "mpi-yield"]
+PROGRAMS = {"libddl": "ddl_allreduce_bench", "mpi": "mpi_allreduce_bench", "mpi-yield": "mpi_allreduce_bench"}
+LABELS = {"libddl": "libddl", "mpi": "OpenMPI", "mpi-yield": "OpenMPI yield"}
 
 
 # ---------------------------------------------------------------- inside ddlhost1: the launch loop
@@ -154,7 +166,7 @@ def header(args):
         "mpirun": first_line([args.mpirun, "--version"]),
         "python": sys.version.split()[0],
         "build": build_info(B),
-        "settings": {k: getattr(args, k) for k in ("repeat", "allreduce_repeat", "parts", "sizes", "per_host",
+        "settings": {k: getattr(args, k) for k in ("repeat", "allreduce_repeat", "parts", "impls", "sizes", "per_host",
                                                    "warmup", "iters", "min_iters", "budget", "mpi_args")},
     }
     b = meta["build"]
@@ -246,11 +258,12 @@ def parse_table(text):
 def allreduce_command(args, impl, per_host):
     flags = ["-b", args.sizes[0], "-e", args.sizes[1], "-w", str(args.warmup), "-n", str(args.iters),
              "--min-iters", str(args.min_iters), "--budget", args.budget]
-    bench = os.path.join(args.build_dir, "bench")
     if impl == "libddl":
         return [args.ddl, "run", "--no-prefix", "-H", hostlist(per_host), "--cpu", "--",
-                os.path.join(bench, "ddl_allreduce_bench")] + flags
-    return mpirun_base(args, per_host) + shlex.split(args.mpi_args) + [os.path.join(bench, "mpi_allreduce_bench")] + flags
+                os.path.join(args.build_dir, "bench", PROGRAMS[impl])] + flags
+    extra = ["--mca", "mpi_yield_when_idle", "1"] if impl == "mpi-yield" else []
+    return (mpirun_base(args, per_host) + shlex.split(args.mpi_args) + extra
+            + [os.path.join(args.build_dir, "bench", PROGRAMS[impl])] + flags)
 
 
 def run_allreduce(args, impl, per_host):
@@ -312,16 +325,17 @@ def fmt_us(us):
 
 
 def allreduce_part(args):
-    impls = ["libddl", "mpi"]
-    for impl, program in (("libddl", "ddl_allreduce_bench"), ("mpi", "mpi_allreduce_bench")):
-        path = os.path.join(args.build_dir, "bench", program)
+    impls = []
+    for impl in args.impls:
+        path = os.path.join(args.build_dir, "bench", PROGRAMS[impl])
         for _ in range(6):
             if os.access(path, os.X_OK):
+                impls.append(impl)
                 break
             time.sleep(5)  # the build directory may be being rebuilt
         else:
             print(f"# allreduce: {path} is missing; {impl} skipped")
-            impls.remove(impl)
+    peers = [i for i in impls if i != "libddl"]
     results, ok = {}, True
     for per_host in args.per_host:
         n = per_host * len(HOSTS)
@@ -342,34 +356,39 @@ def allreduce_part(args):
         sizes = sorted({s for i in impls for s in best[i]})
         print(f"\n### Allreduce float32 sum, {len(HOSTS)} hosts x {per_host} rank{'s' if per_host > 1 else ''} "
               f"({n} ranks): time us / busbw GB/s, fastest of {args.allreduce_repeat}\n")
-        print("| size | libddl | OpenMPI | OpenMPI time / libddl time |")
-        print("| --- | --- | --- | --- |")
+        ratio_cols = [p for p in peers if "libddl" in impls]
+        print("| size | " + " | ".join(LABELS[i] for i in impls) + "".join(
+            f" | {LABELS[p]} / libddl (time)" for p in ratio_cols) + " |")
+        print("| --- " * (1 + len(impls) + len(ratio_cols)) + "|")
         table = []
         for s in sizes:
             entry = {"bytes": s}
-            cells = []
-            for i in ("libddl", "mpi"):
-                row = best.get(i, {}).get(s)
+            cells = [fmt_size(s)]
+            for i in impls:
+                row = best[i].get(s)
                 if row:
                     cells.append(f"{fmt_us(row['time_us'])} / {row['busbw']:.3f}")
                     entry[i] = {"time_us": row["time_us"], "busbw": row["busbw"], "iters": row["iters"]}
                 else:
                     cells.append("-")
-            if "libddl" in entry and "mpi" in entry:
-                entry["mpi_over_libddl"] = entry["mpi"]["time_us"] / entry["libddl"]["time_us"]
-                ratio = f"{entry['mpi_over_libddl']:.2f}"
-            else:
-                ratio = "-"
-            print(f"| {fmt_size(s)} | {cells[0]} | {cells[1]} | {ratio} |")
+            for p in ratio_cols:
+                if "libddl" in entry and p in entry:
+                    entry[f"{p}_over_libddl"] = entry[p]["time_us"] / entry["libddl"]["time_us"]
+                    cells.append(f"{entry[f'{p}_over_libddl']:.2f}")
+                else:
+                    cells.append("-")
+            print("| " + " | ".join(cells) + " |")
             table.append(entry)
-        ratios = [e["mpi_over_libddl"] for e in table if "mpi_over_libddl" in e]
-        if ratios:
-            geo = 1.0
-            for x in ratios:
-                geo *= x
-            print(f"\ngeometric mean of OpenMPI/libddl over {len(ratios)} sizes: {geo ** (1 / len(ratios)):.2f}")
+        means = {}
+        for p in ratio_cols:
+            ratios = [e[f"{p}_over_libddl"] for e in table if f"{p}_over_libddl" in e]
+            if ratios:
+                means[p] = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+        if means:
+            print("\ngeometric mean over sizes of the time ratio: " +
+                  ", ".join(f"{LABELS[p]} / libddl {v:.2f}" for p, v in means.items()))
         sys.stdout.flush()
-        results[str(per_host)] = {"ranks": n, "runs": runs, "table": table}
+        results[str(per_host)] = {"ranks": n, "runs": runs, "table": table, "geomean_over_libddl": means}
     return results, ok
 
 
@@ -387,6 +406,8 @@ def parse_args():
     p.add_argument("--allreduce-repeat", type=positive_int, default=1,
                    help="runs of each allreduce benchmark, interleaved; the fastest time per size is kept (default 1)")
     p.add_argument("--parts", default="launch,allreduce", help="launch, allreduce or both (default)")
+    p.add_argument("--impls", default=",".join(IMPLS),
+                   help=f"allreduce implementations, comma-separated subset of {','.join(IMPLS)} (default all)")
     p.add_argument("--sizes", default="1M:64M", help="MIN:MAX bytes, doubling (default 1M:64M)")
     p.add_argument("--per-host", default="1,4", help="ranks per host for the allreduce (default 1,4)")
     p.add_argument("--warmup", type=int, default=2, help="warm-up allreduces per size (default 2)")
@@ -402,6 +423,9 @@ def parse_args():
     if a.inner_launch is not None:
         return a
     a.parts = [x.strip() for x in a.parts.split(",") if x.strip()]
+    a.impls = [x.strip() for x in a.impls.split(",") if x.strip()]
+    if not a.impls or any(x not in IMPLS for x in a.impls):
+        p.error(f"--impls takes a comma-separated subset of {','.join(IMPLS)}")
     if not a.parts or any(x not in ("launch", "allreduce") for x in a.parts):
         p.error("--parts takes launch, allreduce or launch,allreduce")
     try:
@@ -425,6 +449,8 @@ def main():
     if not os.access(args.ddl, os.X_OK):
         sys.exit(f"hosts_bench: {args.ddl} is not an executable (--ddl)")
     meta = header(args)
+    # SIGTERM too ends through the `finally` below, which stops a bed this run started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("hosts_bench: terminated"))
     started = ensure_bed()
     meta["bed_started_here"] = started
     results = {"meta": meta}

@@ -162,6 +162,13 @@ CapabilityItem mpi_launcher_item() {
   return item(false, "MPI launcher", "", "neither mpiexec nor mpirun found");
 }
 
+// ddl run -H starts other hosts' workers through ssh.
+CapabilityItem ssh_item() {
+  if (!backends::on_path("ssh")) return item(false, "ssh", "", "not found: ddl run -H/--hostfile needs it (or --rsh)");
+  CommandResult v = run_command({"ssh", "-V"}, seconds(10));
+  return item(true, "ssh", version_in(v.out + v.err), "ddl run -H/--hostfile starts other hosts' workers through it");
+}
+
 CapabilitySection controllers_section() {
   CapabilitySection s{"Controllers", {}};
   auto slurm = std::async(std::launch::async, slurm_item);
@@ -170,6 +177,7 @@ CapabilitySection controllers_section() {
   s.items.push_back(slurm.get());
   s.items.push_back(pbs.get());
   s.items.push_back(mpi.get());
+  s.items.push_back(ssh_item());
   const std::string pmix = DDL_BUILD_PMIX_VERSION;
   s.items.push_back(pmix.empty() ? item(false, "PMIx", "", "libddl was built without it") : item(true, "PMIx", pmix, "libddl bootstraps through it"));
   s.items.push_back(item(true, "ddl rendezvous store", DDL_BUILD_VERSION, "built into ddl run"));

@@ -46,6 +46,8 @@ class CheckBuild(unittest.TestCase):
         self.assertRegex(out, rf"  \[X\] Slurm {re.escape(srun)} \(srun --mpi: .*pmix")
         mpirun = re.search(r"(\d+\.\d+\.\d+)", subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout).group(1)
         self.assertIn(f"  [X] Open MPI {mpirun} ", out)
+        ssh = re.search(r"OpenSSH_(\d+\.\d+)", subprocess.run(["ssh", "-V"], capture_output=True, text=True).stderr).group(1)
+        self.assertIn(f"  [X] ssh {ssh} (ddl run -H", out)
         nccl = build_feature("DDL_BUILD_NCCL_VERSION")
         if nccl:
             self.assertIn(f"  [X] NCCL {nccl} (compiled; no GPU visible)", out)
