@@ -28,7 +28,8 @@ inside ddlhost1 (`testbed.sh exec ddlhost1 ...`); ssh between the hosts uses the
                     --mca btl tcp,vader,self --mca btl_tcp_if_include eth0 BUILD/bench/mpi_allreduce_bench ...
        mpi-yield  the same plus --mca mpi_yield_when_idle 1
    MPI: shared memory (vader) within a host, TCP on the bed's eth0 between hosts (--mpi-args
-   replaces the four words after `ssh`; Open MPI's defaults pick the same here). The bed's hosts
+   replaces the `--mca btl ... eth0` words; Open MPI's defaults pick the same here: a host of
+   the bed has only lo and eth0, and mpirun needs no --prefix, oob or btl setting to work on it). The bed's hosts
    share this machine's cores (2 on the development VM), and Open MPI's ranks busy-poll without
    yielding unless mpirun knows they are oversubscribed (-H host:4 declares 4 slots, so it does
    not): under any other load their waits then last whole scheduler slices (a floor of 8-24 ms
@@ -72,6 +73,42 @@ PROGRAMS = {"libddl": "ddl_allreduce_bench", "mpi": "mpi_allreduce_bench", "mpi-
 LABELS = {"libddl": "libddl", "mpi": "OpenMPI", "mpi-yield": "OpenMPI yield"}
 
 
+CHILD = None  # the process group running now, stopped when this script is terminated
+
+
+def run_group(cmd, timeout):
+    """Runs cmd in a process group of its own; returns (stdout, stderr, exit status or None on timeout).
+    On the timeout the whole group gets SIGTERM (ddl run and mpirun pass it on to their workers on
+    both hosts), then SIGKILL: killing only the first process would leave `testbed.sh exec`'s
+    child, and its workers, running."""
+    global CHILD
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    CHILD = proc
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        return out, err, proc.returncode
+    except subprocess.TimeoutExpired:
+        stop_group(proc)
+        out, err = proc.communicate()
+        return out or "", (err or "") + f"\ntimed out after {timeout:g} s", None
+    finally:
+        CHILD = None
+
+
+def stop_group(proc):
+    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+
+
 # ---------------------------------------------------------------- inside ddlhost1: the launch loop
 
 def inner_launch(spec_json):
@@ -81,15 +118,13 @@ def inner_launch(spec_json):
 
     def once(cmd):
         start = time.perf_counter()
-        try:
-            proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return None, f"timed out after {timeout:g} s"
+        out, err, rc = run_group(cmd, timeout)
         elapsed = time.perf_counter() - start
-        if proc.returncode != 0:
-            tail = proc.stdout.decode(errors="replace").strip().splitlines()[-5:]
-            return None, " | ".join([f"exit code {proc.returncode}"] + tail)
+        if rc is None:
+            return None, f"timed out after {timeout:g} s"
+        if rc != 0:
+            tail = (out + err).strip().splitlines()[-5:]
+            return None, " | ".join([f"exit code {rc}"] + tail)
         return elapsed, None
 
     results = {name: {"command": cmd, "times_s": [], "error": None} for name, cmd in commands}
@@ -202,13 +237,12 @@ def launch_part(args):
     spec = {"commands": commands, "repeat": args.repeat, "timeout": args.timeout}
     print(f"# launch: warm-up + {args.repeat} rounds inside {HOSTS[0]} ...", file=sys.stderr, flush=True)
     before = loadavg()
-    proc = subprocess.run(in_host(["/usr/bin/python3", os.path.abspath(__file__), "--inner-launch",
-                                   json.dumps(spec)]),
-                          capture_output=True, text=True, timeout=args.timeout * (args.repeat + 1) * 3 + 60)
-    if proc.returncode != 0:
-        print(f"# launch: the timing loop failed (exit {proc.returncode}): {proc.stderr.strip()[-800:]}")
-        return {"failure": proc.stderr[-2000:]}, False
-    data = json.loads(proc.stdout)
+    out, err, rc = run_group(in_host(["/usr/bin/python3", os.path.abspath(__file__), "--inner-launch", json.dumps(spec)]),
+                             args.timeout * (args.repeat + 1) * len(commands) + 60)
+    if rc != 0:
+        print(f"# launch: the timing loop failed (exit {rc}): {err.strip()[-800:]}")
+        return {"failure": err[-2000:]}, False
+    data = json.loads(out)
     rows = []
     for name, _ in commands:
         r = data["results"][name]
@@ -274,12 +308,7 @@ def run_allreduce(args, impl, per_host):
     tries = 0
     while True:
         tries += 1
-        try:
-            proc = subprocess.run(in_host(cmd), capture_output=True, text=True, timeout=args.timeout)
-            out, err, rc = proc.stdout, proc.stderr, proc.returncode
-        except subprocess.TimeoutExpired as e:
-            out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-            err, rc = f"timed out after {args.timeout:g} s", None
+        out, err, rc = run_group(in_host(cmd), args.timeout)
         # The build directory may be rebuilt under us: a program briefly missing is tried again.
         if rc != 0 and tries < 4 and not os.access(binary, os.X_OK):
             time.sleep(5)
@@ -288,7 +317,9 @@ def run_allreduce(args, impl, per_host):
     wall = time.perf_counter() - start
     rows, checked = parse_table(out)
     failure = None
-    if rc != 0:
+    if rc is None:
+        failure = f"timed out after {args.timeout:g} s"
+    elif rc != 0:
         failure = f"exit status {rc}: {(err or out or '').strip()[-600:]}"
     elif not checked or any(r["wrong"] for r in rows.values()):
         failure = "correctness check failed"
@@ -403,8 +434,8 @@ def parse_args():
                    "and bench/mpi_allreduce_bench (default build)")
     p.add_argument("--mpirun", default="mpirun")
     p.add_argument("--repeat", type=positive_int, default=10, help="timed launch rounds after the warm-up (default 10)")
-    p.add_argument("--allreduce-repeat", type=positive_int, default=1,
-                   help="runs of each allreduce benchmark, interleaved; the fastest time per size is kept (default 1)")
+    p.add_argument("--allreduce-repeat", type=positive_int, default=2,
+                   help="runs of each allreduce benchmark, interleaved; the fastest time per size is kept (default 2)")
     p.add_argument("--parts", default="launch,allreduce", help="launch, allreduce or both (default)")
     p.add_argument("--impls", default=",".join(IMPLS),
                    help=f"allreduce implementations, comma-separated subset of {','.join(IMPLS)} (default all)")
@@ -442,15 +473,22 @@ def parse_args():
     return a
 
 
+def terminated(*_):
+    if CHILD is not None:
+        stop_group(CHILD)
+    sys.exit("hosts_bench: terminated")
+
+
 def main():
     args = parse_args()
     if args.inner_launch is not None:
+        signal.signal(signal.SIGTERM, terminated)  # the outer run stopping takes the launch being timed along
         return inner_launch(args.inner_launch)
     if not os.access(args.ddl, os.X_OK):
         sys.exit(f"hosts_bench: {args.ddl} is not an executable (--ddl)")
     meta = header(args)
     # SIGTERM too ends through the `finally` below, which stops a bed this run started.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit("hosts_bench: terminated"))
+    signal.signal(signal.SIGTERM, terminated)
     started = ensure_bed()
     meta["bed_started_here"] = started
     results = {"meta": meta}
