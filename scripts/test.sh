@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash scripts/lightning_venv.sh  # PyTorch Lightning for the Lightning tests (a cached venv; quick when present)
 ctest --test-dir build --output-on-failure -j 1
 # The C++ tests again under AddressSanitizer + UndefinedBehaviorSanitizer.
 exec bash scripts/sanitizers.sh

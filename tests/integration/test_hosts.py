@@ -184,6 +184,22 @@ class HostsTest(unittest.TestCase):
         self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
         self.assertIn("replicas identical: yes", result.stdout)
 
+    def test_a_lightning_trainer_takes_ddl_s_ranks_across_hosts(self):
+        venv_python = os.environ.get("DDL_LIGHTNING_PYTHON") or "/var/cache/ddl/lightning-venv/bin/python"
+        self.assertTrue(os.access(venv_python, os.X_OK), f"{venv_python} is missing: run bash scripts/lightning_venv.sh")
+        train = os.path.join(SOURCE, "tests", "integration", "lightning_train.py")
+        result = on_host("ddlhost1", DDL, "run", "--cpu", "-H", "ddlhost1:1,ddlhost2:1", "--", venv_python, train, timeout=480)
+        self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
+        reports = {}
+        for rank, lines in lines_by_rank(result.stdout).items():
+            for line in lines:
+                if rank is not None and line.startswith("lightning rank "):
+                    words = line.split()
+                    reports[rank] = (int(words[2]), int(words[4]), int(words[6]), int(words[8]), words[10])
+        # Lightning's global rank, world size, local rank and node rank are ddl's; the weights agree.
+        self.assertEqual({r: v[:4] for r, v in reports.items()}, {0: (0, 2, 0, 0), 1: (1, 2, 0, 1)})
+        self.assertEqual(len({v[4] for v in reports.values()}), 1, reports)
+
     def test_a_failing_worker_on_the_second_host_stops_every_host_with_its_code(self):
         result = self.run_on_hosts("--cpu", "-H", HOSTS, "--grace-period", "5", mode="fail3")
         self.assertEqual(result.returncode, 7, result.stdout + result.stderr)
