@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Starts and stops a real single-node Slurm cluster on loopback for ddl's integration tests, with
-# Debian's slurm-wlm (slurmctld + slurmd) and a private munged. Needs root (mknod, daemons as root).
+# Starts and stops a real Slurm cluster for ddl's integration tests, with Debian's slurm-wlm
+# (slurmctld + slurmd) and a private munged. Needs root (mknod, daemons as root). Two modes.
+#
+# One node on loopback (the default), for client commands run right here:
 #
 #   bash scripts/local_slurm.sh start   # idempotent; quick when the cluster is already up
 #   bash scripts/local_slurm.sh stop    # cancels jobs, stops the daemons it started, removes the state
@@ -11,17 +13,56 @@
 # daemons get the config with -f, clients with SLURM_CONF, and slurm.conf's AuthInfo points every
 # Slurm program at the private munge socket. Systemd is not needed: the daemons are started directly.
 #
-# The node imitates a Perlmutter GPU node (1 socket x 64 cores x 2 threads, 4 GPUs, feature "gpu");
+# One node per host of the test bed (scripts/testbed.sh; start the bed first, e.g. `testbed.sh start 2`):
+#
+#   bash scripts/local_slurm.sh start --testbed   # nodes ddlhost1, ddlhost2, ... at the hosts' addresses
+#   bash scripts/local_slurm.sh stop --testbed    # the same cleanup; the bed and the one-node cluster stay
+#   bash scripts/local_slurm.sh env --testbed     # export SLURM_CONF=...: for commands inside the bed, e.g.
+#   SLURM_CONF=... bash scripts/testbed.sh exec ddlhost1 salloc -N 2 --gpus-per-node 4 srun hostname
+#
+# munged and slurmctld run inside the bed's first host, one slurmd inside each host (its network,
+# host name and mounts), so client commands work from inside the bed only. The state directory
+# ($DDL_SLURM_TESTBED_DIR, default `testbed.sh dir`/slurm, on the file system all hosts share) holds
+# the one config, the munge socket (a file, reachable from every host) and, per node (Slurm's %n),
+# its spool, pid file, log, TmpFS (where Slurm's PMIx plugin keeps its files) and its own 4 fake
+# GPUs. Its lock is on the bed's directory (flock), so a stop leaves nothing behind; a stop of the
+# bed ends this cluster too (its daemons live in the bed's namespaces, its state in the bed's directory).
+#
+# A node imitates a Perlmutter GPU node (1 socket x 64 cores x 2 threads, 4 GPUs, feature "gpu");
 # SlurmdParameters=config_overrides lets slurmd claim that on a 2-core machine, and the GPUs are
 # character devices (/dev/null's numbers) named in gres.conf, so Slurm sets CUDA_VISIBLE_DEVICES.
 set -euo pipefail
 
-DIR=$(realpath -m "${DDL_SLURM_DIR:-/tmp/ddl-slurm}") # absolute: the daemons chdir
+say() { echo "local_slurm: $*"; }
+die() {
+  echo "local_slurm: error: $*" >&2
+  exit 1
+}
+
+COMMAND="" TESTBED=0
+for arg in "$@"; do
+  case $arg in
+    start | stop | env) if [ -z "$COMMAND" ]; then COMMAND=$arg; else COMMAND=usage; fi ;;
+    --testbed) TESTBED=1 ;;
+    *) COMMAND=usage ;;
+  esac
+done
+
+BED_SCRIPT=$(dirname "$(realpath "${BASH_SOURCE[0]}")")/testbed.sh
+if ((TESTBED)); then
+  BED_DIR=$(bash "$BED_SCRIPT" dir)
+  DIR=$(realpath -m "${DDL_SLURM_TESTBED_DIR:-$BED_DIR/slurm}")
+  CLUSTER=ddltestbed
+  NODES=() ADDRS=() # the bed's hosts and addresses (read_bed); the first runs slurmctld and munged
+else
+  DIR=$(realpath -m "${DDL_SLURM_DIR:-/tmp/ddl-slurm}") # absolute: the daemons chdir
+  CLUSTER=ddl
+  NODES=("$(hostname -s)") ADDRS=(127.0.0.1) # slurmd finds its NodeName line by the short host name
+fi
+NODE=${NODES[0]:-}
 CONF=$DIR/slurm.conf
 MUNGE_DIR=$DIR/munge
 MUNGE_SOCKET=$MUNGE_DIR/munge.socket.2
-CLUSTER=ddl
-NODE=$(hostname -s)            # slurmd finds its NodeName line by the short host name
 NGPUS=4
 SOCKETS=1 CORES=64 THREADS=2   # Perlmutter GPU node: AMD EPYC 7763
 CPUS=$((SOCKETS * CORES * THREADS))
@@ -34,19 +75,49 @@ MARKER=.made-by-local_slurm.sh
 
 export SLURM_CONF=$CONF   # for the client commands this script runs itself
 
-say() { echo "local_slurm: $*"; }
-die() {
-  echo "local_slurm: error: $*" >&2
-  exit 1
+# --- the test bed ----------------------------------------------------------------------------------
+
+bed_up() { bash "$BED_SCRIPT" status; }
+
+# The bed's hosts and their addresses, from the /etc/hosts it gives every host.
+read_bed() {
+  local host addr
+  NODES=() ADDRS=()
+  for host in $(bash "$BED_SCRIPT" hosts); do
+    addr=$(awk -v h="$host" '$2 == h { print $1 }' "$BED_DIR/etc_hosts")
+    [ -n "$addr" ] || die "no address for $host in $BED_DIR/etc_hosts"
+    NODES+=("$host") ADDRS+=("$addr")
+  done
+  ((${#NODES[@]} > 0)) || die "the test bed has no hosts"
+  NODE=${NODES[0]}
 }
+
+# Runs a command on node $1: inside that host of the bed, or here in the one-node mode.
+on_node() {
+  local node=$1
+  shift
+  if ((TESTBED)); then
+    (cd / && bash "$BED_SCRIPT" exec "$node" "$@")
+  else
+    "$@"
+  fi
+}
+
+# A client command (sinfo, srun, squeue, scancel): where slurmctld is reachable.
+client() { on_node "$NODE" "$@"; }
 
 # --- configuration ---------------------------------------------------------------------------------
 
 slurm_conf() {
+  local i
+  if ((TESTBED)); then
+    echo "# Written by scripts/local_slurm.sh --testbed: one node per host of the test bed, for ddl's integration tests."
+  else
+    echo "# Written by scripts/local_slurm.sh: a one-node cluster on loopback for ddl's integration tests."
+  fi
   cat <<EOF
-# Written by scripts/local_slurm.sh: a one-node cluster on loopback for ddl's integration tests.
 ClusterName=$CLUSTER
-SlurmctldHost=$NODE(127.0.0.1)
+SlurmctldHost=$NODE(${ADDRS[0]})
 SlurmctldPort=$CTLD_PORT
 SlurmdPort=$SLURMD_PORT
 SlurmUser=root
@@ -56,11 +127,27 @@ AuthInfo=socket=$MUNGE_SOCKET
 CredType=cred/munge
 
 StateSaveLocation=$DIR/ctld
+EOF
+  if ((TESTBED)); then
+    # Per node (%n: the node's name), on the shared file system: every host sees every node's files.
+    cat <<EOF
+SlurmdSpoolDir=$DIR/%n/spool
+SlurmctldPidFile=$DIR/slurmctld.pid
+SlurmdPidFile=$DIR/%n/slurmd.pid
+SlurmctldLogFile=$DIR/slurmctld.log
+SlurmdLogFile=$DIR/%n/slurmd.log
+TmpFS=$DIR/%n/tmp
+EOF
+  else
+    cat <<EOF
 SlurmdSpoolDir=$DIR/slurmd
 SlurmctldPidFile=$DIR/slurmctld.pid
 SlurmdPidFile=$DIR/slurmd.pid
 SlurmctldLogFile=$DIR/slurmctld.log
 SlurmdLogFile=$DIR/slurmd.log
+EOF
+  fi
+  cat <<EOF
 SlurmctldDebug=info
 SlurmdDebug=info
 
@@ -89,16 +176,26 @@ InactiveLimit=0
 Waittime=0
 MailProg=/bin/true   # no mail here; the default /bin/mail is absent
 
-NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$CPUS Boards=1 SocketsPerBoard=$SOCKETS CoresPerSocket=$CORES ThreadsPerCore=$THREADS RealMemory=$MEMORY_MB Features=gpu Gres=gpu:$NGPUS State=UNKNOWN
+EOF
+  for i in "${!NODES[@]}"; do
+    echo "NodeName=${NODES[i]} NodeAddr=${ADDRS[i]} CPUs=$CPUS Boards=1 SocketsPerBoard=$SOCKETS CoresPerSocket=$CORES ThreadsPerCore=$THREADS RealMemory=$MEMORY_MB Features=gpu Gres=gpu:$NGPUS State=UNKNOWN"
+  done
+  cat <<EOF
 # Jobs share the node (one core by default); a GPU job gets the node's share of CPUs per GPU, as on
 # Perlmutter, so "salloc --gpus-per-node=4 srun -n 4" has CPUs for its 4 tasks.
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES DefCpuPerGPU=$((CPUS / NGPUS))
 EOF
 }
 
+# Where node $1's fake GPUs are: each node of the test bed has devices of its own.
+gpu_dir() { if ((TESTBED)); then echo "$DIR/$1"; else echo "$DIR"; fi; }
+
 gres_conf() {
+  local node
   echo "AutoDetect=off"
-  echo "NodeName=$NODE Name=gpu File=$DIR/gpu[0-$((NGPUS - 1))]"
+  for node in "${NODES[@]}"; do
+    echo "NodeName=$node Name=gpu File=$(gpu_dir "$node")/gpu[0-$((NGPUS - 1))]"
+  done
 }
 
 cgroup_conf() {
@@ -111,18 +208,29 @@ write_configs() {
   slurm_conf >"$CONF"
   gres_conf >"$DIR/gres.conf"
   cgroup_conf >"$DIR/cgroup.conf"
-  mkdir -p "$DIR/ctld" "$DIR/slurmd"
-  local i
-  for ((i = 0; i < NGPUS; i++)); do
-    mknod -m 0666 "$DIR/gpu$i" c 1 3 || die "mknod $DIR/gpu$i failed (needs root and CAP_MKNOD)"
+  mkdir -p "$DIR/ctld"
+  local i node
+  if ((TESTBED)); then
+    for node in "${NODES[@]}"; do mkdir -p "$DIR/$node/spool" "$DIR/$node/tmp"; done
+  else
+    mkdir -p "$DIR/slurmd"
+  fi
+  for node in "${NODES[@]}"; do
+    for ((i = 0; i < NGPUS; i++)); do
+      mknod -m 0666 "$(gpu_dir "$node")/gpu$i" c 1 3 || die "mknod $(gpu_dir "$node")/gpu$i failed (needs root and CAP_MKNOD)"
+    done
   done
 }
+
+slurmd_pid_file() { if ((TESTBED)); then echo "$DIR/$1/slurmd.pid"; else echo "$DIR/slurmd.pid"; fi; }
+slurmd_log() { if ((TESTBED)); then echo "$DIR/$1/slurmd.log"; else echo "$DIR/slurmd.log"; fi; }
 
 # --- processes -------------------------------------------------------------------------------------
 
 # Whether process $1 is a daemon this script started for this state directory: it is named slurmctld,
 # slurmd or munged and its command line names the state directory. Never a system-wide Slurm or munge,
-# nor an unrelated process that reuses the pid of a stale pid file.
+# nor an unrelated process that reuses the pid of a stale pid file. The test bed's hosts share this
+# machine's process table, so its daemons are found here too.
 is_ours() {
   local comm
   comm=$(cat "/proc/$1/comm" 2>/dev/null) || return 1
@@ -178,7 +286,7 @@ start_munge() {
   chmod 0755 "$MUNGE_DIR"
   [ -s "$MUNGE_DIR/munge.key" ] || mungekey --create --keyfile="$MUNGE_DIR/munge.key"
   chmod 0400 "$MUNGE_DIR/munge.key"
-  munged --socket="$MUNGE_SOCKET" --key-file="$MUNGE_DIR/munge.key" \
+  on_node "$NODE" munged --socket="$MUNGE_SOCKET" --key-file="$MUNGE_DIR/munge.key" \
     --pid-file="$MUNGE_DIR/munged.pid" --log-file="$MUNGE_DIR/munged.log" \
     --seed-file="$MUNGE_DIR/munged.seed" 9>&- || fail "munged did not start"
   munge -S "$MUNGE_SOCKET" -n | unmunge -S "$MUNGE_SOCKET" >/dev/null || fail "munge does not work"
@@ -186,21 +294,28 @@ start_munge() {
 
 # --- health ----------------------------------------------------------------------------------------
 
-node_state() { timeout 5 sinfo -h -n "$NODE" -o %T 2>/dev/null | head -1; }
+node_state() { client timeout 5 sinfo -h -n "$1" -o %T 2>/dev/null | head -1; }
 
-node_up() { [[ $(node_state) =~ ^(idle|mixed|allocated|completing)$ ]]; }
+node_up() { [[ $(node_state "$1") =~ ^(idle|mixed|allocated|completing)$ ]]; }
+
+all_up() {
+  local node
+  for node in "${NODES[@]}"; do node_up "$node" || return 1; done
+}
 
 # Up, and with the configuration this script would write now (so an edited script restarts it).
 healthy() {
   [ -f "$CONF" ] && cmp -s "$CONF" <(slurm_conf) && cmp -s "$DIR/gres.conf" <(gres_conf) || return 1
-  running "$MUNGE_DIR/munged.pid" && running "$DIR/slurmctld.pid" && running "$DIR/slurmd.pid" || return 1
-  node_up
+  running "$MUNGE_DIR/munged.pid" && running "$DIR/slurmctld.pid" || return 1
+  local node
+  for node in "${NODES[@]}"; do running "$(slurmd_pid_file "$node")" || return 1; done
+  all_up
 }
 
 fail() {
   echo "local_slurm: error: $*" >&2
-  local f
-  for f in "$MUNGE_DIR/munged.log" "$DIR/slurmctld.log" "$DIR/slurmd.log"; do
+  local f node
+  for f in "$MUNGE_DIR/munged.log" "$DIR/slurmctld.log" $(for node in "${NODES[@]}"; do slurmd_log "$node"; done); do
     [ -f "$f" ] || continue
     echo "--- tail of $f" >&2
     tail -n 20 "$f" >&2
@@ -210,24 +325,30 @@ fail() {
 }
 
 wait_until_up() {
-  local deadline=$((SECONDS + TIMEOUT))
-  until node_up; do
-    running "$DIR/slurmctld.pid" || fail "slurmctld exited"
-    running "$DIR/slurmd.pid" || fail "slurmd exited"
-    ((SECONDS < deadline)) || fail "node $NODE not up after ${TIMEOUT}s (state: $(node_state || true))"
-    sleep 0.2
+  local deadline=$((SECONDS + TIMEOUT)) node
+  for node in "${NODES[@]}"; do
+    until node_up "$node"; do
+      running "$DIR/slurmctld.pid" || fail "slurmctld exited"
+      running "$(slurmd_pid_file "$node")" || fail "slurmd of $node exited"
+      ((SECONDS < deadline)) || fail "node $node not up after ${TIMEOUT}s (state: $(node_state "$node" || true))"
+      sleep 0.2
+    done
   done
-  timeout 20 srun -N1 -n1 true || fail "srun -N1 -n1 true failed"
+  local n=${#NODES[@]}
+  client timeout 20 srun -N"$n" -n"$n" true || fail "srun -N$n -n$n true failed"
 }
 
 # --- commands --------------------------------------------------------------------------------------
 
 cmd_start() {
   [ "$(id -u)" -eq 0 ] || die "needs root (daemons as SlurmUser=root, mknod for fake GPUs)"
-  local tool
+  local tool node
   for tool in slurmctld slurmd munged mungekey sinfo srun; do
     command -v "$tool" >/dev/null || die "$tool not found: run scripts/setup.sh (slurm-wlm, munge)"
   done
+  if ((TESTBED)); then
+    read_bed
+  fi
   if ! healthy; then
     stop_daemons # leftovers of a killed or failed run
     wipe_state_dir
@@ -237,21 +358,27 @@ cmd_start() {
     # The daemons are started with 9>&- so that they do not inherit, and hold forever, the lock.
     start_munge
     write_configs
-    slurmctld -f "$CONF" 9>&- || fail "slurmctld did not start"
-    slurmd -f "$CONF" 9>&- || fail "slurmd did not start"
+    on_node "$NODE" slurmctld -f "$CONF" 9>&- || fail "slurmctld did not start"
+    for node in "${NODES[@]}"; do
+      on_node "$node" slurmd -f "$CONF" 9>&- || fail "slurmd of $node did not start"
+    done
     wait_until_up
   fi
-  say "cluster $CLUSTER up, node $NODE ($NGPUS fake GPUs, $CPUS CPUs); SLURM_CONF=$CONF"
+  if ((TESTBED)); then
+    say "cluster $CLUSTER up on the test bed, nodes ${NODES[*]} ($NGPUS fake GPUs, $CPUS CPUs each); SLURM_CONF=$CONF (use it inside the bed)"
+  else
+    say "cluster $CLUSTER up, node $NODE ($NGPUS fake GPUs, $CPUS CPUs); SLURM_CONF=$CONF"
+  fi
 }
 
 cmd_stop() {
   # Jobs first: with proctrack/linuxproc their steps would outlive slurmd.
-  if running "$DIR/slurmctld.pid"; then
+  if running "$DIR/slurmctld.pid" && { ((!TESTBED)) || { bed_up && read_bed; }; }; then
     local jobs
-    jobs=$(timeout 5 squeue -h -o %i 2>/dev/null || true)
+    jobs=$(client timeout 5 squeue -h -o %i 2>/dev/null || true)
     if [ -n "$jobs" ]; then
       # shellcheck disable=SC2086
-      timeout 5 scancel $jobs 2>/dev/null || true
+      client timeout 5 scancel $jobs 2>/dev/null || true
       sleep 0.5
     fi
   fi
@@ -263,16 +390,35 @@ cmd_stop() {
 cmd_env() { echo "export SLURM_CONF=$CONF"; }
 
 # One start or stop at a time (tests may call start in parallel); the lock lives beside the state
-# directory, which start and stop remove.
+# directory, which start and stop remove. On the test bed it is the directory that holds the state
+# directory (the bed's own), so that nothing is left there after a stop.
 lock() {
   mkdir -p "$(dirname "$DIR")"
-  exec 9>"$DIR.lock"
-  flock -w 60 9 || die "another local_slurm.sh holds $DIR.lock"
+  local lock_file=$DIR.lock
+  if ((TESTBED)); then
+    lock_file=$(dirname "$DIR")
+    exec 9<"$lock_file"
+  else
+    exec 9>"$lock_file"
+  fi
+  flock -w 60 9 || die "another local_slurm.sh holds $lock_file"
 }
 
-case ${1:-} in
-  start) lock && cmd_start ;;
-  stop) lock && cmd_stop ;;
+case $COMMAND in
+  start)
+    if ((TESTBED)) && ! bed_up; then die "the test bed is not up: bash scripts/testbed.sh start 2"; fi
+    lock && cmd_start
+    ;;
+  stop)
+    # Without the bed's directory there is nothing of ours to stop but strays; making the directory
+    # (for the lock) would leave the bed's next start a directory it did not make.
+    if ((TESTBED)) && [ ! -d "$(dirname "$DIR")" ]; then
+      stop_daemons
+      say "cluster $CLUSTER stopped"
+    else
+      lock && cmd_stop
+    fi
+    ;;
   env) cmd_env ;;
-  *) die "usage: $0 start|stop|env" ;;
+  *) die "usage: $0 start|stop|env [--testbed]" ;;
 esac

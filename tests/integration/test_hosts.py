@@ -9,9 +9,9 @@ import subprocess
 import time
 import unittest
 
+from testbed_hosts import LIGHTNING_PYTHON, LIGHTNING_TRAIN, TESTBED, bed, comm, lightning_reports, workers
 from ddl_testing import DDL, PYTHON, SOURCE, kill_leftovers, lines_by_rank, processes_with, unique_marker, wait_until
 
-TESTBED = os.path.join(SOURCE, "scripts", "testbed.sh")
 CHECKS = os.environ.get("DDL_COLLECTIVE_CHECKS", os.path.join(SOURCE, "build", "tests", "collective_checks"))
 HOSTS = "ddlhost1:2,ddlhost2:2"
 
@@ -42,10 +42,6 @@ elif sys.argv[2].startswith("fail"):
 """
 
 
-def bed(*args, timeout=60):
-    return subprocess.run(["bash", TESTBED, *args], capture_output=True, text=True, timeout=timeout)
-
-
 def on_host(host, *command, timeout=120, env=None):
     """Runs COMMAND on HOST of the bed to its end."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PBS_"))}
@@ -59,14 +55,6 @@ def start_on_host(host, *command):
                             cwd=SOURCE)
 
 
-def comm(pid):
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
 def parent(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -77,15 +65,6 @@ def parent(pid):
 
 def children(pid, name):
     return [int(p) for p in os.listdir("/proc") if p.isdigit() and parent(int(p)) == pid and comm(int(p)) == name]
-
-
-def workers(stdout):
-    found = {}
-    for rank, lines in lines_by_rank(stdout).items():
-        for line in lines:
-            if rank is not None and line.startswith("{"):
-                found[rank] = json.loads(line)
-    return found
 
 
 class HostsTest(unittest.TestCase):
@@ -185,17 +164,11 @@ class HostsTest(unittest.TestCase):
         self.assertIn("replicas identical: yes", result.stdout)
 
     def test_a_lightning_trainer_takes_ddl_s_ranks_across_hosts(self):
-        venv_python = os.environ.get("DDL_LIGHTNING_PYTHON") or "/var/cache/ddl/lightning-venv/bin/python"
-        self.assertTrue(os.access(venv_python, os.X_OK), f"{venv_python} is missing: run bash scripts/lightning_venv.sh")
-        train = os.path.join(SOURCE, "tests", "integration", "lightning_train.py")
-        result = on_host("ddlhost1", DDL, "run", "--cpu", "-H", "ddlhost1:1,ddlhost2:1", "--", venv_python, train, timeout=480)
+        self.assertTrue(os.access(LIGHTNING_PYTHON, os.X_OK), f"{LIGHTNING_PYTHON} is missing: run bash scripts/lightning_venv.sh")
+        result = on_host("ddlhost1", DDL, "run", "--cpu", "-H", "ddlhost1:1,ddlhost2:1", "--", LIGHTNING_PYTHON, LIGHTNING_TRAIN,
+                         timeout=480)
         self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
-        reports = {}
-        for rank, lines in lines_by_rank(result.stdout).items():
-            for line in lines:
-                if rank is not None and line.startswith("lightning rank "):
-                    words = line.split()
-                    reports[rank] = (int(words[2]), int(words[4]), int(words[6]), int(words[8]), words[10])
+        reports = lightning_reports(result.stdout)
         # Lightning's global rank, world size, local rank and node rank are ddl's; the weights agree.
         self.assertEqual({r: v[:4] for r, v in reports.items()}, {0: (0, 2, 0, 0), 1: (1, 2, 0, 1)})
         self.assertEqual(len({v[4] for v in reports.values()}), 1, reports)
