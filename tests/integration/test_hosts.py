@@ -237,6 +237,8 @@ class HostsTest(unittest.TestCase):
             (["-H", "ddlhost1:2,ddlhost2:1"], 2, "the hosts have different slot counts"),
             (["-H", "ddlhost1:x"], 2, "-H: 'ddlhost1:x' has no whole slot count"),
             (["-H", "a;rm -rf /:1"], 2, "is not a host name"),
+            # a host that resolves but where nothing answers on the remote shell's port
+            (["-H", "ddlhost1:1,ddlhost2:1", "--rsh", "ssh -p 2222"], 255, "cannot reach ddlhost2 through ssh: ssh: connect to host ddlhost2 port 2222: Connection refused"),
             # ssh that offers no key: the host refuses it
             (["-H", "ddlhost1:1,ddlhost2:1", "--rsh", "ssh -F /dev/null -o BatchMode=yes -o StrictHostKeyChecking=no "
               "-o UserKnownHostsFile=/dev/null -o IdentityFile=/dev/null"], 255, "cannot reach ddlhost2 through ssh"),
