@@ -10,7 +10,8 @@
 #
 # Each host is a set of namespaces held open by one `sleep`: its own network (a veth on a private
 # bridge, address 198.18.0.1x/24 from the range set aside for benchmark networks), its own host
-# name (UTS), and its own mounts: fresh tmpfs on /dev/shm, /tmp and /run, /etc/hosts naming every
+# name (UTS), and its own mounts: fresh tmpfs on /dev/shm, /tmp and /run (this checkout and
+# $DDL_TESTBED_KEEP stay visible when they live there), /etc/hosts naming every
 # host of the bed, /etc/ssh/ssh_config pointing ssh at the bed's key and known hosts. Each runs its
 # own sshd (Debian's openssh-server) that takes the bed's key for root. The bridge lives in a
 # namespace of its own, so the machine's own network, /etc, /root and /run are never touched;
@@ -18,6 +19,7 @@
 set -euo pipefail
 
 DIR=$(realpath -m "${DDL_TESTBED_DIR:-/var/tmp/ddl-testbed}")
+REPO=$(realpath "$(dirname "$0")/..")
 NET=198.18.0
 PREFIX=ddlhost
 MARKER=.made-by-testbed.sh
@@ -104,12 +106,38 @@ EOF
   chmod 600 "$DIR/ssh/id_ed25519" "$DIR/ssh/host_ed25519"
 }
 
+# Paths the hosts must still see although they live under a directory each host gets fresh (a
+# checkout in /tmp, as a CI clone may be): this repository and $DDL_TESTBED_KEEP (colon-separated).
+kept_paths() {
+  local p
+  for p in "$REPO" ${DDL_TESTBED_KEEP//:/ }; do
+    p=$(realpath -m "$p")
+    case $p in /tmp/* | /run/* | /dev/shm/*) echo "$p" ;; esac
+  done
+}
+
+# Shell lines that set a host's private /dev/shm, /tmp and /run, with the kept paths bound back in.
+private_dirs_setup() {
+  local host=$1 n=0 p
+  echo "mkdir -p '$DIR/$host/keep'"
+  for p in $(kept_paths); do
+    echo "mkdir -p '$DIR/$host/keep/$n' && mount --bind '$p' '$DIR/$host/keep/$n'"
+    n=$((n + 1))
+  done
+  echo 'for d in /dev/shm /tmp /run; do mount -t tmpfs -o mode=1777 tmpfs $d; done'
+  n=0
+  for p in $(kept_paths); do
+    echo "mkdir -p '$p' && mount --bind '$DIR/$host/keep/$n' '$p' && umount '$DIR/$host/keep/$n'"
+    n=$((n + 1))
+  done
+}
+
 start_host() {
   local i=$1 host=$PREFIX$1 pid
   local setup="set -e
 mount --make-rprivate /
 hostname $host
-for d in /dev/shm /tmp /run; do mount -t tmpfs -o mode=1777 tmpfs \$d; done
+$(private_dirs_setup "$host")
 mkdir -p /run/sshd
 mount --bind '$DIR/etc_hosts' /etc/hosts
 mount --bind '$DIR/ssh/ssh_config' /etc/ssh/ssh_config"
