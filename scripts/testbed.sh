@@ -110,7 +110,7 @@ EOF
 # checkout in /tmp, as a CI clone may be): this repository and $DDL_TESTBED_KEEP (colon-separated).
 kept_paths() {
   local p
-  for p in "$REPO" ${DDL_TESTBED_KEEP//:/ }; do
+  for p in "$REPO" ${DDL_TESTBED_KEEP:+${DDL_TESTBED_KEEP//:/ }}; do
     p=$(realpath -m "$p")
     case $p in /tmp/* | /run/* | /dev/shm/*) echo "$p" ;; esac
   done
