@@ -35,7 +35,8 @@ std::map<std::string, std::string> effective_values(const SiteProfile& site, con
   v["tasks_per_node"] = std::to_string(tasks);
   // A site whose core count is unknown (0) gets no core request unless the user makes one.
   if (!v.count("cpus_per_task") && shape.cores_per_node > 0) v["cpus_per_task"] = std::to_string(std::max(1, shape.cores_per_node / tasks));
-  if (v.count("cpus_per_task")) v["cpus_per_node"] = std::to_string(tasks * std::stoi(v["cpus_per_task"]));
+  // Up to 6 digits each (7 for a profile's GPUs): the product needs 64 bits.
+  if (v.count("cpus_per_task")) v["cpus_per_node"] = std::to_string(static_cast<long long>(tasks) * std::stoi(v["cpus_per_task"]));
   return v;
 }
 

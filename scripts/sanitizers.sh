@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# The README's test command runs this after the main tests: the unit tests and the C++ collective,
-# supervision and store tests again, built with AddressSanitizer + UndefinedBehaviorSanitizer
-# (build-asan/). Any report fails the run. The Python tests are left out: a Python interpreter
+# The README's test command runs this after the main tests. One clang 14 build (build-sanitizers/)
+# with AddressSanitizer + UndefinedBehaviorSanitizer and libFuzzer's coverage (DDL_FUZZ=ON) runs:
+#   - the unit tests and the C++ collective, supervision and store tests again;
+#   - every fuzz harness of tests/fuzz for DDL_FUZZ_SECONDS (default 15) on its seed corpus.
+# Any report, crash or leak fails the run. The Python tests are left out: a Python interpreter
 # cannot load an ASan-built libddl. NCCL is off in this build (no GPU here to exercise it).
 # Known third-party noise is suppressed in tests/sanitizers/*.supp, each entry with its reason.
+# Longer fuzzing: scripts/fuzz.sh (docs/fuzzing.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DDDL_SANITIZE=address,undefined -DDDL_WITH_NCCL=OFF >/dev/null
-cmake --build build-asan -j "$(nproc)" --target ddl_unit_tests collective_checks ddl cpp_train ddl_rendezvous_bench \
-  -- --no-print-directory >/dev/null
+bash scripts/install_packages.sh clang-14 libclang-rt-14-dev  # only clang has libFuzzer
+
+CC=clang-14 CXX=clang++-14 cmake -S . -B build-sanitizers -DCMAKE_BUILD_TYPE=Debug -DDDL_FUZZ=ON \
+  -DDDL_FUZZ_SECONDS="${DDL_FUZZ_SECONDS:-15}" -DDDL_WITH_NCCL=OFF >/dev/null
+cmake --build build-sanitizers -j "$(nproc)" --target ddl_unit_tests collective_checks ddl cpp_train ddl_rendezvous_bench \
+  ddl_fuzzers -- --no-print-directory >/dev/null
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:halt_on_error=1:detect_stack_use_after_return=0"
 export LSAN_OPTIONS="suppressions=$root/tests/sanitizers/lsan.supp:print_suppressions=0"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-exec ctest --test-dir build-asan --output-on-failure -j 1 \
-  -R '^(unit|integration\.(collectives|supervision|concurrency_and_store))$'
+exec ctest --test-dir build-sanitizers --output-on-failure -j 1 \
+  -R '^(unit|integration\.(collectives|supervision|concurrency_and_store)|fuzz\..*)$'

@@ -1,5 +1,7 @@
 #include "backends/slurm/slurm_launch.hpp"
 
+#include <algorithm>
+#include <climits>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -21,13 +23,13 @@ int leading_int(const std::string& s) {
 
 // "a100:4" or "4" -> 4; "a100:2,v100:1" -> 3.
 int count_in_gpu_spec(const std::string& spec) {
-  int total = 0;
+  long long total = 0;  // counts near INT_MAX would overflow an int sum
   std::stringstream parts(spec);
   for (std::string part; std::getline(parts, part, ',');) {
     auto colon = part.rfind(':');
     total += std::atoi(part.c_str() + (colon == std::string::npos ? 0 : colon + 1));
   }
-  return total;
+  return static_cast<int>(std::clamp<long long>(total, INT_MIN, INT_MAX));
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The launch lines and output formats of srun, Cray PALS mpiexec and OpenMPI mpirun.
 #include <doctest/doctest.h>
 
+#include <climits>
 #include <cstdio>
 #include <fstream>
 
@@ -103,6 +104,11 @@ TEST_CASE("Slurm allocation facts: GPUs and CPUs per node in every form Slurm wr
   CHECK(slurm::gpus_per_node({{"SLURM_JOB_GPUS", "0,1,2"}}) == 3);
   CHECK(slurm::gpus_per_node({}) == 0);
   CHECK(slurm::cpus_per_node({{"SLURM_JOB_CPUS_PER_NODE", "128(x2)"}}) == 128);
+}
+
+// Found by tests/fuzz (fuzz_slurm_tasks): the sum of the counts overflowed an int.
+TEST_CASE("GPU counts whose sum exceeds an int are clamped, not wrapped to a negative count") {
+  CHECK(slurm::gpus_per_node({{"SLURM_GPUS_PER_NODE", "a100:2000000000,v100:2000000000"}}) == INT_MAX);
 }
 
 TEST_CASE("the tasks srun would start on each node of the allocation") {

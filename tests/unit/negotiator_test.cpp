@@ -278,3 +278,24 @@ TEST_CASE("a waiting join stalls only after DDL_TIMEOUT without any op running, 
   const auto late = n.stalled(t0 + seconds(14), seconds(5));  // the last op ran at 8 s
   CHECK(std::find(late.begin(), late.end(), "ddl.join") != late.end());
 }
+
+// Found by tests/fuzz (fuzz_negotiation): a message naming one op twice counted as a second rank,
+// and (with rank 0's expired list naming the op too) made merge() look up an entry it had already
+// erased, a crash on every rank (tests/fuzz/corpus/negotiation/crash_same_op_twice). A rank never
+// has one name pending twice, so such a message is corrupt: an error, never counted.
+TEST_CASE("a message announcing one op twice is an error, not a second rank") {
+  Negotiator n(2);
+  auto now = Clock::now();
+  CHECK_THROWS_WITH_AS(n.merge({announce({{"x", allreduce(1)}, {"x", allreduce(2)}}), announce({})}, now),
+                       "rank 0 announced op 'x' twice", std::runtime_error);
+}
+
+TEST_CASE("a message announcing one cache id twice is an error, not a second rank") {
+  Negotiator n(2);
+  auto now = Clock::now();
+  REQUIRE(names(n.merge({announce({{"g", allreduce(4)}}), announce({{"g", allreduce(4)}})}, now)) == std::vector<std::string>{"g"});
+  const uint32_t id = *n.cached_id("g", allreduce(4));
+  Announcement again;
+  again.cached = {id, id};
+  CHECK_THROWS_WITH_AS(n.merge({again, announce({})}, now), "rank 0 announced op 'g' twice", std::runtime_error);
+}

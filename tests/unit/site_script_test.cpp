@@ -198,6 +198,15 @@ TEST_CASE("hostile profiles are usage errors naming the file and field, never a 
                        ddl::UsageError);
 }
 
+// Found by tests/fuzz (fuzz_site_profile): 999999 GPUs x 999999 cores per task overflowed an int.
+TEST_CASE("the largest counts a profile may default to multiply without overflow") {
+  UserSites sites(std::map<std::string, std::string>{
+      {"big", R"({"scheduler": "pbs", "defaults": {"gpus_per_node": 999999, "cpus_per_task": 999999},
+                  "gpu_request": "select={{nodes}}:ncpus={{cpus_per_node}}:ngpus={{gpus_per_node}}"})"}});
+  const std::string script = render_job_script(load_site("big"), job({})).text;
+  CHECK(script.find("#PBS -l select=1:ncpus=999998000001:ngpus=999999\n") != std::string::npos);
+}
+
 TEST_CASE("a PBS time with an absurd day count is a usage error") {
   UserSites none({});
   CHECK_THROWS_WITH_AS(render_job_script(load_site("sockeye"), job({{"account", "st-a-1-gpu"}, {"time", "99999999999-1"}})),

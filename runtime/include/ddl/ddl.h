@@ -41,6 +41,15 @@ extern "C" {
 #define DDL_API
 #endif
 
+/* In C++ the enums a caller passes in are int-based, so that any int (a bad value, say, from a
+   binding) is a value libddl can check and refuse with DDL_ERROR_INVALID_ARGUMENT rather than
+   undefined behaviour. The same size and values as in C. */
+#ifdef __cplusplus
+#define DDL_ENUM_INT : int
+#else
+#define DDL_ENUM_INT
+#endif
+
 typedef enum {
   DDL_SUCCESS = 0,
   DDL_ERROR_INVALID_ARGUMENT = 1, /* a bad pointer, count, type, root or duplicate name */
@@ -53,7 +62,7 @@ typedef enum {
   DDL_ERROR_UNSUPPORTED = 8       /* e.g. a CUDA buffer without NCCL or without a visible GPU */
 } ddl_status;
 
-typedef enum {
+typedef enum DDL_ENUM_INT {
   DDL_FLOAT16 = 0,
   DDL_BFLOAT16 = 1,
   DDL_FLOAT32 = 2,
@@ -65,7 +74,7 @@ typedef enum {
   DDL_INT16 = 8   /* host buffers only: NCCL has no 16-bit integer type */
 } ddl_dtype;
 
-typedef enum {
+typedef enum DDL_ENUM_INT {
   DDL_SUM = 0,
   DDL_AVERAGE = 1, /* the sum divided by the world size (integers: truncated toward zero) */
   DDL_MIN = 2,

@@ -458,6 +458,8 @@ ddl_status ddl_barrier(void) {
 
 // ---- Process sets and the *_ex operations ----
 
+}  // extern "C"
+
 namespace {
 
 // Why a sorted list of ranks cannot be a process set of a world of `world` ranks ("" if it can).
@@ -471,6 +473,8 @@ std::string invalid_set_ranks(const std::vector<int>& sorted, int world) {
 }
 
 }  // namespace
+
+extern "C" {
 
 ddl_status ddl_process_set_create(const int* ranks, int count, ddl_process_set* out) {
   if (out == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "ddl_process_set_create: NULL output");
@@ -527,6 +531,8 @@ ddl_status ddl_process_set_create(const int* ranks, int count, ddl_process_set* 
     return DDL_SUCCESS;
   });
 }
+
+}  // extern "C"
 
 namespace {
 
@@ -585,6 +591,8 @@ ddl_status submit_to(Target& t, const char* name, const OpSpec& spec, const void
 uint64_t sum_of(const size_t* counts, int n) { return std::accumulate(counts, counts + n, uint64_t{0}); }
 
 }  // namespace
+
+extern "C" {
 
 ddl_status ddl_process_set_destroy(ddl_process_set handle) {
   return with_runtime([&](Runtime& rt) {

@@ -64,6 +64,9 @@ Negotiator::Entry& Negotiator::entry_for(const std::string& name, TimePoint now)
 void Negotiator::announce_full(int rank, const std::string& name, const OpSpec& spec, TimePoint now,
                                std::vector<Completed>& completed) {
   Entry& e = entry_for(name, now);
+  // A rank never has one name pending twice (the engine refuses that at submit): a message that
+  // does is corrupt, and counting it would complete the op without some rank, or twice.
+  if (e.specs[static_cast<size_t>(rank)]) throw std::runtime_error(fmt::format("rank {} announced op '{}' twice", rank, name));
   e.specs[static_cast<size_t>(rank)] = spec;
   if (rank == 0) e.order = next_order_++;
   if (++e.announced == size_) completed.push_back({e.order, false, name, std::nullopt});
@@ -81,6 +84,7 @@ void Negotiator::announce_cached(int rank, uint32_t id, TimePoint now, std::vect
     w.ranks.assign(static_cast<size_t>(size_), false);
     w.first_seen = now;
   }
+  if (w.ranks[static_cast<size_t>(rank)]) throw std::runtime_error(fmt::format("rank {} announced op '{}' twice", rank, name));
   w.ranks[static_cast<size_t>(rank)] = true;
   if (rank == 0) w.order = next_order_++;
   if (++w.announced == size_) completed.push_back({w.order, false, cache_[id].first, id});
@@ -105,9 +109,11 @@ void Negotiator::complete_for_joined(std::vector<Completed>& completed) const {
       if (!has(r) && !joined_[static_cast<size_t>(r)]) return false;
     return true;
   };
-  for (const auto& [name, e] : table_)
+  for (const auto& entry : table_) {
+    const Entry& e = entry.second;  // not a structured binding: clang before 16 cannot capture one (scripts/fuzz.sh uses clang 14)
     if (e.announced > 0 && e.announced < size_ && all_missing_joined([&](int r) { return e.specs[static_cast<size_t>(r)].has_value(); }))
-      completed.push_back({e.order, true, name, std::nullopt});
+      completed.push_back({e.order, true, entry.first, std::nullopt});
+  }
   for (size_t id = 0; id < cached_waits_.size(); ++id) {
     const CachedWait& w = cached_waits_[id];
     if (w.announced > 0 && w.announced < size_ && all_missing_joined([&](int r) { return static_cast<bool>(w.ranks[static_cast<size_t>(r)]); }))
