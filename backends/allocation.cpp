@@ -36,13 +36,4 @@ Allocation detect_allocation(const Environment& env) {
   return {};
 }
 
-const char* scheduler_name(Scheduler s) {
-  switch (s) {
-    case Scheduler::Slurm: return "Slurm";
-    case Scheduler::Pbs: return "PBS";
-    case Scheduler::None: break;
-  }
-  return "none";
-}
-
 }  // namespace ddl::backends

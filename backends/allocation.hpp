@@ -4,11 +4,10 @@
 
 #include <string>
 
+#include "backends/scheduler.hpp"
 #include "runtime/src/common/environment.hpp"
 
 namespace ddl::backends {
-
-enum class Scheduler { None, Slurm, Pbs };
 
 struct Allocation {
   Scheduler scheduler = Scheduler::None;
@@ -18,7 +17,5 @@ struct Allocation {
 
 // Reads SLURM_JOB_ID / SLURM_JOB_NUM_NODES, or PBS_JOBID / PBS_NODEFILE (distinct host lines).
 Allocation detect_allocation(const Environment& env);
-
-const char* scheduler_name(Scheduler s);
 
 }  // namespace ddl::backends

@@ -13,14 +13,6 @@ namespace ddl::backends {
 
 namespace {
 
-const std::map<std::string, std::string> kFlags = {
-    {"nodes", "-N/--nodes"},       {"gpus_per_node", "--gpus-per-node"}, {"time", "-t/--time"},
-    {"account", "-A/--account"},   {"queue", "-q/--queue"},              {"partition", "-p/--partition"},
-    {"constraint", "-C/--constraint"}, {"job_name", "-J/--job-name"},    {"output", "-o/--output"},
-    {"image", "--image"},          {"comment", "--comment"},             {"mem", "--mem"},
-    {"filesystems", "--filesystems"}, {"cpus_per_task", "-c/--cpus-per-task"}, {"dependency", "-d/--dependency"},
-    {"gpu_type", "--gpu-type"},   {"cpus_per_node", "-c/--cpus-per-task"}, {"tasks_per_node", "--gpus-per-node"}};
-
 // Every option's value: the user's, else the site's default, else one derived from the site.
 std::map<std::string, std::string> effective_values(const SiteProfile& site, const JobRequest& job) {
   std::map<std::string, std::string> v = site.defaults;
@@ -116,9 +108,10 @@ std::string directive_word(const std::string& option, const std::string& value) 
 // The options a site's script has a place for: its scheduler's own directives, the `ddl run` line,
 // and every {{option}} its profile's texts name.
 std::set<std::string> usable_options(const SiteProfile& site) {
-  std::set<std::string> usable = {"nodes", "gpus_per_node", "time", "account", "queue", "job_name", "output", "dependency",
-                                  "cpus_per_task"};
-  if (site.scheduler == "slurm") usable.insert({"partition", "constraint", "comment", "mem"});
+  std::set<std::string> usable;
+  for (const BatchOption& option : batch_options())
+    if (option.place == ScriptPlace::Always || (option.place == ScriptPlace::SlurmOnly && site.scheduler == Scheduler::Slurm))
+      usable.emplace(option.key);
   std::vector<std::string> texts = site.directives;
   texts.push_back(site.gpu_request);
   if (site.container) {
@@ -131,28 +124,19 @@ std::set<std::string> usable_options(const SiteProfile& site) {
   return usable;
 }
 
-std::string directive_prefix(const SiteProfile& site) { return site.scheduler == "slurm" ? "#SBATCH " : "#PBS "; }
+std::string directive_prefix(const SiteProfile& site) { return site.scheduler == Scheduler::Slurm ? "#SBATCH " : "#PBS "; }
 
 void slurm_directives(const SiteProfile& site, const std::map<std::string, std::string>& v, const JobRequest& job,
                       std::vector<std::string>& d) {
-  auto add = [&](const char* option, const char* flag) {
-    if (auto it = v.find(option); it != v.end() && !it->second.empty())
-      d.push_back(fmt::format("--{}={}", flag, directive_word(option, it->second)));
-  };
-  add("job_name", "job-name");
-  add("nodes", "nodes");
-  add("tasks_per_node", "ntasks-per-node");
-  add("cpus_per_task", "cpus-per-task");
-  if (std::stoi(v.at("gpus_per_node")) > 0 && !site.gpu_request.empty()) d.push_back(fill(site.gpu_request, v, site, "GPU request"));
-  add("time", "time");
-  add("account", "account");
-  add("queue", "qos");
-  add("partition", "partition");
-  add("constraint", "constraint");
-  add("comment", "comment");
-  add("mem", "mem");
-  add("output", "output");
-  add("dependency", "dependency");
+  for (const BatchOption& option : batch_options()) {
+    if (option.key == "gpus_per_node") {  // one task per GPU, and the GPUs as the site asks for them
+      d.push_back("--ntasks-per-node=" + v.at("tasks_per_node"));
+      if (std::stoi(v.at("gpus_per_node")) > 0 && !site.gpu_request.empty()) d.push_back(fill(site.gpu_request, v, site, "GPU request"));
+    }
+    auto it = v.find(std::string(option.key));
+    if (!option.slurm.empty() && it != v.end() && !it->second.empty())
+      d.push_back(fmt::format("--{}={}", option.slurm, directive_word(it->first, it->second)));
+  }
   if (job.signal_before_seconds) {
     // To every task of the job's steps (the workers themselves), so they can checkpoint.
     d.push_back(fmt::format("--signal=USR1@{}", *job.signal_before_seconds));
@@ -192,14 +176,14 @@ std::string pbs_walltime(const std::string& slurm_time) {
 }
 
 void pbs_directives(const SiteProfile& site, const std::map<std::string, std::string>& v, std::vector<std::string>& d) {
-  d.push_back("-N " + directive_word("job_name", v.at("job_name")));
-  if (!site.gpu_request.empty()) d.push_back("-l " + fill(site.gpu_request, v, site, "select statement"));
-  if (auto t = v.find("time"); t != v.end()) d.push_back("-l walltime=" + pbs_walltime(t->second));
-  if (auto a = v.find("account"); a != v.end()) d.push_back("-A " + directive_word("account", a->second));
-  if (auto q = v.find("queue"); q != v.end()) d.push_back("-q " + directive_word("queue", q->second));
+  for (const BatchOption& option : batch_options()) {
+    if (option.key == "gpus_per_node" && !site.gpu_request.empty()) d.push_back("-l " + fill(site.gpu_request, v, site, "select statement"));
+    auto it = v.find(std::string(option.key));
+    if (it == v.end()) continue;
+    if (option.key == "time") d.push_back("-l walltime=" + pbs_walltime(it->second));
+    else if (!option.pbs.empty()) d.push_back(fmt::format("{}{}", option.pbs, directive_word(it->first, it->second)));
+  }
   d.push_back("-j oe");  // one output file, as Slurm writes
-  if (auto o = v.find("output"); o != v.end()) d.push_back("-o " + directive_word("output", o->second));
-  if (auto dep = v.find("dependency"); dep != v.end()) d.push_back("-W depend=" + directive_word("dependency", dep->second));
 }
 
 std::string ddl_run_line(const SiteProfile& site, const std::map<std::string, std::string>& v, const JobRequest& job) {
@@ -220,11 +204,6 @@ std::string ddl_run_line(const SiteProfile& site, const std::map<std::string, st
 }
 
 }  // namespace
-
-std::string flag_for(const std::string& option) {
-  auto it = kFlags.find(option);
-  return it == kFlags.end() ? option : it->second;
-}
 
 std::string shell_quote(std::string_view s) {
   if (plain_word(s, "_./:=@%+,-")) return std::string(s);
@@ -252,7 +231,7 @@ void check_site_rules(const SiteProfile& site, const JobRequest& job) {
   const std::set<std::string> usable = usable_options(site);
   for (const auto& [option, value] : job.options)
     if (!usable.count(option) && !site.forbidden.count(option))
-      throw UsageError(fmt::format("{}: site '{}' ({}) has no place for it in its script", flag_for(option), site.name, site.scheduler),
+      throw UsageError(fmt::format("{}: site '{}' ({}) has no place for it in its script", flag_for(option), site.name, scheduler_key(site.scheduler)),
                        fmt::format("drop {}, or name it in the profile (see `ddl sites show {}`)", flag_for(option), site.name));
   for (const auto& [option, why] : site.forbidden)
     if (job.options.count(option))
@@ -292,7 +271,7 @@ void check_site_rules(const SiteProfile& site, const JobRequest& job) {
   if (gpus > 0 && site.gpu_request.empty())
     throw UsageError(fmt::format("site '{}' has no gpu_request in its profile, so GPUs cannot be asked for", site.name),
                      "add gpu_request to the profile (docs/site-profiles.md), or use --gpus-per-node 0 for a CPU job");
-  if (job.signal_before_seconds && site.scheduler != "slurm")
+  if (job.signal_before_seconds && site.scheduler != Scheduler::Slurm)
     throw UsageError(fmt::format("--signal-before: site '{}' uses PBS, which has no signal before the time limit", site.name),
                      "checkpoint on a timer inside the job instead");
   if (job.command.empty() && job.body.empty())
@@ -306,7 +285,7 @@ JobScript render_job_script(const SiteProfile& site, const JobRequest& job) {
   const auto& v = result.values;
 
   std::vector<std::string> directives;
-  if (site.scheduler == "slurm") {
+  if (site.scheduler == Scheduler::Slurm) {
     if (!v.count("output")) result.values["output"] = "ddl-%j.out";
     slurm_directives(site, result.values, job, directives);
   } else {
@@ -324,7 +303,7 @@ JobScript render_job_script(const SiteProfile& site, const JobRequest& job) {
   s += fmt::format("\n# Generated by ddl {} from the site profile '{}'{}.\n", job.ddl_version, site.name,
                    site.description.empty() ? "" : " (" + site.description + ")");
   s += "set -eo pipefail\n";
-  if (site.scheduler == "pbs") s += "cd \"$PBS_O_WORKDIR\"\n";
+  if (site.scheduler == Scheduler::Pbs) s += "cd \"$PBS_O_WORKDIR\"\n";
   for (const auto& path : site.module_use) s += "module use " + shell_quote(path) + "\n";
   if (!site.modules.empty()) {
     s += "module load";

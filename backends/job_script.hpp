@@ -8,12 +8,13 @@
 #include <string_view>
 #include <vector>
 
+#include "backends/batch_options.hpp"
 #include "backends/site_profile.hpp"
 
 namespace ddl::backends {
 
 struct JobRequest {
-  std::map<std::string, std::string> options;  // known_options() key -> value the user gave
+  std::map<std::string, std::string> options;  // batch_options() key -> value the user gave
   std::vector<std::string> extra_directives;   // --directive, each written after the scheduler's prefix
   std::optional<int> signal_before_seconds;    // --signal-before: SIGUSR1 to the workers, and requeue
   std::vector<std::string> command;            // the program and its arguments
@@ -29,9 +30,6 @@ struct JobScript {
   std::map<std::string, std::string> values;    // every option's value after defaults
   std::string output;                           // where the job's output goes ("ddl-%j.out")
 };
-
-// The flag a user types for an option key, for messages: "account" -> "-A/--account".
-std::string flag_for(const std::string& option);
 
 // Checks the request against the site: required options, value patterns, forbidden options, GPUs
 // per node, and values a batch directive cannot carry. Throws UsageError naming the rule and the fix.

@@ -101,14 +101,14 @@ bool looks_like_job_id(const std::string& id) {
   return std::regex_match(id, job_id);
 }
 
-std::string local_scheduler() {
-  if (on_path("sbatch")) return "slurm";
-  if (on_path("qsub")) return "pbs";
+Scheduler local_scheduler() {
+  if (on_path("sbatch")) return Scheduler::Slurm;
+  if (on_path("qsub")) return Scheduler::Pbs;
   throw Error("neither Slurm (sbatch) nor PBS (qsub) is on PATH here", "run ddl on the site's login node");
 }
 
-std::string submit_job(const std::string& scheduler, const std::string& script) {
-  const bool slurm = scheduler == "slurm";
+std::string submit_job(Scheduler scheduler, const std::string& script) {
+  const bool slurm = scheduler == Scheduler::Slurm;
   std::vector<std::string> argv = slurm ? std::vector<std::string>{"sbatch", "--parsable"} : std::vector<std::string>{"qsub", "-"};
   // Generous: a submit that timed out here may still have been accepted, and a retry would
   // submit the job twice.
@@ -120,15 +120,15 @@ std::string submit_job(const std::string& scheduler, const std::string& script) 
   return id;
 }
 
-std::optional<JobState> job_state(const std::string& scheduler, const std::string& id) {
+std::optional<JobState> job_state(Scheduler scheduler, const std::string& id) {
   if (!looks_like_job_id(id)) throw UsageError(fmt::format("'{}' is not a job id", id), "give the number sbatch or qsub printed");
-  return scheduler == "slurm" ? slurm_job_state(id) : pbs_job_state(id);
+  return scheduler == Scheduler::Slurm ? slurm_job_state(id) : pbs_job_state(id);
 }
 
-std::vector<JobState> my_jobs(const std::string& scheduler) {
+std::vector<JobState> my_jobs(Scheduler scheduler) {
   std::vector<JobState> jobs;
   const std::string user = std::getenv("USER") ? std::getenv("USER") : std::to_string(::getuid());
-  if (scheduler == "slurm") {
+  if (scheduler == Scheduler::Slurm) {
     CommandResult r = run_command({"squeue", "-h", "-u", user, "-o", "%i|%j|%T|%R"});
     if (!r.ok()) throw Error("squeue failed: " + tool_error(r), "check that Slurm's tools work here (sinfo)");
     std::istringstream lines(r.out);
@@ -152,11 +152,11 @@ std::vector<JobState> my_jobs(const std::string& scheduler) {
   return jobs;
 }
 
-void cancel_job(const std::string& scheduler, const std::string& id) {
+void cancel_job(Scheduler scheduler, const std::string& id) {
   if (!looks_like_job_id(id)) throw UsageError(fmt::format("'{}' is not a job id", id), "give the number sbatch or qsub printed");
-  std::vector<std::string> argv = scheduler == "slurm" ? std::vector<std::string>{"scancel", id} : std::vector<std::string>{"qdel", id};
+  std::vector<std::string> argv = scheduler == Scheduler::Slurm ? std::vector<std::string>{"scancel", id} : std::vector<std::string>{"qdel", id};
   CommandResult r = run_command(argv);
-  if (!r.ok() || (scheduler == "slurm" && r.err.find("error") != std::string::npos))
+  if (!r.ok() || (scheduler == Scheduler::Slurm && r.err.find("error") != std::string::npos))
     throw Error(fmt::format("{} {} failed: {}", argv.front(), id, tool_error(r)), "check the id with ddl status");
 }
 
@@ -164,7 +164,7 @@ bool shows_change(const std::optional<JobState>& before, const JobState& now) {
   return !before || now.state != before->state || now.reason != before->reason || now.nodes != before->nodes;
 }
 
-std::optional<JobState> follow_job(const std::string& scheduler, const std::string& id, std::chrono::seconds timeout,
+std::optional<JobState> follow_job(Scheduler scheduler, const std::string& id, std::chrono::seconds timeout,
                                    const std::function<void(const JobState&)>& on_change) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::optional<JobState> last;

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "backends/scheduler.hpp"
+
 namespace ddl::backends {
 
 struct JobState {
@@ -21,28 +23,28 @@ struct JobState {
   bool finished = false;
 };
 
-// "slurm" or "pbs": the scheduler whose tools are on PATH (Slurm first); throws when neither is.
-std::string local_scheduler();
+// The scheduler whose tools are on PATH (Slurm first); throws when neither is.
+Scheduler local_scheduler();
 
 // Submits `script` (on the tool's stdin, so no file is written) and returns the job id. Throws
 // ddl::Error carrying the scheduler's own message when it refuses the job.
-std::string submit_job(const std::string& scheduler, const std::string& script);
+std::string submit_job(Scheduler scheduler, const std::string& script);
 
 // How job `id` is now; nullopt when the scheduler no longer knows it.
-std::optional<JobState> job_state(const std::string& scheduler, const std::string& id);
+std::optional<JobState> job_state(Scheduler scheduler, const std::string& id);
 
 // The current user's jobs.
-std::vector<JobState> my_jobs(const std::string& scheduler);
+std::vector<JobState> my_jobs(Scheduler scheduler);
 
 // Cancels job `id`; throws ddl::Error with the scheduler's message when it cannot.
-void cancel_job(const std::string& scheduler, const std::string& id);
+void cancel_job(Scheduler scheduler, const std::string& id);
 
 // Whether `now` differs from `before` in what a status line shows (state, reason, nodes).
 bool shows_change(const std::optional<JobState>& before, const JobState& now);
 
 // Polls job `id` until it ends or `timeout` passes, calling `on_change` whenever its state,
 // reason or nodes change; returns the last state seen.
-std::optional<JobState> follow_job(const std::string& scheduler, const std::string& id, std::chrono::seconds timeout,
+std::optional<JobState> follow_job(Scheduler scheduler, const std::string& id, std::chrono::seconds timeout,
                                    const std::function<void(const JobState&)>& on_change);
 
 // A job id as the scheduler writes one ("123", "123_4", "123.pbs01"); anything else is refused

@@ -118,7 +118,7 @@ std::vector<std::string> jupyter_body(const JupyterSession& session, const std::
 }
 
 void save_jupyter_session(const JupyterSession& s) {
-  nlohmann::json j = {{"name", s.name}, {"dir", s.dir},         {"job", s.job},   {"site", s.site},     {"scheduler", s.scheduler},
+  nlohmann::json j = {{"name", s.name}, {"dir", s.dir},         {"job", s.job},   {"site", s.site},     {"scheduler", scheduler_key(s.scheduler)},
                       {"login_host", s.login_host}, {"jump_host", s.jump_host}, {"user", s.user}, {"program", s.program}};
   write_private_file(s.dir + "/" + s.job + ".json", j.dump(2) + "\n");
 }
@@ -136,7 +136,11 @@ JupyterSession load_jupyter_session(const std::string& job) {
   s.dir = j.value("dir", dir);
   s.job = j.value("job", job);
   s.site = j.value("site", "");
-  s.scheduler = j.value("scheduler", "slurm");
+  const auto scheduler = scheduler_from_key(j.value("scheduler", "slurm"));
+  if (!scheduler)
+    throw Error(fmt::format("{}/{}.json: scheduler '{}' is neither slurm nor pbs", dir, job, j.value("scheduler", "")),
+                "remove it and start a new session");
+  s.scheduler = *scheduler;
   s.login_host = j.value("login_host", "");
   s.jump_host = j.value("jump_host", "");
   s.user = j.value("user", user_name());

@@ -21,7 +21,7 @@ struct JupyterSession {
   std::string token;       // at least 128 random bits, hex
   std::string job;         // the scheduler's job id, once submitted
   std::string site;
-  std::string scheduler;
+  Scheduler scheduler = Scheduler::Slurm;
   std::string login_host;  // where the laptop's ssh goes
   std::string jump_host;   // ssh -J, when the site needs one
   std::string user;

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "backends/batch_options.hpp"
 #include "backends/builtin_sites.hpp"
 #include "runtime/src/common/error.hpp"
 
@@ -41,7 +42,8 @@ std::vector<std::string> string_list(const json& j, const std::string& source, c
 }
 
 std::string option_key(const std::string& source, const std::string& field, const std::string& key) {
-  const auto& known = known_options();
+  std::vector<std::string_view> known;
+  for (const BatchOption& option : batch_options()) known.push_back(option.key);
   if (std::find(known.begin(), known.end(), key) == known.end())
     profile_error(source, field + "." + key, fmt::format("names no option of ddl submit (known: {})", fmt::join(known, ", ")));
   return key;
@@ -159,13 +161,6 @@ json parse_json(const std::string& text, const std::string& source) {
 
 }  // namespace
 
-const std::vector<std::string>& known_options() {
-  static const std::vector<std::string> options = {"nodes", "gpus_per_node", "time", "account", "queue", "partition",
-                                                   "constraint", "job_name", "output", "image", "comment", "mem",
-                                                   "filesystems", "cpus_per_task", "dependency", "gpu_type"};
-  return options;
-}
-
 std::string user_sites_dir() {
   const char* xdg = std::getenv("XDG_CONFIG_HOME");
   if (xdg != nullptr && *xdg != '\0') return fs::path(xdg) / "ddl" / "sites";
@@ -191,13 +186,14 @@ SiteProfile parse_site(const json& j, const std::string& source, const std::stri
   SiteProfile p;
   p.name = name;
   p.description = string_field(j, source, "description");
-  p.scheduler = one_of(j, source, "scheduler", {"slurm", "pbs"}, "");
-  if (p.scheduler.empty()) profile_error(source, "scheduler", "is missing; it must be slurm or pbs");
+  const std::string scheduler = one_of(j, source, "scheduler", {"slurm", "pbs"}, "");
+  if (scheduler.empty()) profile_error(source, "scheduler", "is missing; it must be slurm or pbs");
+  p.scheduler = *scheduler_from_key(scheduler);
   p.login_host = string_field(j, source, "login_host");
   p.gpus_per_node = int_field(j, source, "gpus_per_node", 0, 0);
   p.cores_per_node = int_field(j, source, "cores_per_node", 0, 0);  // 0: unknown
   p.gpu_vendor = one_of(j, source, "gpu_vendor", {"nvidia", "amd", "intel", "none"}, "nvidia");
-  p.launcher = one_of(j, source, "launcher", {"srun", "pals", "mpirun"}, p.scheduler == "slurm" ? "srun" : "mpirun");
+  p.launcher = one_of(j, source, "launcher", {"srun", "pals", "mpirun"}, p.scheduler == Scheduler::Slurm ? "srun" : "mpirun");
   p.gpu_order = one_of(j, source, "gpu_order", {"as-listed", "reverse"}, "as-listed");
   p.defaults = option_strings(j, source, "defaults");
   require_count_defaults(p.defaults, source);

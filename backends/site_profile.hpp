@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backends/scheduler.hpp"
+
 namespace ddl::backends {
 
 struct OptionRule {
@@ -41,7 +43,7 @@ struct SiteMatch {
 struct SiteProfile {
   std::string name;
   std::string description;
-  std::string scheduler;  // "slurm" or "pbs"
+  Scheduler scheduler = Scheduler::Slurm;
   std::string login_host;
   int gpus_per_node = 0;
   int cores_per_node = 0;  // 0 when unknown: no core request is made for the user
@@ -82,8 +84,5 @@ SiteProfile parse_site(const nlohmann::json& json, const std::string& source, co
 
 // The sites whose `match` fits this machine: its full host name and environment.
 std::vector<std::string> matching_sites(const std::string& hostname, const std::map<std::string, std::string>& environment);
-
-// The options `ddl submit` knows; profile fields name options by these keys.
-const std::vector<std::string>& known_options();
 
 }  // namespace ddl::backends

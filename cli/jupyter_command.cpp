@@ -13,7 +13,8 @@
 #include "backends/jobs.hpp"
 #include "backends/jupyter_session.hpp"
 #include "backends/site_profile.hpp"
-#include "cli/submit_command.hpp"
+#include "cli/batch_flags.hpp"
+#include "cli/job_output.hpp"
 #include "launcher/host.hpp"
 #include "runtime/src/common/error.hpp"
 
@@ -124,7 +125,7 @@ int JupyterCommand::start() const {
     backends::save_jupyter_session(session);
     saved = true;
     std::printf("submitted job %s to %s (site %s): jupyter %s; waiting up to %d s for it\n", session.job.c_str(),
-                site.scheduler == "slurm" ? "Slurm" : "PBS", site.name.c_str(), program.c_str(), f.timeout);
+                backends::scheduler_name(site.scheduler), site.name.c_str(), program.c_str(), f.timeout);
     std::fflush(stdout);
     at = backends::wait_for_jupyter(session, std::chrono::seconds(f.timeout), print_job_status, [] { return g_interrupted.load(); });
   } catch (const Error&) {

@@ -13,6 +13,8 @@
 #include "cli/exec_command.hpp"
 #include "cli/jupyter_command.hpp"
 #include "cli/run_command.hpp"
+#include "cli/job_commands.hpp"
+#include "cli/sites_command.hpp"
 #include "cli/submit_command.hpp"
 #include "runtime/src/common/error.hpp"
 

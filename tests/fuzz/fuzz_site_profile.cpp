@@ -113,7 +113,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   usual.signal_before_seconds = 120;
 
   SiteProfile other = site;
-  other.scheduler = site.scheduler == "slurm" ? "pbs" : "slurm";
+  other.scheduler = site.scheduler == Scheduler::Slurm ? Scheduler::Pbs : Scheduler::Slurm;
   for (const SiteProfile* s : {&site, &other}) {
     render(*s, plain);
     render(*s, usual);

@@ -1,0 +1,62 @@
+#include "cli/sites_command.hpp"
+
+#include <cstdio>
+
+#include <fmt/format.h>
+
+#include "backends/site_profile.hpp"
+
+namespace ddl::cli {
+
+SitesCommand::SitesCommand(CLI::App& app) : name_(std::make_shared<std::string>()) {
+  app_ = app.add_subcommand("sites", "List the site profiles, or show one with where each value came from");
+  show_ = app_->add_subcommand("show", "Show one site profile");
+  show_->add_option("name", *name_, "Site name")->required();
+}
+
+int SitesCommand::execute() const {
+  if (!show_->parsed()) {
+    for (const auto& name : backends::site_names()) {
+      const auto site = backends::load_site(name);
+      std::printf("%-12s %-5s %s\n", name.c_str(), backends::scheduler_key(site.scheduler), site.description.c_str());
+    }
+    std::printf("(user profiles: %s)\n", backends::user_sites_dir().c_str());
+    return 0;
+  }
+  const auto p = backends::load_site(*name_);
+  auto from = [&](const std::string& field) {
+    auto it = p.origin.find(field);
+    return it == p.origin.end() ? std::string("default") : it->second;
+  };
+  auto row = [&](const std::string& field, const std::string& value) {
+    std::printf("%-16s %-40s  [%s]\n", field.c_str(), value.c_str(), from(field).c_str());
+  };
+  std::printf("site %s\n", p.name.c_str());
+  row("description", p.description);
+  row("scheduler", backends::scheduler_key(p.scheduler));
+  row("login_host", p.login_host);
+  row("gpus_per_node", std::to_string(p.gpus_per_node));
+  row("cores_per_node", std::to_string(p.cores_per_node));
+  row("gpu_vendor", p.gpu_vendor);
+  row("launcher", p.launcher);
+  row("gpu_order", p.gpu_order);
+  for (const auto& [option, value] : p.defaults)
+    std::printf("%-16s %-40s  [%s]\n", ("defaults." + option).c_str(), value.c_str(), from("defaults." + option).c_str());
+  row("required", fmt::format("{}", fmt::join(p.required, ", ")));
+  for (const auto& [option, rule] : p.patterns)
+    std::printf("%-16s %-40s  [%s]\n", ("patterns." + option).c_str(), rule.regex.c_str(), from("patterns").c_str());
+  for (const auto& [option, why] : p.forbidden)
+    std::printf("%-16s %-40s  [%s]\n", ("forbidden." + option).c_str(), why.c_str(), from("forbidden").c_str());
+  row("gpu_request", p.gpu_request);
+  row("directives", fmt::format("{}", fmt::join(p.directives, " | ")));
+  row("module_use", fmt::format("{}", fmt::join(p.module_use, " ")));
+  row("modules", fmt::format("{}", fmt::join(p.modules, " ")));
+  row("setup", fmt::format("{}", fmt::join(p.setup, " ; ")));
+  for (const auto& [name, value] : p.environment)
+    std::printf("%-16s %-40s  [%s]\n", ("environment." + name).c_str(), value.c_str(), from("environment").c_str());
+  if (p.container) row("container", fmt::format("{}: {}", p.container->kind, fmt::join(p.container->wrap, " ")));
+  row("notes", p.notes);
+  return 0;
+}
+
+}  // namespace ddl::cli
