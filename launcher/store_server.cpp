@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <set>
 #include <unordered_map>
 #include <vector>
 
@@ -154,7 +155,9 @@ class StoreServer::Loop {
       int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
         if (errno == EINTR || errno == ECONNABORTED) continue;
-        if (errno == EMFILE || errno == ENFILE) {
+        const bool out_of_descriptors = errno == EMFILE || errno == ENFILE;
+        if (out_of_descriptors && close_oldest_stranger()) continue;
+        if (out_of_descriptors) {
           log_once(emfile_logged_, "store: out of file descriptors; new clients wait until one closes (raise `ulimit -n`)");
           // Stop watching the listener, or epoll reports it ready forever; a close re-arms it.
           set_events(listen_fd_, kListenId, 0);
@@ -169,8 +172,29 @@ class StoreServer::Loop {
       c.fd = fd;
       c.auth_deadline = Clock::now() + options_.auth_timeout;
       note_deadline(c.auth_deadline);
+      unauthenticated_.insert(id);
       watch(fd, id, EPOLLIN);
     }
+  }
+
+  // Out of descriptors, a flood of strangers would keep a worker that connects now waiting until
+  // their auth timeouts: instead the unauthenticated connection accepted first is closed. It gets a
+  // last read, so that a client whose token is already in the kernel authenticates instead; a
+  // worker sends its token as soon as it connects, so the oldest silent connection is a stranger's.
+  // False when every connection is authenticated (nothing may be closed to make room).
+  bool close_oldest_stranger() {
+    while (!unauthenticated_.empty()) {
+      const uint64_t id = *unauthenticated_.begin();
+      read_from(id, conns_.at(id));  // may authenticate it, or reject or close it
+      if (!conns_.count(id)) return true;
+      if (!unauthenticated_.count(id)) continue;  // it was a worker after all
+      log_once(evicted_logged_, "store: out of file descriptors; closing the oldest unauthenticated connections "
+                                "to make room (further ones are counted, not logged)");
+      ++*rejected_;
+      close_connection(id);
+      return true;
+    }
+    return false;
   }
 
   void log_once(bool& logged, const std::string& message) {
@@ -268,6 +292,7 @@ class StoreServer::Loop {
       return;
     }
     c.authenticated = true;
+    unauthenticated_.erase(id);
     reply(id, c, Writer().u8(static_cast<uint8_t>(Status::Ok)));
   }
 
@@ -432,6 +457,7 @@ class StoreServer::Loop {
     ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, it->second.fd, nullptr);
     ::close(it->second.fd);
     conns_.erase(it);
+    unauthenticated_.erase(id);
     if (listen_paused_) {
       listen_paused_ = false;
       set_events(listen_fd_, kListenId, EPOLLIN);
@@ -443,6 +469,7 @@ class StoreServer::Loop {
   int wake_fd_ = -1;
   bool stopping_ = false;
   bool emfile_logged_ = false;
+  bool evicted_logged_ = false;
   bool listen_paused_ = false;  // out of descriptors: accepting resumes when a connection closes
   StoreServerOptions options_;
   std::shared_ptr<std::atomic<uint64_t>> rejected_;
@@ -450,6 +477,7 @@ class StoreServer::Loop {
   uint64_t next_wait_seq_ = 1;
   Clock::time_point next_deadline_ = Clock::time_point::max();
   std::unordered_map<uint64_t, Connection> conns_;
+  std::set<uint64_t> unauthenticated_;  // ids grow with each accept: begin() is the oldest
   std::unordered_map<std::string, std::string> data_;
   std::unordered_map<std::string, std::vector<std::pair<uint64_t, uint64_t>>> waiters_;
   std::vector<uint64_t> pending_frames_;

@@ -30,7 +30,8 @@ class StoreServer {
   StoreServer& operator=(const StoreServer&) = delete;
 
   uint16_t port() const { return port_; }
-  // Connections closed because their first message was not the right token.
+  // Connections closed without the right token: a wrong first message, the auth timeout, or room
+  // made for a new client when the launcher ran out of file descriptors.
   uint64_t rejected_connections() const { return rejected_->load(); }
 
  private:

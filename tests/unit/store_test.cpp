@@ -2,7 +2,9 @@
 #include <doctest/doctest.h>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -37,6 +39,38 @@ int raw_connect(uint16_t port) {
   REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
   return fd;
 }
+
+// Connects without waiting for the server to accept; -1 when this process is out of descriptors.
+int connect_stranger(uint16_t port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);  // completes in the listen backlog
+  return fd;
+}
+
+// Lowers this process's RLIMIT_NOFILE to `free_descriptors` above the lowest free descriptor, and
+// restores it when destroyed.
+class DescriptorLimit {
+ public:
+  explicit DescriptorLimit(rlim_t free_descriptors) {
+    ::getrlimit(RLIMIT_NOFILE, &saved_);
+    int probe = ::open("/dev/null", O_RDONLY);
+    ::close(probe);
+    rlimit lowered = saved_;
+    lowered.rlim_cur = static_cast<rlim_t>(probe) + free_descriptors;
+    REQUIRE(::setrlimit(RLIMIT_NOFILE, &lowered) == 0);
+  }
+  ~DescriptorLimit() { ::setrlimit(RLIMIT_NOFILE, &saved_); }
+  DescriptorLimit(const DescriptorLimit&) = delete;
+  DescriptorLimit& operator=(const DescriptorLimit&) = delete;
+
+ private:
+  rlimit saved_{};
+};
 
 // True when the server closed the connection (read returns 0) within `timeout`.
 bool closed_by_peer(int fd, std::chrono::milliseconds timeout) {
@@ -298,4 +332,29 @@ TEST_CASE("after a reply comes too late, the client drops the connection instead
   }
   fake.join();
   ::close(listener);
+}
+
+TEST_CASE("out of descriptors, the oldest silent stranger makes room for a worker that connects") {
+  StoreServer server({.token = kToken});
+  std::vector<int> strangers;
+  {
+    // The server and these clients share one process's descriptors: 40 are free, the strangers
+    // below need two each (their socket and the server's end), so the server runs out.
+    DescriptorLimit limit(40);
+    int kept_for_the_worker = ::open("/dev/null", O_RDONLY);
+    REQUIRE(kept_for_the_worker >= 0);
+    for (int i = 0; i < 30; ++i) {
+      int fd = connect_stranger(server.port());
+      if (fd < 0) break;
+      strangers.push_back(fd);
+    }
+    std::this_thread::sleep_for(300ms);  // the server has accepted what it could
+    ::close(kept_for_the_worker);
+    // Without room made, this waits until the strangers' auth timeout (30 s) and fails at 3 s.
+    TcpStoreClient worker(address_of(server), kToken, 3s);
+    worker.set("k", "v");
+    CHECK(worker.get("k") == "v");
+  }
+  CHECK(server.rejected_connections() >= 1);
+  for (int fd : strangers) ::close(fd);
 }
