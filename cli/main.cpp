@@ -16,6 +16,7 @@
 #include "cli/job_commands.hpp"
 #include "cli/sites_command.hpp"
 #include "cli/submit_command.hpp"
+#include "launcher/worker_process.hpp"
 #include "runtime/src/common/error.hpp"
 
 namespace {
@@ -45,6 +46,14 @@ SplitArguments split_arguments(int argc, char** argv) {
 void print_error(const std::string& message, const std::string& hint) {
   std::fprintf(stderr, "ddl: error: %s\n", message.c_str());
   if (!hint.empty()) std::fprintf(stderr, "hint: %s\n", hint.c_str());
+}
+
+// ddl's exit status for an error: 2 for a usage mistake, 127 for a program that cannot be run (as
+// a shell), 1 for anything else.
+int exit_status_for(const ddl::Error& e) {
+  if (dynamic_cast<const ddl::UsageError*>(&e)) return 2;
+  if (dynamic_cast<const ddl::launcher::ProgramNotRunnable*>(&e)) return 127;
+  return 1;
 }
 
 }  // namespace
@@ -88,7 +97,7 @@ int main(int argc, char** argv) {
     if (agent.selected()) return agent.execute();
   } catch (const ddl::Error& e) {
     print_error(e.what(), e.hint());
-    return e.exit_code();
+    return exit_status_for(e);
   } catch (const std::exception& e) {
     print_error(e.what(), "this is a bug in ddl; please report it with the command you ran");
     return 1;

@@ -86,7 +86,7 @@ void exec_task(const ExecRequest& request, const Environment& env) {
   for (auto& e : envp) env_ptrs.push_back(e.data());
   env_ptrs.push_back(nullptr);
   ::execve(program.c_str(), argv_ptrs.data(), env_ptrs.data());
-  throw Error(fmt::format("ddl exec: cannot run {}: {}", program, std::strerror(errno)), "", 127);
+  throw ProgramNotRunnable(fmt::format("ddl exec: cannot run {}: {}", program, std::strerror(errno)));
 }
 
 }  // namespace ddl::launcher

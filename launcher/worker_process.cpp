@@ -34,12 +34,12 @@ void write_all(int fd, const char* data, size_t size) {
 }  // namespace
 
 std::string resolve_program(const std::string& name, const std::string& path) {
-  if (name.empty()) throw Error("no program to run", "put the program after --: ddl run -np 4 -- python train.py", 127);
+  if (name.empty()) throw ProgramNotRunnable("no program to run", "put the program after --: ddl run -np 4 -- python train.py");
   if (name.find('/') != std::string::npos) {
     if (is_executable_file(name)) return name;
     bool exists = ::access(name.c_str(), F_OK) == 0;
-    throw Error(fmt::format("program '{}' {}", name, exists ? "is not an executable file" : "does not exist"),
-                exists ? "check its permissions (chmod +x) or run it through its interpreter" : "check the path", 127);
+    throw ProgramNotRunnable(fmt::format("program '{}' {}", name, exists ? "is not an executable file" : "does not exist"),
+                             exists ? "check its permissions (chmod +x) or run it through its interpreter" : "check the path");
   }
   size_t start = 0;
   while (start <= path.size()) {
@@ -50,8 +50,8 @@ std::string resolve_program(const std::string& name, const std::string& path) {
     if (colon == std::string::npos) break;
     start = colon + 1;
   }
-  throw Error(fmt::format("program '{}' was not found in PATH", name),
-              "check the spelling, load its module or environment, or give its full path", 127);
+  throw ProgramNotRunnable(fmt::format("program '{}' was not found in PATH", name),
+                           "check the spelling, load its module or environment, or give its full path");
 }
 
 WorkerProcess spawn_worker(const std::string& program, const std::vector<std::string>& argv, const Environment& env,

@@ -9,11 +9,18 @@
 #include <vector>
 
 #include "runtime/src/common/environment.hpp"
+#include "runtime/src/common/error.hpp"
 
 namespace ddl::launcher {
 
+// A program that does not exist or cannot be executed: ddl exits with status 127, as a shell does.
+class ProgramNotRunnable : public Error {
+ public:
+  using Error::Error;
+};
+
 // The executable that execvp() would run for `name` under `path` (the PATH value); throws
-// ddl::Error with exit status 127 naming the program when there is none or it is not executable.
+// ProgramNotRunnable naming the program when there is none or it is not executable.
 std::string resolve_program(const std::string& name, const std::string& path);
 
 struct WorkerProcess {

@@ -1,6 +1,6 @@
-// The one exception type of ddl: a message saying what went wrong, a hint saying how to fix it,
-// and the exit status ddl ends with. cli/main.cpp is the one place that catches it and prints
-// "ddl: error: ..." and "hint: ...".
+// The one exception type of ddl: a message saying what went wrong and a hint saying how to fix it.
+// cli/main.cpp is the one place that catches it, prints "ddl: error: ..." and "hint: ...", and
+// picks the exit status from its type (the launcher's types, not this one, know about exit codes).
 #pragma once
 
 #include <stdexcept>
@@ -10,20 +10,17 @@ namespace ddl {
 
 class Error : public std::runtime_error {
  public:
-  explicit Error(const std::string& message, std::string hint = {}, int exit_code = 1)
-      : std::runtime_error(message), hint_(std::move(hint)), exit_code_(exit_code) {}
+  explicit Error(const std::string& message, std::string hint = {}) : std::runtime_error(message), hint_(std::move(hint)) {}
   const std::string& hint() const noexcept { return hint_; }
-  int exit_code() const noexcept { return exit_code_; }
 
  private:
   std::string hint_;
-  int exit_code_;
 };
 
-// A mistake in what the user typed: ddl exits with status 2.
+// A mistake in what the user typed (ddl exits with status 2).
 class UsageError : public Error {
  public:
-  explicit UsageError(const std::string& message, std::string hint = {}) : Error(message, std::move(hint), 2) {}
+  using Error::Error;
 };
 
 }  // namespace ddl
