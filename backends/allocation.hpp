@@ -5,7 +5,7 @@
 #include <string>
 
 #include "backends/scheduler.hpp"
-#include "runtime/src/common/environment.hpp"
+#include "common/environment.hpp"
 
 namespace ddl::backends {
 

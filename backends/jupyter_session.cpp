@@ -19,8 +19,8 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/job_script.hpp"
-#include "runtime/src/common/error.hpp"
-#include "runtime/src/common/random_hex.hpp"
+#include "common/error.hpp"
+#include "common/random_hex.hpp"
 
 namespace ddl::backends {
 

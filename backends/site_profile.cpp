@@ -10,7 +10,7 @@
 
 #include "backends/batch_options.hpp"
 #include "backends/builtin_sites.hpp"
-#include "runtime/src/common/error.hpp"
+#include "common/error.hpp"
 
 namespace ddl::backends {
 

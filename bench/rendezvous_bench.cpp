@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "launcher/host.hpp"
-#include "runtime/src/common/error.hpp"
-#include "runtime/src/store/tcp_store_client.hpp"
+#include "common/error.hpp"
+#include "rendezvous/tcp_store_client.hpp"
 
 using Clock = std::chrono::steady_clock;
 

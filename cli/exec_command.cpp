@@ -1,8 +1,8 @@
 #include "cli/exec_command.hpp"
 
 #include "launcher/exec_task.hpp"
-#include "runtime/src/common/environment.hpp"
-#include "runtime/src/common/error.hpp"
+#include "common/environment.hpp"
+#include "common/error.hpp"
 
 namespace ddl::cli {
 

@@ -6,7 +6,7 @@
 
 #include "backends/jobs.hpp"
 #include "cli/job_output.hpp"
-#include "runtime/src/common/error.hpp"
+#include "common/error.hpp"
 
 namespace ddl::cli {
 

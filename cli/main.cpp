@@ -17,7 +17,7 @@
 #include "cli/sites_command.hpp"
 #include "cli/submit_command.hpp"
 #include "launcher/worker_process.hpp"
-#include "runtime/src/common/error.hpp"
+#include "common/error.hpp"
 
 namespace {
 

@@ -14,8 +14,8 @@
 #include "launcher/host_list.hpp"
 #include "launcher/remote_run.hpp"
 #include "launcher/run_job.hpp"
-#include "runtime/src/common/environment.hpp"
-#include "runtime/src/common/error.hpp"
+#include "common/environment.hpp"
+#include "common/error.hpp"
 
 namespace ddl::cli {
 

@@ -10,7 +10,7 @@
 #include "cli/batch_flags.hpp"
 #include "cli/job_output.hpp"
 #include "launcher/host.hpp"
-#include "runtime/src/common/error.hpp"
+#include "common/error.hpp"
 
 namespace ddl::cli {
 

@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/src/common/environment.hpp"
+#include "common/environment.hpp"
 
 namespace ddl::launcher {
 

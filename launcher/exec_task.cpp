@@ -10,7 +10,7 @@
 #include "launcher/host.hpp"
 #include "launcher/worker_environment.hpp"
 #include "launcher/worker_process.hpp"
-#include "runtime/src/common/error.hpp"
+#include "common/error.hpp"
 
 namespace ddl::launcher {
 

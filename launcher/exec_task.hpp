@@ -8,7 +8,7 @@
 
 #include "launcher/gpu_inventory.hpp"
 #include "launcher/task_identity.hpp"
-#include "runtime/src/common/environment.hpp"
+#include "common/environment.hpp"
 
 namespace ddl::launcher {
 

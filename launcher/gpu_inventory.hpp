@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/src/common/environment.hpp"
+#include "common/environment.hpp"
 
 namespace ddl::launcher {
 

@@ -18,8 +18,8 @@
 
 #include <fmt/format.h>
 
-#include "runtime/src/common/error.hpp"
-#include "runtime/src/common/net_address.hpp"
+#include "common/error.hpp"
+#include "common/net_address.hpp"
 
 namespace ddl::launcher {
 

@@ -13,7 +13,7 @@ int available_cpus();
 // Whether `name` (a host name or address) is this host: its own name, localhost, or a name that
 // resolves to an address of one of this host's interfaces.
 bool is_this_host(const std::string& name);
-// address_towards(host): runtime/src/common/net_address.hpp
+// address_towards(host): common/net_address.hpp
 // Raises the soft limit on open files to the hard limit (the store holds one per client).
 void raise_open_file_limit();
 

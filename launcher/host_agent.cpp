@@ -13,7 +13,7 @@
 #include "launcher/remote_job.hpp"
 #include "launcher/supervisor.hpp"
 #include "launcher/worker_process.hpp"
-#include "runtime/src/common/error.hpp"
+#include "common/error.hpp"
 
 namespace ddl::launcher {
 

@@ -4,7 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/src/common/error.hpp"
+#include "common/error.hpp"
 
 namespace ddl::launcher {
 

@@ -10,7 +10,7 @@
 #include "launcher/gpu_inventory.hpp"
 #include "launcher/worker_environment.hpp"
 #include "launcher/world_plan.hpp"
-#include "runtime/src/common/environment.hpp"
+#include "common/environment.hpp"
 
 namespace ddl::launcher {
 

@@ -22,9 +22,9 @@
 #include "launcher/store_server.hpp"
 #include "launcher/worker_environment.hpp"
 #include "launcher/worker_process.hpp"
-#include "runtime/src/common/error.hpp"
-#include "runtime/src/common/net_address.hpp"
-#include "runtime/src/common/random_hex.hpp"
+#include "common/error.hpp"
+#include "common/net_address.hpp"
+#include "common/random_hex.hpp"
 
 namespace ddl::launcher {
 

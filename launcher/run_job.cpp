@@ -12,8 +12,8 @@
 #include "launcher/store_server.hpp"
 #include "launcher/worker_environment.hpp"
 #include "launcher/worker_process.hpp"
-#include "runtime/src/common/error.hpp"
-#include "runtime/src/common/random_hex.hpp"
+#include "common/error.hpp"
+#include "common/random_hex.hpp"
 
 namespace ddl::launcher {
 

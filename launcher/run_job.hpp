@@ -11,7 +11,7 @@
 #include "launcher/host_list.hpp"
 #include "launcher/supervisor.hpp"
 #include "launcher/world_plan.hpp"
-#include "runtime/src/common/environment.hpp"
+#include "common/environment.hpp"
 
 namespace ddl::launcher {
 

@@ -18,8 +18,8 @@
 
 #include <fmt/format.h>
 
-#include "runtime/src/common/error.hpp"
-#include "runtime/src/store/store_protocol.hpp"
+#include "common/error.hpp"
+#include "rendezvous/store_protocol.hpp"
 
 namespace ddl::launcher {
 

@@ -1,7 +1,7 @@
 // The rendezvous store that `ddl run` hosts for its workers: a key-value server on one thread,
 // driven by epoll, so one launcher holds thousands of concurrent clients. Operations: set, get,
 // add (atomic counter), wait for keys (with a timeout), delete. Every connection must present the
-// run's token first; see runtime/src/store/store_protocol.hpp for the wire format.
+// run's token first; see rendezvous/store_protocol.hpp for the wire format.
 #pragma once
 
 #include <atomic>

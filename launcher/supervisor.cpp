@@ -21,7 +21,7 @@
 
 #include "launcher/line_splitter.hpp"
 #include "launcher/worker_process.hpp"
-#include "runtime/src/common/error.hpp"
+#include "common/error.hpp"
 
 namespace ddl::launcher {
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "backends/launch_layout.hpp"
-#include "runtime/src/common/environment.hpp"
+#include "common/environment.hpp"
 
 namespace ddl::launcher {
 

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "runtime/src/common/environment.hpp"
+#include "common/environment.hpp"
 
 namespace ddl::launcher {
 

@@ -6,7 +6,7 @@
 
 #include "launcher/gpu_inventory.hpp"
 #include "launcher/world_plan.hpp"
-#include "runtime/src/common/environment.hpp"
+#include "common/environment.hpp"
 
 namespace ddl::launcher {
 

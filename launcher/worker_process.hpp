@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/src/common/environment.hpp"
-#include "runtime/src/common/error.hpp"
+#include "common/environment.hpp"
+#include "common/error.hpp"
 
 namespace ddl::launcher {
 

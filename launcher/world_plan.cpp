@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "runtime/src/common/error.hpp"
+#include "common/error.hpp"
 
 namespace ddl::launcher {
 

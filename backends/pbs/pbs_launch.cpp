@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 
 #include "backends/command.hpp"
-#include "runtime/src/common/error.hpp"
+#include "common/error.hpp"
 
 namespace ddl::backends::pbs {
 

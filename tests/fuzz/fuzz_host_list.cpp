@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "launcher/host_list.hpp"
-#include "runtime/src/common/error.hpp"
+#include "common/error.hpp"
 
 using ddl::launcher::HostSlots;
 

@@ -23,7 +23,7 @@
 
 #include "runtime/src/engine/negotiator.hpp"
 #include "runtime/src/engine/op_spec.hpp"
-#include "runtime/src/store/store_protocol.hpp"
+#include "rendezvous/store_protocol.hpp"
 
 using namespace ddl::runtime;
 

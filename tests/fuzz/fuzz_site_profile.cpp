@@ -26,7 +26,7 @@
 #include "backends/builtin_sites.hpp"
 #include "backends/job_script.hpp"
 #include "backends/site_profile.hpp"
-#include "runtime/src/common/error.hpp"
+#include "common/error.hpp"
 
 namespace fs = std::filesystem;
 using namespace ddl::backends;

@@ -1,4 +1,4 @@
-// Fuzz target `store`: the rendezvous store's wire format (runtime/src/store/store_protocol) and how
+// Fuzz target `store`: the rendezvous store's wire format (rendezvous/store_protocol) and how
 // the store server (launcher/store_server) parses and answers a client's bytes.
 //
 // The server's per-connection parsing lives inside its epoll loop and cannot be called without
@@ -45,7 +45,7 @@
 #include <string_view>
 
 #include "launcher/store_server.hpp"
-#include "runtime/src/store/store_protocol.hpp"
+#include "rendezvous/store_protocol.hpp"
 
 using namespace ddl::store;
 

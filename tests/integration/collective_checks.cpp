@@ -265,11 +265,12 @@ int run_mismatch() {
   return s == DDL_ERROR_MISMATCH ? 0 : 1;
 }
 
-int run_die(int victim) {
+// `victim` is killed (SIGKILL), or frozen (SIGSTOP: alive, but it never answers again), at step 3.
+int run_die(int victim, int signal) {
   ::signal(SIGTERM, SIG_IGN);  // let the runtime, not ddl run's fail-fast, end the survivors
   std::vector<float> buf(1 << 16, 1.0f);
   for (int step = 0;; ++step) {
-    if (g_rank == victim && step == 3) ::kill(::getpid(), SIGKILL);
+    if (g_rank == victim && step == 3) ::kill(::getpid(), signal);
     std::string name = "step." + std::to_string(step);
     ddl_status s = ddl_allreduce(name.c_str(), buf.data(), buf.data(), buf.size(), DDL_FLOAT32, DDL_MAX);
     if (s != DDL_SUCCESS) {
@@ -296,7 +297,8 @@ int main(int argc, char** argv) {
     std::printf("world rank %d size %d local %d/%d node %d\n", g_rank, g_size, local_rank, local_size, node_rank);
     check_allreduces();
   } else if (mode == "mismatch") rc = run_mismatch();
-  else if (mode == "die") rc = run_die(argc > 2 ? std::atoi(argv[2]) : 1);
+  else if (mode == "die") rc = run_die(argc > 2 ? std::atoi(argv[2]) : 1, SIGKILL);
+  else if (mode == "freeze") rc = run_die(argc > 2 ? std::atoi(argv[2]) : 1, SIGSTOP);
   else {
     check_allreduces();
     check_fp16_compression();

@@ -101,8 +101,20 @@ class Collectives(unittest.TestCase):
             lines = by_rank.get(rank, [])
             self.assertTrue(lines, f"rank {rank} printed nothing:\n{result.stdout}\n{result.stderr}")
             for line in lines:
-                self.assertTrue(line.startswith(f"survivor rank {rank}: "), line)
+                self.assertTrue(line.startswith(f"survivor rank {rank}: peer failed: "), line)
         self.assertLess(took, 5 + 10)
+
+    def test_a_rank_that_stops_answering_is_a_timeout_on_every_survivor(self):
+        # Frozen (SIGSTOP), not dead: its sockets and shared memory stay, only DDL_TIMEOUT ends the wait.
+        for shm in ("1", "0"):
+            with self.subTest(shm=shm):
+                result, by_rank = self.run_checks(3, "freeze", "1", env={"DDL_TIMEOUT": "3", "DDL_SHM": shm}, timeout=120)
+                self.assertEqual(result.returncode, 3, result.stdout[-2000:] + result.stderr[-2000:])
+                for rank in (0, 2):
+                    lines = by_rank.get(rank, [])
+                    self.assertTrue(lines, f"rank {rank} printed nothing:\n{result.stdout}\n{result.stderr}")
+                    for line in lines:
+                        self.assertTrue(line.startswith(f"survivor rank {rank}: timed out: "), line)
 
     def test_the_timeline_is_chrome_trace_json_with_every_phase(self):
         with tempfile.TemporaryDirectory() as tmp:

@@ -3,7 +3,7 @@
 #include "launcher/host_list.hpp"
 #include "launcher/remote_job.hpp"
 #include "launcher/remote_run.hpp"
-#include "runtime/src/common/error.hpp"
+#include "common/error.hpp"
 
 using namespace ddl::launcher;
 

@@ -8,7 +8,7 @@
 #include "backends/launch_layout.hpp"
 #include "backends/pbs/pbs_launch.hpp"
 #include "backends/slurm/slurm_launch.hpp"
-#include "runtime/src/common/error.hpp"
+#include "common/error.hpp"
 
 using namespace ddl::backends;
 

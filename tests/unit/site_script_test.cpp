@@ -11,7 +11,7 @@
 #include "backends/job_script.hpp"
 #include "backends/jupyter_session.hpp"
 #include "backends/site_profile.hpp"
-#include "runtime/src/common/error.hpp"
+#include "common/error.hpp"
 
 using namespace ddl::backends;
 namespace fs = std::filesystem;

@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "launcher/store_server.hpp"
-#include "runtime/src/common/error.hpp"
-#include "runtime/src/store/store_protocol.hpp"
-#include "runtime/src/store/tcp_store_client.hpp"
+#include "common/error.hpp"
+#include "rendezvous/store_protocol.hpp"
+#include "rendezvous/tcp_store_client.hpp"
 
 using namespace std::chrono_literals;
 using ddl::launcher::StoreServer;

@@ -3,7 +3,7 @@
 
 #include "launcher/exec_task.hpp"
 #include "launcher/task_identity.hpp"
-#include "runtime/src/common/error.hpp"
+#include "common/error.hpp"
 
 using namespace ddl::launcher;
 

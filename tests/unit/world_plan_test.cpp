@@ -1,7 +1,7 @@
 #include <doctest/doctest.h>
 
 #include "launcher/world_plan.hpp"
-#include "runtime/src/common/error.hpp"
+#include "common/error.hpp"
 
 using namespace ddl::launcher;
 

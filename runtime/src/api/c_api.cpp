@@ -16,15 +16,16 @@
 #include <gloo/rendezvous/store.h>
 
 #include "ddl/ddl.h"
-#include "runtime/src/backends/collectives.hpp"
-#include "runtime/src/backends/gpu_collectives.hpp"
-#include "runtime/src/backends/pmix_bootstrap.hpp"
-#include "runtime/src/common/environment.hpp"
-#include "runtime/src/common/error.hpp"
-#include "runtime/src/common/net_address.hpp"
+#include "runtime/src/transports/collectives.hpp"
+#include "runtime/src/transports/gpu_collectives.hpp"
+#include "rendezvous/gloo_store.hpp"
+#include "rendezvous/pmix_store.hpp"
+#include "common/environment.hpp"
+#include "common/error.hpp"
+#include "common/net_address.hpp"
 #include "runtime/src/engine/dtype.hpp"
 #include "runtime/src/engine/engine.hpp"
-#include "runtime/src/store/tcp_store_client.hpp"
+#include "rendezvous/tcp_store_client.hpp"
 
 struct ddl_handle_s {
   std::shared_ptr<ddl::runtime::OpState> state;
@@ -165,7 +166,7 @@ std::shared_ptr<Runtime> start_runtime(int generation) {
       throw ddl::Error("DDL_RANK and DDL_SIZE are missing or out of range: start the program with `ddl run`");
     rt->placement = {env_int("DDL_LOCAL_RANK", 0), env_int("DDL_LOCAL_SIZE", 1), env_int("DDL_NODE_RANK", 0),
                      env_int("DDL_NUM_NODES", 1)};
-    rt->store = ddl::runtime::make_tcp_gloo_store(ddl::store::TcpStoreClient::from_environment(), fmt::format("ddl/{}/gloo/", generation));
+    rt->store = ddl::runtime::make_tcp_gloo_store(ddl::store::TcpStoreClient::from_environment(), fmt::format("ddl/{}/gloo", generation));
   } else {
     rt->pmix = std::make_unique<ddl::runtime::PmixSession>(engine_config(0).timeout);
     const auto& w = rt->pmix->world();
@@ -173,7 +174,7 @@ std::shared_ptr<Runtime> start_runtime(int generation) {
     size = w.size;
     // PMIx node ids need not count from 0; a world whose ranks all share this node is one node.
     rt->placement = {w.local_rank, w.local_size, w.local_size == w.size ? 0 : w.node_rank, w.local_size == w.size ? 1 : 2};
-    rt->store = rt->pmix->gloo_store(fmt::format("{}.", generation));
+    rt->store = rt->pmix->gloo_store(std::to_string(generation));
   }
   auto config = engine_config(rank);
   // All ranks on this node: shared memory, unless DDL_SHM=0; else (or if it cannot be set up) Gloo.
@@ -202,10 +203,10 @@ std::unique_ptr<ddl::runtime::Collectives> process_set_collectives(Runtime& rt, 
   std::unique_ptr<gloo::rendezvous::Store> pmix_store;
   gloo::rendezvous::Store* world = rt.store.get();
   if (rt.pmix) {  // the world store's wait() is a fence every rank of the world must join
-    pmix_store = rt.pmix->gloo_store(fmt::format("{}.", rt.generation), /*fence_on_wait=*/false);
+    pmix_store = rt.pmix->gloo_store(std::to_string(rt.generation), /*fence_on_wait=*/false);
     world = pmix_store.get();
   }
-  auto store = ddl::runtime::make_subgroup_store(*world, fmt::format("set{}/", id), set.ranks, /*forward_wait=*/!rt.pmix);
+  auto store = ddl::runtime::make_subgroup_store(*world, fmt::format("set{}", id), set.ranks, /*forward_wait=*/!rt.pmix);
   std::unique_ptr<ddl::runtime::Collectives> collectives;
   if (rt.shared_memory) collectives = ddl::runtime::make_shared_memory_collectives(set.rank, size, *store, config.timeout);
   if (!collectives)

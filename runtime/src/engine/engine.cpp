@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "common/error.hpp"
 #include "runtime/src/engine/copy_bytes.hpp"
 
 namespace ddl::runtime {
@@ -121,13 +122,16 @@ void Engine::run_loop() {
     for (auto& [name, op] : in_flight_)
       op.state->complete(DDL_ERROR_NOT_INITIALIZED, fmt::format("op '{}' was still waiting for other ranks when every rank finalized", name));
     in_flight_.clear();
-  } catch (const std::exception& e) {
-    if (gpu_) gpu_->abort();  // nothing may stay blocked on the GPU for a peer that is gone
-    std::string what = e.what();
-    bool timed_out = what.find("imed out") != std::string::npos || what.find("imeout") != std::string::npos;
-    fail_everything(timed_out ? DDL_ERROR_TIMEOUT : DDL_ERROR_PEER_FAILED,
-                    fmt::format("rank {}: {} talking to the other ranks: {}", rank_, timed_out ? "timed out" : "lost a peer", what));
+  } catch (const TimeoutError& e) {
+    fail_after_transport_error(DDL_ERROR_TIMEOUT, fmt::format("rank {}: timed out talking to the other ranks: {}", rank_, e.what()));
+  } catch (const std::exception& e) {  // PeerLostError, and anything else that broke the transport
+    fail_after_transport_error(DDL_ERROR_PEER_FAILED, fmt::format("rank {}: lost a peer talking to the other ranks: {}", rank_, e.what()));
   }
+}
+
+void Engine::fail_after_transport_error(ddl_status status, const std::string& message) {
+  if (gpu_) gpu_->abort();  // nothing may stay blocked on the GPU for a peer that is gone
+  fail_everything(status, message);
 }
 
 bool Engine::run_round() {
@@ -261,7 +265,7 @@ void Engine::poll_gpu_ops() {
   for (size_t i = 0; i < gpu_in_flight_.size();) {
     GpuOpInFlight& g = gpu_in_flight_[i];
     if (!gpu_->done(g.token)) {
-      if (now - g.started > config_.timeout) throw std::runtime_error(fmt::format("CUDA op '{}' timed out", g.name));
+      if (now - g.started > config_.timeout) throw TimeoutError(fmt::format("CUDA op '{}' timed out", g.name));
       ++i;
       continue;
     }

@@ -15,8 +15,8 @@
 #include <unordered_set>
 #include <vector>
 
-#include "runtime/src/backends/collectives.hpp"
-#include "runtime/src/backends/gpu_collectives.hpp"
+#include "runtime/src/transports/collectives.hpp"
+#include "runtime/src/transports/gpu_collectives.hpp"
 #include "runtime/src/engine/negotiator.hpp"
 #include "runtime/src/engine/op_spec.hpp"
 #include "runtime/src/engine/timeline.hpp"
@@ -126,6 +126,8 @@ class Engine {
   void finish(const std::vector<PendingOp*>& ops, ddl_status status, const std::string& message = {});
   void record_wait(const PendingOp& op, Clock::time_point started);  // agreed until its collective starts
   void fail_everything(ddl_status status, const std::string& message);
+  // The transport threw: the GPU side is aborted and every op fails with `status`.
+  void fail_after_transport_error(ddl_status status, const std::string& message);
   size_t bytes_of(const OpSpec& spec) const;
 
   std::unique_ptr<Collectives> collectives_;

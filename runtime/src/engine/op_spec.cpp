@@ -6,7 +6,7 @@
 #include <fmt/format.h>
 
 #include "runtime/src/engine/dtype.hpp"
-#include "runtime/src/store/store_protocol.hpp"
+#include "rendezvous/store_protocol.hpp"
 
 namespace ddl::runtime {
 

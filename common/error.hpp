@@ -17,6 +17,19 @@ class Error : public std::runtime_error {
   std::string hint_;
 };
 
+// The transports' and the store client's errors, by kind, so that libddl reports DDL_ERROR_TIMEOUT
+// or DDL_ERROR_PEER_FAILED from the type and never from the words of a message.
+// A peer did not answer within the timeout (DDL_TIMEOUT).
+class TimeoutError : public Error {
+ public:
+  using Error::Error;
+};
+// A peer is gone: its connection broke or it closed it.
+class PeerLostError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A mistake in what the user typed (ddl exits with status 2).
 class UsageError : public Error {
  public:

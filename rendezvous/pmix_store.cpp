@@ -1,6 +1,6 @@
-#include "runtime/src/backends/pmix_bootstrap.hpp"
+#include "rendezvous/pmix_store.hpp"
 
-#include "runtime/src/common/error.hpp"
+#include "common/error.hpp"
 
 #if DDL_WITH_PMIX
 #include <pmix.h>
@@ -14,6 +14,8 @@
 #include <vector>
 
 #include <fmt/format.h>
+
+#include "rendezvous/gloo_store.hpp"
 #endif
 
 namespace ddl::runtime {
@@ -45,8 +47,7 @@ uint32_t get_u32(const pmix_proc_t& proc, const char* key, uint32_t fallback) {
 
 class PmixStore final : public gloo::rendezvous::Store {
  public:
-  PmixStore(std::shared_ptr<PmixSession::State> state, std::string prefix, bool fence_on_wait)
-      : state_(std::move(state)), prefix_(std::move(prefix)), fence_on_wait_(fence_on_wait) {}
+  PmixStore(std::shared_ptr<PmixSession::State> state, bool fence_on_wait) : state_(std::move(state)), fence_on_wait_(fence_on_wait) {}
 
   void set(const std::string& key, const std::vector<char>& data) override {
     pmix_value_t value;
@@ -54,7 +55,7 @@ class PmixStore final : public gloo::rendezvous::Store {
     value.type = PMIX_BYTE_OBJECT;
     value.data.bo.bytes = const_cast<char*>(data.data());
     value.data.bo.size = data.size();
-    std::string k = "ddl." + prefix_ + key;
+    std::string k = "ddl." + key;
     if (PMIx_Put(PMIX_GLOBAL, k.c_str(), &value) != PMIX_SUCCESS || PMIx_Commit() != PMIX_SUCCESS)
       throw Error(fmt::format("PMIx: cannot publish '{}'", key));
     dirty_ = true;
@@ -109,7 +110,7 @@ class PmixStore final : public gloo::rendezvous::Store {
     if (wait) PMIX_INFO_LOAD(&info, PMIX_TIMEOUT, &seconds, PMIX_INT);
     else PMIX_INFO_LOAD(&info, PMIX_OPTIONAL, &optional, PMIX_BOOL);
     pmix_value_t* value = nullptr;
-    const std::string k = "ddl." + prefix_ + key;
+    const std::string k = "ddl." + key;
     pmix_status_t rc = PMIx_Get(&proc, k.c_str(), &info, 1, &value);
     PMIX_INFO_DESTRUCT(&info);
     std::optional<std::vector<char>> out;
@@ -120,7 +121,6 @@ class PmixStore final : public gloo::rendezvous::Store {
   }
 
   std::shared_ptr<PmixSession::State> state_;
-  std::string prefix_;  // the ddl_init generation, so keys of an earlier init are never read
   bool fence_on_wait_ = true;
   bool dirty_ = false;
 };
@@ -147,7 +147,8 @@ PmixSession::PmixSession(std::chrono::milliseconds timeout) : state_(std::make_s
 PmixSession::~PmixSession() { PMIx_Finalize(nullptr, 0); }
 
 std::unique_ptr<gloo::rendezvous::Store> PmixSession::gloo_store(const std::string& prefix, bool fence_on_wait) {
-  return std::make_unique<PmixStore>(state_, prefix, fence_on_wait);
+  // The ddl_init generation as a prefix, so keys of an earlier init are never read.
+  return with_prefix(std::make_unique<PmixStore>(state_, fence_on_wait), prefix);
 }
 
 bool pmix_compiled_in() { return true; }

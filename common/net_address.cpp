@@ -1,4 +1,4 @@
-#include "runtime/src/common/net_address.hpp"
+#include "common/net_address.hpp"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -11,7 +11,7 @@
 
 #include <fmt/format.h>
 
-#include "runtime/src/common/error.hpp"
+#include "common/error.hpp"
 
 namespace ddl {
 

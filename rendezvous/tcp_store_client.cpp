@@ -1,4 +1,4 @@
-#include "runtime/src/store/tcp_store_client.hpp"
+#include "rendezvous/tcp_store_client.hpp"
 
 #include <algorithm>
 #include <fcntl.h>
@@ -16,9 +16,9 @@
 
 #include <fmt/format.h>
 
-#include "runtime/src/common/environment.hpp"
-#include "runtime/src/common/error.hpp"
-#include "runtime/src/store/store_protocol.hpp"
+#include "common/environment.hpp"
+#include "common/error.hpp"
+#include "rendezvous/store_protocol.hpp"
 
 namespace ddl::store {
 
@@ -202,7 +202,7 @@ std::string TcpStoreClient::call(const std::string& request, const char* what, c
     r = recv_exact(fd_, body.data(), length, deadline);
   }
   if (r == RecvResult::TimedOut)
-    throw Error(fmt::format("store {} timed out at {}", where(), address_), "raise DDL_TIMEOUT, or look for a rank that never arrived");
+    throw TimeoutError(fmt::format("store {} timed out at {}", where(), address_), "raise DDL_TIMEOUT, or look for a rank that never arrived");
   if (r == RecvResult::Closed) {
     if (request[4] == static_cast<char>(Op::Auth))
       throw Error(fmt::format("the ddl store at {} refused this connection", address_),
@@ -258,7 +258,7 @@ void TcpStoreClient::wait(const std::vector<std::string>& keys, milliseconds tim
   const milliseconds bounded = std::clamp(timeout, milliseconds(0), milliseconds(365LL * 24 * 3600 * 1000));
   call(w.frame(), "wait", first, Clock::now() + bounded + milliseconds(2000), &status);
   if (status == static_cast<uint8_t>(Status::Timeout))
-    throw Error(fmt::format("store wait for '{}'{} timed out after {} ms", first,
+    throw TimeoutError(fmt::format("store wait for '{}'{} timed out after {} ms", first,
                             keys.size() > 1 ? fmt::format(" and {} more keys", keys.size() - 1) : "", timeout.count()),
                 "a rank did not arrive: look for one that failed or is stuck, or raise DDL_TIMEOUT");
 }

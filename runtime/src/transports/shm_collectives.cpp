@@ -30,8 +30,9 @@
 #include <fmt/format.h>
 #include <gloo/rendezvous/store.h>
 
-#include "runtime/src/backends/collectives.hpp"
-#include "runtime/src/common/random_hex.hpp"
+#include "runtime/src/transports/collectives.hpp"
+#include "common/error.hpp"
+#include "common/random_hex.hpp"
 #include "runtime/src/engine/copy_bytes.hpp"
 
 namespace ddl::runtime {
@@ -107,7 +108,7 @@ class SharedMemory final : public Collectives {
       if (h->generation.load() != generation) return;
       check_peers_alive();
       if (Clock::now() > deadline)
-        throw std::runtime_error(fmt::format("timed out after {} ms waiting for the other ranks (shared memory)", timeout_.count()));
+        throw TimeoutError(fmt::format("timed out after {} ms waiting for the other ranks (shared memory)", timeout_.count()));
     }
   }
 

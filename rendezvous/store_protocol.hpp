@@ -1,5 +1,5 @@
 // Wire format of the rendezvous store, shared by the server (launcher/store_server) and the client
-// (runtime/src/store/tcp_store_client).
+// (rendezvous/tcp_store_client).
 //
 // Every message is a frame: a 4-byte little-endian body length, then the body. A request body is
 // one opcode byte followed by its fields; a response body is one status byte followed by its

@@ -1,11 +1,11 @@
-#include "runtime/src/common/environment.hpp"
+#include "common/environment.hpp"
 
 #include <cmath>
 #include <cstdlib>
 
 #include <fmt/format.h>
 
-#include "runtime/src/common/error.hpp"
+#include "common/error.hpp"
 
 extern char** environ;
 

@@ -10,9 +10,6 @@
 
 #include "runtime/src/engine/dtype.hpp"
 
-namespace ddl::store {
-class TcpStoreClient;
-}
 namespace gloo::rendezvous {
 class Store;
 }
@@ -53,15 +50,5 @@ std::unique_ptr<Collectives> make_shared_memory_collectives(int rank, int size, 
 // and Gloo between hosts for the bulk collectives. Otherwise plain Gloo.
 std::unique_ptr<Collectives> make_hierarchical_collectives(int rank, int size, int local_size, gloo::rendezvous::Store& store,
                                                            const std::string& interface_host, std::chrono::milliseconds timeout);
-
-// The store a process set rendezvouses through: `world` under `prefix`, keys ending in a rank of
-// the set renamed after that rank's world rank (world_ranks[set rank]). forward_wait=false for a
-// store whose wait() would be a world-wide fence (PMIx) and whose get() already blocks.
-std::unique_ptr<gloo::rendezvous::Store> make_subgroup_store(gloo::rendezvous::Store& world, std::string prefix,
-                                                             std::vector<int> world_ranks, bool forward_wait);
-
-// Gloo's rendezvous store over the ddl store, under a key prefix that keeps the keys of one
-// ddl_init apart from another's.
-std::unique_ptr<gloo::rendezvous::Store> make_tcp_gloo_store(store::TcpStoreClient client, const std::string& prefix);
 
 }  // namespace ddl::runtime

@@ -10,7 +10,8 @@
 
 #include <fmt/format.h>
 
-#include "runtime/src/backends/collectives.hpp"
+#include "rendezvous/gloo_store.hpp"
+#include "runtime/src/transports/collectives.hpp"
 
 namespace ddl::runtime {
 namespace {
@@ -91,7 +92,7 @@ std::unique_ptr<Collectives> make_hierarchical_collectives(int rank, int size, i
   std::vector<int> host_ranks, peer_ranks;
   for (int l = 0; l < local_size; ++l) host_ranks.push_back(host * local_size + l);
   for (int h = 0; h < hosts; ++h) peer_ranks.push_back(h * local_size + local_rank);
-  auto host_store = make_subgroup_store(store, fmt::format("host{}/", host), host_ranks, /*forward_wait=*/true);
+  auto host_store = make_subgroup_store(store, fmt::format("host{}", host), host_ranks, /*forward_wait=*/true);
   auto local = make_shared_memory_collectives(local_rank, local_size, *host_store, timeout);
   // Every host must have its shared memory, or no host uses it: ask the whole world.
   const auto said = world->allgather_bytes(local ? "1" : "0");

@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "runtime/src/backends/collectives.hpp"
+#include "runtime/src/transports/collectives.hpp"
 
 namespace ddl::runtime {
 

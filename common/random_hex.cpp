@@ -1,4 +1,4 @@
-#include "runtime/src/common/random_hex.hpp"
+#include "common/random_hex.hpp"
 
 #include <sys/random.h>
 
@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-#include "runtime/src/common/error.hpp"
+#include "common/error.hpp"
 
 namespace ddl {
 

@@ -1,4 +1,4 @@
-#include "runtime/src/store/store_protocol.hpp"
+#include "rendezvous/store_protocol.hpp"
 
 #include <cstring>
 

@@ -1,4 +1,4 @@
-#include "runtime/src/backends/gpu_collectives.hpp"
+#include "runtime/src/transports/gpu_collectives.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -9,7 +9,7 @@
 
 #include <fmt/format.h>
 
-#include "runtime/src/common/error.hpp"
+#include "common/error.hpp"
 
 #if DDL_WITH_NCCL
 #include <cuda_runtime.h>

@@ -1,4 +1,4 @@
-#include "runtime/src/backends/collectives.hpp"
+#include "runtime/src/transports/collectives.hpp"
 #include "runtime/src/engine/copy_bytes.hpp"
 
 namespace ddl::runtime {

@@ -4,6 +4,7 @@
 #include <gloo/alltoall.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
+#include <gloo/common/error.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
@@ -11,38 +12,26 @@
 #include <cstdint>
 #include <cstring>
 
-#include "runtime/src/backends/collectives.hpp"
-#include "runtime/src/store/tcp_store_client.hpp"
+#include "common/error.hpp"
+#include "runtime/src/transports/collectives.hpp"
 
 namespace ddl::runtime {
 
 namespace {
 
-// Gloo's rendezvous store interface over the ddl store, under a key prefix.
-class GlooStore final : public gloo::rendezvous::Store {
- public:
-  GlooStore(store::TcpStoreClient client, std::string prefix) : client_(std::move(client)), prefix_(std::move(prefix)) {}
-  void set(const std::string& key, const std::vector<char>& data) override {
-    client_.set(prefix_ + key, std::string(data.begin(), data.end()));
+// Runs one Gloo call, its failures as ddl's typed transport errors. Gloo throws IoException both
+// when a peer does not answer in time and when a connection breaks; only its message (tcp/pair.cc:
+// "Timed out waiting ...") tells them apart, so this is the one place that reads it.
+template <typename Fn>
+void gloo_call(Fn fn) {
+  try {
+    fn();
+  } catch (const gloo::IoException& e) {
+    const std::string what = e.what();
+    if (what.find("Timed out") != std::string::npos || what.find("timed out") != std::string::npos) throw TimeoutError(what);
+    throw PeerLostError(what);
   }
-  std::vector<char> get(const std::string& key) override {
-    std::string value = client_.get(prefix_ + key);
-    return {value.begin(), value.end()};
-  }
-  void wait(const std::vector<std::string>& keys) override { client_.wait(prefixed(keys)); }
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
-    client_.wait(prefixed(keys), timeout);
-  }
-
- private:
-  std::vector<std::string> prefixed(const std::vector<std::string>& keys) const {
-    std::vector<std::string> out;
-    for (const auto& k : keys) out.push_back(prefix_ + k);
-    return out;
-  }
-  store::TcpStoreClient client_;
-  std::string prefix_;
-};
+}
 
 // Runs a Gloo collective on raw bytes of the given element width.
 template <typename Fn>
@@ -64,7 +53,7 @@ class GlooCollectives final : public Collectives {
     auto device = gloo::transport::tcp::CreateDevice(attr);
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
     context->setTimeout(timeout);
-    context->connectFullMesh(store, device);
+    gloo_call([&] { context->connectFullMesh(store, device); });
     context_ = context;
   }
 
@@ -78,7 +67,7 @@ class GlooCollectives final : public Collectives {
     sizes_opts.setInput(&my_size, 1);
     sizes_opts.setOutput(sizes.data(), sizes.size());
     sizes_opts.setTimeout(timeout_);
-    gloo::allgather(sizes_opts);
+    gloo_call([&] { gloo::allgather(sizes_opts); });
     std::vector<size_t> counts(sizes.begin(), sizes.end());
     size_t total = 0;
     for (size_t c : counts) total += c;
@@ -101,7 +90,7 @@ class GlooCollectives final : public Collectives {
       opts.setOutput(static_cast<T*>(data), count);
       opts.setReduceFunction(reduce);
       opts.setTimeout(timeout_);
-      gloo::allreduce(opts);
+      gloo_call([&] { gloo::allreduce(opts); });
     });
   }
 
@@ -111,7 +100,7 @@ class GlooCollectives final : public Collectives {
     opts.setOutput(static_cast<uint8_t*>(data), bytes);
     opts.setRoot(root);
     opts.setTimeout(timeout_);
-    gloo::broadcast(opts);
+    gloo_call([&] { gloo::broadcast(opts); });
   }
 
   void allgatherv(const void* send, void* recv, const std::vector<size_t>& bytes_per_rank) override {
@@ -123,7 +112,7 @@ class GlooCollectives final : public Collectives {
     opts.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(send)), bytes_per_rank[static_cast<size_t>(rank())]);
     opts.setOutput(static_cast<uint8_t*>(recv), bytes_per_rank);
     opts.setTimeout(timeout_);
-    gloo::allgatherv(opts);
+    gloo_call([&] { gloo::allgatherv(opts); });
   }
 
   void alltoall(const void* send, void* recv, size_t bytes_per_rank) override {
@@ -133,13 +122,13 @@ class GlooCollectives final : public Collectives {
     opts.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(send)), total);
     opts.setOutput(static_cast<uint8_t*>(recv), total);
     opts.setTimeout(timeout_);
-    gloo::alltoall(opts);
+    gloo_call([&] { gloo::alltoall(opts); });
   }
 
   void barrier() override {
     gloo::BarrierOptions opts(context_);
     opts.setTimeout(timeout_);
-    gloo::barrier(opts);
+    gloo_call([&] { gloo::barrier(opts); });
   }
 
  private:
@@ -152,10 +141,6 @@ class GlooCollectives final : public Collectives {
 std::unique_ptr<Collectives> make_gloo_collectives(int rank, int size, gloo::rendezvous::Store& store,
                                                    const std::string& interface_host, std::chrono::milliseconds timeout) {
   return std::make_unique<GlooCollectives>(rank, size, store, interface_host, timeout);
-}
-
-std::unique_ptr<gloo::rendezvous::Store> make_tcp_gloo_store(store::TcpStoreClient client, const std::string& prefix) {
-  return std::make_unique<GlooStore>(std::move(client), prefix);
 }
 
 }  // namespace ddl::runtime

@@ -1,0 +1,89 @@
+#include "rendezvous/gloo_store.hpp"
+
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/rendezvous/store.h>
+
+namespace ddl::runtime {
+
+namespace {
+
+// Gloo's store interface over the ddl store's client.
+class TcpGlooStore final : public gloo::rendezvous::Store {
+ public:
+  explicit TcpGlooStore(store::TcpStoreClient client) : client_(std::move(client)) {}
+  void set(const std::string& key, const std::vector<char>& data) override { client_.set(key, std::string(data.begin(), data.end())); }
+  std::vector<char> get(const std::string& key) override {
+    std::string value = client_.get(key);
+    return {value.begin(), value.end()};
+  }
+  void wait(const std::vector<std::string>& keys) override { client_.wait(keys); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override { client_.wait(keys, timeout); }
+
+ private:
+  store::TcpStoreClient client_;
+};
+
+// PrefixStore holds a reference to the store it prefixes; this one also owns it. (The owned store
+// is a base listed first, so it is built before, and destroyed after, the PrefixStore.)
+struct OwnedStore {
+  std::unique_ptr<gloo::rendezvous::Store> owned;
+};
+class OwningPrefixStore final : private OwnedStore, public gloo::rendezvous::PrefixStore {
+ public:
+  OwningPrefixStore(std::unique_ptr<gloo::rendezvous::Store> store, const std::string& prefix)
+      : OwnedStore{std::move(store)}, PrefixStore(prefix, *owned) {}
+};
+
+// A process set's keys: Gloo and the shared-memory setup name keys after their owner's rank in
+// the set; the world store (PMIx in particular) needs the owner's world rank there.
+class SubgroupStore final : public gloo::rendezvous::Store {
+ public:
+  SubgroupStore(std::unique_ptr<gloo::rendezvous::Store> prefixed_world, std::vector<int> world_ranks, bool forward_wait)
+      : world_(std::move(prefixed_world)), world_ranks_(std::move(world_ranks)), forward_wait_(forward_wait) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override { world_->set(mapped(key), data); }
+  std::vector<char> get(const std::string& key) override { return world_->get(mapped(key)); }
+  void wait(const std::vector<std::string>& keys) override {
+    if (forward_wait_) world_->wait(mapped(keys));
+  }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    if (forward_wait_) world_->wait(mapped(keys), timeout);
+  }
+
+ private:
+  std::string mapped(const std::string& key) const {
+    size_t start = key.size();
+    while (start > 0 && key[start - 1] >= '0' && key[start - 1] <= '9') --start;
+    if (start == key.size() || key.size() - start > 9) return key;
+    const auto set_rank = static_cast<size_t>(std::stoi(key.substr(start)));
+    if (set_rank >= world_ranks_.size()) return key;
+    return key.substr(0, start) + std::to_string(world_ranks_[set_rank]);
+  }
+  std::vector<std::string> mapped(const std::vector<std::string>& keys) const {
+    std::vector<std::string> out;
+    for (const auto& k : keys) out.push_back(mapped(k));
+    return out;
+  }
+
+  std::unique_ptr<gloo::rendezvous::Store> world_;
+  std::vector<int> world_ranks_;
+  bool forward_wait_;
+};
+
+}  // namespace
+
+std::unique_ptr<gloo::rendezvous::Store> with_prefix(std::unique_ptr<gloo::rendezvous::Store> store, const std::string& prefix) {
+  return std::make_unique<OwningPrefixStore>(std::move(store), prefix);
+}
+
+std::unique_ptr<gloo::rendezvous::Store> make_tcp_gloo_store(store::TcpStoreClient client, const std::string& prefix) {
+  return with_prefix(std::make_unique<TcpGlooStore>(std::move(client)), prefix);
+}
+
+std::unique_ptr<gloo::rendezvous::Store> make_subgroup_store(gloo::rendezvous::Store& world, const std::string& prefix,
+                                                             std::vector<int> world_ranks, bool forward_wait) {
+  return std::make_unique<SubgroupStore>(std::make_unique<gloo::rendezvous::PrefixStore>(prefix, world), std::move(world_ranks),
+                                         forward_wait);
+}
+
+}  // namespace ddl::runtime

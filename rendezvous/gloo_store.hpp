@@ -1,0 +1,32 @@
+// Gloo's rendezvous interface (gloo::rendezvous::Store) over ddl's rendezvous: the ddl store, a
+// PMIx store (rendezvous/pmix_store.hpp), and a process set's view of either. Key prefixes are
+// Gloo's own PrefixStore ("prefix/key"), so that the keys of one ddl_init, or of one process set,
+// never meet another's.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "rendezvous/tcp_store_client.hpp"
+
+namespace gloo::rendezvous {
+class Store;
+}
+
+namespace ddl::runtime {
+
+// `store` with every key under `prefix` (Gloo's PrefixStore), owning `store`.
+std::unique_ptr<gloo::rendezvous::Store> with_prefix(std::unique_ptr<gloo::rendezvous::Store> store, const std::string& prefix);
+
+// Gloo's rendezvous store over the ddl store (DDL_STORE_ADDR), under `prefix`.
+std::unique_ptr<gloo::rendezvous::Store> make_tcp_gloo_store(store::TcpStoreClient client, const std::string& prefix);
+
+// The store a process set rendezvouses through: `world` under `prefix`, keys ending in a rank of
+// the set renamed after that rank's world rank (world_ranks[set rank]), which is what the PMIx
+// store looks a key's owner up by. forward_wait=false for a store whose wait() would be a
+// world-wide fence (PMIx) and whose get() already blocks. `world` must outlive it.
+std::unique_ptr<gloo::rendezvous::Store> make_subgroup_store(gloo::rendezvous::Store& world, const std::string& prefix,
+                                                             std::vector<int> world_ranks, bool forward_wait);
+
+}  // namespace ddl::runtime
