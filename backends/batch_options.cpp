@@ -8,23 +8,23 @@ namespace ddl::backends {
 const std::vector<BatchOption>& batch_options() {
   using enum ScriptPlace;
   static const std::vector<BatchOption> options = {
-      // key             flags                    help                                                       workers  place        slurm            pbs
-      {"nodes",          "-N,--nodes",            "Nodes",                                                   true,  Always,      "nodes",         ""},
-      {"gpus_per_node",  "--gpus-per-node",       "GPUs (and workers) per node; default: all the site's",   true,  Always,      "",              ""},
-      {"cpus_per_task",  "-c,--cpus-per-task",    "Cores per worker",                                        false, Always,      "cpus-per-task", ""},
-      {"time",           "-t,--time",             "Time limit, HH:MM:SS",                                    false, Always,      "time",          ""},
-      {"account",        "-A,--account",          "Account/project to charge",                               false, Always,      "account",       "-A "},
-      {"queue",          "-q,--queue,--qos",      "Slurm QOS / PBS queue",                                   false, Always,      "qos",           "-q "},
-      {"partition",      "-p,--partition",        "Slurm partition",                                         false, SlurmOnly,   "partition",     ""},
-      {"constraint",     "-C,--constraint",       "Slurm node features (Perlmutter: gpu)",                   false, SlurmOnly,   "constraint",    ""},
-      {"job_name",       "-J,--job-name",         "Job name",                                                false, Always,      "job-name",      "-N "},
-      {"output",         "-o,--output",           "Output file (Slurm: %j is the job id)",                   false, Always,      "output",        "-o "},
-      {"dependency",     "-d,--dependency",       "Start after another job: afterok:ID",                     false, Always,      "dependency",    "-W depend="},
-      {"comment",        "--comment",             "Slurm --comment (Neuron: the application, e.g. pytorch)", false, SlurmOnly,   "comment",       ""},
-      {"mem",            "--mem",                 "Memory per node",                                         false, SlurmOnly,   "mem",           ""},
-      {"image",          "--image",               "Container image (Shifter/Apptainer/Singularity, as the site has)", false, ProfileOnly, "", ""},
-      {"filesystems",    "--filesystems",         "PBS -l filesystems= (Polaris: home:eagle)",               false, ProfileOnly, "",              ""},
-      {"gpu_type",       "--gpu-type",            "GPU model where the site asks for one (Alliance: a100, h100)", false, ProfileOnly, "",       ""},
+      // key             flags                    help                                                       workers  place        slurm pbs
+      {"nodes", "-N,--nodes", "Nodes", true, Always, "nodes", ""},
+      {"gpus_per_node", "--gpus-per-node", "GPUs (and workers) per node; default: all the site's", true, Always, "", ""},
+      {"cpus_per_task", "-c,--cpus-per-task", "Cores per worker", false, Always, "cpus-per-task", ""},
+      {"time", "-t,--time", "Time limit, HH:MM:SS", false, Always, "time", ""},
+      {"account", "-A,--account", "Account/project to charge", false, Always, "account", "-A "},
+      {"queue", "-q,--queue,--qos", "Slurm QOS / PBS queue", false, Always, "qos", "-q "},
+      {"partition", "-p,--partition", "Slurm partition", false, SlurmOnly, "partition", ""},
+      {"constraint", "-C,--constraint", "Slurm node features (Perlmutter: gpu)", false, SlurmOnly, "constraint", ""},
+      {"job_name", "-J,--job-name", "Job name", false, Always, "job-name", "-N "},
+      {"output", "-o,--output", "Output file (Slurm: %j is the job id)", false, Always, "output", "-o "},
+      {"dependency", "-d,--dependency", "Start after another job: afterok:ID", false, Always, "dependency", "-W depend="},
+      {"comment", "--comment", "Slurm --comment (Neuron: the application, e.g. pytorch)", false, SlurmOnly, "comment", ""},
+      {"mem", "--mem", "Memory per node", false, SlurmOnly, "mem", ""},
+      {"image", "--image", "Container image (Shifter/Apptainer/Singularity, as the site has)", false, ProfileOnly, "", ""},
+      {"filesystems", "--filesystems", "PBS -l filesystems= (Polaris: home:eagle)", false, ProfileOnly, "", ""},
+      {"gpu_type", "--gpu-type", "GPU model where the site asks for one (Alliance: a100, h100)", false, ProfileOnly, "", ""},
   };
   return options;
 }

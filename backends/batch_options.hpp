@@ -20,7 +20,7 @@ struct BatchOption {
   std::string_view key;    // the site-profile key ("account"), also the key of JobRequest::options
   std::string_view flags;  // the CLI's names, CLI11 style ("-A,--account")
   std::string_view help;
-  bool workers_only;       // a flag of jobs that run workers (`ddl submit`), not of `ddl jupyter start`
+  bool workers_only;  // a flag of jobs that run workers (`ddl submit`), not of `ddl jupyter start`
   ScriptPlace place;
   std::string_view slurm;  // "#SBATCH --<slurm>=<value>"; empty when rendered another way (or not at all)
   std::string_view pbs;    // "#PBS <pbs><value>"; empty when rendered another way (or not at all)

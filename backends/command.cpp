@@ -39,7 +39,7 @@ CommandResult run_command(const std::vector<std::string>& argv, std::chrono::mil
     boost::asio::io_context io;
     std::future<std::string> out, err;
     std::vector<std::string> args(argv.begin() + 1, argv.end());
-    bp::child child(exe, bp::args(args), bp::std_in < bp::buffer(input), bp::std_out > out, bp::std_err > err, io);
+    bp::child child(exe, bp::args(args), bp::std_in<bp::buffer(input), bp::std_out> out, bp::std_err > err, io);
     // Reading both streams and the exit happens on `io`; run it with the deadline.
     io.run_for(timeout);
     if (!io.stopped()) {

@@ -177,11 +177,14 @@ std::string pbs_walltime(const std::string& slurm_time) {
 
 void pbs_directives(const SiteProfile& site, const std::map<std::string, std::string>& v, std::vector<std::string>& d) {
   for (const BatchOption& option : batch_options()) {
-    if (option.key == "gpus_per_node" && !site.gpu_request.empty()) d.push_back("-l " + fill(site.gpu_request, v, site, "select statement"));
+    if (option.key == "gpus_per_node" && !site.gpu_request.empty())
+      d.push_back("-l " + fill(site.gpu_request, v, site, "select statement"));
     auto it = v.find(std::string(option.key));
     if (it == v.end()) continue;
-    if (option.key == "time") d.push_back("-l walltime=" + pbs_walltime(it->second));
-    else if (!option.pbs.empty()) d.push_back(fmt::format("{}{}", option.pbs, directive_word(it->first, it->second)));
+    if (option.key == "time")
+      d.push_back("-l walltime=" + pbs_walltime(it->second));
+    else if (!option.pbs.empty())
+      d.push_back(fmt::format("{}{}", option.pbs, directive_word(it->first, it->second)));
   }
   d.push_back("-j oe");  // one output file, as Slurm writes
 }
@@ -189,8 +192,10 @@ void pbs_directives(const SiteProfile& site, const std::map<std::string, std::st
 std::string ddl_run_line(const SiteProfile& site, const std::map<std::string, std::string>& v, const JobRequest& job) {
   std::vector<std::string> words = {job.ddl_program, "run", "-N", v.at("nodes")};
   const int gpus = std::stoi(v.at("gpus_per_node"));
-  if (gpus > 0) words.insert(words.end(), {"--gpus-per-node", std::to_string(gpus)});
-  else words.insert(words.end(), {"--cpu", "--nproc-per-node", "1"});
+  if (gpus > 0)
+    words.insert(words.end(), {"--gpus-per-node", std::to_string(gpus)});
+  else
+    words.insert(words.end(), {"--cpu", "--nproc-per-node", "1"});
   if (v.count("cpus_per_task")) words.insert(words.end(), {"--cpus-per-task", v.at("cpus_per_task")});
   words.insert(words.end(), {"--launcher", site.launcher});
   if (site.gpu_order == "reverse") words.insert(words.end(), {"--gpu-order", "reverse"});
@@ -209,8 +214,10 @@ std::string shell_quote(std::string_view s) {
   if (plain_word(s, "_./:=@%+,-")) return std::string(s);
   std::string out = "'";
   for (char c : s) {
-    if (c == '\'') out += "'\\''";
-    else out += c;
+    if (c == '\'')
+      out += "'\\''";
+    else
+      out += c;
   }
   return out + "'";
 }
@@ -219,8 +226,9 @@ void check_site_rules(const SiteProfile& site, const JobRequest& job) {
   // Directive values are read by sbatch/qsub, not a shell: a newline would start a new directive.
   for (const auto& [option, value] : job.options)
     if (value.size() > kLongestValue)
-      throw UsageError(fmt::format("{} is {} characters long; a batch directive value may have at most {}", flag_for(option),
-                                   value.size(), kLongestValue), "shorten it");
+      throw UsageError(fmt::format("{} is {} characters long; a batch directive value may have at most {}", flag_for(option), value.size(),
+                                   kLongestValue),
+                       "shorten it");
   for (const auto& [option, value] : job.options)
     if (std::any_of(value.begin(), value.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }))
       throw UsageError(fmt::format("{} contains a newline or control character", flag_for(option)),
@@ -231,11 +239,13 @@ void check_site_rules(const SiteProfile& site, const JobRequest& job) {
   const std::set<std::string> usable = usable_options(site);
   for (const auto& [option, value] : job.options)
     if (!usable.count(option) && !site.forbidden.count(option))
-      throw UsageError(fmt::format("{}: site '{}' ({}) has no place for it in its script", flag_for(option), site.name, scheduler_key(site.scheduler)),
-                       fmt::format("drop {}, or name it in the profile (see `ddl sites show {}`)", flag_for(option), site.name));
+      throw UsageError(
+          fmt::format("{}: site '{}' ({}) has no place for it in its script", flag_for(option), site.name, scheduler_key(site.scheduler)),
+          fmt::format("drop {}, or name it in the profile (see `ddl sites show {}`)", flag_for(option), site.name));
   for (const auto& [option, why] : site.forbidden)
     if (job.options.count(option))
-      throw UsageError(fmt::format("site '{}' does not allow {}: {}", site.name, flag_for(option), why), fmt::format("drop {}", flag_for(option)));
+      throw UsageError(fmt::format("site '{}' does not allow {}: {}", site.name, flag_for(option), why),
+                       fmt::format("drop {}", flag_for(option)));
 
   // Whole numbers first: the derived values below compute with them.
   require_whole_number(job.options, "nodes", 1);
@@ -245,13 +255,14 @@ void check_site_rules(const SiteProfile& site, const JobRequest& job) {
   const auto v = effective_values(site, job);
   for (const auto& [option, value] : v)  // profile defaults too
     if (value.size() > kLongestValue)
-      throw UsageError(fmt::format("{} is {} characters long; a batch directive value may have at most {}", flag_for(option),
-                                   value.size(), kLongestValue), "shorten it (in the site profile, if it comes from there)");
+      throw UsageError(fmt::format("{} is {} characters long; a batch directive value may have at most {}", flag_for(option), value.size(),
+                                   kLongestValue),
+                       "shorten it (in the site profile, if it comes from there)");
   for (const auto& option : site.required)
     if (!v.count(option) || v.at(option).empty())
       throw UsageError(fmt::format("site '{}' requires {}", site.name, flag_for(option)),
                        site.patterns.count(option) && !site.patterns.at(option).fix.empty() ? site.patterns.at(option).fix
-                                                                                             : fmt::format("give {}", flag_for(option)));
+                                                                                            : fmt::format("give {}", flag_for(option)));
   for (const auto& [option, rule] : site.patterns) {
     auto it = v.find(option);
     if (it != v.end() && !std::regex_match(it->second, std::regex(rule.regex)))

@@ -26,9 +26,9 @@ struct JobRequest {
 };
 
 struct JobScript {
-  std::string text;                             // the whole script
-  std::map<std::string, std::string> values;    // every option's value after defaults
-  std::string output;                           // where the job's output goes ("ddl-%j.out")
+  std::string text;                           // the whole script
+  std::map<std::string, std::string> values;  // every option's value after defaults
+  std::string output;                         // where the job's output goes ("ddl-%j.out")
 };
 
 // Checks the request against the site: required options, value patterns, forbidden options, GPUs

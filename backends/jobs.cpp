@@ -35,8 +35,8 @@ std::map<std::string, std::string> scontrol_fields(const std::string& line) {
 }
 
 bool slurm_state_is_final(const std::string& state) {
-  static const char* const kFinal[] = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
-                                       "BOOT_FAIL", "DEADLINE"};
+  static const char* const kFinal[] = {"COMPLETED",     "FAILED",    "CANCELLED", "TIMEOUT", "NODE_FAIL",
+                                       "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"};
   for (const char* f : kFinal)
     if (state == f) return true;
   return false;
@@ -154,7 +154,8 @@ std::vector<JobState> my_jobs(Scheduler scheduler) {
 
 void cancel_job(Scheduler scheduler, const std::string& id) {
   if (!looks_like_job_id(id)) throw UsageError(fmt::format("'{}' is not a job id", id), "give the number sbatch or qsub printed");
-  std::vector<std::string> argv = scheduler == Scheduler::Slurm ? std::vector<std::string>{"scancel", id} : std::vector<std::string>{"qdel", id};
+  std::vector<std::string> argv =
+      scheduler == Scheduler::Slurm ? std::vector<std::string>{"scancel", id} : std::vector<std::string>{"qdel", id};
   CommandResult r = run_command(argv);
   if (!r.ok() || (scheduler == Scheduler::Slurm && r.err.find("error") != std::string::npos))
     throw Error(fmt::format("{} {} failed: {}", argv.front(), id, tool_error(r)), "check the id with ddl status");

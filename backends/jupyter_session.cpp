@@ -96,14 +96,15 @@ JupyterSession new_jupyter_session(const std::string& program) {
 }
 
 std::vector<std::string> jupyter_body(const JupyterSession& session, const std::string& environment) {
-  std::vector<std::string> lines = {
-      "# ddl jupyter: the token comes from a mode-600 file, never a command line; the port is one the kernel",
-      "# hands out on this node (bind port 0), and --port-retries=0 keeps Jupyter from moving to another.",
-      "session=" + shell_quote(session.dir + "/" + session.name),
-      "JUPYTER_TOKEN=$(cat \"$session.token\") && [ -n \"$JUPYTER_TOKEN\" ] || { echo \"ddl jupyter: cannot read $session.token here\" >&2; exit 1; }",
-      "export JUPYTER_TOKEN"};
+  std::vector<std::string> lines = {"# ddl jupyter: the token comes from a mode-600 file, never a command line; the port is one the kernel",
+                                    "# hands out on this node (bind port 0), and --port-retries=0 keeps Jupyter from moving to another.",
+                                    "session=" + shell_quote(session.dir + "/" + session.name),
+                                    "JUPYTER_TOKEN=$(cat \"$session.token\") && [ -n \"$JUPYTER_TOKEN\" ] || { echo \"ddl jupyter: cannot "
+                                    "read $session.token here\" >&2; exit 1; }",
+                                    "export JUPYTER_TOKEN"};
   if (!environment.empty()) {
-    if (environment.find('/') != std::string::npos) lines.push_back("source " + shell_quote(environment + "/bin/activate"));
+    if (environment.find('/') != std::string::npos)
+      lines.push_back("source " + shell_quote(environment + "/bin/activate"));
     else {
       lines.push_back("eval \"$(conda shell.bash hook)\"  # conda activate needs conda's shell functions in a batch shell");
       lines.push_back("conda activate " + shell_quote(environment));
@@ -113,13 +114,21 @@ std::vector<std::string> jupyter_body(const JupyterSession& session, const std::
   lines.push_back("host=$(hostname)");
   lines.push_back("(umask 077 && printf '%s %s\\n' \"$host\" \"$port\" > \"$session.endpoint\")");
   lines.push_back("as_root=(); [ \"$(id -u)\" -ne 0 ] || as_root=(--allow-root)  # Jupyter refuses root otherwise (containers, tests)");
-  lines.push_back("exec jupyter " + shell_quote(session.program) + " --no-browser --ip=\"$host\" --port=\"$port\" --port-retries=0 \"${as_root[@]}\"");
+  lines.push_back("exec jupyter " + shell_quote(session.program) +
+                  " --no-browser --ip=\"$host\" --port=\"$port\" --port-retries=0 \"${as_root[@]}\"");
   return lines;
 }
 
 void save_jupyter_session(const JupyterSession& s) {
-  nlohmann::json j = {{"name", s.name}, {"dir", s.dir},         {"job", s.job},   {"site", s.site},     {"scheduler", scheduler_key(s.scheduler)},
-                      {"login_host", s.login_host}, {"jump_host", s.jump_host}, {"user", s.user}, {"program", s.program}};
+  nlohmann::json j = {{"name", s.name},
+                      {"dir", s.dir},
+                      {"job", s.job},
+                      {"site", s.site},
+                      {"scheduler", scheduler_key(s.scheduler)},
+                      {"login_host", s.login_host},
+                      {"jump_host", s.jump_host},
+                      {"user", s.user},
+                      {"program", s.program}};
   write_private_file(s.dir + "/" + s.job + ".json", j.dump(2) + "\n");
 }
 

@@ -16,16 +16,16 @@
 namespace ddl::backends {
 
 struct JupyterSession {
-  std::string name;        // "jupyter-<hex>": the prefix of its files
-  std::string dir;         // the sessions directory
-  std::string token;       // at least 128 random bits, hex
-  std::string job;         // the scheduler's job id, once submitted
+  std::string name;   // "jupyter-<hex>": the prefix of its files
+  std::string dir;    // the sessions directory
+  std::string token;  // at least 128 random bits, hex
+  std::string job;    // the scheduler's job id, once submitted
   std::string site;
   Scheduler scheduler = Scheduler::Slurm;
   std::string login_host;  // where the laptop's ssh goes
   std::string jump_host;   // ssh -J, when the site needs one
   std::string user;
-  std::string program;     // lab, notebook or server
+  std::string program;  // lab, notebook or server
 
   std::string token_path() const { return dir + "/" + name + ".token"; }
   std::string endpoint_path() const { return dir + "/" + name + ".endpoint"; }

@@ -12,8 +12,8 @@ struct TaskLayout {
   int num_nodes = 1;
   int tasks_per_node = 1;
   int cpus_per_task = 1;
-  std::vector<std::string> task_command;      // what each task runs: ddl exec ... -- program args
-  std::vector<std::string> exported_names;    // variables of the launcher's environment every task needs
+  std::vector<std::string> task_command;    // what each task runs: ddl exec ... -- program args
+  std::vector<std::string> exported_names;  // variables of the launcher's environment every task needs
 };
 
 // A task launcher's output line split into the task's rank and its text.

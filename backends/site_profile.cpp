@@ -56,9 +56,12 @@ std::map<std::string, std::string> option_strings(const json& j, const std::stri
   if (!j[field].is_object()) profile_error(source, field, "must be an object of option: value");
   for (const auto& [key, value] : j[field].items()) {
     option_key(source, field, key);
-    if (value.is_string()) out[key] = value.get<std::string>();
-    else if (value.is_number_integer()) out[key] = std::to_string(value.get<long long>());
-    else profile_error(source, std::string(field) + "." + key, "must be a string or a whole number");
+    if (value.is_string())
+      out[key] = value.get<std::string>();
+    else if (value.is_number_integer())
+      out[key] = std::to_string(value.get<long long>());
+    else
+      profile_error(source, std::string(field) + "." + key, "must be a string or a whole number");
   }
   return out;
 }
@@ -111,9 +114,12 @@ bool nested_too_deep(const std::string& text) {
   bool in_string = false, escaped = false;
   for (char c : text) {
     if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
     } else if (c == '"') {
       in_string = true;
     } else if (c == '[' || c == '{') {
@@ -134,10 +140,10 @@ std::string one_of(const json& j, const std::string& source, const char* field, 
   profile_error(source, field, fmt::format("is '{}'; it must be one of {}", value, fmt::join(allowed, ", ")));
 }
 
-const std::vector<std::string> kFields = {"name", "description", "scheduler", "login_host", "gpus_per_node", "cores_per_node",
-                                          "gpu_vendor", "launcher", "gpu_order", "defaults", "required", "patterns", "forbidden", "partitions",
-                                          "gpu_request", "directives", "module_use", "modules", "setup", "environment", "container", "match",
-                                          "jupyter", "notes"};
+const std::vector<std::string> kFields = {"name",       "description", "scheduler",   "login_host", "gpus_per_node", "cores_per_node",
+                                          "gpu_vendor", "launcher",    "gpu_order",   "defaults",   "required",      "patterns",
+                                          "forbidden",  "partitions",  "gpu_request", "directives", "module_use",    "modules",
+                                          "setup",      "environment", "container",   "match",      "jupyter",       "notes"};
 
 std::optional<std::string> builtin_text(const std::string& name) {
   for (const auto& site : builtin_sites())
@@ -147,7 +153,8 @@ std::optional<std::string> builtin_text(const std::string& name) {
 
 json parse_json(const std::string& text, const std::string& source) {
   if (nested_too_deep(text))
-    throw UsageError(fmt::format("site profile {}: nested more than {} levels deep", source, kDeepestNesting), "fix the file, or remove it");
+    throw UsageError(fmt::format("site profile {}: nested more than {} levels deep", source, kDeepestNesting),
+                     "fix the file, or remove it");
   json j;
   try {
     j = json::parse(text);
@@ -216,7 +223,8 @@ SiteProfile parse_site(const json& j, const std::string& source, const std::stri
   }
   p.forbidden = option_strings(j, source, "forbidden");
   if (j.contains("partitions")) {
-    if (!j["partitions"].is_object()) profile_error(source, "partitions", "must be an object of partition: {gpus_per_node, cores_per_node}");
+    if (!j["partitions"].is_object())
+      profile_error(source, "partitions", "must be an object of partition: {gpus_per_node, cores_per_node}");
     for (const auto& [partition, shape] : j["partitions"].items()) {
       const std::string field = "partitions." + partition;
       if (!shape.is_object()) profile_error(source, field, "must be an object {gpus_per_node, cores_per_node}");
@@ -273,7 +281,8 @@ SiteProfile parse_site(const json& j, const std::string& source, const std::stri
   if (!p.jupyter.is_object()) profile_error(source, "jupyter", "must be an object");
   p.notes = string_field(j, source, "notes");
   if (j.contains("name") && string_field(j, source, "name") != name)
-    profile_error(source, "name", fmt::format("is '{}' but the file defines site '{}'; make them equal", j["name"].get<std::string>(), name));
+    profile_error(source, "name",
+                  fmt::format("is '{}' but the file defines site '{}'; make them equal", j["name"].get<std::string>(), name));
   return p;
 }
 

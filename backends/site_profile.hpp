@@ -22,9 +22,9 @@ struct OptionRule {
 };
 
 struct ContainerSupport {
-  std::string kind;                // "shifter", "apptainer", "singularity"
-  std::string image_directive;     // a batch directive naming the image ("--image={{image}}"), or empty
-  std::vector<std::string> wrap;   // what each task runs its program through; {{image}} is replaced
+  std::string kind;               // "shifter", "apptainer", "singularity"
+  std::string image_directive;    // a batch directive naming the image ("--image={{image}}"), or empty
+  std::vector<std::string> wrap;  // what each task runs its program through; {{image}} is replaced
 };
 
 // A partition's nodes, where a site's partitions differ (Neuron).
@@ -36,7 +36,7 @@ struct NodeShape {
 // How to recognise the site from one of its machines (for `ddl check-build`): the host's full
 // name matches `hostname`, or every variable of `environment` matches its pattern.
 struct SiteMatch {
-  std::string hostname;                          // a regular expression, whole name
+  std::string hostname;                            // a regular expression, whole name
   std::map<std::string, std::string> environment;  // NAME -> regular expression of its value
 };
 
@@ -46,20 +46,20 @@ struct SiteProfile {
   Scheduler scheduler = Scheduler::Slurm;
   std::string login_host;
   int gpus_per_node = 0;
-  int cores_per_node = 0;  // 0 when unknown: no core request is made for the user
+  int cores_per_node = 0;             // 0 when unknown: no core request is made for the user
   std::string gpu_vendor = "nvidia";  // nvidia, amd, intel, none
   std::string launcher;               // srun, pals, mpirun
   std::string gpu_order = "as-listed";
-  std::map<std::string, std::string> defaults;  // option -> value when the user gives none
-  std::vector<std::string> required;            // options that must have a value
-  std::map<std::string, OptionRule> patterns;   // option -> rule its value must follow
-  std::map<std::string, std::string> forbidden; // option -> why the site refuses it
-  std::map<std::string, NodeShape> partitions;  // partition -> its nodes, when they differ
-  std::string gpu_request;  // Slurm directive asking for GPUs ("--gpus-per-node={{gpus}}"); PBS: select chunk
+  std::map<std::string, std::string> defaults;   // option -> value when the user gives none
+  std::vector<std::string> required;             // options that must have a value
+  std::map<std::string, OptionRule> patterns;    // option -> rule its value must follow
+  std::map<std::string, std::string> forbidden;  // option -> why the site refuses it
+  std::map<std::string, NodeShape> partitions;   // partition -> its nodes, when they differ
+  std::string gpu_request;                       // Slurm directive asking for GPUs ("--gpus-per-node={{gpus}}"); PBS: select chunk
   std::vector<std::string> directives;           // further fixed directives, with {{option}} placeholders
   std::vector<std::string> module_use;
   std::vector<std::string> modules;
-  std::vector<std::string> setup;                // shell lines the site needs before the launch
+  std::vector<std::string> setup;                                // shell lines the site needs before the launch
   std::vector<std::pair<std::string, std::string>> environment;  // exported by name order (values are quoted, so order does not matter)
   std::optional<ContainerSupport> container;
   std::optional<SiteMatch> match;

@@ -44,9 +44,12 @@ bool parse_size(const char* text, uint64_t& out) {
   double v = std::strtod(text, &end);
   if (end == text || v < 0) return false;
   uint64_t mult = 1;
-  if (*end == 'K' || *end == 'k') mult = 1ull << 10, ++end;
-  else if (*end == 'M' || *end == 'm') mult = 1ull << 20, ++end;
-  else if (*end == 'G' || *end == 'g') mult = 1ull << 30, ++end;
+  if (*end == 'K' || *end == 'k')
+    mult = 1ull << 10, ++end;
+  else if (*end == 'M' || *end == 'm')
+    mult = 1ull << 20, ++end;
+  else if (*end == 'G' || *end == 'g')
+    mult = 1ull << 30, ++end;
   if (*end == 'B' || *end == 'b') ++end;
   if (*end != '\0') return false;
   out = static_cast<uint64_t>(v * static_cast<double>(mult));
@@ -69,22 +72,40 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> const char* {
-      if (i + 1 >= argc) { usage(); std::exit(2); }
+      if (i + 1 >= argc) {
+        usage();
+        std::exit(2);
+      }
       return argv[++i];
     };
     bool ok = true;
-    if (a == "-b" || a == "--minbytes") ok = parse_size(next(), min_bytes);
-    else if (a == "-e" || a == "--maxbytes") ok = parse_size(next(), max_bytes);
-    else if (a == "-w" || a == "--warmup") warmup = std::atoi(next());
-    else if (a == "-n" || a == "--iters") max_iters = std::atoi(next());
-    else if (a == "--min-iters") min_iters = std::atoi(next());
-    else if (a == "--budget") ok = parse_size(next(), budget);
-    else if (a == "-h" || a == "--help") { usage(); return 0; }
-    else ok = false;
-    if (!ok) { usage(); return 2; }
+    if (a == "-b" || a == "--minbytes")
+      ok = parse_size(next(), min_bytes);
+    else if (a == "-e" || a == "--maxbytes")
+      ok = parse_size(next(), max_bytes);
+    else if (a == "-w" || a == "--warmup")
+      warmup = std::atoi(next());
+    else if (a == "-n" || a == "--iters")
+      max_iters = std::atoi(next());
+    else if (a == "--min-iters")
+      min_iters = std::atoi(next());
+    else if (a == "--budget")
+      ok = parse_size(next(), budget);
+    else if (a == "-h" || a == "--help") {
+      usage();
+      return 0;
+    } else
+      ok = false;
+    if (!ok) {
+      usage();
+      return 2;
+    }
   }
   min_bytes = std::max<uint64_t>(4, min_bytes / 4 * 4);
-  if (max_bytes < min_bytes || warmup < 0 || max_iters < 1 || min_iters < 1 || min_iters > max_iters) { usage(); return 2; }
+  if (max_bytes < min_bytes || warmup < 0 || max_iters < 1 || min_iters < 1 || min_iters > max_iters) {
+    usage();
+    return 2;
+  }
 
   check(ddl_init(), "ddl_init");
   int rank = 0, size = 1;
@@ -97,8 +118,7 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     std::printf("# impl libddl, ranks %d, float32 sum, in place, warmup min(%d, iters), iters clamp(%llu/size, %d, %d)\n", size, warmup,
                 static_cast<unsigned long long>(budget), min_iters, max_iters);
-    std::printf("# %12s %12s %6s %12s %12s %12s %8s\n", "size(B)", "count", "iters", "time(us)", "algbw(GB/s)", "busbw(GB/s)",
-                "#wrong");
+    std::printf("# %12s %12s %6s %12s %12s %12s %8s\n", "size(B)", "count", "iters", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
     std::fflush(stdout);
   }
 
@@ -113,7 +133,8 @@ int main(int argc, char** argv) {
     std::fill(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(count), 0.0f);  // stays finite in place
 
     check(ddl_barrier(), "ddl_barrier");
-    for (int it = 0; it < std::min(warmup, iters); ++it) check(ddl_allreduce(name.c_str(), buf.data(), buf.data(), count, DDL_FLOAT32, DDL_SUM), "warm-up allreduce");
+    for (int it = 0; it < std::min(warmup, iters); ++it)
+      check(ddl_allreduce(name.c_str(), buf.data(), buf.data(), count, DDL_FLOAT32, DDL_SUM), "warm-up allreduce");
     check(ddl_barrier(), "ddl_barrier");
     const auto t0 = std::chrono::steady_clock::now();
     for (int it = 0; it < iters; ++it) check(ddl_allreduce(name.c_str(), buf.data(), buf.data(), count, DDL_FLOAT32, DDL_SUM), "allreduce");
@@ -136,8 +157,8 @@ int main(int argc, char** argv) {
     busbw_sum += busbw;
     ++sizes;
     if (rank == 0) {
-      std::printf("  %12llu %12zu %6d %12.2f %12.4f %12.4f %8lld\n", static_cast<unsigned long long>(bytes), count, iters, us, algbw,
-                  busbw, static_cast<long long>(wrong));
+      std::printf("  %12llu %12zu %6d %12.2f %12.4f %12.4f %8lld\n", static_cast<unsigned long long>(bytes), count, iters, us, algbw, busbw,
+                  static_cast<long long>(wrong));
       std::fflush(stdout);
     }
   }

@@ -38,7 +38,8 @@ int main(int argc, char** argv) {
   double seconds = 0.2;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--seconds" && i + 1 < argc) seconds = std::atof(argv[++i]);
+    if (a == "--seconds" && i + 1 < argc)
+      seconds = std::atof(argv[++i]);
     else {
       std::fprintf(stderr, "usage: ddl_copy_bench [--seconds 0.2]\n");
       return 2;
@@ -47,8 +48,8 @@ int main(int argc, char** argv) {
   std::printf("# %10s %14s %16s %8s\n", "bytes", "memcpy(GB/s)", "copy_bytes(GB/s)", "ratio");
   for (size_t bytes = 1024; bytes <= (size_t{16} << 20); bytes *= 2) {
     std::vector<char> from(bytes, 1), to(bytes, 2);
-    const double libc = gigabytes_per_second([](void* t, const void* f, size_t n) { std::memcpy(t, f, n); }, to.data(),
-                                             from.data(), bytes, seconds);
+    const double libc =
+        gigabytes_per_second([](void* t, const void* f, size_t n) { std::memcpy(t, f, n); }, to.data(), from.data(), bytes, seconds);
     const double ours = gigabytes_per_second(ddl::runtime::copy_bytes, to.data(), from.data(), bytes, seconds);
     if (std::memcmp(to.data(), from.data(), bytes) != 0) {
       std::fprintf(stderr, "copy_bench: copy_bytes copied wrong bytes at size %zu\n", bytes);

@@ -33,8 +33,7 @@ void check(ddl_status status, const char* what) {
 }
 
 void usage() {
-  std::fprintf(stderr,
-               "usage: ddl run -np N -- ddl_fusion_bench [--tensors 1000] [--floats 1024] [--warmup 3] [--steps 20]\n");
+  std::fprintf(stderr, "usage: ddl run -np N -- ddl_fusion_bench [--tensors 1000] [--floats 1024] [--warmup 3] [--steps 20]\n");
 }
 
 }  // namespace
@@ -43,16 +42,32 @@ int main(int argc, char** argv) {
   int tensors = 1000, floats = 1024, warmup = 3, steps = 20;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "-h" || a == "--help") { usage(); return 0; }
-    if (i + 1 >= argc) { usage(); return 2; }
+    if (a == "-h" || a == "--help") {
+      usage();
+      return 0;
+    }
+    if (i + 1 >= argc) {
+      usage();
+      return 2;
+    }
     int v = std::atoi(argv[++i]);
-    if (a == "--tensors") tensors = v;
-    else if (a == "--floats") floats = v;
-    else if (a == "--warmup") warmup = v;
-    else if (a == "--steps") steps = v;
-    else { usage(); return 2; }
+    if (a == "--tensors")
+      tensors = v;
+    else if (a == "--floats")
+      floats = v;
+    else if (a == "--warmup")
+      warmup = v;
+    else if (a == "--steps")
+      steps = v;
+    else {
+      usage();
+      return 2;
+    }
   }
-  if (tensors < 1 || floats < 1 || warmup < 0 || steps < 1) { usage(); return 2; }
+  if (tensors < 1 || floats < 1 || warmup < 0 || steps < 1) {
+    usage();
+    return 2;
+  }
 
   check(ddl_init(), "ddl_init");
   int rank = 0, size = 1;
@@ -78,8 +93,7 @@ int main(int argc, char** argv) {
   const char* cycle = std::getenv("DDL_CYCLE_TIME_MS");
   if (rank == 0) {
     std::printf("# impl libddl, ranks %d, %d tensors x %d float32, DDL_FUSION_THRESHOLD=%s, DDL_CYCLE_TIME_MS=%s, warmup %d\n", size,
-                tensors, floats, threshold && *threshold ? threshold : "(default 64 MiB)", cycle && *cycle ? cycle : "(default 1)",
-                warmup);
+                tensors, floats, threshold && *threshold ? threshold : "(default 64 MiB)", cycle && *cycle ? cycle : "(default 1)", warmup);
     std::printf("# %9s %9s %6s %12s %12s %8s\n", "tensors", "floats", "steps", "step(ms)", "min(ms)", "#wrong");
     std::fflush(stdout);
   }

@@ -22,9 +22,12 @@ static int parse_size(const char* text, unsigned long long* out) {
   double v = strtod(text, &end);
   unsigned long long mult = 1;
   if (end == text || v < 0) return 0;
-  if (*end == 'K' || *end == 'k') mult = 1ull << 10, ++end;
-  else if (*end == 'M' || *end == 'm') mult = 1ull << 20, ++end;
-  else if (*end == 'G' || *end == 'g') mult = 1ull << 30, ++end;
+  if (*end == 'K' || *end == 'k')
+    mult = 1ull << 10, ++end;
+  else if (*end == 'M' || *end == 'm')
+    mult = 1ull << 20, ++end;
+  else if (*end == 'G' || *end == 'g')
+    mult = 1ull << 30, ++end;
   if (*end == 'B' || *end == 'b') ++end;
   if (*end != '\0') return 0;
   *out = (unsigned long long)(v * (double)mult);
@@ -58,14 +61,22 @@ int main(int argc, char** argv) {
       MPI_Finalize();
       return 0;
     }
-    if (i + 1 >= argc) ok = 0;
-    else if (strcmp(a, "-b") == 0 || strcmp(a, "--minbytes") == 0) ok = parse_size(argv[++i], &min_bytes);
-    else if (strcmp(a, "-e") == 0 || strcmp(a, "--maxbytes") == 0) ok = parse_size(argv[++i], &max_bytes);
-    else if (strcmp(a, "-w") == 0 || strcmp(a, "--warmup") == 0) warmup = atoi(argv[++i]);
-    else if (strcmp(a, "-n") == 0 || strcmp(a, "--iters") == 0) max_iters = atoi(argv[++i]);
-    else if (strcmp(a, "--min-iters") == 0) min_iters = atoi(argv[++i]);
-    else if (strcmp(a, "--budget") == 0) ok = parse_size(argv[++i], &budget);
-    else ok = 0;
+    if (i + 1 >= argc)
+      ok = 0;
+    else if (strcmp(a, "-b") == 0 || strcmp(a, "--minbytes") == 0)
+      ok = parse_size(argv[++i], &min_bytes);
+    else if (strcmp(a, "-e") == 0 || strcmp(a, "--maxbytes") == 0)
+      ok = parse_size(argv[++i], &max_bytes);
+    else if (strcmp(a, "-w") == 0 || strcmp(a, "--warmup") == 0)
+      warmup = atoi(argv[++i]);
+    else if (strcmp(a, "-n") == 0 || strcmp(a, "--iters") == 0)
+      max_iters = atoi(argv[++i]);
+    else if (strcmp(a, "--min-iters") == 0)
+      min_iters = atoi(argv[++i]);
+    else if (strcmp(a, "--budget") == 0)
+      ok = parse_size(argv[++i], &budget);
+    else
+      ok = 0;
     if (!ok) {
       if (rank == 0) usage();
       MPI_Finalize();

@@ -12,17 +12,15 @@
 #include <thread>
 #include <vector>
 
-#include "launcher/host.hpp"
 #include "common/error.hpp"
+#include "launcher/host.hpp"
 #include "rendezvous/tcp_store_client.hpp"
 
 using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double ms_between(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
+double ms_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
 
 std::string value_of(int rank) { return "addr-of-rank-" + std::to_string(rank); }
 
@@ -69,7 +67,6 @@ int main(int argc, char** argv) {
   const double total = ms_between(start, Clock::now());
   double last_connect = 0;
   for (double t : connect_done) last_connect = std::max(last_connect, t);
-  std::printf("clients %d: all done in %.1f ms (last connect at %.1f ms); %d failures\n", clients, total, last_connect,
-              failures.load());
+  std::printf("clients %d: all done in %.1f ms (last connect at %.1f ms); %d failures\n", clients, total, last_connect, failures.load());
   return failures == 0 && connected == clients ? 0 : 1;
 }

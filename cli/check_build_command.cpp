@@ -18,7 +18,9 @@ CheckBuildCommand::CheckBuildCommand(CLI::App& app) : flags_(std::make_shared<Ch
   CheckBuildFlags& f = *flags_;
   app_ = app.add_subcommand("check-build", "What this build and this machine can do: will my job work here?");
   app_->add_option("--python", f.python, "The Python whose frameworks to probe")->capture_default_str();
-  app_->add_option("--probe-timeout", f.probe_timeout, "Seconds each framework import may take")->capture_default_str()->check(CLI::Range(1, 3600));
+  app_->add_option("--probe-timeout", f.probe_timeout, "Seconds each framework import may take")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 3600));
   app_->add_flag("--json", f.json, "Print the same as JSON");
 }
 

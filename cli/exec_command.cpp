@@ -1,8 +1,8 @@
 #include "cli/exec_command.hpp"
 
-#include "launcher/exec_task.hpp"
 #include "common/environment.hpp"
 #include "common/error.hpp"
+#include "launcher/exec_task.hpp"
 
 namespace ddl::cli {
 

@@ -37,8 +37,10 @@ void print_tail(const std::string& path, size_t lines) {
 
 // One status line that rewrites itself on a terminal, and one line per change elsewhere.
 void print_job_status(const backends::JobState& s) {
-  if (::isatty(STDOUT_FILENO)) std::printf("\r\033[K%s", describe(s).c_str());
-  else std::printf("%s\n", describe(s).c_str());
+  if (::isatty(STDOUT_FILENO))
+    std::printf("\r\033[K%s", describe(s).c_str());
+  else
+    std::printf("%s\n", describe(s).c_str());
   std::fflush(stdout);
 }
 

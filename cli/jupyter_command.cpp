@@ -15,8 +15,8 @@
 #include "backends/site_profile.hpp"
 #include "cli/batch_flags.hpp"
 #include "cli/job_output.hpp"
-#include "launcher/host.hpp"
 #include "common/error.hpp"
+#include "launcher/host.hpp"
 
 namespace ddl::cli {
 
@@ -147,7 +147,8 @@ int JupyterCommand::start() const {
 int JupyterCommand::tunnel() const {
   const backends::JupyterSession session = backends::load_jupyter_session(flags_->job);
   auto at = backends::jupyter_endpoint(session);
-  if (!at) throw Error(fmt::format("job {} has not written where Jupyter listens yet", session.job), "wait a little; ddl status " + session.job);
+  if (!at)
+    throw Error(fmt::format("job {} has not written where Jupyter listens yet", session.job), "wait a little; ddl status " + session.job);
   print_connection(session, *at, flags_->local_port);
   return 0;
 }

@@ -1,29 +1,29 @@
 // ddl: the command line. Parses, calls the launcher, prints; the one place errors are printed.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <optional>
-#include <algorithm>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
-#include "cli/check_build_command.hpp"
 #include "cli/agent_command.hpp"
+#include "cli/check_build_command.hpp"
 #include "cli/exec_command.hpp"
+#include "cli/job_commands.hpp"
 #include "cli/jupyter_command.hpp"
 #include "cli/run_command.hpp"
-#include "cli/job_commands.hpp"
 #include "cli/sites_command.hpp"
 #include "cli/submit_command.hpp"
-#include "launcher/worker_process.hpp"
 #include "common/error.hpp"
+#include "launcher/worker_process.hpp"
 
 namespace {
 
 struct SplitArguments {
-  std::vector<std::string> ddl_args;              // ddl's own, for CLI11
-  std::optional<std::vector<std::string>> program; // everything after the first "--"
+  std::vector<std::string> ddl_args;                // ddl's own, for CLI11
+  std::optional<std::vector<std::string>> program;  // everything after the first "--"
 };
 
 // Splits at the first "--": what follows is the program and its arguments, untouched. mpirun
@@ -36,8 +36,10 @@ SplitArguments split_arguments(int argc, char** argv) {
       split.program = std::vector<std::string>(argv + i + 1, argv + argc);
       break;
     }
-    if (a == "-np") a = "--np";
-    else if (a.rfind("-np=", 0) == 0) a = "-" + a;
+    if (a == "-np")
+      a = "--np";
+    else if (a.rfind("-np=", 0) == 0)
+      a = "-" + a;
     split.ddl_args.push_back(a);
   }
   return split;

@@ -3,19 +3,19 @@
 #include <signal.h>
 #include <string.h>
 
-#include <cstdio>
 #include <chrono>
+#include <cstdio>
 #include <optional>
 
 #include <fmt/format.h>
 
 #include "cli/validators.hpp"
+#include "common/environment.hpp"
+#include "common/error.hpp"
 #include "launcher/host.hpp"
 #include "launcher/host_list.hpp"
 #include "launcher/remote_run.hpp"
 #include "launcher/run_job.hpp"
-#include "common/environment.hpp"
-#include "common/error.hpp"
 
 namespace ddl::cli {
 
@@ -96,11 +96,14 @@ RunCommand::RunCommand(CLI::App& app) : flags_(std::make_shared<RunFlags>()) {
                    "Who starts the workers: auto (srun in Slurm, mpiexec/mpirun in PBS, else ddl), local, srun, mpirun, pals")
       ->check(CLI::IsMember({"auto", "local", "srun", "mpirun", "pals"}))
       ->capture_default_str();
-  app_->add_option("--mpi", f.mpi, "srun's --mpi: auto (pmix when Slurm offers it), none (faster start; libddl and torch need no PMIx), or a plugin")
+  app_->add_option("--mpi", f.mpi,
+                   "srun's --mpi: auto (pmix when Slurm offers it), none (faster start; libddl and torch need no PMIx), or a plugin")
       ->capture_default_str();
-  auto* hosts = app_->add_option("-H,--hosts", f.hosts, "Run on these hosts over ssh: host1:4,host2:4 (host:slots; a host named N times has N slots)");
+  auto* hosts = app_->add_option("-H,--hosts", f.hosts,
+                                 "Run on these hosts over ssh: host1:4,host2:4 (host:slots; a host named N times has N slots)");
   app_->add_option("--hostfile", f.hostfile, "Run on the hosts of FILE over ssh: lines 'host slots=4' or 'host:4'")->excludes(hosts);
-  app_->add_option("--rsh", f.rsh, fmt::format("Remote shell for -H/--hostfile, split at blanks (default: {})", launcher::kDefaultRemoteShell));
+  app_->add_option("--rsh", f.rsh,
+                   fmt::format("Remote shell for -H/--hostfile, split at blanks (default: {})", launcher::kDefaultRemoteShell));
   app_->add_option("--gpu-order", f.gpu_order, "as-listed, or reverse: local rank 0 gets the node's last GPU (Polaris)")
       ->check(CLI::IsMember({"as-listed", "reverse"}))
       ->capture_default_str();
@@ -112,7 +115,9 @@ RunCommand::RunCommand(CLI::App& app) : flags_(std::make_shared<RunFlags>()) {
 int RunCommand::execute(const std::optional<std::vector<std::string>>& program) const {
   const RunFlags& f = *flags_;
   launcher::RunRequest request;
-  auto set_if_given = [](std::optional<int>& target, int value) { if (value > 0) target = value; };
+  auto set_if_given = [](std::optional<int>& target, int value) {
+    if (value > 0) target = value;
+  };
   set_if_given(request.launch.total_workers, f.total);
   set_if_given(request.launch.num_nodes, f.nodes);
   set_if_given(request.launch.workers_per_node, f.per_node);

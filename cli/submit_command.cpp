@@ -9,8 +9,8 @@
 #include "backends/site_profile.hpp"
 #include "cli/batch_flags.hpp"
 #include "cli/job_output.hpp"
-#include "launcher/host.hpp"
 #include "common/error.hpp"
+#include "launcher/host.hpp"
 
 namespace ddl::cli {
 
@@ -61,8 +61,8 @@ int SubmitCommand::execute(const std::optional<std::vector<std::string>>& progra
   const std::string id = backends::submit_job(site.scheduler, script.text);
   auto state = backends::job_state(site.scheduler, id);
   const std::string output = state && !state->output.empty() ? state->output : script.output;
-  std::printf("submitted job %s to %s (site %s); output: %s\n", id.c_str(), backends::scheduler_name(site.scheduler),
-              site.name.c_str(), output.c_str());
+  std::printf("submitted job %s to %s (site %s); output: %s\n", id.c_str(), backends::scheduler_name(site.scheduler), site.name.c_str(),
+              output.c_str());
   std::fflush(stdout);
   if (!f.wait) return 0;
 

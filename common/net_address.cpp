@@ -21,7 +21,8 @@ std::string address_towards(const std::string& host) {
   hints.ai_socktype = SOCK_DGRAM;
   addrinfo* found = nullptr;
   if (int rc = ::getaddrinfo(host.c_str(), "9", &hints, &found); rc != 0)
-    throw Error(fmt::format("host {} does not resolve: {}", host, ::gai_strerror(rc)), "check its name (/etc/hosts, DNS) or give its address");
+    throw Error(fmt::format("host {} does not resolve: {}", host, ::gai_strerror(rc)),
+                "check its name (/etc/hosts, DNS) or give its address");
   // Connecting a UDP socket sends nothing; it only picks the route, and so the local address.
   int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   sockaddr_in local{};

@@ -127,10 +127,14 @@ Options parse_options(int argc, char** argv) {
       bad_usage(argv[0], "unknown flag: " + std::string(flag));
     if (i + 1 >= argc) bad_usage(argv[0], std::string(flag) + " needs a value");
     const char* value = argv[++i];
-    if (flag == "--epochs") o.epochs = positive_int(argv[0], flag, value);
-    else if (flag == "--steps-per-epoch") o.steps_per_epoch = positive_int(argv[0], flag, value);
-    else if (flag == "--batch") o.batch = positive_int(argv[0], flag, value);
-    else o.lr = positive_float(argv[0], flag, value);
+    if (flag == "--epochs")
+      o.epochs = positive_int(argv[0], flag, value);
+    else if (flag == "--steps-per-epoch")
+      o.steps_per_epoch = positive_int(argv[0], flag, value);
+    else if (flag == "--batch")
+      o.batch = positive_int(argv[0], flag, value);
+    else
+      o.lr = positive_float(argv[0], flag, value);
   }
   if (long(o.steps_per_epoch) * o.batch > 10'000'000)
     bad_usage(argv[0], "--steps-per-epoch times --batch (the samples per worker) must be at most 10000000");
@@ -149,7 +153,7 @@ class Rng {
     return z ^ (z >> 31);
   }
   double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }  // [0, 1)
-  double normal() {  // Box-Muller
+  double normal() {                                                           // Box-Muller
     double u1 = 1.0 - uniform(), u2 = uniform();
     return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
   }
@@ -172,9 +176,7 @@ struct Mlp {
       : inputs(inputs_), hidden(hidden_), w1(size_t(hidden_) * size_t(inputs_)), b1(size_t(hidden_)), w2(size_t(hidden_)), b2(1) {}
 
   // Every parameter tensor with its name, always in this order.
-  std::array<std::pair<const char*, std::span<float>>, kTensors> tensors() {
-    return {{{"w1", w1}, {"b1", b1}, {"w2", w2}, {"b2", b2}}};
-  }
+  std::array<std::pair<const char*, std::span<float>>, kTensors> tensors() { return {{{"w1", w1}, {"b1", b1}, {"w2", w2}, {"b2", b2}}}; }
 };
 
 // Weights ~ N(0, 1/fan_in), the hidden layer's scaled by `hidden_gain` and the output layer's by
@@ -354,8 +356,7 @@ int main(int argc, char** argv) {
   // A different start on every rank, so that only the broadcast can make them equal.
   Mlp model = random_mlp(kInputs, kHidden, kModelSeed + static_cast<uint64_t>(rank), 1.0f, 0.1f);
   broadcast_from_rank0(model);
-  log0(rank, "training an MLP %d-%d-1 on %d worker(s), batch %d per worker, lr %g\n", kInputs, kHidden, size, o.batch,
-       double(o.lr));
+  log0(rank, "training an MLP %d-%d-1 on %d worker(s), batch %d per worker, lr %g\n", kInputs, kHidden, size, o.batch, double(o.lr));
 
   const double initial = average_over_ranks(evaluate(model, data), "loss/initial");
   log0(rank, "epoch 0/%d loss %.6f (before training)\n", o.epochs, initial);

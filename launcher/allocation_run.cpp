@@ -13,13 +13,13 @@
 #include "backends/command.hpp"
 #include "backends/pbs/pbs_launch.hpp"
 #include "backends/slurm/slurm_launch.hpp"
+#include "common/error.hpp"
+#include "common/random_hex.hpp"
 #include "launcher/gpu_inventory.hpp"
 #include "launcher/host.hpp"
 #include "launcher/port_reservation.hpp"
 #include "launcher/store_server.hpp"
 #include "launcher/worker_process.hpp"
-#include "common/error.hpp"
-#include "common/random_hex.hpp"
 
 namespace ddl::launcher {
 
@@ -40,7 +40,8 @@ AllocationShape shape_of(const backends::Allocation& allocation, const Environme
   if (allocation.scheduler == Scheduler::Slurm) {
     auto nodelist = lookup(env, "SLURM_JOB_NODELIST");
     if (!nodelist) nodelist = lookup(env, "SLURM_NODELIST");
-    if (!nodelist) throw Error("inside Slurm job " + allocation.job_id + " but SLURM_JOB_NODELIST is not set", "run ddl inside salloc or sbatch");
+    if (!nodelist)
+      throw Error("inside Slurm job " + allocation.job_id + " but SLURM_JOB_NODELIST is not set", "run ddl inside salloc or sbatch");
     shape.hosts = backends::slurm::expand_hostlist(*nodelist);
     shape.gpus_per_node = backends::slurm::gpus_per_node(env);
     shape.cpus_per_node = backends::slurm::cpus_per_node(env);
@@ -78,8 +79,9 @@ WorldPlan plan_in_allocation(const RunRequest& request, const backends::Allocati
     throw UsageError(fmt::format("--gpus-per-node {} but {} job {} gives {} GPU(s) per node", *launch.gpus_per_node, scheduler,
                                  allocation.job_id, shape.gpus_per_node),
                      fmt::format("use --gpus-per-node {} or fewer, or ask the scheduler for more GPUs per node", shape.gpus_per_node));
-  if (!launch.num_nodes) launch.num_nodes = launch.total_workers && !launch.workers_per_node && !launch.gpus_per_node
-                                                ? std::min(nodes, *launch.total_workers) : nodes;
+  if (!launch.num_nodes)
+    launch.num_nodes =
+        launch.total_workers && !launch.workers_per_node && !launch.gpus_per_node ? std::min(nodes, *launch.total_workers) : nodes;
   if (!launch.total_workers && !launch.workers_per_node && !launch.gpus_per_node && (launch.cpu_only || shape.gpus_per_node == 0))
     launch.workers_per_node = allocation_tasks_per_node(allocation, shape, *launch.num_nodes);
   return plan_world(launch, shape.gpus_per_node);
@@ -92,9 +94,10 @@ TaskLauncher choose_launcher(const RunRequest& request, Scheduler scheduler) {
 }
 
 // The run-wide values every task needs; the launcher passes them on (`-x` for mpirun).
-const char* const kExportedToTasks[] = {"DDL_STORE_ADDR", "DDL_STORE_TOKEN", "DDL_RUN_ID", "DDL_SIZE", "DDL_LOCAL_SIZE",
-                                        "DDL_NUM_NODES", "DDL_GPU_WORKERS", "DDL_CPUS_PER_TASK", "MASTER_ADDR", "MASTER_PORT", "PATH",
-                                        "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS"};
+const char* const kExportedToTasks[] = {
+    "DDL_STORE_ADDR",           "DDL_STORE_TOKEN",   "DDL_RUN_ID",  "DDL_SIZE",    "DDL_LOCAL_SIZE", "DDL_NUM_NODES",
+    "DDL_GPU_WORKERS",          "DDL_CPUS_PER_TASK", "MASTER_ADDR", "MASTER_PORT", "PATH",           "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS"};
 
 // Cores per worker: what the user asked for, else the node's cores shared out.
 int cpus_per_task(const RunRequest& request, const WorldPlan& plan, const AllocationShape& shape) {
@@ -143,10 +146,8 @@ PreparedLaunch launch_command(const RunRequest& request, TaskLauncher launcher, 
   auto openmpi = std::make_shared<backends::pbs::OpenMpiOutput>();
   LineLabeller openmpi_tags = [openmpi](std::string_view line) { return openmpi->feed(line); };
   switch (launcher) {
-    case TaskLauncher::Srun:
-      return {backends::slurm::srun_command(layout, srun_mpi_plugin(request.srun_mpi)), rank_colon};
-    case TaskLauncher::Pals:
-      return {backends::pbs::pals_command(layout), rank_colon};
+    case TaskLauncher::Srun: return {backends::slurm::srun_command(layout, srun_mpi_plugin(request.srun_mpi)), rank_colon};
+    case TaskLauncher::Pals: return {backends::pbs::pals_command(layout), rank_colon};
     case TaskLauncher::OpenMpi: {
       auto nodefile = lookup(env, "PBS_NODEFILE");
       if (!nodefile) throw UsageError("--launcher mpirun needs a host file, and PBS_NODEFILE is not set", "run it inside a PBS job");
@@ -196,8 +197,10 @@ void explain_failure(RunOutcome& outcome, TaskLauncher launcher, const Allocatio
   backends::pbs::OpenMpiOutput openmpi;
   for (const auto& line : said) {
     std::optional<std::vector<backends::TaskLine>> tasks;
-    if (launcher == TaskLauncher::OpenMpi) tasks = openmpi.feed(line);
-    else if (auto task = backends::rank_colon_label(line)) tasks = std::vector<backends::TaskLine>{*task};
+    if (launcher == TaskLauncher::OpenMpi)
+      tasks = openmpi.feed(line);
+    else if (auto task = backends::rank_colon_label(line))
+      tasks = std::vector<backends::TaskLine>{*task};
     for (const auto& task : tasks.value_or(std::vector<backends::TaskLine>{}))
       if (task.rank == f.rank) own.push_back(task.text);
   }
@@ -209,8 +212,7 @@ void explain_failure(RunOutcome& outcome, TaskLauncher launcher, const Allocatio
 
 RunOutcome run_in_allocation(const RunRequest& request, const backends::Allocation& allocation, const Environment& env,
                              const std::function<void(const std::string&)>& log) {
-  if (request.command.empty())
-    throw UsageError("no program to run", "put the program after --: ddl run -- python train.py");
+  if (request.command.empty()) throw UsageError("no program to run", "put the program after --: ddl run -- python train.py");
   Supervisor supervisor(request.supervision);  // before any thread (the store) starts
 
   const AllocationShape shape = shape_of(allocation, env);

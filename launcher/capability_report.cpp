@@ -154,9 +154,9 @@ CapabilityItem mpi_launcher_item() {
     CommandResult v = run_command({launcher, "--version"}, seconds(10));
     const std::string said = v.out + v.err;
     std::string kind = said.find("Open MPI") != std::string::npos || said.find("OpenRTE") != std::string::npos ? "Open MPI"
-                       : said.find("PALS") != std::string::npos  ? "Cray PALS"
-                       : said.find("HYDRA") != std::string::npos ? "MPICH (Hydra)"
-                                                                 : "unknown MPI";
+                       : said.find("PALS") != std::string::npos                                                ? "Cray PALS"
+                       : said.find("HYDRA") != std::string::npos                                               ? "MPICH (Hydra)"
+                                                                                                               : "unknown MPI";
     return item(true, kind, version_in(said), launcher);
   }
   return item(false, "MPI launcher", "", "neither mpiexec nor mpirun found");
@@ -179,7 +179,8 @@ CapabilitySection controllers_section() {
   s.items.push_back(mpi.get());
   s.items.push_back(ssh_item());
   const std::string pmix = DDL_BUILD_PMIX_VERSION;
-  s.items.push_back(pmix.empty() ? item(false, "PMIx", "", "libddl was built without it") : item(true, "PMIx", pmix, "libddl bootstraps through it"));
+  s.items.push_back(pmix.empty() ? item(false, "PMIx", "", "libddl was built without it")
+                                 : item(true, "PMIx", pmix, "libddl bootstraps through it"));
   s.items.push_back(item(true, "ddl rendezvous store", DDL_BUILD_VERSION, "built into ddl run"));
   return s;
 }
@@ -187,8 +188,10 @@ CapabilitySection controllers_section() {
 CapabilitySection tensor_ops_section(const GpuInventory& inventory) {
   CapabilitySection s{"Tensor operations", {}};
   const std::string nccl = DDL_BUILD_NCCL_VERSION;
-  if (nccl.empty()) s.items.push_back(item(false, "NCCL", "", "not compiled in: CUDA buffers are unsupported"));
-  else s.items.push_back(item(inventory.count() > 0, "NCCL", nccl, inventory.count() > 0 ? "CUDA buffers" : "compiled; no GPU visible"));
+  if (nccl.empty())
+    s.items.push_back(item(false, "NCCL", "", "not compiled in: CUDA buffers are unsupported"));
+  else
+    s.items.push_back(item(inventory.count() > 0, "NCCL", nccl, inventory.count() > 0 ? "CUDA buffers" : "compiled; no GPU visible"));
   s.items.push_back(item(true, "Gloo", "", "host buffers"));
   s.items.push_back(item(false, "MPI", "", "not used by libddl: NCCL on GPUs, Gloo on hosts"));
   return s;
@@ -197,7 +200,8 @@ CapabilitySection tensor_ops_section(const GpuInventory& inventory) {
 CapabilitySection gpus_section(const Environment& env, const GpuInventory& gpus) {
   CapabilitySection s{"GPUs", {}};
   if (backends::on_path("nvidia-smi")) {
-    CommandResult r = run_command({"nvidia-smi", "--query-gpu=index,name,memory.total,driver_version", "--format=csv,noheader"}, seconds(20));
+    CommandResult r =
+        run_command({"nvidia-smi", "--query-gpu=index,name,memory.total,driver_version", "--format=csv,noheader"}, seconds(20));
     std::istringstream lines(r.out);
     for (std::string line; std::getline(lines, line);) {
       std::vector<std::string> f;
@@ -226,8 +230,8 @@ CapabilitySection allocation_section(const Environment& env, const GpuInventory&
     s.items.push_back(item(false, "allocation", "", "not inside a Slurm or PBS job: ddl run starts workers on this machine"));
     return s;
   }
-  std::string gpus = a.scheduler == backends::Scheduler::Slurm ? std::to_string(backends::slurm::gpus_per_node(env))
-                                                               : std::to_string(inventory.count());
+  std::string gpus =
+      a.scheduler == backends::Scheduler::Slurm ? std::to_string(backends::slurm::gpus_per_node(env)) : std::to_string(inventory.count());
   s.items.push_back(item(true, fmt::format("{} job {}", backends::scheduler_name(a.scheduler), a.job_id), "",
                          fmt::format("{} node(s), {} GPU(s) per node", a.num_nodes, gpus)));
   return s;
@@ -250,7 +254,8 @@ CapabilitySection site_section(const Environment& env) {
   CapabilitySection s{"Site", {}};
   const std::string host = full_host_name();
   const auto sites = backends::matching_sites(host, env);
-  if (sites.empty()) s.items.push_back(item(false, "site profile", "", fmt::format("none matches this machine ({}); ddl sites lists them", host)));
+  if (sites.empty())
+    s.items.push_back(item(false, "site profile", "", fmt::format("none matches this machine ({}); ddl sites lists them", host)));
   for (const auto& name : sites) s.items.push_back(item(true, "site " + name, "", fmt::format("ddl submit --site {} ...", name)));
   return s;
 }
@@ -259,7 +264,7 @@ CapabilitySection site_section(const Environment& env) {
 
 std::vector<CapabilitySection> capability_report(const Environment& env, const CapabilityOptions& options) {
   auto frameworks = std::async(std::launch::async, frameworks_section, options);  // the slow one
-  const GpuInventory inventory = discover_gpus(env);  // once: it may load libcuda or run nvidia-smi
+  const GpuInventory inventory = discover_gpus(env);                              // once: it may load libcuda or run nvidia-smi
   std::vector<CapabilitySection> report;
   report.push_back(build_section(inventory));
   auto controllers = controllers_section();

@@ -27,8 +27,8 @@ struct CapabilitySection {
 };
 
 struct CapabilityOptions {
-  std::string python = "python3";                 // whose frameworks to probe
-  std::chrono::seconds probe_timeout{60};          // per framework import
+  std::string python = "python3";          // whose frameworks to probe
+  std::chrono::seconds probe_timeout{60};  // per framework import
 };
 
 std::vector<CapabilitySection> capability_report(const Environment& env, const CapabilityOptions& options);

@@ -7,10 +7,10 @@
 
 #include <fmt/format.h>
 
+#include "common/error.hpp"
 #include "launcher/host.hpp"
 #include "launcher/worker_environment.hpp"
 #include "launcher/worker_process.hpp"
-#include "common/error.hpp"
 
 namespace ddl::launcher {
 
@@ -63,8 +63,10 @@ Environment task_environment(const Environment& env, const TaskIdentity& id, con
   Environment result = worker_environment(env, plan, slot, run, order);
   // What only ddl run knows is passed through as it came, or left unset.
   for (const char* name : {"DDL_STORE_ADDR", "DDL_STORE_TOKEN", "MASTER_ADDR", "MASTER_PORT"}) {
-    if (auto inherited = lookup(env, name)) result[name] = *inherited;
-    else result.erase(name);
+    if (auto inherited = lookup(env, name))
+      result[name] = *inherited;
+    else
+      result.erase(name);
   }
   result.erase("DDL_GPU_WORKERS");
   result.erase("DDL_CPUS_PER_TASK");

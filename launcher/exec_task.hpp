@@ -6,15 +6,15 @@
 #include <string>
 #include <vector>
 
+#include "common/environment.hpp"
 #include "launcher/gpu_inventory.hpp"
 #include "launcher/task_identity.hpp"
-#include "common/environment.hpp"
 
 namespace ddl::launcher {
 
 struct ExecRequest {
-  std::vector<std::string> command;  // the program and its arguments
-  bool cpu_only = false;             // --cpu: no GPU even when some are visible
+  std::vector<std::string> command;         // the program and its arguments
+  bool cpu_only = false;                    // --cpu: no GPU even when some are visible
   GpuOrder gpu_order = GpuOrder::AsListed;  // --gpu-order reverse: local rank 0 gets the last GPU (Polaris)
 };
 

@@ -5,8 +5,8 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sched.h>
-#include <sys/socket.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <climits>

@@ -3,17 +3,17 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include <fmt/format.h>
 
+#include "common/error.hpp"
 #include "launcher/host.hpp"
 #include "launcher/remote_job.hpp"
 #include "launcher/supervisor.hpp"
 #include "launcher/worker_process.hpp"
-#include "common/error.hpp"
 
 namespace ddl::launcher {
 
@@ -28,7 +28,8 @@ std::string read_job_line(int fd) {
   for (char c; line.size() < kLongestJob;) {
     ssize_t n = ::read(fd, &c, 1);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) throw Error("the launching host sent no job (its connection ended first)", "ddl agent is started by ddl run -H, not by hand");
+    if (n <= 0)
+      throw Error("the launching host sent no job (its connection ended first)", "ddl agent is started by ddl run -H, not by hand");
     if (c == '\n') return line;
     line.push_back(c);
   }

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
-#include <optional>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -21,9 +21,8 @@ constexpr int kMostSlots = 1 << 20;
 // anything else would reach the remote shell's command line.
 bool valid_host_name(std::string_view name) {
   if (name.empty() || name.size() > 253 || name.front() == '-') return false;
-  return std::all_of(name.begin(), name.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_';
-  });
+  return std::all_of(name.begin(), name.end(),
+                     [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_'; });
 }
 
 std::optional<int> slot_count(std::string_view text) {
@@ -35,8 +34,10 @@ std::optional<int> slot_count(std::string_view text) {
 
 void add(std::vector<HostSlots>& hosts, const std::string& name, int slots) {
   auto it = std::find_if(hosts.begin(), hosts.end(), [&](const HostSlots& h) { return h.name == name; });
-  if (it == hosts.end()) hosts.push_back({name, slots});
-  else it->slots = std::min(kMostSlots, it->slots + slots);
+  if (it == hosts.end())
+    hosts.push_back({name, slots});
+  else
+    it->slots = std::min(kMostSlots, it->slots + slots);
 }
 
 std::string trimmed(std::string_view s) {
@@ -51,8 +52,9 @@ HostSlots host_and_slots(const std::string& entry, const std::string& where, con
   HostSlots h{entry.substr(0, colon), 1};
   if (colon != std::string::npos) {
     auto n = slot_count(std::string_view(entry).substr(colon + 1));
-    if (!n) throw UsageError(fmt::format("{}: '{}' has no whole slot count after ':' (1 to {})", where, entry, kMostSlots),
-                             fmt::format("write it as {}", example));
+    if (!n)
+      throw UsageError(fmt::format("{}: '{}' has no whole slot count after ':' (1 to {})", where, entry, kMostSlots),
+                       fmt::format("write it as {}", example));
     h.slots = *n;
   }
   if (!valid_host_name(h.name))
@@ -95,7 +97,9 @@ std::vector<HostSlots> parse_hostfile_text(const std::string& text, const std::s
       if (eq == std::string::npos || (key != "slots" && key != "max_slots" && key != "max-slots"))
         throw UsageError(fmt::format("{}: '{}' is not slots=N", where, word), "write each line as 'host1 slots=4'");
       auto n = slot_count(std::string_view(word).substr(eq + 1));
-      if (!n) throw UsageError(fmt::format("{}: '{}' needs a whole number from 1 to {}", where, word, kMostSlots), "write each line as 'host1 slots=4'");
+      if (!n)
+        throw UsageError(fmt::format("{}: '{}' needs a whole number from 1 to {}", where, word, kMostSlots),
+                         "write each line as 'host1 slots=4'");
       if (key == "slots") h.slots = *n;
     }
     add(hosts, h.name, h.slots);

@@ -73,10 +73,27 @@ RemoteJob decode_remote_job(const std::string& line) {
 }
 
 Environment forwarded_environment(const Environment& env) {
-  static const char* const kHostOwn[] = {"HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY",
-                                         "SSH_AUTH_SOCK", "DISPLAY", "XAUTHORITY", "XDG_SESSION_ID", "XDG_RUNTIME_DIR", "TMUX",
-                                         "TMUX_PANE", "STY", "WINDOW", "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
-                                         "HIP_VISIBLE_DEVICES", "ZE_AFFINITY_MASK"};
+  static const char* const kHostOwn[] = {"HOSTNAME",
+                                         "PWD",
+                                         "OLDPWD",
+                                         "SHLVL",
+                                         "_",
+                                         "SSH_CLIENT",
+                                         "SSH_CONNECTION",
+                                         "SSH_TTY",
+                                         "SSH_AUTH_SOCK",
+                                         "DISPLAY",
+                                         "XAUTHORITY",
+                                         "XDG_SESSION_ID",
+                                         "XDG_RUNTIME_DIR",
+                                         "TMUX",
+                                         "TMUX_PANE",
+                                         "STY",
+                                         "WINDOW",
+                                         "CUDA_VISIBLE_DEVICES",
+                                         "ROCR_VISIBLE_DEVICES",
+                                         "HIP_VISIBLE_DEVICES",
+                                         "ZE_AFFINITY_MASK"};
   Environment out;
   for (const auto& [name, value] : env) {
     if (name.starts_with("SLURM_") || name.starts_with("PBS_") || name.starts_with("DDL_AGENT")) continue;

@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "common/environment.hpp"
 #include "launcher/gpu_inventory.hpp"
 #include "launcher/worker_environment.hpp"
 #include "launcher/world_plan.hpp"
-#include "common/environment.hpp"
 
 namespace ddl::launcher {
 

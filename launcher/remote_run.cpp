@@ -15,6 +15,9 @@
 #include <fmt/format.h>
 
 #include "backends/launch_layout.hpp"
+#include "common/error.hpp"
+#include "common/net_address.hpp"
+#include "common/random_hex.hpp"
 #include "launcher/host.hpp"
 #include "launcher/host_agent.hpp"
 #include "launcher/port_reservation.hpp"
@@ -22,9 +25,6 @@
 #include "launcher/store_server.hpp"
 #include "launcher/worker_environment.hpp"
 #include "launcher/worker_process.hpp"
-#include "common/error.hpp"
-#include "common/net_address.hpp"
-#include "common/random_hex.hpp"
 
 namespace ddl::launcher {
 
@@ -42,8 +42,9 @@ size_t hosts_for_total(int total, const std::vector<HostSlots>& hosts) {
     if (total % static_cast<int>(k) == 0 && total / static_cast<int>(k) <= fewest_slots(hosts, k)) return k;
   int slots = 0;
   for (const auto& h : hosts) slots += h.slots;
-  throw UsageError(fmt::format("-np {} does not fit the hosts' slots ({} in all, and ddl runs the same number on each host used)", total, slots),
-                   "give the hosts more slots (-H host1:8,host2:8), or run fewer workers");
+  throw UsageError(
+      fmt::format("-np {} does not fit the hosts' slots ({} in all, and ddl runs the same number on each host used)", total, slots),
+      "give the hosts more slots (-H host1:8,host2:8), or run fewer workers");
 }
 
 void require_slots(const std::vector<HostSlots>& hosts, int per_host) {
@@ -135,7 +136,8 @@ void explain_remote_failure(WorkerFailure& f, const RemoteHost& host, const std:
   }
   std::string last = said.empty() ? std::string("it said nothing") : said.back();
   if (f.signal != 0) {
-    f.description = fmt::format("lost {}: its {} was killed by {}", host.name, shell_name, f.signal == SIGKILL ? "SIGKILL" : fmt::format("signal {}", f.signal));
+    f.description = fmt::format("lost {}: its {} was killed by {}", host.name, shell_name,
+                                f.signal == SIGKILL ? "SIGKILL" : fmt::format("signal {}", f.signal));
     return;
   }
   if (f.exit_code == 127)
@@ -144,7 +146,7 @@ void explain_remote_failure(WorkerFailure& f, const RemoteHost& host, const std:
     f.description = fmt::format("cannot reach {} through {}: {}", host.name, shell_name, last);
   else
     f.description = fmt::format("{} to {} ended with code {}: {}", shell_name, host.name, f.exit_code, last);
-  f.description += f.exit_code == 127 ? " — install ddl at the same path on every host (a shared file system does)"
+  f.description += f.exit_code == 127   ? " — install ddl at the same path on every host (a shared file system does)"
                    : f.exit_code == 255 ? " — check that the host is up, runs sshd and takes your key (ssh it by hand), or give --rsh"
                                         : "";
 }

@@ -1,9 +1,10 @@
 #include "launcher/run_job.hpp"
 
-
 #include <fmt/format.h>
 
 #include "backends/allocation.hpp"
+#include "common/error.hpp"
+#include "common/random_hex.hpp"
 #include "launcher/allocation_run.hpp"
 #include "launcher/gpu_inventory.hpp"
 #include "launcher/host.hpp"
@@ -12,8 +13,6 @@
 #include "launcher/store_server.hpp"
 #include "launcher/worker_environment.hpp"
 #include "launcher/worker_process.hpp"
-#include "common/error.hpp"
-#include "common/random_hex.hpp"
 
 namespace ddl::launcher {
 
@@ -25,7 +24,8 @@ void require_single_node(const LaunchRequest& launch) {
   if (nodes <= 1) return;
   throw UsageError(fmt::format("-N {} needs an allocation of {} nodes, and this shell is not inside one", nodes, nodes),
                    fmt::format("get one first (Slurm: salloc -N {0} --gpus-per-node 4; PBS: qsub -I -l select={0}) "
-                               "and run ddl inside it, or use -N 1 on this machine", nodes));
+                               "and run ddl inside it, or use -N 1 on this machine",
+                               nodes));
 }
 
 // libddl reads these in every worker: a bad value is one error here, not one per worker.
@@ -77,8 +77,7 @@ RunOutcome run_once(const RunRequest& request, const Environment& env, const std
     throw UsageError("--launcher srun/mpirun/pals needs a Slurm or PBS allocation, and this shell is not inside one",
                      "drop --launcher to start the workers on this machine, or run inside salloc/sbatch/qsub");
   require_single_node(request.launch);
-  if (request.command.empty())
-    throw UsageError("no program to run", "put the program after --: ddl run -np 4 -- python train.py");
+  if (request.command.empty()) throw UsageError("no program to run", "put the program after --: ddl run -np 4 -- python train.py");
 
   // Before anything can start a thread (CUDA, the store), so no thread ever takes SIGINT.
   Supervisor supervisor(request.supervision);

@@ -34,8 +34,7 @@ std::string peer_name(int fd) {
   if (::getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "an unknown peer";
   char host[NI_MAXHOST];
   char serv[NI_MAXSERV];
-  if (::getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, host, sizeof host, serv, sizeof serv,
-                    NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+  if (::getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, host, sizeof host, serv, sizeof serv, NI_NUMERICHOST | NI_NUMERICSERV) != 0)
     return "an unknown peer";
   return fmt::format("{}:{}", host, serv);
 }
@@ -93,7 +92,10 @@ class StoreServer::Loop {
     std::vector<epoll_event> events(1024);
     while (!stopping_) {
       int n = ::epoll_wait(epoll_fd_, events.data(), static_cast<int>(events.size()), ms_until_next_deadline());
-      if (n < 0 && errno != EINTR) { log(fmt::format("store: epoll_wait failed: {}", std::strerror(errno))); return; }
+      if (n < 0 && errno != EINTR) {
+        log(fmt::format("store: epoll_wait failed: {}", std::strerror(errno)));
+        return;
+      }
       for (int i = 0; i < n; ++i) dispatch(events[i]);
       if (Clock::now() >= next_deadline_) expire_deadlines();
       drain_pending_frames();
@@ -140,12 +142,21 @@ class StoreServer::Loop {
 
   void dispatch(const epoll_event& ev) {
     uint64_t id = ev.data.u64;
-    if (id == kWakeId) { stopping_ = true; return; }
-    if (id == kListenId) { accept_all(); return; }
+    if (id == kWakeId) {
+      stopping_ = true;
+      return;
+    }
+    if (id == kListenId) {
+      accept_all();
+      return;
+    }
     auto it = conns_.find(id);
     if (it == conns_.end()) return;
     Connection& c = it->second;
-    if (ev.events & (EPOLLERR | EPOLLHUP)) { close_connection(id); return; }
+    if (ev.events & (EPOLLERR | EPOLLHUP)) {
+      close_connection(id);
+      return;
+    }
     if ((ev.events & EPOLLOUT) && !flush(id, c)) return;
     if (ev.events & EPOLLIN) read_from(id, c);
   }
@@ -188,8 +199,9 @@ class StoreServer::Loop {
       read_from(id, conns_.at(id));  // may authenticate it, or reject or close it
       if (!conns_.count(id)) return true;
       if (!unauthenticated_.count(id)) continue;  // it was a worker after all
-      log_once(evicted_logged_, "store: out of file descriptors; closing the oldest unauthenticated connections "
-                                "to make room (further ones are counted, not logged)");
+      log_once(evicted_logged_,
+               "store: out of file descriptors; closing the oldest unauthenticated connections "
+               "to make room (further ones are counted, not logged)");
       ++*rejected_;
       close_connection(id);
       return true;
@@ -215,7 +227,10 @@ class StoreServer::Loop {
         room = std::min(room, cap - c.in.size());
       }
       ssize_t n = ::recv(c.fd, buf, room, 0);
-      if (n > 0) { c.in.append(buf, static_cast<size_t>(n)); continue; }
+      if (n > 0) {
+        c.in.append(buf, static_cast<size_t>(n));
+        continue;
+      }
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
       if (n < 0) {  // an error: nothing can be answered
@@ -245,15 +260,21 @@ class StoreServer::Loop {
       if (!length) return;
       const uint32_t limit = c.authenticated ? kMaxFrameBytes : kMaxAuthFrameBytes;
       if (*length == 0 || *length > limit) {
-        if (!c.authenticated) reject(id);
-        else { log(fmt::format("store: closed {}: frame of {} bytes", peer_name(c.fd), *length)); close_connection(id); }
+        if (!c.authenticated)
+          reject(id);
+        else {
+          log(fmt::format("store: closed {}: frame of {} bytes", peer_name(c.fd), *length));
+          close_connection(id);
+        }
         return;
       }
       if (c.in.size() < 4 + *length) return;
       std::string body = c.in.substr(4, *length);
       c.in.erase(0, 4 + *length);
-      if (!c.authenticated) authenticate(id, c, body);
-      else handle_request(id, c, body);
+      if (!c.authenticated)
+        authenticate(id, c, body);
+      else
+        handle_request(id, c, body);
     }
   }
 
@@ -263,8 +284,10 @@ class StoreServer::Loop {
     auto it = conns_.find(id);
     if (it == conns_.end() || !it->second.peer_done) return;
     Connection& c = it->second;
-    if (!c.waiting && c.out.empty() && !has_whole_request(c)) close_connection(id);
-    else set_events(c.fd, id, c.out.empty() ? 0u : static_cast<uint32_t>(EPOLLOUT));
+    if (!c.waiting && c.out.empty() && !has_whole_request(c))
+      close_connection(id);
+    else
+      set_events(c.fd, id, c.out.empty() ? 0u : static_cast<uint32_t>(EPOLLOUT));
   }
 
   // A request queued behind a pending Wait, still to be answered.
@@ -278,8 +301,10 @@ class StoreServer::Loop {
     if (it == conns_.end()) return;  // already closed
     uint64_t count = ++*rejected_;
     if (count == 1)
-      log(fmt::format("store: rejected a connection from {}: wrong or missing DDL_STORE_TOKEN "
-                      "(further rejections are counted, not logged)", peer_name(it->second.fd)));
+      log(
+          fmt::format("store: rejected a connection from {}: wrong or missing DDL_STORE_TOKEN "
+                      "(further rejections are counted, not logged)",
+                      peer_name(it->second.fd)));
     close_connection(id);
   }
 
@@ -323,9 +348,11 @@ class StoreServer::Loop {
           char* end = nullptr;
           long long current = std::strtoll(it->second.c_str(), &end, 10);
           if (it->second.empty() || *end != '\0')
-            return reply(id, c, Writer().u8(static_cast<uint8_t>(Status::Error)).str(fmt::format("key '{}' does not hold an integer", *key)));
+            return reply(id, c,
+                         Writer().u8(static_cast<uint8_t>(Status::Error)).str(fmt::format("key '{}' does not hold an integer", *key)));
           if (__builtin_add_overflow(sum, static_cast<int64_t>(current), &sum))
-            return reply(id, c, Writer().u8(static_cast<uint8_t>(Status::Error)).str(fmt::format("add to key '{}' overflows 64 bits", *key)));
+            return reply(id, c,
+                         Writer().u8(static_cast<uint8_t>(Status::Error)).str(fmt::format("add to key '{}' overflows 64 bits", *key)));
         }
         assign(*key, std::to_string(sum));
         return reply(id, c, Writer().u8(static_cast<uint8_t>(Status::Ok)).i64(sum));
@@ -341,9 +368,7 @@ class StoreServer::Loop {
     }
   }
 
-  void malformed(uint64_t id, Connection& c) {
-    reply(id, c, Writer().u8(static_cast<uint8_t>(Status::Error)).str("malformed request"));
-  }
+  void malformed(uint64_t id, Connection& c) { reply(id, c, Writer().u8(static_cast<uint8_t>(Status::Error)).str("malformed request")); }
 
   void begin_wait(uint64_t id, Connection& c, Reader& r) {
     auto count = r.u32();
@@ -397,11 +422,15 @@ class StoreServer::Loop {
     std::vector<uint64_t> silent, timed_out;
     for (auto& [id, c] : conns_) {
       if (!c.authenticated) {
-        if (now >= c.auth_deadline) silent.push_back(id);
-        else note_deadline(c.auth_deadline);
+        if (now >= c.auth_deadline)
+          silent.push_back(id);
+        else
+          note_deadline(c.auth_deadline);
       } else if (c.waiting) {
-        if (now >= c.wait_deadline) timed_out.push_back(id);
-        else note_deadline(c.wait_deadline);
+        if (now >= c.wait_deadline)
+          timed_out.push_back(id);
+        else
+          note_deadline(c.wait_deadline);
       }
     }
     for (uint64_t id : timed_out)
@@ -427,7 +456,10 @@ class StoreServer::Loop {
   bool flush(uint64_t id, Connection& c) {
     while (!c.out.empty()) {
       ssize_t n = ::send(c.fd, c.out.data(), c.out.size(), MSG_NOSIGNAL);
-      if (n > 0) { c.out.erase(0, static_cast<size_t>(n)); continue; }
+      if (n > 0) {
+        c.out.erase(0, static_cast<size_t>(n));
+        continue;
+      }
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
         set_events(c.fd, id, c.peer_done ? static_cast<uint32_t>(EPOLLOUT) : static_cast<uint32_t>(EPOLLIN | EPOLLOUT));
@@ -483,8 +515,7 @@ class StoreServer::Loop {
   std::vector<uint64_t> pending_frames_;
 };
 
-StoreServer::StoreServer(StoreServerOptions options)
-    : rejected_(std::make_shared<std::atomic<uint64_t>>(0)) {
+StoreServer::StoreServer(StoreServerOptions options) : rejected_(std::make_shared<std::atomic<uint64_t>>(0)) {
   int fd = listen_on_free_port(options.bind_host, port_);
   loop_ = std::make_unique<Loop>(fd, std::move(options), rejected_);
   thread_ = std::thread([this] { loop_->run(); });

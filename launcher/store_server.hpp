@@ -15,8 +15,8 @@
 namespace ddl::launcher {
 
 struct StoreServerOptions {
-  std::string bind_host = "127.0.0.1";  // "0.0.0.0" when workers on other nodes must reach it
-  std::string token;                     // the secret every client must present first
+  std::string bind_host = "127.0.0.1";             // "0.0.0.0" when workers on other nodes must reach it
+  std::string token;                               // the secret every client must present first
   std::chrono::milliseconds auth_timeout{30'000};  // a silent unauthenticated connection is closed
   std::function<void(const std::string&)> log;     // where the server reports problems; may be empty
 };

@@ -19,9 +19,9 @@
 
 #include <fmt/format.h>
 
+#include "common/error.hpp"
 #include "launcher/line_splitter.hpp"
 #include "launcher/worker_process.hpp"
-#include "common/error.hpp"
 
 namespace ddl::launcher {
 
@@ -75,10 +75,10 @@ std::vector<pid_t> children_of(pid_t parent) {
 
 // One worker output stream (stdout or stderr) on its way to ddl's own.
 struct Stream {
-  int fd = -1;          // read end of the worker's pipe; -1 once at end of stream
-  int target_fd = -1;   // ddl's stdout or stderr
-  int file_fd = -1;     // --output-dir copy, or -1
-  std::string prefix;   // "[rank] " or empty
+  int fd = -1;         // read end of the worker's pipe; -1 once at end of stream
+  int target_fd = -1;  // ddl's stdout or stderr
+  int file_fd = -1;    // --output-dir copy, or -1
+  std::string prefix;  // "[rank] " or empty
   LineSplitter splitter;
   std::deque<std::string>* tail = nullptr;  // stderr only: the last lines, for the summary
   const LineLabeller* labeller = nullptr;   // a task launcher's stream: lines carry task ranks
@@ -164,7 +164,8 @@ class Run {
     std::error_code ec;
     std::filesystem::create_directories(options_.output_dir, ec);
     if (ec)
-      throw Error(fmt::format("--output-dir: cannot create {}: {}", options_.output_dir, ec.message()), "choose a directory you can write to");
+      throw Error(fmt::format("--output-dir: cannot create {}: {}", options_.output_dir, ec.message()),
+                  "choose a directory you can write to");
   }
 
   void start(const WorkerLaunch& launch) {
@@ -341,9 +342,12 @@ class Run {
     signalfd_siginfo info{};
     while (::read(signal_fd_, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
       int sig = static_cast<int>(info.ssi_signo);
-      if (sig == SIGCHLD) reap_children();
-      else if (passed_on_only(sig)) signal_running(sig);
-      else on_external_signal(sig);
+      if (sig == SIGCHLD)
+        reap_children();
+      else if (passed_on_only(sig))
+        signal_running(sig);
+      else
+        on_external_signal(sig);
     }
   }
 
@@ -428,8 +432,10 @@ class Run {
   void signal_running(int sig) {
     for (const auto& w : workers_) {
       if (!w.running) continue;
-      if (w.control_fd >= 0) write_to_pipe(w.control_fd, fmt::format("signal {}\n", sig));
-      else ::kill(-w.process.pid, sig);
+      if (w.control_fd >= 0)
+        write_to_pipe(w.control_fd, fmt::format("signal {}\n", sig));
+      else
+        ::kill(-w.process.pid, sig);
     }
   }
 

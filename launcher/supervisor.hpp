@@ -55,19 +55,19 @@ struct WorkerLaunch {
 };
 
 struct WorkerFailure {
-  std::string description;  // set when no rank failed but the launch did: the whole error, one line
-  int rank = 0;          // -1 when a task launcher ran the workers and did not say which one failed
-  std::string host;      // where it ran; with rank -1, the task launcher's name
-  int exit_code = 0;  // the worker's exit status, or 128 + signal
-  int signal = 0;     // the signal that killed it, 0 when it exited
+  std::string description;               // set when no rank failed but the launch did: the whole error, one line
+  int rank = 0;                          // -1 when a task launcher ran the workers and did not say which one failed
+  std::string host;                      // where it ran; with rank -1, the task launcher's name
+  int exit_code = 0;                     // the worker's exit status, or 128 + signal
+  int signal = 0;                        // the signal that killed it, 0 when it exited
   std::vector<std::string> stderr_tail;  // its last lines of stderr
 };
 
 struct RunOutcome {
-  int exit_code = 0;                    // what `ddl run` exits with
-  std::optional<WorkerFailure> failure; // the first worker that failed, if any
-  int interrupted_by = 0;               // the signal that stopped the run from outside, if any
-  int workers_stopped = 0;              // workers ddl stopped because of a failure or signal
+  int exit_code = 0;                     // what `ddl run` exits with
+  std::optional<WorkerFailure> failure;  // the first worker that failed, if any
+  int interrupted_by = 0;                // the signal that stopped the run from outside, if any
+  int workers_stopped = 0;               // workers ddl stopped because of a failure or signal
 };
 
 class Supervisor {

@@ -17,7 +17,8 @@ std::optional<int> number_in(const Environment& env, const std::string& name) {
   int n = -1;
   auto [end, ec] = std::from_chars(value->data(), value->data() + value->size(), n);
   if (ec != std::errc() || end != value->data() + value->size() || n < 0)
-    throw UsageError(fmt::format("{}={} is not a rank or count", name, *value), "ddl exec reads it from the launcher that started the task");
+    throw UsageError(fmt::format("{}={} is not a rank or count", name, *value),
+                     "ddl exec reads it from the launcher that started the task");
   return n;
 }
 
@@ -39,12 +40,27 @@ struct LauncherVariables {
 // OpenMPI's OMPI_COMM_WORLD_NODE_RANK is not a node index (it counts processes on the node across
 // jobs), so node ranks come from the block layout.
 const LauncherVariables kLaunchers[] = {
-    {"OpenMPI (OMPI_COMM_WORLD_RANK)", {"OMPI_COMM_WORLD_RANK"}, {"OMPI_COMM_WORLD_LOCAL_RANK"}, {"OMPI_COMM_WORLD_SIZE"},
-     {"OMPI_COMM_WORLD_LOCAL_SIZE"}, {}, {}},
-    {"Cray PALS (PALS_RANKID)", {"PALS_RANKID"}, {"PALS_LOCAL_RANKID", "PMI_LOCAL_RANK"}, {"PMI_SIZE"}, {"PMI_LOCAL_SIZE"},
-     {"PALS_NODEID"}, {}},
+    {"OpenMPI (OMPI_COMM_WORLD_RANK)",
+     {"OMPI_COMM_WORLD_RANK"},
+     {"OMPI_COMM_WORLD_LOCAL_RANK"},
+     {"OMPI_COMM_WORLD_SIZE"},
+     {"OMPI_COMM_WORLD_LOCAL_SIZE"},
+     {},
+     {}},
+    {"Cray PALS (PALS_RANKID)",
+     {"PALS_RANKID"},
+     {"PALS_LOCAL_RANKID", "PMI_LOCAL_RANK"},
+     {"PMI_SIZE"},
+     {"PMI_LOCAL_SIZE"},
+     {"PALS_NODEID"},
+     {}},
     {"PMI (PMI_RANK)", {"PMI_RANK"}, {"PMI_LOCAL_RANK", "MPI_LOCALRANKID"}, {"PMI_SIZE"}, {"PMI_LOCAL_SIZE", "MPI_LOCALNRANKS"}, {}, {}},
-    {"Slurm (SLURM_PROCID)", {"SLURM_PROCID"}, {"SLURM_LOCALID"}, {"SLURM_NTASKS", "SLURM_NPROCS"}, {}, {"SLURM_NODEID"},
+    {"Slurm (SLURM_PROCID)",
+     {"SLURM_PROCID"},
+     {"SLURM_LOCALID"},
+     {"SLURM_NTASKS", "SLURM_NPROCS"},
+     {},
+     {"SLURM_NODEID"},
      {"SLURM_STEP_NUM_NODES", "SLURM_NNODES"}},
     {"PMIx (PMIX_RANK)", {"PMIX_RANK"}, {}, {}, {}, {}, {}},
 };

@@ -4,16 +4,16 @@
 
 namespace ddl::launcher {
 
-int threads_per_worker(int cpus_on_node, int workers_per_node) {
-  return std::max(1, cpus_on_node / std::max(1, workers_per_node));
-}
+int threads_per_worker(int cpus_on_node, int workers_per_node) { return std::max(1, cpus_on_node / std::max(1, workers_per_node)); }
 
-Environment worker_environment(const Environment& base, const WorldPlan& plan, const WorkerSlot& worker,
-                               const RunContext& run, const GpuInventory& gpus) {
+Environment worker_environment(const Environment& base, const WorldPlan& plan, const WorkerSlot& worker, const RunContext& run,
+                               const GpuInventory& gpus) {
   Environment env = base;
   auto set = [&env](const std::string& name, const auto& value) {
-    if constexpr (std::is_convertible_v<decltype(value), std::string>) env[name] = value;
-    else env[name] = std::to_string(value);
+    if constexpr (std::is_convertible_v<decltype(value), std::string>)
+      env[name] = value;
+    else
+      env[name] = std::to_string(value);
   };
   set("DDL_RANK", worker.rank);
   set("DDL_SIZE", plan.world_size());

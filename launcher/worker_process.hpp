@@ -24,8 +24,8 @@ class ProgramNotRunnable : public Error {
 std::string resolve_program(const std::string& name, const std::string& path);
 
 struct WorkerProcess {
-  pid_t pid = -1;     // also its process group and session id
-  int stdout_fd = -1; // read ends, non-blocking, close-on-exec
+  pid_t pid = -1;      // also its process group and session id
+  int stdout_fd = -1;  // read ends, non-blocking, close-on-exec
   int stderr_fd = -1;
 };
 

@@ -6,9 +6,7 @@
 
 namespace ddl::launcher {
 
-WorkerSlot WorldPlan::slot(int rank) const {
-  return {rank, rank % workers_per_node, rank / workers_per_node};
-}
+WorkerSlot WorldPlan::slot(int rank) const { return {rank, rank % workers_per_node, rank / workers_per_node}; }
 
 std::vector<WorkerSlot> WorldPlan::slots_on_node(int node_rank) const {
   std::vector<WorkerSlot> slots;
@@ -52,8 +50,7 @@ WorldPlan plan_world(const LaunchRequest& r, int gpus_on_node) {
   require_positive(r.total_workers, "-np");
   require_positive(r.workers_per_node, "--nproc-per-node");
   require_positive(r.gpus_per_node, "--gpus-per-node");
-  if (r.cpu_only && r.gpus_per_node)
-    throw UsageError("--cpu contradicts --gpus-per-node", "use --nproc-per-node for CPU workers");
+  if (r.cpu_only && r.gpus_per_node) throw UsageError("--cpu contradicts --gpus-per-node", "use --nproc-per-node for CPU workers");
 
   WorldPlan plan;
   plan.num_nodes = r.num_nodes.value_or(1);

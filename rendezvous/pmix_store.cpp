@@ -107,8 +107,10 @@ class PmixStore final : public gloo::rendezvous::Store {
     pmix_info_t info;
     bool optional = true;
     int seconds = static_cast<int>(std::max<long long>(1, state_->timeout.count() / 1000));
-    if (wait) PMIX_INFO_LOAD(&info, PMIX_TIMEOUT, &seconds, PMIX_INT);
-    else PMIX_INFO_LOAD(&info, PMIX_OPTIONAL, &optional, PMIX_BOOL);
+    if (wait)
+      PMIX_INFO_LOAD(&info, PMIX_TIMEOUT, &seconds, PMIX_INT);
+    else
+      PMIX_INFO_LOAD(&info, PMIX_OPTIONAL, &optional, PMIX_BOOL);
     pmix_value_t* value = nullptr;
     const std::string k = "ddl." + key;
     pmix_status_t rc = PMIx_Get(&proc, k.c_str(), &info, 1, &value);
@@ -131,7 +133,8 @@ PmixSession::PmixSession(std::chrono::milliseconds timeout) : state_(std::make_s
   state_->timeout = timeout;
   pmix_status_t rc = PMIx_Init(&state_->me, nullptr, 0);
   if (rc != PMIX_SUCCESS)
-    throw Error(fmt::format("PMIx_Init failed: {}", PMIx_Error_string(rc)), "start the program with a PMIx launcher (mpirun, srun --mpi=pmix) or with `ddl run`");
+    throw Error(fmt::format("PMIx_Init failed: {}", PMIx_Error_string(rc)),
+                "start the program with a PMIx launcher (mpirun, srun --mpi=pmix) or with `ddl run`");
   pmix_proc_t job;
   PMIX_PROC_CONSTRUCT(&job);
   std::memcpy(job.nspace, state_->me.nspace, PMIX_MAX_NSLEN);
@@ -158,7 +161,8 @@ bool pmix_compiled_in() { return true; }
 struct PmixSession::State {};
 
 PmixSession::PmixSession(std::chrono::milliseconds) {
-  throw Error("this libddl was built without PMIx", "rebuild with libpmix-dev installed (DDL_WITH_PMIX), or start the program with `ddl run`");
+  throw Error("this libddl was built without PMIx",
+              "rebuild with libpmix-dev installed (DDL_WITH_PMIX), or start the program with `ddl run`");
 }
 PmixSession::~PmixSession() = default;
 std::unique_ptr<gloo::rendezvous::Store> PmixSession::gloo_store(const std::string&, bool) { return nullptr; }

@@ -20,9 +20,18 @@ std::optional<T> take_le(std::string_view& rest) {
 }
 }  // namespace
 
-Writer& Writer::u8(uint8_t v) { body_.push_back(static_cast<char>(v)); return *this; }
-Writer& Writer::u32(uint32_t v) { append_le(body_, v); return *this; }
-Writer& Writer::i64(int64_t v) { append_le(body_, static_cast<uint64_t>(v)); return *this; }
+Writer& Writer::u8(uint8_t v) {
+  body_.push_back(static_cast<char>(v));
+  return *this;
+}
+Writer& Writer::u32(uint32_t v) {
+  append_le(body_, v);
+  return *this;
+}
+Writer& Writer::i64(int64_t v) {
+  append_le(body_, static_cast<uint64_t>(v));
+  return *this;
+}
 Writer& Writer::str(std::string_view s) {
   u32(static_cast<uint32_t>(s.size()));
   body_.append(s);
@@ -52,9 +61,7 @@ std::optional<std::string> Reader::str() {
   return s;
 }
 
-std::optional<uint32_t> peek_frame_length(std::string_view buf) {
-  return take_le<uint32_t>(buf);
-}
+std::optional<uint32_t> peek_frame_length(std::string_view buf) { return take_le<uint32_t>(buf); }
 
 bool constant_time_equal(std::string_view a, std::string_view b) {
   // Fold every byte pair (and the length difference) into one accumulator; no early exit.

@@ -1,6 +1,5 @@
 #include "rendezvous/tcp_store_client.hpp"
 
-#include <algorithm>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -8,6 +7,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <algorithm>
 
 #include <cerrno>
 #include <cstdlib>
@@ -80,7 +80,10 @@ int try_connect(const std::string& host, uint16_t port, Clock::time_point deadli
   int fd = -1;
   for (addrinfo* ai = res; ai != nullptr && fd < 0; ai = ai->ai_next) {
     fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
-    if (fd < 0) { last_error = std::strerror(errno); continue; }
+    if (fd < 0) {
+      last_error = std::strerror(errno);
+      continue;
+    }
     int rc = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
     if (rc != 0 && errno == EINPROGRESS && wait_for(fd, POLLOUT, deadline)) {
       int err = 0;
@@ -107,7 +110,10 @@ bool send_all(int fd, const std::string& data, Clock::time_point deadline) {
   size_t sent = 0;
   while (sent < data.size()) {
     ssize_t n = ::send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
-    if (n > 0) { sent += static_cast<size_t>(n); continue; }
+    if (n > 0) {
+      sent += static_cast<size_t>(n);
+      continue;
+    }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && wait_for(fd, POLLOUT, deadline)) continue;
     return false;
@@ -121,7 +127,10 @@ RecvResult recv_exact(int fd, char* out, size_t size, Clock::time_point deadline
   size_t got = 0;
   while (got < size) {
     ssize_t n = ::recv(fd, out + got, size - got, 0);
-    if (n > 0) { got += static_cast<size_t>(n); continue; }
+    if (n > 0) {
+      got += static_cast<size_t>(n);
+      continue;
+    }
     if (n == 0) return RecvResult::Closed;
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
@@ -171,8 +180,8 @@ TcpStoreClient::~TcpStoreClient() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-std::string TcpStoreClient::call(const std::string& request, const char* what, const std::string& key,
-                                 Clock::time_point deadline, uint8_t* status) {
+std::string TcpStoreClient::call(const std::string& request, const char* what, const std::string& key, Clock::time_point deadline,
+                                 uint8_t* status) {
   auto where = [&] { return key.empty() ? std::string(what) : fmt::format("{} '{}'", what, key); };
   if (fd_ < 0)
     throw Error(fmt::format("store {} failed: the connection to {} was dropped after an earlier failure", where(), address_),
@@ -196,13 +205,13 @@ std::string TcpStoreClient::call(const std::string& request, const char* what, c
   std::string body;
   if (r == RecvResult::Ok) {
     uint32_t length = *peek_frame_length(std::string_view(header, 4));
-    if (length == 0 || length > kMaxFrameBytes)
-      throw Error(fmt::format("store {} failed: malformed reply from {}", where(), address_));
+    if (length == 0 || length > kMaxFrameBytes) throw Error(fmt::format("store {} failed: malformed reply from {}", where(), address_));
     body.resize(length);
     r = recv_exact(fd_, body.data(), length, deadline);
   }
   if (r == RecvResult::TimedOut)
-    throw TimeoutError(fmt::format("store {} timed out at {}", where(), address_), "raise DDL_TIMEOUT, or look for a rank that never arrived");
+    throw TimeoutError(fmt::format("store {} timed out at {}", where(), address_),
+                       "raise DDL_TIMEOUT, or look for a rank that never arrived");
   if (r == RecvResult::Closed) {
     if (request[4] == static_cast<char>(Op::Auth))
       throw Error(fmt::format("the ddl store at {} refused this connection", address_),
@@ -213,7 +222,8 @@ std::string TcpStoreClient::call(const std::string& request, const char* what, c
   drop.done = true;  // a whole reply arrived: the stream is at a frame boundary again
   *status = static_cast<uint8_t>(body[0]);
   if (*status == static_cast<uint8_t>(Status::Error))
-    throw Error(fmt::format("store {} failed: {}", where(), Reader(std::string_view(body).substr(1)).str().value_or("malformed error reply")));
+    throw Error(
+        fmt::format("store {} failed: {}", where(), Reader(std::string_view(body).substr(1)).str().value_or("malformed error reply")));
   return body.substr(1);
 }
 
@@ -240,7 +250,8 @@ std::string TcpStoreClient::get(const std::string& key) {
 
 int64_t TcpStoreClient::add(const std::string& key, int64_t delta) {
   uint8_t status = 0;
-  std::string payload = call(Writer().u8(static_cast<uint8_t>(Op::Add)).str(key).i64(delta).frame(), "add", key, Clock::now() + timeout_, &status);
+  std::string payload =
+      call(Writer().u8(static_cast<uint8_t>(Op::Add)).str(key).i64(delta).frame(), "add", key, Clock::now() + timeout_, &status);
   auto value = Reader(payload).i64();
   if (!value) throw Error(fmt::format("store add '{}' failed: malformed reply", key));
   return *value;
@@ -259,13 +270,14 @@ void TcpStoreClient::wait(const std::vector<std::string>& keys, milliseconds tim
   call(w.frame(), "wait", first, Clock::now() + bounded + milliseconds(2000), &status);
   if (status == static_cast<uint8_t>(Status::Timeout))
     throw TimeoutError(fmt::format("store wait for '{}'{} timed out after {} ms", first,
-                            keys.size() > 1 ? fmt::format(" and {} more keys", keys.size() - 1) : "", timeout.count()),
-                "a rank did not arrive: look for one that failed or is stuck, or raise DDL_TIMEOUT");
+                                   keys.size() > 1 ? fmt::format(" and {} more keys", keys.size() - 1) : "", timeout.count()),
+                       "a rank did not arrive: look for one that failed or is stuck, or raise DDL_TIMEOUT");
 }
 
 bool TcpStoreClient::remove(const std::string& key) {
   uint8_t status = 0;
-  std::string payload = call(Writer().u8(static_cast<uint8_t>(Op::Delete)).str(key).frame(), "delete", key, Clock::now() + timeout_, &status);
+  std::string payload =
+      call(Writer().u8(static_cast<uint8_t>(Op::Delete)).str(key).frame(), "delete", key, Clock::now() + timeout_, &status);
   auto existed = Reader(payload).i64();
   return existed && *existed != 0;
 }

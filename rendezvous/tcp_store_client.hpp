@@ -40,8 +40,8 @@ class TcpStoreClient {
   void barrier(const std::string& name, int64_t count);
 
  private:
-  std::string call(const std::string& request, const char* what, const std::string& key,
-                   std::chrono::steady_clock::time_point deadline, uint8_t* status);
+  std::string call(const std::string& request, const char* what, const std::string& key, std::chrono::steady_clock::time_point deadline,
+                   uint8_t* status);
 
   int fd_ = -1;
   std::string address_;

@@ -34,10 +34,14 @@ std::vector<std::string> pals_command(const TaskLayout& layout) {
   std::string names;
   for (const auto& name : layout.exported_names) names += (names.empty() ? "" : ",") + name;
   std::vector<std::string> argv = {"mpiexec",
-                                   "-n", std::to_string(layout.num_nodes * layout.tasks_per_node),
-                                   "--ppn", std::to_string(layout.tasks_per_node),
-                                   "--depth", std::to_string(layout.cpus_per_task),
-                                   "--cpu-bind", "depth",
+                                   "-n",
+                                   std::to_string(layout.num_nodes * layout.tasks_per_node),
+                                   "--ppn",
+                                   std::to_string(layout.tasks_per_node),
+                                   "--depth",
+                                   std::to_string(layout.cpus_per_task),
+                                   "--cpu-bind",
+                                   "depth",
                                    "--label"};
   // PALS passes the whole environment by default; --envlist is not used so PATH etc. still go.
   argv.insert(argv.end(), layout.task_command.begin(), layout.task_command.end());
@@ -47,12 +51,16 @@ std::vector<std::string> pals_command(const TaskLayout& layout) {
 std::vector<std::string> openmpi_command(const TaskLayout& layout, const std::string& nodefile, bool as_root) {
   std::vector<std::string> argv = {"mpirun"};
   if (as_root) argv.push_back("--allow-run-as-root");
-  const std::vector<std::string> placement = {"-np", std::to_string(layout.num_nodes * layout.tasks_per_node),
-                                               "--hostfile", nodefile,
-                                               "--map-by", fmt::format("ppr:{}:node", layout.tasks_per_node),
-                                               "--bind-to", "none",
-                                               "--oversubscribe",  // PBS may list a node fewer times than it runs tasks
-                                               "--tag-output"};
+  const std::vector<std::string> placement = {"-np",
+                                              std::to_string(layout.num_nodes * layout.tasks_per_node),
+                                              "--hostfile",
+                                              nodefile,
+                                              "--map-by",
+                                              fmt::format("ppr:{}:node", layout.tasks_per_node),
+                                              "--bind-to",
+                                              "none",
+                                              "--oversubscribe",  // PBS may list a node fewer times than it runs tasks
+                                              "--tag-output"};
   argv.insert(argv.end(), placement.begin(), placement.end());
   for (const auto& name : layout.exported_names) {
     argv.push_back("-x");

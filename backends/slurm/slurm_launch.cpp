@@ -17,9 +17,7 @@ namespace ddl::backends::slurm {
 
 namespace {
 
-int leading_int(const std::string& s) {
-  return std::atoi(s.c_str());
-}
+int leading_int(const std::string& s) { return std::atoi(s.c_str()); }
 
 // "a100:4" or "4" -> 4; "a100:2,v100:1" -> 3.
 int count_in_gpu_spec(const std::string& spec) {
@@ -89,16 +87,13 @@ bool srun_offers_pmix() {
 }
 
 std::vector<std::string> srun_command(const TaskLayout& layout, const std::string& mpi_plugin) {
-  std::vector<std::string> argv = {"srun",
-                                   fmt::format("--nodes={}", layout.num_nodes),
+  std::vector<std::string> argv = {"srun", fmt::format("--nodes={}", layout.num_nodes),
                                    fmt::format("--ntasks={}", layout.num_nodes * layout.tasks_per_node),
                                    fmt::format("--ntasks-per-node={}", layout.tasks_per_node),
-                                   fmt::format("--cpus-per-task={}", layout.cpus_per_task),
-                                   "--kill-on-bad-exit=1",
+                                   fmt::format("--cpus-per-task={}", layout.cpus_per_task), "--kill-on-bad-exit=1",
                                    // Tasks need ddl run's variables even when the job was submitted
                                    // with --export=NONE (SLURM_EXPORT_ENV is inherited by srun).
-                                   "--export=ALL",
-                                   "--label",
+                                   "--export=ALL", "--label",
                                    // Ranks node by node, as ddl's plan numbers them.
                                    "--distribution=block"};
   if (!mpi_plugin.empty()) argv.push_back("--mpi=" + mpi_plugin);

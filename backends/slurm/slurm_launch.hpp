@@ -37,7 +37,7 @@ std::vector<std::string> srun_command(const TaskLayout& layout, const std::strin
 struct FailedTask {
   int rank = 0;
   std::string host;
-  std::string how;  // srun's words: "Exited with exit code 7", "Killed"
+  std::string how;    // srun's words: "Exited with exit code 7", "Killed"
   int exit_code = 0;  // the task's exit status, or 128 + signal
   int signal = 0;     // the signal that killed it, 0 when it exited
 };

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "launcher/host_list.hpp"
 #include "common/error.hpp"
+#include "launcher/host_list.hpp"
 
 using ddl::launcher::HostSlots;
 
@@ -30,7 +30,8 @@ void check(const std::vector<HostSlots>& hosts, const char* what) {
   for (const auto& h : hosts) {
     if (h.name.empty() || h.name.size() > 253 || h.name.front() == '-') fail("a host name of bad shape", h.name);
     for (char c : h.name)
-      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_') fail("a host name with a stray character", h.name);
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_')
+        fail("a host name with a stray character", h.name);
     if (h.slots < 1 || h.slots > (1 << 20)) fail("a slot count out of range", h.name);
     if (!seen.insert(h.name).second) fail("a host named twice", h.name);
   }
@@ -42,11 +43,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   try {
     check(ddl::launcher::parse_host_flag(text), "-H");
-  } catch (const ddl::UsageError&) {
-  }
+  } catch (const ddl::UsageError&) {}
   try {
     check(ddl::launcher::parse_hostfile_text(text, "fuzz-hostfile"), "--hostfile");
-  } catch (const ddl::UsageError&) {
-  }
+  } catch (const ddl::UsageError&) {}
   return 0;
 }

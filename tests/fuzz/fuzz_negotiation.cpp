@@ -21,9 +21,9 @@
 #include <typeinfo>
 #include <vector>
 
+#include "rendezvous/store_protocol.hpp"
 #include "runtime/src/engine/negotiator.hpp"
 #include "runtime/src/engine/op_spec.hpp"
-#include "rendezvous/store_protocol.hpp"
 
 using namespace ddl::runtime;
 

@@ -52,8 +52,7 @@ void check_script(const std::string& text) {
 void render(const SiteProfile& site, const JobRequest& job) {
   try {
     check_script(render_job_script(site, job).text);
-  } catch (const ddl::Error&) {
-  }
+  } catch (const ddl::Error&) {}
 }
 
 // The built-in NAME when the text's first "name" field is "NAME" (the profile's own check wants
@@ -121,8 +120,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (site.match) {
     try {
       (void)matching_sites("nid001234.fuzz.example.org", {{"NERSC_HOST", "perlmutter"}, {"CC_CLUSTER", "narval"}});
-    } catch (const ddl::Error&) {
-    }
+    } catch (const ddl::Error&) {}
   }
   return 0;
 }

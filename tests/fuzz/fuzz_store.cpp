@@ -105,8 +105,7 @@ void check_roundtrip(std::string_view body) {
       w.i64(*t);
       break;
     }
-    default:
-      return;
+    default: return;
   }
   if (!r.at_end()) return;
   const std::string frame = w.frame();
@@ -225,13 +224,17 @@ void send_all(int fd, const std::string& wire, std::string& in, bool& eof) {
     if (p.revents & POLLIN) {
       char buf[65536];
       ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-      if (n > 0) in.append(buf, static_cast<size_t>(n));
-      else if (n == 0 || (errno != EAGAIN && errno != EINTR)) eof = true;
+      if (n > 0)
+        in.append(buf, static_cast<size_t>(n));
+      else if (n == 0 || (errno != EAGAIN && errno != EINTR))
+        eof = true;
     }
     if (!eof && (p.revents & POLLOUT)) {
       ssize_t n = ::send(fd, wire.data() + sent, wire.size() - sent, MSG_NOSIGNAL);
-      if (n > 0) sent += static_cast<size_t>(n);
-      else if (n < 0 && errno != EAGAIN && errno != EINTR) return;  // reset by the server: it closed
+      if (n > 0)
+        sent += static_cast<size_t>(n);
+      else if (n < 0 && errno != EAGAIN && errno != EINTR)
+        return;  // reset by the server: it closed
     }
     if (p.revents & (POLLERR | POLLHUP)) eof = true;
   }
@@ -244,7 +247,8 @@ size_t count_answers(const std::string& in) {
     const uint32_t length = le32(in.data() + at);
     if (length == 0 || length > kMaxFrameBytes) finding("an answer frame of impossible length", length, count);
     if (in.size() - at - 4 < length) break;
-    if (static_cast<uint8_t>(in[at + 4]) > static_cast<uint8_t>(Status::Error)) finding("an answer with an unknown status", static_cast<uint8_t>(in[at + 4]), count);
+    if (static_cast<uint8_t>(in[at + 4]) > static_cast<uint8_t>(Status::Error))
+      finding("an answer with an unknown status", static_cast<uint8_t>(in[at + 4]), count);
     ++count;
     at += 4 + length;
   }
@@ -280,8 +284,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (::poll(&p, 1, 10'000) == 0) finding("no answer from the store for 10 s (answers so far, owed)", answers, expect.answers);
     char buf[65536];
     ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    if (n > 0) in.append(buf, static_cast<size_t>(n));
-    else if (n == 0 || (errno != EAGAIN && errno != EINTR)) eof = true;
+    if (n > 0)
+      in.append(buf, static_cast<size_t>(n));
+    else if (n == 0 || (errno != EAGAIN && errno != EINTR))
+      eof = true;
     answers = count_answers(in);
     if (answers > expect.answers) finding("more answers than requests (answers, owed)", answers, expect.answers);
   }

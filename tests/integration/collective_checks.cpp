@@ -105,10 +105,14 @@ double expected(ddl_reduce_op op, ddl_dtype t, size_t i) {
   double acc = input(op, 0, i);
   for (int r = 1; r < g_size; ++r) {
     double v = input(op, r, i);
-    if (op == DDL_SUM || op == DDL_AVERAGE) acc += v;
-    else if (op == DDL_PRODUCT) acc *= v;
-    else if (op == DDL_MIN) acc = std::min(acc, v);
-    else acc = std::max(acc, v);
+    if (op == DDL_SUM || op == DDL_AVERAGE)
+      acc += v;
+    else if (op == DDL_PRODUCT)
+      acc *= v;
+    else if (op == DDL_MIN)
+      acc = std::min(acc, v);
+    else
+      acc = std::max(acc, v);
   }
   if (op != DDL_AVERAGE) return acc;
   if (t == DDL_INT32 || t == DDL_INT64) return std::trunc(acc / g_size);
@@ -170,7 +174,8 @@ void check_fp16_compression() {
   for (size_t i = 0; i < a.size(); ++i) ok = ok && a[i] == static_cast<float>(expected(DDL_SUM, DDL_FLOAT32, i));
   check(ok, "fp16-compressed sum");
   ok = true;
-  for (size_t i = 0; i < b.size(); ++i) ok = ok && std::fabs(b[i] - expected(DDL_AVERAGE, DDL_FLOAT32, i)) < 2e-3 * expected(DDL_AVERAGE, DDL_FLOAT32, i);
+  for (size_t i = 0; i < b.size(); ++i)
+    ok = ok && std::fabs(b[i] - expected(DDL_AVERAGE, DDL_FLOAT32, i)) < 2e-3 * expected(DDL_AVERAGE, DDL_FLOAT32, i);
   check(ok, "fp16-compressed average");
   check(c[0] == static_cast<float>(g_size), "fp16 compression rounds 1.0001 to 1 before summing");
   float x = 1;
@@ -203,7 +208,10 @@ void check_broadcast_gather_alltoall() {
   // allgatherv: rank r contributes r elements (rank 0 none).
   std::vector<size_t> counts;
   size_t total = 0;
-  for (int r = 0; r < g_size; ++r) { counts.push_back(static_cast<size_t>(r)); total += static_cast<size_t>(r); }
+  for (int r = 0; r < g_size; ++r) {
+    counts.push_back(static_cast<size_t>(r));
+    total += static_cast<size_t>(r);
+  }
   std::vector<int32_t> send(static_cast<size_t>(g_rank), g_rank), recv(total + 1, -1);
   require(ddl_allgatherv("allgatherv", send.data(), send.size(), recv.data(), counts.data(), DDL_INT32), "allgatherv");
   bool ok = true;
@@ -219,7 +227,8 @@ void check_broadcast_gather_alltoall() {
   require(ddl_alltoall("alltoall", out.data(), in.data(), block, DDL_INT64), "alltoall");
   ok = true;
   for (int j = 0; j < g_size; ++j)
-    for (size_t k = 0; k < block; ++k) ok = ok && in[static_cast<size_t>(j) * block + k] == j * 1000 + g_rank * 10 + static_cast<int64_t>(k);
+    for (size_t k = 0; k < block; ++k)
+      ok = ok && in[static_cast<size_t>(j) * block + k] == j * 1000 + g_rank * 10 + static_cast<int64_t>(k);
   check(ok, "alltoall");
   require(ddl_barrier(), "barrier");
 }
@@ -240,8 +249,9 @@ void check_one_step_in_rank_dependent_order(int step) {
     int op = g_rank % 2 ? n - 1 - k : k;
     for (size_t i = 0; i < 10; ++i) bufs[static_cast<size_t>(op)][i] = static_cast<float>(op + g_rank);
     std::string name = "order." + std::to_string(op);
-    require(ddl_allreduce_async(name.c_str(), bufs[static_cast<size_t>(op)].data(), bufs[static_cast<size_t>(op)].data(), 10,
-                                DDL_FLOAT32, DDL_SUM, &handles[static_cast<size_t>(op)]), "allreduce_async");
+    require(ddl_allreduce_async(name.c_str(), bufs[static_cast<size_t>(op)].data(), bufs[static_cast<size_t>(op)].data(), 10, DDL_FLOAT32,
+                                DDL_SUM, &handles[static_cast<size_t>(op)]),
+            "allreduce_async");
   }
   bool ok = true;
   for (int op = 0; op < n; ++op) {
@@ -296,9 +306,12 @@ int main(int argc, char** argv) {
     require(ddl_node_rank(&node_rank), "ddl_node_rank");
     std::printf("world rank %d size %d local %d/%d node %d\n", g_rank, g_size, local_rank, local_size, node_rank);
     check_allreduces();
-  } else if (mode == "mismatch") rc = run_mismatch();
-  else if (mode == "die") rc = run_die(argc > 2 ? std::atoi(argv[2]) : 1, SIGKILL);
-  else if (mode == "freeze") rc = run_die(argc > 2 ? std::atoi(argv[2]) : 1, SIGSTOP);
+  } else if (mode == "mismatch")
+    rc = run_mismatch();
+  else if (mode == "die")
+    rc = run_die(argc > 2 ? std::atoi(argv[2]) : 1, SIGKILL);
+  else if (mode == "freeze")
+    rc = run_die(argc > 2 ? std::atoi(argv[2]) : 1, SIGSTOP);
   else {
     check_allreduces();
     check_fp16_compression();

@@ -33,7 +33,10 @@ void require_cuda(cudaError_t rc, const char* what) {
 }
 
 void check(bool ok, const std::string& what) {
-  if (!ok) { ++g_failures; std::printf("FAIL rank %d: %s\n", g_rank, what.c_str()); }
+  if (!ok) {
+    ++g_failures;
+    std::printf("FAIL rank %d: %s\n", g_rank, what.c_str());
+  }
 }
 
 // Once ddl_wait returns, the op's work on its stream is finished (ddl.h: "the handle completes

@@ -33,7 +33,8 @@ TEST_CASE("copy_bytes copies exactly the bytes asked for, at any length and alig
 }
 
 TEST_CASE("copy_bytes copies large blocks, below and above the size where it hands over to memcpy") {
-  for (size_t bytes : {size_t{4096}, size_t{65536} + 5, (size_t{256} << 10) + 3, (size_t{4} << 20) - 1, size_t{4} << 20, (size_t{4} << 20) + 11}) {
+  for (size_t bytes :
+       {size_t{4096}, size_t{65536} + 5, (size_t{256} << 10) + 3, (size_t{4} << 20) - 1, size_t{4} << 20, (size_t{4} << 20) + 11}) {
     const auto source = pattern(bytes, 3);
     std::vector<uint8_t> target(bytes + 2, 0xAB);
     copy_bytes(target.data() + 1, source.data(), bytes);

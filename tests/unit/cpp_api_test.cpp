@@ -54,6 +54,6 @@ TEST_CASE("bad arguments are errors with a message, not crashes") {
 }
 
 TEST_CASE("the library's version is the header's") {
-  CHECK(std::string(ddl_version()) == std::to_string(DDL_VERSION_MAJOR) + "." + std::to_string(DDL_VERSION_MINOR) + "." +
-                                          std::to_string(DDL_VERSION_PATCH));
+  CHECK(std::string(ddl_version()) ==
+        std::to_string(DDL_VERSION_MAJOR) + "." + std::to_string(DDL_VERSION_MINOR) + "." + std::to_string(DDL_VERSION_PATCH));
 }

@@ -21,8 +21,8 @@ TEST_CASE("float16 encodes and decodes exactly where it can") {
 }
 
 TEST_CASE("float16 rounds to nearest even and saturates to infinity") {
-  CHECK(float_to_half(1.0f + 1.0f / 2048) == 0x3c00);            // half way, even stays
-  CHECK(float_to_half(1.0f + 3.0f / 2048) == 0x3c02);            // half way, odd rounds up
+  CHECK(float_to_half(1.0f + 1.0f / 2048) == 0x3c00);  // half way, even stays
+  CHECK(float_to_half(1.0f + 3.0f / 2048) == 0x3c02);  // half way, odd rounds up
   CHECK(float_to_half(65520.0f) == 0x7c00);
   CHECK(float_to_half(1e6f) == 0x7c00);
   CHECK(std::isnan(half_to_float(float_to_half(std::numeric_limits<float>::quiet_NaN()))));

@@ -1,9 +1,9 @@
 #include <doctest/doctest.h>
 
+#include "common/error.hpp"
 #include "launcher/host_list.hpp"
 #include "launcher/remote_job.hpp"
 #include "launcher/remote_run.hpp"
-#include "common/error.hpp"
 
 using namespace ddl::launcher;
 
@@ -40,7 +40,8 @@ TEST_CASE("host files in the mpirun, deepspeed and horovodrun forms, errors by l
   const std::string text = "# cluster\nn1 slots=4\n\nn2 slots=4 max_slots=8  # big\nn3:2\nn4\n";
   CHECK(pairs(parse_hostfile_text(text, "hf")) == Pairs{{"n1", 4}, {"n2", 4}, {"n3", 2}, {"n4", 1}});
   CHECK(usage_error_of([] { parse_hostfile_text("n1 slots=4\nn2 cpus=4\n", "hf"); }) == "--hostfile hf line 2: 'cpus=4' is not slots=N");
-  CHECK(usage_error_of([] { parse_hostfile_text("n1 slots=x\n", "hf"); }).find("hf line 1: 'slots=x' needs a whole number") != std::string::npos);
+  CHECK(usage_error_of([] { parse_hostfile_text("n1 slots=x\n", "hf"); }).find("hf line 1: 'slots=x' needs a whole number") !=
+        std::string::npos);
   CHECK(usage_error_of([] { parse_hostfile_text("# nothing\n", "hf"); }) == "--hostfile hf names no host");
   CHECK(usage_error_of([] { read_hostfile("/nonexistent/hosts"); }) == "--hostfile /nonexistent/hosts: cannot read it");
 }
@@ -85,8 +86,13 @@ TEST_CASE("the job a remote host's agent reads round-trips, and the launching ho
   job.run = {"ddl-1", "10.0.0.1:5000", "secret", "10.0.0.1", 29500, 1};
   job.command = {"python3", "train.py", "--lr", "0.1 'quoted'"};
   job.working_dir = "/home/me/run";
-  job.env = forwarded_environment({{"PATH", "/bin"}, {"HOSTNAME", "login1"}, {"CUDA_VISIBLE_DEVICES", "0"}, {"SLURM_JOB_ID", "7"},
-                                   {"PWD", "/x"}, {"SSH_CONNECTION", "a b"}, {"NCCL_DEBUG", "INFO"}});
+  job.env = forwarded_environment({{"PATH", "/bin"},
+                                   {"HOSTNAME", "login1"},
+                                   {"CUDA_VISIBLE_DEVICES", "0"},
+                                   {"SLURM_JOB_ID", "7"},
+                                   {"PWD", "/x"},
+                                   {"SSH_CONNECTION", "a b"},
+                                   {"NCCL_DEBUG", "INFO"}});
   const RemoteJob back = decode_remote_job(encode_remote_job(job));
   CHECK(back.node_rank == 1);
   CHECK((back.plan.num_nodes == 2 && back.plan.workers_per_node == 3 && back.plan.gpu_workers));

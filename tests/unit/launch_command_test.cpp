@@ -26,25 +26,55 @@ TaskLayout two_by_four() {
 
 TEST_CASE("srun gets counts per node, cpus per task, kill-on-bad-exit, labels and block ranks") {
   auto argv = slurm::srun_command(two_by_four(), "pmix");
-  const std::vector<std::string> expected{"srun", "--nodes=2", "--ntasks=8", "--ntasks-per-node=4", "--cpus-per-task=16",
-                                          "--kill-on-bad-exit=1", "--export=ALL", "--label", "--distribution=block", "--mpi=pmix",
-                                          "/opt/ddl/bin/ddl", "exec", "--", "python3", "train.py"};
+  const std::vector<std::string> expected{"srun",
+                                          "--nodes=2",
+                                          "--ntasks=8",
+                                          "--ntasks-per-node=4",
+                                          "--cpus-per-task=16",
+                                          "--kill-on-bad-exit=1",
+                                          "--export=ALL",
+                                          "--label",
+                                          "--distribution=block",
+                                          "--mpi=pmix",
+                                          "/opt/ddl/bin/ddl",
+                                          "exec",
+                                          "--",
+                                          "python3",
+                                          "train.py"};
   CHECK(argv == expected);
   CHECK(slurm::srun_command(two_by_four(), "").size() == expected.size() - 1);
 }
 
 TEST_CASE("PALS mpiexec: -n, --ppn, --depth with depth binding (Polaris)") {
   auto argv = pbs::pals_command(two_by_four());
-  const std::vector<std::string> expected{"mpiexec", "-n", "8", "--ppn", "4", "--depth", "16", "--cpu-bind", "depth", "--label",
-                                          "/opt/ddl/bin/ddl", "exec", "--", "python3", "train.py"};
+  const std::vector<std::string> expected{"mpiexec",          "-n",   "8",          "--ppn",   "4",
+                                          "--depth",          "16",   "--cpu-bind", "depth",   "--label",
+                                          "/opt/ddl/bin/ddl", "exec", "--",         "python3", "train.py"};
   CHECK(argv == expected);
 }
 
 TEST_CASE("OpenMPI mpirun: the PBS node file, ppr per node, variables exported by name only") {
   auto argv = pbs::openmpi_command(two_by_four(), "/var/spool/pbs/aux/1.pbs", false);
-  const std::vector<std::string> expected{"mpirun", "-np", "8", "--hostfile", "/var/spool/pbs/aux/1.pbs", "--map-by", "ppr:4:node",
-                                          "--bind-to", "none", "--oversubscribe", "--tag-output", "-x", "DDL_STORE_TOKEN", "-x",
-                                          "MASTER_ADDR", "/opt/ddl/bin/ddl", "exec", "--", "python3", "train.py"};
+  const std::vector<std::string> expected{"mpirun",
+                                          "-np",
+                                          "8",
+                                          "--hostfile",
+                                          "/var/spool/pbs/aux/1.pbs",
+                                          "--map-by",
+                                          "ppr:4:node",
+                                          "--bind-to",
+                                          "none",
+                                          "--oversubscribe",
+                                          "--tag-output",
+                                          "-x",
+                                          "DDL_STORE_TOKEN",
+                                          "-x",
+                                          "MASTER_ADDR",
+                                          "/opt/ddl/bin/ddl",
+                                          "exec",
+                                          "--",
+                                          "python3",
+                                          "train.py"};
   CHECK(argv == expected);
   CHECK(pbs::openmpi_command(two_by_four(), "f", true)[1] == "--allow-run-as-root");
 }
@@ -83,8 +113,7 @@ TEST_CASE("mpirun --tag-output: pieces of several tasks' lines are put back toge
 
 TEST_CASE("srun's report of the failed task: rank, host, exit code or signal") {
   std::deque<std::string> said{"srun: launch/slurm: _step_signal: Terminating StepId=2.0",
-                               "srun: error: nid004: task 5: Exited with exit code 7",
-                               "srun: error: nid001: tasks 0-4,6-7: Terminated"};
+                               "srun: error: nid004: task 5: Exited with exit code 7", "srun: error: nid001: tasks 0-4,6-7: Terminated"};
   auto task = slurm::failed_task(said);
   REQUIRE(task);
   CHECK(task->rank == 5);

@@ -40,8 +40,7 @@ TEST_CASE("different shapes on different ranks fail the op with the ranks and wh
   CHECK(d.ready.empty());
   REQUIRE(d.failed.size() == 1);
   CHECK(d.failed[0].status == DDL_ERROR_MISMATCH);
-  CHECK(d.failed[0].message ==
-        "op 'grad' differs between ranks: rank 0-2: allreduce float32[4] sum; rank 3: allreduce float32[5] sum");
+  CHECK(d.failed[0].message == "op 'grad' differs between ranks: rank 0-2: allreduce float32[4] sum; rank 3: allreduce float32[5] sum");
 }
 
 TEST_CASE("rank 0's list of stalled ops fails them everywhere, naming the missing ranks") {
@@ -286,8 +285,8 @@ TEST_CASE("a waiting join stalls only after DDL_TIMEOUT without any op running, 
 TEST_CASE("a message announcing one op twice is an error, not a second rank") {
   Negotiator n(2);
   auto now = Clock::now();
-  CHECK_THROWS_WITH_AS(n.merge({announce({{"x", allreduce(1)}, {"x", allreduce(2)}}), announce({})}, now),
-                       "rank 0 announced op 'x' twice", std::runtime_error);
+  CHECK_THROWS_WITH_AS(n.merge({announce({{"x", allreduce(1)}, {"x", allreduce(2)}}), announce({})}, now), "rank 0 announced op 'x' twice",
+                       std::runtime_error);
 }
 
 TEST_CASE("a message announcing one cache id twice is an error, not a second rank") {

@@ -81,8 +81,12 @@ TEST_CASE("ddl jupyter's scripts: PBS (Polaris) and Slurm (Perlmutter) golden fi
   session.name = "jupyter-0123456789ab";
   session.dir = "/home/alice/.local/state/ddl/jupyter";
   session.program = "lab";
-  JobRequest polaris = job({{"nodes", "1"}, {"gpus_per_node", "1"}, {"account", "MyProject"}, {"filesystems", "home:eagle"},
-                            {"job_name", "ddl-jupyter"}, {"time", "04:00:00"}});
+  JobRequest polaris = job({{"nodes", "1"},
+                            {"gpus_per_node", "1"},
+                            {"account", "MyProject"},
+                            {"filesystems", "home:eagle"},
+                            {"job_name", "ddl-jupyter"},
+                            {"time", "04:00:00"}});
   polaris.command.clear();
   polaris.body = jupyter_body(session, "base");
   check_golden("polaris_jupyter", "polaris", polaris);
@@ -112,7 +116,8 @@ TEST_CASE("each site's rules are one usage error naming the rule and the fix") {
   refuse("slurm", {{"account", "x\ny"}}, "-A/--account contains a newline");
   refuse("perlmutter", {{"account", "m1_g"}, {"gpus_per_node", "abc"}}, "--gpus-per-node abc: must be a whole number");
   refuse("slurm", {{"image", "x.sif"}}, "--image: site 'slurm' (slurm) has no place for it");
-  refuse("polaris", {{"account", "p"}, {"filesystems", "home"}, {"partition", "gpu"}}, "-p/--partition: site 'polaris' (pbs) has no place for it");
+  refuse("polaris", {{"account", "p"}, {"filesystems", "home"}, {"partition", "gpu"}},
+         "-p/--partition: site 'polaris' (pbs) has no place for it");
   refuse("pbs", {{"gpus_per_node", "4"}}, "site 'pbs' needs -c/--cpus-per-task for its select statement");
   JobRequest pbs_signal = job({{"account", "st-a-1-gpu"}});
   pbs_signal.signal_before_seconds = 60;
@@ -169,7 +174,8 @@ TEST_CASE("a broken profile names the file and the field") {
                    {"badregex", R"({"scheduler": "slurm", "patterns": {"account": {"regex": "(["}}})"},
                    {"badoption", R"({"scheduler": "pbs", "defaults": {"walltime": "1:00:00"}})"}});
   const std::string dir = (sites.dir / "ddl" / "sites").string();
-  CHECK_THROWS_WITH_AS(load_site("typo"), doctest::Contains(("site profile " + dir + "/typo.json: field 'gpu_per_node' is not a profile field").c_str()),
+  CHECK_THROWS_WITH_AS(load_site("typo"),
+                       doctest::Contains(("site profile " + dir + "/typo.json: field 'gpu_per_node' is not a profile field").c_str()),
                        ddl::UsageError);
   CHECK_THROWS_WITH_AS(load_site("badtype"), doctest::Contains("field 'gpus_per_node' must be a whole number"), ddl::UsageError);
   CHECK_THROWS_WITH_AS(load_site("badjson"), doctest::Contains("badjson.json: not valid JSON"), ddl::UsageError);
@@ -188,7 +194,8 @@ TEST_CASE("hostile profiles are usage errors naming the file and field, never a 
                    {"describe", "{\"scheduler\": \"slurm\", \"description\": \"a\\ntouch /tmp/pwned\"}"},
                    {"noted", "{\"scheduler\": \"slurm\", \"notes\": \"line one\\nline two\"}"},
                    {"badcount", R"({"scheduler": "slurm", "defaults": {"gpus_per_node": "four"}})"}});
-  CHECK_THROWS_WITH_AS(load_site("huge"), doctest::Contains("field 'gpus_per_node' must be a whole number from 0 to 1048576"), ddl::UsageError);
+  CHECK_THROWS_WITH_AS(load_site("huge"), doctest::Contains("field 'gpus_per_node' must be a whole number from 0 to 1048576"),
+                       ddl::UsageError);
   CHECK_THROWS_WITH_AS(load_site("inf"), doctest::Contains("inf.json: not valid JSON"), ddl::UsageError);
   CHECK_THROWS_WITH_AS(load_site("deep"), doctest::Contains("deep.json: nested more than 64 levels deep"), ddl::UsageError);
   CHECK_THROWS_WITH_AS(load_site("inject"), doctest::Contains("field 'directives[0]' contains a newline"), ddl::UsageError);
@@ -200,8 +207,8 @@ TEST_CASE("hostile profiles are usage errors naming the file and field, never a 
 
 // Found by tests/fuzz (fuzz_site_profile): 999999 GPUs x 999999 cores per task overflowed an int.
 TEST_CASE("the largest counts a profile may default to multiply without overflow") {
-  UserSites sites(std::map<std::string, std::string>{
-      {"big", R"({"scheduler": "pbs", "defaults": {"gpus_per_node": 999999, "cpus_per_task": 999999},
+  UserSites sites(
+      std::map<std::string, std::string>{{"big", R"({"scheduler": "pbs", "defaults": {"gpus_per_node": 999999, "cpus_per_task": 999999},
                   "gpu_request": "select={{nodes}}:ncpus={{cpus_per_node}}:ngpus={{gpus_per_node}}"})"}});
   const std::string script = render_job_script(load_site("big"), job({})).text;
   CHECK(script.find("#PBS -l select=1:ncpus=999998000001:ngpus=999999\n") != std::string::npos);

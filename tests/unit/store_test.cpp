@@ -9,15 +9,15 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <mutex>
-#include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "launcher/store_server.hpp"
 #include "common/error.hpp"
+#include "launcher/store_server.hpp"
 #include "rendezvous/store_protocol.hpp"
 #include "rendezvous/tcp_store_client.hpp"
 
@@ -150,7 +150,10 @@ TEST_CASE("a wrong token gets nothing written back, and a request without a toke
 TEST_CASE("rejections are logged once, then counted") {
   std::vector<std::string> log;
   std::mutex m;
-  StoreServer server({.token = kToken, .log = [&](const std::string& s) { std::lock_guard l(m); log.push_back(s); }});
+  StoreServer server({.token = kToken, .log = [&](const std::string& s) {
+                        std::lock_guard l(m);
+                        log.push_back(s);
+                      }});
   for (int i = 0; i < 3; ++i) CHECK_THROWS(TcpStoreClient(address_of(server), "nope", 5s));
   CHECK(server.rejected_connections() == 3);
   std::lock_guard l(m);
@@ -168,7 +171,10 @@ TEST_CASE("a connection that never authenticates is closed after the auth timeou
 
 TEST_CASE("connecting retries until the deadline, then names the address") {
   uint16_t port;
-  { StoreServer gone({.token = kToken}); port = gone.port(); }
+  {
+    StoreServer gone({.token = kToken});
+    port = gone.port();
+  }
   auto start = std::chrono::steady_clock::now();
   CHECK_THROWS_AS(TcpStoreClient("127.0.0.1:" + std::to_string(port), kToken, 300ms), ddl::Error);
   CHECK(std::chrono::steady_clock::now() - start >= 250ms);

@@ -1,9 +1,9 @@
 // ddl exec: every launcher's variables mapped onto the contract.
 #include <doctest/doctest.h>
 
+#include "common/error.hpp"
 #include "launcher/exec_task.hpp"
 #include "launcher/task_identity.hpp"
-#include "common/error.hpp"
 
 using namespace ddl::launcher;
 
@@ -19,28 +19,33 @@ void check(const TaskIdentity& id, int rank, int size, int local_rank, int local
 }  // namespace
 
 TEST_CASE("Slurm tasks: ranks from SLURM_*, local size from the step's tasks per node") {
-  ddl::Environment env{{"SLURM_PROCID", "9"}, {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "2"}, {"SLURM_NTASKS", "11"},
-                       {"SLURM_STEP_NUM_NODES", "3"}, {"SLURM_STEP_TASKS_PER_NODE", "4(x2),3"}};
+  ddl::Environment env{{"SLURM_PROCID", "9"},  {"SLURM_LOCALID", "1"},        {"SLURM_NODEID", "2"},
+                       {"SLURM_NTASKS", "11"}, {"SLURM_STEP_NUM_NODES", "3"}, {"SLURM_STEP_TASKS_PER_NODE", "4(x2),3"}};
   check(task_identity(env), 9, 11, 1, 3, 2, 3);
   CHECK(task_identity(env).source == "Slurm (SLURM_PROCID)");
 }
 
 TEST_CASE("OpenMPI tasks: node rank from the block layout, not OMPI_COMM_WORLD_NODE_RANK") {
-  ddl::Environment env{{"OMPI_COMM_WORLD_RANK", "5"}, {"OMPI_COMM_WORLD_SIZE", "8"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+  ddl::Environment env{{"OMPI_COMM_WORLD_RANK", "5"},       {"OMPI_COMM_WORLD_SIZE", "8"},      {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
                        {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}, {"OMPI_COMM_WORLD_NODE_RANK", "1"}, {"PMIX_RANK", "5"}};
   check(task_identity(env), 5, 8, 1, 4, 1, 2);
 }
 
 TEST_CASE("mpirun inside a Slurm job: OpenMPI's ranks win over the batch script's inherited SLURM_PROCID=0") {
-  ddl::Environment env{{"SLURM_PROCID", "0"}, {"SLURM_LOCALID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_NODEID", "0"},
-                       {"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+  ddl::Environment env{{"SLURM_PROCID", "0"},
+                       {"SLURM_LOCALID", "0"},
+                       {"SLURM_NTASKS", "1"},
+                       {"SLURM_NODEID", "0"},
+                       {"OMPI_COMM_WORLD_RANK", "3"},
+                       {"OMPI_COMM_WORLD_SIZE", "4"},
+                       {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
                        {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}};
   check(task_identity(env), 3, 4, 1, 2, 1, 2);
 }
 
 TEST_CASE("Cray PALS tasks (Polaris)") {
-  ddl::Environment env{{"PALS_RANKID", "6"}, {"PALS_LOCAL_RANKID", "2"}, {"PALS_NODEID", "1"}, {"PMI_RANK", "6"},
-                       {"PMI_SIZE", "8"}, {"PMI_LOCAL_SIZE", "4"}, {"PMI_LOCAL_RANK", "2"}};
+  ddl::Environment env{{"PALS_RANKID", "6"}, {"PALS_LOCAL_RANKID", "2"}, {"PALS_NODEID", "1"},   {"PMI_RANK", "6"},
+                       {"PMI_SIZE", "8"},    {"PMI_LOCAL_SIZE", "4"},    {"PMI_LOCAL_RANK", "2"}};
   check(task_identity(env), 6, 8, 2, 4, 1, 2);
 }
 
@@ -69,10 +74,20 @@ TEST_CASE("Slurm's compressed tasks-per-node form") {
 }
 
 TEST_CASE("ddl exec pins the local-rank-th GPU Slurm gave the node, or the reversed order on Polaris") {
-  ddl::Environment env{{"SLURM_PROCID", "5"}, {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "1"}, {"SLURM_NTASKS", "8"},
-                       {"SLURM_NNODES", "2"}, {"SLURM_TASKS_PER_NODE", "4(x2)"}, {"CUDA_VISIBLE_DEVICES", "4,5,6,7"},
-                       {"SLURM_CPUS_PER_TASK", "16"}, {"DDL_GPU_WORKERS", "1"}, {"MASTER_ADDR", "nid001"},
-                       {"MASTER_PORT", "29500"}, {"DDL_STORE_ADDR", "nid001:4000"}, {"DDL_STORE_TOKEN", "t"}, {"DDL_RUN_ID", "42-ab"}};
+  ddl::Environment env{{"SLURM_PROCID", "5"},
+                       {"SLURM_LOCALID", "1"},
+                       {"SLURM_NODEID", "1"},
+                       {"SLURM_NTASKS", "8"},
+                       {"SLURM_NNODES", "2"},
+                       {"SLURM_TASKS_PER_NODE", "4(x2)"},
+                       {"CUDA_VISIBLE_DEVICES", "4,5,6,7"},
+                       {"SLURM_CPUS_PER_TASK", "16"},
+                       {"DDL_GPU_WORKERS", "1"},
+                       {"MASTER_ADDR", "nid001"},
+                       {"MASTER_PORT", "29500"},
+                       {"DDL_STORE_ADDR", "nid001:4000"},
+                       {"DDL_STORE_TOKEN", "t"},
+                       {"DDL_RUN_ID", "42-ab"}};
   const auto id = task_identity(env);
   const auto gpus = parse_visible_devices("4,5,6,7");
   ddl::Environment out = task_environment(env, id, {}, gpus);

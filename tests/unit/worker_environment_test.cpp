@@ -22,16 +22,39 @@ TEST_CASE("every contract variable has the value of the worker's rank") {
   WorkerSlot w = plan.slot(6);
   auto gpus = parse_visible_devices("2,3,5,7");
   ddl::Environment env = worker_environment({{"HOME", "/root"}}, plan, w, sample_run(), gpus);
-  const ddl::Environment expected{
-      {"HOME", "/root"}, {"DDL_RANK", "6"}, {"DDL_SIZE", "8"}, {"DDL_LOCAL_RANK", "2"}, {"DDL_LOCAL_SIZE", "4"},
-      {"DDL_NODE_RANK", "1"}, {"DDL_NUM_NODES", "2"}, {"DDL_STORE_ADDR", "127.0.0.1:5000"},
-      {"DDL_STORE_TOKEN", "secret"}, {"DDL_RUN_ID", "ddl-abc"}, {"RANK", "6"}, {"WORLD_SIZE", "8"},
-      {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "4"}, {"GROUP_RANK", "1"}, {"GROUP_WORLD_SIZE", "2"},
-      {"ROLE_RANK", "6"}, {"ROLE_WORLD_SIZE", "8"}, {"ROLE_NAME", "default"}, {"MASTER_ADDR", "127.0.0.1"},
-      {"MASTER_PORT", "29511"}, {"TORCHELASTIC_RUN_ID", "ddl-abc"}, {"TORCHELASTIC_RESTART_COUNT", "0"},
-      {"TORCHELASTIC_MAX_RESTARTS", "0"}, {"HOROVOD_RANK", "6"}, {"HOROVOD_SIZE", "8"}, {"HOROVOD_LOCAL_RANK", "2"},
-      {"HOROVOD_LOCAL_SIZE", "4"}, {"HOROVOD_CROSS_RANK", "1"}, {"HOROVOD_CROSS_SIZE", "2"}, {"CUDA_VISIBLE_DEVICES", "5"}, {"OMP_NUM_THREADS", "4"},
-      {"PYTHONUNBUFFERED", "1"}};
+  const ddl::Environment expected{{"HOME", "/root"},
+                                  {"DDL_RANK", "6"},
+                                  {"DDL_SIZE", "8"},
+                                  {"DDL_LOCAL_RANK", "2"},
+                                  {"DDL_LOCAL_SIZE", "4"},
+                                  {"DDL_NODE_RANK", "1"},
+                                  {"DDL_NUM_NODES", "2"},
+                                  {"DDL_STORE_ADDR", "127.0.0.1:5000"},
+                                  {"DDL_STORE_TOKEN", "secret"},
+                                  {"DDL_RUN_ID", "ddl-abc"},
+                                  {"RANK", "6"},
+                                  {"WORLD_SIZE", "8"},
+                                  {"LOCAL_RANK", "2"},
+                                  {"LOCAL_WORLD_SIZE", "4"},
+                                  {"GROUP_RANK", "1"},
+                                  {"GROUP_WORLD_SIZE", "2"},
+                                  {"ROLE_RANK", "6"},
+                                  {"ROLE_WORLD_SIZE", "8"},
+                                  {"ROLE_NAME", "default"},
+                                  {"MASTER_ADDR", "127.0.0.1"},
+                                  {"MASTER_PORT", "29511"},
+                                  {"TORCHELASTIC_RUN_ID", "ddl-abc"},
+                                  {"TORCHELASTIC_RESTART_COUNT", "0"},
+                                  {"TORCHELASTIC_MAX_RESTARTS", "0"},
+                                  {"HOROVOD_RANK", "6"},
+                                  {"HOROVOD_SIZE", "8"},
+                                  {"HOROVOD_LOCAL_RANK", "2"},
+                                  {"HOROVOD_LOCAL_SIZE", "4"},
+                                  {"HOROVOD_CROSS_RANK", "1"},
+                                  {"HOROVOD_CROSS_SIZE", "2"},
+                                  {"CUDA_VISIBLE_DEVICES", "5"},
+                                  {"OMP_NUM_THREADS", "4"},
+                                  {"PYTHONUNBUFFERED", "1"}};
   CHECK(env == expected);
 }
 

@@ -1,7 +1,7 @@
 #include <doctest/doctest.h>
 
-#include "launcher/world_plan.hpp"
 #include "common/error.hpp"
+#include "launcher/world_plan.hpp"
 
 using namespace ddl::launcher;
 

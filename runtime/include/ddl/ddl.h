@@ -59,7 +59,7 @@ typedef enum {
   DDL_ERROR_PEER_FAILED = 5,      /* a peer died or the connection to it broke */
   DDL_ERROR_BOOTSTRAP = 6,        /* joining the other workers failed */
   DDL_ERROR_INTERNAL = 7,
-  DDL_ERROR_UNSUPPORTED = 8       /* e.g. a CUDA buffer without NCCL or without a visible GPU */
+  DDL_ERROR_UNSUPPORTED = 8 /* e.g. a CUDA buffer without NCCL or without a visible GPU */
 } ddl_status;
 
 typedef enum DDL_ENUM_INT {
@@ -71,7 +71,7 @@ typedef enum DDL_ENUM_INT {
   DDL_INT64 = 5,
   DDL_UINT8 = 6,
   DDL_INT8 = 7,
-  DDL_INT16 = 8   /* host buffers only: NCCL has no 16-bit integer type */
+  DDL_INT16 = 8 /* host buffers only: NCCL has no 16-bit integer type */
 } ddl_dtype;
 
 typedef enum DDL_ENUM_INT {
@@ -107,15 +107,14 @@ DDL_API const char* ddl_version(void);
 DDL_API size_t ddl_dtype_size(ddl_dtype dtype);
 
 /* recv[i] = op over ranks of send[i], for i < count. send may equal recv (in place). */
-DDL_API ddl_status ddl_allreduce(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype,
-                                 ddl_reduce_op op);
+DDL_API ddl_status ddl_allreduce(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype, ddl_reduce_op op);
 /* buffer (count elements) on every rank becomes root's. */
 DDL_API ddl_status ddl_broadcast(const char* name, void* buffer, size_t count, ddl_dtype dtype, int root);
 /* recv (size * count elements) holds every rank's send, in rank order. */
 DDL_API ddl_status ddl_allgather(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype);
 /* Like allgather, rank r contributing recv_counts[r] elements (its send_count must equal that). */
-DDL_API ddl_status ddl_allgatherv(const char* name, const void* send, size_t send_count, void* recv,
-                                  const size_t* recv_counts, ddl_dtype dtype);
+DDL_API ddl_status ddl_allgatherv(const char* name, const void* send, size_t send_count, void* recv, const size_t* recv_counts,
+                                  ddl_dtype dtype);
 /* Block j of send (count elements) goes to rank j; block j of recv comes from rank j. */
 DDL_API ddl_status ddl_alltoall(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype);
 /* Returns when every rank has called it. */
@@ -123,28 +122,25 @@ DDL_API ddl_status ddl_barrier(void);
 
 /* Asynchronous forms: start the operation and return a handle at once. The buffers must stay
  * valid and untouched until ddl_wait() returns. */
-DDL_API ddl_status ddl_allreduce_async(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype,
-                                       ddl_reduce_op op, ddl_handle* handle);
-DDL_API ddl_status ddl_broadcast_async(const char* name, void* buffer, size_t count, ddl_dtype dtype, int root,
+DDL_API ddl_status ddl_allreduce_async(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype, ddl_reduce_op op,
                                        ddl_handle* handle);
-DDL_API ddl_status ddl_allgather_async(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype,
-                                       ddl_handle* handle);
-DDL_API ddl_status ddl_allgatherv_async(const char* name, const void* send, size_t send_count, void* recv,
-                                        const size_t* recv_counts, ddl_dtype dtype, ddl_handle* handle);
-DDL_API ddl_status ddl_alltoall_async(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype,
-                                      ddl_handle* handle);
+DDL_API ddl_status ddl_broadcast_async(const char* name, void* buffer, size_t count, ddl_dtype dtype, int root, ddl_handle* handle);
+DDL_API ddl_status ddl_allgather_async(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype, ddl_handle* handle);
+DDL_API ddl_status ddl_allgatherv_async(const char* name, const void* send, size_t send_count, void* recv, const size_t* recv_counts,
+                                        ddl_dtype dtype, ddl_handle* handle);
+DDL_API ddl_status ddl_alltoall_async(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype, ddl_handle* handle);
 
 /* CUDA device buffers go through NCCL, enqueued on `stream` (a cudaStream_t; NULL is the default
  * stream) after the work already on it; the handle completes when the result is in recv.
  * Negotiation, names and mismatch errors work as for host buffers (a name used with a host buffer
  * on one rank and a CUDA buffer on another is a mismatch). Without NCCL in this build, or without
  * a visible GPU, they fail with DDL_ERROR_UNSUPPORTED and host operations are unaffected. */
-DDL_API ddl_status ddl_allreduce_cuda_async(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype,
-                                            ddl_reduce_op op, void* stream, ddl_handle* handle);
-DDL_API ddl_status ddl_broadcast_cuda_async(const char* name, void* buffer, size_t count, ddl_dtype dtype, int root,
+DDL_API ddl_status ddl_allreduce_cuda_async(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype, ddl_reduce_op op,
                                             void* stream, ddl_handle* handle);
-DDL_API ddl_status ddl_allgather_cuda_async(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype,
-                                            void* stream, ddl_handle* handle);
+DDL_API ddl_status ddl_broadcast_cuda_async(const char* name, void* buffer, size_t count, ddl_dtype dtype, int root, void* stream,
+                                            ddl_handle* handle);
+DDL_API ddl_status ddl_allgather_cuda_async(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype, void* stream,
+                                            ddl_handle* handle);
 
 /* Build facts, for `ddl check-build`: the NCCL version compiled in ("" if none), and whether the
  * PMIx bootstrap is. */
@@ -188,17 +184,18 @@ typedef struct {
   const long long* shape;      /* optional (ndim 0): the tensor's shape, which ranks must agree on; */
   int ndim;                    /* for allgatherv and alltoallv every dimension but the first */
 } ddl_op_options;
-#define DDL_OP_OPTIONS_INIT {NULL, 1.0, 1.0, 0u, NULL, NULL, 0}
+#define DDL_OP_OPTIONS_INIT \
+  { NULL, 1.0, 1.0, 0u, NULL, NULL, 0 }
 
 /* The general, asynchronous forms. Ranks and roots are ranks within the process set. Scaling
  * follows Horovod: integers scale in double and truncate, 16-bit floats in float. */
-DDL_API ddl_status ddl_allreduce_ex(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype,
-                                    ddl_reduce_op op, const ddl_op_options* options, ddl_handle* handle);
-DDL_API ddl_status ddl_broadcast_ex(const char* name, void* buffer, size_t count, ddl_dtype dtype, int root,
+DDL_API ddl_status ddl_allreduce_ex(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype, ddl_reduce_op op,
                                     const ddl_op_options* options, ddl_handle* handle);
+DDL_API ddl_status ddl_broadcast_ex(const char* name, void* buffer, size_t count, ddl_dtype dtype, int root, const ddl_op_options* options,
+                                    ddl_handle* handle);
 /* recv_counts[r] elements come from rank r of the set; this rank sends recv_counts[its rank]. */
-DDL_API ddl_status ddl_allgatherv_ex(const char* name, const void* send, void* recv, const size_t* recv_counts,
-                                     ddl_dtype dtype, const ddl_op_options* options, ddl_handle* handle);
+DDL_API ddl_status ddl_allgatherv_ex(const char* name, const void* send, void* recv, const size_t* recv_counts, ddl_dtype dtype,
+                                     const ddl_op_options* options, ddl_handle* handle);
 /* An allgather whose per-rank counts only each rank knows (say, tensors whose first dimension
  * differs by rank): the counts are exchanged when the operation runs, and the result is kept with
  * the handle. Read it with ddl_gathered(), then release the handle with ddl_wait(). Host buffers. */
@@ -217,14 +214,12 @@ DDL_API ddl_status ddl_alltoall_any_ex(const char* name, const void* send, const
 /* send_counts[j] elements go to rank j (blocks in rank order); recv_counts[j] come from rank j.
  * Each rank passes its own counts, which must match its peers' (ranks learn them beforehand, e.g.
  * with an alltoall of the counts). */
-DDL_API ddl_status ddl_alltoallv_ex(const char* name, const void* send, const size_t* send_counts, void* recv,
-                                    const size_t* recv_counts, ddl_dtype dtype, const ddl_op_options* options,
-                                    ddl_handle* handle);
+DDL_API ddl_status ddl_alltoallv_ex(const char* name, const void* send, const size_t* send_counts, void* recv, const size_t* recv_counts,
+                                    ddl_dtype dtype, const ddl_op_options* options, ddl_handle* handle);
 /* send holds the sum of recv_counts elements on every rank; rank r receives the reduction of block r
  * (recv_counts[r] elements, blocks in rank order). Every rank passes the same recv_counts. */
-DDL_API ddl_status ddl_reducescatter_ex(const char* name, const void* send, void* recv, const size_t* recv_counts,
-                                        ddl_dtype dtype, ddl_reduce_op op, const ddl_op_options* options,
-                                        ddl_handle* handle);
+DDL_API ddl_status ddl_reducescatter_ex(const char* name, const void* send, void* recv, const size_t* recv_counts, ddl_dtype dtype,
+                                        ddl_reduce_op op, const ddl_op_options* options, ddl_handle* handle);
 /* Horovod's join: returns once every rank of the set (NULL: the world) has called it, and meanwhile
  * takes part in the others' host allreduces and reducescatters (adding zeros) and barriers, so
  * ranks with fewer batches need not invent any. Other operations fail on every rank

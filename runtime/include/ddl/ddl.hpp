@@ -33,11 +33,24 @@ inline void check(ddl_status status) {
 }
 
 // The ddl_dtype of a C++ element type. Use std::uint16_t with an explicit dtype for 16-bit floats.
-template <typename T> constexpr ddl_dtype dtype_of();
-template <> constexpr ddl_dtype dtype_of<float>() { return DDL_FLOAT32; }
-template <> constexpr ddl_dtype dtype_of<double>() { return DDL_FLOAT64; }
-template <> constexpr ddl_dtype dtype_of<std::int32_t>() { return DDL_INT32; }
-template <> constexpr ddl_dtype dtype_of<std::int64_t>() { return DDL_INT64; }
+template <typename T>
+constexpr ddl_dtype dtype_of();
+template <>
+constexpr ddl_dtype dtype_of<float>() {
+  return DDL_FLOAT32;
+}
+template <>
+constexpr ddl_dtype dtype_of<double>() {
+  return DDL_FLOAT64;
+}
+template <>
+constexpr ddl_dtype dtype_of<std::int32_t>() {
+  return DDL_INT32;
+}
+template <>
+constexpr ddl_dtype dtype_of<std::int64_t>() {
+  return DDL_INT64;
+}
 
 // An operation in flight. wait() rethrows its failure; destroying an unwaited handle waits.
 class Handle {
@@ -45,7 +58,11 @@ class Handle {
   explicit Handle(ddl_handle h) : h_(h) {}
   Handle(Handle&& o) noexcept : h_(o.h_) { o.h_ = nullptr; }
   Handle& operator=(Handle&& o) noexcept {
-    if (this != &o) { release(); h_ = o.h_; o.h_ = nullptr; }
+    if (this != &o) {
+      release();
+      h_ = o.h_;
+      o.h_ = nullptr;
+    }
     return *this;
   }
   Handle(const Handle&) = delete;

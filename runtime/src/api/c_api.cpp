@@ -15,17 +15,17 @@
 #include <fmt/format.h>
 #include <gloo/rendezvous/store.h>
 
-#include "ddl/ddl.h"
-#include "runtime/src/transports/collectives.hpp"
-#include "runtime/src/transports/gpu_collectives.hpp"
-#include "rendezvous/gloo_store.hpp"
-#include "rendezvous/pmix_store.hpp"
 #include "common/environment.hpp"
 #include "common/error.hpp"
 #include "common/net_address.hpp"
+#include "ddl/ddl.h"
+#include "rendezvous/gloo_store.hpp"
+#include "rendezvous/pmix_store.hpp"
+#include "rendezvous/tcp_store_client.hpp"
 #include "runtime/src/engine/dtype.hpp"
 #include "runtime/src/engine/engine.hpp"
-#include "rendezvous/tcp_store_client.hpp"
+#include "runtime/src/transports/collectives.hpp"
+#include "runtime/src/transports/gpu_collectives.hpp"
 
 struct ddl_handle_s {
   std::shared_ptr<ddl::runtime::OpState> state;
@@ -34,8 +34,8 @@ struct ddl_handle_s {
 // A process set. The ddl_process_set handed out is its id (1, 2, ...), not this object's address,
 // so a handle used after its set was destroyed, or after ddl_finalize, is an error and not a crash.
 struct ProcessSet {
-  std::vector<int> ranks;  // world ranks, ascending
-  int rank = -1;           // this rank within the set; -1 if not a member
+  std::vector<int> ranks;                        // world ranks, ascending
+  int rank = -1;                                 // this rank within the set; -1 if not a member
   std::shared_ptr<ddl::runtime::Engine> engine;  // members only
 };
 
@@ -164,8 +164,7 @@ std::shared_ptr<Runtime> start_runtime(int generation) {
     size = env_int("DDL_SIZE", -1);
     if (rank < 0 || size < 1 || rank >= size)
       throw ddl::Error("DDL_RANK and DDL_SIZE are missing or out of range: start the program with `ddl run`");
-    rt->placement = {env_int("DDL_LOCAL_RANK", 0), env_int("DDL_LOCAL_SIZE", 1), env_int("DDL_NODE_RANK", 0),
-                     env_int("DDL_NUM_NODES", 1)};
+    rt->placement = {env_int("DDL_LOCAL_RANK", 0), env_int("DDL_LOCAL_SIZE", 1), env_int("DDL_NODE_RANK", 0), env_int("DDL_NUM_NODES", 1)};
     rt->store = ddl::runtime::make_tcp_gloo_store(ddl::store::TcpStoreClient::from_environment(), fmt::format("ddl/{}/gloo", generation));
   } else {
     rt->pmix = std::make_unique<ddl::runtime::PmixSession>(engine_config(0).timeout);
@@ -185,7 +184,8 @@ std::shared_ptr<Runtime> start_runtime(int generation) {
   rt->shared_memory = collectives != nullptr;
   // Several hosts (ddl run's store: ranks host by host, the same number on each): shared memory
   // within a host and Gloo between hosts, unless DDL_SHM=0.
-  const bool uniform_hosts = rt->mode == "store" && rt->placement.num_nodes > 1 && rt->placement.local_size * rt->placement.num_nodes == size;
+  const bool uniform_hosts =
+      rt->mode == "store" && rt->placement.num_nodes > 1 && rt->placement.local_size * rt->placement.num_nodes == size;
   if (!collectives && uniform_hosts && !(shm != nullptr && std::string(shm) == "0"))
     collectives = ddl::runtime::make_hierarchical_collectives(rank, size, rt->placement.local_size, *rt->store,
                                                               interface_host(rt->placement.num_nodes), config.timeout);
@@ -251,14 +251,16 @@ ddl_status check_buffers(const void* send, const void* recv, size_t count, ddl_d
 }
 
 ddl_status check_reduce_op(ddl_reduce_op op) {
-  if (!ddl::runtime::valid_reduce_op(op)) return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("unknown reduce op {}", static_cast<int>(op)));
+  if (!ddl::runtime::valid_reduce_op(op))
+    return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("unknown reduce op {}", static_cast<int>(op)));
   return DDL_SUCCESS;
 }
 
 ddl_status check_root(int root) {
   int size = 0;
   if (auto s = ddl_size(&size); s != DDL_SUCCESS) return s;
-  if (root < 0 || root >= size) return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("broadcast root {} is not a rank of a world of {}", root, size));
+  if (root < 0 || root >= size)
+    return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("broadcast root {} is not a rank of a world of {}", root, size));
   return DDL_SUCCESS;
 }
 
@@ -271,9 +273,7 @@ ddl_status submit(const char* name, const OpSpec& spec, const void* send, void* 
 }
 
 // `handle` is read only after the submit call has filled it (argument order is unspecified).
-ddl_status run_sync(ddl_status submitted, const ddl_handle* handle) {
-  return submitted == DDL_SUCCESS ? ddl_wait(*handle) : submitted;
-}
+ddl_status run_sync(ddl_status submitted, const ddl_handle* handle) { return submitted == DDL_SUCCESS ? ddl_wait(*handle) : submitted; }
 
 // Gloo writes to its peers with writev(), which cannot ask for MSG_NOSIGNAL: without this a peer
 // that dies mid-collective would kill the survivors with SIGPIPE instead of giving them an error.
@@ -317,13 +317,13 @@ ddl_status ddl_finalize(void) {
 
 int ddl_is_initialized(void) { return runtime() != nullptr; }
 
-#define DDL_WORLD_GETTER(fn, expr)                                                   \
-  ddl_status fn(int* out) {                                                          \
+#define DDL_WORLD_GETTER(fn, expr)                                                    \
+  ddl_status fn(int* out) {                                                           \
     if (out == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, #fn ": NULL output"); \
-    return with_runtime([&](Runtime& rt) {                                           \
-      *out = (expr);                                                                 \
-      return DDL_SUCCESS;                                                            \
-    });                                                                              \
+    return with_runtime([&](Runtime& rt) {                                            \
+      *out = (expr);                                                                  \
+      return DDL_SUCCESS;                                                             \
+    });                                                                               \
   }
 DDL_WORLD_GETTER(ddl_rank, rt.engine->rank())
 DDL_WORLD_GETTER(ddl_size, rt.engine->size())
@@ -358,12 +358,13 @@ ddl_status ddl_allreduce_async(const char* name, const void* send, void* recv, s
   return ddl_allreduce_flags_async(name, send, recv, count, dtype, op, 0, handle);
 }
 
-ddl_status ddl_allreduce_flags_async(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype,
-                                     ddl_reduce_op op, unsigned flags, ddl_handle* handle) {
+ddl_status ddl_allreduce_flags_async(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype, ddl_reduce_op op,
+                                     unsigned flags, ddl_handle* handle) {
   if (flags & ~DDL_COMPRESS_FP16) return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("unknown allreduce flags {:#x}", flags));
   const bool compress = (flags & DDL_COMPRESS_FP16) != 0;
   if (compress && dtype != DDL_FLOAT32)
-    return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("DDL_COMPRESS_FP16 applies to float32 allreduces, not {}", ddl::runtime::dtype_name(dtype)));
+    return fail(DDL_ERROR_INVALID_ARGUMENT,
+                fmt::format("DDL_COMPRESS_FP16 applies to float32 allreduces, not {}", ddl::runtime::dtype_name(dtype)));
   if (auto s = check_buffers(send, recv, count, dtype); s != DDL_SUCCESS) return s;
   if (auto s = check_reduce_op(op); s != DDL_SUCCESS) return s;
   return submit(name, {OpKind::Allreduce, dtype, op, 0, count, {}, false, compress}, send, recv, handle);
@@ -403,8 +404,8 @@ ddl_status ddl_alltoall_async(const char* name, const void* send, void* recv, si
   return submit(name, {OpKind::Alltoall, dtype, DDL_SUM, 0, count, {}}, send, recv, handle);
 }
 
-ddl_status ddl_allreduce_cuda_async(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype,
-                                    ddl_reduce_op op, void* stream, ddl_handle* handle) {
+ddl_status ddl_allreduce_cuda_async(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype, ddl_reduce_op op,
+                                    void* stream, ddl_handle* handle) {
   if (auto s = check_buffers(send, recv, count, dtype); s != DDL_SUCCESS) return s;
   if (auto s = check_reduce_op(op); s != DDL_SUCCESS) return s;
   if (dtype == DDL_INT16) return fail(DDL_ERROR_UNSUPPORTED, "NCCL cannot reduce int16 CUDA buffers");
@@ -443,8 +444,7 @@ ddl_status ddl_allgather(const char* name, const void* send, void* recv, size_t 
   ddl_handle h = nullptr;
   return run_sync(ddl_allgather_async(name, send, recv, count, dtype, &h), &h);
 }
-ddl_status ddl_allgatherv(const char* name, const void* send, size_t send_count, void* recv, const size_t* recv_counts,
-                          ddl_dtype dtype) {
+ddl_status ddl_allgatherv(const char* name, const void* send, size_t send_count, void* recv, const size_t* recv_counts, ddl_dtype dtype) {
   ddl_handle h = nullptr;
   return run_sync(ddl_allgatherv_async(name, send, send_count, recv, recv_counts, dtype, &h), &h);
 }
@@ -506,13 +506,17 @@ ddl_status ddl_process_set_create(const int* ranks, int count, ddl_process_set* 
     if (!local_error.empty()) return fail(DDL_ERROR_INVALID_ARGUMENT, "ddl_process_set_create: " + local_error);
     std::vector<int> invalid, differing;
     for (int r = 0; r < world; ++r) {
-      if (digests[static_cast<size_t>(r)] == kInvalid) invalid.push_back(r);
-      else if (digests[static_cast<size_t>(r)] != digest) differing.push_back(r);
+      if (digests[static_cast<size_t>(r)] == kInvalid)
+        invalid.push_back(r);
+      else if (digests[static_cast<size_t>(r)] != digest)
+        differing.push_back(r);
     }
     if (!invalid.empty())
-      return fail(DDL_ERROR_MISMATCH, fmt::format("ddl_process_set_create: ranks {} asked for an invalid set (their own error says why)", fmt::join(invalid, ",")));
+      return fail(DDL_ERROR_MISMATCH, fmt::format("ddl_process_set_create: ranks {} asked for an invalid set (their own error says why)",
+                                                  fmt::join(invalid, ",")));
     if (!differing.empty())
-      return fail(DDL_ERROR_MISMATCH, fmt::format("ddl_process_set_create: ranks {} asked for a different set of ranks than rank {}", fmt::join(differing, ","), rt.engine->rank()));
+      return fail(DDL_ERROR_MISMATCH, fmt::format("ddl_process_set_create: ranks {} asked for a different set of ranks than rank {}",
+                                                  fmt::join(differing, ","), rt.engine->rank()));
     auto set = std::make_shared<ProcessSet>();
     set->ranks = sorted;
     auto me = std::find(sorted.begin(), sorted.end(), rt.engine->rank());
@@ -523,7 +527,8 @@ ddl_status ddl_process_set_create(const int* ranks, int count, ddl_process_set* 
         config.timeline_path.clear();  // the world's engine owns the timeline file
         set->engine = std::make_shared<Engine>(process_set_collectives(rt, id, *set), config);
       } catch (const std::exception& e) {
-        return fail(DDL_ERROR_BOOTSTRAP, fmt::format("ddl_process_set_create: connecting ranks {} failed: {}", fmt::join(sorted, ","), e.what()));
+        return fail(DDL_ERROR_BOOTSTRAP,
+                    fmt::format("ddl_process_set_create: connecting ranks {} failed: {}", fmt::join(sorted, ","), e.what()));
       }
     }
     std::lock_guard lock(rt.sets_mutex);
@@ -542,8 +547,8 @@ std::shared_ptr<ProcessSet> find_set(Runtime& rt, ddl_process_set handle) {
   std::lock_guard lock(rt.sets_mutex);
   auto it = rt.sets.find(reinterpret_cast<uintptr_t>(handle));
   if (it == rt.sets.end()) {
-    fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("process set {} does not exist (it was destroyed, or ddl_finalize was called)",
-                                                 reinterpret_cast<uintptr_t>(handle)));
+    fail(DDL_ERROR_INVALID_ARGUMENT,
+         fmt::format("process set {} does not exist (it was destroyed, or ddl_finalize was called)", reinterpret_cast<uintptr_t>(handle)));
     return nullptr;
   }
   return it->second;
@@ -575,7 +580,8 @@ const ddl_op_options kDefaultOptions = DDL_OP_OPTIONS_INIT;
 // The options, checked: known flags, a shape when ndim > 0, scaling only on host buffers.
 ddl_status read_options(const ddl_op_options* given, ddl_op_options& o, std::vector<int64_t>& shape) {
   o = given ? *given : kDefaultOptions;
-  if (o.flags & ~(DDL_COMPRESS_FP16 | DDL_CUDA_BUFFERS)) return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("unknown op flags {:#x}", o.flags));
+  if (o.flags & ~(DDL_COMPRESS_FP16 | DDL_CUDA_BUFFERS))
+    return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("unknown op flags {:#x}", o.flags));
   if (o.ndim < 0 || (o.ndim > 0 && o.shape == nullptr)) return fail(DDL_ERROR_INVALID_ARGUMENT, "options: ndim > 0 needs a shape");
   shape.assign(o.shape, o.shape + o.ndim);
   if ((o.flags & DDL_CUDA_BUFFERS) && (o.prescale != 1.0 || o.postscale != 1.0))
@@ -628,13 +634,14 @@ ddl_status query_set(ddl_process_set handle, const void* out, const char* what, 
 extern "C" {
 
 ddl_status ddl_process_set_rank(ddl_process_set handle, int* rank) {
-  return query_set(handle, rank, "ddl_process_set_rank", [&](Runtime&) { return ddl_rank(rank); },
-                   [&](const ProcessSet& set) { *rank = set.rank; });
+  return query_set(
+      handle, rank, "ddl_process_set_rank", [&](Runtime&) { return ddl_rank(rank); }, [&](const ProcessSet& set) { *rank = set.rank; });
 }
 
 ddl_status ddl_process_set_size(ddl_process_set handle, int* size) {
-  return query_set(handle, size, "ddl_process_set_size", [&](Runtime&) { return ddl_size(size); },
-                   [&](const ProcessSet& set) { *size = static_cast<int>(set.ranks.size()); });
+  return query_set(
+      handle, size, "ddl_process_set_size", [&](Runtime&) { return ddl_size(size); },
+      [&](const ProcessSet& set) { *size = static_cast<int>(set.ranks.size()); });
 }
 
 ddl_status ddl_process_set_ranks(ddl_process_set handle, int* ranks) {
@@ -656,10 +663,12 @@ ddl_status ddl_allreduce_ex(const char* name, const void* send, void* recv, size
   if (auto s = check_reduce_op(op); s != DDL_SUCCESS) return s;
   const bool compress = (o.flags & DDL_COMPRESS_FP16) != 0;
   if (compress && dtype != DDL_FLOAT32)
-    return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("DDL_COMPRESS_FP16 applies to float32 allreduces, not {}", ddl::runtime::dtype_name(dtype)));
+    return fail(DDL_ERROR_INVALID_ARGUMENT,
+                fmt::format("DDL_COMPRESS_FP16 applies to float32 allreduces, not {}", ddl::runtime::dtype_name(dtype)));
   if ((o.flags & DDL_CUDA_BUFFERS) && dtype == DDL_INT16) return fail(DDL_ERROR_UNSUPPORTED, "NCCL cannot reduce int16 CUDA buffers");
   if ((o.flags & DDL_CUDA_BUFFERS) && (o.prescale != 1.0 || o.postscale != 1.0))
-    return fail(DDL_ERROR_UNSUPPORTED, "prescale and postscale apply to host buffers: scale CUDA buffers on the device before or after the op");
+    return fail(DDL_ERROR_UNSUPPORTED,
+                "prescale and postscale apply to host buffers: scale CUDA buffers on the device before or after the op");
   return with_runtime([&](Runtime& rt) {
     Target t;
     if (auto s = resolve(rt, o.process_set, t); s != DDL_SUCCESS) return s;
@@ -677,7 +686,8 @@ ddl_status ddl_broadcast_ex(const char* name, void* buffer, size_t count, ddl_dt
   return with_runtime([&](Runtime& rt) {
     Target t;
     if (auto s = resolve(rt, o.process_set, t); s != DDL_SUCCESS) return s;
-    if (root < 0 || root >= t.size) return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("broadcast root {} is not a rank of a set of {}", root, t.size));
+    if (root < 0 || root >= t.size)
+      return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("broadcast root {} is not a rank of a set of {}", root, t.size));
     OpSpec spec{OpKind::Broadcast, dtype, DDL_SUM, root, count, {}, (o.flags & DDL_CUDA_BUFFERS) != 0, false, shape};
     return submit_to(t, name, spec, buffer, buffer, handle, o.stream);
   });
@@ -695,7 +705,8 @@ ddl_status ddl_allgatherv_ex(const char* name, const void* send, void* recv, con
     std::vector<uint64_t> counts(recv_counts, recv_counts + t.size);
     const uint64_t total = sum_of(recv_counts, t.size);
     if (auto s = check_buffers(send, recv, total, dtype); s != DDL_SUCCESS) return s;
-    if (counts[static_cast<size_t>(t.rank)] > 0 && send == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "allgatherv: the send buffer is NULL");
+    if (counts[static_cast<size_t>(t.rank)] > 0 && send == nullptr)
+      return fail(DDL_ERROR_INVALID_ARGUMENT, "allgatherv: the send buffer is NULL");
     const bool cuda = (o.flags & DDL_CUDA_BUFFERS) != 0;
     if (cuda) {  // NCCL gathers equal blocks only
       if (std::any_of(counts.begin(), counts.end(), [&](uint64_t c) { return c != counts[0]; }))
@@ -712,7 +723,8 @@ ddl_status ddl_alltoallv_ex(const char* name, const void* send, const size_t* se
   std::vector<int64_t> shape;
   if (auto s = read_options(options, o, shape); s != DDL_SUCCESS) return s;
   if (o.flags & DDL_CUDA_BUFFERS) return fail(DDL_ERROR_UNSUPPORTED, "alltoallv takes host buffers");
-  if (send_counts == nullptr || recv_counts == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "alltoallv: send_counts or recv_counts is NULL");
+  if (send_counts == nullptr || recv_counts == nullptr)
+    return fail(DDL_ERROR_INVALID_ARGUMENT, "alltoallv: send_counts or recv_counts is NULL");
   if (handle == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "handle is NULL");
   return with_runtime([&](Runtime& rt) {
     Target t;
@@ -721,14 +733,15 @@ ddl_status ddl_alltoallv_ex(const char* name, const void* send, const size_t* se
     if (auto s = check_buffers(send, recv, sum_of(recv_counts, t.size), dtype); s != DDL_SUCCESS) return s;
     if (sum_of(send_counts, t.size) > 0 && send == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "alltoallv: the send buffer is NULL");
     OpSpec spec{OpKind::Alltoallv, dtype, DDL_SUM, 0, 0, {}, false, false, shape};
-    *handle = new ddl_handle_s{t.engine->submit_with_counts(name ? name : "", spec, send, recv, std::vector<size_t>(send_counts, send_counts + n),
-                                                          std::vector<size_t>(recv_counts, recv_counts + n))};
+    *handle =
+        new ddl_handle_s{t.engine->submit_with_counts(name ? name : "", spec, send, recv, std::vector<size_t>(send_counts, send_counts + n),
+                                                      std::vector<size_t>(recv_counts, recv_counts + n))};
     return DDL_SUCCESS;
   });
 }
 
-ddl_status ddl_allgather_any_ex(const char* name, const void* send, size_t send_count, ddl_dtype dtype,
-                                const ddl_op_options* options, ddl_handle* handle) {
+ddl_status ddl_allgather_any_ex(const char* name, const void* send, size_t send_count, ddl_dtype dtype, const ddl_op_options* options,
+                                ddl_handle* handle) {
   ddl_op_options o;
   std::vector<int64_t> shape;
   if (auto s = read_options(options, o, shape); s != DDL_SUCCESS) return s;
@@ -757,8 +770,8 @@ ddl_status ddl_alltoall_any_ex(const char* name, const void* send, const size_t*
     if (auto s = resolve(rt, o.process_set, t); s != DDL_SUCCESS) return s;
     if (auto s = check_common(send, sum_of(send_counts, t.size), dtype); s != DDL_SUCCESS) return s;
     OpSpec spec{OpKind::AlltoallAny, dtype, DDL_SUM, 0, 0, {}, false, false, shape};
-    *handle = new ddl_handle_s{t.engine->submit_with_counts(name ? name : "", spec, send, nullptr,
-                                                          std::vector<size_t>(send_counts, send_counts + t.size), {})};
+    *handle = new ddl_handle_s{
+        t.engine->submit_with_counts(name ? name : "", spec, send, nullptr, std::vector<size_t>(send_counts, send_counts + t.size), {})};
     return DDL_SUCCESS;
   });
 }

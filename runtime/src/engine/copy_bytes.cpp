@@ -34,8 +34,10 @@ void move_bytes(void* to, const void* from, size_t bytes) {
   if (bytes == 0) return;
   const auto t = reinterpret_cast<uintptr_t>(to);
   const auto f = reinterpret_cast<uintptr_t>(from);
-  if (t < f + bytes && f < t + bytes) std::memmove(to, from, bytes);
-  else copy_bytes(to, from, bytes);
+  if (t < f + bytes && f < t + bytes)
+    std::memmove(to, from, bytes);
+  else
+    copy_bytes(to, from, bytes);
 }
 
 }  // namespace ddl::runtime

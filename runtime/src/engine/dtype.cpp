@@ -47,7 +47,10 @@ float half_to_float(unsigned short h) {
     bits = sign;
   } else {  // subnormal half: normalize it
     int shift = 0;
-    while ((mantissa & 0x400) == 0) { mantissa <<= 1; ++shift; }
+    while ((mantissa & 0x400) == 0) {
+      mantissa <<= 1;
+      ++shift;
+    }
     mantissa &= 0x3ff;
     bits = sign | (static_cast<uint32_t>(113 - shift) << 23) | (mantissa << 13);
   }
@@ -63,7 +66,7 @@ unsigned short float_to_half(float f) {
   const uint32_t abs = bits & 0x7fffffff;
   if (abs > 0x7f800000) return static_cast<unsigned short>(sign | 0x7e00);   // NaN
   if (abs >= 0x47800000) return static_cast<unsigned short>(sign | 0x7c00);  // >= 65536: inf
-  if (abs < 0x33000000) return static_cast<unsigned short>(sign);             // < 2^-25: zero
+  if (abs < 0x33000000) return static_cast<unsigned short>(sign);            // < 2^-25: zero
   const int exponent = static_cast<int>(abs >> 23);
   uint32_t result;
   uint32_t rest;
@@ -118,16 +121,38 @@ void apply_16(void* out, const void* a, const void* b, size_t n, Op op) {
   for (size_t i = 0; i < n; ++i) o[i] = FromFloat(op(ToFloat(x[i]), ToFloat(y[i])));
 }
 
-struct Sum { template <typename T> T operator()(T x, T y) const { return x + y; } };
-struct Product { template <typename T> T operator()(T x, T y) const { return x * y; } };
-struct Min { template <typename T> T operator()(T x, T y) const { return std::min(x, y); } };
-struct Max { template <typename T> T operator()(T x, T y) const { return std::max(x, y); } };
+struct Sum {
+  template <typename T>
+  T operator()(T x, T y) const {
+    return x + y;
+  }
+};
+struct Product {
+  template <typename T>
+  T operator()(T x, T y) const {
+    return x * y;
+  }
+};
+struct Min {
+  template <typename T>
+  T operator()(T x, T y) const {
+    return std::min(x, y);
+  }
+};
+struct Max {
+  template <typename T>
+  T operator()(T x, T y) const {
+    return std::max(x, y);
+  }
+};
 
 template <typename Op>
 ReduceFunction for_dtype(ddl_dtype dtype) {
   switch (dtype) {
-    case DDL_FLOAT16: return [](void* o, const void* a, const void* b, size_t n) { apply_16<half_to_float, float_to_half>(o, a, b, n, Op{}); };
-    case DDL_BFLOAT16: return [](void* o, const void* a, const void* b, size_t n) { apply_16<bfloat16_to_float, float_to_bfloat16>(o, a, b, n, Op{}); };
+    case DDL_FLOAT16:
+      return [](void* o, const void* a, const void* b, size_t n) { apply_16<half_to_float, float_to_half>(o, a, b, n, Op{}); };
+    case DDL_BFLOAT16:
+      return [](void* o, const void* a, const void* b, size_t n) { apply_16<bfloat16_to_float, float_to_bfloat16>(o, a, b, n, Op{}); };
     case DDL_FLOAT32: return [](void* o, const void* a, const void* b, size_t n) { apply<float>(o, a, b, n, Op{}); };
     case DDL_FLOAT64: return [](void* o, const void* a, const void* b, size_t n) { apply<double>(o, a, b, n, Op{}); };
     case DDL_INT32: return [](void* o, const void* a, const void* b, size_t n) { apply<int32_t>(o, a, b, n, Op{}); };

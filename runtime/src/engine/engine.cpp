@@ -78,7 +78,7 @@ std::shared_ptr<OpState> Engine::submit(std::string name, const OpSpec& spec, co
 }
 
 std::shared_ptr<OpState> Engine::submit_with_counts(std::string name, const OpSpec& spec, const void* send, void* recv,
-                                                  std::vector<size_t> send_counts, std::vector<size_t> recv_counts) {
+                                                    std::vector<size_t> send_counts, std::vector<size_t> recv_counts) {
   PendingOp op{std::move(name), spec, send, recv, nullptr, Clock::now(), nullptr};
   op.send_counts = std::move(send_counts);
   op.recv_counts = std::move(recv_counts);
@@ -95,7 +95,8 @@ std::shared_ptr<OpState> Engine::enqueue(PendingOp op) {
   } else if (finalize_requested_) {
     state->complete(DDL_ERROR_NOT_INITIALIZED, fmt::format("op '{}' submitted after ddl_finalize", op.name));
   } else if (in_flight_.count(op.name) || inbox_names_.count(op.name)) {
-    state->complete(DDL_ERROR_INVALID_ARGUMENT, fmt::format("op '{}' is already in flight on rank {}: names must be unique until the op finishes", op.name, rank_));
+    state->complete(DDL_ERROR_INVALID_ARGUMENT,
+                    fmt::format("op '{}' is already in flight on rank {}: names must be unique until the op finishes", op.name, rank_));
   } else {
     inbox_names_.insert(op.name);
     inbox_.push_back(std::move(op));
@@ -116,11 +117,11 @@ void Engine::finalize() {
 
 void Engine::run_loop() {
   try {
-    while (run_round()) {
-    }
+    while (run_round()) {}
     // Every rank finalized: whatever is still waiting for a peer will never run.
     for (auto& [name, op] : in_flight_)
-      op.state->complete(DDL_ERROR_NOT_INITIALIZED, fmt::format("op '{}' was still waiting for other ranks when every rank finalized", name));
+      op.state->complete(DDL_ERROR_NOT_INITIALIZED,
+                         fmt::format("op '{}' was still waiting for other ranks when every rank finalized", name));
     in_flight_.clear();
   } catch (const TimeoutError& e) {
     fail_after_transport_error(DDL_ERROR_TIMEOUT, fmt::format("rank {}: timed out talking to the other ranks: {}", rank_, e.what()));
@@ -152,13 +153,17 @@ bool Engine::run_round() {
     const int cycles = idle_rounds_ < kIdleRoundsBeforeBackoff ? 1 : 16;
     const bool waiting_for_peers = !in_flight_.empty() || !gpu_in_flight_.empty();
     if (inbox_.empty() && !finalize_requested_) {
-      if (!waiting_for_peers) wake_.wait_for(lock, config_.cycle_time * cycles);
-      else if (auto pause = waiting_backoff(Clock::now()); pause.count() > 0) wake_.wait_for(lock, pause);
+      if (!waiting_for_peers)
+        wake_.wait_for(lock, config_.cycle_time * cycles);
+      else if (auto pause = waiting_backoff(Clock::now()); pause.count() > 0)
+        wake_.wait_for(lock, pause);
     }
     for (auto& op : inbox_) {
       if (op.spec.kind == OpKind::Join) joined_ = true;
-      if (auto id = negotiator_.cached_id(op.name, op.spec)) mine.cached.push_back(*id);
-      else mine.submitted.emplace_back(op.name, op.spec);
+      if (auto id = negotiator_.cached_id(op.name, op.spec))
+        mine.cached.push_back(*id);
+      else
+        mine.submitted.emplace_back(op.name, op.spec);
       std::string name = op.name;
       in_flight_.emplace(std::move(name), std::move(op));
     }
@@ -184,8 +189,9 @@ bool Engine::run_round() {
   const bool idle = decision.ready.empty() && decision.failed.empty() && in_flight_.empty() && gpu_in_flight_.empty() &&
                     std::all_of(round.begin(), round.end(), [](const Announcement& a) { return a.submitted.empty() && a.cached.empty(); });
   idle_rounds_ = idle ? idle_rounds_ + 1 : 0;
-  const bool fruitless = decision.ready.empty() && decision.failed.empty() &&
-                         std::all_of(round.begin(), round.end(), [](const Announcement& a) { return a.submitted.empty() && a.cached.empty(); });
+  const bool fruitless =
+      decision.ready.empty() && decision.failed.empty() &&
+      std::all_of(round.begin(), round.end(), [](const Announcement& a) { return a.submitted.empty() && a.cached.empty(); });
   if (!fruitless) last_progress_ = Clock::now();
   execute(decision.ready);
   poll_gpu_ops();
@@ -224,9 +230,12 @@ void Engine::execute(const std::vector<ReadyOp>& ready) {
   std::vector<PendingOp*> allreduces;
   std::vector<PendingOp*> gpu_ops;
   for (PendingOp* op : ops) {
-    if (op->spec.cuda) gpu_ops.push_back(op);
-    else if (op->spec.kind == OpKind::Allreduce) allreduces.push_back(op);
-    else run_single(*op);
+    if (op->spec.cuda)
+      gpu_ops.push_back(op);
+    else if (op->spec.kind == OpKind::Allreduce)
+      allreduces.push_back(op);
+    else
+      run_single(*op);
   }
   run_allreduces(allreduces);
   enqueue_gpu_ops(gpu_ops);
@@ -292,8 +301,10 @@ void Engine::run_allreduces(const std::vector<PendingOp*>& ops) {
       group.push_back(ops[j]);
       taken[j] = true;
     }
-    if (group.size() == 1 && !group[0]->spec.compress_fp16) run_single(*group[0]);
-    else run_fused_allreduce(group);
+    if (group.size() == 1 && !group[0]->spec.compress_fp16)
+      run_single(*group[0]);
+    else
+      run_fused_allreduce(group);
   }
 }
 
@@ -350,9 +361,7 @@ void Engine::run_single(PendingOp& op) {
       scale(op.recv, s.count, s.dtype, s.postscale);
       break;
     case OpKind::Broadcast: collectives_->broadcast(op.recv, bytes, s.root); break;
-    case OpKind::Allgather:
-      collectives_->allgatherv(op.send, op.recv, std::vector<size_t>(static_cast<size_t>(size_), bytes));
-      break;
+    case OpKind::Allgather: collectives_->allgatherv(op.send, op.recv, std::vector<size_t>(static_cast<size_t>(size_), bytes)); break;
     case OpKind::Allgatherv: {
       std::vector<size_t> per_rank;
       for (uint64_t c : s.counts) per_rank.push_back(c * element);
@@ -435,8 +444,9 @@ bool Engine::run_alltoallv(PendingOp& op) {
   const size_t block = exchange_blocks(op);
   for (size_t j = 0; j < op.recv_counts.size(); ++j) {
     if (op.recv_counts[j] > block) {
-      finish(op, DDL_ERROR_MISMATCH, fmt::format("alltoallv '{}': rank {} expected {} elements from rank {}, but no rank sent more than {}",
-                                                 op.name, rank_, op.recv_counts[j], j, block));
+      finish(op, DDL_ERROR_MISMATCH,
+             fmt::format("alltoallv '{}': rank {} expected {} elements from rank {}, but no rank sent more than {}", op.name, rank_,
+                         op.recv_counts[j], j, block));
       return false;
     }
   }

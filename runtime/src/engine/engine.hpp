@@ -7,19 +7,19 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
-#include <unordered_map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
-#include "runtime/src/transports/collectives.hpp"
-#include "runtime/src/transports/gpu_collectives.hpp"
 #include "runtime/src/engine/negotiator.hpp"
 #include "runtime/src/engine/op_spec.hpp"
 #include "runtime/src/engine/timeline.hpp"
+#include "runtime/src/transports/collectives.hpp"
+#include "runtime/src/transports/gpu_collectives.hpp"
 
 namespace ddl::runtime {
 
@@ -55,10 +55,10 @@ class OpState {
 };
 
 struct EngineConfig {
-  std::chrono::microseconds cycle_time{1000};   // DDL_CYCLE_TIME_MS (fractions allowed)
-  size_t fusion_threshold = 64u << 20;           // DDL_FUSION_THRESHOLD; 0 = no fusion
-  std::chrono::milliseconds timeout{300'000};    // DDL_TIMEOUT: an op waiting longer for a rank fails
-  std::string timeline_path;                     // DDL_TIMELINE for this rank; empty = none
+  std::chrono::microseconds cycle_time{1000};  // DDL_CYCLE_TIME_MS (fractions allowed)
+  size_t fusion_threshold = 64u << 20;         // DDL_FUSION_THRESHOLD; 0 = no fusion
+  std::chrono::milliseconds timeout{300'000};  // DDL_TIMEOUT: an op waiting longer for a rank fails
+  std::string timeline_path;                   // DDL_TIMELINE for this rank; empty = none
 };
 
 class Engine {
@@ -77,7 +77,7 @@ class Engine {
   // An op with counts of this rank alone, in elements, not part of the agreed spec: an alltoallv's
   // blocks, or {send count} of an allgather-any.
   std::shared_ptr<OpState> submit_with_counts(std::string name, const OpSpec& spec, const void* send, void* recv,
-                                            std::vector<size_t> send_counts, std::vector<size_t> recv_counts);
+                                              std::vector<size_t> send_counts, std::vector<size_t> recv_counts);
   Timeline& timeline() { return timeline_; }
   // Tells the other ranks this one is done and waits until all are; ops still pending then fail.
   void finalize();
@@ -92,8 +92,8 @@ class Engine {
     std::shared_ptr<OpState> state;
     Clock::time_point submitted;
     void* stream = nullptr;
-    Clock::time_point agreed;  // when every rank had submitted it
-    int join_result = -1;  // a join: the last rank to join
+    Clock::time_point agreed;                      // when every rank had submitted it
+    int join_result = -1;                          // a join: the last rank to join
     std::vector<size_t> send_counts, recv_counts;  // alltoallv: this rank's blocks; allgather-any: {its count}
   };
   // A CUDA op enqueued on its stream, waiting for its event.
@@ -137,16 +137,16 @@ class Engine {
   Negotiator negotiator_;
   Timeline timeline_;
   std::vector<char> fusion_buffer_;
-  std::vector<char> scratch_;  // reducescatter's and alltoallv's staging buffer
-  bool joined_ = false;        // engine thread: this rank has a join in flight
+  std::vector<char> scratch_;                                      // reducescatter's and alltoallv's staging buffer
+  bool joined_ = false;                                            // engine thread: this rank has a join in flight
   std::deque<std::pair<PendingOp, std::vector<char>>> stand_ins_;  // this round's, with their buffers
-  std::unique_ptr<GpuCollectives> gpu_;  // made when the first CUDA op runs
+  std::unique_ptr<GpuCollectives> gpu_;                            // made when the first CUDA op runs
   std::vector<GpuOpInFlight> gpu_in_flight_;
 
   std::mutex mutex_;  // guards what submit() and finalize() share with the engine thread
   std::condition_variable wake_;
   std::deque<PendingOp> inbox_;
-  std::unordered_set<std::string> inbox_names_;  // the names in inbox_, for the duplicate check
+  std::unordered_set<std::string> inbox_names_;           // the names in inbox_, for the duplicate check
   std::unordered_map<std::string, PendingOp> in_flight_;  // submitted on this rank, not yet finished
   bool finalize_requested_ = false;
   bool broken_ = false;

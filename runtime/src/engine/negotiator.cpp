@@ -61,8 +61,7 @@ Negotiator::Entry& Negotiator::entry_for(const std::string& name, TimePoint now)
   return e;
 }
 
-void Negotiator::announce_full(int rank, const std::string& name, const OpSpec& spec, TimePoint now,
-                               std::vector<Completed>& completed) {
+void Negotiator::announce_full(int rank, const std::string& name, const OpSpec& spec, TimePoint now, std::vector<Completed>& completed) {
   Entry& e = entry_for(name, now);
   // A rank never has one name pending twice (the engine refuses that at submit): a message that
   // does is corrupt, and counting it would complete the op without some rank, or twice.
@@ -116,7 +115,8 @@ void Negotiator::complete_for_joined(std::vector<Completed>& completed) const {
   }
   for (size_t id = 0; id < cached_waits_.size(); ++id) {
     const CachedWait& w = cached_waits_[id];
-    if (w.announced > 0 && w.announced < size_ && all_missing_joined([&](int r) { return static_cast<bool>(w.ranks[static_cast<size_t>(r)]); }))
+    if (w.announced > 0 && w.announced < size_ &&
+        all_missing_joined([&](int r) { return static_cast<bool>(w.ranks[static_cast<size_t>(r)]); }))
       completed.push_back({w.order, true, cache_[id].first, static_cast<uint32_t>(id)});
   }
 }
@@ -160,14 +160,17 @@ RoundDecision Negotiator::merge(const std::vector<Announcement>& announcements, 
   auto joined_failure = [&](const std::string& name, const OpSpec& spec) {
     decision.failed.push_back({name, DDL_ERROR_UNSUPPORTED,
                                fmt::format("op '{}' ({}) cannot run while ranks wait in join: only host allreduce, "
-                                           "reducescatter and barrier can", name, spec.describe())});
+                                           "reducescatter and barrier can",
+                                           name, spec.describe())});
   };
   for (const Completed& c : completed) {
     if (c.cached_id) {  // every rank announced the cached spec: agreed by construction
       cached_waits_[*c.cached_id].announced = 0;
       const OpSpec& spec = cache_[*c.cached_id].second;
-      if (c.with_joined && !runs_with_joined(spec)) joined_failure(c.name, spec);
-      else decision.ready.push_back({c.name, spec, c.with_joined, spec.kind == OpKind::Join ? last_joined_ : -1});
+      if (c.with_joined && !runs_with_joined(spec))
+        joined_failure(c.name, spec);
+      else
+        decision.ready.push_back({c.name, spec, c.with_joined, spec.kind == OpKind::Join ? last_joined_ : -1});
       continue;
     }
     auto it = table_.find(c.name);
@@ -195,8 +198,10 @@ std::string Negotiator::mismatch_message(const std::string& name, const Entry& e
     if (!e.specs[static_cast<size_t>(r)]) continue;  // a joined rank
     std::string d = e.specs[static_cast<size_t>(r)]->describe();
     auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == d; });
-    if (it == groups.end()) groups.push_back({d, {r}});
-    else it->second.push_back(r);
+    if (it == groups.end())
+      groups.push_back({d, {r}});
+    else
+      it->second.push_back(r);
   }
   std::string parts;
   for (const auto& [d, ranks] : groups) parts += fmt::format("{}rank {}: {}", parts.empty() ? "" : "; ", rank_list(ranks), d);

@@ -4,9 +4,9 @@
 #pragma once
 
 #include <chrono>
-#include <unordered_map>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "runtime/src/engine/op_spec.hpp"
@@ -70,9 +70,9 @@ class Negotiator {
   };
   struct Completed {
     uint64_t order;
-    bool with_joined = false;  // some ranks never announced it: they joined
-    std::string name;                    // announced in full by some rank (in table_), or
-    std::optional<uint32_t> cached_id;   // by id by every rank (in cached_waits_)
+    bool with_joined = false;           // some ranks never announced it: they joined
+    std::string name;                   // announced in full by some rank (in table_), or
+    std::optional<uint32_t> cached_id;  // by id by every rank (in cached_waits_)
   };
   std::string mismatch_message(const std::string& name, const Entry& e) const;
   std::string stall_message(const std::string& name, const std::vector<int>& missing) const;

@@ -5,13 +5,14 @@
 
 #include <fmt/format.h>
 
-#include "runtime/src/engine/dtype.hpp"
 #include "rendezvous/store_protocol.hpp"
+#include "runtime/src/engine/dtype.hpp"
 
 namespace ddl::runtime {
 
 const char* op_kind_name(OpKind kind) {
-  static const char* names[] = {"allreduce", "broadcast", "allgather", "allgatherv", "alltoall", "barrier", "reducescatter", "alltoallv", "allgather", "join", "alltoall"};
+  static const char* names[] = {"allreduce",     "broadcast", "allgather", "allgatherv", "alltoall", "barrier",
+                                "reducescatter", "alltoallv", "allgather", "join",       "alltoall"};
   auto i = static_cast<size_t>(kind);
   return i < std::size(names) ? names[i] : "unknown-op";
 }
@@ -72,8 +73,14 @@ Announcement Announcement::parse(const std::string& bytes) {
     if (!name || !kind || !dtype || !reduce || !cuda || !root || !count || !ncounts) throw fail();
     // A peer's bytes are not trusted: an unknown kind, dtype or reduction is a corrupt announcement.
     if (*kind > static_cast<uint8_t>(OpKind::AlltoallAny) || !valid_dtype(*dtype) || *reduce > DDL_PRODUCT) throw fail();
-    OpSpec spec{static_cast<OpKind>(*kind), static_cast<ddl_dtype>(*dtype), static_cast<ddl_reduce_op>(*reduce),
-                static_cast<int32_t>(*root), static_cast<uint64_t>(*count), {}, (*cuda & 1) != 0, (*cuda & 2) != 0};
+    OpSpec spec{static_cast<OpKind>(*kind),
+                static_cast<ddl_dtype>(*dtype),
+                static_cast<ddl_reduce_op>(*reduce),
+                static_cast<int32_t>(*root),
+                static_cast<uint64_t>(*count),
+                {},
+                (*cuda & 1) != 0,
+                (*cuda & 2) != 0};
     for (uint32_t j = 0; j < *ncounts; ++j) {
       auto c = r.i64();
       if (!c) throw fail();

@@ -11,7 +11,14 @@
 namespace ddl::runtime {
 
 enum class OpKind : uint8_t {
-  Allreduce = 0, Broadcast = 1, Allgather = 2, Allgatherv = 3, Alltoall = 4, Barrier = 5, Reducescatter = 6, Alltoallv = 7,
+  Allreduce = 0,
+  Broadcast = 1,
+  Allgather = 2,
+  Allgatherv = 3,
+  Alltoall = 4,
+  Barrier = 5,
+  Reducescatter = 6,
+  Alltoallv = 7,
   AllgatherAny = 8,  // an allgatherv whose per-rank counts are exchanged when it runs
   Join = 9,          // done once every rank has joined; joined ranks stand in for the others' ops
   AlltoallAny = 10   // an alltoallv whose receive counts are exchanged when it runs
@@ -39,10 +46,10 @@ struct OpSpec {
 // What one rank tells the others in one negotiation round.
 struct Announcement {
   std::vector<std::pair<std::string, OpSpec>> submitted;  // ops newly submitted since the last round
-  std::vector<uint32_t> cached;                            // more of them, as response-cache ids
-  bool finalizing = false;                                 // this rank called ddl_finalize
-  bool joined = false;                                     // this rank waits in ddl_join
-  std::vector<std::string> expired;                        // rank 0 only: ops that waited too long
+  std::vector<uint32_t> cached;                           // more of them, as response-cache ids
+  bool finalizing = false;                                // this rank called ddl_finalize
+  bool joined = false;                                    // this rank waits in ddl_join
+  std::vector<std::string> expired;                       // rank 0 only: ops that waited too long
 
   std::string serialize() const;
   static Announcement parse(const std::string& bytes);  // throws std::runtime_error when malformed

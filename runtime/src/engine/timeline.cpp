@@ -38,8 +38,7 @@ void Timeline::close_locked() {
 int Timeline::row_of(const std::string& op_name) {
   auto [it, added] = rows_.emplace(op_name, static_cast<int>(rows_.size()) + 1);
   if (added) {  // name the row after the op
-    nlohmann::json meta = {{"name", "thread_name"}, {"ph", "M"}, {"pid", rank_}, {"tid", it->second},
-                           {"args", {{"name", op_name}}}};
+    nlohmann::json meta = {{"name", "thread_name"}, {"ph", "M"}, {"pid", rank_}, {"tid", it->second}, {"args", {{"name", op_name}}}};
     std::fprintf(file_, "%s%s", first_ ? "" : ",\n", meta.dump().c_str());
     first_ = false;
   }
@@ -52,8 +51,13 @@ void Timeline::record(const std::string& op_name, const char* phase, Clock::time
   if (file_ == nullptr) return;
   using us = std::chrono::duration<double, std::micro>;
   int row = row_of(op_name);
-  nlohmann::json event = {{"name", phase}, {"cat", "ddl"}, {"ph", "X"}, {"pid", rank_}, {"tid", row},
-                          {"ts", us(start - origin_).count()}, {"dur", us(end - start).count()},
+  nlohmann::json event = {{"name", phase},
+                          {"cat", "ddl"},
+                          {"ph", "X"},
+                          {"pid", rank_},
+                          {"tid", row},
+                          {"ts", us(start - origin_).count()},
+                          {"dur", us(end - start).count()},
                           {"args", {{"op", op_name}}}};
   std::fprintf(file_, ",\n%s", event.dump().c_str());
 }

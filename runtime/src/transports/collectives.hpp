@@ -37,8 +37,8 @@ std::unique_ptr<Collectives> make_single_process_collectives();
 
 // Gloo over TCP, wired up through `store` (the ddl store or PMIx). `interface_host` is the address
 // peers reach this rank at.
-std::unique_ptr<Collectives> make_gloo_collectives(int rank, int size, gloo::rendezvous::Store& store,
-                                                   const std::string& interface_host, std::chrono::milliseconds timeout);
+std::unique_ptr<Collectives> make_gloo_collectives(int rank, int size, gloo::rendezvous::Store& store, const std::string& interface_host,
+                                                   std::chrono::milliseconds timeout);
 
 // Collectives through one shared-memory segment, for a world whose ranks all run on this node;
 // nullptr (on every rank alike) when the world is too large or some rank cannot map the segment.

@@ -138,8 +138,8 @@ class GlooCollectives final : public Collectives {
 
 }  // namespace
 
-std::unique_ptr<Collectives> make_gloo_collectives(int rank, int size, gloo::rendezvous::Store& store,
-                                                   const std::string& interface_host, std::chrono::milliseconds timeout) {
+std::unique_ptr<Collectives> make_gloo_collectives(int rank, int size, gloo::rendezvous::Store& store, const std::string& interface_host,
+                                                   std::chrono::milliseconds timeout) {
   return std::make_unique<GlooCollectives>(rank, size, store, interface_host, timeout);
 }
 

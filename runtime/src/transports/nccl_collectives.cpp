@@ -23,7 +23,8 @@ namespace ddl::runtime {
 namespace {
 
 void check_cuda(cudaError_t rc, const char* what) {
-  if (rc != cudaSuccess) throw Error(fmt::format("{}: {}", what, cudaGetErrorString(rc)), "is a GPU visible to this worker (CUDA_VISIBLE_DEVICES, nvidia-smi)?");
+  if (rc != cudaSuccess)
+    throw Error(fmt::format("{}: {}", what, cudaGetErrorString(rc)), "is a GPU visible to this worker (CUDA_VISIBLE_DEVICES, nvidia-smi)?");
 }
 
 void check_nccl(ncclResult_t rc, const char* what) {

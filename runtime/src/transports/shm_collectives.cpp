@@ -30,10 +30,10 @@
 #include <fmt/format.h>
 #include <gloo/rendezvous/store.h>
 
-#include "runtime/src/transports/collectives.hpp"
 #include "common/error.hpp"
 #include "common/random_hex.hpp"
 #include "runtime/src/engine/copy_bytes.hpp"
+#include "runtime/src/transports/collectives.hpp"
 
 namespace ddl::runtime {
 
@@ -216,7 +216,7 @@ class SharedMemory final : public Collectives {
   void alltoall(const void* send, void* recv, size_t bytes_per_rank) override {
     const char* in = static_cast<const char*>(send);
     char* out = static_cast<char*>(recv);
-    std::vector<char> own(in, in + bytes_per_rank * size_);  // `send` may be `recv`
+    std::vector<char> own(in, in + bytes_per_rank * size_);    // `send` may be `recv`
     const size_t piece = std::max<size_t>(1, chunk_ / size_);  // of each destination's block per round
     for (size_t first = 0; first < bytes_per_rank; first += piece) {
       const int set = next_set();

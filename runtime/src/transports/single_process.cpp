@@ -1,5 +1,5 @@
-#include "runtime/src/transports/collectives.hpp"
 #include "runtime/src/engine/copy_bytes.hpp"
+#include "runtime/src/transports/collectives.hpp"
 
 namespace ddl::runtime {
 
