@@ -4,6 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/lightning_venv.sh  # PyTorch Lightning for the Lightning tests (a cached venv; quick when present)
+bash scripts/check_format.sh    # every C and C++ file as .clang-format has it
 ctest --test-dir build --output-on-failure -j 1
 # The C++ tests again under AddressSanitizer + UndefinedBehaviorSanitizer.
 exec bash scripts/sanitizers.sh

@@ -1,0 +1,660 @@
+// The engine in one process: N threads, each a rank with its own Engine over a real transport
+// (Gloo's TCP device on loopback, or the shared-memory segment), wired up through one in-process
+// Gloo HashStore, the way Gloo tests its own algorithms. Run alone with `-ts=engine_threads`.
+//
+// What the engine does is observed where it meets its transport: every rank's transport is wrapped
+// in a Probe that records what went over it (each allreduce's length and element width, this rank's
+// negotiation announcements) and, for the tests, can park the engine thread at the start of a round
+// (so ops submitted meanwhile are all announced in the next round, together: no race decides what
+// fuses) or tear the transport down from inside the engine thread (a rank whose transport breaks).
+// Nothing in the engine changes for the tests: the Probe is a Collectives like any other.
+#include <doctest/doctest.h>
+
+#include <gloo/rendezvous/hash_store.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "common/error.hpp"
+#include "runtime/src/engine/engine.hpp"
+#include "runtime/src/transports/collectives.hpp"
+
+using namespace ddl::runtime;
+using namespace std::chrono_literals;
+
+namespace {
+
+enum class Transport { Gloo, SharedMemory };
+const Transport kTransports[] = {Transport::Gloo, Transport::SharedMemory};
+const int kSizes[] = {2, 4};
+
+const char* transport_name(Transport t) { return t == Transport::Gloo ? "gloo" : "shared memory"; }
+
+// One allreduce as the transport saw it.
+struct WireAllreduce {
+  size_t count;
+  size_t element_size;
+  bool operator==(const WireAllreduce&) const = default;
+};
+
+// "[1024x4B, 18x4B]", for messages.
+std::string show(const std::vector<WireAllreduce>& calls) {
+  std::string out;
+  for (const auto& c : calls) out += fmt::format("{}{}x{}B", out.empty() ? "" : ", ", c.count, c.element_size);
+  return "[" + out + "]";
+}
+
+// Checks what went over the wire, showing it when it is not what was expected.
+#define CHECK_WIRE(actual, ...)                                                                                                 \
+  do {                                                                                                                          \
+    const std::vector<WireAllreduce> wire_seen = (actual);                                                                      \
+    const std::vector<WireAllreduce> wire_expected = __VA_ARGS__;                                                               \
+    CHECK_MESSAGE(wire_seen == wire_expected, "allreduces on the wire: ", show(wire_seen), ", expected ", show(wire_expected)); \
+  } while (false)
+
+class Probe final : public Collectives {
+ public:
+  explicit Probe(std::unique_ptr<Collectives> inner) : inner_(std::move(inner)), rank_(inner_->rank()), size_(inner_->size()) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  std::vector<std::string> allgather_bytes(const std::string& mine) override {
+    gate();
+    auto all = live().allgather_bytes(mine);
+    Announcement a = Announcement::parse(mine);
+    if (!a.submitted.empty() || !a.cached.empty()) {
+      std::lock_guard lock(mutex_);
+      announcements_.push_back(std::move(a));
+    }
+    return all;
+  }
+  void allreduce(void* data, size_t count, size_t element_size, ReduceFunction reduce) override {
+    {
+      std::lock_guard lock(mutex_);
+      allreduces_.push_back({count, element_size});
+    }
+    live().allreduce(data, count, element_size, reduce);
+  }
+  void broadcast(void* data, size_t bytes, int root) override { live().broadcast(data, bytes, root); }
+  void allgatherv(const void* send, void* recv, const std::vector<size_t>& bytes_per_rank) override {
+    live().allgatherv(send, recv, bytes_per_rank);
+  }
+  void alltoall(const void* send, void* recv, size_t bytes_per_rank) override { live().alltoall(send, recv, bytes_per_rank); }
+  void barrier() override { live().barrier(); }
+
+  // Parks the engine thread at the start of its next negotiation round, once it has built that
+  // round's announcement; returns false if it never got there. Ops submitted until resume() are
+  // all in the announcement after it.
+  bool pause() {
+    std::unique_lock lock(mutex_);
+    hold_ = true;
+    return cv_.wait_for(lock, 20s, [&] { return parked_; });
+  }
+  void resume() {
+    std::lock_guard lock(mutex_);
+    hold_ = false;
+    cv_.notify_all();
+  }
+  // The engine thread's next call tears the transport down (a Gloo rank closes its connections; a
+  // shared-memory rank unmaps the segment and never arrives at a barrier again) and throws, as a
+  // transport whose peer vanished does.
+  void sever() { sever_ = true; }
+
+  // What went over the transport since the last take: allreduces, and this rank's non-empty
+  // announcements.
+  std::vector<WireAllreduce> take_allreduces() {
+    std::lock_guard lock(mutex_);
+    return std::exchange(allreduces_, {});
+  }
+  std::vector<Announcement> take_announcements() {
+    std::lock_guard lock(mutex_);
+    return std::exchange(announcements_, {});
+  }
+
+ private:
+  void gate() {
+    std::unique_lock lock(mutex_);
+    if (!hold_) return;
+    parked_ = true;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return !hold_; });
+    parked_ = false;
+  }
+  Collectives& live() {
+    if (sever_) {
+      inner_.reset();
+      throw ddl::PeerLostError("transport torn down by the test");
+    }
+    return *inner_;
+  }
+
+  std::unique_ptr<Collectives> inner_;  // engine thread only (and the constructor)
+  const int rank_, size_;
+  std::atomic<bool> sever_{false};
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool hold_ = false, parked_ = false;
+  std::vector<WireAllreduce> allreduces_;
+  std::vector<Announcement> announcements_;
+};
+
+// Ops submitted while the engine thread is parked: they go into one announcement.
+class Paused {
+ public:
+  explicit Paused(Probe& probe) : probe_(probe) {
+    if (!probe_.pause()) throw std::runtime_error("the engine thread never reached its next round");
+  }
+  ~Paused() { probe_.resume(); }
+  Paused(const Paused&) = delete;
+  Paused& operator=(const Paused&) = delete;
+
+ private:
+  Probe& probe_;
+};
+
+struct RankContext {
+  int rank;
+  int size;
+  Transport transport;
+  Probe& probe;
+  std::unique_ptr<Engine> engine;  // the fixture destroys it after the body, unless the body did
+  std::function<void()> sync;      // returns once every rank's thread has called it (test-side only)
+};
+
+struct WorldOptions {
+  std::function<EngineConfig(int rank)> config = [](int) { return EngineConfig{}; };
+  std::chrono::milliseconds transport_timeout{10'000};  // what the transport waits for a peer
+};
+
+// Gloo's HashStore, with the blocking get() that ddl's stores have (the TCP store's get waits for
+// the key, PMIx fetches it from its owner) and the shared-memory setup relies on; HashStore's own
+// get() returns an empty value for a key not yet set. Gloo's own rendezvous waits before it gets.
+class BlockingHashStore final : public gloo::rendezvous::HashStore {
+ public:
+  std::vector<char> get(const std::string& key) override {
+    wait({key});
+    return HashStore::get(key);
+  }
+};
+
+std::string describe(Transport t, int size) { return fmt::format("{} ranks over {}", size, transport_name(t)); }
+
+// Runs `body` on `size` threads, each a rank with its own engine over `transport`, and reports
+// anything a rank threw. A world that is not done within a minute (an engine that never lets go)
+// aborts the test program rather than hanging it.
+void run_world(Transport transport, int size, const WorldOptions& options, const std::function<void(RankContext&)>& body) {
+  BlockingHashStore store;
+  std::mutex mutex;
+  std::condition_variable finished;
+  bool done = false;
+  std::vector<std::string> errors;
+  std::barrier<> threads_meet(size);
+  const std::string world = describe(transport, size);
+  std::thread watchdog([&] {
+    std::unique_lock lock(mutex);
+    if (!finished.wait_for(lock, 60s, [&] { return done; })) {
+      std::fprintf(stderr, "engine_threads: %s did not finish within 60 s\n", world.c_str());
+      std::abort();
+    }
+  });
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < size; ++r) {
+    ranks.emplace_back([&, r] {
+      const std::string where = fmt::format("rank {} of {}", r, world);
+      INFO(where);  // doctest's context is per thread: every check below names its rank and world
+      try {
+        std::unique_ptr<Collectives> collectives = transport == Transport::Gloo
+                                                       ? make_gloo_collectives(r, size, store, "127.0.0.1", options.transport_timeout)
+                                                       : make_shared_memory_collectives(r, size, store, options.transport_timeout);
+        if (!collectives) throw std::runtime_error("the shared-memory segment could not be set up");
+        auto probe = std::make_unique<Probe>(std::move(collectives));
+        Probe& p = *probe;
+        RankContext ctx{
+            r, size, transport, p, std::make_unique<Engine>(std::move(probe), options.config(r)), [&] { threads_meet.arrive_and_wait(); }};
+        body(ctx);
+        ctx.engine.reset();
+      } catch (const std::exception& e) {
+        std::lock_guard lock(mutex);
+        errors.push_back(fmt::format("{}: {}", where, e.what()));
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  {
+    std::lock_guard lock(mutex);
+    done = true;
+  }
+  finished.notify_all();
+  watchdog.join();
+  for (const auto& e : errors) FAIL_CHECK(e);
+}
+
+void for_each_world(const WorldOptions& options, const std::function<void(RankContext&)>& body) {
+  for (Transport t : kTransports)
+    for (int size : kSizes) run_world(t, size, options, body);
+}
+
+struct Outcome {
+  ddl_status status;
+  std::string message;
+};
+
+// An op's outcome; throws if it is not done within 20 s (an engine that hangs fails the test).
+Outcome outcome(const std::shared_ptr<OpState>& op) {
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (!op->done()) {
+    if (std::chrono::steady_clock::now() > deadline) throw std::runtime_error("an op was still not done after 20 s");
+    std::this_thread::sleep_for(1ms);
+  }
+  Outcome o;
+  o.status = op->wait(o.message);
+  return o;
+}
+
+// Waits for `op` and checks it succeeded.
+void succeeded(const std::shared_ptr<OpState>& op, const std::string& what) {
+  Outcome o = outcome(op);
+  CHECK_MESSAGE(o.status == DDL_SUCCESS, what, ": ", o.message);
+}
+
+OpSpec allreduce_spec(ddl_dtype dtype, uint64_t count) {
+  OpSpec s;
+  s.kind = OpKind::Allreduce;
+  s.dtype = dtype;
+  s.reduce = DDL_SUM;
+  s.count = count;
+  return s;
+}
+
+std::string temp_path(const char* what) {
+  static std::atomic<int> counter{0};
+  return (std::filesystem::temp_directory_path() / fmt::format("ddl-engine-threads-{}-{}-{}.json", ::getpid(), what, counter++)).string();
+}
+
+// A value only the rank, op and element make, and its sum over `size` ranks: small integers, so
+// float sums are exact.
+float input(int rank, int op, size_t j) { return static_cast<float>((rank + 1) * (op + 1)) + static_cast<float>(j); }
+float expected_sum(int size, int op, size_t j) {
+  return static_cast<float>((op + 1) * size * (size + 1) / 2) + static_cast<float>(size) * static_cast<float>(j);
+}
+
+// `count` float32 allreduces named prefix.i of 64 elements each, submitted while the engine thread
+// is parked; checks every result and returns what went over the wire for them.
+std::vector<WireAllreduce> sixteen_allreduces(RankContext& ctx, const std::string& prefix) {
+  constexpr int kOps = 16;
+  constexpr size_t kCount = 64;
+  std::vector<std::vector<float>> in(kOps), out(kOps);
+  std::vector<std::shared_ptr<OpState>> ops;
+  for (int i = 0; i < kOps; ++i) {
+    for (size_t j = 0; j < kCount; ++j) in[i].push_back(input(ctx.rank, i, j));
+    out[i].assign(kCount, -1);
+  }
+  {
+    Paused paused(ctx.probe);
+    for (int i = 0; i < kOps; ++i)
+      ops.push_back(ctx.engine->submit(fmt::format("{}.{}", prefix, i), allreduce_spec(DDL_FLOAT32, kCount), in[i].data(), out[i].data()));
+  }
+  for (int i = 0; i < kOps; ++i) {
+    succeeded(ops[i], fmt::format("{}.{}", prefix, i));
+    bool right = true;
+    for (size_t j = 0; j < kCount; ++j) right = right && out[i][j] == expected_sum(ctx.size, i, j);
+    CHECK_MESSAGE(right, prefix, ".", i, " has a wrong sum");
+  }
+  return ctx.probe.take_allreduces();
+}
+
+std::vector<std::string> names_of(const Announcement& a) {
+  std::vector<std::string> names;
+  for (const auto& [name, spec] : a.submitted) names.push_back(name);
+  return names;
+}
+
+}  // namespace
+
+TEST_SUITE("engine_threads") {
+  TEST_CASE("allreduces submitted in one cycle are fused: one collective per dtype, results right") {
+    std::map<std::string, std::string> timelines;  // world -> rank 0's timeline
+    for (Transport t : kTransports) {
+      for (int size : kSizes) {
+        const std::string timeline = temp_path("fusion");
+        timelines[describe(t, size)] = timeline;
+        WorldOptions options;
+        options.config = [&](int rank) {
+          EngineConfig c;
+          if (rank == 0) c.timeline_path = timeline;
+          return c;
+        };
+        run_world(t, size, options, [](RankContext& ctx) {
+          constexpr int kFloats = 16, kInts = 4;
+          std::vector<std::vector<float>> fin(kFloats), fout(kFloats);
+          std::vector<std::vector<int32_t>> iin(kInts), iout(kInts);
+          size_t float_elements = 0, int_elements = 0;
+          for (int i = 0; i < kFloats; ++i) {
+            const size_t n = 8 + static_cast<size_t>(i);
+            for (size_t j = 0; j < n; ++j) fin[i].push_back(input(ctx.rank, i, j));
+            fout[i].assign(n, -1);
+            float_elements += n;
+          }
+          for (int i = 0; i < kInts; ++i) {
+            const size_t n = 3 + static_cast<size_t>(i);
+            for (size_t j = 0; j < n; ++j) iin[i].push_back((ctx.rank + 1) * 1000 + i * 10 + static_cast<int32_t>(j));
+            iout[i].assign(n, -1);
+            int_elements += n;
+          }
+          std::vector<std::shared_ptr<OpState>> ops;
+          {
+            Paused paused(ctx.probe);
+            // Interleaved, so grouping by dtype (not adjacency) is what fuses them.
+            for (int i = 0; i < kFloats; ++i) {
+              ops.push_back(
+                  ctx.engine->submit(fmt::format("f.{}", i), allreduce_spec(DDL_FLOAT32, fin[i].size()), fin[i].data(), fout[i].data()));
+              if (i % 4 == 0)
+                ops.push_back(ctx.engine->submit(fmt::format("n.{}", i / 4), allreduce_spec(DDL_INT32, iin[i / 4].size()),
+                                                 iin[i / 4].data(), iout[i / 4].data()));
+            }
+          }
+          for (auto& op : ops) succeeded(op, "a fused allreduce");
+          for (int i = 0; i < kFloats; ++i) {
+            bool right = true;
+            for (size_t j = 0; j < fout[i].size(); ++j) right = right && fout[i][j] == expected_sum(ctx.size, i, j);
+            CHECK_MESSAGE(right, "f.", i, " has a wrong sum");
+          }
+          const int32_t ranks_sum = ctx.size * (ctx.size + 1) / 2;
+          for (int i = 0; i < kInts; ++i) {
+            bool right = true;
+            for (size_t j = 0; j < iout[i].size(); ++j)
+              right = right && iout[i][j] == ranks_sum * 1000 + ctx.size * (i * 10 + static_cast<int32_t>(j));
+            CHECK_MESSAGE(right, "n.", i, " has a wrong sum");
+          }
+          // Twenty ops, two collectives: the floats (first announced) and the int32s, each whole.
+          CHECK_WIRE(ctx.probe.take_allreduces(), {{float_elements, 4}, {int_elements, 4}});
+        });
+      }
+    }
+    // Rank 0's timeline (closed with its engine) shows the fusion buffer: every float op was copied
+    // into it and reduced in the same collective, and the int32 ops in another.
+    for (const auto& entry : timelines) {  // no structured bindings: clang 14 cannot capture them in INFO
+      const std::string& world = entry.first;
+      const std::string& path = entry.second;
+      INFO(world);
+      std::ifstream file(path);
+      REQUIRE(file.good());
+      const auto doc = nlohmann::json::parse(file);
+      std::filesystem::remove(path);
+      std::map<std::string, std::set<std::string>> phases;  // op -> phases
+      std::set<double> float_allreduce_starts, int_allreduce_starts;
+      for (const auto& e : doc.at("traceEvents")) {
+        if (e.at("ph") != "X") continue;
+        const std::string op = e.at("args").at("op"), phase = e.at("name");
+        phases[op].insert(phase);
+        if (phase == "ALLREDUCE") (op[0] == 'f' ? float_allreduce_starts : int_allreduce_starts).insert(e.at("ts").get<double>());
+      }
+      CHECK(phases.size() == 20);
+      for (const auto& phase_entry : phases) {
+        const std::string& op = phase_entry.first;
+        const std::set<std::string>& seen = phase_entry.second;
+        INFO(op);
+        CHECK(seen.count("MEMCPY_IN_FUSION_BUFFER") == 1);
+        CHECK(seen.count("MEMCPY_OUT_FUSION_BUFFER") == 1);
+      }
+      CHECK(float_allreduce_starts.size() == 1);
+      CHECK(int_allreduce_starts.size() == 1);
+    }
+  }
+
+  TEST_CASE("the response cache: a repeated op is announced by id; a new shape is renegotiated; a shape only one rank changed fails") {
+    for_each_world({}, [](RankContext& ctx) {
+      constexpr int kOps = 5;
+      const int last = ctx.size - 1;
+      // One training step: grad.0 .. grad.4, grad.0 with `first_count` elements, the others 6; returns
+      // grad.0's outcome after checking the others, and this rank's one announcement of the step.
+      auto step = [&](uint64_t first_count, Announcement& announced) {
+        std::vector<std::vector<float>> in(kOps), out(kOps);
+        std::vector<std::shared_ptr<OpState>> ops;
+        for (int i = 0; i < kOps; ++i) {
+          const size_t n = i == 0 ? first_count : 6;
+          for (size_t j = 0; j < n; ++j) in[i].push_back(input(ctx.rank, i, j));
+          out[i].assign(n, -1);
+        }
+        {
+          Paused paused(ctx.probe);
+          for (int i = 0; i < kOps; ++i)
+            ops.push_back(
+                ctx.engine->submit(fmt::format("grad.{}", i), allreduce_spec(DDL_FLOAT32, in[i].size()), in[i].data(), out[i].data()));
+        }
+        for (int i = 1; i < kOps; ++i) succeeded(ops[i], fmt::format("grad.{}", i));
+        Outcome first = outcome(ops[0]);
+        if (first.status == DDL_SUCCESS) {
+          bool right = true;
+          for (size_t j = 0; j < first_count; ++j) right = right && out[0][j] == expected_sum(ctx.size, 0, j);
+          CHECK_MESSAGE(right, "grad.0 has a wrong sum");
+        }
+        auto announcements = ctx.probe.take_announcements();
+        if (announcements.size() != 1)
+          throw std::runtime_error(fmt::format("a step's ops were announced in {} announcements, not one", announcements.size()));
+        announced = announcements[0];
+        return first;
+      };
+      const std::vector<std::string> all{"grad.0", "grad.1", "grad.2", "grad.3", "grad.4"};
+      Announcement a;
+
+      // First step: announced in full.
+      CHECK(step(4, a).status == DDL_SUCCESS);
+      CHECK(names_of(a) == all);
+      CHECK(a.cached.empty());
+      // Every later step with the same names and shapes: only the cache ids.
+      for (int repeat = 0; repeat < 2; ++repeat) {
+        CHECK(step(4, a).status == DDL_SUCCESS);
+        CHECK(a.submitted.empty());
+        CHECK(a.cached.size() == kOps);
+      }
+      // grad.0 changes shape on every rank: it is announced in full, agreed again and right.
+      CHECK(step(9, a).status == DDL_SUCCESS);
+      CHECK(names_of(a) == std::vector<std::string>{"grad.0"});
+      CHECK(a.cached.size() == kOps - 1);
+      // ... and the new shape is what the cache holds now.
+      CHECK(step(9, a).status == DDL_SUCCESS);
+      CHECK(a.submitted.empty());
+      CHECK(a.cached.size() == kOps);
+      // Only the last rank changes it: grad.0 fails on every rank with both shapes named; the others run.
+      Outcome mismatch = step(ctx.rank == last ? 3 : 9, a);
+      CHECK(mismatch.status == DDL_ERROR_MISMATCH);
+      const std::string others = ctx.size == 2 ? "rank 0" : fmt::format("rank 0-{}", last - 1);
+      CHECK(
+          mismatch.message ==
+          fmt::format("op 'grad.0' differs between ranks: {}: allreduce float32[9] sum; rank {}: allreduce float32[3] sum", others, last));
+      CHECK(a.cached.size() == (ctx.rank == last ? kOps - 1 : kOps));
+      // A mismatch fails that op alone: the engine goes on, with the agreed shape still cached.
+      CHECK(step(9, a).status == DDL_SUCCESS);
+      CHECK(a.cached.size() == kOps);
+    });
+  }
+
+  TEST_CASE("float16 and bfloat16 sums round to nearest even; fp16 compression rounds float32 on the wire") {
+    for_each_world({}, [](RankContext& ctx) {
+      const int r = ctx.rank;
+      // Ranks 0 and 1 hold the interesting values and every other rank zeros, so each element's sum
+      // is one rounded addition, whatever order the transport adds in; the last element is r + 1
+      // everywhere (small integers: exact).
+      const uint16_t sum_1_to_n_half = ctx.size == 2 ? 0x4200 /* 3 */ : 0x4900 /* 10 */;
+      const uint16_t sum_1_to_n_bf16 = ctx.size == 2 ? 0x4040 /* 3 */ : 0x4120 /* 10 */;
+      auto pick = [&](uint16_t rank0, uint16_t rank1) -> uint16_t { return r == 0 ? rank0 : r == 1 ? rank1 : 0; };
+      auto small_int_half = [](int v) -> uint16_t { return v == 1 ? 0x3C00 : v == 2 ? 0x4000 : v == 3 ? 0x4200 : 0x4400; };
+      auto small_int_bf16 = [](int v) -> uint16_t { return v == 1 ? 0x3F80 : v == 2 ? 0x4000 : v == 3 ? 0x4040 : 0x4080; };
+      std::vector<uint16_t> half_a{
+          pick(0x6800, 0x3C00),  // 2048 + 1 = 2049: a tie, to even 2048 (float32 would say 2049)
+          pick(0x6800, 0x4200),  // 2048 + 3 = 2051: a tie, to even 2052
+          pick(0x3C00, 0x1000),  // 1 + 2^-11: a tie, to even 1
+          pick(0x3C01, 0x1000),  // (1 + 2^-10) + 2^-11: a tie, to even 1 + 2^-9
+          pick(0x3C00, 0x1001),  // 1 + just over 2^-11: up to 1 + 2^-10
+      };
+      std::vector<uint16_t> half_b{
+          pick(0x7BFF, 0x4800),  // 65504 + 8 = 65512: down to 65504
+          pick(0x7BFF, 0x4C00),  // 65504 + 16 = 65520: a tie, to even, which is infinity
+          pick(0xE800, 0x3C00),  // -2048 + 1 = -2047: exact
+          small_int_half(r + 1),
+      };
+      std::vector<uint16_t> bf16{
+          pick(0x4380, 0x3F80),  // 256 + 1 = 257: a tie, to even 256
+          pick(0x4380, 0x4040),  // 256 + 3 = 259: a tie, to even 260
+          pick(0x3F80, 0x3B80),  // 1 + 2^-8: a tie, to even 1
+          pick(0x3F81, 0x3B80),  // (1 + 2^-7) + 2^-8: a tie, to even 1 + 2^-6
+          small_int_bf16(r + 1),
+      };
+      std::vector<float> compressed{
+          r == 0 ? 2049.0f : 0.0f,  // becomes the half 2048 before it travels
+          r == 0   ? 2048.0f
+          : r == 1 ? 1.0f
+                   : 0.0f,       // 2048 + 1 in half: 2048
+          r == 0 ? 0.1f : 0.0f,  // the half nearest 0.1
+          static_cast<float>(r + 1),
+      };
+      std::vector<uint16_t> half_a_out(half_a.size()), half_b_out(half_b.size()), bf16_out(bf16.size());
+      std::vector<float> compressed_out(compressed.size());
+      OpSpec compress = allreduce_spec(DDL_FLOAT32, compressed.size());
+      compress.compress_fp16 = true;
+      std::vector<std::shared_ptr<OpState>> ops;
+      {
+        Paused paused(ctx.probe);
+        ops.push_back(ctx.engine->submit("half.a", allreduce_spec(DDL_FLOAT16, half_a.size()), half_a.data(), half_a_out.data()));
+        ops.push_back(ctx.engine->submit("bf16", allreduce_spec(DDL_BFLOAT16, bf16.size()), bf16.data(), bf16_out.data()));
+        ops.push_back(ctx.engine->submit("compressed", compress, compressed.data(), compressed_out.data()));
+        ops.push_back(ctx.engine->submit("half.b", allreduce_spec(DDL_FLOAT16, half_b.size()), half_b.data(), half_b_out.data()));
+      }
+      for (auto& op : ops) succeeded(op, "a 16-bit allreduce");
+      CHECK(half_a_out == std::vector<uint16_t>{0x6800, 0x6802, 0x3C00, 0x3C02, 0x3C01});
+      CHECK(half_b_out == std::vector<uint16_t>{0x7BFF, 0x7C00, 0xE7FF, sum_1_to_n_half});
+      CHECK(bf16_out == std::vector<uint16_t>{0x4380, 0x4382, 0x3F80, 0x3F82, sum_1_to_n_bf16});
+      CHECK(compressed_out == std::vector<float>{2048.0f, 2048.0f, 0.0999755859375f, static_cast<float>(ctx.size * (ctx.size + 1) / 2)});
+      // On the wire: both float16 ops fused, bfloat16 alone, and the compressed float32 as 2-byte halves.
+      CHECK_WIRE(ctx.probe.take_allreduces(), {{half_a.size() + half_b.size(), 2}, {bf16.size(), 2}, {compressed.size(), 2}});
+    });
+  }
+
+  TEST_CASE("rank 0's settings decide for every rank") {
+    SUBCASE("rank 0's fusion threshold groups the ops on every rank") {
+      WorldOptions bounded;  // rank 0 fuses up to 1 KiB; the others would not fuse at all
+      bounded.config = [](int rank) {
+        EngineConfig c;
+        c.fusion_threshold = rank == 0 ? 1024 : 0;
+        return c;
+      };
+      for_each_world(bounded, [](RankContext& ctx) {
+        // Sixteen 256-byte ops: fused four by four, on every rank.
+        CHECK_WIRE(sixteen_allreduces(ctx, "bounded"), std::vector<WireAllreduce>(4, {256, 4}));
+      });
+      WorldOptions unfused;  // rank 0 does not fuse; the others would fuse everything
+      unfused.config = [](int rank) {
+        EngineConfig c;
+        c.fusion_threshold = rank == 0 ? 0 : 64u << 20;
+        return c;
+      };
+      for_each_world(unfused, [](RankContext& ctx) {
+        CHECK_WIRE(sixteen_allreduces(ctx, "unfused"), std::vector<WireAllreduce>(16, {64, 4}));
+      });
+    }
+
+    SUBCASE("rank 0's timeout decides which ops have stalled") {
+      WorldOptions impatient_root;  // rank 0 gives up on an op after 500 ms; the others would wait an hour
+      impatient_root.config = [](int rank) {
+        EngineConfig c;
+        c.timeout = rank == 0 ? 500ms : std::chrono::milliseconds(3'600'000);
+        return c;
+      };
+      for_each_world(impatient_root, [](RankContext& ctx) {
+        const int last = ctx.size - 1;
+        if (ctx.rank == last) {
+          float x = 1, y = 0;
+          Outcome o = outcome(ctx.engine->submit("orphan", allreduce_spec(DDL_FLOAT32, 1), &x, &y));
+          CHECK(o.status == DDL_ERROR_TIMEOUT);
+          const std::string missing = ctx.size == 2 ? "0" : fmt::format("0-{}", last - 1);
+          CHECK(o.message ==
+                fmt::format("op 'orphan' timed out: rank(s) {} never submitted it (raise DDL_TIMEOUT if they are only slow)", missing));
+        }
+        // A stalled op fails alone: the engines go on (once the orphan is gone: ops the other ranks
+        // submitted while the last rank waited for it would stall too).
+        ctx.sync();
+        CHECK_WIRE(sixteen_allreduces(ctx, "after"), {{1024, 4}});
+      });
+      WorldOptions impatient_others;  // the others would give up after 1 ms; rank 0 waits an hour
+      impatient_others.config = [](int rank) {
+        EngineConfig c;
+        c.timeout = rank == 0 ? std::chrono::milliseconds(3'600'000) : 1ms;
+        return c;
+      };
+      for_each_world(impatient_others, [](RankContext& ctx) {
+        float x = static_cast<float>(ctx.rank + 1), y = 0;
+        // Rank 0 submits at once, the others 100 times their own timeout later: nothing stalls.
+        if (ctx.rank != 0) std::this_thread::sleep_for(100ms);
+        succeeded(ctx.engine->submit("late", allreduce_spec(DDL_FLOAT32, 1), &x, &y), "late");
+        CHECK(y == static_cast<float>(ctx.size * (ctx.size + 1) / 2));
+      });
+    }
+  }
+
+  TEST_CASE("a rank whose transport breaks poisons every rank: pending and later ops fail, and the engines close") {
+    WorldOptions options;
+    options.transport_timeout = 1500ms;  // a shared-memory peer that vanished is noticed by this timeout
+    for_each_world(options, [](RankContext& ctx) {
+      // Rank 0 breaks in the world of 2 (the rank whose clock and threshold count), the last in the world of 4.
+      const int broken = ctx.size == 2 ? 0 : ctx.size - 1;
+      float x = 1, y = 0;
+      succeeded(ctx.engine->submit("before", allreduce_spec(DDL_FLOAT32, 1), &x, &y), "before");
+      CHECK(y == static_cast<float>(ctx.size));
+      Outcome pending;
+      if (ctx.rank == broken) {
+        ctx.probe.sever();
+        pending = outcome(ctx.engine->submit("pending", allreduce_spec(DDL_FLOAT32, 1), &x, &y));
+        CHECK(pending.status == DDL_ERROR_PEER_FAILED);
+        CHECK(pending.message == fmt::format("rank {}: lost a peer talking to the other ranks: transport torn down by the test", ctx.rank));
+      } else {
+        // Submitted by the survivors only: it waits for the broken rank until the transport fails.
+        pending = outcome(ctx.engine->submit("pending", allreduce_spec(DDL_FLOAT32, 1), &x, &y));
+        if (ctx.transport == Transport::SharedMemory) {
+          // The segment says nothing when a rank stops coming: the survivors time out.
+          CHECK(pending.status == DDL_ERROR_TIMEOUT);
+          CHECK(pending.message ==
+                fmt::format(
+                    "rank {}: timed out talking to the other ranks: timed out after 1500 ms waiting for the other ranks (shared memory)",
+                    ctx.rank));
+        } else {
+          // Over TCP a neighbour of the broken rank sees its connection close; the others either see
+          // their neighbour's close in turn (it closes once its engine is gone) or time out.
+          CHECK((pending.status == DDL_ERROR_PEER_FAILED || pending.status == DDL_ERROR_TIMEOUT));
+          CHECK(pending.message.rfind(fmt::format("rank {}: ", ctx.rank), 0) == 0);
+          CHECK(pending.message.find("talking to the other ranks") != std::string::npos);
+        }
+      }
+      // Every later op fails at once with the same error: the engine stays poisoned.
+      for (int i = 0; i < 3; ++i) {
+        Outcome later = outcome(ctx.engine->submit(fmt::format("later.{}", i), allreduce_spec(DDL_FLOAT32, 1), &x, &y));
+        CHECK(later.status == pending.status);
+        CHECK(later.message == pending.message);
+      }
+      // And the engine closes without waiting for anyone.
+      ctx.engine.reset();
+    });
+  }
+
+}  // TEST_SUITE
