@@ -151,9 +151,11 @@ class PassedOnSignals(unittest.TestCase):
 
 
 # Rank 1 fails (code 10 + its restart count) until restart FAIL_UNTIL; every worker says what it got.
+# Rank 1 fails half a second after it spoke, so rank 0 (started at the same time) has spoken too
+# before the failure stops it: on a loaded machine a shell can take longer to start than rank 1 to fail.
 FLAKY = ('echo "rank $RANK restart $TORCHELASTIC_RESTART_COUNT/$TORCHELASTIC_MAX_RESTARTS run $TORCHELASTIC_RUN_ID '
          'store $DDL_STORE_ADDR $(echo $DDL_STORE_TOKEN | cksum)"; '
-         'if [ "$RANK" = 1 ] && [ "$TORCHELASTIC_RESTART_COUNT" -lt "$FAIL_UNTIL" ]; then exit $((10 + TORCHELASTIC_RESTART_COUNT)); fi; '
+         'if [ "$RANK" = 1 ] && [ "$TORCHELASTIC_RESTART_COUNT" -lt "$FAIL_UNTIL" ]; then sleep 0.5; exit $((10 + TORCHELASTIC_RESTART_COUNT)); fi; '
          'sleep 0.2')
 
 
