@@ -162,7 +162,14 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
   }
+  // Barrier latency: max_iters blocking barriers after as many warm-up ones, timed like one size.
+  for (int it = 0; it < warmup; ++it) check(ddl_barrier(), "warm-up barrier");
+  const auto b0 = std::chrono::steady_clock::now();
+  for (int it = 0; it < max_iters; ++it) check(ddl_barrier(), "barrier");
+  double barrier_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - b0).count() / max_iters;
+  check(ddl_allreduce("allreduce_bench.time", &barrier_us, &barrier_us, 1, DDL_FLOAT64, DDL_MAX), "time max-allreduce");
   if (rank == 0) {
+    std::printf("# barrier time(us): %.2f (%d iters)\n", barrier_us, max_iters);
     std::printf("# avg busbw (GB/s): %.4f\n", sizes ? busbw_sum / sizes : 0.0);
     std::printf("# check: %s (%lld wrong elements)\n", total_wrong == 0 ? "ok" : "FAILED", total_wrong);
     std::fflush(stdout);

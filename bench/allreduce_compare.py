@@ -144,6 +144,7 @@ def available(args, impl):
 
 
 ROW = re.compile(r"^\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s*$")
+BARRIER = re.compile(r"^# barrier time\(us\): ([\d.]+)", re.M)
 
 
 def parse_table(text):
@@ -158,6 +159,12 @@ def parse_table(text):
     return rows, checked
 
 
+def barrier_us(text):
+    """The benchmark's barrier latency line, if it printed one (torch's does not)."""
+    m = BARRIER.search(text)
+    return float(m.group(1)) if m else None
+
+
 def run_one(args, impl, n):
     cmd, env = command(args, impl, n)
     out, err, rc, wall, before = run_timed(cmd, env, args.timeout)
@@ -170,7 +177,8 @@ def run_one(args, impl, n):
     elif not rows:
         failure = "no table in the output"
     return {"command": cmd, "returncode": rc, "wall_s": wall, "loadavg_before": before, "loadavg_after": loadavg(),
-            "stdout": out, "stderr": err, "rows": {str(k): v for k, v in rows.items()}, "failure": failure}
+            "stdout": out, "stderr": err, "rows": {str(k): v for k, v in rows.items()}, "barrier_us": barrier_us(out),
+            "failure": failure}
 
 
 def best_rows(runs, n):
@@ -205,6 +213,9 @@ def print_combined(n, impls, best):
     for i in impls:
         line1 += f"| {i:^21} "
         line2 += f"| {'time(us)':>11} {'busbw':>8} "
+    if "libddl" in impls and "mpi" in impls:
+        line1 += "| libddl/mpi "
+        line2 += "| time ratio "
     if "libddl" in impls and peers:
         line1 += "| libddl/best"
         line2 += "| busbw ratio (best peer)"
@@ -222,6 +233,13 @@ def print_combined(n, impls, best):
                 entry[i] = {"time_us": row["time_us"], "busbw": row["busbw"]}
             else:
                 text += f"| {'-':>11} {'-':>8} "
+        if "libddl" in impls and "mpi" in impls:
+            mine, mpi = best.get("libddl", {}).get(s), best.get("mpi", {}).get(s)
+            if mine and mpi:
+                entry["time_ratio_vs_mpi"] = mine["time_us"] / mpi["time_us"]
+                text += f"| {entry['time_ratio_vs_mpi']:>10.2f} "
+            else:
+                text += f"| {'-':>10} "
         if "libddl" in impls and peers:
             mine = best.get("libddl", {}).get(s)
             others = [(best[p][s]["busbw"], p) for p in peers if s in best.get(p, {})]
@@ -273,7 +291,14 @@ def main():
             if best[i]:
                 summary[i] = sum(r["busbw"] for r in best[i].values()) / len(best[i])
         print("avg busbw (GB/s): " + ", ".join(f"{i} {v:.4f}" for i, v in summary.items()))
-        results["worlds"][str(n)] = {"runs": runs, "combined": combined, "avg_busbw": summary}
+        barriers = {i: min(b for b in (r["barrier_us"] for r in runs[i] if not r["failure"]) if b is not None)
+                    for i in impls if any(r["barrier_us"] is not None and not r["failure"] for r in runs[i])}
+        if barriers:
+            line = "barrier (us): " + ", ".join(f"{i} {v:.2f}" for i, v in barriers.items())
+            if "libddl" in barriers and "mpi" in barriers:
+                line += f"; libddl/mpi time ratio {barriers['libddl'] / barriers['mpi']:.2f}"
+            print(line)
+        results["worlds"][str(n)] = {"runs": runs, "combined": combined, "avg_busbw": summary, "barrier_us": barriers}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

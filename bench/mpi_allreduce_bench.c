@@ -142,7 +142,14 @@ int main(int argc, char** argv) {
       fflush(stdout);
     }
   }
+  /* Barrier latency: max_iters barriers after as many warm-up ones, timed like one size. */
+  for (int it = 0; it < warmup; ++it) MPI_Barrier(MPI_COMM_WORLD);
+  const double b0 = MPI_Wtime();
+  for (int it = 0; it < max_iters; ++it) MPI_Barrier(MPI_COMM_WORLD);
+  double barrier_us = (MPI_Wtime() - b0) * 1e6 / max_iters;
+  MPI_Allreduce(MPI_IN_PLACE, &barrier_us, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   if (rank == 0) {
+    printf("# barrier time(us): %.2f (%d iters)\n", barrier_us, max_iters);
     printf("# avg busbw (GB/s): %.4f\n", sizes ? busbw_sum / sizes : 0.0);
     printf("# check: %s (%lld wrong elements)\n", total_wrong == 0 ? "ok" : "FAILED", total_wrong);
     fflush(stdout);

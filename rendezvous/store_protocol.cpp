@@ -7,7 +7,9 @@ namespace ddl::store {
 namespace {
 template <typename T>
 void append_le(std::string& out, T v) {
-  for (size_t i = 0; i < sizeof(T); ++i) out.push_back(static_cast<char>((static_cast<uint64_t>(v) >> (8 * i)) & 0xff));
+  char bytes[sizeof(T)];
+  for (size_t i = 0; i < sizeof(T); ++i) bytes[i] = static_cast<char>((static_cast<uint64_t>(v) >> (8 * i)) & 0xff);
+  out.append(bytes, sizeof(T));  // one append: a negotiation round serializes every op's spec
 }
 
 template <typename T>
@@ -21,28 +23,41 @@ std::optional<T> take_le(std::string_view& rest) {
 }  // namespace
 
 Writer& Writer::u8(uint8_t v) {
-  body_.push_back(static_cast<char>(v));
+  frame_.push_back(static_cast<char>(v));
   return *this;
 }
 Writer& Writer::u32(uint32_t v) {
-  append_le(body_, v);
+  append_le(frame_, v);
   return *this;
 }
 Writer& Writer::i64(int64_t v) {
-  append_le(body_, static_cast<uint64_t>(v));
+  append_le(frame_, static_cast<uint64_t>(v));
   return *this;
 }
 Writer& Writer::str(std::string_view s) {
   u32(static_cast<uint32_t>(s.size()));
-  body_.append(s);
+  frame_.append(s);
   return *this;
 }
 
+namespace {
+// Writes the body's length into the 4 bytes reserved before it.
+void patch_length(std::string& frame) {
+  const auto length = static_cast<uint32_t>(frame.size() - 4);
+  for (size_t i = 0; i < 4; ++i) frame[i] = static_cast<char>((length >> (8 * i)) & 0xff);
+}
+}  // namespace
+
 std::string Writer::frame() const {
-  std::string out;
-  out.reserve(4 + body_.size());
-  append_le(out, static_cast<uint32_t>(body_.size()));
-  out.append(body_);
+  std::string out = frame_;
+  patch_length(out);
+  return out;
+}
+
+std::string Writer::take_frame() {
+  patch_length(frame_);
+  std::string out = std::move(frame_);
+  frame_.assign(4, '\0');
   return out;
 }
 

@@ -35,15 +35,18 @@ inline constexpr uint32_t kMaxAuthFrameBytes = 4096;
 // Builds a frame body field by field.
 class Writer {
  public:
+  Writer() { frame_.reserve(128); }  // one allocation for a small frame, not one per doubling
   Writer& u8(uint8_t v);
   Writer& u32(uint32_t v);
   Writer& i64(int64_t v);
   Writer& str(std::string_view s);
   // The finished frame: length prefix followed by the body.
   std::string frame() const;
+  // The same without a copy; the writer starts afresh.
+  std::string take_frame();
 
  private:
-  std::string body_;
+  std::string frame_ = std::string(4, '\0');  // the length prefix, patched by frame(), then the body
 };
 
 // Reads fields from a frame body; every accessor returns nullopt when the body is too short.

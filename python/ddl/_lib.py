@@ -12,6 +12,7 @@ SUM, AVERAGE, MIN, MAX, PRODUCT = range(5)
 # op flags
 COMPRESS_FP16 = 1
 CUDA_BUFFERS = 2
+BLOCKING = 4  # DDL_BLOCKING: the op runs to completion on the calling thread
 
 
 class OpOptions(ctypes.Structure):

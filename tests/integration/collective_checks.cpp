@@ -183,6 +183,30 @@ void check_fp16_compression() {
         "DDL_COMPRESS_FP16 on float64 is refused");
 }
 
+// DDL_BLOCKING: the op is done when the call returns and the handle is NULL; a NULL handle makes
+// ddl_barrier_ex blocking; the ops whose results stay with their handle refuse the flag.
+void check_blocking_flag() {
+  ddl_op_options blocking = DDL_OP_OPTIONS_INIT;
+  blocking.flags = DDL_BLOCKING;
+  bool ok = true;
+  for (int step = 0; step < 20; ++step) {
+    std::vector<int32_t> v(3, g_rank + step);
+    require(ddl_allreduce_ex("blocking.sum", v.data(), v.data(), v.size(), DDL_INT32, DDL_SUM, &blocking, nullptr), "blocking.sum");
+    ok = ok && v == std::vector<int32_t>(3, g_size * (g_size - 1) / 2 + g_size * step);
+    require(ddl_barrier_ex(nullptr, nullptr), "blocking barrier_ex");
+  }
+  check(ok, "DDL_BLOCKING allreduce, twenty times between blocking barriers");
+  ddl_handle h = reinterpret_cast<ddl_handle>(1);
+  int64_t root_value = g_rank == g_size - 1 ? 42 : -1;
+  require(ddl_broadcast_ex("blocking.bcast", &root_value, 1, DDL_INT64, g_size - 1, &blocking, &h), "blocking.bcast");
+  check(root_value == 42 && h == nullptr, "DDL_BLOCKING broadcast: done at return, handle set to NULL");
+  std::vector<size_t> zeros(static_cast<size_t>(g_size), 0);
+  check(ddl_alltoallv_ex("blocking.alltoallv", nullptr, zeros.data(), nullptr, zeros.data(), DDL_INT32, &blocking, &h) ==
+                DDL_ERROR_INVALID_ARGUMENT &&
+            std::string(ddl_last_error()).find("DDL_BLOCKING applies to") != std::string::npos,
+        "DDL_BLOCKING on ddl_alltoallv_ex is refused, naming the functions it applies to");
+}
+
 void check_broadcast_gather_alltoall() {
   for (int root : {0, g_size - 1}) {
     for (size_t n : {size_t{0}, size_t{7}, size_t{1000003}}) {
@@ -315,6 +339,7 @@ int main(int argc, char** argv) {
   else {
     check_allreduces();
     check_fp16_compression();
+    check_blocking_flag();
     check_broadcast_gather_alltoall();
     check_submission_order();
   }

@@ -196,6 +196,27 @@ def _():
     hvd.synchronize(hvd.allreduce_async(x, name="dup"))  # free again once synchronized
 
 
+@check("blocking ops in a loop (libddl's fast path): named and unnamed allreduce, broadcast_, barrier; a shape change fails everywhere")
+def _():
+    for step in range(50):
+        x = data(R, (5,), seed=step)
+        want = sum(data(r, (5,), seed=step) for r in range(N))
+        got = hvd.allreduce(x, name="fast.metric", op=hvd.Sum)
+        assert torch.equal(got, want), (step, got, want)
+        assert torch.equal(hvd.allreduce(x, op=hvd.Sum), want)  # unnamed
+        y = x.clone()
+        assert hvd.allreduce_(y, name="fast.avg", op=hvd.Average, prescale_factor=2.0, postscale_factor=0.5) is y
+        assert torch.allclose(y, want / N), (y, want / N)
+        b = torch.full((3,), float(R))
+        hvd.broadcast_(b, root_rank=N - 1, name="fast.bcast")
+        assert torch.equal(b, torch.full((3,), float(N - 1))), b
+        hvd.barrier()
+    if N > 1:  # the last rank changes the shape of an op every rank ran fifty times
+        e = expect_error(RuntimeError, hvd.allreduce, torch.ones(4 if R == N - 1 else 5), name="fast.metric")
+        assert "fast.metric" in str(e) and "differs between ranks" in str(e), e
+    assert torch.equal(hvd.allreduce(torch.ones(5), name="fast.metric", op=hvd.Sum), torch.full((5,), float(N)))
+
+
 @check("C API: an alltoallv expecting more than any rank sent fails that rank only, without reading past")
 def _():
     import ctypes

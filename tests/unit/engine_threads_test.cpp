@@ -82,12 +82,15 @@ class Probe final : public Collectives {
   std::vector<std::string> allgather_bytes(const std::string& mine) override {
     gate();
     auto all = live().allgather_bytes(mine);
-    Announcement a = Announcement::parse(mine);
-    if (!a.submitted.empty() || !a.cached.empty()) {
-      std::lock_guard lock(mutex_);
-      announcements_.push_back(std::move(a));
-    }
+    record(mine, false);
     return all;
+  }
+  // Passed on, so that a transport that runs an agreed op in the round itself (shared memory) does.
+  bool allgather_bytes_proposing(const std::string& mine, const ProposedOp& op, std::vector<std::string>& round) override {
+    gate();
+    const bool ran = live().allgather_bytes_proposing(mine, op, round);
+    record(mine, ran);
+    return ran;
   }
   void allreduce(void* data, size_t count, size_t element_size, ReduceFunction reduce) override {
     {
@@ -131,6 +134,11 @@ class Probe final : public Collectives {
     std::lock_guard lock(mutex_);
     return std::exchange(announcements_, {});
   }
+  // How many of this rank's proposals the transport ran in their own round, since the last take.
+  int take_ran_in_round() {
+    std::lock_guard lock(mutex_);
+    return std::exchange(ran_in_round_, 0);
+  }
 
  private:
   void gate() {
@@ -140,6 +148,12 @@ class Probe final : public Collectives {
     cv_.notify_all();
     cv_.wait(lock, [&] { return !hold_; });
     parked_ = false;
+  }
+  void record(const std::string& mine, bool ran_in_round) {
+    Announcement a = Announcement::parse(mine);
+    std::lock_guard lock(mutex_);
+    ran_in_round_ += ran_in_round ? 1 : 0;
+    if (!a.submitted.empty() || !a.cached.empty()) announcements_.push_back(std::move(a));
   }
   Collectives& live() {
     if (sever_) {
@@ -157,6 +171,7 @@ class Probe final : public Collectives {
   bool hold_ = false, parked_ = false;
   std::vector<WireAllreduce> allreduces_;
   std::vector<Announcement> announcements_;
+  int ran_in_round_ = 0;
 };
 
 // Ops submitted while the engine thread is parked: they go into one announcement.
@@ -329,6 +344,41 @@ std::vector<std::string> names_of(const Announcement& a) {
   for (const auto& [name, spec] : a.submitted) names.push_back(name);
   return names;
 }
+
+// Engines whose own thread never runs a round by itself (its cycle is 30 s): every round is a
+// caller's in Engine::run, so which ops run in their own round does not depend on timing.
+WorldOptions callers_only(const std::string& timeline_of_rank_0 = {}) {
+  WorldOptions options;
+  options.config = [timeline_of_rank_0](int rank) {
+    EngineConfig c;
+    c.cycle_time = 30s;
+    if (rank == 0) c.timeline_path = timeline_of_rank_0;
+    return c;
+  };
+  return options;
+}
+
+// Engine::run, checked: the status, and the message when it failed.
+Outcome run_op(RankContext& ctx, const std::string& name, const OpSpec& spec, const void* send, void* recv) {
+  Outcome o;
+  o.status = ctx.engine->run(name, spec, send, recv, o.message);
+  return o;
+}
+
+// `steps` blocking allreduces named `name` of `count` floats; checks every result.
+void blocking_steps(RankContext& ctx, const std::string& name, int steps, size_t count = 5) {
+  for (int step = 0; step < steps; ++step) {
+    std::vector<float> in, out(count, -1);
+    for (size_t j = 0; j < count; ++j) in.push_back(input(ctx.rank, step, j));
+    Outcome o = run_op(ctx, name, allreduce_spec(DDL_FLOAT32, count), in.data(), out.data());
+    CHECK_MESSAGE(o.status == DDL_SUCCESS, name, " step ", step, ": ", o.message);
+    bool right = true;
+    for (size_t j = 0; j < count; ++j) right = right && out[j] == expected_sum(ctx.size, step, j);
+    CHECK_MESSAGE(right, name, " step ", step, " has a wrong sum");
+  }
+}
+
+bool proposed_by_id(const Announcement& a) { return a.submitted.empty() && a.cached.size() == 1 && !a.proposal.empty(); }
 
 }  // namespace
 
@@ -653,6 +703,161 @@ TEST_SUITE("engine_threads") {
         CHECK(later.message == pending.message);
       }
       // And the engine closes without waiting for anyone.
+      ctx.engine.reset();
+    });
+  }
+
+  TEST_CASE("the fast path: a blocking op every rank ran before runs in the round that announces it") {
+    for (Transport t : kTransports) {
+      for (int size : kSizes) {
+        const std::string timeline = temp_path("fast");
+        run_world(t, size, callers_only(timeline), [](RankContext& ctx) {
+          constexpr int kSteps = 20;
+          blocking_steps(ctx, "metric", kSteps);
+          // The first is announced in full and negotiated; every later one is proposed by its cache id.
+          auto announced = ctx.probe.take_announcements();
+          REQUIRE(announced.size() == kSteps);
+          CHECK(names_of(announced[0]) == std::vector<std::string>{"metric"});
+          CHECK(announced[0].proposal.empty());
+          for (int i = 1; i < kSteps; ++i) CHECK_MESSAGE(proposed_by_id(announced[i]), "step ", i);
+          if (ctx.transport == Transport::SharedMemory) {
+            // Shared memory reduces the proposed op's data in the round's own barrier: one allreduce
+            // on the wire, the first.
+            CHECK(ctx.probe.take_ran_in_round() == kSteps - 1);
+            CHECK_WIRE(ctx.probe.take_allreduces(), {{5, 4}});
+          } else {
+            // Gloo gathers the proposals; every rank finds them alike and runs the allreduce at once.
+            CHECK(ctx.probe.take_ran_in_round() == 0);
+            CHECK_WIRE(ctx.probe.take_allreduces(), std::vector<WireAllreduce>(kSteps, {5, 4}));
+          }
+          // Average, prescale and postscale, in place: mean(2 * 4(r + 1)) / 4 = size + 1, exactly.
+          for (int step = 0; step < 3; ++step) {
+            OpSpec spec = allreduce_spec(DDL_FLOAT32, 3);
+            spec.reduce = DDL_AVERAGE;
+            spec.prescale = 2.0;
+            spec.postscale = 0.25;
+            std::vector<float> x(3, static_cast<float>(4 * (ctx.rank + 1)));
+            Outcome o = run_op(ctx, "scaled", spec, x.data(), x.data());
+            CHECK_MESSAGE(o.status == DDL_SUCCESS, o.message);
+            CHECK(x == std::vector<float>(3, static_cast<float>(ctx.size + 1)));
+          }
+          CHECK(proposed_by_id(ctx.probe.take_announcements().back()));
+        });
+        // Rank 0's timeline has the negotiation and the allreduce of every step, fast or not.
+        INFO(describe(t, size));
+        std::ifstream file(timeline);
+        REQUIRE(file.good());
+        const auto doc = nlohmann::json::parse(file);
+        std::filesystem::remove(timeline);
+        int negotiated = 0, reduced = 0;
+        for (const auto& e : doc.at("traceEvents")) {
+          if (e.at("ph") != "X" || e.at("args").at("op") != "metric") continue;
+          negotiated += e.at("name") == "NEGOTIATE" ? 1 : 0;
+          reduced += e.at("name") == "allreduce" ? 1 : 0;  // a single op's phase is named after its kind
+        }
+        CHECK(negotiated == 20);
+        CHECK(reduced == 20);
+      }
+    }
+  }
+
+  TEST_CASE("the fast path: unnamed allreduces, barriers and broadcasts run in their own round from the first") {
+    for (Transport t : kTransports) {
+      for (int size : kSizes) {
+        run_world(t, size, callers_only(), [](RankContext& ctx) {
+          constexpr int kSteps = 10;
+          const int root = ctx.size - 1;
+          for (int step = 0; step < kSteps; ++step) {
+            std::vector<float> x{input(ctx.rank, step, 0), input(ctx.rank, step, 1)};
+            Outcome o = run_op(ctx, "", allreduce_spec(DDL_FLOAT32, 2), x.data(), x.data());
+            CHECK_MESSAGE(o.status == DDL_SUCCESS, o.message);
+            CHECK(x == std::vector<float>{expected_sum(ctx.size, step, 0), expected_sum(ctx.size, step, 1)});
+            OpSpec barrier;
+            barrier.kind = OpKind::Barrier;
+            o = run_op(ctx, "", barrier, nullptr, nullptr);
+            CHECK_MESSAGE(o.status == DDL_SUCCESS, o.message);
+            OpSpec broadcast = allreduce_spec(DDL_INT64, 3);
+            broadcast.kind = OpKind::Broadcast;
+            broadcast.root = root;
+            std::vector<int64_t> b(3, ctx.rank == root ? 1000 + step : -1);
+            o = run_op(ctx, "", broadcast, b.data(), b.data());
+            CHECK_MESSAGE(o.status == DDL_SUCCESS, o.message);
+            CHECK(b == std::vector<int64_t>(3, 1000 + step));
+          }
+          // Unnamed ops are numbered alike on every rank: each was proposed at once, and agreed.
+          auto announced = ctx.probe.take_announcements();
+          REQUIRE(announced.size() == 3 * kSteps);
+          for (const auto& a : announced) CHECK((a.submitted.size() == 1 && !a.proposal.empty()));
+          if (ctx.transport == Transport::SharedMemory) {
+            CHECK(ctx.probe.take_ran_in_round() == 3 * kSteps);
+            CHECK_WIRE(ctx.probe.take_allreduces(), {});
+          } else {
+            CHECK_WIRE(ctx.probe.take_allreduces(), std::vector<WireAllreduce>(kSteps, {2, 4}));
+          }
+        });
+      }
+    }
+  }
+
+  TEST_CASE("the fast path: a rank that switches to another shape gets the mismatch error on every rank, then the fast path resumes") {
+    for_each_world(callers_only(), [](RankContext& ctx) {
+      const int last = ctx.size - 1;
+      blocking_steps(ctx, "metric", 3);
+      const size_t count = ctx.rank == last ? 3 : 5;
+      std::vector<float> in(count, 1.0f), out(count, -1);
+      Outcome mismatch = run_op(ctx, "metric", allreduce_spec(DDL_FLOAT32, count), in.data(), out.data());
+      CHECK(mismatch.status == DDL_ERROR_MISMATCH);
+      const std::string others = ctx.size == 2 ? "rank 0" : fmt::format("rank 0-{}", last - 1);
+      CHECK(
+          mismatch.message ==
+          fmt::format("op 'metric' differs between ranks: {}: allreduce float32[5] sum; rank {}: allreduce float32[3] sum", others, last));
+      CHECK(out == std::vector<float>(count, -1));  // nothing ran
+      ctx.probe.take_announcements();
+      ctx.probe.take_ran_in_round();
+      // The agreed shape is still cached: the next steps are proposed by id, and agreed.
+      blocking_steps(ctx, "metric", 3);
+      for (const auto& a : ctx.probe.take_announcements()) CHECK(proposed_by_id(a));
+      if (ctx.transport == Transport::SharedMemory) CHECK(ctx.probe.take_ran_in_round() == 3);
+    });
+  }
+
+  TEST_CASE("the fast path: a rank with an op in flight negotiates instead, and every rank still gets its results") {
+    for_each_world(callers_only(), [](RankContext& ctx) {
+      blocking_steps(ctx, "metric", 2);
+      float bg_in = static_cast<float>(ctx.rank + 1), bg_out = -1;
+      std::shared_ptr<OpState> bg;
+      if (ctx.rank == 0) bg = ctx.engine->submit("background", allreduce_spec(DDL_FLOAT32, 1), &bg_in, &bg_out);
+      blocking_steps(ctx, "metric", 1);  // rank 0 cannot propose: "background" is in flight on it
+      if (ctx.rank != 0) bg = ctx.engine->submit("background", allreduce_spec(DDL_FLOAT32, 1), &bg_in, &bg_out);
+      succeeded(bg, "background");
+      CHECK(bg_out == static_cast<float>(ctx.size * (ctx.size + 1) / 2));
+      ctx.sync();  // every engine thread is done with "background"
+      ctx.probe.take_announcements();
+      ctx.probe.take_ran_in_round();
+      blocking_steps(ctx, "metric", 2);
+      for (const auto& a : ctx.probe.take_announcements()) CHECK(proposed_by_id(a));
+    });
+  }
+
+  TEST_CASE("the fast path: a rank whose transport breaks poisons every rank's blocking ops") {
+    WorldOptions options = callers_only();
+    options.transport_timeout = 1500ms;
+    for_each_world(options, [](RankContext& ctx) {
+      const int broken = ctx.size - 1;
+      blocking_steps(ctx, "metric", 3);
+      if (ctx.rank == broken) ctx.probe.sever();
+      float x = 1;
+      Outcome failed = run_op(ctx, "metric", allreduce_spec(DDL_FLOAT32, 1), &x, &x);
+      if (ctx.rank == broken) {
+        CHECK(failed.status == DDL_ERROR_PEER_FAILED);
+        CHECK(failed.message == fmt::format("rank {}: lost a peer talking to the other ranks: transport torn down by the test", ctx.rank));
+      } else {
+        CHECK((failed.status == DDL_ERROR_PEER_FAILED || failed.status == DDL_ERROR_TIMEOUT));
+        CHECK(failed.message.rfind(fmt::format("rank {}: ", ctx.rank), 0) == 0);
+      }
+      Outcome later = run_op(ctx, "metric", allreduce_spec(DDL_FLOAT32, 1), &x, &x);
+      CHECK(later.status == failed.status);
+      CHECK(later.message == failed.message);
       ctx.engine.reset();
     });
   }

@@ -247,7 +247,8 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     if compressed.requires_grad and torch.is_grad_enabled():
         summed = _ag.AllreduceFn.apply(compressed, name, op, prescale_factor, postscale_factor, process_set)
     else:  # no graph to record: skip autograd's bookkeeping (most of a small op's Python cost)
-        summed = synchronize(allreduce_async(compressed, None, name, op, prescale_factor, postscale_factor, process_set))
+        output = torch.empty_like(compressed, memory_format=torch.contiguous_format)
+        summed = _ops.allreduce_now(compressed, output, name, op, prescale_factor, postscale_factor, process_set)
     return compression.decompress(summed, ctx)
 
 

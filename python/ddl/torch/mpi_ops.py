@@ -398,7 +398,33 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                process_set=global_process_set):
     """In-place allreduce; returns `tensor`."""
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
+    return allreduce_now(tensor, tensor, name, _reduce_op(op, average), prescale_factor, postscale_factor, process_set)
+
+
+def _run_now(kind, fn, name, target, *args):
+    """Calls a ddl_*_ex function with DDL_BLOCKING (the op runs on this thread, and in a steady state
+    without a negotiation round of its own). An unnamed op stays unnamed for libddl, which numbers
+    such ops alike on every rank and so can run them in that steady state too; a named one is
+    claimed for the call, as its async form would be."""
+    claim = _names.claim(kind, name, target) if name is not None else None
+    try:
+        status = fn(claim[1].encode() if claim else None, *args, None)
+    finally:
+        if claim:
+            _names.release(*claim)
+    if status != L.SUCCESS:
+        L.raise_for(status)
+
+
+def allreduce_now(tensor, output, name, op, prescale, postscale, process_set):
+    """A blocking allreduce of `tensor` into `output` (which may be `tensor`); returns `output`."""
+    if tensor.device.type != "cpu" or not tensor.is_contiguous() or not output.is_contiguous() or tensor.dtype not in _DTYPES:
+        return synchronize(_allreduce_one_async(tensor, output, name, op, prescale, postscale, process_set))
+    target = _process_set_target(process_set)
+    opts = _options(target, None, tensor.shape, prescale, postscale, L.BLOCKING)
+    _run_now("allreduce", L.lib.ddl_allreduce_ex, name, target, tensor.data_ptr(), output.data_ptr(),
+             tensor.numel(), _DTYPES[tensor.dtype], _REDUCE[op], ctypes.byref(opts))
+    return output
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -543,7 +569,14 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_se
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
-    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+    if tensor.device.type != "cpu" or not tensor.is_contiguous() or tensor.dtype not in _DTYPES:
+        return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+    target = _process_set_target(process_set)
+    root = _root_in_set(root_rank, target)
+    opts = _options(target, None, tuple(tensor.shape), flags=L.BLOCKING)
+    _run_now("broadcast", L.lib.ddl_broadcast_ex, name, target, tensor.data_ptr(), tensor.numel(), _DTYPES[tensor.dtype],
+             root, ctypes.byref(opts))
+    return tensor
 
 
 # ---- alltoall ----
@@ -678,11 +711,9 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
 def barrier(process_set=global_process_set):
     """Returns when every rank of the process set has called it."""
     target = _process_set_target(process_set)
-    h = ctypes.c_void_p()
-    status = L.lib.ddl_barrier_ex(target._c_handle, ctypes.byref(h))
+    status = L.lib.ddl_barrier_ex(target._c_handle, None)  # a NULL handle: blocking, on this thread
     if status != L.SUCCESS:
         L.raise_for(status)
-    _wait_all([h])
 
 
 def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):

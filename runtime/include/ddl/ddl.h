@@ -106,6 +106,11 @@ DDL_API const char* ddl_status_string(ddl_status status);
 DDL_API const char* ddl_version(void);
 DDL_API size_t ddl_dtype_size(ddl_dtype dtype);
 
+/* The blocking forms run the op on the calling thread (no hand-over to libddl's own thread). In a
+ * steady state, where every rank runs the same blocking op with nothing else in flight, a host
+ * allreduce, broadcast or barrier that is unnamed or whose name ran before runs without a
+ * negotiation round of its own; on shared memory a small one then costs one barrier in all. */
+
 /* recv[i] = op over ranks of send[i], for i < count. send may equal recv (in place). */
 DDL_API ddl_status ddl_allreduce(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype, ddl_reduce_op op);
 /* buffer (count elements) on every rank becomes root's. */
@@ -175,11 +180,15 @@ DDL_API ddl_status ddl_process_set_ranks(ddl_process_set set, int* ranks);
 
 /* Options of the *_ex operations. Start from DDL_OP_OPTIONS_INIT. */
 #define DDL_CUDA_BUFFERS 2u /* flag: the buffers are CUDA device memory, enqueued on `stream` */
+/* flag: the op is done when the call returns, run on the calling thread as the blocking forms are;
+ * `handle` may be NULL and is set to NULL. For ddl_allreduce_ex, ddl_broadcast_ex,
+ * ddl_allgatherv_ex and ddl_reducescatter_ex. */
+#define DDL_BLOCKING 4u
 typedef struct {
   ddl_process_set process_set; /* NULL: the world */
   double prescale;             /* reductions: each rank's input is multiplied by it first (host buffers only) */
   double postscale;            /* reductions: the result is multiplied by it, after AVERAGE's division (host only) */
-  unsigned flags;              /* DDL_COMPRESS_FP16, DDL_CUDA_BUFFERS */
+  unsigned flags;              /* DDL_COMPRESS_FP16, DDL_CUDA_BUFFERS, DDL_BLOCKING */
   void* stream;                /* a cudaStream_t with DDL_CUDA_BUFFERS (NULL: the default stream) */
   const long long* shape;      /* optional (ndim 0): the tensor's shape, which ranks must agree on; */
   int ndim;                    /* for allgatherv and alltoallv every dimension but the first */
@@ -225,7 +234,8 @@ DDL_API ddl_status ddl_reducescatter_ex(const char* name, const void* send, void
  * ranks with fewer batches need not invent any. Other operations fail on every rank
  * (DDL_ERROR_UNSUPPORTED) while a rank waits here, as in Horovod. *last_rank is the last rank to join (within the set). */
 DDL_API ddl_status ddl_join(ddl_process_set set, int* last_rank);
-/* Completes when every rank of the set (NULL: the world) has called it. */
+/* Completes when every rank of the set (NULL: the world) has called it. A NULL handle makes it
+ * blocking (as ddl_barrier, on the set). */
 DDL_API ddl_status ddl_barrier_ex(ddl_process_set set, ddl_handle* handle);
 
 /* Starts writing the timeline (Chrome-trace JSON, as DDL_TIMELINE) to `path`, closing any open one;

@@ -264,16 +264,26 @@ ddl_status check_root(int root) {
   return DDL_SUCCESS;
 }
 
+// Runs the op on the calling thread until it is done (Engine::run).
+ddl_status run_to_completion(Engine& engine, const char* name, const OpSpec& spec, const void* send, void* recv) {
+  std::string message;
+  const ddl_status status = engine.run(name ? name : "", spec, send, recv, message);
+  return status == DDL_SUCCESS ? status : fail(status, message);
+}
+
+// The blocking forms pass this as the handle of the asynchronous forms they share their checks
+// with: the op then runs to completion instead of being submitted. No caller can pass it.
+ddl_handle g_no_handle_slot = nullptr;
+ddl_handle* const kRunToCompletion = &g_no_handle_slot;
+
 ddl_status submit(const char* name, const OpSpec& spec, const void* send, void* recv, ddl_handle* handle, void* stream = nullptr) {
   if (handle == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "handle is NULL");
   return with_runtime([&](Runtime& rt) {
+    if (handle == kRunToCompletion) return run_to_completion(*rt.engine, name, spec, send, recv);
     *handle = new ddl_handle_s{rt.engine->submit(name ? name : "", spec, send, recv, stream)};
     return DDL_SUCCESS;
   });
 }
-
-// `handle` is read only after the submit call has filled it (argument order is unspecified).
-ddl_status run_sync(ddl_status submitted, const ddl_handle* handle) { return submitted == DDL_SUCCESS ? ddl_wait(*handle) : submitted; }
 
 // Gloo writes to its peers with writev(), which cannot ask for MSG_NOSIGNAL: without this a peer
 // that dies mid-collective would kill the survivors with SIGPIPE instead of giving them an error.
@@ -433,28 +443,22 @@ const char* ddl_nccl_version(void) {
 int ddl_has_pmix(void) { return ddl::runtime::pmix_compiled_in() ? 1 : 0; }
 
 ddl_status ddl_allreduce(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype, ddl_reduce_op op) {
-  ddl_handle h = nullptr;
-  return run_sync(ddl_allreduce_async(name, send, recv, count, dtype, op, &h), &h);
+  return ddl_allreduce_async(name, send, recv, count, dtype, op, kRunToCompletion);
 }
 ddl_status ddl_broadcast(const char* name, void* buffer, size_t count, ddl_dtype dtype, int root) {
-  ddl_handle h = nullptr;
-  return run_sync(ddl_broadcast_async(name, buffer, count, dtype, root, &h), &h);
+  return ddl_broadcast_async(name, buffer, count, dtype, root, kRunToCompletion);
 }
 ddl_status ddl_allgather(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype) {
-  ddl_handle h = nullptr;
-  return run_sync(ddl_allgather_async(name, send, recv, count, dtype, &h), &h);
+  return ddl_allgather_async(name, send, recv, count, dtype, kRunToCompletion);
 }
 ddl_status ddl_allgatherv(const char* name, const void* send, size_t send_count, void* recv, const size_t* recv_counts, ddl_dtype dtype) {
-  ddl_handle h = nullptr;
-  return run_sync(ddl_allgatherv_async(name, send, send_count, recv, recv_counts, dtype, &h), &h);
+  return ddl_allgatherv_async(name, send, send_count, recv, recv_counts, dtype, kRunToCompletion);
 }
 ddl_status ddl_alltoall(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype) {
-  ddl_handle h = nullptr;
-  return run_sync(ddl_alltoall_async(name, send, recv, count, dtype, &h), &h);
+  return ddl_alltoall_async(name, send, recv, count, dtype, kRunToCompletion);
 }
 ddl_status ddl_barrier(void) {
-  ddl_handle h = nullptr;
-  return run_sync(submit(nullptr, {OpKind::Barrier, DDL_FLOAT32, DDL_SUM, 0, 0, {}}, nullptr, nullptr, &h), &h);
+  return submit(nullptr, {OpKind::Barrier, DDL_FLOAT32, DDL_SUM, 0, 0, {}}, nullptr, nullptr, kRunToCompletion);
 }
 
 // ---- Process sets and the *_ex operations ----
@@ -498,9 +502,8 @@ ddl_status ddl_process_set_create(const int* ranks, int count, ddl_process_set* 
     for (int r : sorted) digest = (digest ^ static_cast<uint64_t>(r)) * 1099511628211ull;
     if (!local_error.empty() || digest == kInvalid) digest = local_error.empty() ? 1 : kInvalid;
     std::vector<uint64_t> digests(static_cast<size_t>(world));
-    ddl_handle h = nullptr;
     auto name = fmt::format("ddl.process_set_create.{}", id);
-    if (auto st = run_sync(submit(name.c_str(), {OpKind::Allgather, DDL_INT64, DDL_SUM, 0, 1, {}}, &digest, digests.data(), &h), &h);
+    if (auto st = run_to_completion(*rt.engine, name.c_str(), {OpKind::Allgather, DDL_INT64, DDL_SUM, 0, 1, {}}, &digest, digests.data());
         st != DDL_SUCCESS)
       return st;
     if (!local_error.empty()) return fail(DDL_ERROR_INVALID_ARGUMENT, "ddl_process_set_create: " + local_error);
@@ -577,10 +580,17 @@ ddl_status resolve(Runtime& rt, ddl_process_set handle, Target& t) {
 
 const ddl_op_options kDefaultOptions = DDL_OP_OPTIONS_INIT;
 
+ddl_status refuse_blocking(const char* function) {
+  return fail(DDL_ERROR_INVALID_ARGUMENT,
+              fmt::format("{}: DDL_BLOCKING applies to ddl_allreduce_ex, ddl_broadcast_ex, ddl_allgatherv_ex and "
+                          "ddl_reducescatter_ex; wait on this op's handle instead",
+                          function));
+}
+
 // The options, checked: known flags, a shape when ndim > 0, scaling only on host buffers.
 ddl_status read_options(const ddl_op_options* given, ddl_op_options& o, std::vector<int64_t>& shape) {
   o = given ? *given : kDefaultOptions;
-  if (o.flags & ~(DDL_COMPRESS_FP16 | DDL_CUDA_BUFFERS))
+  if (o.flags & ~(DDL_COMPRESS_FP16 | DDL_CUDA_BUFFERS | DDL_BLOCKING))
     return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("unknown op flags {:#x}", o.flags));
   if (o.ndim < 0 || (o.ndim > 0 && o.shape == nullptr)) return fail(DDL_ERROR_INVALID_ARGUMENT, "options: ndim > 0 needs a shape");
   shape.assign(o.shape, o.shape + o.ndim);
@@ -589,7 +599,12 @@ ddl_status read_options(const ddl_op_options* given, ddl_op_options& o, std::vec
   return DDL_SUCCESS;
 }
 
-ddl_status submit_to(Target& t, const char* name, const OpSpec& spec, const void* send, void* recv, ddl_handle* handle, void* stream) {
+ddl_status submit_to(Target& t, const char* name, const OpSpec& spec, const void* send, void* recv, ddl_handle* handle, void* stream,
+                     unsigned flags = 0) {
+  if (flags & DDL_BLOCKING) {
+    if (handle != nullptr) *handle = nullptr;
+    return run_to_completion(*t.engine, name, spec, send, recv);
+  }
   if (handle == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "handle is NULL");
   *handle = new ddl_handle_s{t.engine->submit(name ? name : "", spec, send, recv, stream)};
   return DDL_SUCCESS;
@@ -673,7 +688,7 @@ ddl_status ddl_allreduce_ex(const char* name, const void* send, void* recv, size
     Target t;
     if (auto s = resolve(rt, o.process_set, t); s != DDL_SUCCESS) return s;
     OpSpec spec{OpKind::Allreduce, dtype, op, 0, count, {}, (o.flags & DDL_CUDA_BUFFERS) != 0, compress, shape, o.prescale, o.postscale};
-    return submit_to(t, name, spec, send, recv, handle, o.stream);
+    return submit_to(t, name, spec, send, recv, handle, o.stream, o.flags);
   });
 }
 
@@ -689,7 +704,7 @@ ddl_status ddl_broadcast_ex(const char* name, void* buffer, size_t count, ddl_dt
     if (root < 0 || root >= t.size)
       return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("broadcast root {} is not a rank of a set of {}", root, t.size));
     OpSpec spec{OpKind::Broadcast, dtype, DDL_SUM, root, count, {}, (o.flags & DDL_CUDA_BUFFERS) != 0, false, shape};
-    return submit_to(t, name, spec, buffer, buffer, handle, o.stream);
+    return submit_to(t, name, spec, buffer, buffer, handle, o.stream, o.flags);
   });
 }
 
@@ -711,9 +726,11 @@ ddl_status ddl_allgatherv_ex(const char* name, const void* send, void* recv, con
     if (cuda) {  // NCCL gathers equal blocks only
       if (std::any_of(counts.begin(), counts.end(), [&](uint64_t c) { return c != counts[0]; }))
         return fail(DDL_ERROR_UNSUPPORTED, "allgatherv of CUDA buffers needs equal counts on every rank");
-      return submit_to(t, name, {OpKind::Allgather, dtype, DDL_SUM, 0, counts[0], {}, true, false, shape}, send, recv, handle, o.stream);
+      return submit_to(t, name, {OpKind::Allgather, dtype, DDL_SUM, 0, counts[0], {}, true, false, shape}, send, recv, handle, o.stream,
+                       o.flags);
     }
-    return submit_to(t, name, {OpKind::Allgatherv, dtype, DDL_SUM, 0, total, counts, false, false, shape}, send, recv, handle, nullptr);
+    return submit_to(t, name, {OpKind::Allgatherv, dtype, DDL_SUM, 0, total, counts, false, false, shape}, send, recv, handle, nullptr,
+                     o.flags);
   });
 }
 
@@ -723,6 +740,7 @@ ddl_status ddl_alltoallv_ex(const char* name, const void* send, const size_t* se
   std::vector<int64_t> shape;
   if (auto s = read_options(options, o, shape); s != DDL_SUCCESS) return s;
   if (o.flags & DDL_CUDA_BUFFERS) return fail(DDL_ERROR_UNSUPPORTED, "alltoallv takes host buffers");
+  if (o.flags & DDL_BLOCKING) return refuse_blocking("ddl_alltoallv_ex");
   if (send_counts == nullptr || recv_counts == nullptr)
     return fail(DDL_ERROR_INVALID_ARGUMENT, "alltoallv: send_counts or recv_counts is NULL");
   if (handle == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "handle is NULL");
@@ -746,6 +764,7 @@ ddl_status ddl_allgather_any_ex(const char* name, const void* send, size_t send_
   std::vector<int64_t> shape;
   if (auto s = read_options(options, o, shape); s != DDL_SUCCESS) return s;
   if (o.flags & DDL_CUDA_BUFFERS) return fail(DDL_ERROR_UNSUPPORTED, "ddl_allgather_any_ex takes host buffers");
+  if (o.flags & DDL_BLOCKING) return refuse_blocking("ddl_allgather_any_ex");
   if (auto s = check_common(send, send_count, dtype); s != DDL_SUCCESS) return s;
   if (handle == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "handle is NULL");
   return with_runtime([&](Runtime& rt) {
@@ -763,6 +782,7 @@ ddl_status ddl_alltoall_any_ex(const char* name, const void* send, const size_t*
   std::vector<int64_t> shape;
   if (auto s = read_options(options, o, shape); s != DDL_SUCCESS) return s;
   if (o.flags & DDL_CUDA_BUFFERS) return fail(DDL_ERROR_UNSUPPORTED, "ddl_alltoall_any_ex takes host buffers");
+  if (o.flags & DDL_BLOCKING) return refuse_blocking("ddl_alltoall_any_ex");
   if (send_counts == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "ddl_alltoall_any_ex: send_counts is NULL");
   if (handle == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "handle is NULL");
   return with_runtime([&](Runtime& rt) {
@@ -803,7 +823,7 @@ ddl_status ddl_reducescatter_ex(const char* name, const void* send, void* recv, 
     const uint64_t total = sum_of(recv_counts, t.size);
     if (auto s = check_buffers(send, recv, total, dtype); s != DDL_SUCCESS) return s;
     OpSpec spec{OpKind::Reducescatter, dtype, op, 0, total, counts, false, false, shape, o.prescale, o.postscale};
-    return submit_to(t, name, spec, send, recv, handle, nullptr);
+    return submit_to(t, name, spec, send, recv, handle, nullptr, o.flags);
   });
 }
 
@@ -824,7 +844,9 @@ ddl_status ddl_barrier_ex(ddl_process_set set, ddl_handle* handle) {
   return with_runtime([&](Runtime& rt) {
     Target t;
     if (auto s = resolve(rt, set, t); s != DDL_SUCCESS) return s;
-    return submit_to(t, nullptr, {OpKind::Barrier, DDL_FLOAT32, DDL_SUM, 0, 0, {}}, nullptr, nullptr, handle, nullptr);
+    // A NULL handle: the blocking barrier of the set.
+    return submit_to(t, nullptr, {OpKind::Barrier, DDL_FLOAT32, DDL_SUM, 0, 0, {}}, nullptr, nullptr, handle, nullptr,
+                     handle == nullptr ? DDL_BLOCKING : 0u);
   });
 }
 

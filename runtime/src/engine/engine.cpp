@@ -90,20 +90,24 @@ std::shared_ptr<OpState> Engine::enqueue(PendingOp op) {
   op.state = state;
   std::unique_lock lock(mutex_);
   if (op.name.empty()) op.name = fmt::format("unnamed.{}", unnamed_counter_++);
-  if (broken_) {
-    state->complete(broken_status_, broken_message_);
-  } else if (finalize_requested_) {
-    state->complete(DDL_ERROR_NOT_INITIALIZED, fmt::format("op '{}' submitted after ddl_finalize", op.name));
-  } else if (in_flight_.count(op.name) || inbox_names_.count(op.name)) {
-    state->complete(DDL_ERROR_INVALID_ARGUMENT,
-                    fmt::format("op '{}' is already in flight on rank {}: names must be unique until the op finishes", op.name, rank_));
-  } else {
-    inbox_names_.insert(op.name);
-    inbox_.push_back(std::move(op));
-    lock.unlock();
-    wake_.notify_one();
+  if (auto refusal = refusal_of(op.name)) {
+    state->complete(refusal->first, std::move(refusal->second));
+    return state;
   }
+  inbox_names_.insert(op.name);
+  inbox_.push_back(std::move(op));
+  lock.unlock();
+  wake_.notify_all();  // the engine thread, or a caller in run() pausing between its rounds
   return state;
+}
+
+std::optional<std::pair<ddl_status, std::string>> Engine::refusal_of(const std::string& name) const {
+  if (broken_) return std::pair{broken_status_, broken_message_};
+  if (finalize_requested_) return std::pair{DDL_ERROR_NOT_INITIALIZED, fmt::format("op '{}' submitted after ddl_finalize", name)};
+  if (in_flight_.count(name) || inbox_names_.count(name))
+    return std::pair{DDL_ERROR_INVALID_ARGUMENT,
+                     fmt::format("op '{}' is already in flight on rank {}: names must be unique until the op finishes", name, rank_)};
+  return std::nullopt;
 }
 
 void Engine::finalize() {
@@ -111,14 +115,25 @@ void Engine::finalize() {
     std::lock_guard lock(mutex_);
     finalize_requested_ = true;
   }
-  wake_.notify_one();
+  wake_.notify_all();
   if (thread_.joinable()) thread_.join();
 }
 
 void Engine::run_loop() {
+  for (;;) {
+    sleep_until_due();
+    std::lock_guard round_lock(round_mutex_);
+    if (stopped_) return;
+    run_guarded([this] { return round(); });
+  }
+}
+
+template <typename Body>
+void Engine::run_guarded(Body body) {
   try {
-    while (run_round()) {}
+    if (body()) return;
     // Every rank finalized: whatever is still waiting for a peer will never run.
+    std::lock_guard lock(mutex_);
     for (auto& [name, op] : in_flight_)
       op.state->complete(DDL_ERROR_NOT_INITIALIZED,
                          fmt::format("op '{}' was still waiting for other ranks when every rank finalized", name));
@@ -128,6 +143,7 @@ void Engine::run_loop() {
   } catch (const std::exception& e) {  // PeerLostError, and anything else that broke the transport
     fail_after_transport_error(DDL_ERROR_PEER_FAILED, fmt::format("rank {}: lost a peer talking to the other ranks: {}", rank_, e.what()));
   }
+  stopped_ = true;
 }
 
 void Engine::fail_after_transport_error(ddl_status status, const std::string& message) {
@@ -135,29 +151,38 @@ void Engine::fail_after_transport_error(ddl_status status, const std::string& me
   fail_everything(status, message);
 }
 
-bool Engine::run_round() {
+// Sleep one cycle unless there is work; a submit wakes the thread early. A rank whose ops wait for
+// its peers does not sleep: the next round's allgather waits for them anyway, and a peer that
+// submits wakes at once, so the op runs in the round right after the last submit. After a stretch
+// of idle rounds (no op anywhere for ~100 cycles) the sleep grows to 16 cycles, so an idle world
+// does not keep the cores busy while a busy one keeps its latency.
+//
+// A rank that has waited for its peers for a while with nobody doing anything (a gradient hook's
+// op submitted, the other ranks still in backward) sleeps too, an eighth of how long nothing has
+// happened: otherwise the engines of all ranks go round in lockstep, each taking a core from the
+// compute that would submit the awaited ops. The delay this adds to the op is at most an eighth of
+// what it already waited; a submit here still wakes the thread at once.
+void Engine::sleep_until_due() {
+  std::unique_lock lock(mutex_);
+  if (!inbox_.empty() || finalize_requested_) return;
+  const int cycles = idle_rounds_ < kIdleRoundsBeforeBackoff ? 1 : 16;
+  const bool waiting_for_peers = !in_flight_.empty() || gpu_busy_;
+  if (!waiting_for_peers)
+    wake_.wait_for(lock, config_.cycle_time * cycles);
+  else if (auto pause = waiting_backoff(Clock::now()); pause.count() > 0)
+    wake_.wait_for(lock, pause);
+}
+
+void Engine::pause_between_rounds() {
+  std::unique_lock lock(mutex_);
+  if (!inbox_.empty() || finalize_requested_) return;
+  if (auto pause = waiting_backoff(Clock::now()); pause.count() > 0) wake_.wait_for(lock, pause);
+}
+
+bool Engine::round() {
   Announcement mine;
   {
-    std::unique_lock lock(mutex_);
-    // Sleep one cycle unless there is work; a submit wakes the thread early. A rank whose ops wait
-    // for its peers does not sleep: the next round's allgather waits for them anyway, and a peer
-    // that submits wakes at once, so the op runs in the round right after the last submit. After a
-    // stretch of idle rounds (no op anywhere for ~100 cycles) the sleep grows to 16 cycles, so an
-    // idle world does not keep the cores busy while a busy one keeps its latency.
-    //
-    // A rank that has waited for its peers for a while with nobody doing anything (a gradient
-    // hook's op submitted, the other ranks still in backward) sleeps too, an eighth of how long
-    // nothing has happened: otherwise the engines of all ranks go round in lockstep, each taking a
-    // core from the compute that would submit the awaited ops. The delay this adds to the op is at
-    // most an eighth of what it already waited; a submit here still wakes the thread at once.
-    const int cycles = idle_rounds_ < kIdleRoundsBeforeBackoff ? 1 : 16;
-    const bool waiting_for_peers = !in_flight_.empty() || !gpu_in_flight_.empty();
-    if (inbox_.empty() && !finalize_requested_) {
-      if (!waiting_for_peers)
-        wake_.wait_for(lock, config_.cycle_time * cycles);
-      else if (auto pause = waiting_backoff(Clock::now()); pause.count() > 0)
-        wake_.wait_for(lock, pause);
-    }
+    std::lock_guard lock(mutex_);
     for (auto& op : inbox_) {
       if (op.spec.kind == OpKind::Join) joined_ = true;
       if (auto id = negotiator_.cached_id(op.name, op.spec))
@@ -167,7 +192,8 @@ bool Engine::run_round() {
       std::string name = op.name;
       in_flight_.emplace(std::move(name), std::move(op));
     }
-    // in_flight_ changes only here and in finish(), both under the lock; the engine thread reads it freely.
+    // in_flight_ changes only here, in run() and in finish(), all under the lock; the thread running
+    // rounds reads it freely.
     inbox_.clear();
     inbox_names_.clear();
     // A rank with CUDA ops still running is not done yet; announcing that (rather than each rank
@@ -175,38 +201,157 @@ bool Engine::run_round() {
     mine.finalizing = finalize_requested_ && gpu_in_flight_.empty();
     mine.joined = joined_;
   }
-  const auto now = Clock::now();
-  if (rank_ == 0) mine.expired = negotiator_.stalled(now, config_.timeout);
+  if (rank_ == 0) mine.expired = negotiator_.stalled(Clock::now(), config_.timeout);
 
   std::vector<Announcement> round;
   for (const auto& bytes : collectives_->allgather_bytes(mine.serialize())) round.push_back(Announcement::parse(bytes));
-  RoundDecision decision = negotiator_.merge(round, Clock::now());
+  return complete_round(round);
+}
 
+bool Engine::complete_round(const std::vector<Announcement>& round) {
+  RoundDecision decision = negotiator_.merge(round, Clock::now());
   for (const auto& failed : decision.failed) {
     auto it = in_flight_.find(failed.name);
     if (it != in_flight_.end()) finish(it->second, failed.status, failed.message);
   }
-  const bool idle = decision.ready.empty() && decision.failed.empty() && in_flight_.empty() && gpu_in_flight_.empty() &&
-                    std::all_of(round.begin(), round.end(), [](const Announcement& a) { return a.submitted.empty() && a.cached.empty(); });
-  idle_rounds_ = idle ? idle_rounds_ + 1 : 0;
-  const bool fruitless =
-      decision.ready.empty() && decision.failed.empty() &&
+  const bool nothing_announced =
       std::all_of(round.begin(), round.end(), [](const Announcement& a) { return a.submitted.empty() && a.cached.empty(); });
-  if (!fruitless) last_progress_ = Clock::now();
+  const bool fruitless = decision.ready.empty() && decision.failed.empty() && nothing_announced;
   execute(decision.ready);
   poll_gpu_ops();
+  {
+    std::lock_guard lock(mutex_);
+    idle_rounds_ = fruitless && in_flight_.empty() && gpu_in_flight_.empty() ? idle_rounds_ + 1 : 0;
+    if (!fruitless) last_progress_ = Clock::now();
+    gpu_busy_ = !gpu_in_flight_.empty();
+  }
   return !(decision.all_finalizing && decision.ready.empty());
 }
 
+bool Engine::proposable(const OpSpec& spec) {
+  if (spec.cuda || spec.compress_fp16) return false;
+  return spec.kind == OpKind::Allreduce || spec.kind == OpKind::Broadcast || spec.kind == OpKind::Barrier;
+}
+
+ddl_status Engine::run(std::string name, const OpSpec& spec, const void* send, void* recv, std::string& message) {
+  if (spec.cuda) return submit(std::move(name), spec, send, recv)->wait(message);
+  std::unique_lock round_lock(round_mutex_);
+  PendingOp op{std::move(name), spec, send, recv, nullptr, Clock::now(), nullptr};
+  Announcement proposing;  // the announcement of an op proposed to run in its own round
+  std::shared_ptr<OpState> state;
+  {
+    std::lock_guard lock(mutex_);
+    const bool unnamed = op.name.empty();
+    const uint64_t unnamed_index = unnamed_counter_;
+    if (unnamed) op.name = fmt::format("unnamed.{}", unnamed_counter_++);
+    if (auto refusal = refusal_of(op.name)) {
+      message = std::move(refusal->second);
+      return refusal->first;
+    }
+    // Only a rank with nothing in flight proposes, and only while no op waits anywhere (so all
+    // ranks' negotiators are idle and stay alike when the op runs without them).
+    if (!stopped_ && inbox_.empty() && in_flight_.empty() && gpu_in_flight_.empty() && !joined_ && negotiator_.idle() && proposable(spec)) {
+      if (unnamed) {
+        proposing.proposal = Proposal::for_unnamed(spec, unnamed_index);
+        proposing.submitted.emplace_back(op.name, spec);
+      } else if (auto id = negotiator_.cached_id(op.name, spec)) {
+        proposing.proposal = Proposal::for_cached(spec, *id);
+        proposing.cached.push_back(*id);
+      }
+    }
+    if (proposing.proposal.empty()) {  // the caller's first round below takes it from the inbox
+      state = op.state = std::make_shared<OpState>();
+      inbox_names_.insert(op.name);
+      inbox_.push_back(std::move(op));
+    }
+  }
+  if (!proposing.proposal.empty()) {
+    if (auto status = run_proposed(op, proposing, message)) return *status;
+    state = op.state;  // announced in that round like any op; the rounds below run it
+  }
+  while (!state->done() && !stopped_) {
+    pause_between_rounds();
+    run_guarded([this] { return round(); });
+  }
+  return state->wait(message);
+}
+
+std::optional<ddl_status> Engine::run_proposed(PendingOp& op, const Announcement& mine, std::string& message) {
+  const OpSpec& s = op.spec;
+  const size_t element = dtype_size(s.dtype);
+  ProposedOp proposed{mine.proposal, s.kind, op.send, op.recv, s.count, element, nullptr, s.root};
+  if (s.kind == OpKind::Allreduce) {
+    proposed.reduce = reduce_function(s.dtype, s.reduce);
+    if (s.prescale != 1.0) {  // scaled in a copy: the input stays as it was if the op goes on as any other
+      if (scratch_.size() < s.count * element) scratch_.resize(s.count * element);
+      copy_bytes(scratch_.data(), op.send, s.count * element);
+      scale(scratch_.data(), s.count, s.dtype, s.prescale);
+      proposed.send = scratch_.data();
+    }
+  }
+  const bool timed = timeline_.enabled();
+  const auto started = timed ? Clock::now() : op.submitted;
+  std::optional<ddl_status> outcome;
+  run_guarded([&] {
+    std::vector<std::string> raw;
+    bool ran = collectives_->allgather_bytes_proposing(mine.serialize(), proposed, raw);
+    std::vector<Announcement> round;
+    if (!ran) {
+      for (const auto& bytes : raw) round.push_back(Announcement::parse(bytes));
+      ran = std::all_of(round.begin(), round.end(), [&](const Announcement& a) { return a.proposal == mine.proposal; });
+      if (ran) run_agreed(proposed);
+    }
+    if (ran) {
+      negotiator_.ran_without_round(started);
+      if (s.kind == OpKind::Allreduce) {
+        if (s.reduce == DDL_AVERAGE) divide_by_world_size(op.recv, s.count, s.dtype, size_);
+        scale(op.recv, s.count, s.dtype, s.postscale);
+      }
+      if (timed) {
+        timeline_.record(op.name, "NEGOTIATE", op.submitted, started);
+        timeline_.record(op.name, op_kind_name(s.kind), started, Clock::now());
+      }
+      outcome = DDL_SUCCESS;
+      return true;
+    }
+    // Not every rank proposed it: the round announced it like any other op.
+    op.state = std::make_shared<OpState>();
+    {
+      std::lock_guard lock(mutex_);
+      std::string name = op.name;
+      in_flight_.emplace(std::move(name), op);
+    }
+    return complete_round(round);
+  });
+  if (!outcome && stopped_ && op.state == nullptr) {  // the transport broke in the proposal's round
+    std::lock_guard lock(mutex_);
+    message = broken_message_;
+    return broken_status_;
+  }
+  return outcome;
+}
+
+// The transport gathered the proposals without running the op: every rank runs it now, alike.
+void Engine::run_agreed(const ProposedOp& op) {
+  switch (op.kind) {
+    case OpKind::Allreduce:
+      if (op.send != op.recv) move_bytes(op.recv, op.send, op.count * op.element_size);
+      collectives_->allreduce(op.recv, op.count, op.element_size, op.reduce);
+      break;
+    case OpKind::Broadcast: collectives_->broadcast(op.recv, op.count * op.element_size, op.root); break;
+    default: break;  // a barrier: gathering every rank's announcement was one
+  }
+}
+
 // Zero while the last progress is recent (peers are usually microseconds behind); then an eighth
-// of the time since, at most one cycle. CUDA ops in flight cap it at 50 µs: only polling sees
+// of the time since, at most one cycle (mutex_ held). CUDA ops in flight cap it at 50 µs: only polling sees
 // them finish.
 std::chrono::microseconds Engine::waiting_backoff(Clock::time_point now) const {
   using std::chrono::microseconds;
   const auto quiet = std::chrono::duration_cast<microseconds>(now - last_progress_);
   if (quiet < kQuietBeforeBackoff) return microseconds(0);
   auto pause = std::min(quiet / 8, std::chrono::duration_cast<microseconds>(config_.cycle_time));
-  if (!gpu_in_flight_.empty()) pause = std::min(pause, microseconds(50));
+  if (gpu_busy_) pause = std::min(pause, microseconds(50));
   return pause;
 }
 

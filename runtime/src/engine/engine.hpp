@@ -9,6 +9,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -78,6 +79,14 @@ class Engine {
   // blocks, or {send count} of an allgather-any.
   std::shared_ptr<OpState> submit_with_counts(std::string name, const OpSpec& spec, const void* send, void* recv,
                                               std::vector<size_t> send_counts, std::vector<size_t> recv_counts);
+  // Runs an op to completion on the calling thread, as submit() + wait would, but without handing
+  // it to the engine thread: the caller runs the negotiation rounds itself until its op is done.
+  // When nothing else is in flight and the op is a host allreduce, broadcast or barrier that every
+  // rank can name alike (a named op that ran before, so in the response cache, or an unnamed one),
+  // the caller proposes it in its round; if every rank proposed the same op in that round it runs
+  // there, without waiting for the negotiation (on shared memory, the round and a small op are one
+  // barrier). CUDA ops are submitted and waited for. Returns the op's status, `message` the error.
+  ddl_status run(std::string name, const OpSpec& spec, const void* send, void* recv, std::string& message);
   Timeline& timeline() { return timeline_; }
   // Tells the other ranks this one is done and waits until all are; ops still pending then fail.
   void finalize();
@@ -103,8 +112,21 @@ class Engine {
     Clock::time_point started;
   };
 
+  // Rounds run on whichever thread holds round_mutex_: the engine thread, or a caller in run().
   void run_loop();
-  bool run_round();  // false once every rank finalized
+  void sleep_until_due();       // the engine thread, between rounds
+  void pause_between_rounds();  // a caller in run(), between rounds
+  bool round();                 // false once every rank finalized
+  bool complete_round(const std::vector<Announcement>& round);
+  // Runs one round's body; ends the rounds (stopped_) when every rank finalized or the transport broke.
+  template <typename Body>
+  void run_guarded(Body body);
+  // The round of run()'s proposal; the op's status if it ran there, nullopt if it goes on as any op.
+  std::optional<ddl_status> run_proposed(PendingOp& op, const Announcement& mine, std::string& message);
+  void run_agreed(const ProposedOp& op);  // every rank proposed it, and the transport left it to us
+  static bool proposable(const OpSpec& spec);
+  // Why `name` cannot be submitted now, if it cannot (mutex_ held).
+  std::optional<std::pair<ddl_status, std::string>> refusal_of(const std::string& name) const;
   void execute(const std::vector<ReadyOp>& ready);
   void run_allreduces(const std::vector<PendingOp*>& ops);
   void run_fused_allreduce(const std::vector<PendingOp*>& ops);
@@ -154,9 +176,12 @@ class Engine {
   std::string broken_message_;
   uint64_t unnamed_counter_ = 0;
   static constexpr int kIdleRoundsBeforeBackoff = 100;
-  int idle_rounds_ = 0;  // engine thread only: consecutive rounds in which no rank did anything
+  int idle_rounds_ = 0;  // mutex_: consecutive rounds in which no rank did anything
   static constexpr std::chrono::microseconds kQuietBeforeBackoff{200};
-  Clock::time_point last_progress_{};  // engine thread only: the last round that announced or ran something
+  Clock::time_point last_progress_{};  // mutex_: the last round that announced or ran something
+  bool gpu_busy_ = false;              // mutex_: CUDA ops were in flight after the last round
+  std::mutex round_mutex_;             // held while a round runs; guards the round's state (negotiator_, buffers, gpu_...)
+  bool stopped_ = false;               // round_mutex_: no round runs any more (every rank finalized, or the transport broke)
   std::chrono::microseconds waiting_backoff(Clock::time_point now) const;
   std::thread thread_;
 };

@@ -29,6 +29,11 @@ std::optional<uint32_t> Negotiator::cached_id(const std::string& name, const OpS
   return it->second;
 }
 
+void Negotiator::clear_wait(CachedWait& w) {
+  if (w.announced > 0) --cached_waiting_;
+  w.announced = 0;
+}
+
 void Negotiator::remember(const std::string& name, const OpSpec& spec) {
   if (auto it = cache_ids_.find(name); it != cache_ids_.end()) {
     cache_[it->second].second = spec;  // same name, new spec (agreed by every rank): update in place
@@ -55,7 +60,7 @@ Negotiator::Entry& Negotiator::entry_for(const std::string& name, TimePoint now)
       e.announced = w.announced;
       e.order = w.order;
       e.first_seen = w.first_seen;
-      w.announced = 0;
+      clear_wait(w);
     }
   }
   return e;
@@ -82,6 +87,7 @@ void Negotiator::announce_cached(int rank, uint32_t id, TimePoint now, std::vect
   if (w.announced == 0) {
     w.ranks.assign(static_cast<size_t>(size_), false);
     w.first_seen = now;
+    ++cached_waiting_;
   }
   if (w.ranks[static_cast<size_t>(rank)]) throw std::runtime_error(fmt::format("rank {} announced op '{}' twice", rank, name));
   w.ranks[static_cast<size_t>(rank)] = true;
@@ -113,7 +119,7 @@ void Negotiator::complete_for_joined(std::vector<Completed>& completed) const {
     if (e.announced > 0 && e.announced < size_ && all_missing_joined([&](int r) { return e.specs[static_cast<size_t>(r)].has_value(); }))
       completed.push_back({e.order, true, entry.first, std::nullopt});
   }
-  for (size_t id = 0; id < cached_waits_.size(); ++id) {
+  for (size_t id = 0; cached_waiting_ > 0 && id < cached_waits_.size(); ++id) {
     const CachedWait& w = cached_waits_[id];
     if (w.announced > 0 && w.announced < size_ &&
         all_missing_joined([&](int r) { return static_cast<bool>(w.ranks[static_cast<size_t>(r)]); }))
@@ -150,7 +156,7 @@ RoundDecision Negotiator::merge(const std::vector<Announcement>& announcements, 
       CachedWait& w = cached_waits_[id->second];
       if (w.announced == 0 || w.announced == size_) continue;
       decision.failed.push_back({name, DDL_ERROR_TIMEOUT, stall_message(name, missing_ranks(w))});
-      w.announced = 0;
+      clear_wait(w);
     }
   }
   complete_for_joined(completed);
@@ -165,7 +171,7 @@ RoundDecision Negotiator::merge(const std::vector<Announcement>& announcements, 
   };
   for (const Completed& c : completed) {
     if (c.cached_id) {  // every rank announced the cached spec: agreed by construction
-      cached_waits_[*c.cached_id].announced = 0;
+      clear_wait(cached_waits_[*c.cached_id]);
       const OpSpec& spec = cache_[*c.cached_id].second;
       if (c.with_joined && !runs_with_joined(spec))
         joined_failure(c.name, spec);
@@ -189,6 +195,11 @@ RoundDecision Negotiator::merge(const std::vector<Announcement>& announcements, 
   }
   if (!decision.ready.empty()) last_progress_ = now;
   return decision;
+}
+
+void Negotiator::ran_without_round(TimePoint now) {
+  last_progress_ = now;
+  ++next_order_;
 }
 
 std::string Negotiator::mismatch_message(const std::string& name, const Entry& e) const {
@@ -238,7 +249,7 @@ std::vector<std::string> Negotiator::stalled(TimePoint now, std::chrono::millise
     const OpSpec& spec = **std::find_if(e.specs.begin(), e.specs.end(), [](const auto& s) { return s.has_value(); });
     if (e.announced < size_ && waited(e.first_seen, spec) > timeout) names.push_back(name);
   }
-  for (size_t id = 0; id < cached_waits_.size(); ++id) {
+  for (size_t id = 0; cached_waiting_ > 0 && id < cached_waits_.size(); ++id) {
     const CachedWait& w = cached_waits_[id];
     if (w.announced > 0 && w.announced < size_ && waited(w.first_seen, cache_[id].second) > timeout) names.push_back(cache_[id].first);
   }

@@ -48,6 +48,13 @@ class Negotiator {
   // Ops some ranks submitted more than `timeout` ago that others have not (rank 0 announces these).
   std::vector<std::string> stalled(std::chrono::steady_clock::time_point now, std::chrono::milliseconds timeout) const;
 
+  // Nothing is waiting for any rank and no rank is in ddl_join. Every rank's Negotiator has merged
+  // the same rounds, so when one rank's is idle, every rank's is.
+  bool idle() const { return table_.empty() && cached_waiting_ == 0 && joined_count_ == 0; }
+  // Every rank ran one op that every rank proposed in the same round (the engine's fast path), with
+  // this negotiator idle: leaves the state a merge of that round would have left.
+  void ran_without_round(std::chrono::steady_clock::time_point now);
+
   // Names still waiting for some rank, for messages at shutdown.
   std::vector<std::string> pending_names() const;
 
@@ -84,6 +91,7 @@ class Negotiator {
   Entry& entry_for(const std::string& name, TimePoint now);
   void remember(const std::string& name, const OpSpec& spec);
 
+  void clear_wait(CachedWait& w);
   void update_joined(const std::vector<Announcement>& announcements);
   void complete_for_joined(std::vector<Completed>& completed) const;
   bool runs_with_joined(const OpSpec& spec) const;
@@ -97,6 +105,7 @@ class Negotiator {
   std::vector<std::pair<std::string, OpSpec>> cache_;  // by id
   std::unordered_map<std::string, uint32_t> cache_ids_;
   std::vector<CachedWait> cached_waits_;  // by id
+  size_t cached_waiting_ = 0;             // entries of cached_waits_ with announced > 0
   uint64_t next_order_ = 0;
   std::unordered_map<std::string, Entry> table_;
 };

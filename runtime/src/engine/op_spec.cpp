@@ -31,9 +31,49 @@ std::string OpSpec::describe() const {
   return s;
 }
 
+namespace {
+
+uint64_t first_proposal_word(const OpSpec& spec) {
+  return 1 | uint64_t{static_cast<uint8_t>(spec.kind)} << 8 | uint64_t{static_cast<uint8_t>(spec.dtype)} << 16 |
+         uint64_t{static_cast<uint8_t>(spec.reduce)} << 24 | uint64_t{static_cast<uint32_t>(spec.root)} << 32;
+}
+
+// A digest of what the proposal's other words leave out, so that unnamed ops whose shapes or
+// scales differ between ranks do not agree (they go through negotiation and its mismatch error).
+// FNV-1a's step on whole 64-bit words, each scrambled first (splitmix64's finalizer) so that every
+// bit of a word reaches every bit of the digest.
+uint64_t digest_of_rest(const OpSpec& spec) {
+  uint64_t h = 14695981039346656037ull;
+  auto mix = [&](uint64_t v) {
+    v ^= v >> 30;
+    v *= 0xbf58476d1ce4e5b9ull;
+    v ^= v >> 27;
+    v *= 0x94d049bb133111ebull;
+    v ^= v >> 31;
+    h = (h ^ v) * 1099511628211ull;
+  };
+  mix(spec.shape.size());
+  for (int64_t d : spec.shape) mix(static_cast<uint64_t>(d));
+  mix(spec.counts.size());
+  for (uint64_t c : spec.counts) mix(c);
+  mix(std::bit_cast<uint64_t>(spec.prescale));
+  mix(std::bit_cast<uint64_t>(spec.postscale));
+  mix((spec.cuda ? 1 : 0) | (spec.compress_fp16 ? 2 : 0));
+  return h;
+}
+
+}  // namespace
+
+Proposal Proposal::for_cached(const OpSpec& spec, uint32_t cache_id) { return {{first_proposal_word(spec), spec.count, cache_id, 0}}; }
+
+Proposal Proposal::for_unnamed(const OpSpec& spec, uint64_t unnamed_index) {
+  return {{first_proposal_word(spec), spec.count, unnamed_index | (uint64_t{1} << 63), digest_of_rest(spec)}};
+}
+
 std::string Announcement::serialize() const {
   store::Writer w;
-  w.u8(static_cast<uint8_t>((finalizing ? 1 : 0) | (joined ? 2 : 0))).u32(static_cast<uint32_t>(submitted.size()));
+  w.u8(static_cast<uint8_t>((finalizing ? 1 : 0) | (joined ? 2 : 0) | (proposal.empty() ? 0 : 4)))
+      .u32(static_cast<uint32_t>(submitted.size()));
   for (const auto& [name, spec] : submitted) {
     w.str(name).u8(static_cast<uint8_t>(spec.kind)).u8(static_cast<uint8_t>(spec.dtype)).u8(static_cast<uint8_t>(spec.reduce));
     w.u8(static_cast<uint8_t>((spec.cuda ? 1 : 0) | (spec.compress_fp16 ? 2 : 0)));
@@ -47,7 +87,9 @@ std::string Announcement::serialize() const {
   for (const auto& name : expired) w.str(name);
   w.u32(static_cast<uint32_t>(cached.size()));
   for (uint32_t id : cached) w.u32(id);
-  return w.frame();
+  if (!proposal.empty())
+    for (uint64_t word : proposal.words) w.i64(static_cast<int64_t>(word));
+  return w.take_frame();
 }
 
 Announcement Announcement::parse(const std::string& bytes) {
@@ -113,6 +155,14 @@ Announcement Announcement::parse(const std::string& bytes) {
     auto id = r.u32();
     if (!id) throw fail();
     a.cached.push_back(*id);
+  }
+  if (*flag & 4) {
+    for (uint64_t& word : a.proposal.words) {
+      auto v = r.i64();
+      if (!v) throw fail();
+      word = static_cast<uint64_t>(*v);
+    }
+    if (a.proposal.empty()) throw fail();
   }
   return a;
 }

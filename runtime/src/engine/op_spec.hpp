@@ -1,6 +1,7 @@
 // What one named collective is, as every rank must agree on it, and how ranks announce theirs.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -43,6 +44,20 @@ struct OpSpec {
   std::string describe() const;
 };
 
+// A rank's offer to run one op in the very round that announces it (the engine's fast path): when
+// every rank proposes equal words in one round, every rank runs the op then, without waiting for
+// the negotiation. The words name the op exactly: its kind, dtype, reduction, root and count, and
+// either its response-cache id (a named op every rank has run before) or its place among the
+// rank's unnamed ops together with a digest of the rest of its spec. All zero: no proposal.
+struct Proposal {
+  std::array<uint64_t, 4> words{};
+
+  bool empty() const { return words[0] == 0; }
+  bool operator==(const Proposal&) const = default;
+  static Proposal for_cached(const OpSpec& spec, uint32_t cache_id);
+  static Proposal for_unnamed(const OpSpec& spec, uint64_t unnamed_index);
+};
+
 // What one rank tells the others in one negotiation round.
 struct Announcement {
   std::vector<std::pair<std::string, OpSpec>> submitted;  // ops newly submitted since the last round
@@ -50,6 +65,7 @@ struct Announcement {
   bool finalizing = false;                                // this rank called ddl_finalize
   bool joined = false;                                    // this rank waits in ddl_join
   std::vector<std::string> expired;                       // rank 0 only: ops that waited too long
+  Proposal proposal;                                      // the one op above, offered to run in this round (then nothing else is announced)
 
   std::string serialize() const;
   static Announcement parse(const std::string& bytes);  // throws std::runtime_error when malformed

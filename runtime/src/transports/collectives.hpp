@@ -9,12 +9,25 @@
 #include <vector>
 
 #include "runtime/src/engine/dtype.hpp"
+#include "runtime/src/engine/op_spec.hpp"
 
 namespace gloo::rendezvous {
 class Store;
 }
 
 namespace ddl::runtime {
+
+// An op this rank proposes to run in the round that announces it (see Engine::run).
+struct ProposedOp {
+  Proposal proposal;
+  OpKind kind = OpKind::Barrier;  // Allreduce, Broadcast or Barrier
+  const void* send = nullptr;     // allreduce: this rank's input
+  void* recv = nullptr;           // allreduce: the result; broadcast: the buffer (the source on the root)
+  size_t count = 0;
+  size_t element_size = 0;
+  ReduceFunction reduce = nullptr;  // allreduce
+  int root = 0;                     // broadcast
+};
 
 class Collectives {
  public:
@@ -23,6 +36,18 @@ class Collectives {
   virtual int size() const = 0;
   // One byte string from every rank, in rank order (the negotiation round).
   virtual std::vector<std::string> allgather_bytes(const std::string& mine) = 0;
+  // The negotiation round of a rank that proposes `op` (mine announces it, with the proposal):
+  // returns true if the transport ran `op` in the same step, which it may do only when every rank
+  // proposed exactly op.proposal in this round (every rank sees the same proposals, so all decide
+  // alike); then `round` is left empty. Otherwise it returns false with every rank's announcement
+  // in `round`, and `op.recv` is untouched. Ranks that propose nothing call allgather_bytes: the two
+  // are one step of the same sequence. By default the transport runs nothing itself: the engine
+  // finds the proposals in the announcements and runs the op with the calls below.
+  virtual bool allgather_bytes_proposing(const std::string& mine, const ProposedOp& op, std::vector<std::string>& round) {
+    (void)op;
+    round = allgather_bytes(mine);
+    return false;
+  }
   // In place: data[i] = reduce over ranks, elements of `element_size` bytes.
   virtual void allreduce(void* data, size_t count, size_t element_size, ReduceFunction reduce) = 0;
   virtual void broadcast(void* data, size_t bytes, int root) = 0;

@@ -54,12 +54,20 @@ struct Header {
   std::atomic<uint32_t> generation;  // bumped by the last arrival; the futex word
   std::atomic<uint32_t> sleepers;    // ranks in FUTEX_WAIT, so the last arrival wakes only when needed
   std::atomic<int32_t> pids[kMaxRanks];
-  std::atomic<uint64_t> lengths[2][kMaxRanks];  // allgather_bytes: each rank's message length, per set
 };
 static_assert(sizeof(Header) <= kHeaderBytes);
 
 long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
   return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
+}
+
+// Tells the core this is a spin-wait (it frees resources for the sibling hyperthread).
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
 }
 
 size_t chunk_bytes(int size) { return size <= 8 ? (size_t{1} << 20) : (size_t{256} << 10); }
@@ -94,10 +102,14 @@ class SharedMemory final : public Collectives {
     // Peers are usually microseconds behind: spin on the word, yielding the core (more ranks than
     // cores is common on one node), for up to kSpinBeforeSleep; only then sleep on the futex, whose
     // wake-up costs tens of microseconds.
-    const auto spin_until = Clock::now() + kSpinBeforeSleep;
-    for (int i = 0; Clock::now() < spin_until; ++i) {
+    for (int i = 0; i < 64; ++i) {  // the first tries without even reading the clock
       if (h->generation.load() != generation) return;
-      if (i >= 64) ::sched_yield();
+      cpu_relax();
+    }
+    const auto spin_until = Clock::now() + kSpinBeforeSleep;
+    while (Clock::now() < spin_until) {
+      if (h->generation.load() != generation) return;
+      ::sched_yield();
     }
     const auto deadline = Clock::now() + timeout_;
     while (h->generation.load() == generation) {
@@ -187,19 +199,41 @@ class SharedMemory final : public Collectives {
     }
   }
 
-  // Each rank publishes its length and, when it fits in one slot (always, but for a first round
-  // announcing thousands of ops in full), its bytes, then one barrier; otherwise an allgatherv follows.
   std::vector<std::string> allgather_bytes(const std::string& mine) override {
+    std::vector<std::string> round;
+    gather_announcements(mine, nullptr, round);
+    return round;
+  }
+
+  bool allgather_bytes_proposing(const std::string& mine, const ProposedOp& op, std::vector<std::string>& round) override {
+    return gather_announcements(mine, &op, round);
+  }
+
+  // The negotiation round in one barrier. Each rank publishes its announcement's length and, when
+  // it fits in the first half of its slot (always, but for a first round announcing thousands of
+  // ops in full), its bytes; in the second half, its proposal (zeros for none) and the data of a
+  // proposed small allreduce or, on the root, broadcast. After the barrier, if every rank proposed
+  // the same op it runs right there (a small allreduce reduces the published data: the round and
+  // the op cost one barrier together); otherwise the announcements are read, through an allgatherv
+  // if some did not fit.
+  bool gather_announcements(const std::string& mine, const ProposedOp* op, std::vector<std::string>& round) {
     const int set = next_set();
-    header()->lengths[set][rank_].store(mine.size());
-    if (mine.size() <= chunk_) copy_bytes(slot(set, rank_), mine.data(), mine.size());
+    *length_in(set, rank_) = mine.size();
+    if (mine.size() <= announcement_room()) copy_bytes(slot(set, rank_), mine.data(), mine.size());
+    static constexpr Proposal kNone{};
+    std::memcpy(proposal_in(set, rank_), (op ? op->proposal : kNone).words.data(), sizeof kNone.words);
+    const bool data_inline = op != nullptr && publish_data(set, *op);
     barrier();
+    if (op != nullptr && every_rank_proposed(set, op->proposal)) {
+      run_agreed(set, *op, data_inline);
+      return true;
+    }
     std::vector<size_t> lengths(size_);
-    for (int r = 0; r < size_; ++r) lengths[r] = header()->lengths[set][r].load();
-    std::vector<std::string> parts;
-    if (std::all_of(lengths.begin(), lengths.end(), [&](size_t l) { return l <= chunk_; })) {
-      for (int r = 0; r < size_; ++r) parts.emplace_back(slot(set, r), lengths[r]);
-      return parts;
+    for (int r = 0; r < size_; ++r) lengths[r] = *length_in(set, r);
+    round.clear();
+    if (std::all_of(lengths.begin(), lengths.end(), [&](size_t l) { return l <= announcement_room(); })) {
+      for (int r = 0; r < size_; ++r) round.emplace_back(slot(set, r), lengths[r]);
+      return false;
     }
     size_t total = 0;
     for (size_t l : lengths) total += l;
@@ -207,10 +241,10 @@ class SharedMemory final : public Collectives {
     allgatherv(mine.data(), all.data(), lengths);
     size_t at = 0;
     for (size_t l : lengths) {
-      parts.push_back(all.substr(at, l));
+      round.push_back(all.substr(at, l));
       at += l;
     }
-    return parts;
+    return false;
   }
 
   void alltoall(const void* send, void* recv, size_t bytes_per_rank) override {
@@ -232,6 +266,58 @@ class SharedMemory final : public Collectives {
   // Slot r of set s, then the set's result area: (size + 1) chunks per set.
   char* slot(int set, int r) const { return base_ + kHeaderBytes + (static_cast<size_t>(set) * (size_ + 1) + r) * chunk_; }
   char* result(int set) const { return slot(set, size_); }
+  // A slot's first half holds an announcement; its second half begins with the line a peer reads
+  // first: the proposal (32 bytes), the announcement's length (8), then a proposed op's data, so
+  // that a peer finds all of a small proposed op in one cache line.
+  size_t announcement_room() const { return chunk_ / 2; }
+  char* proposal_in(int set, int r) const { return slot(set, r) + chunk_ / 2; }
+  uint64_t* length_in(int set, int r) const { return reinterpret_cast<uint64_t*>(proposal_in(set, r) + sizeof(Proposal::words)); }
+  char* data_in(int set, int r) const { return proposal_in(set, r) + sizeof(Proposal::words) + sizeof(uint64_t); }
+  size_t data_room() const { return chunk_ / 2 - sizeof(Proposal::words) - sizeof(uint64_t); }
+  size_t bytes_of(const ProposedOp& op) const { return op.count * op.element_size; }
+
+  // Copies what this rank contributes to a proposed op into its slot, if the op is small enough to
+  // run from the slots; returns whether it is (the same answer on every rank that proposed it).
+  bool publish_data(int set, const ProposedOp& op) {
+    const size_t bytes = bytes_of(op);
+    switch (op.kind) {
+      case OpKind::Allreduce:
+        if (bytes > std::min(small_allreduce_bytes_, data_room())) return false;
+        copy_bytes(data_in(set, rank_), op.send, bytes);
+        return true;
+      case OpKind::Broadcast:
+        if (bytes > data_room()) return false;
+        if (rank_ == op.root) copy_bytes(data_in(set, rank_), op.recv, bytes);
+        return true;
+      default: return true;  // a barrier has no data
+    }
+  }
+
+  bool every_rank_proposed(int set, const Proposal& mine) const {
+    if (mine.empty()) return false;
+    for (int r = 0; r < size_; ++r)
+      if (std::memcmp(proposal_in(set, r), mine.words.data(), sizeof mine.words) != 0) return false;
+    return true;
+  }
+
+  // Runs the op every rank proposed: from the slots if its data was published with the proposals,
+  // else as the usual collective (every rank decides alike, so all make the same calls).
+  void run_agreed(int set, const ProposedOp& op, bool data_inline) {
+    const size_t bytes = bytes_of(op);
+    if (op.kind == OpKind::Allreduce) {
+      if (data_inline) {
+        if (op.count > 0)
+          reduce_in_rank_order(static_cast<char*>(op.recv), op.count, op.reduce, [&](int r) -> const char* { return data_in(set, r); });
+        return;
+      }
+      if (op.send != op.recv) move_bytes(op.recv, op.send, bytes);
+      allreduce(op.recv, op.count, op.element_size, op.reduce);
+    } else if (op.kind == OpKind::Broadcast) {
+      if (!data_inline) return broadcast(op.recv, bytes, op.root);
+      if (rank_ != op.root) copy_bytes(op.recv, data_in(set, op.root), bytes);
+    }
+  }
+
   // The set the next chunk uses: the sets alternate over every chunk of every operation.
   int next_set() { return static_cast<int>(chunks_++ % 2); }
 
