@@ -68,6 +68,7 @@ Engine::Engine(std::unique_ptr<Collectives> collectives, EngineConfig config)
   uint64_t threshold = config_.fusion_threshold;
   collectives_->broadcast(&threshold, sizeof threshold, 0);
   config_.fusion_threshold = static_cast<size_t>(threshold);
+  last_round_ = Clock::now().time_since_epoch().count();  // the broadcast above: the first cycle counts from here
   thread_ = std::thread([this] { run_loop(); });
 }
 
@@ -162,15 +163,24 @@ void Engine::fail_after_transport_error(ddl_status status, const std::string& me
 // happened: otherwise the engines of all ranks go round in lockstep, each taking a core from the
 // compute that would submit the awaited ops. The delay this adds to the op is at most an eighth of
 // what it already waited; a submit here still wakes the thread at once.
+//
+// The cycle counts from the last round this rank ran, whoever ran it: while callers run their own
+// rounds (blocking ops in a loop), an idle round of the engine thread would only stand in the way
+// of their next one (it holds the round and makes a peer's proposal miss).
 void Engine::sleep_until_due() {
   std::unique_lock lock(mutex_);
-  if (!inbox_.empty() || finalize_requested_) return;
-  const int cycles = idle_rounds_ < kIdleRoundsBeforeBackoff ? 1 : 16;
-  const bool waiting_for_peers = !in_flight_.empty() || gpu_busy_;
-  if (!waiting_for_peers)
-    wake_.wait_for(lock, config_.cycle_time * cycles);
-  else if (auto pause = waiting_backoff(Clock::now()); pause.count() > 0)
-    wake_.wait_for(lock, pause);
+  for (;;) {
+    if (!inbox_.empty() || finalize_requested_) return;
+    if (!in_flight_.empty() || gpu_busy_) {  // waiting for peers
+      if (auto pause = waiting_backoff(Clock::now()); pause.count() > 0) wake_.wait_for(lock, pause);
+      return;
+    }
+    const int cycles = idle_rounds_ < kIdleRoundsBeforeBackoff ? 1 : 16;
+    const Clock::time_point due =
+        Clock::time_point(Clock::duration(last_round_.load(std::memory_order_relaxed))) + config_.cycle_time * cycles;
+    if (Clock::now() >= due) return;
+    wake_.wait_until(lock, due);
+  }
 }
 
 void Engine::pause_between_rounds() {
@@ -225,6 +235,7 @@ bool Engine::complete_round(const std::vector<Announcement>& round) {
     if (!fruitless) last_progress_ = Clock::now();
     gpu_busy_ = !gpu_in_flight_.empty();
   }
+  last_round_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
   return !(decision.all_finalizing && decision.ready.empty());
 }
 
@@ -303,6 +314,7 @@ std::optional<ddl_status> Engine::run_proposed(PendingOp& op, const Announcement
     }
     if (ran) {
       negotiator_.ran_without_round(started);
+      last_round_.store(started.time_since_epoch().count(), std::memory_order_relaxed);
       if (s.kind == OpKind::Allreduce) {
         if (s.reduce == DDL_AVERAGE) divide_by_world_size(op.recv, s.count, s.dtype, size_);
         scale(op.recv, s.count, s.dtype, s.postscale);

@@ -3,6 +3,7 @@
 // allreduces of one type into one buffer, runs the collectives, and completes the handles.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -178,10 +179,11 @@ class Engine {
   static constexpr int kIdleRoundsBeforeBackoff = 100;
   int idle_rounds_ = 0;  // mutex_: consecutive rounds in which no rank did anything
   static constexpr std::chrono::microseconds kQuietBeforeBackoff{200};
-  Clock::time_point last_progress_{};  // mutex_: the last round that announced or ran something
-  bool gpu_busy_ = false;              // mutex_: CUDA ops were in flight after the last round
-  std::mutex round_mutex_;             // held while a round runs; guards the round's state (negotiator_, buffers, gpu_...)
-  bool stopped_ = false;               // round_mutex_: no round runs any more (every rank finalized, or the transport broke)
+  Clock::time_point last_progress_{};      // mutex_: the last round that announced or ran something
+  bool gpu_busy_ = false;                  // mutex_: CUDA ops were in flight after the last round
+  std::atomic<Clock::rep> last_round_{0};  // when this rank last ran a round, by any thread
+  std::mutex round_mutex_;                 // held while a round runs; guards the round's state (negotiator_, buffers, gpu_...)
+  bool stopped_ = false;                   // round_mutex_: no round runs any more (every rank finalized, or the transport broke)
   std::chrono::microseconds waiting_backoff(Clock::time_point now) const;
   std::thread thread_;
 };
