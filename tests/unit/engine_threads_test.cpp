@@ -839,6 +839,40 @@ TEST_SUITE("engine_threads") {
     });
   }
 
+  TEST_CASE("blocking ops from two threads of each rank, started in different orders on different ranks, all complete") {
+    WorldOptions options = callers_only();
+    options.config = [](int) {
+      EngineConfig c;
+      c.cycle_time = 30s;
+      c.timeout = 5s;  // a deadlock would end as timeouts here rather than hang the test
+      return c;
+    };
+    for_each_world(options, [](RankContext& ctx) {
+      for (int round = 0; round < 5; ++round) {
+        // Even ranks start "first" before "second", odd ranks the other way round; each thread's op
+        // can only complete once the other ranks' other thread has submitted it.
+        std::vector<float> a{static_cast<float>(ctx.rank + 1)}, b{static_cast<float>(10 * (ctx.rank + 1))};
+        Outcome first, second;
+        std::function<void()> run_first = [&] {
+          first = run_op(ctx, fmt::format("first.{}", round), allreduce_spec(DDL_FLOAT32, 1), a.data(), a.data());
+        };
+        std::function<void()> run_second = [&] {
+          second = run_op(ctx, fmt::format("second.{}", round), allreduce_spec(DDL_FLOAT32, 1), b.data(), b.data());
+        };
+        const bool even = ctx.rank % 2 == 0;
+        std::thread early(even ? run_first : run_second);
+        std::this_thread::sleep_for(20ms);  // the early thread holds the round, waiting for the others
+        std::thread late(even ? run_second : run_first);
+        early.join();
+        late.join();
+        CHECK_MESSAGE(first.status == DDL_SUCCESS, first.message);
+        CHECK_MESSAGE(second.status == DDL_SUCCESS, second.message);
+        CHECK(a[0] == static_cast<float>(ctx.size * (ctx.size + 1) / 2));
+        CHECK(b[0] == static_cast<float>(10 * ctx.size * (ctx.size + 1) / 2));
+      }
+    });
+  }
+
   TEST_CASE("the fast path: a rank whose transport breaks poisons every rank's blocking ops") {
     WorldOptions options = callers_only();
     options.transport_timeout = 1500ms;

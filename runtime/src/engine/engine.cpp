@@ -246,7 +246,11 @@ bool Engine::proposable(const OpSpec& spec) {
 
 ddl_status Engine::run(std::string name, const OpSpec& spec, const void* send, void* recv, std::string& message) {
   if (spec.cuda) return submit(std::move(name), spec, send, recv)->wait(message);
-  std::unique_lock round_lock(round_mutex_);
+  // Another thread runs rounds now: the engine thread, or a caller here waiting for its own op,
+  // which may wait for peers that wait for this op (two threads of each rank running blocking ops
+  // in different orders). This op goes to that thread's next round, as submit() hands it over.
+  std::unique_lock round_lock(round_mutex_, std::try_to_lock);
+  if (!round_lock.owns_lock()) return submit(std::move(name), spec, send, recv)->wait(message);
   PendingOp op{std::move(name), spec, send, recv, nullptr, Clock::now(), nullptr};
   Announcement proposing;  // the announcement of an op proposed to run in its own round
   std::shared_ptr<OpState> state;

@@ -86,7 +86,8 @@ class Engine {
   // rank can name alike (a named op that ran before, so in the response cache, or an unnamed one),
   // the caller proposes it in its round; if every rank proposed the same op in that round it runs
   // there, without waiting for the negotiation (on shared memory, the round and a small op are one
-  // barrier). CUDA ops are submitted and waited for. Returns the op's status, `message` the error.
+  // barrier). CUDA ops, and ops while another thread runs rounds, are submitted and waited for.
+  // Returns the op's status, `message` the error.
   ddl_status run(std::string name, const OpSpec& spec, const void* send, void* recv, std::string& message);
   Timeline& timeline() { return timeline_; }
   // Tells the other ranks this one is done and waits until all are; ops still pending then fail.
