@@ -118,9 +118,12 @@ class SharedMemory final : public Collectives {
       if (h->generation.load() == generation) futex(&h->generation, FUTEX_WAIT, generation, &slice);
       h->sleepers.fetch_sub(1);
       if (h->generation.load() != generation) return;
-      check_peers_alive();
+      // The deadline first: when one rank stops answering, every survivor times out at about the
+      // same moment, and the first to give up exits; the others must still say they timed out,
+      // not that this survivor is gone.
       if (Clock::now() > deadline)
         throw TimeoutError(fmt::format("timed out after {} ms waiting for the other ranks (shared memory)", timeout_.count()));
+      check_peers_alive();
     }
   }
 
