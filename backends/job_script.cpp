@@ -140,7 +140,7 @@ void slurm_directives(const SiteProfile& site, const std::map<std::string, std::
   if (job.signal_before_seconds) {
     // To every task of the job's steps (the workers themselves), so they can checkpoint.
     d.push_back(fmt::format("--signal=USR1@{}", *job.signal_before_seconds));
-    d.push_back("--requeue");
+    d.emplace_back("--requeue");
   }
 }
 
@@ -186,7 +186,7 @@ void pbs_directives(const SiteProfile& site, const std::map<std::string, std::st
     else if (!option.pbs.empty())
       d.push_back(fmt::format("{}{}", option.pbs, directive_word(it->first, it->second)));
   }
-  d.push_back("-j oe");  // one output file, as Slurm writes
+  d.emplace_back("-j oe");  // one output file, as Slurm writes
 }
 
 std::string ddl_run_line(const SiteProfile& site, const std::map<std::string, std::string>& v, const JobRequest& job) {
@@ -199,7 +199,7 @@ std::string ddl_run_line(const SiteProfile& site, const std::map<std::string, st
   if (v.count("cpus_per_task")) words.insert(words.end(), {"--cpus-per-task", v.at("cpus_per_task")});
   words.insert(words.end(), {"--launcher", site.launcher});
   if (site.gpu_order == "reverse") words.insert(words.end(), {"--gpu-order", "reverse"});
-  words.push_back("--");
+  words.emplace_back("--");
   if (site.container && v.count("image"))
     for (const auto& w : site.container->wrap) words.push_back(fill(w, v, site, "container command", false));
   words.insert(words.end(), job.command.begin(), job.command.end());

@@ -75,7 +75,7 @@ std::optional<JobState> pbs_job_state(const std::string& id) {
   auto doc = nlohmann::json::parse(r.out, nullptr, false);
   if (doc.is_discarded() || !doc.contains("Jobs") || doc["Jobs"].empty())
     throw Error(fmt::format("qstat -f -F json {} printed no job", id), "check the job id");
-  auto& [full_id, job] = *doc["Jobs"].items().begin();
+  const auto& [full_id, job] = *doc["Jobs"].items().begin();
   JobState s;
   s.id = full_id;
   s.name = job.value("Job_Name", "");
@@ -145,7 +145,7 @@ std::vector<JobState> my_jobs(Scheduler scheduler) {
     if (!r.ok()) throw Error("qstat failed: " + tool_error(r), "check that PBS's tools work here (qstat -B)");
     auto doc = nlohmann::json::parse(r.out, nullptr, false);
     if (!doc.is_discarded() && doc.contains("Jobs"))
-      for (auto& [id, job] : doc["Jobs"].items())
+      for (const auto& [id, job] : doc["Jobs"].items())
         jobs.push_back({id, job.value("Job_Name", ""), job.value("job_state", ""), job.value("comment", ""), job.value("exec_host", ""), "",
                         std::nullopt, false});
   }

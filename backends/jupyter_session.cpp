@@ -99,6 +99,7 @@ std::vector<std::string> jupyter_body(const JupyterSession& session, const std::
   std::vector<std::string> lines = {"# ddl jupyter: the token comes from a mode-600 file, never a command line; the port is one the kernel",
                                     "# hands out on this node (bind port 0), and --port-retries=0 keeps Jupyter from moving to another.",
                                     "session=" + shell_quote(session.dir + "/" + session.name),
+                                    // NOLINTNEXTLINE(bugprone-suspicious-missing-comma): one shell line, split in two literals
                                     "JUPYTER_TOKEN=$(cat \"$session.token\") && [ -n \"$JUPYTER_TOKEN\" ] || { echo \"ddl jupyter: cannot "
                                     "read $session.token here\" >&2; exit 1; }",
                                     "export JUPYTER_TOKEN"};
@@ -106,14 +107,14 @@ std::vector<std::string> jupyter_body(const JupyterSession& session, const std::
     if (environment.find('/') != std::string::npos)
       lines.push_back("source " + shell_quote(environment + "/bin/activate"));
     else {
-      lines.push_back("eval \"$(conda shell.bash hook)\"  # conda activate needs conda's shell functions in a batch shell");
+      lines.emplace_back("eval \"$(conda shell.bash hook)\"  # conda activate needs conda's shell functions in a batch shell");
       lines.push_back("conda activate " + shell_quote(environment));
     }
   }
-  lines.push_back("port=$(python3 -c 'import socket; s = socket.socket(); s.bind((\"\", 0)); print(s.getsockname()[1])')");
-  lines.push_back("host=$(hostname)");
-  lines.push_back("(umask 077 && printf '%s %s\\n' \"$host\" \"$port\" > \"$session.endpoint\")");
-  lines.push_back("as_root=(); [ \"$(id -u)\" -ne 0 ] || as_root=(--allow-root)  # Jupyter refuses root otherwise (containers, tests)");
+  lines.emplace_back("port=$(python3 -c 'import socket; s = socket.socket(); s.bind((\"\", 0)); print(s.getsockname()[1])')");
+  lines.emplace_back("host=$(hostname)");
+  lines.emplace_back("(umask 077 && printf '%s %s\\n' \"$host\" \"$port\" > \"$session.endpoint\")");
+  lines.emplace_back("as_root=(); [ \"$(id -u)\" -ne 0 ] || as_root=(--allow-root)  # Jupyter refuses root otherwise (containers, tests)");
   lines.push_back("exec jupyter " + shell_quote(session.program) +
                   " --no-browser --ip=\"$host\" --port=\"$port\" --port-retries=0 \"${as_root[@]}\"");
   return lines;

@@ -76,6 +76,7 @@ int main(int argc, char** argv) {
 
   std::vector<std::vector<float>> grads(tensors, std::vector<float>(floats));
   std::vector<std::string> names;
+  names.reserve(tensors);
   for (int t = 0; t < tensors; ++t) names.push_back("grad." + std::to_string(t));
   auto fill = [&] {
     for (int t = 0; t < tensors; ++t)

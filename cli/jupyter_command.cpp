@@ -36,7 +36,7 @@ namespace {
 
 std::atomic<bool> g_interrupted{false};
 
-void on_interrupt(int) { g_interrupted = true; }
+void on_interrupt(int /*unused*/) { g_interrupted = true; }
 
 // Ctrl-C or SIGTERM while waiting for the server: stop waiting, then cancel the job.
 void catch_interrupts() {

@@ -7,8 +7,6 @@
 
 #include "common/error.hpp"
 
-extern char** environ;
-
 namespace ddl {
 
 Environment current_environment() {

@@ -136,7 +136,7 @@ Options parse_options(int argc, char** argv) {
     else
       o.lr = positive_float(argv[0], flag, value);
   }
-  if (long(o.steps_per_epoch) * o.batch > 10'000'000)
+  if (static_cast<long>(o.steps_per_epoch) * o.batch > 10'000'000)
     bad_usage(argv[0], "--steps-per-epoch times --batch (the samples per worker) must be at most 10000000");
   return o;
 }
@@ -173,7 +173,12 @@ struct Mlp {
   std::vector<float> w1, b1, w2, b2;  // w1 is hidden x inputs, row-major; w2 is 1 x hidden
 
   Mlp(int inputs_, int hidden_)
-      : inputs(inputs_), hidden(hidden_), w1(size_t(hidden_) * size_t(inputs_)), b1(size_t(hidden_)), w2(size_t(hidden_)), b2(1) {}
+      : inputs(inputs_),
+        hidden(hidden_),
+        w1(static_cast<size_t>(hidden_) * static_cast<size_t>(inputs_)),
+        b1(static_cast<size_t>(hidden_)),
+        w2(static_cast<size_t>(hidden_)),
+        b2(1) {}
 
   // Every parameter tensor with its name, always in this order.
   std::array<std::pair<const char*, std::span<float>>, kTensors> tensors() { return {{{"w1", w1}, {"b1", b1}, {"w2", w2}, {"b2", b2}}}; }
@@ -184,28 +189,28 @@ struct Mlp {
 Mlp random_mlp(int inputs, int hidden, uint64_t seed, float hidden_gain, float output_scale) {
   Mlp m(inputs, hidden);
   Rng rng(seed);
-  for (float& w : m.w1) w = static_cast<float>(hidden_gain * rng.normal() / std::sqrt(double(inputs)));
-  for (float& w : m.w2) w = static_cast<float>(output_scale * rng.normal() / std::sqrt(double(hidden)));
+  for (float& w : m.w1) w = static_cast<float>(hidden_gain * rng.normal() / std::sqrt(static_cast<double>(inputs)));
+  for (float& w : m.w2) w = static_cast<float>(output_scale * rng.normal() / std::sqrt(static_cast<double>(hidden)));
   return m;
 }
 
 // The hidden activations for one input.
 void hidden_layer(const Mlp& m, const float* x, float* h) {
   for (int j = 0; j < m.hidden; ++j) {
-    float z = m.b1[size_t(j)];
-    for (int k = 0; k < m.inputs; ++k) z += m.w1[size_t(j) * size_t(m.inputs) + size_t(k)] * x[k];
+    float z = m.b1[static_cast<size_t>(j)];
+    for (int k = 0; k < m.inputs; ++k) z += m.w1[static_cast<size_t>(j) * static_cast<size_t>(m.inputs) + static_cast<size_t>(k)] * x[k];
     h[j] = std::tanh(z);
   }
 }
 
 float output_layer(const Mlp& m, const float* h) {
   float y = m.b2[0];
-  for (int j = 0; j < m.hidden; ++j) y += m.w2[size_t(j)] * h[j];
+  for (int j = 0; j < m.hidden; ++j) y += m.w2[static_cast<size_t>(j)] * h[j];
   return y;
 }
 
 float predict(const Mlp& m, const float* x) {
-  std::vector<float> h(size_t(m.hidden));
+  std::vector<float> h(static_cast<size_t>(m.hidden));
   hidden_layer(m, x, h.data());
   return output_layer(m, h.data());
 }
@@ -232,23 +237,24 @@ Dataset make_shard(const Mlp& teacher, int rank, size_t samples) {
 // backpropagation one sample at a time.
 float loss_and_gradient(const Mlp& m, const Dataset& d, size_t first, size_t count, Mlp& grad) {
   for (auto& [name, g] : grad.tensors()) std::fill(g.begin(), g.end(), 0.0f);
-  std::vector<float> h(size_t(m.hidden));
+  std::vector<float> h(static_cast<size_t>(m.hidden));
   float loss = 0.0f;
   for (size_t i = first; i < first + count; ++i) {
     const float* x = &d.x[i * kInputs];
     hidden_layer(m, x, h.data());
     const float error = output_layer(m, h.data()) - d.y[i];
     loss += error * error;
-    const float dy = 2.0f * error / float(count);  // d(loss)/d(output)
+    const float dy = 2.0f * error / static_cast<float>(count);  // d(loss)/d(output)
     grad.b2[0] += dy;
     for (int j = 0; j < m.hidden; ++j) {
-      grad.w2[size_t(j)] += dy * h[size_t(j)];
-      const float dz = dy * m.w2[size_t(j)] * (1.0f - h[size_t(j)] * h[size_t(j)]);  // through tanh
-      grad.b1[size_t(j)] += dz;
-      for (int k = 0; k < m.inputs; ++k) grad.w1[size_t(j) * size_t(m.inputs) + size_t(k)] += dz * x[k];
+      grad.w2[static_cast<size_t>(j)] += dy * h[static_cast<size_t>(j)];
+      const float dz = dy * m.w2[static_cast<size_t>(j)] * (1.0f - h[static_cast<size_t>(j)] * h[static_cast<size_t>(j)]);  // through tanh
+      grad.b1[static_cast<size_t>(j)] += dz;
+      for (int k = 0; k < m.inputs; ++k)
+        grad.w1[static_cast<size_t>(j) * static_cast<size_t>(m.inputs) + static_cast<size_t>(k)] += dz * x[k];
     }
   }
-  return loss / float(count);
+  return loss / static_cast<float>(count);
 }
 
 // Every rank's rank-0 copy: one broadcast per tensor ("init/w1", ...).
@@ -294,14 +300,14 @@ double evaluate(const Mlp& model, const Dataset& data) {
     const double error = predict(model, &data.x[i * kInputs]) - data.y[i];
     total += error * error;
   }
-  return total / double(data.y.size());
+  return total / static_cast<double>(data.y.size());
 }
 
 // One pass over this rank's shard; returns this rank's mean minibatch loss.
 double train_epoch(Mlp& model, Mlp& grad, const Dataset& data, const Options& o) {
   double total = 0.0;
   for (int step = 0; step < o.steps_per_epoch; ++step) {
-    total += loss_and_gradient(model, data, size_t(step) * size_t(o.batch), size_t(o.batch), grad);
+    total += loss_and_gradient(model, data, static_cast<size_t>(step) * static_cast<size_t>(o.batch), static_cast<size_t>(o.batch), grad);
     average_gradients(grad);
     sgd_step(model, grad, o.lr);
   }
@@ -352,11 +358,12 @@ int main(int argc, char** argv) {
   check(ddl_size(&size), "ddl_size");
 
   const Mlp teacher = random_mlp(kInputs, kTeacherHidden, kTeacherSeed, kTeacherGain, 1.0f);
-  const Dataset data = make_shard(teacher, rank, size_t(o.steps_per_epoch) * size_t(o.batch));
+  const Dataset data = make_shard(teacher, rank, static_cast<size_t>(o.steps_per_epoch) * static_cast<size_t>(o.batch));
   // A different start on every rank, so that only the broadcast can make them equal.
   Mlp model = random_mlp(kInputs, kHidden, kModelSeed + static_cast<uint64_t>(rank), 1.0f, 0.1f);
   broadcast_from_rank0(model);
-  log0(rank, "training an MLP %d-%d-1 on %d worker(s), batch %d per worker, lr %g\n", kInputs, kHidden, size, o.batch, double(o.lr));
+  log0(rank, "training an MLP %d-%d-1 on %d worker(s), batch %d per worker, lr %g\n", kInputs, kHidden, size, o.batch,
+       static_cast<double>(o.lr));
 
   const double initial = average_over_ranks(evaluate(model, data), "loss/initial");
   log0(rank, "epoch 0/%d loss %.6f (before training)\n", o.epochs, initial);

@@ -123,9 +123,9 @@ PreparedLaunch launch_command(const RunRequest& request, TaskLauncher launcher, 
   layout.tasks_per_node = plan.workers_per_node;
   layout.cpus_per_task = cpus_per_task(request, plan, shape);
   layout.task_command = {this_executable(), "exec"};
-  if (!plan.gpu_workers) layout.task_command.push_back("--cpu");
+  if (!plan.gpu_workers) layout.task_command.emplace_back("--cpu");
   if (request.gpu_order == GpuOrder::Reversed) layout.task_command.insert(layout.task_command.end(), {"--gpu-order", "reverse"});
-  layout.task_command.push_back("--");
+  layout.task_command.emplace_back("--");
   layout.task_command.insert(layout.task_command.end(), request.command.begin(), request.command.end());
   for (const char* name : kExportedToTasks) layout.exported_names.emplace_back(name);
   for (const char* optional : {"LD_LIBRARY_PATH", "PYTHONPATH"})
@@ -134,7 +134,7 @@ PreparedLaunch launch_command(const RunRequest& request, TaskLauncher launcher, 
   // srun and PALS label whole lines; mpirun's tags need the state of every task's unfinished line.
   // srun's own error lines are kept as they stream by (the first 50): at scale the survivors'
   // output would push the first task's end out of the stderr tail.
-  auto reports = launcher_reports;
+  const auto& reports = launcher_reports;
   LineLabeller rank_colon = [reports](std::string_view line) -> std::optional<std::vector<backends::TaskLine>> {
     auto task = backends::rank_colon_label(line);
     if (!task) {

@@ -119,6 +119,7 @@ CapabilitySection frameworks_section(const CapabilityOptions& options) {
   said >> executable >> version;
   s.title = fmt::format("Frameworks ({}, Python {})", executable, version);
   std::vector<std::future<CapabilityItem>> probes;  // imports are slow: all at once
+  probes.reserve(kFrameworkProbes.size());
   for (const auto& [name, code] : kFrameworkProbes)
     probes.push_back(std::async(std::launch::async, probe_framework, executable, name, code, options.probe_timeout));
   probes.push_back(std::async(std::launch::async, probe_framework, executable, "ddl.torch", ddl_torch_probe(), options.probe_timeout));

@@ -25,7 +25,7 @@ constexpr size_t kLongestJob = 64 << 20;
 // supervisor reads later) is consumed.
 std::string read_job_line(int fd) {
   std::string line;
-  for (char c; line.size() < kLongestJob;) {
+  for (char c = 0; line.size() < kLongestJob;) {
     ssize_t n = ::read(fd, &c, 1);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0)

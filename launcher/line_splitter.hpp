@@ -15,7 +15,7 @@ class LineSplitter {
   // The line without its end, and the end: '\n', or '\r' for a line redrawn in place.
   using LineSink = std::function<void(std::string_view line, char end)>;
   // An unfinished line this long goes out as a line of its own, so none is held without limit.
-  static constexpr size_t kLongestLine = 64 * 1024;
+  static constexpr size_t kLongestLine = size_t{64} * 1024;
 
   // Passes every line completed by `data` to `sink`; keeps an unfinished last line for later.
   void feed(std::string_view data, const LineSink& sink);

@@ -356,7 +356,7 @@ class Run {
     // that exited with an error because its peer vanished, so it is considered first.
     std::vector<std::pair<Worker*, int>> failed;
     int status = 0;
-    pid_t pid;
+    pid_t pid = 0;
     while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
       for (auto& w : workers_) {
         if (w.process.pid != pid || !w.running) continue;

@@ -83,7 +83,7 @@ class Supervisor {
 
  private:
   SupervisorOptions options_;
-  sigset_t original_mask_;
+  sigset_t original_mask_{};
   int signal_fd_ = -1;
 };
 

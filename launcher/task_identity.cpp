@@ -30,7 +30,7 @@ std::optional<int> first_number(const Environment& env, std::initializer_list<co
 }
 
 struct LauncherVariables {
-  const char* source;
+  const char* source{};
   std::initializer_list<const char*> rank, local_rank, size, local_size, node_rank, num_nodes;
 };
 

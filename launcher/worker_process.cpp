@@ -68,9 +68,11 @@ WorkerProcess spawn_worker(const std::string& program, const std::vector<std::st
   // Everything the child needs is built before fork: after it only async-signal-safe calls.
   std::vector<std::string> env_strings = to_envp(env);
   std::vector<char*> c_argv;
+  c_argv.reserve(argv.size());
   for (const auto& a : argv) c_argv.push_back(const_cast<char*>(a.c_str()));
   c_argv.push_back(nullptr);
   std::vector<char*> c_env;
+  c_env.reserve(env_strings.size());
   for (const auto& e : env_strings) c_env.push_back(const_cast<char*>(e.c_str()));
   c_env.push_back(nullptr);
   const std::string exec_failed = fmt::format("ddl: cannot execute '{}': ", program);

@@ -10,6 +10,7 @@ WorkerSlot WorldPlan::slot(int rank) const { return {rank, rank % workers_per_no
 
 std::vector<WorkerSlot> WorldPlan::slots_on_node(int node_rank) const {
   std::vector<WorkerSlot> slots;
+  slots.reserve(workers_per_node);
   for (int local = 0; local < workers_per_node; ++local) slots.push_back(slot(node_rank * workers_per_node + local));
   return slots;
 }

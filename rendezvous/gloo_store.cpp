@@ -61,6 +61,7 @@ class SubgroupStore final : public gloo::rendezvous::Store {
   }
   std::vector<std::string> mapped(const std::vector<std::string>& keys) const {
     std::vector<std::string> out;
+    out.reserve(keys.size());
     for (const auto& k : keys) out.push_back(mapped(k));
     return out;
   }

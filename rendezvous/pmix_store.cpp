@@ -25,7 +25,7 @@ namespace ddl::runtime {
 struct PmixSession::State {
   pmix_proc_t me{};
   int size = 1;
-  std::chrono::milliseconds timeout;
+  std::chrono::milliseconds timeout{};
 };
 
 namespace {
@@ -74,7 +74,7 @@ class PmixStore final : public gloo::rendezvous::Store {
   }
 
   void wait(const std::vector<std::string>& keys) override { wait(keys, state_->timeout); }
-  void wait(const std::vector<std::string>&, const std::chrono::milliseconds& timeout) override {
+  void wait(const std::vector<std::string>& /*keys*/, const std::chrono::milliseconds& timeout) override {
     if (!dirty_ || !fence_on_wait_) return;
     pmix_info_t info[2];
     bool collect = true;

@@ -50,7 +50,7 @@ std::vector<std::string> pals_command(const TaskLayout& layout) {
 
 std::vector<std::string> openmpi_command(const TaskLayout& layout, const std::string& nodefile, bool as_root) {
   std::vector<std::string> argv = {"mpirun"};
-  if (as_root) argv.push_back("--allow-run-as-root");
+  if (as_root) argv.emplace_back("--allow-run-as-root");
   const std::vector<std::string> placement = {"-np",
                                               std::to_string(layout.num_nodes * layout.tasks_per_node),
                                               "--hostfile",
@@ -63,7 +63,7 @@ std::vector<std::string> openmpi_command(const TaskLayout& layout, const std::st
                                               "--tag-output"};
   argv.insert(argv.end(), placement.begin(), placement.end());
   for (const auto& name : layout.exported_names) {
-    argv.push_back("-x");
+    argv.emplace_back("-x");
     argv.push_back(name);  // the name alone: the value (the store token too) stays off the command line
   }
   argv.insert(argv.end(), layout.task_command.begin(), layout.task_command.end());

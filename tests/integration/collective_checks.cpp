@@ -6,6 +6,7 @@
 //   collective_checks world      prints what ddl_init found (rank, size, local rank/size, node), then allreduces
 //   collective_checks reinit     the same, then ddl_finalize, ddl_init and the allreduces again
 // Prints "PASS n checks" (or what failed) and exits 0 when every check held.
+#include <math.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -38,7 +39,7 @@ void require(ddl_status s, const char* what) {
 // Host-side float16/bfloat16 encodings, written independently of libddl's.
 uint16_t to_half(double v) {  // exact for the small integers and halves the tests use
   if (v == 0) return 0;
-  int e;
+  int e = 0;
   double m = std::frexp(std::fabs(v), &e);  // v = m * 2^e, m in [0.5, 1)
   uint16_t mant = static_cast<uint16_t>(std::lround((m * 2 - 1) * 1024));
   return static_cast<uint16_t>((v < 0 ? 0x8000 : 0) | ((e - 1 + 15) << 10) | mant);
@@ -51,13 +52,13 @@ double from_half(uint16_t h) {
 }
 uint16_t to_bf16(double v) {
   float f = static_cast<float>(v);
-  uint32_t b;
+  uint32_t b = 0;
   std::memcpy(&b, &f, 4);
   return static_cast<uint16_t>(b >> 16);  // exact for the values used
 }
 double from_bf16(uint16_t h) {
   uint32_t b = static_cast<uint32_t>(h) << 16;
-  float f;
+  float f = NAN;
   std::memcpy(&f, &b, 4);
   return f;
 }
@@ -163,7 +164,7 @@ void check_fp16_compression() {
   std::vector<float> a(1000), b(3), c{1.0001f};
   for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(input(DDL_SUM, g_rank, i));
   for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(input(DDL_SUM, g_rank, i));
-  ddl_handle ha, hb, hc;
+  ddl_handle ha = nullptr, hb = nullptr, hc = nullptr;
   require(ddl_allreduce_flags_async("fp16.a", a.data(), a.data(), a.size(), DDL_FLOAT32, DDL_SUM, DDL_COMPRESS_FP16, &ha), "fp16.a");
   require(ddl_allreduce_flags_async("fp16.b", b.data(), b.data(), b.size(), DDL_FLOAT32, DDL_AVERAGE, DDL_COMPRESS_FP16, &hb), "fp16.b");
   require(ddl_allreduce_flags_async("fp16.c", c.data(), c.data(), 1, DDL_FLOAT32, DDL_SUM, DDL_COMPRESS_FP16, &hc), "fp16.c");

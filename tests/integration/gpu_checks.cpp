@@ -47,7 +47,7 @@ void check_stream_idle(cudaStream_t stream, const char* op) {
 }
 
 int run_on_gpu() {
-  cudaStream_t stream;
+  cudaStream_t stream = nullptr;
   require_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   const size_t n = 1 << 20;
   std::vector<float> host(n);
@@ -56,7 +56,7 @@ int run_on_gpu() {
   require_cuda(cudaMalloc(&dev, n * sizeof(float)), "cudaMalloc");
   require_cuda(cudaMemcpy(dev, host.data(), n * sizeof(float), cudaMemcpyHostToDevice), "copy in");
   require_cuda(cudaDeviceSynchronize(), "copy in done");  // a pageable copy may return before its DMA ends
-  ddl_handle h;
+  ddl_handle h = nullptr;
   require(ddl_allreduce_cuda_async("gpu.sum", dev, dev, n, DDL_FLOAT32, DDL_SUM, stream, &h), "allreduce_cuda_async");
   require(ddl_wait(h), "wait allreduce");
   check_stream_idle(stream, "allreduce");
@@ -114,7 +114,7 @@ int run_on_gpu() {
 
 int run_without_gpu() {
   float x = 1;
-  ddl_handle h;
+  ddl_handle h = nullptr;
   require(ddl_allreduce_cuda_async("gpu.sum", &x, &x, 1, DDL_FLOAT32, DDL_SUM, nullptr, &h), "submit");
   ddl_status s = ddl_wait(h);
   std::printf("cuda op without a GPU: %s: %s\n", ddl_status_string(s), ddl_last_error());
@@ -127,7 +127,7 @@ int run_without_gpu() {
 int run_on_a_shared_gpu() {
   float* dev = nullptr;
   require_cuda(cudaMalloc(&dev, sizeof(float)), "cudaMalloc");
-  ddl_handle h;
+  ddl_handle h = nullptr;
   require(ddl_allreduce_cuda_async("gpu.shared", dev, dev, 1, DDL_FLOAT32, DDL_SUM, nullptr, &h), "submit");
   ddl_status s = ddl_wait(h);
   std::printf("cuda op on a shared GPU: %s: %s\n", ddl_status_string(s), ddl_last_error());

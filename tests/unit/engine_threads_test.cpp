@@ -234,6 +234,7 @@ void run_world(Transport transport, int size, const WorldOptions& options, const
     }
   });
   std::vector<std::thread> ranks;
+  ranks.reserve(size);
   for (int r = 0; r < size; ++r) {
     ranks.emplace_back([&, r] {
       const std::string where = fmt::format("rank {} of {}", r, world);
@@ -271,7 +272,7 @@ void for_each_world(const WorldOptions& options, const std::function<void(RankCo
 }
 
 struct Outcome {
-  ddl_status status;
+  ddl_status status = DDL_SUCCESS;
   std::string message;
 };
 

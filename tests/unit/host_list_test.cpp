@@ -10,6 +10,7 @@ using namespace ddl::launcher;
 namespace {
 std::vector<std::pair<std::string, int>> pairs(const std::vector<HostSlots>& hosts) {
   std::vector<std::pair<std::string, int>> out;
+  out.reserve(hosts.size());
   for (const auto& h : hosts) out.emplace_back(h.name, h.slots);
   return out;
 }

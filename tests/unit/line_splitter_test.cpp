@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -41,7 +42,7 @@ TEST_CASE("a progress bar's carriage-return redraws go out as they come, and CRL
 }
 
 TEST_CASE("an endless unfinished line goes out every 64 KiB instead of piling up") {
-  const std::string chunk(40 * 1024, 'x');
+  const std::string chunk(size_t{40} * 1024, 'x');
   auto lines = split_all({chunk, chunk, chunk}, false);
   REQUIRE(lines.size() == 1);
   CHECK(lines[0].size() == 80 * 1024);

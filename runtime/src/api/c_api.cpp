@@ -491,7 +491,7 @@ ddl_status ddl_process_set_create(const int* ranks, int count, ddl_process_set* 
     const std::string local_error = invalid_set_ranks(sorted, world);
     // Every rank takes an id and joins the agreement, even one whose own list is invalid: a rank
     // that returned early would number its later sets differently from the others.
-    uintptr_t id;
+    uintptr_t id = 0;
     {
       std::lock_guard lock(rt.sets_mutex);
       id = rt.next_set_id++;
@@ -536,7 +536,7 @@ ddl_status ddl_process_set_create(const int* ranks, int count, ddl_process_set* 
     }
     std::lock_guard lock(rt.sets_mutex);
     rt.sets.emplace(id, std::move(set));
-    *out = reinterpret_cast<ddl_process_set>(id);
+    *out = reinterpret_cast<ddl_process_set>(id);  // NOLINT(performance-no-int-to-ptr): the handle is an id, never dereferenced
     return DDL_SUCCESS;
   });
 }

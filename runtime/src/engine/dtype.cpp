@@ -1,5 +1,7 @@
 #include "runtime/src/engine/dtype.hpp"
 
+#include <math.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -38,7 +40,7 @@ float half_to_float(unsigned short h) {
   uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
   uint32_t exponent = (h >> 10) & 0x1f;
   uint32_t mantissa = h & 0x3ff;
-  uint32_t bits;
+  uint32_t bits = 0;
   if (exponent == 0x1f) {
     bits = sign | 0x7f800000u | (mantissa << 13);  // inf or NaN
   } else if (exponent != 0) {
@@ -54,13 +56,13 @@ float half_to_float(unsigned short h) {
     mantissa &= 0x3ff;
     bits = sign | (static_cast<uint32_t>(113 - shift) << 23) | (mantissa << 13);
   }
-  float f;
+  float f = NAN;
   std::memcpy(&f, &bits, sizeof f);
   return f;
 }
 
 unsigned short float_to_half(float f) {
-  uint32_t bits;
+  uint32_t bits = 0;
   std::memcpy(&bits, &f, sizeof bits);
   const uint32_t sign = (bits >> 16) & 0x8000;
   const uint32_t abs = bits & 0x7fffffff;
@@ -68,9 +70,9 @@ unsigned short float_to_half(float f) {
   if (abs >= 0x47800000) return static_cast<unsigned short>(sign | 0x7c00);  // >= 65536: inf
   if (abs < 0x33000000) return static_cast<unsigned short>(sign);            // < 2^-25: zero
   const int exponent = static_cast<int>(abs >> 23);
-  uint32_t result;
-  uint32_t rest;
-  uint32_t half_way;
+  uint32_t result = 0;
+  uint32_t rest = 0;
+  uint32_t half_way = 0;
   if (exponent < 113) {  // a half subnormal: count units of 2^-24
     const int shift = 126 - exponent;
     const uint32_t mantissa = (abs & 0x7fffff) | 0x800000;
@@ -89,13 +91,13 @@ unsigned short float_to_half(float f) {
 
 float bfloat16_to_float(unsigned short b) {
   uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float f;
+  float f = NAN;
   std::memcpy(&f, &bits, sizeof f);
   return f;
 }
 
 unsigned short float_to_bfloat16(float f) {
-  uint32_t bits;
+  uint32_t bits = 0;
   std::memcpy(&bits, &f, sizeof bits);
   if ((bits & 0x7fffffff) > 0x7f800000) return static_cast<unsigned short>((bits >> 16) | 0x40);  // quiet NaN
   uint32_t rounding = 0x7fff + ((bits >> 16) & 1);

@@ -475,25 +475,25 @@ void Engine::run_fused_allreduce(const std::vector<PendingOp*>& ops) {
   const ddl_dtype dtype = ops[0]->spec.dtype;
   const ddl_dtype wire = compress ? DDL_FLOAT16 : dtype;
   const ddl_reduce_op reduce = ops[0]->spec.reduce;
-  const size_t wire_element = dtype_size(wire);
-  size_t elements = 0;
-  for (PendingOp* op : ops) elements += op->spec.count;
-  if (fusion_buffer_.size() < elements * wire_element) fusion_buffer_.resize(elements * wire_element);
+  const size_t wire_element_size = dtype_size(wire);
+  size_t total_count = 0;
+  for (PendingOp* op : ops) total_count += op->spec.count;
+  if (fusion_buffer_.size() < total_count * wire_element_size) fusion_buffer_.resize(total_count * wire_element_size);
 
   auto t0 = Clock::now();
   for (PendingOp* op : ops) record_wait(*op, t0);
   size_t offset = 0;
   for (PendingOp* op : ops) {
-    pack_into(op->send, fusion_buffer_.data() + offset * wire_element, op->spec.count, dtype, compress);
-    scale(fusion_buffer_.data() + offset * wire_element, op->spec.count, wire, op->spec.prescale);
+    pack_into(op->send, fusion_buffer_.data() + offset * wire_element_size, op->spec.count, dtype, compress);
+    scale(fusion_buffer_.data() + offset * wire_element_size, op->spec.count, wire, op->spec.prescale);
     offset += op->spec.count;
   }
   auto t1 = Clock::now();
-  collectives_->allreduce(fusion_buffer_.data(), elements, wire_element, reduce_function(wire, reduce));
+  collectives_->allreduce(fusion_buffer_.data(), total_count, wire_element_size, reduce_function(wire, reduce));
   auto t2 = Clock::now();
   offset = 0;
   for (PendingOp* op : ops) {
-    unpack_from(fusion_buffer_.data() + offset * wire_element, op->recv, op->spec.count, dtype, compress);
+    unpack_from(fusion_buffer_.data() + offset * wire_element_size, op->recv, op->spec.count, dtype, compress);
     if (reduce == DDL_AVERAGE) divide_by_world_size(op->recv, op->spec.count, dtype, size_);
     scale(op->recv, op->spec.count, dtype, op->spec.postscale);
     offset += op->spec.count;

@@ -4,6 +4,7 @@
 // the same local rank on the other hosts, all slices at once); the negotiation round and alltoall
 // go over the world's own Gloo mesh.
 #include <algorithm>
+#include <cstddef>
 #include <vector>
 
 #include <gloo/rendezvous/store.h>
@@ -59,7 +60,8 @@ class HierarchicalCollectives final : public Collectives {
     if (offset.back() == 0) return;
     const int host = rank() / L;
     char* out = static_cast<char*>(recv);
-    const std::vector<size_t> local_parts(bytes_per_rank.begin() + host * L, bytes_per_rank.begin() + (host + 1) * L);
+    const auto first = static_cast<std::ptrdiff_t>(host) * L;
+    const std::vector<size_t> local_parts(bytes_per_rank.begin() + first, bytes_per_rank.begin() + first + L);
     local_->allgatherv(send, out + offset[static_cast<size_t>(host)], local_parts);
     if (local_->rank() == 0) {
       const std::vector<char> own(out + offset[static_cast<size_t>(host)], out + offset[static_cast<size_t>(host) + 1]);

@@ -10,8 +10,9 @@ class SingleProcess final : public Collectives {
   int rank() const override { return 0; }
   int size() const override { return 1; }
   std::vector<std::string> allgather_bytes(const std::string& mine) override { return {mine}; }
-  void allreduce(void*, size_t, size_t, ReduceFunction) override {}  // one contribution: already the result
-  void broadcast(void*, size_t, int) override {}
+  void allreduce(void* /*data*/, size_t /*count*/, size_t /*element_size*/, ReduceFunction /*reduce*/) override {
+  }  // one contribution: already the result
+  void broadcast(void* /*data*/, size_t /*bytes*/, int /*root*/) override {}
   void allgatherv(const void* send, void* recv, const std::vector<size_t>& bytes) override {
     if (send != recv) move_bytes(recv, send, bytes[0]);
   }
