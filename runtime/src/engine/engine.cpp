@@ -90,7 +90,7 @@ std::shared_ptr<OpState> Engine::enqueue(PendingOp op) {
   auto state = std::make_shared<OpState>();
   op.state = state;
   std::unique_lock lock(mutex_);
-  if (op.name.empty()) op.name = fmt::format("unnamed.{}", unnamed_counter_++);
+  if (op.name.empty()) op.name = next_unnamed_name();
   if (auto refusal = refusal_of(op.name)) {
     state->complete(refusal->first, std::move(refusal->second));
     return state;
@@ -101,6 +101,8 @@ std::shared_ptr<OpState> Engine::enqueue(PendingOp op) {
   wake_.notify_all();  // the engine thread, or a caller in run() pausing between its rounds
   return state;
 }
+
+std::string Engine::next_unnamed_name() { return fmt::format("unnamed.{}", unnamed_counter_++); }
 
 std::optional<std::pair<ddl_status, std::string>> Engine::refusal_of(const std::string& name) const {
   if (broken_) return std::pair{broken_status_, broken_message_};
@@ -258,7 +260,7 @@ ddl_status Engine::run(std::string name, const OpSpec& spec, const void* send, v
     std::lock_guard lock(mutex_);
     const bool unnamed = op.name.empty();
     const uint64_t unnamed_index = unnamed_counter_;
-    if (unnamed) op.name = fmt::format("unnamed.{}", unnamed_counter_++);
+    if (unnamed) op.name = next_unnamed_name();
     if (auto refusal = refusal_of(op.name)) {
       message = std::move(refusal->second);
       return refusal->first;

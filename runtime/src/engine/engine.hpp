@@ -127,6 +127,8 @@ class Engine {
   std::optional<ddl_status> run_proposed(PendingOp& op, const Announcement& mine, std::string& message);
   void run_agreed(const ProposedOp& op);  // every rank proposed it, and the transport left it to us
   static bool proposable(const OpSpec& spec);
+  // "unnamed.N" for the next op submitted without a name: every rank counts alike (mutex_ held).
+  std::string next_unnamed_name();
   // Why `name` cannot be submitted now, if it cannot (mutex_ held).
   std::optional<std::pair<ddl_status, std::string>> refusal_of(const std::string& name) const;
   void execute(const std::vector<ReadyOp>& ready);

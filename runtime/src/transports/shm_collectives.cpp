@@ -216,9 +216,9 @@ class SharedMemory final : public Collectives {
   // it fits in the first half of its slot (always, but for a first round announcing thousands of
   // ops in full), its bytes; in the second half, its proposal (zeros for none) and the data of a
   // proposed small allreduce or, on the root, broadcast. After the barrier, if every rank proposed
-  // the same op it runs right there (a small allreduce reduces the published data: the round and
-  // the op cost one barrier together); otherwise the announcements are read, through an allgatherv
-  // if some did not fit.
+  // the same op and its data fit the slots, it runs right there from them (the round and the op cost
+  // one barrier together); otherwise the announcements are read, through an allgatherv if some did
+  // not fit, and the engine runs an agreed op that was too large as the usual collective.
   bool gather_announcements(const std::string& mine, const ProposedOp* op, std::vector<std::string>& round) {
     const int set = next_set();
     *length_in(set, rank_) = mine.size();
@@ -227,8 +227,8 @@ class SharedMemory final : public Collectives {
     std::memcpy(proposal_in(set, rank_), (op ? op->proposal : kNone).words.data(), sizeof kNone.words);
     const bool data_inline = op != nullptr && publish_data(set, *op);
     barrier();
-    if (op != nullptr && every_rank_proposed(set, op->proposal)) {
-      run_agreed(set, *op, data_inline);
+    if (data_inline && every_rank_proposed(set, op->proposal)) {
+      run_from_slots(set, *op);
       return true;
     }
     std::vector<size_t> lengths(size_);
@@ -280,7 +280,8 @@ class SharedMemory final : public Collectives {
   size_t bytes_of(const ProposedOp& op) const { return op.count * op.element_size; }
 
   // Copies what this rank contributes to a proposed op into its slot, if the op is small enough to
-  // run from the slots; returns whether it is (the same answer on every rank that proposed it).
+  // run from the slots; returns whether it is (the same answer on every rank that proposed it, as
+  // the proposal names the op's size).
   bool publish_data(int set, const ProposedOp& op) {
     const size_t bytes = bytes_of(op);
     switch (op.kind) {
@@ -303,22 +304,13 @@ class SharedMemory final : public Collectives {
     return true;
   }
 
-  // Runs the op every rank proposed: from the slots if its data was published with the proposals,
-  // else as the usual collective (every rank decides alike, so all make the same calls).
-  void run_agreed(int set, const ProposedOp& op, bool data_inline) {
-    const size_t bytes = bytes_of(op);
-    if (op.kind == OpKind::Allreduce) {
-      if (data_inline) {
-        if (op.count > 0)
-          reduce_in_rank_order(static_cast<char*>(op.recv), op.count, op.reduce, [&](int r) -> const char* { return data_in(set, r); });
-        return;
-      }
-      if (op.send != op.recv) move_bytes(op.recv, op.send, bytes);
-      allreduce(op.recv, op.count, op.element_size, op.reduce);
-    } else if (op.kind == OpKind::Broadcast) {
-      if (!data_inline) return broadcast(op.recv, bytes, op.root);
-      if (rank_ != op.root) copy_bytes(op.recv, data_in(set, op.root), bytes);
-    }
+  // Runs the op every rank proposed from the data published with the proposals (a barrier has none:
+  // the round's barrier was it).
+  void run_from_slots(int set, const ProposedOp& op) {
+    if (op.kind == OpKind::Allreduce && op.count > 0)
+      reduce_in_rank_order(static_cast<char*>(op.recv), op.count, op.reduce, [&](int r) -> const char* { return data_in(set, r); });
+    else if (op.kind == OpKind::Broadcast && rank_ != op.root)
+      copy_bytes(op.recv, data_in(set, op.root), bytes_of(op));
   }
 
   // The set the next chunk uses: the sets alternate over every chunk of every operation.
