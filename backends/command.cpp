@@ -2,6 +2,7 @@
 
 #include <future>
 #include <iterator>
+#include <mutex>
 #include <sstream>
 
 #include <boost/asio/io_context.hpp>
@@ -10,6 +11,15 @@
 namespace ddl::backends {
 
 namespace bp = boost::process;
+
+namespace {
+// Boost.Process (1.74) makes a child's pipes without close-on-exec, and the parent closes the
+// child's ends only after the fork. A child that another thread forks meanwhile inherits those
+// write ends, and the first child's output then never ends while the second lives: check-build's
+// probes run at once, and a hanging `import tensorflow` made a broken `import horovod` time out
+// too. Children are therefore started one at a time; they still run at once.
+std::mutex g_starting_a_child;
+}  // namespace
 
 std::string first_line(const std::string& text) {
   std::string line = text.substr(0, text.find('\n'));
@@ -39,7 +49,9 @@ CommandResult run_command(const std::vector<std::string>& argv, std::chrono::mil
     boost::asio::io_context io;
     std::future<std::string> out, err;
     std::vector<std::string> args(argv.begin() + 1, argv.end());
+    std::unique_lock starting(g_starting_a_child);
     bp::child child(exe, bp::args(args), bp::std_in<bp::buffer(input), bp::std_out> out, bp::std_err > err, io);
+    starting.unlock();
     // Reading both streams and the exit happens on `io`; run it with the deadline.
     io.run_for(timeout);
     if (!io.stopped()) {
