@@ -126,7 +126,12 @@ void Engine::run_loop() {
   for (;;) {
     sleep_until_due();
     std::lock_guard round_lock(round_mutex_);
+    engine_thread_takes_.fetch_add(1, std::memory_order_relaxed);  // before the mark: see take_round_for_caller
+    const RoundHolderMark holder(round_holder_, RoundHolder::EngineThread);
     if (stopped_) return;
+    // While this thread waited for the round, a caller of a blocking op may have run the round it
+    // woke for: an idle round now would only make the peers' next proposal miss.
+    if (!round_due()) continue;
     run_guarded([this] { return round(); });
   }
 }
@@ -177,12 +182,20 @@ void Engine::sleep_until_due() {
       if (auto pause = waiting_backoff(Clock::now()); pause.count() > 0) wake_.wait_for(lock, pause);
       return;
     }
-    const int cycles = idle_rounds_ < kIdleRoundsBeforeBackoff ? 1 : 16;
-    const Clock::time_point due =
-        Clock::time_point(Clock::duration(last_round_.load(std::memory_order_relaxed))) + config_.cycle_time * cycles;
+    const Clock::time_point due = idle_round_due();
     if (Clock::now() >= due) return;
     wake_.wait_until(lock, due);
   }
+}
+
+Engine::Clock::time_point Engine::idle_round_due() const {
+  const int cycles = idle_rounds_ < kIdleRoundsBeforeBackoff ? 1 : 16;
+  return Clock::time_point(Clock::duration(last_round_.load(std::memory_order_relaxed))) + config_.cycle_time * cycles;
+}
+
+bool Engine::round_due() {
+  std::lock_guard lock(mutex_);
+  return !inbox_.empty() || finalize_requested_ || !in_flight_.empty() || gpu_busy_ || Clock::now() >= idle_round_due();
 }
 
 void Engine::pause_between_rounds() {
@@ -248,11 +261,9 @@ bool Engine::proposable(const OpSpec& spec) {
 
 ddl_status Engine::run(std::string name, const OpSpec& spec, const void* send, void* recv, std::string& message) {
   if (spec.cuda) return submit(std::move(name), spec, send, recv)->wait(message);
-  // Another thread runs rounds now: the engine thread, or a caller here waiting for its own op,
-  // which may wait for peers that wait for this op (two threads of each rank running blocking ops
-  // in different orders). This op goes to that thread's next round, as submit() hands it over.
-  std::unique_lock round_lock(round_mutex_, std::try_to_lock);
+  std::unique_lock round_lock = take_round_for_caller();
   if (!round_lock.owns_lock()) return submit(std::move(name), spec, send, recv)->wait(message);
+  const RoundHolderMark holder(round_holder_, RoundHolder::Caller);
   PendingOp op{std::move(name), spec, send, recv, nullptr, Clock::now(), nullptr};
   Announcement proposing;  // the announcement of an op proposed to run in its own round
   std::shared_ptr<OpState> state;
@@ -291,6 +302,29 @@ ddl_status Engine::run(std::string name, const OpSpec& spec, const void* send, v
     run_guarded([this] { return round(); });
   }
   return state->wait(message);
+}
+
+// The round for a caller of a blocking op, or none while another caller runs rounds: that caller
+// may wait for peers that wait for this op (two threads of each rank running blocking ops in
+// different orders), so this op goes to its next round, as submit() hands it over. The engine
+// thread's round, which ends without this op, is waited for: otherwise every op the engine thread
+// finishes would make the caller's next op miss the fast path (the caller wakes while the engine
+// thread still closes the round). Should the engine thread go straight on to another round (ops
+// of its own waiting for peers), the op is handed to that one.
+std::unique_lock<std::timed_mutex> Engine::take_round_for_caller() {
+  std::unique_lock lock(round_mutex_, std::try_to_lock);
+  std::optional<uint64_t> engine_round;  // the engine thread's round being waited for
+  while (!lock.owns_lock()) {
+    const RoundHolder holder = round_holder_.load(std::memory_order_acquire);
+    if (holder == RoundHolder::Caller) break;
+    if (holder == RoundHolder::EngineThread) {
+      const uint64_t takes = engine_thread_takes_.load(std::memory_order_relaxed);
+      if (engine_round && *engine_round != takes) break;
+      engine_round = takes;
+    }
+    (void)lock.try_lock_for(std::chrono::microseconds(100));
+  }
+  return lock;
 }
 
 std::optional<ddl_status> Engine::run_proposed(PendingOp& op, const Announcement& mine, std::string& message) {

@@ -116,9 +116,12 @@ class Engine {
 
   // Rounds run on whichever thread holds round_mutex_: the engine thread, or a caller in run().
   void run_loop();
-  void sleep_until_due();       // the engine thread, between rounds
-  void pause_between_rounds();  // a caller in run(), between rounds
-  bool round();                 // false once every rank finalized
+  void sleep_until_due();  // the engine thread, between rounds
+  bool round_due();        // whether the engine thread has a round to run (takes mutex_)
+  std::unique_lock<std::timed_mutex> take_round_for_caller();
+  Clock::time_point idle_round_due() const;  // when an idle round is due (mutex_ held)
+  void pause_between_rounds();               // a caller in run(), between rounds
+  bool round();                              // false once every rank finalized
   bool complete_round(const std::vector<Announcement>& round);
   // Runs one round's body; ends the rounds (stopped_) when every rank finalized or the transport broke.
   template <typename Body>
@@ -185,8 +188,23 @@ class Engine {
   Clock::time_point last_progress_{};      // mutex_: the last round that announced or ran something
   bool gpu_busy_ = false;                  // mutex_: CUDA ops were in flight after the last round
   std::atomic<Clock::rep> last_round_{0};  // when this rank last ran a round, by any thread
-  std::mutex round_mutex_;                 // held while a round runs; guards the round's state (negotiator_, buffers, gpu_...)
-  bool stopped_ = false;                   // round_mutex_: no round runs any more (every rank finalized, or the transport broke)
+  std::timed_mutex round_mutex_;           // held while a round runs; guards the round's state (negotiator_, buffers, gpu_...)
+  // Who holds round_mutex_, marked by the holder right after it takes it (Nobody for that moment).
+  enum class RoundHolder : uint8_t { Nobody, EngineThread, Caller };
+  std::atomic<RoundHolder> round_holder_{RoundHolder::Nobody};
+  std::atomic<uint64_t> engine_thread_takes_{0};  // how often the engine thread took round_mutex_
+  // Marks round_holder_ while in scope; made after the lock it marks, so it ends before the unlock.
+  class RoundHolderMark {
+   public:
+    RoundHolderMark(std::atomic<RoundHolder>& holder, RoundHolder who) : holder_(holder) { holder_.store(who, std::memory_order_release); }
+    ~RoundHolderMark() { holder_.store(RoundHolder::Nobody, std::memory_order_release); }
+    RoundHolderMark(const RoundHolderMark&) = delete;
+    RoundHolderMark& operator=(const RoundHolderMark&) = delete;
+
+   private:
+    std::atomic<RoundHolder>& holder_;
+  };
+  bool stopped_ = false;  // round_mutex_: no round runs any more (every rank finalized, or the transport broke)
   std::chrono::microseconds waiting_backoff(Clock::time_point now) const;
   std::thread thread_;
 };
