@@ -203,7 +203,18 @@ int connect_to(uint16_t port) {
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   addr.sin_port = htons(port);
-  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+  int rc = fd < 0 ? -1 : ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  if (rc != 0 && errno == EINTR) {
+    // libFuzzer's SIGALRM (its -timeout watchdog) interrupted the connect, which goes on by
+    // itself: wait until it is done and take its outcome.
+    pollfd p{fd, POLLOUT, 0};
+    while (::poll(&p, 1, 10'000) < 0 && errno == EINTR) {}
+    int error = 0;
+    socklen_t length = sizeof error;
+    rc = ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) == 0 && error == 0 ? 0 : -1;
+    if (error != 0) errno = error;
+  }
+  if (rc != 0) {
     std::fprintf(stderr, "fuzz_store: cannot connect to the store: %s\n", std::strerror(errno));
     std::exit(1);
   }
