@@ -86,11 +86,12 @@ class Probe final : public Collectives {
     return all;
   }
   // Passed on, so that a transport that runs an agreed op in the round itself (shared memory) does.
-  bool allgather_bytes_proposing(const std::string& mine, const ProposedOp& op, std::vector<std::string>& round) override {
+  ProposalOutcome allgather_bytes_proposing(const std::function<std::string()>& mine, const ProposedOp& op,
+                                            std::vector<std::string>& round) override {
     gate();
-    const bool ran = live().allgather_bytes_proposing(mine, op, round);
-    record(mine, ran);
-    return ran;
+    const ProposalOutcome outcome = live().allgather_bytes_proposing(mine, op, round);
+    record(mine(), outcome == ProposalOutcome::Ran);
+    return outcome;
   }
   void allreduce(void* data, size_t count, size_t element_size, ReduceFunction reduce) override {
     {
@@ -798,6 +799,37 @@ TEST_SUITE("engine_threads") {
         });
       }
     }
+  }
+
+  TEST_CASE("the fast path: an op every rank proposed but too large for the round's own exchange runs as the usual collective") {
+    for_each_world(callers_only(), [](RankContext& ctx) {
+      // 80 KB: over what shared memory reduces inside the round (32 KiB on up to 4 ranks).
+      constexpr size_t kCount = 20'000;
+      constexpr int kSteps = 4;
+      blocking_steps(ctx, "big", kSteps, kCount);
+      auto announced = ctx.probe.take_announcements();
+      REQUIRE(announced.size() == kSteps);
+      CHECK(announced[0].proposal.empty());
+      for (int i = 1; i < kSteps; ++i) CHECK_MESSAGE(proposed_by_id(announced[i]), "step ", i);
+      // Agreed in the round (no second negotiation), then reduced as any allreduce of that size.
+      CHECK(ctx.probe.take_ran_in_round() == 0);
+      CHECK_WIRE(ctx.probe.take_allreduces(), std::vector<WireAllreduce>(kSteps, {kCount, 4}));
+      // A broadcast larger than a slot's half (512 KiB): agreed, then broadcast in chunks.
+      const int root = ctx.size - 1;
+      for (int step = 0; step < 3; ++step) {
+        OpSpec broadcast = allreduce_spec(DDL_INT32, 200'000);
+        broadcast.kind = OpKind::Broadcast;
+        broadcast.root = root;
+        std::vector<int32_t> b(200'000, ctx.rank == root ? 7 * (step + 1) : -1);
+        Outcome o = run_op(ctx, "big.broadcast", broadcast, b.data(), b.data());
+        CHECK_MESSAGE(o.status == DDL_SUCCESS, o.message);
+        CHECK(b == std::vector<int32_t>(200'000, 7 * (step + 1)));
+      }
+      announced = ctx.probe.take_announcements();
+      REQUIRE(announced.size() == 3);
+      CHECK(proposed_by_id(announced[2]));
+      CHECK(ctx.probe.take_ran_in_round() == 0);
+    });
   }
 
   TEST_CASE("the fast path: a rank that switches to another shape gets the mismatch error on every rank, then the fast path resumes") {

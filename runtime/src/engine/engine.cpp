@@ -102,7 +102,8 @@ std::shared_ptr<OpState> Engine::enqueue(PendingOp op) {
   return state;
 }
 
-std::string Engine::next_unnamed_name() { return fmt::format("unnamed.{}", unnamed_counter_++); }
+std::string Engine::unnamed_name(uint64_t index) { return fmt::format("unnamed.{}", index); }
+std::string Engine::next_unnamed_name() { return unnamed_name(unnamed_counter_++); }
 
 std::optional<std::pair<ddl_status, std::string>> Engine::refusal_of(const std::string& name) const {
   if (broken_) return std::pair{broken_status_, broken_message_};
@@ -265,36 +266,42 @@ ddl_status Engine::run(std::string name, const OpSpec& spec, const void* send, v
   if (!round_lock.owns_lock()) return submit(std::move(name), spec, send, recv)->wait(message);
   const RoundHolderMark holder(round_holder_, RoundHolder::Caller);
   PendingOp op{std::move(name), spec, send, recv, nullptr, Clock::now(), nullptr};
-  Announcement proposing;  // the announcement of an op proposed to run in its own round
+  Offer offer;  // the op, proposed to run in its own round
   std::shared_ptr<OpState> state;
   {
     std::lock_guard lock(mutex_);
-    const bool unnamed = op.name.empty();
-    const uint64_t unnamed_index = unnamed_counter_;
-    if (unnamed) op.name = next_unnamed_name();
-    if (auto refusal = refusal_of(op.name)) {
+    // An unnamed op is named only when something needs the name: a proposal that runs needs none.
+    if (op.name.empty()) offer.unnamed_index = unnamed_counter_++;
+    if (broken_ || finalize_requested_) {
+      name_if_unnamed(op, offer);
+      auto refusal = refusal_of(op.name);
       message = std::move(refusal->second);
       return refusal->first;
     }
     // Only a rank with nothing in flight proposes, and only while no op waits anywhere (so all
-    // ranks' negotiators are idle and stay alike when the op runs without them).
+    // ranks' negotiators are idle and stay alike when the op runs without them). Its name cannot be
+    // in flight then.
     if (!stopped_ && inbox_.empty() && in_flight_.empty() && gpu_in_flight_.empty() && !joined_ && negotiator_.idle() && proposable(spec)) {
-      if (unnamed) {
-        proposing.proposal = Proposal::for_unnamed(spec, unnamed_index);
-        proposing.submitted.emplace_back(op.name, spec);
+      if (offer.unnamed_index) {
+        offer.proposal = Proposal::for_unnamed(spec, *offer.unnamed_index);
       } else if (auto id = negotiator_.cached_id(op.name, spec)) {
-        proposing.proposal = Proposal::for_cached(spec, *id);
-        proposing.cached.push_back(*id);
+        offer.proposal = Proposal::for_cached(spec, *id);
+        offer.cache_id = *id;
       }
     }
-    if (proposing.proposal.empty()) {  // the caller's first round below takes it from the inbox
+    if (offer.proposal.empty()) {  // the caller's first round below takes it from the inbox
+      name_if_unnamed(op, offer);
+      if (auto refusal = refusal_of(op.name)) {
+        message = std::move(refusal->second);
+        return refusal->first;
+      }
       state = op.state = std::make_shared<OpState>();
       inbox_names_.insert(op.name);
       inbox_.push_back(std::move(op));
     }
   }
-  if (!proposing.proposal.empty()) {
-    if (auto status = run_proposed(op, proposing, message)) return *status;
+  if (!offer.proposal.empty()) {
+    if (auto status = run_proposed(op, offer, message)) return *status;
     state = op.state;  // announced in that round like any op; the rounds below run it
   }
   while (!state->done() && !stopped_) {
@@ -304,6 +311,10 @@ ddl_status Engine::run(std::string name, const OpSpec& spec, const void* send, v
   return state->wait(message);
 }
 
+void Engine::name_if_unnamed(PendingOp& op, const Offer& offer) {
+  if (op.name.empty() && offer.unnamed_index) op.name = unnamed_name(*offer.unnamed_index);
+}
+
 // The round for a caller of a blocking op, or none while another caller runs rounds: that caller
 // may wait for peers that wait for this op (two threads of each rank running blocking ops in
 // different orders), so this op goes to its next round, as submit() hands it over. The engine
@@ -311,10 +322,12 @@ ddl_status Engine::run(std::string name, const OpSpec& spec, const void* send, v
 // finishes would make the caller's next op miss the fast path (the caller wakes while the engine
 // thread still closes the round). Should the engine thread go straight on to another round (ops
 // of its own waiting for peers), the op is handed to that one.
-std::unique_lock<std::timed_mutex> Engine::take_round_for_caller() {
+std::unique_lock<std::mutex> Engine::take_round_for_caller() {
   std::unique_lock lock(round_mutex_, std::try_to_lock);
   std::optional<uint64_t> engine_round;  // the engine thread's round being waited for
-  while (!lock.owns_lock()) {
+  // Polled (a round usually ends within microseconds): a timed lock would do, but ThreadSanitizer
+  // 14 does not see pthread_mutex_clocklock, under std::timed_mutex.
+  for (int polls = 0; !lock.owns_lock(); ++polls) {
     const RoundHolder holder = round_holder_.load(std::memory_order_acquire);
     if (holder == RoundHolder::Caller) break;
     if (holder == RoundHolder::EngineThread) {
@@ -322,15 +335,19 @@ std::unique_lock<std::timed_mutex> Engine::take_round_for_caller() {
       if (engine_round && *engine_round != takes) break;
       engine_round = takes;
     }
-    (void)lock.try_lock_for(std::chrono::microseconds(100));
+    if (polls < 64)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    (void)lock.try_lock();
   }
   return lock;
 }
 
-std::optional<ddl_status> Engine::run_proposed(PendingOp& op, const Announcement& mine, std::string& message) {
+std::optional<ddl_status> Engine::run_proposed(PendingOp& op, const Offer& offer, std::string& message) {
   const OpSpec& s = op.spec;
   const size_t element = dtype_size(s.dtype);
-  ProposedOp proposed{mine.proposal, s.kind, op.send, op.recv, s.count, element, nullptr, s.root};
+  ProposedOp proposed{offer.proposal, s.kind, op.send, op.recv, s.count, element, nullptr, s.root};
   if (s.kind == OpKind::Allreduce) {
     proposed.reduce = reduce_function(s.dtype, s.reduce);
     if (s.prescale != 1.0) {  // scaled in a copy: the input stays as it was if the op goes on as any other
@@ -340,17 +357,34 @@ std::optional<ddl_status> Engine::run_proposed(PendingOp& op, const Announcement
       proposed.send = scratch_.data();
     }
   }
+  // This rank's announcement of the op, made only if the transport needs it.
+  const std::function<std::string()> announce = [&] {
+    Announcement mine;
+    mine.proposal = offer.proposal;
+    if (offer.unnamed_index) {
+      name_if_unnamed(op, offer);
+      mine.submitted.emplace_back(op.name, s);
+    } else {
+      mine.cached.push_back(offer.cache_id);
+    }
+    return mine.serialize();
+  };
   const bool timed = timeline_.enabled();
   const auto started = timed ? Clock::now() : op.submitted;
   std::optional<ddl_status> outcome;
   run_guarded([&] {
     std::vector<std::string> raw;
-    bool ran = collectives_->allgather_bytes_proposing(mine.serialize(), proposed, raw);
+    using Outcome = Collectives::ProposalOutcome;
+    const Outcome gathered = collectives_->allgather_bytes_proposing(announce, proposed, raw);
     std::vector<Announcement> round;
-    if (!ran) {
+    bool ran = gathered == Outcome::Ran;
+    if (gathered == Outcome::Announced) {
       for (const auto& bytes : raw) round.push_back(Announcement::parse(bytes));
-      ran = std::all_of(round.begin(), round.end(), [&](const Announcement& a) { return a.proposal == mine.proposal; });
-      if (ran) run_agreed(proposed);
+      ran = std::all_of(round.begin(), round.end(), [&](const Announcement& a) { return a.proposal == offer.proposal; });
+    }
+    if (gathered != Outcome::Ran && (ran || gathered == Outcome::Agreed)) {
+      run_agreed(proposed);
+      ran = true;
     }
     if (ran) {
       negotiator_.ran_without_round(started);
@@ -360,6 +394,7 @@ std::optional<ddl_status> Engine::run_proposed(PendingOp& op, const Announcement
         scale(op.recv, s.count, s.dtype, s.postscale);
       }
       if (timed) {
+        name_if_unnamed(op, offer);
         timeline_.record(op.name, "NEGOTIATE", op.submitted, started);
         timeline_.record(op.name, op_kind_name(s.kind), started, Clock::now());
       }
@@ -367,6 +402,7 @@ std::optional<ddl_status> Engine::run_proposed(PendingOp& op, const Announcement
       return true;
     }
     // Not every rank proposed it: the round announced it like any other op.
+    name_if_unnamed(op, offer);
     op.state = std::make_shared<OpState>();
     {
       std::lock_guard lock(mutex_);

@@ -118,7 +118,7 @@ class Engine {
   void run_loop();
   void sleep_until_due();  // the engine thread, between rounds
   bool round_due();        // whether the engine thread has a round to run (takes mutex_)
-  std::unique_lock<std::timed_mutex> take_round_for_caller();
+  std::unique_lock<std::mutex> take_round_for_caller();
   Clock::time_point idle_round_due() const;  // when an idle round is due (mutex_ held)
   void pause_between_rounds();               // a caller in run(), between rounds
   bool round();                              // false once every rank finalized
@@ -127,7 +127,15 @@ class Engine {
   template <typename Body>
   void run_guarded(Body body);
   // The round of run()'s proposal; the op's status if it ran there, nullopt if it goes on as any op.
-  std::optional<ddl_status> run_proposed(PendingOp& op, const Announcement& mine, std::string& message);
+  // A blocking op this rank proposes to run in the round that announces it (see run()).
+  struct Offer {
+    Proposal proposal;                      // empty: the op is not proposed
+    std::optional<uint64_t> unnamed_index;  // an unnamed op's number (named when a name is needed)
+    uint32_t cache_id = 0;                  // a named op's response-cache id
+  };
+  std::optional<ddl_status> run_proposed(PendingOp& op, const Offer& offer, std::string& message);
+  void name_if_unnamed(PendingOp& op, const Offer& offer);
+  static std::string unnamed_name(uint64_t index);
   void run_agreed(const ProposedOp& op);  // every rank proposed it, and the transport left it to us
   static bool proposable(const OpSpec& spec);
   // "unnamed.N" for the next op submitted without a name: every rank counts alike (mutex_ held).
@@ -188,7 +196,7 @@ class Engine {
   Clock::time_point last_progress_{};      // mutex_: the last round that announced or ran something
   bool gpu_busy_ = false;                  // mutex_: CUDA ops were in flight after the last round
   std::atomic<Clock::rep> last_round_{0};  // when this rank last ran a round, by any thread
-  std::timed_mutex round_mutex_;           // held while a round runs; guards the round's state (negotiator_, buffers, gpu_...)
+  std::mutex round_mutex_;                 // held while a round runs; guards the round's state (negotiator_, buffers, gpu_...)
   // Who holds round_mutex_, marked by the holder right after it takes it (Nobody for that moment).
   enum class RoundHolder : uint8_t { Nobody, EngineThread, Caller };
   std::atomic<RoundHolder> round_holder_{RoundHolder::Nobody};

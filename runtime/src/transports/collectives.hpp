@@ -1,9 +1,10 @@
 // The transport under the engine: blocking collectives on host memory among the world's ranks.
-// Only the engine's background thread calls them, one at a time, in the same order on every rank.
+// Only the thread running the engine's rounds calls them, one at a time, in the same order on every rank.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,17 +37,23 @@ class Collectives {
   virtual int size() const = 0;
   // One byte string from every rank, in rank order (the negotiation round).
   virtual std::vector<std::string> allgather_bytes(const std::string& mine) = 0;
-  // The negotiation round of a rank that proposes `op` (mine announces it, with the proposal):
-  // returns true if the transport ran `op` in the same step, which it may do only when every rank
-  // proposed exactly op.proposal in this round (every rank sees the same proposals, so all decide
-  // alike); then `round` is left empty. Otherwise it returns false with every rank's announcement
-  // in `round`, and `op.recv` is untouched. Ranks that propose nothing call allgather_bytes: the two
-  // are one step of the same sequence. By default the transport runs nothing itself: the engine
-  // finds the proposals in the announcements and runs the op with the calls below.
-  virtual bool allgather_bytes_proposing(const std::string& mine, const ProposedOp& op, std::vector<std::string>& round) {
+  // The negotiation round of a rank that proposes `op`. `mine` makes this rank's announcement (of
+  // the op, with the proposal); a transport calls it only when it needs the bytes, so that a round
+  // in which every rank proposed the same op costs no serializing. Returns:
+  //   Ran       the transport ran `op` in this step, which it may do only when every rank proposed
+  //             exactly op.proposal in this round (every rank sees the same proposals, so all
+  //             decide alike); `round` is left empty;
+  //   Agreed    every rank proposed exactly op.proposal but the transport did not run it: the
+  //             engine runs it now with the calls below, alike on every rank; `round` is empty;
+  //   Announced every rank's announcement is in `round`, and `op.recv` is untouched: the engine
+  //             finds the proposals there (all alike: it runs the op as for Agreed).
+  // Ranks that propose nothing call allgather_bytes: the two are one step of the same sequence.
+  enum class ProposalOutcome { Ran, Agreed, Announced };
+  virtual ProposalOutcome allgather_bytes_proposing(const std::function<std::string()>& mine, const ProposedOp& op,
+                                                    std::vector<std::string>& round) {
     (void)op;
-    round = allgather_bytes(mine);
-    return false;
+    round = allgather_bytes(mine());
+    return ProposalOutcome::Announced;
   }
   // In place: data[i] = reduce over ranks, elements of `element_size` bytes.
   virtual void allreduce(void* data, size_t count, size_t element_size, ReduceFunction reduce) = 0;

@@ -7,8 +7,8 @@
 // in turn across chunks and operations alike (every rank runs the same sequence of collectives, so
 // every rank's turn agrees). Writing into a set happens only after a barrier that every rank
 // passed after its last read of that set, so no operation needs a barrier at its end: one barrier
-// per chunk (two for allreduce: gather, then reduce), and one for a small allgather_bytes, the
-// engine's negotiation round. A peer that dies is
+// per chunk (two for allreduce: gather, then reduce). The engine's negotiation round needs none:
+// every rank publishes a cache line of its own and reads its peers' (announce). A peer that dies is
 // noticed within ~50 ms (its pid is gone) and one that hangs at the engine's timeout; both are
 // thrown as errors, which the engine turns into a failed op on every survivor.
 #include <fcntl.h>
@@ -42,7 +42,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr int kMaxRanks = 64;
-constexpr size_t kHeaderBytes = 4096;
+constexpr size_t kLineBytes = 64;
+constexpr size_t kRoundLinesOffset = 4096;                                       // after the Header
+constexpr size_t kHeaderBytes = kRoundLinesOffset + 2 * kMaxRanks * kLineBytes;  // then the slots
 constexpr std::chrono::microseconds kSpinBeforeSleep{50};
 // Up to this size, on up to 4 ranks, an allreduce is reduced whole by every rank: redundant work,
 // but one barrier. Above 4 ranks the size shrinks in proportion, so the redundant work stays put.
@@ -54,8 +56,23 @@ struct Header {
   std::atomic<uint32_t> generation;  // bumped by the last arrival; the futex word
   std::atomic<uint32_t> sleepers;    // ranks in FUTEX_WAIT, so the last arrival wakes only when needed
   std::atomic<int32_t> pids[kMaxRanks];
+  std::atomic<uint32_t> published;  // bumped by a rank that published its RoundLine to sleepers; a futex word
 };
-static_assert(sizeof(Header) <= kHeaderBytes);
+static_assert(sizeof(Header) <= kRoundLinesOffset);
+
+// What a rank publishes in a negotiation round, in one cache line of its own per set of slots (so a
+// peer reads a barrier's or a tiny allreduce's whole round in one line): the proposal, the
+// announcement's length and a proposed op's data when it fits `inline_data`. `round` is written last:
+// once it holds the round's number, the rest of the line and the rank's slot are the round's.
+struct alignas(kLineBytes) RoundLine {
+  std::atomic<uint64_t> round;
+  uint64_t proposal[4];
+  uint64_t length;
+  char inline_data[16];
+};
+static_assert(sizeof(RoundLine) == kLineBytes && sizeof(RoundLine::proposal) == sizeof(Proposal::words));
+// RoundLine::length of a proposer, whose announcement is not published unless needed.
+constexpr uint64_t kAnnouncementFollows = ~uint64_t{0};
 
 long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
   return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
@@ -204,39 +221,59 @@ class SharedMemory final : public Collectives {
 
   std::vector<std::string> allgather_bytes(const std::string& mine) override {
     std::vector<std::string> round;
-    gather_announcements(mine, nullptr, round);
+    announce(mine, round);
     return round;
   }
 
-  bool allgather_bytes_proposing(const std::string& mine, const ProposedOp& op, std::vector<std::string>& round) override {
-    return gather_announcements(mine, &op, round);
+  // The negotiation round of a rank that proposes an op, without a barrier: each rank publishes its
+  // RoundLine (the proposal and, when it fits there, a tiny op's data; a larger one's data goes in
+  // its slot) and waits for every peer's line of this round. If every rank proposed the same op,
+  // it runs right there from the data, when that fit (the round and the op cost one exchange of
+  // cache lines together), or the engine runs it. Otherwise some rank proposed another op or none
+  // (a rank proposing nothing announces in the same step, see announce()): every rank, seeing the
+  // same lines, goes on to one more step in which all announce in full; only then does a proposer
+  // serialize its announcement.
+  ProposalOutcome allgather_bytes_proposing(const std::function<std::string()>& mine, const ProposedOp& op,
+                                            std::vector<std::string>& round) override {
+    const int set = next_set();
+    const uint64_t number = chunks_;
+    RoundLine& line = round_line(set, rank_);
+    line.length = kAnnouncementFollows;
+    std::memcpy(line.proposal, op.proposal.words.data(), sizeof line.proposal);
+    const bool data_inline = publish_data(set, op);
+    publish_and_wait(set, number);
+    if (every_rank_proposed(set, op.proposal)) {
+      if (!data_inline) return ProposalOutcome::Agreed;
+      run_from_slots(set, op);
+      return ProposalOutcome::Ran;
+    }
+    announce(mine(), round);
+    return ProposalOutcome::Announced;
   }
 
-  // The negotiation round in one barrier. Each rank publishes its announcement's length and, when
-  // it fits in the first half of its slot (always, but for a first round announcing thousands of
-  // ops in full), its bytes; in the second half, its proposal (zeros for none) and the data of a
-  // proposed small allreduce or, on the root, broadcast. After the barrier, if every rank proposed
-  // the same op and its data fit the slots, it runs right there from them (the round and the op cost
-  // one barrier together); otherwise the announcements are read, through an allgatherv if some did
-  // not fit, and the engine runs an agreed op that was too large as the usual collective.
-  bool gather_announcements(const std::string& mine, const ProposedOp* op, std::vector<std::string>& round) {
+  // Every rank's announcement, without a barrier: each rank publishes its RoundLine (no proposal, the
+  // announcement's length) and the announcement in the first half of its slot when it fits there
+  // (always, but for a first round announcing thousands of ops in full), then waits for every peer's
+  // line of this round and reads, through an allgatherv if some did not fit. A proposer in the
+  // same step (allgather_bytes_proposing) makes every rank announce once more.
+  //
+  // Reusing a set is as safe as after a barrier: a rank publishes a step only after reading the
+  // previous one, and waits for every rank to publish each step.
+  void announce(const std::string& mine, std::vector<std::string>& round) {
     const int set = next_set();
-    *length_in(set, rank_) = mine.size();
+    const uint64_t number = chunks_;
+    RoundLine& line = round_line(set, rank_);
+    line.length = mine.size();
     if (mine.size() <= announcement_room()) copy_bytes(slot(set, rank_), mine.data(), mine.size());
-    static constexpr Proposal kNone{};
-    std::memcpy(proposal_in(set, rank_), (op ? op->proposal : kNone).words.data(), sizeof kNone.words);
-    const bool data_inline = op != nullptr && publish_data(set, *op);
-    barrier();
-    if (data_inline && every_rank_proposed(set, op->proposal)) {
-      run_from_slots(set, *op);
-      return true;
-    }
+    std::memset(line.proposal, 0, sizeof line.proposal);
+    publish_and_wait(set, number);
     std::vector<size_t> lengths(size_);
-    for (int r = 0; r < size_; ++r) lengths[r] = *length_in(set, r);
+    for (int r = 0; r < size_; ++r) lengths[r] = round_line(set, r).length;
+    if (std::find(lengths.begin(), lengths.end(), kAnnouncementFollows) != lengths.end()) return announce(mine, round);
     round.clear();
     if (std::all_of(lengths.begin(), lengths.end(), [&](size_t l) { return l <= announcement_room(); })) {
       for (int r = 0; r < size_; ++r) round.emplace_back(slot(set, r), lengths[r]);
-      return false;
+      return;
     }
     size_t total = 0;
     for (size_t l : lengths) total += l;
@@ -247,7 +284,6 @@ class SharedMemory final : public Collectives {
       round.push_back(all.substr(at, l));
       at += l;
     }
-    return false;
   }
 
   void alltoall(const void* send, void* recv, size_t bytes_per_rank) override {
@@ -269,15 +305,62 @@ class SharedMemory final : public Collectives {
   // Slot r of set s, then the set's result area: (size + 1) chunks per set.
   char* slot(int set, int r) const { return base_ + kHeaderBytes + (static_cast<size_t>(set) * (size_ + 1) + r) * chunk_; }
   char* result(int set) const { return slot(set, size_); }
-  // A slot's first half holds an announcement; its second half begins with the line a peer reads
-  // first: the proposal (32 bytes), the announcement's length (8), then a proposed op's data, so
-  // that a peer finds all of a small proposed op in one cache line.
+  // A slot's first half holds an announcement, its second half a proposed op's data too large for
+  // its RoundLine.
   size_t announcement_room() const { return chunk_ / 2; }
-  char* proposal_in(int set, int r) const { return slot(set, r) + chunk_ / 2; }
-  uint64_t* length_in(int set, int r) const { return reinterpret_cast<uint64_t*>(proposal_in(set, r) + sizeof(Proposal::words)); }
-  char* data_in(int set, int r) const { return proposal_in(set, r) + sizeof(Proposal::words) + sizeof(uint64_t); }
-  size_t data_room() const { return chunk_ / 2 - sizeof(Proposal::words) - sizeof(uint64_t); }
+  RoundLine& round_line(int set, int r) const {
+    return *reinterpret_cast<RoundLine*>(base_ + kRoundLinesOffset + (static_cast<size_t>(set) * kMaxRanks + r) * kLineBytes);
+  }
+  // Where rank r's data of a proposed op of `bytes` bytes is (the same answer on every rank).
+  char* data_in(int set, int r, size_t bytes) const {
+    return bytes <= sizeof(RoundLine::inline_data) ? round_line(set, r).inline_data : slot(set, r) + chunk_ / 2;
+  }
+  size_t data_room() const { return chunk_ / 2; }
   size_t bytes_of(const ProposedOp& op) const { return op.count * op.element_size; }
+
+  // Publishes this rank's line of step `number` and waits for every peer's.
+  void publish_and_wait(int set, uint64_t number) {
+    publish(round_line(set, rank_), number);
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_) wait_for_round(round_line(set, r), number);
+  }
+
+  // Makes this rank's line (and slot) of round `number` visible, and wakes a peer asleep waiting.
+  void publish(RoundLine& line, uint64_t number) {
+    // seq_cst, with the waiter's sleepers/round pair: either this sees the sleeper or it sees the round.
+    line.round.store(number, std::memory_order_seq_cst);
+    Header* h = header();
+    if (h->sleepers.load(std::memory_order_seq_cst) > 0) {
+      h->published.fetch_add(1);
+      futex(&h->published, FUTEX_WAKE, INT32_MAX, nullptr);
+    }
+  }
+
+  // Waits until `line` holds round `number`: spinning, then yielding, then asleep (as barrier()).
+  void wait_for_round(const RoundLine& line, uint64_t number) {
+    for (int i = 0; i < 64; ++i) {  // the first tries without even reading the clock
+      if (line.round.load(std::memory_order_acquire) == number) return;
+      cpu_relax();
+    }
+    const auto spin_until = Clock::now() + kSpinBeforeSleep;
+    while (Clock::now() < spin_until) {
+      if (line.round.load(std::memory_order_acquire) == number) return;
+      ::sched_yield();
+    }
+    Header* h = header();
+    const auto deadline = Clock::now() + timeout_;
+    for (;;) {
+      const uint32_t published = h->published.load();
+      h->sleepers.fetch_add(1);
+      const timespec slice{0, 50'000'000};
+      if (line.round.load(std::memory_order_seq_cst) != number) futex(&h->published, FUTEX_WAIT, published, &slice);
+      h->sleepers.fetch_sub(1);
+      if (line.round.load(std::memory_order_acquire) == number) return;
+      if (Clock::now() > deadline)  // the deadline first, as in barrier()
+        throw TimeoutError(fmt::format("timed out after {} ms waiting for the other ranks (shared memory)", timeout_.count()));
+      check_peers_alive();
+    }
+  }
 
   // Copies what this rank contributes to a proposed op into its slot, if the op is small enough to
   // run from the slots; returns whether it is (the same answer on every rank that proposed it, as
@@ -287,11 +370,11 @@ class SharedMemory final : public Collectives {
     switch (op.kind) {
       case OpKind::Allreduce:
         if (bytes > std::min(small_allreduce_bytes_, data_room())) return false;
-        copy_bytes(data_in(set, rank_), op.send, bytes);
+        copy_bytes(data_in(set, rank_, bytes), op.send, bytes);
         return true;
       case OpKind::Broadcast:
         if (bytes > data_room()) return false;
-        if (rank_ == op.root) copy_bytes(data_in(set, rank_), op.recv, bytes);
+        if (rank_ == op.root) copy_bytes(data_in(set, rank_, bytes), op.recv, bytes);
         return true;
       default: return true;  // a barrier has no data
     }
@@ -300,17 +383,18 @@ class SharedMemory final : public Collectives {
   bool every_rank_proposed(int set, const Proposal& mine) const {
     if (mine.empty()) return false;
     for (int r = 0; r < size_; ++r)
-      if (std::memcmp(proposal_in(set, r), mine.words.data(), sizeof mine.words) != 0) return false;
+      if (std::memcmp(round_line(set, r).proposal, mine.words.data(), sizeof mine.words) != 0) return false;
     return true;
   }
 
   // Runs the op every rank proposed from the data published with the proposals (a barrier has none:
-  // the round's barrier was it).
+  // every rank having published the round was it).
   void run_from_slots(int set, const ProposedOp& op) {
     if (op.kind == OpKind::Allreduce && op.count > 0)
-      reduce_in_rank_order(static_cast<char*>(op.recv), op.count, op.reduce, [&](int r) -> const char* { return data_in(set, r); });
+      reduce_in_rank_order(static_cast<char*>(op.recv), op.count, op.reduce,
+                           [&](int r) -> const char* { return data_in(set, r, bytes_of(op)); });
     else if (op.kind == OpKind::Broadcast && rank_ != op.root)
-      copy_bytes(op.recv, data_in(set, op.root), bytes_of(op));
+      copy_bytes(op.recv, data_in(set, op.root, bytes_of(op)), bytes_of(op));
   }
 
   // The set the next chunk uses: the sets alternate over every chunk of every operation.
