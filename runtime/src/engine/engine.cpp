@@ -178,8 +178,8 @@ void Engine::fail_after_transport_error(ddl_status status, const std::string& me
 void Engine::sleep_until_due() {
   std::unique_lock lock(mutex_);
   for (;;) {
-    if (!inbox_.empty() || finalize_requested_) return;
-    if (!in_flight_.empty() || gpu_busy_) {  // waiting for peers
+    if (has_news()) return;
+    if (waiting_for_peers()) {
       if (auto pause = waiting_backoff(Clock::now()); pause.count() > 0) wake_.wait_for(lock, pause);
       return;
     }
@@ -194,14 +194,18 @@ Engine::Clock::time_point Engine::idle_round_due() const {
   return Clock::time_point(Clock::duration(last_round_.load(std::memory_order_relaxed))) + config_.cycle_time * cycles;
 }
 
+// sleep_until_due's reasons, asked again once the engine thread holds the round.
 bool Engine::round_due() {
   std::lock_guard lock(mutex_);
-  return !inbox_.empty() || finalize_requested_ || !in_flight_.empty() || gpu_busy_ || Clock::now() >= idle_round_due();
+  return has_news() || waiting_for_peers() || Clock::now() >= idle_round_due();
 }
+
+bool Engine::has_news() const { return !inbox_.empty() || finalize_requested_; }
+bool Engine::waiting_for_peers() const { return !in_flight_.empty() || gpu_busy_; }
 
 void Engine::pause_between_rounds() {
   std::unique_lock lock(mutex_);
-  if (!inbox_.empty() || finalize_requested_) return;
+  if (has_news()) return;
   if (auto pause = waiting_backoff(Clock::now()); pause.count() > 0) wake_.wait_for(lock, pause);
 }
 
@@ -272,16 +276,11 @@ ddl_status Engine::run(std::string name, const OpSpec& spec, const void* send, v
     std::lock_guard lock(mutex_);
     // An unnamed op is named only when something needs the name: a proposal that runs needs none.
     if (op.name.empty()) offer.unnamed_index = unnamed_counter_++;
-    if (broken_ || finalize_requested_) {
-      name_if_unnamed(op, offer);
-      auto refusal = refusal_of(op.name);
-      message = std::move(refusal->second);
-      return refusal->first;
-    }
     // Only a rank with nothing in flight proposes, and only while no op waits anywhere (so all
     // ranks' negotiators are idle and stay alike when the op runs without them). Its name cannot be
-    // in flight then.
-    if (!stopped_ && inbox_.empty() && in_flight_.empty() && gpu_in_flight_.empty() && !joined_ && negotiator_.idle() && proposable(spec)) {
+    // in flight then, so only a broken or finalizing engine refuses it: that one proposes nothing.
+    if (!broken_ && !finalize_requested_ && !stopped_ && inbox_.empty() && in_flight_.empty() && gpu_in_flight_.empty() && !joined_ &&
+        negotiator_.idle() && proposable(spec)) {
       if (offer.unnamed_index) {
         offer.proposal = Proposal::for_unnamed(spec, *offer.unnamed_index);
       } else if (auto id = negotiator_.cached_id(op.name, spec)) {
@@ -377,16 +376,13 @@ std::optional<ddl_status> Engine::run_proposed(PendingOp& op, const Offer& offer
     using Outcome = Collectives::ProposalOutcome;
     const Outcome gathered = collectives_->allgather_bytes_proposing(announce, proposed, raw);
     std::vector<Announcement> round;
-    bool ran = gathered == Outcome::Ran;
+    bool agreed = gathered == Outcome::Agreed;  // by every rank, and left to the engine to run
     if (gathered == Outcome::Announced) {
       for (const auto& bytes : raw) round.push_back(Announcement::parse(bytes));
-      ran = std::all_of(round.begin(), round.end(), [&](const Announcement& a) { return a.proposal == offer.proposal; });
+      agreed = std::all_of(round.begin(), round.end(), [&](const Announcement& a) { return a.proposal == offer.proposal; });
     }
-    if (gathered != Outcome::Ran && (ran || gathered == Outcome::Agreed)) {
-      run_agreed(proposed);
-      ran = true;
-    }
-    if (ran) {
+    if (agreed) run_agreed(proposed);
+    if (agreed || gathered == Outcome::Ran) {
       negotiator_.ran_without_round(started);
       last_round_.store(started.time_since_epoch().count(), std::memory_order_relaxed);
       if (s.kind == OpKind::Allreduce) {

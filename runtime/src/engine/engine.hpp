@@ -116,8 +116,10 @@ class Engine {
 
   // Rounds run on whichever thread holds round_mutex_: the engine thread, or a caller in run().
   void run_loop();
-  void sleep_until_due();  // the engine thread, between rounds
-  bool round_due();        // whether the engine thread has a round to run (takes mutex_)
+  void sleep_until_due();          // the engine thread, between rounds
+  bool round_due();                // whether the engine thread has a round to run (takes mutex_)
+  bool has_news() const;           // ops to announce, or ddl_finalize called (mutex_ held)
+  bool waiting_for_peers() const;  // ops in flight, host or CUDA (mutex_ held)
   std::unique_lock<std::mutex> take_round_for_caller();
   Clock::time_point idle_round_due() const;  // when an idle round is due (mutex_ held)
   void pause_between_rounds();               // a caller in run(), between rounds
@@ -126,13 +128,13 @@ class Engine {
   // Runs one round's body; ends the rounds (stopped_) when every rank finalized or the transport broke.
   template <typename Body>
   void run_guarded(Body body);
-  // The round of run()'s proposal; the op's status if it ran there, nullopt if it goes on as any op.
   // A blocking op this rank proposes to run in the round that announces it (see run()).
   struct Offer {
     Proposal proposal;                      // empty: the op is not proposed
     std::optional<uint64_t> unnamed_index;  // an unnamed op's number (named when a name is needed)
     uint32_t cache_id = 0;                  // a named op's response-cache id
   };
+  // The round of run()'s proposal; the op's status if it ran there, nullopt if it goes on as any op.
   std::optional<ddl_status> run_proposed(PendingOp& op, const Offer& offer, std::string& message);
   void name_if_unnamed(PendingOp& op, const Offer& offer);
   static std::string unnamed_name(uint64_t index);

@@ -116,32 +116,7 @@ class SharedMemory final : public Collectives {
       if (h->sleepers.load() > 0) futex(&h->generation, FUTEX_WAKE, INT32_MAX, nullptr);
       return;
     }
-    // Peers are usually microseconds behind: spin on the word, yielding the core (more ranks than
-    // cores is common on one node), for up to kSpinBeforeSleep; only then sleep on the futex, whose
-    // wake-up costs tens of microseconds.
-    for (int i = 0; i < 64; ++i) {  // the first tries without even reading the clock
-      if (h->generation.load() != generation) return;
-      cpu_relax();
-    }
-    const auto spin_until = Clock::now() + kSpinBeforeSleep;
-    while (Clock::now() < spin_until) {
-      if (h->generation.load() != generation) return;
-      ::sched_yield();
-    }
-    const auto deadline = Clock::now() + timeout_;
-    while (h->generation.load() == generation) {
-      h->sleepers.fetch_add(1);
-      const timespec slice{0, 50'000'000};
-      if (h->generation.load() == generation) futex(&h->generation, FUTEX_WAIT, generation, &slice);
-      h->sleepers.fetch_sub(1);
-      if (h->generation.load() != generation) return;
-      // The deadline first: when one rank stops answering, every survivor times out at about the
-      // same moment, and the first to give up exits; the others must still say they timed out,
-      // not that this survivor is gone.
-      if (Clock::now() > deadline)
-        throw TimeoutError(fmt::format("timed out after {} ms waiting for the other ranks (shared memory)", timeout_.count()));
-      check_peers_alive();
-    }
+    wait_until(h->generation, [&] { return h->generation.load() != generation; });
   }
 
   // Reduce-scatter then allgather through memory: rank r reduces segment r of each chunk. A rank
@@ -336,34 +311,48 @@ class SharedMemory final : public Collectives {
     }
   }
 
-  // Waits until `line` holds round `number`: spinning, then yielding, then asleep (as barrier()).
+  // Waits until `line` holds round `number`.
   void wait_for_round(const RoundLine& line, uint64_t number) {
+    wait_until(header()->published, [&] { return line.round.load(std::memory_order_seq_cst) == number; });
+  }
+
+  // Waits until done(): peers are usually microseconds behind, so it spins, yielding the core (more
+  // ranks than cores is common on one node), for up to kSpinBeforeSleep; only then it sleeps on the
+  // futex `word`, whose wake-up costs tens of microseconds. Whoever makes done() true changes
+  // `word` and wakes it when Header::sleepers says someone sleeps (seq_cst on both sides: either
+  // the waker sees the sleeper or the sleeper sees done()). Throws at the timeout, or when a peer
+  // is gone.
+  template <typename Done>
+  void wait_until(std::atomic<uint32_t>& word, Done done) {
     for (int i = 0; i < 64; ++i) {  // the first tries without even reading the clock
-      if (line.round.load(std::memory_order_acquire) == number) return;
+      if (done()) return;
       cpu_relax();
     }
     const auto spin_until = Clock::now() + kSpinBeforeSleep;
     while (Clock::now() < spin_until) {
-      if (line.round.load(std::memory_order_acquire) == number) return;
+      if (done()) return;
       ::sched_yield();
     }
     Header* h = header();
     const auto deadline = Clock::now() + timeout_;
     for (;;) {
-      const uint32_t published = h->published.load();
+      const uint32_t seen = word.load();
       h->sleepers.fetch_add(1);
       const timespec slice{0, 50'000'000};
-      if (line.round.load(std::memory_order_seq_cst) != number) futex(&h->published, FUTEX_WAIT, published, &slice);
+      if (!done()) futex(&word, FUTEX_WAIT, seen, &slice);
       h->sleepers.fetch_sub(1);
-      if (line.round.load(std::memory_order_acquire) == number) return;
-      if (Clock::now() > deadline)  // the deadline first, as in barrier()
+      if (done()) return;
+      // The deadline first: when one rank stops answering, every survivor times out at about the
+      // same moment, and the first to give up exits; the others must still say they timed out,
+      // not that this survivor is gone.
+      if (Clock::now() > deadline)
         throw TimeoutError(fmt::format("timed out after {} ms waiting for the other ranks (shared memory)", timeout_.count()));
       check_peers_alive();
     }
   }
 
-  // Copies what this rank contributes to a proposed op into its slot, if the op is small enough to
-  // run from the slots; returns whether it is (the same answer on every rank that proposed it, as
+  // Copies what this rank contributes to a proposed op into its RoundLine or slot (data_in), if the
+  // op is small enough to run from there; returns whether it is (the same answer on every rank that proposed it, as
   // the proposal names the op's size).
   bool publish_data(int set, const ProposedOp& op) {
     const size_t bytes = bytes_of(op);
