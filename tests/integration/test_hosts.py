@@ -30,12 +30,21 @@ def stop(sig, frame):
 signal.signal(signal.SIGINT, stop)
 signal.signal(signal.SIGTERM, stop)
 print(json.dumps(info), flush=True)
+# Says, in the bed's shared folder, that this worker's signal handlers are in place.
+ready = os.path.join(sys.argv[3], f"ready.{sys.argv[1]}.")
+open(ready + info["RANK"], "w").close()
+def wait_for_every_other_rank():
+    deadline = time.monotonic() + 60
+    others = [ready + str(r) for r in range(int(info["WORLD_SIZE"])) if str(r) != info["RANK"]]
+    while not all(os.path.exists(p) for p in others) and time.monotonic() < deadline:
+        time.sleep(0.05)
 if sys.argv[2] == "wait":
     time.sleep(120)
 elif sys.argv[2] == "fail3once":
     sys.exit(9 if info["RANK"] == "3" and info["TORCHELASTIC_RESTART_COUNT"] == "0" else 0)
 elif sys.argv[2].startswith("fail"):
     if info["RANK"] == sys.argv[2][4:]:
+        wait_for_every_other_rank()  # so that every other rank can report the SIGTERM it gets
         print("failing on purpose", file=sys.stderr, flush=True)
         sys.exit(7)
     time.sleep(120)
@@ -84,14 +93,22 @@ class HostsTest(unittest.TestCase):
     def setUp(self):
         self.marker = unique_marker()
         self.addCleanup(kill_leftovers, self.marker)
+        self.addCleanup(self.remove_ready_files)
+
+    def remove_ready_files(self):
+        for f in os.listdir(self.shared):
+            if f.startswith(f"ready.{self.marker}."):
+                os.remove(os.path.join(self.shared, f))
 
     def run_on_hosts(self, *ddl_args, mode="exit", timeout=120, env=None):
-        return on_host("ddlhost1", DDL, "run", *ddl_args, "--", PYTHON, "-c", WORKER, self.marker, mode, timeout=timeout, env=env)
+        return on_host("ddlhost1", DDL, "run", *ddl_args, "--", PYTHON, "-c", WORKER, self.marker, mode, self.shared, timeout=timeout, env=env)
 
     def wait_for_workers(self, count):
-        self.assertTrue(wait_until(lambda: len([p for p in processes_with(self.marker) if comm(p) == "python3"]) >= count, 30),
-                        "workers did not start")
-        time.sleep(1)  # past Python's start-up, so the signal handlers are installed
+        """Waits until COUNT workers say their signal handlers are in place, then clears their word for the next launch."""
+        ready = lambda: [f for f in os.listdir(self.shared) if f.startswith(f"ready.{self.marker}.")]
+        self.assertTrue(wait_until(lambda: len(ready()) >= count, 30), "workers did not start")
+        for f in ready():
+            os.remove(os.path.join(self.shared, f))
 
     def launching_ddl(self):
         found = [p for p in processes_with(self.marker) if comm(p) == "ddl"]
@@ -197,7 +214,7 @@ class HostsTest(unittest.TestCase):
 
     def test_ctrl_c_and_sigterm_reach_every_remote_worker(self):
         for sig in (signal.SIGINT, signal.SIGTERM):
-            launcher = start_on_host("ddlhost1", DDL, "run", "--cpu", "-H", HOSTS, "--", PYTHON, "-c", WORKER, self.marker, "wait")
+            launcher = start_on_host("ddlhost1", DDL, "run", "--cpu", "-H", HOSTS, "--", PYTHON, "-c", WORKER, self.marker, "wait", self.shared)
             self.wait_for_workers(4)
             os.kill(self.launching_ddl(), sig)
             out, err = launcher.communicate(timeout=60)
@@ -210,8 +227,9 @@ class HostsTest(unittest.TestCase):
         script = ('import os, signal, socket, sys, time\n'
                   'signal.signal(signal.SIGUSR1, lambda s, f: (print(f"rank {os.environ[\'RANK\']} on {socket.gethostname()} '
                   'checkpoint", flush=True), sys.exit(0)))\n'
+                  'open(os.path.join(sys.argv[2], f"ready.{sys.argv[1]}.{os.environ[\'RANK\']}"), "w").close()\n'
                   'time.sleep(60)\n')
-        launcher = start_on_host("ddlhost1", DDL, "run", "--cpu", "-H", HOSTS, "--", PYTHON, "-c", script, self.marker)
+        launcher = start_on_host("ddlhost1", DDL, "run", "--cpu", "-H", HOSTS, "--", PYTHON, "-c", script, self.marker, self.shared)
         self.wait_for_workers(4)
         os.kill(self.launching_ddl(), signal.SIGUSR1)
         out, err = launcher.communicate(timeout=60)
@@ -220,7 +238,7 @@ class HostsTest(unittest.TestCase):
             self.assertIn(f"rank {rank} on ddlhost{rank // 2 + 1} checkpoint", out)
 
     def test_a_dropped_ssh_connection_leaves_nothing_running_on_the_remote_host(self):
-        launcher = start_on_host("ddlhost1", DDL, "run", "--cpu", "-H", HOSTS, "--", PYTHON, "-c", WORKER, self.marker, "wait")
+        launcher = start_on_host("ddlhost1", DDL, "run", "--cpu", "-H", HOSTS, "--", PYTHON, "-c", WORKER, self.marker, "wait", self.shared)
         self.wait_for_workers(4)
         ssh = children(self.launching_ddl(), "ssh")
         self.assertEqual(len(ssh), 1)
