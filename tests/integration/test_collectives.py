@@ -117,39 +117,55 @@ class Collectives(unittest.TestCase):
                         self.assertTrue(line.startswith(f"survivor rank {rank}: timed out: "), line)
 
     def test_the_timeline_is_chrome_trace_json_with_every_phase(self):
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "timeline.%r.json")
-            result, _ = self.run_checks(2, env={"DDL_TIMELINE": path})
-            self.assertEqual(result.returncode, 0, result.stderr)
-            for rank in (0, 1):
-                with open(path.replace("%r", str(rank))) as f:
-                    trace = json.load(f)
-                events = trace["traceEvents"]
-                phases = {e["name"] for e in events if e["ph"] == "X"}
-                self.assertTrue({"NEGOTIATE", "WAIT", "ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER", "MEMCPY_OUT_FUSION_BUFFER",
-                                 "broadcast", "allgather", "allgatherv", "alltoall", "barrier"} <= phases, phases)
-                # A fused run of an allreduce: its phases follow one another, in this order, on its row
-                # (the same name may also have run alone in another step, with phases of its own).
-                by_op = {}
-                for e in events:
-                    if e["ph"] == "X":
-                        by_op.setdefault(e["args"]["op"], []).append(e)
-                fused_runs = []
-                for evs in by_op.values():
-                    evs.sort(key=lambda e: e["ts"])
-                    names = [e["name"] for e in evs]
-                    fused_runs += [evs[i - 2:i + 3] for i, name in enumerate(names) if name == "MEMCPY_IN_FUSION_BUFFER"]
-                self.assertTrue(fused_runs, "no op was fused")
-                for run in fused_runs:
-                    self.assertEqual([e["name"] for e in run],
-                                     ["NEGOTIATE", "WAIT", "MEMCPY_IN_FUSION_BUFFER", "ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER"])
-                    for before, after in zip(run, run[1:]):
-                        self.assertLessEqual(before["ts"] + before["dur"], after["ts"] + 1)  # 1 µs of rounding
-                rows = {e["args"]["name"] for e in events if e["ph"] == "M"}
-                self.assertIn("allreduce.f32.sum.7", rows)
-                self.assertTrue(all(e["pid"] == rank for e in events))
-                self.assertTrue(all(e["dur"] >= 0 for e in events if e["ph"] == "X"))
+        # A fused allreduce over Gloo is copied into a fusion buffer and out again; shared memory
+        # reduces it straight from the ops' buffers (one ALLREDUCE phase), but for fp16-compressed
+        # ops, which it packs as float16 like Gloo.
+        for shm in ("0", "1"):
+            with self.subTest(shm=shm), tempfile.TemporaryDirectory() as tmp:
+                path = os.path.join(tmp, "timeline.%r.json")
+                result, _ = self.run_checks(2, env={"DDL_TIMELINE": path, "DDL_SHM": shm})
+                self.assertEqual(result.returncode, 0, result.stderr)
+                for rank in (0, 1):
+                    with open(path.replace("%r", str(rank))) as f:
+                        trace = json.load(f)
+                    self.check_timeline(trace["traceEvents"], rank, packs_every_fused_op=shm == "0")
 
+    def check_timeline(self, events, rank, packs_every_fused_op):
+        phases = {e["name"] for e in events if e["ph"] == "X"}
+        self.assertTrue({"NEGOTIATE", "WAIT", "ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER", "MEMCPY_OUT_FUSION_BUFFER",
+                         "broadcast", "allgather", "allgatherv", "alltoall", "barrier"} <= phases, phases)
+        # A fused run of an allreduce: its phases follow one another, in this order, on its row
+        # (the same name may also have run alone in another step, with phases of its own).
+        by_op = {}
+        for e in events:
+            if e["ph"] == "X":
+                by_op.setdefault(e["args"]["op"], []).append(e)
+        packed_runs, unpacked_runs = [], []
+        for op, evs in by_op.items():
+            evs.sort(key=lambda e: e["ts"])
+            names = [e["name"] for e in evs]
+            for i, name in enumerate(names):
+                if name == "MEMCPY_IN_FUSION_BUFFER":
+                    packed_runs.append(evs[i - 2:i + 3])
+                elif name == "ALLREDUCE" and names[i - 1] == "WAIT":
+                    unpacked_runs.append((op, evs[i - 2:i + 1]))
+        self.assertTrue(packed_runs, "no op was packed into a fusion buffer")
+        for run in packed_runs:
+            self.assertEqual([e["name"] for e in run], ["NEGOTIATE", "WAIT", "MEMCPY_IN_FUSION_BUFFER", "ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER"])
+        if packs_every_fused_op:
+            self.assertEqual(unpacked_runs, [])
+        else:
+            self.assertTrue(any(not op.startswith("fp16.") for op, _ in unpacked_runs), "no fused op was reduced in place")
+            for op, run in unpacked_runs:
+                self.assertFalse(op.startswith("fp16."), op)
+                self.assertEqual([e["name"] for e in run], ["NEGOTIATE", "WAIT", "ALLREDUCE"])
+        for run in packed_runs + [run for _, run in unpacked_runs]:
+            for before, after in zip(run, run[1:]):
+                self.assertLessEqual(before["ts"] + before["dur"], after["ts"] + 1)  # 1 µs of rounding
+        rows = {e["args"]["name"] for e in events if e["ph"] == "M"}
+        self.assertIn("allreduce.f32.sum.7", rows)
+        self.assertTrue(all(e["pid"] == rank for e in events))
+        self.assertTrue(all(e["dur"] >= 0 for e in events if e["ph"] == "X"))
 
 if __name__ == "__main__":
     unittest.main()

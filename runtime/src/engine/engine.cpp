@@ -538,6 +538,7 @@ void Engine::run_allreduces(const std::vector<PendingOp*>& ops) {
 }
 
 void Engine::run_fused_allreduce(const std::vector<PendingOp*>& ops) {
+  if (run_fused_allreduce_in_place(ops)) return;
   // Compressed float32 ops travel as float16: half the bytes in the buffer and on the wire.
   const bool compress = ops[0]->spec.compress_fp16;
   const ddl_dtype dtype = ops[0]->spec.dtype;
@@ -573,6 +574,28 @@ void Engine::run_fused_allreduce(const std::vector<PendingOp*>& ops) {
     timeline_.record(op->name, "MEMCPY_OUT_FUSION_BUFFER", t2, t3);
   }
   finish(ops, DDL_SUCCESS);
+}
+
+// Without a fusion buffer, where the transport reduces straight from the ops' buffers (shared
+// memory) and no op needs its input changed first (fp16 compression, prescaling). The timeline
+// shows one ALLREDUCE phase: there was no copy into a fusion buffer.
+bool Engine::run_fused_allreduce_in_place(const std::vector<PendingOp*>& ops) {
+  const OpSpec& first = ops[0]->spec;
+  if (!collectives_->reduces_pieces() || first.compress_fp16) return false;
+  if (std::any_of(ops.begin(), ops.end(), [](const PendingOp* op) { return op->spec.prescale != 1.0; })) return false;
+  pieces_.clear();
+  for (PendingOp* op : ops) pieces_.push_back({op->send, op->recv, op->spec.count});
+  const auto start = Clock::now();
+  for (PendingOp* op : ops) record_wait(*op, start);
+  collectives_->allreduce_pieces(pieces_, dtype_size(first.dtype), reduce_function(first.dtype, first.reduce));
+  for (PendingOp* op : ops) {
+    if (first.reduce == DDL_AVERAGE) divide_by_world_size(op->recv, op->spec.count, first.dtype, size_);
+    scale(op->recv, op->spec.count, first.dtype, op->spec.postscale);
+  }
+  const auto end = Clock::now();
+  for (PendingOp* op : ops) timeline_.record(op->name, "ALLREDUCE", start, end);
+  finish(ops, DDL_SUCCESS);
+  return true;
 }
 
 void Engine::run_single(PendingOp& op) {

@@ -147,6 +147,7 @@ class Engine {
   void execute(const std::vector<ReadyOp>& ready);
   void run_allreduces(const std::vector<PendingOp*>& ops);
   void run_fused_allreduce(const std::vector<PendingOp*>& ops);
+  bool run_fused_allreduce_in_place(const std::vector<PendingOp*>& ops);
   void run_single(PendingOp& op);
   void run_reducescatter(PendingOp& op);
   bool run_alltoallv(PendingOp& op);  // false: finished with an error
@@ -176,6 +177,7 @@ class Engine {
   Negotiator negotiator_;
   Timeline timeline_;
   std::vector<char> fusion_buffer_;
+  std::vector<ReducePiece> pieces_;                                // a fused allreduce's ops, for a transport that needs no fusion buffer
   std::vector<char> scratch_;                                      // reducescatter's and alltoallv's staging buffer
   bool joined_ = false;                                            // engine thread: this rank has a join in flight
   std::deque<std::pair<PendingOp, std::vector<char>>> stand_ins_;  // this round's, with their buffers

@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -17,6 +19,14 @@ class Store;
 }
 
 namespace ddl::runtime {
+
+// One tensor of a fused allreduce: `count` elements of this rank's input at `send`, the result into
+// `recv` (which may be `send`).
+struct ReducePiece {
+  const void* send = nullptr;
+  void* recv = nullptr;
+  size_t count = 0;
+};
 
 // An op this rank proposes to run in the round that announces it (see Engine::run).
 struct ProposedOp {
@@ -57,6 +67,16 @@ class Collectives {
   }
   // In place: data[i] = reduce over ranks, elements of `element_size` bytes.
   virtual void allreduce(void* data, size_t count, size_t element_size, ReduceFunction reduce) = 0;
+  // Whether allreduce_pieces works here; every rank gets the same answer.
+  virtual bool reduces_pieces() const { return false; }
+  // One allreduce of the pieces' inputs back to back (as if packed into one buffer), reduced
+  // straight from and into the pieces' buffers, which must not overlap one another: a fused
+  // allreduce without a fusion buffer. Only where reduces_pieces() (the engine packs a fusion
+  // buffer and calls allreduce elsewhere).
+  virtual void allreduce_pieces(std::span<const ReducePiece> pieces, size_t element_size, ReduceFunction reduce) {
+    (void)pieces, (void)element_size, (void)reduce;
+    throw std::logic_error("this transport cannot reduce pieces");
+  }
   virtual void broadcast(void* data, size_t bytes, int root) = 0;
   // recv holds bytes_per_rank[r] bytes from each rank r, in rank order.
   virtual void allgatherv(const void* send, void* recv, const std::vector<size_t>& bytes_per_rank) = 0;

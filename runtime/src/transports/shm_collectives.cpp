@@ -25,7 +25,9 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <span>
 #include <stdexcept>
+#include <vector>
 
 #include <fmt/format.h>
 #include <gloo/rendezvous/store.h>
@@ -89,6 +91,59 @@ inline void cpu_relax() {
 
 size_t chunk_bytes(int size) { return size <= 8 ? (size_t{1} << 20) : (size_t{256} << 10); }
 
+// The pieces of a fused allreduce seen as one buffer of bytes: their inputs back to back, and their
+// results likewise. `starts` is storage for each piece's first byte in the whole, kept by the caller
+// so that an allreduce allocates nothing.
+class Pieces {
+ public:
+  Pieces(std::span<const ReducePiece> pieces, size_t element_size, std::vector<size_t>& starts)
+      : pieces_(pieces), element_size_(element_size), starts_(starts) {
+    starts_.resize(pieces.size());
+    size_t at = 0;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      starts_[i] = at;
+      at += pieces[i].count * element_size;
+    }
+    bytes_ = at;
+  }
+
+  size_t bytes() const { return bytes_; }
+  size_t element_size() const { return element_size_; }
+
+  // Calls part(piece, offset in the piece, offset in the whole, bytes) for each piece's share of
+  // the whole's bytes [begin, end), in order.
+  template <typename Part>
+  void for_each_part(size_t begin, size_t end, Part part) const {
+    if (begin >= end) return;
+    size_t i = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), begin) - starts_.begin()) - 1;
+    for (; i < pieces_.size() && starts_[i] < end; ++i) {
+      const size_t piece_end = starts_[i] + pieces_[i].count * element_size_;
+      const size_t from = std::max(begin, starts_[i]), to = std::min(end, piece_end);
+      if (from < to) part(pieces_[i], from - starts_[i], from, to - from);
+    }
+  }
+
+  // Copies the inputs' bytes [begin, end) of the whole to `to`.
+  void gather(char* to, size_t begin, size_t end) const {
+    for_each_part(begin, end, [&](const ReducePiece& piece, size_t in_piece, size_t at, size_t bytes) {
+      copy_bytes(to + (at - begin), static_cast<const char*>(piece.send) + in_piece, bytes);
+    });
+  }
+
+  // Copies `from` into the results' bytes [begin, end) of the whole.
+  void scatter(const char* from, size_t begin, size_t end) const {
+    for_each_part(begin, end, [&](const ReducePiece& piece, size_t in_piece, size_t at, size_t bytes) {
+      copy_bytes(static_cast<char*>(piece.recv) + in_piece, from + (at - begin), bytes);
+    });
+  }
+
+ private:
+  std::span<const ReducePiece> pieces_;
+  size_t element_size_;
+  std::vector<size_t>& starts_;
+  size_t bytes_ = 0;
+};
+
 class SharedMemory final : public Collectives {
  public:
   SharedMemory(int rank, int size, void* base, size_t bytes, std::chrono::milliseconds timeout)
@@ -119,44 +174,56 @@ class SharedMemory final : public Collectives {
     wait_until(h->generation, [&] { return h->generation.load() != generation; });
   }
 
-  // Reduce-scatter then allgather through memory: rank r reduces segment r of each chunk. A rank
-  // copies into its slot only the segments others reduce, reads its own segment from its buffer,
-  // and copies back only the segments others reduced: each byte crosses memory about half as often
-  // as with whole-chunk copies.
   void allreduce(void* data, size_t count, size_t element_size, ReduceFunction reduce) override {
-    if (count * element_size <= small_allreduce_bytes_) return allreduce_small(data, count, element_size, reduce);
-    char* bytes = static_cast<char*>(data);
-    const size_t per_chunk = std::max<size_t>(1, chunk_ / element_size);
-    for (size_t first = 0; first < count; first += per_chunk) {
-      const size_t n = std::min(per_chunk, count - first);
+    const ReducePiece whole{data, data, count};
+    allreduce_pieces({&whole, 1}, element_size, reduce);
+  }
+
+  // Reduce-scatter then allgather through memory, chunk by chunk of the pieces seen as one buffer:
+  // rank r reduces segment r of each chunk. A rank copies into its slot only the segments others
+  // reduce, reads its own segment straight from its pieces, and copies back only the segments
+  // others reduced: each byte crosses memory about half as often as with whole-chunk copies, and a
+  // fused allreduce needs no fusion buffer.
+  bool reduces_pieces() const override { return true; }
+  void allreduce_pieces(std::span<const ReducePiece> pieces, size_t element_size, ReduceFunction reduce) override {
+    const Pieces whole(pieces, element_size, piece_starts_);
+    if (whole.bytes() <= small_allreduce_bytes_) return allreduce_small(whole, reduce);
+    const size_t per_chunk = std::max<size_t>(1, chunk_ / element_size);  // elements
+    const size_t count = whole.bytes() / element_size;
+    for (size_t first_element = 0; first_element < count; first_element += per_chunk) {
+      const size_t n = std::min(per_chunk, count - first_element);
+      const size_t first = first_element * element_size;  // the chunk's first byte in the whole
       const int set = next_set();
-      char* chunk = bytes + first * element_size;
       auto seg_begin = [&](int r) { return n * r / size_ * element_size; };  // byte offsets in the chunk
       const size_t mine = seg_begin(rank_), mine_end = seg_begin(rank_ + 1), end = n * element_size;
-      copy_bytes(slot(set, rank_), chunk, mine);
-      copy_bytes(slot(set, rank_) + mine_end, chunk + mine_end, end - mine_end);
+      whole.gather(slot(set, rank_), first, first + mine);
+      whole.gather(slot(set, rank_) + mine_end, first + mine_end, first + end);
       barrier();
       // By one rank per segment: every rank gets the same bits, every run.
-      if (mine_end > mine) {
-        char* out = result(set) + mine;
-        reduce_in_rank_order(out, (mine_end - mine) / element_size, reduce,
-                             [&](int r) -> const char* { return r == rank_ ? chunk + mine : slot(set, r) + mine; });
-        copy_bytes(chunk + mine, out, mine_end - mine);
-      }
+      whole.for_each_part(first + mine, first + mine_end, [&](const ReducePiece& piece, size_t in_piece, size_t at, size_t bytes) {
+        const size_t in_chunk = at - first;
+        const char* own = static_cast<const char*>(piece.send) + in_piece;
+        reduce_in_rank_order(result(set) + in_chunk, bytes / element_size, reduce,
+                             [&](int r) -> const char* { return r == rank_ ? own : slot(set, r) + in_chunk; });
+      });
+      whole.scatter(result(set) + mine, first + mine, first + mine_end);
       barrier();
-      copy_bytes(chunk, result(set), mine);
-      copy_bytes(chunk + mine_end, result(set) + mine_end, end - mine_end);
+      whole.scatter(result(set), first, first + mine);
+      whole.scatter(result(set) + mine_end, first + mine_end, first + end);
     }
   }
 
   // A small message costs one barrier instead of two: every rank publishes all of it, then every
   // rank reduces every slot itself, in rank order like the large path, so all get the same bits.
-  void allreduce_small(void* data, size_t count, size_t element_size, ReduceFunction reduce) {
-    if (count == 0) return;
+  void allreduce_small(const Pieces& whole, ReduceFunction reduce) {
+    if (whole.bytes() == 0) return;
     const int set = next_set();
-    copy_bytes(slot(set, rank_), data, count * element_size);
+    whole.gather(slot(set, rank_), 0, whole.bytes());
     barrier();
-    reduce_in_rank_order(static_cast<char*>(data), count, reduce, [&](int r) -> const char* { return slot(set, r); });
+    whole.for_each_part(0, whole.bytes(), [&](const ReducePiece& piece, size_t in_piece, size_t at, size_t bytes) {
+      reduce_in_rank_order(static_cast<char*>(piece.recv) + in_piece, bytes / whole.element_size(), reduce,
+                           [&](int r) -> const char* { return slot(set, r) + at; });
+    });
   }
 
   // out = source(0) op source(1) op ... op source(size - 1), always in this order, so the bits
@@ -404,6 +471,7 @@ class SharedMemory final : public Collectives {
   size_t small_allreduce_bytes_;
   std::chrono::milliseconds timeout_;
   uint64_t chunks_ = 0;
+  std::vector<size_t> piece_starts_;  // for Pieces
 };
 
 size_t segment_bytes(int size) { return kHeaderBytes + 2 * static_cast<size_t>(size + 1) * chunk_bytes(size); }
