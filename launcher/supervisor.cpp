@@ -213,7 +213,7 @@ class Run {
     ::fcntl(w.control_fd, F_SETFL, O_NONBLOCK);
     // A shell that fails to connect reads none of it and exits; one that neither reads nor exits
     // is killed (its launch then fails like any other).
-    if (!write_to_pipe(w.control_fd, *launch.control_input)) ::kill(-process.pid, SIGKILL);
+    if (!write_to_pipe(w.control_fd, *launch.control_input)) signal_unreaped_worker(process.pid, SIGKILL);
     return process;
   }
 
@@ -245,7 +245,7 @@ class Run {
     }
     if (remote_kill_deadline_ && Clock::now() >= *remote_kill_deadline_) {
       for (const auto& w : workers_)
-        if (w.control_fd >= 0) ::kill(-w.process.pid, SIGKILL);
+        if (w.control_fd >= 0) signal_worker(w, SIGKILL);
       remote_kill_deadline_.reset();
     }
   }
@@ -419,7 +419,7 @@ class Run {
     for (const auto& w : workers_) {
       const int to_send = sig == SIGINT && w.interrupt_signal ? w.interrupt_signal : sig;
       if (w.control_fd < 0) {
-        ::kill(-w.process.pid, to_send);
+        signal_worker(w, to_send);
         continue;
       }
       if (!w.running) continue;
@@ -429,13 +429,19 @@ class Run {
     }
   }
 
+  // A worker's process group; the worker itself too while it is not reaped (see
+  // signal_unreaped_worker). A reaped one's group may live on (what it forked).
+  static bool signal_worker(const Worker& w, int sig) {
+    return w.running ? signal_unreaped_worker(w.process.pid, sig) : ::kill(-w.process.pid, sig) == 0;
+  }
+
   void signal_running(int sig) {
     for (const auto& w : workers_) {
       if (!w.running) continue;
       if (w.control_fd >= 0)
         write_to_pipe(w.control_fd, fmt::format("signal {}\n", sig));
       else
-        ::kill(-w.process.pid, sig);
+        signal_worker(w, sig);
     }
   }
 
@@ -443,7 +449,7 @@ class Run {
   void kill_everything() {
     for (int attempt = 0; attempt < 200; ++attempt) {
       bool any = false;
-      for (const auto& w : workers_) any |= ::kill(-w.process.pid, SIGKILL) == 0;
+      for (const auto& w : workers_) any |= signal_worker(w, SIGKILL);
       for (pid_t child : children_of(::getpid())) {
         any = true;
         ::kill(-child, SIGKILL);

@@ -108,4 +108,9 @@ WorkerProcess spawn_worker(const std::string& program, const std::vector<std::st
   return {pid, out_pipe[0], err_pipe[0]};
 }
 
+bool signal_unreaped_worker(pid_t pid, int sig) {
+  if (::kill(-pid, sig) == 0) return true;
+  return errno == ESRCH && ::kill(pid, sig) == 0;
+}
+
 }  // namespace ddl::launcher

@@ -35,4 +35,10 @@ struct WorkerProcess {
 WorkerProcess spawn_worker(const std::string& program, const std::vector<std::string>& argv, const Environment& env,
                            const sigset_t& child_signal_mask, int stdin_fd = -1);
 
+// Sends `sig` to the process group of worker `pid`, which must not have been reaped yet (its pid
+// could be another process's by then), or to the worker alone while it has no group: forked a
+// moment ago and not yet past its setsid(). The signals ddl handles are blocked in the child until
+// just before exec, so such a signal waits for it instead of being lost. True if it was sent.
+bool signal_unreaped_worker(pid_t pid, int sig);
+
 }  // namespace ddl::launcher
