@@ -6,7 +6,8 @@ duration, and the mean time from an op's first event to its last (submit to done
 
 Phases are those libddl writes (docs/libddl.md): NEGOTIATE (submit until every rank's submission
 is known), WAIT (agreed until its collective starts), the collective (`allreduce`, `barrier`, ...
-for one op; MEMCPY_IN_FUSION_BUFFER, ALLREDUCE, MEMCPY_OUT_FUSION_BUFFER for a fused one)."""
+for one op; MEMCPY_IN_FUSION_BUFFER, ALLREDUCE, MEMCPY_OUT_FUSION_BUFFER for a fused one packed
+into a fusion buffer, ALLREDUCE alone for one reduced straight from the ops' buffers)."""
 import argparse
 import json
 import statistics
