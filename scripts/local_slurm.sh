@@ -335,7 +335,7 @@ wait_until_up() {
     done
   done
   local n=${#NODES[@]}
-  client timeout 20 srun -N"$n" -n"$n" true || fail "srun -N$n -n$n true failed"
+  client timeout 60 srun -N"$n" -n"$n" true || fail "srun -N$n -n$n true failed" # the first step is slow on a loaded machine
 }
 
 # --- commands --------------------------------------------------------------------------------------

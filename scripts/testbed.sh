@@ -54,7 +54,7 @@ start_anchor() {
   # shellcheck disable=SC2086
   setsid unshare $flags --fork -- bash -c "$setup"$'\n''echo $$ >'"'$DIR/$name/pid'"$'\n''exec sleep infinity' \
     </dev/null >"$DIR/$name/anchor.log" 2>&1 &
-  for _ in $(seq 100); do
+  for _ in $(seq 600); do # 30 s: unshare and the setup are slow on a loaded machine
     [ -s "$DIR/$name/pid" ] && return 0
     sleep 0.05
   done

@@ -311,6 +311,9 @@ int run_die(int victim, int signal) {
     if (s != DDL_SUCCESS) {
       std::printf("survivor rank %d: %s: %s\n", g_rank, ddl_status_string(s), ddl_last_error());
       std::fflush(stdout);
+      // Frozen victim: the other survivor must reach its own deadline too, not see this one leave
+      // first (a peer failure) because its wait began a little later on a loaded machine.
+      if (signal == SIGSTOP && s == DDL_ERROR_TIMEOUT) ::sleep(2);
       std::_Exit(3);
     }
   }

@@ -57,6 +57,21 @@ def processes_with(marker):
     return found
 
 
+def sleeps_with(marker):
+    """PIDs of the `sleep` processes whose command line contains `marker`: a worker script's sleep
+    exists only once the worker has exec'd and got that far, unlike the launchers (ddl, salloc,
+    srun) and shells whose command lines carry the marker too."""
+    found = []
+    for pid in processes_with(marker):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() == "sleep":
+                    found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
 def wait_until(predicate, timeout, interval=0.05):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -123,37 +123,55 @@ class FailuresReachEveryRank(unittest.TestCase):
 
 class Join(unittest.TestCase):
     def test_a_join_outlasts_ddl_timeout_while_the_others_train(self):
-        # Rank 0 runs out of data at once; rank 1 trains on for 3 s with DDL_TIMEOUT=1.
+        # Rank 0 runs out of data at once; rank 1 trains on for 6 s with DDL_TIMEOUT=3 (not 1: on a
+        # loaded machine a pause between two of rank 1's steps can outlast a second).
         result = run_python(2, """
             import time, torch, ddl.torch as hvd
             hvd.init()
             if hvd.rank() == 1:
-                end, steps = time.monotonic() + 3, 0
+                end, steps = time.monotonic() + 6, 0
                 while time.monotonic() < end:
                     total = hvd.allreduce(torch.ones(2), name="grad", op=hvd.Sum)
                     assert total.tolist() == [1.0, 1.0], total  # rank 0 adds zeros
                     steps += 1
                     time.sleep(0.05)
             print("join ->", hvd.join(), flush=True)
-        """, env={"DDL_TIMEOUT": "1"}, timeout=120)
+        """, env={"DDL_TIMEOUT": "3"}, timeout=120)
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
         self.assertEqual([lines[-1] for _, lines in sorted(lines_by_rank(result.stdout).items()) if _ is not None],
                          ["join -> 1", "join -> 1"])
 
     def test_a_join_that_timed_out_stands_in_for_nothing_afterwards(self):
-        result = run_python(2, """
-            import time, torch, ddl.torch as hvd
-            hvd.init()
-            if hvd.rank() == 0:
-                try:
-                    hvd.join()
-                except hvd.HorovodInternalError as e:
-                    print("join failed:", e, flush=True)
-                time.sleep(2)  # rank 1 submits 'x' first: a stand-in would complete it with zeros
-            else:
-                time.sleep(3)
-            print("x =", hvd.allreduce(torch.ones(1), name="x", op=hvd.Sum).item(), flush=True)
-        """, env={"DDL_TIMEOUT": "1"}, timeout=120)
+        # Files in ORDER order the ranks, not sleeps: rank 1 submits 'x' only once rank 0's join has
+        # failed, and first (a stand-in would complete it with zeros). DDL_TIMEOUT=3, not 1: rank 1's
+        # 'x' waits on rank 0 noticing the file, which on a loaded machine can take a while.
+        with tempfile.TemporaryDirectory() as order:
+            result = run_python(2, """
+                import os, time, torch, ddl.torch as hvd
+                hvd.init()
+                def wait_for(name):
+                    deadline = time.monotonic() + 60
+                    while not os.path.exists(os.path.join(os.environ["ORDER"], name)):
+                        assert time.monotonic() < deadline, "no " + name
+                        time.sleep(0.01)
+                def say(name):
+                    open(os.path.join(os.environ["ORDER"], name), "w").close()
+                if hvd.rank() == 0:
+                    try:
+                        hvd.join()
+                    except hvd.HorovodInternalError as e:
+                        print("join failed:", e, flush=True)
+                    say("join-failed")
+                    wait_for("x-sent")
+                    time.sleep(0.5)  # not for a pass: lets rank 1's 'x' reach rank 0's engine, where a stand-in would show
+                    x = hvd.allreduce(torch.ones(1), name="x", op=hvd.Sum)
+                else:
+                    wait_for("join-failed")
+                    handle = hvd.allreduce_async(torch.ones(1), name="x", op=hvd.Sum)
+                    say("x-sent")
+                    x = hvd.synchronize(handle)
+                print("x =", x.item(), flush=True)
+            """, env={"DDL_TIMEOUT": "3", "ORDER": order}, timeout=120)
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
         by_rank = lines_by_rank(result.stdout)
         self.assertIn("'ddl.join' timed out: rank(s) 1 never submitted it", by_rank[0][0])

@@ -116,7 +116,7 @@ class HostsTest(unittest.TestCase):
         return found[0]
 
     def assert_nothing_left(self):
-        self.assertTrue(wait_until(lambda: not processes_with(self.marker), 10), f"left running: {processes_with(self.marker)}")
+        self.assertTrue(wait_until(lambda: not processes_with(self.marker), 30), f"left running: {processes_with(self.marker)}")
 
     def test_workers_get_global_local_and_node_ranks_on_each_host_and_reach_node_0_by_its_address(self):
         result = self.run_on_hosts("--cpu", "-H", HOSTS)

@@ -10,8 +10,8 @@ import tempfile
 import time
 import unittest
 
-from ddl_testing import (DDL, PYTHON, SOURCE, check_pmix_world, kill_leftovers, lines_by_rank, processes_with, slurm_env,
-                         start_local_slurm, unique_marker, wait_until)
+from ddl_testing import (DDL, PYTHON, SOURCE, check_pmix_world, kill_leftovers, lines_by_rank, processes_with, sleeps_with,
+                         slurm_env, start_local_slurm, unique_marker, wait_until)
 
 CHECKS = os.environ.get("DDL_COLLECTIVE_CHECKS", os.path.join(SOURCE, "build", "tests", "collective_checks"))
 MODULEFILES = os.path.join(SOURCE, "tests", "fixtures", "modulefiles")
@@ -123,7 +123,9 @@ class Slurm(unittest.TestCase):
         proc = subprocess.Popen(["salloc", "-N1", "--gpus-per-node=4", DDL, "run", "--", "sleep", marker], env=slurm_env(),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            self.assertTrue(wait_until(lambda: len(processes_with(marker)) >= 4 + 1, 30), "the workers did not start")
+            # The 4 workers' sleeps: salloc, srun and ddl carry the marker too, so a count of all of
+            # them can be reached while some task has not started yet.
+            self.assertTrue(wait_until(lambda: len(sleeps_with(marker)) >= 4, 30), "the workers did not start")
             ddl_pids = [p for p in processes_with(marker) if command_line(p)[1:2] == [b"run"]]
             self.assertEqual(len(ddl_pids), 1)
             os.kill(ddl_pids[0], signal.SIGTERM)

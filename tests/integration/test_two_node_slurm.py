@@ -160,9 +160,14 @@ class TwoNodeSlurm(unittest.TestCase):
         self.assertEqual(len([line for line in lines if line.startswith("PASS ")]), 4)
 
     def test_a_submitted_job_whose_rank_on_the_second_node_fails_returns_its_code(self):
-        script = (f'echo "hi $RANK on $(hostname)"; if [ "$RANK" = 3 ]; then echo "rank 3 gives up" >&2; exit 7; fi; '
-                  f'exec sleep {self.marker}')
         with tempfile.TemporaryDirectory(dir=self.shared) as tmp:
+            # Rank 3's failure kills the step (srun --kill-on-bad-exit), so it fails only once every
+            # other rank has said hi (a file in the bed's shared folder, seen on both hosts; bounded
+            # at 60 s): on a loaded machine a rank can take longer to start than rank 3 to fail.
+            script = (f'echo "hi $RANK on $(hostname)"; touch {tmp}/said.$RANK; '
+                      f'if [ "$RANK" = 3 ]; then for r in 0 1 2; do i=0; '
+                      f'while [ ! -e {tmp}/said.$r ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; done; '
+                      f'echo "rank 3 gives up" >&2; exit 7; fi; exec sleep {self.marker}')
             start = time.monotonic()
             result = self.on_ddlhost1(DDL, "submit", "--site", "slurm", "-N", "2", "--gpus-per-node", "2", "--wait", "--",
                                       "bash", "-c", script, cwd=tmp, timeout=180)
