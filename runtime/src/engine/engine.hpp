@@ -186,7 +186,7 @@ class Engine {
 
   std::mutex mutex_;  // guards what submit() and finalize() share with the engine thread
   std::condition_variable wake_;
-  std::deque<PendingOp> inbox_;
+  std::vector<PendingOp> inbox_;  // cleared each round, it keeps its room: a deque allocated and freed blocks as ops came and went
   std::unordered_set<std::string> inbox_names_;           // the names in inbox_, for the duplicate check
   std::unordered_map<std::string, PendingOp> in_flight_;  // submitted on this rank, not yet finished
   bool finalize_requested_ = false;
