@@ -432,6 +432,7 @@ class Run {
   // A worker's process group; the worker itself too while it is not reaped (see
   // signal_unreaped_worker). A reaped one's group may live on (what it forked).
   static bool signal_worker(const Worker& w, int sig) {
+    if (w.process.pid <= 0) return false;  // its start failed: there is nothing to signal
     return w.running ? signal_unreaped_worker(w.process.pid, sig) : ::kill(-w.process.pid, sig) == 0;
   }
 

@@ -109,6 +109,7 @@ WorkerProcess spawn_worker(const std::string& program, const std::vector<std::st
 }
 
 bool signal_unreaped_worker(pid_t pid, int sig) {
+  if (pid <= 0) return false;  // never started: kill(-pid) would reach init, kill(-1) everyone
   if (::kill(-pid, sig) == 0) return true;
   return errno == ESRCH && ::kill(pid, sig) == 0;
 }

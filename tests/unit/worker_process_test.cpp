@@ -19,6 +19,7 @@ TEST_SUITE("worker_process") {
     REQUIRE(::pthread_sigmask(SIG_BLOCK, &term, &original) == 0);
     const pid_t pid = ::fork();
     if (pid == 0) {
+      ::signal(SIGTERM, SIG_DFL);  // not doctest's handler, inherited: SIGTERM must end the child as it would a worker
       const timespec a_while{0, 200'000'000};
       ::nanosleep(&a_while, nullptr);
       ::sigprocmask(SIG_UNBLOCK, &term, nullptr);  // a pending SIGTERM ends it here
@@ -33,11 +34,17 @@ TEST_SUITE("worker_process") {
     CHECK(WTERMSIG(status) == SIGTERM);
   }
 
+  TEST_CASE("a worker whose start failed is never signalled: kill(-(-1)) would reach init") {
+    CHECK_FALSE(signal_unreaped_worker(-1, 0));
+    CHECK_FALSE(signal_unreaped_worker(0, 0));
+  }
+
   TEST_CASE("a worker that made its own session gets the signal in its whole group") {
     int ready[2];
     REQUIRE(::pipe(ready) == 0);
     const pid_t pid = ::fork();
     if (pid == 0) {
+      ::signal(SIGTERM, SIG_DFL);  // not doctest's handler (the grandchild inherits this too)
       ::setsid();
       const pid_t grandchild = ::fork();  // a process the worker started, in its group
       if (grandchild == 0) {

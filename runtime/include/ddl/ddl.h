@@ -111,7 +111,7 @@ DDL_API size_t ddl_dtype_size(ddl_dtype dtype);
  * allreduce, broadcast or barrier that is unnamed or whose name ran before runs without a
  * negotiation round of its own; on shared memory a small one then costs one barrier in all. */
 
-/* recv[i] = op over ranks of send[i], for i < count. send may equal recv (in place). */
+/* recv[i] = op over ranks of send[i], for i < count. send may equal recv (in place), not overlap it. */
 DDL_API ddl_status ddl_allreduce(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype, ddl_reduce_op op);
 /* buffer (count elements) on every rank becomes root's. */
 DDL_API ddl_status ddl_broadcast(const char* name, void* buffer, size_t count, ddl_dtype dtype, int root);
@@ -126,7 +126,9 @@ DDL_API ddl_status ddl_alltoall(const char* name, const void* send, void* recv, 
 DDL_API ddl_status ddl_barrier(void);
 
 /* Asynchronous forms: start the operation and return a handle at once. The buffers must stay
- * valid and untouched until ddl_wait() returns. */
+ * valid and untouched until ddl_wait() returns, and ops in flight together must not share or
+ * overlap buffers (but an op's send may equal its recv): fused allreduces are reduced straight
+ * from and into them. */
 DDL_API ddl_status ddl_allreduce_async(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype, ddl_reduce_op op,
                                        ddl_handle* handle);
 DDL_API ddl_status ddl_broadcast_async(const char* name, void* buffer, size_t count, ddl_dtype dtype, int root, ddl_handle* handle);
