@@ -386,8 +386,7 @@ std::optional<ddl_status> Engine::run_proposed(PendingOp& op, const Offer& offer
       negotiator_.ran_without_round(started);
       last_round_.store(started.time_since_epoch().count(), std::memory_order_relaxed);
       if (s.kind == OpKind::Allreduce) {
-        if (s.reduce == DDL_AVERAGE) divide_by_world_size(op.recv, s.count, s.dtype, size_);
-        scale(op.recv, s.count, s.dtype, s.postscale);
+        finish_reduction(op.recv, s.count, s);
       }
       if (timed) {
         name_if_unnamed(op, offer);
@@ -563,8 +562,7 @@ void Engine::run_fused_allreduce(const std::vector<PendingOp*>& ops) {
   offset = 0;
   for (PendingOp* op : ops) {
     unpack_from(fusion_buffer_.data() + offset * wire_element_size, op->recv, op->spec.count, dtype, compress);
-    if (reduce == DDL_AVERAGE) divide_by_world_size(op->recv, op->spec.count, dtype, size_);
-    scale(op->recv, op->spec.count, dtype, op->spec.postscale);
+    finish_reduction(op->recv, op->spec.count, op->spec);
     offset += op->spec.count;
   }
   auto t3 = Clock::now();
@@ -588,14 +586,18 @@ bool Engine::run_fused_allreduce_in_place(const std::vector<PendingOp*>& ops) {
   const auto start = Clock::now();
   for (PendingOp* op : ops) record_wait(*op, start);
   collectives_->allreduce_pieces(pieces_, dtype_size(first.dtype), reduce_function(first.dtype, first.reduce));
-  for (PendingOp* op : ops) {
-    if (first.reduce == DDL_AVERAGE) divide_by_world_size(op->recv, op->spec.count, first.dtype, size_);
-    scale(op->recv, op->spec.count, first.dtype, op->spec.postscale);
-  }
+  for (PendingOp* op : ops) finish_reduction(op->recv, op->spec.count, op->spec);
   const auto end = Clock::now();
   for (PendingOp* op : ops) timeline_.record(op->name, "ALLREDUCE", start, end);
   finish(ops, DDL_SUCCESS);
   return true;
+}
+
+// A reduction's `count` result elements at `recv` become the op's: divided by the world size for
+// an average, then post-scaled.
+void Engine::finish_reduction(void* recv, size_t count, const OpSpec& s) const {
+  if (s.reduce == DDL_AVERAGE) divide_by_world_size(recv, count, s.dtype, size_);
+  scale(recv, count, s.dtype, s.postscale);
 }
 
 void Engine::run_single(PendingOp& op) {
@@ -609,8 +611,7 @@ void Engine::run_single(PendingOp& op) {
       if (op.send != op.recv) move_bytes(op.recv, op.send, bytes);
       scale(op.recv, s.count, s.dtype, s.prescale);
       collectives_->allreduce(op.recv, s.count, element, reduce_function(s.dtype, s.reduce));
-      if (s.reduce == DDL_AVERAGE) divide_by_world_size(op.recv, s.count, s.dtype, size_);
-      scale(op.recv, s.count, s.dtype, s.postscale);
+      finish_reduction(op.recv, s.count, s);
       break;
     case OpKind::Broadcast: collectives_->broadcast(op.recv, bytes, s.root); break;
     case OpKind::Allgather: collectives_->allgatherv(op.send, op.recv, std::vector<size_t>(static_cast<size_t>(size_), bytes)); break;
@@ -654,8 +655,7 @@ void Engine::run_reducescatter(PendingOp& op) {
   for (int r = 0; r < rank_; ++r) offset += s.counts[static_cast<size_t>(r)];
   const size_t mine = s.counts[static_cast<size_t>(rank_)];
   copy_bytes(op.recv, scratch_.data() + offset * element, mine * element);
-  if (s.reduce == DDL_AVERAGE) divide_by_world_size(op.recv, mine, s.dtype, size_);
-  scale(op.recv, mine, s.dtype, s.postscale);
+  finish_reduction(op.recv, mine, s);
 }
 
 // Blocks of different sizes travel as one alltoall of blocks padded to the largest block any rank

@@ -148,6 +148,7 @@ class Engine {
   void run_allreduces(const std::vector<PendingOp*>& ops);
   void run_fused_allreduce(const std::vector<PendingOp*>& ops);
   bool run_fused_allreduce_in_place(const std::vector<PendingOp*>& ops);
+  void finish_reduction(void* recv, size_t count, const OpSpec& s) const;
   void run_single(PendingOp& op);
   void run_reducescatter(PendingOp& op);
   bool run_alltoallv(PendingOp& op);  // false: finished with an error

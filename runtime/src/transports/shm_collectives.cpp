@@ -174,6 +174,8 @@ class SharedMemory final : public Collectives {
     wait_until(h->generation, [&] { return h->generation.load() != generation; });
   }
 
+  bool reduces_pieces() const override { return true; }
+
   void allreduce(void* data, size_t count, size_t element_size, ReduceFunction reduce) override {
     const ReducePiece whole{data, data, count};
     allreduce_pieces({&whole, 1}, element_size, reduce);
@@ -184,7 +186,6 @@ class SharedMemory final : public Collectives {
   // reduce, reads its own segment straight from its pieces, and copies back only the segments
   // others reduced: each byte crosses memory about half as often as with whole-chunk copies, and a
   // fused allreduce needs no fusion buffer.
-  bool reduces_pieces() const override { return true; }
   void allreduce_pieces(std::span<const ReducePiece> pieces, size_t element_size, ReduceFunction reduce) override {
     const Pieces whole(pieces, element_size, piece_starts_);
     if (whole.bytes() <= small_allreduce_bytes_) return allreduce_small(whole, reduce);
