@@ -57,19 +57,20 @@ def processes_with(marker):
     return found
 
 
+def comm(pid):
+    """A process's name, "" when it is gone."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def sleeps_with(marker):
     """PIDs of the `sleep` processes whose command line contains `marker`: a worker script's sleep
     exists only once the worker has exec'd and got that far, unlike the launchers (ddl, salloc,
     srun) and shells whose command lines carry the marker too."""
-    found = []
-    for pid in processes_with(marker):
-        try:
-            with open(f"/proc/{pid}/comm") as f:
-                if f.read().strip() == "sleep":
-                    found.append(pid)
-        except OSError:
-            pass
-    return found
+    return [pid for pid in processes_with(marker) if comm(pid) == "sleep"]
 
 
 def wait_until(predicate, timeout, interval=0.05):

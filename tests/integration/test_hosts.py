@@ -6,11 +6,10 @@ import json
 import os
 import signal
 import subprocess
-import time
 import unittest
 
-from testbed_hosts import LIGHTNING_PYTHON, LIGHTNING_TRAIN, TESTBED, bed, comm, lightning_reports, workers
-from ddl_testing import DDL, PYTHON, SOURCE, kill_leftovers, lines_by_rank, processes_with, unique_marker, wait_until
+from testbed_hosts import LIGHTNING_PYTHON, LIGHTNING_TRAIN, TESTBED, bed, lightning_reports, workers
+from ddl_testing import DDL, PYTHON, SOURCE, comm, kill_leftovers, lines_by_rank, processes_with, unique_marker, wait_until
 
 CHECKS = os.environ.get("DDL_COLLECTIVE_CHECKS", os.path.join(SOURCE, "build", "tests", "collective_checks"))
 HOSTS = "ddlhost1:2,ddlhost2:2"
@@ -95,20 +94,21 @@ class HostsTest(unittest.TestCase):
         self.addCleanup(kill_leftovers, self.marker)
         self.addCleanup(self.remove_ready_files)
 
+    def ready_files(self):
+        """The files of this test's workers that say their signal handlers are in place."""
+        return [f for f in os.listdir(self.shared) if f.startswith(f"ready.{self.marker}.")]
+
     def remove_ready_files(self):
-        for f in os.listdir(self.shared):
-            if f.startswith(f"ready.{self.marker}."):
-                os.remove(os.path.join(self.shared, f))
+        for f in self.ready_files():
+            os.remove(os.path.join(self.shared, f))
 
     def run_on_hosts(self, *ddl_args, mode="exit", timeout=120, env=None):
         return on_host("ddlhost1", DDL, "run", *ddl_args, "--", PYTHON, "-c", WORKER, self.marker, mode, self.shared, timeout=timeout, env=env)
 
     def wait_for_workers(self, count):
         """Waits until COUNT workers say their signal handlers are in place, then clears their word for the next launch."""
-        ready = lambda: [f for f in os.listdir(self.shared) if f.startswith(f"ready.{self.marker}.")]
-        self.assertTrue(wait_until(lambda: len(ready()) >= count, 30), "workers did not start")
-        for f in ready():
-            os.remove(os.path.join(self.shared, f))
+        self.assertTrue(wait_until(lambda: len(self.ready_files()) >= count, 30), "workers did not start")
+        self.remove_ready_files()
 
     def launching_ddl(self):
         found = [p for p in processes_with(self.marker) if comm(p) == "ddl"]

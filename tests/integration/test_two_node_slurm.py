@@ -13,8 +13,8 @@ import tempfile
 import time
 import unittest
 
-from testbed_hosts import LIGHTNING_PYTHON, LIGHTNING_TRAIN, TESTBED, bed, comm, lightning_reports, workers
-from ddl_testing import DDL, PYTHON, SOURCE, kill_leftovers, lines_by_rank, processes_with, unique_marker, wait_until
+from testbed_hosts import LIGHTNING_PYTHON, LIGHTNING_TRAIN, TESTBED, bed, lightning_reports, workers
+from ddl_testing import DDL, PYTHON, SOURCE, comm, kill_leftovers, lines_by_rank, processes_with, unique_marker, wait_until
 
 DDL = os.path.abspath(DDL)  # commands run on the bed's hosts, in the shared directory
 CHECKS = os.path.abspath(os.environ.get("DDL_COLLECTIVE_CHECKS", os.path.join(SOURCE, "build", "tests", "collective_checks")))

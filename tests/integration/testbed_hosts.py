@@ -23,15 +23,6 @@ def workers(stdout):
     return found
 
 
-def comm(pid):
-    """A process's name, "" when it is gone."""
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
 LIGHTNING_PYTHON = os.environ.get("DDL_LIGHTNING_PYTHON") or "/var/cache/ddl/lightning-venv/bin/python"
 LIGHTNING_TRAIN = os.path.join(SOURCE, "tests", "integration", "lightning_train.py")
 
