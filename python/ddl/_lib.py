@@ -125,5 +125,8 @@ def register_raisers(mapping):
 
 
 def raise_for(status, message=None):
+    """Raises the exception the face registered for `status`; it carries the status as `ddl_status`."""
     message = message or last_error()
-    raise _raisers.get(status, DdlError)(message)
+    error = _raisers.get(status, DdlError)(message)
+    error.ddl_status = status
+    raise error

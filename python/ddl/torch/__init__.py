@@ -9,14 +9,13 @@ Names, signatures, defaults and exceptions follow horovod.torch 0.28, so Horovod
 one changed import. Start the program with `ddl run` (or mpirun / srun --mpi=pmix).
 """
 
-import atexit
-import ctypes
-import os
-import sys
-
 import torch
 
-from ddl import _lib as L
+from ddl.common import basics as _basics
+from ddl.common.basics import (init, shutdown, is_initialized, rank, size, local_rank, local_size,  # noqa: F401
+                               cross_rank, cross_size, is_homogeneous, mpi_threads_supported, mpi_built, mpi_enabled,
+                               gloo_built, gloo_enabled, nccl_built, ddl_built, ccl_built, cuda_built, rocm_built,
+                               start_timeline, stop_timeline)
 from ddl.torch import mpi_ops as _ops
 from ddl.torch import _autograd as _ag
 from ddl.torch.compression import Compression
@@ -27,214 +26,16 @@ from ddl.torch.mpi_ops import (Average, Sum, Adasum, Min, Max, Product, HorovodI
                                reducescatter_async, grouped_reducescatter_async, sparse_allreduce_async, barrier,
                                poll, synchronize)
 from ddl.torch.process_sets import ProcessSet, global_process_set, add_process_set, remove_process_set
-from ddl.torch import process_sets as _process_sets
-
-# Horovod's variables, honoured as aliases of libddl's when the DDL_* one is not set.
-_ENV_ALIASES = {"HOROVOD_FUSION_THRESHOLD": "DDL_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME": "DDL_CYCLE_TIME_MS",
-                "HOROVOD_TIMELINE": "DDL_TIMELINE"}
-
-_topology = {}
-_exit_state = {"hooked": False, "uncaught": False}
-
-
-def _finalize_at_exit():
-    """Under a PMIx launcher (mpirun, srun --mpi=pmix) a process that exits without finalizing is
-    reported as failed, so leave cleanly at exit, as Horovod does; but not after an uncaught
-    exception, where finalizing would wait for peers that may be waiting for this rank. Under
-    `ddl run` nothing needs it, and a failing rank should exit at once."""
-    if _exit_state["uncaught"] or not L.lib.ddl_is_initialized():
-        return
-    try:
-        shutdown()
-    except Exception:
-        pass
-
-
-def _hook_exit():
-    if _exit_state["hooked"] or "DDL_STORE_ADDR" in os.environ or "PMIX_RANK" not in os.environ:
-        return
-    _exit_state["hooked"] = True
-    previous = sys.excepthook
-
-    def excepthook(*args):
-        _exit_state["uncaught"] = True
-        previous(*args)
-    sys.excepthook = excepthook
-    atexit.register(_finalize_at_exit)
-
-
-def _apply_env_aliases():
-    for horovod, ddl in _ENV_ALIASES.items():
-        value = os.environ.get(horovod)
-        # HOROVOD_TIMELINE=DYNAMIC means "started later with start_timeline()".
-        if value and ddl not in os.environ and not (horovod == "HOROVOD_TIMELINE" and value == "DYNAMIC"):
-            os.environ[ddl] = value
-
-
-def init(comm=None, process_sets=None):
-    """Joins the world (a no-op if already initialized). `process_sets` are added right away."""
-    if comm is not None:
-        raise ValueError("ddl.torch.init() takes no MPI communicator: start the workers with `ddl run`, mpirun or srun")
-    if not L.lib.ddl_is_initialized():
-        _apply_env_aliases()
-        status = L.lib.ddl_init()
-        if status != L.SUCCESS:
-            L.raise_for(status)
-        _learn_topology()
-        _process_sets._reset_global(_topology["size"])
-        _hook_exit()
-    for ps in process_sets or []:
-        if ps.process_set_id is None:
-            add_process_set(ps)
-
-
-def _learn_topology():
-    """Sizes of the world and its nodes; cross_size and is_homogeneous need every rank's placement."""
-    rank, size = L.int_out(L.lib.ddl_rank), L.int_out(L.lib.ddl_size)
-    local_rank, local_size = L.int_out(L.lib.ddl_local_rank), L.int_out(L.lib.ddl_local_size)
-    node_rank = L.int_out(L.lib.ddl_node_rank)
-    mine = torch.tensor([local_rank, local_size, node_rank], dtype=torch.int64)
-    everyone = torch.empty(3 * size, dtype=torch.int64)
-    status = L.lib.ddl_allgatherv_ex(b"ddl.torch.topology", mine.data_ptr(), everyone.data_ptr(),
-                                     (ctypes.c_size_t * size)(*([3] * size)), L.INT64, None, ctypes.byref(h := ctypes.c_void_p()))
-    if status != L.SUCCESS:
-        L.raise_for(status)
-    _ops._wait_all([h])
-    rows = everyone.view(size, 3).tolist()
-    _topology.update(rank=rank, size=size, local_rank=local_rank, local_size=local_size, cross_rank=node_rank,
-                     cross_size=sum(1 for r in rows if r[0] == local_rank),
-                     homogeneous=len({r[1] for r in rows}) == 1)
-
-
-def shutdown():
-    """Leaves the world (every rank must call it); init() may be called again afterwards."""
-    if not L.lib.ddl_is_initialized():
-        return
-    _ops._drop_all_handles()
-    _process_sets._forget_all()
-    status = L.lib.ddl_finalize()
-    _topology.clear()
-    if status != L.SUCCESS:
-        L.raise_for(status)
-
-
-def is_initialized():
-    return bool(L.lib.ddl_is_initialized())
-
-
-def _require(key):
-    if not L.lib.ddl_is_initialized() or key not in _topology:
-        raise ValueError("ddl.torch has not been initialized; call hvd.init() first")
-    return _topology[key]
-
-
-def rank():
-    return _require("rank")
-
-
-def size():
-    return _require("size")
-
-
-def local_rank():
-    return _require("local_rank")
-
-
-def local_size():
-    return _require("local_size")
-
-
-def cross_rank():
-    return _require("cross_rank")
-
-
-def cross_size():
-    return _require("cross_size")
-
-
-def is_homogeneous():
-    return _require("homogeneous")
-
-
-def _nccl_version_code():
-    text = L.lib.ddl_nccl_version().decode()
-    if not text:
-        return 0
-    major, minor, patch = (int(p) for p in text.split(".")[:3])
-    return major * 10000 + minor * 100 + patch if (major, minor) >= (2, 9) else major * 1000 + minor * 100 + patch
-
-
-def mpi_threads_supported():
-    return False
-
-
-def mpi_built():
-    return False
-
-
-def mpi_enabled():
-    return False
-
-
-def gloo_built():
-    return True
-
-
-def gloo_enabled():
-    return True
-
-
-def nccl_built():
-    """NCCL's version code (e.g. 22805) when libddl was built with NCCL, else 0: as Horovod."""
-    return _nccl_version_code()
-
-
-def ddl_built():
-    return False
-
-
-def ccl_built():
-    return False
-
-
-def cuda_built():
-    return _nccl_version_code() > 0
-
-
-def rocm_built():
-    return False
-
-
-def start_timeline(file_path, mark_cycles=False):
-    """Starts writing a Chrome-trace timeline of the ops to `file_path`: rank 0 writes it, or every rank
-    its own when the path holds "%r" (replaced by the rank)."""
-    _require("rank")
-    status = L.lib.ddl_timeline_start(os.fsencode(file_path))
-    if status != L.SUCCESS:
-        L.raise_for(status)
-
-
-def stop_timeline():
-    """Stops the timeline and closes its file."""
-    _require("rank")
-    status = L.lib.ddl_timeline_stop()
-    if status != L.SUCCESS:
-        L.raise_for(status)
 
 
 def join(device=-1):
     """Waits until every rank has joined, meanwhile adding zeros to the other ranks' allreduces (so ranks
     with fewer batches need not invent any). Returns the last rank to join. Broadcasts and allgathers
     fail on every rank while some rank waits here."""
-    _require("rank")
+    _basics.require("rank")
     if device >= 0 and torch.cuda.is_available():
         torch.cuda.synchronize(device)
-    last = ctypes.c_int(-1)
-    status = L.lib.ddl_join(None, ctypes.byref(last))
-    if status != L.SUCCESS:
-        L.raise_for(status)
-    _ops._names.restart_counting()
-    return last.value
+    return _basics.join()
 
 
 # ---- the differentiable, synchronous forms ----

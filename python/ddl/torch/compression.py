@@ -2,27 +2,7 @@
 
 import torch
 
-
-class Compressor:
-    """Turns a tensor into what is sent, and back."""
-
-    @staticmethod
-    def compress(tensor):
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
+from ddl.common.compression import Compressor, NoneCompressor  # noqa: F401
 
 
 class FP16Compressor(Compressor):

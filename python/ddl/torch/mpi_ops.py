@@ -11,7 +11,11 @@ import os
 import torch
 
 from ddl import _lib as L
-from ddl.torch.process_sets import ProcessSet, global_process_set, _registry
+from ddl.common import basics as _basics
+from ddl.common import host_ops as _host
+from ddl.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
+from ddl.common.names import names as _names
+from ddl.common.process_sets import ProcessSet, global_process_set, _registry
 
 # Horovod's reduction constants (same values as horovod.torch).
 Average = 0
@@ -24,24 +28,6 @@ Product = 5
 _REDUCE = {Average: L.AVERAGE, Sum: L.SUM, Min: L.MIN, Max: L.MAX, Product: L.PRODUCT}
 
 
-class HorovodInternalError(RuntimeError):
-    """A collective failed on this rank because a peer failed, timed out or the world broke."""
-
-
-class HostsUpdatedInterrupt(RuntimeError):
-    """Horovod's elastic signal; ddl runs fixed worlds and never raises it."""
-
-
-L.register_raisers({
-    L.INVALID_ARGUMENT: ValueError,
-    L.NOT_INITIALIZED: ValueError,
-    L.MISMATCH: RuntimeError,
-    L.TIMEOUT: HorovodInternalError,
-    L.PEER_FAILED: HorovodInternalError,
-    L.BOOTSTRAP: HorovodInternalError,
-    L.INTERNAL: HorovodInternalError,
-})
-
 _DTYPES = {
     torch.float16: L.FLOAT16, torch.bfloat16: L.BFLOAT16, torch.float32: L.FLOAT32, torch.float64: L.FLOAT64,
     torch.int32: L.INT32, torch.int64: L.INT64, torch.uint8: L.UINT8, torch.int8: L.INT8, torch.int16: L.INT16,
@@ -50,9 +36,7 @@ _DTYPES = {
 
 # ---- checks and small helpers ----
 
-def _check_initialized():
-    if not L.lib.ddl_is_initialized():
-        raise ValueError("ddl.torch has not been initialized; call hvd.init() first")
+_check_initialized = _basics.check_initialized
 
 
 def _ddl_dtype(tensor, moves_only=False):
@@ -74,31 +58,10 @@ def _is_cuda(tensor):
     return False
 
 
-def _reduce_op(op, average, default=Average):
-    if average is not None:
-        if op is not None:
-            raise ValueError("The op parameter supersedes average. Please provide only one of them.")
-        return Average if average else Sum
-    op = default if op is None else op
-    if op == Adasum:
-        raise NotImplementedError("Adasum is not supported by ddl.torch: use op=hvd.Average or hvd.Sum")
-    if op not in _REDUCE:
-        raise ValueError(f"unknown reduction op {op!r}: use hvd.Average, Sum, Min, Max or Product")
-    return op
+_reduce_op = _host.reduce_op
 
 
-def _process_set_target(process_set):
-    """The C handle of a process set this rank belongs to."""
-    _check_initialized()
-    if not isinstance(process_set, ProcessSet):
-        raise ValueError(f"process_set must be a ProcessSet, not {type(process_set).__name__}")
-    if process_set.process_set_id is None:
-        raise ValueError(f"{process_set} was not added: call hvd.add_process_set() on every rank first")
-    if process_set.process_set_id != 0 and process_set.process_set_id not in _registry:
-        raise ValueError(f"{process_set} was removed")
-    if not process_set.included():
-        raise ValueError(f"rank {L.int_out(L.lib.ddl_rank)} is not in {process_set}: call this op only on its ranks")
-    return process_set
+_process_set_target = _host.target  # the C handle's set, checked usable by this rank
 
 
 def _stream_of(tensor):
@@ -106,20 +69,10 @@ def _stream_of(tensor):
 
 
 def _options(process_set, tensor=None, shape=None, prescale=1.0, postscale=1.0, flags=0):
-    opts = L.OpOptions()
-    opts.process_set = process_set._c_handle
-    opts.prescale = prescale
-    opts.postscale = postscale
-    opts.flags = flags
+    """libddl's options of an op; a CUDA tensor's op runs on PyTorch's current stream."""
     if tensor is not None and tensor.is_cuda:
-        opts.flags |= L.CUDA_BUFFERS
-        opts.stream = _stream_of(tensor)
-    if shape:
-        dims = (ctypes.c_longlong * len(shape))(*shape)
-        opts.shape = dims
-        opts.ndim = len(shape)
-        opts._keep = dims
-    return opts
+        return _host.options(process_set, shape, prescale, postscale, flags | L.CUDA_BUFFERS, _stream_of(tensor))
+    return _host.options(process_set, shape, prescale, postscale, flags)
 
 
 def _sizes(values):
@@ -134,47 +87,6 @@ def _row_elements(tensor):
 
 
 # ---- names and handles ----
-
-class _Names:
-    """Op names per process set: explicit ones stay taken until their handle is synchronized, as in
-    Horovod a name is in use until its op is done; unnamed ops count up identically on every rank."""
-
-    def __init__(self):
-        self.taken = {}
-        self.counters = {}
-        self.epoch = 0
-
-    def claim(self, kind, name, process_set):
-        key = process_set.process_set_id
-        if name is None:
-            n = self.counters.get(key, 0)
-            self.counters[key] = n + 1
-            full = f"{kind}.noname.{self.epoch}.{n}"
-        else:
-            full = f"{kind}.{name}"
-        taken = self.taken.setdefault(key, set())
-        if full in taken:
-            raise ValueError(f"an op named '{full}' is already in flight on this rank: give concurrent ops "
-                             "distinct names, or synchronize the first one before reusing its name")
-        taken.add(full)
-        return key, full
-
-    def restart_counting(self):
-        """After a join every rank is at the same point again, whatever unnamed ops some ranks made
-        while others had joined: count afresh, under a new epoch so no old name comes back."""
-        self.counters.clear()
-        self.epoch += 1
-
-    def release(self, key, full):
-        self.taken.get(key, set()).discard(full)
-
-    def clear(self):
-        self.taken.clear()
-        self.counters.clear()
-
-
-_names = _Names()
-
 
 class _Pending:
     """One handle of the Python API: one or more libddl ops and what turns their buffers into the result."""
@@ -271,7 +183,9 @@ def _drop_all_handles():
         for h in pending.c_handles:
             L.lib.ddl_wait(h)
     _handle_map.clear()
-    _names.clear()
+
+
+_basics.on_shutdown(_drop_all_handles)
 
 
 # ---- allreduce ----
@@ -648,9 +562,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
 
 # ---- reducescatter ----
 
-def _scatter_rows(first_dim, n):
-    base, extra = divmod(first_dim, n)
-    return [base + (1 if r < extra else 0) for r in range(n)]
+_scatter_rows = _host.scatter_rows
 
 
 def _reducescatter_group_async(kind, tensors, name, op, prescale, postscale, process_set):
@@ -736,5 +648,4 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     return handle
 
 
-def _world_rank():
-    return L.int_out(L.lib.ddl_rank)
+_world_rank = _basics.world_rank

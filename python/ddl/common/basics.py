@@ -1,0 +1,239 @@
+"""Joining the world and what Horovod's API says about it, for every face: init/shutdown, ranks and
+sizes (cross_rank/cross_size as Horovod means them), build flags, the timeline, join, HOROVOD_*
+settings. A face re-exports these under Horovod's names."""
+
+import atexit
+import ctypes
+import os
+import sys
+
+from ddl import _lib as L
+from ddl.common import exceptions as _exceptions  # noqa: F401  (registers the status -> exception map)
+from ddl.common import process_sets as _process_sets
+from ddl.common.names import names
+
+# Horovod's variables, honoured as aliases of libddl's when the DDL_* one is not set.
+_ENV_ALIASES = {"HOROVOD_FUSION_THRESHOLD": "DDL_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME": "DDL_CYCLE_TIME_MS",
+                "HOROVOD_TIMELINE": "DDL_TIMELINE"}
+
+_topology = {}
+_exit_state = {"hooked": False, "uncaught": False}
+_shutdown_hooks = []  # a face's cleanup (its handles) before libddl finalizes
+
+
+def _finalize_at_exit():
+    """Under a PMIx launcher (mpirun, srun --mpi=pmix) a process that exits without finalizing is
+    reported as failed, so leave cleanly at exit, as Horovod does; but not after an uncaught
+    exception, where finalizing would wait for peers that may be waiting for this rank. Under
+    `ddl run` nothing needs it, and a failing rank should exit at once."""
+    if _exit_state["uncaught"] or not L.lib.ddl_is_initialized():
+        return
+    try:
+        shutdown()
+    except Exception:
+        pass
+
+
+def _hook_exit():
+    if _exit_state["hooked"] or "DDL_STORE_ADDR" in os.environ or "PMIX_RANK" not in os.environ:
+        return
+    _exit_state["hooked"] = True
+    previous = sys.excepthook
+
+    def excepthook(*args):
+        _exit_state["uncaught"] = True
+        previous(*args)
+    sys.excepthook = excepthook
+    atexit.register(_finalize_at_exit)
+
+
+def _apply_env_aliases():
+    for horovod, ddl in _ENV_ALIASES.items():
+        value = os.environ.get(horovod)
+        # HOROVOD_TIMELINE=DYNAMIC means "started later with start_timeline()".
+        if value and ddl not in os.environ and not (horovod == "HOROVOD_TIMELINE" and value == "DYNAMIC"):
+            os.environ[ddl] = value
+
+
+def on_shutdown(hook):
+    """Registers a face's cleanup, run by shutdown() before libddl finalizes."""
+    if hook not in _shutdown_hooks:
+        _shutdown_hooks.append(hook)
+
+
+def init(comm=None, process_sets=None):
+    """Joins the world (a no-op if already initialized). `process_sets` are added right away."""
+    if comm is not None:
+        raise ValueError("ddl's init() takes no MPI communicator: start the workers with `ddl run`, mpirun or srun")
+    if not L.lib.ddl_is_initialized():
+        _apply_env_aliases()
+        status = L.lib.ddl_init()
+        if status != L.SUCCESS:
+            L.raise_for(status)
+        _learn_topology()
+        _process_sets._reset_global(_topology["size"])
+        _hook_exit()
+    for ps in process_sets or []:
+        if ps.process_set_id is None:
+            _process_sets.add_process_set(ps)
+
+
+def _learn_topology():
+    """Sizes of the world and its nodes; cross_size and is_homogeneous need every rank's placement."""
+    rank, size = L.int_out(L.lib.ddl_rank), L.int_out(L.lib.ddl_size)
+    local_rank, local_size = L.int_out(L.lib.ddl_local_rank), L.int_out(L.lib.ddl_local_size)
+    node_rank = L.int_out(L.lib.ddl_node_rank)
+    mine = (ctypes.c_int64 * 3)(local_rank, local_size, node_rank)
+    everyone = (ctypes.c_int64 * (3 * size))()
+    handle = ctypes.c_void_p()
+    status = L.lib.ddl_allgatherv_ex(b"ddl.topology", mine, everyone, (ctypes.c_size_t * size)(*([3] * size)),
+                                     L.INT64, None, ctypes.byref(handle))
+    if status != L.SUCCESS:
+        L.raise_for(status)
+    status = L.lib.ddl_wait(handle)
+    if status != L.SUCCESS:
+        L.raise_for(status)
+    rows = [everyone[3 * r:3 * r + 3] for r in range(size)]
+    _topology.update(rank=rank, size=size, local_rank=local_rank, local_size=local_size, cross_rank=node_rank,
+                     cross_size=sum(1 for r in rows if r[0] == local_rank),
+                     homogeneous=len({r[1] for r in rows}) == 1)
+
+
+def shutdown():
+    """Leaves the world (every rank must call it); init() may be called again afterwards."""
+    if not L.lib.ddl_is_initialized():
+        return
+    for hook in _shutdown_hooks:
+        hook()
+    names.clear()
+    _process_sets._forget_all()
+    status = L.lib.ddl_finalize()
+    _topology.clear()
+    if status != L.SUCCESS:
+        L.raise_for(status)
+
+
+def is_initialized():
+    return bool(L.lib.ddl_is_initialized())
+
+
+def require(key):
+    if not L.lib.ddl_is_initialized() or key not in _topology:
+        raise ValueError("ddl has not been initialized; call hvd.init() first")
+    return _topology[key]
+
+
+def check_initialized():
+    if not L.lib.ddl_is_initialized():
+        raise ValueError("ddl has not been initialized; call hvd.init() first")
+
+
+def rank():
+    return require("rank")
+
+
+def size():
+    return require("size")
+
+
+def local_rank():
+    return require("local_rank")
+
+
+def local_size():
+    return require("local_size")
+
+
+def cross_rank():
+    return require("cross_rank")
+
+
+def cross_size():
+    return require("cross_size")
+
+
+def is_homogeneous():
+    return require("homogeneous")
+
+
+def _nccl_version_code():
+    text = L.lib.ddl_nccl_version().decode()
+    if not text:
+        return 0
+    major, minor, patch = (int(p) for p in text.split(".")[:3])
+    return major * 10000 + minor * 100 + patch if (major, minor) >= (2, 9) else major * 1000 + minor * 100 + patch
+
+
+def mpi_threads_supported():
+    return False
+
+
+def mpi_built():
+    return False
+
+
+def mpi_enabled():
+    return False
+
+
+def gloo_built():
+    return True
+
+
+def gloo_enabled():
+    return True
+
+
+def nccl_built():
+    """NCCL's version code (e.g. 22805) when libddl was built with NCCL, else 0: as Horovod."""
+    return _nccl_version_code()
+
+
+def ddl_built():
+    return False
+
+
+def ccl_built():
+    return False
+
+
+def cuda_built():
+    return _nccl_version_code() > 0
+
+
+def rocm_built():
+    return False
+
+
+def start_timeline(file_path, mark_cycles=False):
+    """Starts writing a Chrome-trace timeline of the ops to `file_path`: rank 0 writes it, or every rank
+    its own when the path holds "%r" (replaced by the rank)."""
+    require("rank")
+    status = L.lib.ddl_timeline_start(os.fsencode(file_path))
+    if status != L.SUCCESS:
+        L.raise_for(status)
+
+
+def stop_timeline():
+    """Stops the timeline and closes its file."""
+    require("rank")
+    status = L.lib.ddl_timeline_stop()
+    if status != L.SUCCESS:
+        L.raise_for(status)
+
+
+def join():
+    """Waits until every rank has joined, meanwhile adding zeros to the other ranks' allreduces (so ranks
+    with fewer batches need not invent any). Returns the last rank to join. Broadcasts and allgathers
+    fail on every rank while some rank waits here."""
+    require("rank")
+    last = ctypes.c_int(-1)
+    status = L.lib.ddl_join(None, ctypes.byref(last))
+    if status != L.SUCCESS:
+        L.raise_for(status)
+    names.restart_counting()
+    return last.value
+
+
+def world_rank():
+    return L.int_out(L.lib.ddl_rank)

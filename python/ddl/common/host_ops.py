@@ -1,0 +1,350 @@
+"""Blocking collectives on host (numpy) arrays, for faces whose tensors reach libddl through numpy
+(TensorFlow, Keras). Each call claims its op names, submits every array of the call to libddl at once
+(so a group of gradients is one fused round, not one round trip per tensor), waits, and returns new
+arrays. Names: an explicit one is used as given ("allreduce.NAME"); None counts up alike on every rank.
+"""
+
+import ctypes
+
+import numpy as np
+
+from ddl import _lib as L
+from ddl.common import basics
+from ddl.common.names import names
+from ddl.common.process_sets import ProcessSet, _registry
+
+# Horovod's reduction constants (the same values in every Horovod face).
+Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
+REDUCE = {Average: L.AVERAGE, Sum: L.SUM, Min: L.MIN, Max: L.MAX, Product: L.PRODUCT}
+
+_DTYPES = {"float16": L.FLOAT16, "bfloat16": L.BFLOAT16, "float32": L.FLOAT32, "float64": L.FLOAT64,
+           "int32": L.INT32, "int64": L.INT64, "uint8": L.UINT8, "int8": L.INT8, "int16": L.INT16}
+_SUPPORTED = "uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64"
+
+
+def reduce_op(op, average, default=Average):
+    """Horovod's op from `op` and the deprecated `average` (which may not be given together)."""
+    if average is not None:
+        if op is not None:
+            raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+        return Average if average else Sum
+    op = default if op is None else op
+    if op == Adasum:
+        raise NotImplementedError("Adasum is not supported by ddl: use op=hvd.Average or hvd.Sum")
+    if op not in REDUCE:
+        raise ValueError(f"unknown reduction op {op!r}: use hvd.Average, Sum, Min, Max or Product")
+    return op
+
+
+def ddl_dtype(array, moves_only=False):
+    """libddl's dtype of a numpy array; bool travels as uint8 where data only moves."""
+    name = array.dtype.name
+    if name == "bool" and moves_only:
+        return L.UINT8
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise ValueError(f"tensors of type {name} are not supported: use one of {_SUPPORTED}") from None
+
+
+def target(process_set):
+    """Checks that `process_set` is usable by this rank and returns it."""
+    basics.check_initialized()
+    if not isinstance(process_set, ProcessSet):
+        raise ValueError(f"process_set must be a ProcessSet, not {type(process_set).__name__}")
+    if process_set.process_set_id is None:
+        raise ValueError(f"{process_set} was not added: call hvd.add_process_set() on every rank first")
+    if process_set.process_set_id != 0 and process_set.process_set_id not in _registry:
+        raise ValueError(f"{process_set} was removed")
+    if not process_set.included():
+        raise ValueError(f"rank {basics.world_rank()} is not in {process_set}: call this op only on its ranks")
+    return process_set
+
+
+def root_in_set(root_rank, process_set):
+    """The set rank of world rank `root_rank`."""
+    if isinstance(root_rank, bool) or not isinstance(root_rank, (int, np.integer)):
+        raise ValueError(f"root_rank must be an int, not {type(root_rank).__name__}")
+    root_rank = int(root_rank)
+    if process_set.process_set_id == 0:
+        if not 0 <= root_rank < process_set.size():
+            raise ValueError(f"root_rank {root_rank} is not a rank of the world of {process_set.size()}")
+        return root_rank
+    if root_rank not in process_set.ranks:
+        raise ValueError(f"root_rank {root_rank} is not in {process_set}")
+    return process_set.ranks.index(root_rank)
+
+
+def options(process_set, shape=None, prescale=1.0, postscale=1.0, flags=0, stream=None):
+    """libddl's options of an op (the shape is kept alive with them)."""
+    opts = L.OpOptions()
+    opts.process_set = process_set._c_handle
+    opts.prescale = prescale
+    opts.postscale = postscale
+    opts.flags = flags
+    opts.stream = stream
+    if shape:
+        dims = (ctypes.c_longlong * len(shape))(*shape)
+        opts.shape = dims
+        opts.ndim = len(shape)
+        opts._keep = dims
+    return opts
+
+
+def _sizes(values):
+    return (ctypes.c_size_t * len(values))(*values)
+
+
+def _ptr(array):
+    return array.ctypes.data_as(ctypes.c_void_p)
+
+
+def _contiguous(array):
+    array = np.asarray(array)
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array)
+
+
+def _sub_names(full, count, grouped):
+    """One libddl name per array: a group's arrays are NAME.0, NAME.1, ..."""
+    if count == 1 and not grouped:
+        return [full.encode()]
+    return [f"{full}.{i}".encode() for i in range(count)]
+
+
+def _run(kind, name, process_set, submit_all):
+    """Claims the op's name, runs `submit_all(full_name) -> c_handles`, waits for every handle (so
+    nothing stays in flight when one fails) and raises the first failure."""
+    claim = names.claim(kind, name, process_set)
+    handles = []
+    try:
+        submit_all(claim[1], handles)
+    finally:
+        failure = None
+        for h in handles:
+            status = L.lib.ddl_wait(h)
+            if status != L.SUCCESS and failure is None:
+                failure = (status, L.last_error())
+        names.release(*claim)
+    if failure:
+        L.raise_for(*failure)
+
+
+def _submit(fn, *args):
+    h = ctypes.c_void_p()
+    status = fn(*args, ctypes.byref(h))
+    if status != L.SUCCESS:
+        L.raise_for(status)
+    return h
+
+
+# ---- allreduce ----
+
+def grouped_allreduce(arrays, name=None, op=Average, prescale=1.0, postscale=1.0, process_set=None,
+                      kind="grouped_allreduce"):
+    """Reduces every array of `arrays` over the process set in one libddl round; returns new arrays."""
+    ps = target(process_set)
+    inputs = [_contiguous(a) for a in arrays]
+    for a in inputs:
+        ddl_dtype(a)
+    outputs = [np.empty_like(a) for a in inputs]
+    keep = []
+
+    def submit_all(full, handles):
+        for sub, src, dst in zip(_sub_names(full, len(inputs), kind != "allreduce"), inputs, outputs):
+            opts = options(ps, src.shape, prescale, postscale)
+            keep.append(opts)
+            handles.append(_submit(L.lib.ddl_allreduce_ex, sub, _ptr(src), _ptr(dst), src.size, ddl_dtype(src),
+                                   REDUCE[op], ctypes.byref(opts)))
+
+    if inputs:
+        _run(kind, name, ps, submit_all)
+    return outputs
+
+
+def allreduce(array, name=None, op=Average, prescale=1.0, postscale=1.0, process_set=None):
+    """One allreduce on this thread (libddl's blocking fast path when the op is unnamed)."""
+    ps = target(process_set)
+    src = _contiguous(array)
+    dtype = ddl_dtype(src)
+    out = np.empty_like(src)
+    opts = options(ps, src.shape, prescale, postscale, L.BLOCKING)
+    claim = names.claim("allreduce", name, ps) if name is not None else None
+    try:
+        status = L.lib.ddl_allreduce_ex(claim[1].encode() if claim else None, _ptr(src), _ptr(out), src.size, dtype,
+                                        REDUCE[op], ctypes.byref(opts), None)
+    finally:
+        if claim:
+            names.release(*claim)
+    if status != L.SUCCESS:
+        L.raise_for(status)
+    return out
+
+
+# ---- allgather ----
+
+def _row_elements(shape):
+    n = 1
+    for d in shape[1:]:
+        n *= d
+    return n
+
+
+def _gathered(handle, n, row, data, trailing):
+    counts = (ctypes.c_size_t * n)()
+    ptr = ctypes.c_void_p()
+    status = L.lib.ddl_gathered(handle, counts, ctypes.byref(ptr))
+    if status != L.SUCCESS:
+        L.raise_for(status)
+    rows = [c // row if row else 0 for c in counts]
+    out = np.empty((sum(rows),) + tuple(trailing), dtype=data.dtype)
+    if out.size:
+        ctypes.memmove(_ptr(out), ptr, out.nbytes)
+    return out, rows
+
+
+def grouped_allgather(arrays, name=None, process_set=None, kind="grouped_allgather"):
+    """Concatenates every rank's arrays along the first dimension (which may differ by rank)."""
+    ps = target(process_set)
+    n = ps.size()
+    inputs = []
+    for a in arrays:
+        a = _contiguous(a)
+        inputs.append(a.reshape(1) if a.ndim == 0 else a)
+    datas = [a.view(np.uint8) if a.dtype == np.bool_ else a for a in inputs]
+    for d in datas:
+        ddl_dtype(d)
+    results = [None] * len(inputs)
+    keep = []
+
+    def submit_all(full, handles):
+        for i, (sub, src, data) in enumerate(zip(_sub_names(full, len(inputs), kind != "allgather"), inputs, datas)):
+            opts = options(ps, src.shape[1:])
+            keep.append(opts)
+            handles.append(_submit(L.lib.ddl_allgather_any_ex, sub, _ptr(data), data.size, ddl_dtype(data),
+                                   ctypes.byref(opts)))
+        # The gathered rows live with their handles: read them (ddl_gathered waits) before _run
+        # releases the handles.
+        for i, h in enumerate(handles):
+            out, _ = _gathered(h, n, _row_elements(inputs[i].shape), datas[i], inputs[i].shape[1:])
+            results[i] = out.view(np.bool_) if inputs[i].dtype == np.bool_ else out
+
+    if inputs:
+        _run(kind, name, ps, submit_all)
+    return results
+
+
+def allgather(array, name=None, process_set=None):
+    return grouped_allgather([array], name, process_set, kind="allgather")[0]
+
+
+# ---- broadcast ----
+
+def grouped_broadcast(arrays, root_rank, name=None, process_set=None, kind="broadcast"):
+    """root_rank's arrays (root_rank is a world rank) on every rank of the set, as new arrays."""
+    ps = target(process_set)
+    root = root_in_set(root_rank, ps)
+    outputs = [np.array(a, copy=True, order="C") for a in arrays]
+    datas = [o.view(np.uint8) if o.dtype == np.bool_ else o for o in outputs]
+    for d in datas:
+        ddl_dtype(d)
+    keep = []
+
+    def submit_all(full, handles):
+        for sub, data in zip(_sub_names(full, len(datas), len(datas) > 1), datas):
+            opts = options(ps, data.shape)
+            keep.append(opts)
+            handles.append(_submit(L.lib.ddl_broadcast_ex, sub, _ptr(data), data.size, ddl_dtype(data), root,
+                                   ctypes.byref(opts)))
+
+    if outputs:
+        _run(kind, name, ps, submit_all)
+    return outputs
+
+
+def broadcast(array, root_rank, name=None, process_set=None):
+    return grouped_broadcast([array], root_rank, name, process_set)[0]
+
+
+# ---- alltoall ----
+
+def alltoall(array, splits=None, name=None, process_set=None):
+    """Rows splits[j] go to rank j of the set (equal splits when None). Returns (output, received_splits)."""
+    ps = target(process_set)
+    n = ps.size()
+    src = _contiguous(array)
+    if src.ndim == 0:
+        raise ValueError("alltoall needs a tensor of at least one dimension")
+    if splits is None:
+        if src.shape[0] % n != 0:
+            raise ValueError(f"alltoall without splits needs the first dimension ({src.shape[0]}) to be a multiple "
+                             f"of the number of ranks ({n}), or give splits")
+        send = [src.shape[0] // n] * n
+    else:
+        splits = np.asarray(splits)
+        if splits.dtype.kind not in "iu":
+            raise ValueError(f"splits must hold integers (int32), not {splits.dtype.name}")
+        send = [int(s) for s in splits.reshape(-1)]
+        if len(send) != n or any(s < 0 for s in send):
+            raise ValueError(f"splits must hold {n} non-negative entries, one per rank, not {send}")
+        if sum(send) > src.shape[0]:
+            raise ValueError(f"the sum of splits ({sum(send)}) exceeds the first dimension of the tensor "
+                             f"({src.shape[0]})")
+    data = src.view(np.uint8) if src.dtype == np.bool_ else src
+    dtype = ddl_dtype(data)
+    row = _row_elements(src.shape)
+    box = []
+
+    def submit_all(full, handles):
+        opts = options(ps, src.shape[1:])
+        handles.append(_submit(L.lib.ddl_alltoall_any_ex, full.encode(), _ptr(data), _sizes([s * row for s in send]),
+                               dtype, ctypes.byref(opts)))
+        box.append(_gathered(handles[0], n, row, data, src.shape[1:]))
+
+    _run("alltoall", name, ps, submit_all)
+    out, received = box[0]
+    return (out.view(np.bool_) if src.dtype == np.bool_ else out), np.asarray(received, dtype=np.int32)
+
+
+# ---- reducescatter ----
+
+def scatter_rows(first_dim, n):
+    """Rows of each rank after a reducescatter: the first (rows % n) ranks get one more."""
+    base, extra = divmod(first_dim, n)
+    return [base + (1 if r < extra else 0) for r in range(n)]
+
+
+def grouped_reducescatter(arrays, name=None, op=Average, prescale=1.0, postscale=1.0, process_set=None,
+                          kind="grouped_reducescatter"):
+    """Reduces each array over the set and gives this rank its share of the first dimension."""
+    ps = target(process_set)
+    n, me = ps.size(), ps.rank()
+    inputs = [_contiguous(a) for a in arrays]
+    for a in inputs:
+        if a.ndim == 0:
+            raise ValueError("reducescatter needs a tensor of at least one dimension, not a scalar")
+        ddl_dtype(a)
+    outputs = [np.empty((scatter_rows(a.shape[0], n)[me],) + a.shape[1:], dtype=a.dtype) for a in inputs]
+    keep = []
+
+    def submit_all(full, handles):
+        for sub, src, dst in zip(_sub_names(full, len(inputs), kind != "reducescatter"), inputs, outputs):
+            row = _row_elements(src.shape)
+            opts = options(ps, src.shape, prescale, postscale)
+            keep.append(opts)
+            handles.append(_submit(L.lib.ddl_reducescatter_ex, sub, _ptr(src), _ptr(dst),
+                                   _sizes([r * row for r in scatter_rows(src.shape[0], n)]), ddl_dtype(src),
+                                   REDUCE[op], ctypes.byref(opts)))
+
+    if inputs:
+        _run(kind, name, ps, submit_all)
+    return outputs
+
+
+# ---- barrier ----
+
+def barrier(process_set=None):
+    """Returns when every rank of the process set has called it."""
+    ps = target(process_set)
+    status = L.lib.ddl_barrier_ex(ps._c_handle, None)  # a NULL handle: blocking, on this thread
+    if status != L.SUCCESS:
+        L.raise_for(status)

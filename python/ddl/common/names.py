@@ -1,0 +1,42 @@
+"""Op names: ranks agree on ops by name, in any order, as in Horovod."""
+
+
+class Names:
+    """Op names per process set: explicit ones stay taken until their op is done, as in Horovod a name
+    is in use until its op is done; unnamed ops count up identically on every rank."""
+
+    def __init__(self):
+        self.taken = {}
+        self.counters = {}
+        self.epoch = 0
+
+    def claim(self, kind, name, process_set):
+        key = process_set.process_set_id
+        if name is None:
+            n = self.counters.get(key, 0)
+            self.counters[key] = n + 1
+            full = f"{kind}.noname.{self.epoch}.{n}"
+        else:
+            full = f"{kind}.{name}"
+        taken = self.taken.setdefault(key, set())
+        if full in taken:
+            raise ValueError(f"an op named '{full}' is already in flight on this rank: give concurrent ops "
+                             "distinct names, or synchronize the first one before reusing its name")
+        taken.add(full)
+        return key, full
+
+    def restart_counting(self):
+        """After a join every rank is at the same point again, whatever unnamed ops some ranks made
+        while others had joined: count afresh, under a new epoch so no old name comes back."""
+        self.counters.clear()
+        self.epoch += 1
+
+    def release(self, key, full):
+        self.taken.get(key, set()).discard(full)
+
+    def clear(self):
+        self.taken.clear()
+        self.counters.clear()
+
+
+names = Names()  # one for every face: an op's name is unique in the process, whichever face made it

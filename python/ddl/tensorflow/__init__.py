@@ -1,0 +1,120 @@
+"""ddl.tensorflow: Horovod's TensorFlow 2 API over libddl.
+
+    import ddl.tensorflow as hvd
+    hvd.init()
+    with tf.GradientTape() as tape:
+        loss = ...
+    tape = hvd.DistributedGradientTape(tape)
+    grads = tape.gradient(loss, model.trainable_variables)
+
+Names, signatures, defaults and exceptions follow horovod.tensorflow 0.28, so Horovod scripts run with
+one changed import, on TensorFlow 2.15 (Keras 2) and on 2.16 and later (Keras 3), where Horovod does
+not run. Nothing is compiled against TensorFlow. Start the program with `ddl run` (or mpirun / srun).
+"""
+
+import tensorflow as tf
+
+from ddl.common import basics as _basics
+from ddl.common.basics import (init, shutdown, is_initialized, rank, size, local_rank, local_size,  # noqa: F401
+                               cross_rank, cross_size, is_homogeneous, mpi_threads_supported, mpi_built, mpi_enabled,
+                               gloo_built, gloo_enabled, nccl_built, ddl_built, ccl_built, cuda_built, rocm_built,
+                               start_timeline, stop_timeline)
+from ddl.common.process_sets import ProcessSet, global_process_set, add_process_set, remove_process_set  # noqa: F401
+from ddl.tensorflow.compression import Compression
+from ddl.tensorflow.mpi_ops import (Average, Sum, Adasum, Min, Max, Product, HorovodInternalError,  # noqa: F401
+                                    allreduce, grouped_allreduce, allgather, grouped_allgather, broadcast, broadcast_,
+                                    alltoall, reducescatter, grouped_reducescatter, join, barrier, size_op,
+                                    local_size_op, rank_op, local_rank_op, process_set_included_op)
+from ddl.tensorflow.functions import (broadcast_variables, broadcast_global_variables, broadcast_object,  # noqa: F401
+                                      broadcast_object_fn, allgather_object)
+from ddl.common.exceptions import HostsUpdatedInterrupt  # noqa: F401
+
+
+def _gradient_scales(op, gradient_predivide_factor, process_set, scale_local_gradients=True):
+    """(op, prescale, postscale) of a step's gradient allreduce, as Horovod computes them: with a
+    predivide factor f, every gradient is divided by f before the sum and the sum multiplied by f/size."""
+    if gradient_predivide_factor != 1.0:
+        if op != Average:
+            raise ValueError("gradient_predivide_factor not supported with op != Average")
+        return Sum, 1.0 / gradient_predivide_factor, gradient_predivide_factor / process_set.size()
+    return op, 1.0, 1.0
+
+
+def _allreduce_gradients(grads, compression, sparse_as_dense, op, gradient_predivide_factor, process_set,
+                         name="DistributedGradient"):
+    """Allreduces a step's gradients in one libddl group (None gradients stay None); IndexedSlices
+    become dense first with sparse_as_dense, or are allgathered otherwise."""
+    op, prescale, postscale = _gradient_scales(op, gradient_predivide_factor, process_set)
+    present = [i for i, g in enumerate(grads) if g is not None]
+    if not present:
+        return list(grads)
+    to_reduce = []
+    for i in present:
+        g = grads[i]
+        if sparse_as_dense and isinstance(g, tf.IndexedSlices):
+            g = tf.convert_to_tensor(g)
+        to_reduce.append(g)
+    reduced = grouped_allreduce(to_reduce, compression=compression, op=op, prescale_factor=prescale,
+                                postscale_factor=postscale, process_set=process_set,
+                                name=None if tf.executing_eagerly() else name)
+    out = list(grads)
+    for i, r in zip(present, reduced):
+        out[i] = r
+    return out
+
+
+class _DistributedGradientTape(tf.GradientTape):
+    """A GradientTape whose gradient() allreduces what it computed, as one group."""
+
+    def _ddl_setup(self, compression, sparse_as_dense, op, gradient_predivide_factor, process_set):
+        self._ddl = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
+                         gradient_predivide_factor=gradient_predivide_factor, process_set=process_set)
+
+    def gradient(self, target, sources, output_gradients=None, **kwargs):
+        grads = super(self.__class__, self).gradient(target, sources, output_gradients, **kwargs)
+        flat = tf.nest.flatten(grads)
+        s = self._ddl
+        if s["process_set"].included() is False:
+            return grads
+        reduced = _allreduce_gradients(flat, s["compression"], s["sparse_as_dense"], s["op"],
+                                       s["gradient_predivide_factor"], s["process_set"])
+        return tf.nest.pack_sequence_as(grads, reduced)
+
+
+def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=Compression.none,
+                            sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0, num_groups=0,
+                            groups=None, process_set=global_process_set, scale_local_gradients=True):
+    """Wraps a tf.GradientTape (after its `with` block) so that gradient() returns the gradients
+    allreduced over the process set: every gradient of the call in one libddl group (num_groups and
+    groups are accepted; libddl fuses the whole group whatever they say)."""
+    if op not in (Average, Sum, Adasum, Min, Max, Product):
+        raise ValueError(f"unknown reduction op {op!r}")
+    if op == Adasum:
+        raise NotImplementedError("Adasum is not supported by ddl: use op=hvd.Average or hvd.Sum")
+    _gradient_scales(op, gradient_predivide_factor, process_set)  # refuse a bad combination now
+    methods = {k: v for k, v in _DistributedGradientTape.__dict__.items() if k not in ("__dict__", "__weakref__")}
+    cls = type(gradtape.__class__.__name__, (gradtape.__class__,), methods)
+    tape = cls.__new__(cls)
+    tape.__dict__.update(gradtape.__dict__)
+    tape._ddl_setup(compression, sparse_as_dense, op, gradient_predivide_factor, process_set)
+    return tape
+
+
+def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="", device_sparse="",
+                         compression=Compression.none, sparse_as_dense=False, backward_passes_per_step=1,
+                         op=Average, gradient_predivide_factor=1.0, average_aggregated_gradients=False,
+                         num_groups=0, groups=None, process_set=global_process_set, scale_local_gradients=True):
+    """A Keras optimizer whose gradients are allreduced before they are applied (see ddl.keras)."""
+    from ddl.tensorflow.keras import _optimizer
+    if not _optimizer.is_keras_optimizer(optimizer):
+        raise ValueError(f"ddl.tensorflow.DistributedOptimizer takes a Keras optimizer, not "
+                         f"{type(optimizer).__module__}.{type(optimizer).__name__}: TensorFlow 1's "
+                         "tf.compat.v1.train optimizers are not supported; use a tf.keras.optimizers one, or "
+                         "hvd.DistributedGradientTape in a custom loop")
+    return _optimizer.create_distributed_optimizer(
+        optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
+        backward_passes_per_step=backward_passes_per_step, op=op, gradient_predivide_factor=gradient_predivide_factor,
+        average_aggregated_gradients=average_aggregated_gradients, process_set=process_set)
+
+
+from ddl.tensorflow.sync_batch_norm import SyncBatchNormalization  # noqa: E402,F401

@@ -1,0 +1,24 @@
+"""Gradient compression as horovod.tensorflow.Compression: none, or fp16 on the wire."""
+
+import tensorflow as tf
+
+from ddl.common.compression import Compressor, NoneCompressor  # noqa: F401
+
+
+class FP16Compressor(Compressor):
+    """Floating tensors travel as float16 and come back in their own type; others are untouched."""
+
+    @staticmethod
+    def compress(tensor):
+        if tensor.dtype.is_floating and tensor.dtype != tf.float16:
+            return tf.cast(tensor, tf.float16), tensor.dtype
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor if ctx is None else tf.cast(tensor, ctx)
+
+
+class Compression:
+    none = NoneCompressor
+    fp16 = FP16Compressor

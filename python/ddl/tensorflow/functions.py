@@ -1,0 +1,67 @@
+"""Variable and object broadcasts, as horovod.tensorflow.functions."""
+
+import pickle
+
+import numpy as np
+import tensorflow as tf
+
+from ddl.common import basics as _basics
+from ddl.common import host_ops as H
+from ddl.common.process_sets import global_process_set
+from ddl.tensorflow import mpi_ops as ops
+
+
+def broadcast_variables(variables, root_rank, process_set=global_process_set, inplace=False):
+    """Assigns root_rank's values to `variables` on every rank, all of them in one libddl round.
+    Eagerly it returns None; inside a graph, the op that does it."""
+    variables = [v for v in variables if v is not None]
+    if not variables:
+        return None if tf.executing_eagerly() else tf.no_op()
+    assigned = ops.broadcast_(variables, root_rank, name=None if tf.executing_eagerly() else "broadcast_variables",
+                              process_set=process_set)
+    return None if tf.executing_eagerly() else tf.group(*assigned)
+
+
+def broadcast_global_variables(root_rank):
+    """TensorFlow 1's global variables; TensorFlow 2 has none to find (as Horovod says there)."""
+    if tf.executing_eagerly():
+        raise RuntimeError("hvd.broadcast_global_variables() does not support eager execution: use "
+                           "hvd.broadcast_variables(model.variables + optimizer.variables, root_rank=0), or "
+                           "the Keras callback hvd.callbacks.BroadcastGlobalVariablesCallback(0)")
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+
+
+def _payload(obj):
+    return np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+
+
+def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
+    """root_rank's `obj` (any picklable object) on every rank."""
+    name = name or "broadcast_object"  # the same on every rank, whatever each passes
+    me = _basics.world_rank()
+    with ops._tf_errors():
+        data = _payload(obj) if me == root_rank else np.zeros(0, np.uint8)
+        length = H.broadcast(np.array([data.size], np.int64), root_rank, f"{name}.length", process_set)
+        if me != root_rank:
+            data = np.zeros(int(length[0]), np.uint8)
+        data = H.broadcast(data, root_rank, f"{name}.data", process_set)
+    return obj if me == root_rank else pickle.loads(data.tobytes())
+
+
+def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global_process_set):
+    """A function that broadcasts its argument from root_rank (as Horovod's)."""
+    return lambda obj: broadcast_object(obj, root_rank, session, name, process_set)
+
+
+def allgather_object(obj, session=None, name=None, process_set=global_process_set):
+    """The list of every rank's `obj`, in rank order."""
+    name = name or "allgather_object"
+    with ops._tf_errors():
+        data = _payload(obj)
+        lengths = H.allgather(np.array([data.size], np.int64), f"{name}.lengths", process_set)
+        gathered = H.allgather(data, f"{name}.data", process_set)
+    out, offset = [], 0
+    for n in lengths.tolist():
+        out.append(pickle.loads(gathered[offset:offset + n].tobytes()))
+        offset += n
+    return out

@@ -1,0 +1,448 @@
+"""Horovod's TensorFlow collectives over libddl, eagerly and inside tf.function.
+
+No op is compiled against TensorFlow: eagerly an op hands the tensor's host buffer (numpy) to
+ddl.common.host_ops; in a graph it is one `tf.numpy_function` node (stateful, so tf.function keeps
+the program's order of collectives), whose output shapes are set from what the op guarantees.
+Names: an explicit `name` is used as given; an unnamed op in a graph is named when traced, from the
+name of its input tensor in that graph (as Horovod does), so a retrace on one rank gives the same
+names; an unnamed eager op counts up alike on every rank. Every op is differentiable
+(tf.custom_gradient), with the gradients Horovod defines. Tensors on a GPU travel through the host.
+"""
+
+import contextlib
+import re
+
+import numpy as np
+import tensorflow as tf
+
+from ddl import _lib as L
+from ddl.common import basics as _basics
+from ddl.common import host_ops as H
+from ddl.common import exceptions as _exceptions
+from ddl.common.process_sets import global_process_set
+
+Average, Sum, Adasum, Min, Max, Product = H.Average, H.Sum, H.Adasum, H.Min, H.Max, H.Product
+
+
+class HorovodInternalError(tf.errors.UnknownError, _exceptions.HorovodInternalError):
+    """A collective failed because a peer failed, timed out or the world broke: a tf.errors.UnknownError,
+    as Horovod's TensorFlow ops report it (and the HorovodInternalError of the shared core)."""
+
+    def __init__(self, message):
+        tf.errors.UnknownError.__init__(self, None, None, message)
+
+
+def _tf_error(status, message):
+    """The TensorFlow error Horovod's ops raise for a libddl status."""
+    if status in (L.MISMATCH, L.NOT_INITIALIZED):
+        return tf.errors.FailedPreconditionError(None, None, message)
+    if status == L.INVALID_ARGUMENT:
+        return tf.errors.InvalidArgumentError(None, None, message)
+    if status == L.UNSUPPORTED:
+        return tf.errors.UnimplementedError(None, None, message)
+    return HorovodInternalError(message)
+
+
+@contextlib.contextmanager
+def _tf_errors():
+    """Turns libddl's failures into tf.errors (inside a graph, TensorFlow keeps an OpError's code)."""
+    try:
+        yield
+    except Exception as e:
+        status = getattr(e, "ddl_status", None)
+        if status is None or isinstance(e, tf.errors.OpError):
+            raise
+        raise _tf_error(status, str(e)) from None
+
+
+def _executing_eagerly():
+    return tf.executing_eagerly()
+
+
+def _normalize_name(name):
+    """A tensor's graph name as an op name: ':' and '/' are not kept (as Horovod's names)."""
+    return re.sub("[^a-zA-Z0-9_]", "_", name)
+
+
+def _graph_name(name, tensor, ignore_name_scope=False):
+    """The op's name inside a graph: the given one (under the current name scope unless
+    ignore_name_scope), or one made from the input tensor's name, fixed when the graph is traced."""
+    if name is None:
+        return _normalize_name(tensor.name)
+    if ignore_name_scope:
+        return name
+    scope = tf.compat.v1.get_default_graph().get_name_scope()
+    return f"{scope}/{name}" if scope else name
+
+
+def _to_numpy(t):
+    return t.numpy() if hasattr(t, "numpy") else np.asarray(t)
+
+
+def _run(fn, tensors, out_dtypes, out_shapes):
+    """Runs fn(*numpy arrays) -> list of numpy arrays: at once when eager, as one graph node otherwise.
+    Returns a list of tensors of `out_dtypes` with the static shapes `out_shapes`."""
+    if not tensors and not out_dtypes:
+        return []
+    if _executing_eagerly():
+        with _tf_errors():
+            outs = fn(*[_to_numpy(t) for t in tensors])
+        return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, out_dtypes)]
+
+    def body(*arrays):
+        with _tf_errors():
+            return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(fn(*arrays), out_dtypes)]
+
+    outs = tf.numpy_function(body, list(tensors), list(out_dtypes), stateful=True)
+    if not isinstance(outs, (list, tuple)):
+        outs = [outs]
+    for o, shape in zip(outs, out_shapes):
+        o.set_shape(shape)
+    return list(outs)
+
+
+def _check_dtype(tensor, moves_only=False):
+    if tensor.dtype == tf.bool and moves_only:
+        return
+    if tensor.dtype.name not in H._DTYPES:
+        raise ValueError(f"tensors of type {tensor.dtype.name} are not supported: use one of {H._SUPPORTED}")
+
+
+def _process_set(process_set):
+    return H.target(process_set)
+
+
+def _prepare(tensors, name, process_set, ignore_name_scope, moves_only=False):
+    """(process set, tensors, op name) of a collective on `tensors`: checked, converted to tensors,
+    and the name fixed now when a graph is being traced."""
+    ps = _process_set(process_set)
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    for t in tensors:
+        _check_dtype(t, moves_only)
+    if not tensors:
+        return ps, tensors, None
+    return ps, tensors, name if _executing_eagerly() else _graph_name(name, tensors[0], ignore_name_scope)
+
+
+# ---- allreduce ----
+
+def _allreduce_group(tensors, name, op, prescale, postscale, process_set, grouped, ignore_name_scope=False):
+    """Allreduces `tensors` in one libddl call (fused); differentiable. Returns a list of tensors."""
+    ps, tensors, op_name = _prepare(tensors, name, process_set, ignore_name_scope)
+    if not tensors:
+        return []
+    eager = _executing_eagerly()
+    kind = "grouped_allreduce" if grouped else "allreduce"
+
+    @tf.custom_gradient
+    def forward(*xs):
+        def host(*arrays):
+            if not grouped and eager and op_name is None:
+                return [H.allreduce(arrays[0], None, op, prescale, postscale, ps)]
+            return H.grouped_allreduce(arrays, op_name, op, prescale, postscale, ps, kind=kind)
+
+        ys = _run(host, xs, [x.dtype for x in xs], [x.shape for x in xs])
+
+        def grad(*dys):
+            if op not in (Average, Sum):
+                raise NotImplementedError("the gradient of an allreduce exists for hvd.Average and hvd.Sum only")
+            dys = [tf.zeros_like(x) if dy is None else dy for dy, x in zip(dys, xs)]
+            return _allreduce_group(dys, None, op, prescale, postscale, ps, grouped)
+        return ys, grad
+
+    return list(forward(*tensors))
+
+
+def _allreduce_sparse(slices, op, process_set, ignore_name_scope):
+    """An IndexedSlices allreduce as Horovod does it: allgather the values and the indices (averaged
+    values divided by the set's size)."""
+    if op not in (Average, Sum):
+        raise NotImplementedError("an allreduce of tf.IndexedSlices supports hvd.Average and hvd.Sum only")
+    values = allgather(slices.values, process_set=process_set, ignore_name_scope=ignore_name_scope)
+    indices = allgather(slices.indices, process_set=process_set, ignore_name_scope=ignore_name_scope)
+    if op == Average:
+        values = values / tf.cast(process_set.size(), values.dtype)
+    return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
+
+
+def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=None, op=None,
+              prescale_factor=1.0, postscale_factor=1.0, name=None, process_set=global_process_set,
+              ignore_name_scope=False):
+    """The reduction of `tensor` over the process set (default op: Average). tf.IndexedSlices are
+    allgathered instead, as Horovod does."""
+    from ddl.tensorflow.compression import Compression
+    compression = compression or Compression.none
+    op = H.reduce_op(op, average)
+    if isinstance(tensor, tf.IndexedSlices):
+        return _allreduce_sparse(tensor, op, _process_set(process_set), ignore_name_scope)
+    compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
+    reduced = _allreduce_group([compressed], name, op, prescale_factor, postscale_factor, process_set, False,
+                               ignore_name_scope)[0]
+    return compression.decompress(reduced, ctx)
+
+
+def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", compression=None, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set,
+                      ignore_name_scope=False, name=None):
+    """Allreduces every tensor of the list in one libddl round; IndexedSlices are allgathered."""
+    from ddl.tensorflow.compression import Compression
+    compression = compression or Compression.none
+    op = H.reduce_op(op, average)
+    ps = _process_set(process_set)
+    tensors = list(tensors)
+    dense_at = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
+    pairs = [compression.compress(tf.convert_to_tensor(tensors[i])) for i in dense_at]
+    reduced = _allreduce_group([p[0] for p in pairs], name, op, prescale_factor, postscale_factor, ps, True,
+                               ignore_name_scope)
+    out = list(tensors)
+    for i, r, p in zip(dense_at, reduced, pairs):
+        out[i] = compression.decompress(r, p[1])
+    for i, t in enumerate(tensors):
+        if isinstance(t, tf.IndexedSlices):
+            out[i] = _allreduce_sparse(t, op, ps, ignore_name_scope)
+    return out
+
+
+# ---- allgather ----
+
+def _allgather_group(tensors, name, process_set, grouped, ignore_name_scope=False):
+    ps, tensors, op_name = _prepare(tensors, name, process_set, ignore_name_scope, moves_only=True)
+    if not tensors:
+        return []
+    kind = "grouped_allgather" if grouped else "allgather"
+
+    @tf.custom_gradient
+    def forward(*xs):
+        def host(*arrays):
+            return H.grouped_allgather(arrays, op_name, ps, kind=kind)
+
+        shapes = [tf.TensorShape([None]).concatenate(x.shape[1:]) if x.shape.rank else tf.TensorShape([None])
+                  for x in xs]
+        ys = _run(host, xs, [x.dtype for x in xs], shapes)
+
+        def grad(*dys):
+            # Horovod: sum every rank's gradient, then keep this rank's rows.
+            dys = [tf.zeros_like(y) if dy is None else dy for dy, y in zip(dys, ys)]
+            summed = _allreduce_group(dys, None, Sum, 1.0, 1.0, ps, True)
+            first_dims = _allgather_group([tf.reshape(tf.shape(x, out_type=tf.int64)[0] if x.shape.rank else
+                                                      tf.constant(1, tf.int64), [1]) for x in xs],
+                                          None, ps, True)
+            me = ps.rank()
+            out = []
+            for x, s, dims in zip(xs, summed, first_dims):
+                start = tf.reduce_sum(dims[:me])
+                piece = tf.slice(s, tf.concat([[start], tf.zeros([tf.rank(s) - 1], tf.int64)], 0),
+                                 tf.concat([dims[me:me + 1], tf.fill([tf.rank(s) - 1], tf.constant(-1, tf.int64))], 0))
+                out.append(tf.reshape(piece, tf.shape(x)))
+            return out
+        return ys, grad
+
+    return list(forward(*tensors))
+
+
+def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Every rank's `tensor` concatenated along the first dimension (which may differ by rank)."""
+    return _allgather_group([tensor], name, process_set, False, ignore_name_scope)[0]
+
+
+def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=global_process_set):
+    return _allgather_group(list(tensors), name, process_set, True, ignore_name_scope)
+
+
+# ---- broadcast ----
+
+def _broadcast_group(tensors, root_rank, name, process_set, ignore_name_scope=False):
+    ps, tensors, op_name = _prepare(tensors, name, process_set, ignore_name_scope, moves_only=True)
+    H.root_in_set(root_rank, ps)
+    if not tensors:
+        return []
+
+    @tf.custom_gradient
+    def forward(*xs):
+        def host(*arrays):
+            return H.grouped_broadcast(arrays, root_rank, op_name, ps)
+
+        ys = _run(host, xs, [x.dtype for x in xs], [x.shape for x in xs])
+
+        def grad(*dys):
+            # Horovod: the root gets the sum of every rank's gradient, the others zeros.
+            dys = [tf.zeros_like(x) if dy is None else dy for dy, x in zip(dys, xs)]
+            summed = _allreduce_group(dys, None, Sum, 1.0, 1.0, ps, True)
+            if _basics.world_rank() != root_rank:
+                return [s * 0 for s in summed]
+            return summed
+        return ys, grad
+
+    return list(forward(*tensors))
+
+
+def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """root_rank's `tensor` on every rank (root_rank is a world rank)."""
+    return _broadcast_group([tensor], root_rank, name, process_set, ignore_name_scope)[0]
+
+
+def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
+    """Broadcasts root_rank's values into `variables` (tf.Variables) in place, in one libddl round;
+    returns their new values."""
+    variables = list(variables)
+    values = _broadcast_group([v.read_value() if hasattr(v, "read_value") else v for v in variables], root_rank,
+                              name, process_set)
+    return [v.assign(x) for v, x in zip(variables, values)]
+
+
+# ---- alltoall ----
+
+def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Sends splits[j] rows of `tensor` to rank j (equal splits when None). Returns the received rows
+    and the received splits, as Horovod's TensorFlow alltoall."""
+    ps, (tensor,), op_name = _prepare([tensor], name, process_set, ignore_name_scope, moves_only=True)
+    split_tensor = tf.zeros([0], tf.int32) if splits is None else tf.cast(tf.convert_to_tensor(splits), tf.int32)
+    given = splits is not None
+
+    @tf.custom_gradient
+    def forward(x, s):
+        def host(array, split_array):
+            out, received = H.alltoall(array, split_array if given else None, op_name, ps)
+            return [out, received]
+
+        shape = tf.TensorShape([None]).concatenate(x.shape[1:]) if x.shape.rank else tf.TensorShape(None)
+        out, received = _run(host, [x, s], [x.dtype, tf.int32], [shape, tf.TensorShape([ps.size()])])
+
+        def grad(dy, _d_received=None):
+            # Horovod: the gradient goes back the way the rows came.
+            dy = tf.zeros_like(out) if dy is None else dy
+            back, _ = alltoall(dy, splits=received, process_set=ps)
+            return tf.reshape(back, tf.shape(x)), None
+        return (out, received), grad
+
+    out, received = forward(tensor, split_tensor)
+    return out, received
+
+
+# ---- reducescatter ----
+
+def _reducescatter_group(tensors, name, op, prescale, postscale, process_set, grouped, ignore_name_scope=False):
+    ps, tensors, op_name = _prepare(tensors, name, process_set, ignore_name_scope)
+    for t in tensors:
+        if t.shape.rank == 0:
+            raise ValueError("reducescatter needs a tensor of at least one dimension, not a scalar")
+    if not tensors:
+        return []
+    kind = "grouped_reducescatter" if grouped else "reducescatter"
+    n, me = ps.size(), ps.rank()
+
+    def rows_of(x):
+        if x.shape.rank and x.shape[0] is not None:
+            return H.scatter_rows(x.shape[0], n)[me]
+        return None
+
+    @tf.custom_gradient
+    def forward(*xs):
+        def host(*arrays):
+            return H.grouped_reducescatter(arrays, op_name, op, prescale, postscale, ps, kind=kind)
+
+        shapes = [tf.TensorShape([rows_of(x)]).concatenate(x.shape[1:]) for x in xs]
+        ys = _run(host, xs, [x.dtype for x in xs], shapes)
+
+        def grad(*dys):
+            # Horovod: gather every rank's piece of the gradient; an average's gradient is divided too.
+            if op not in (Average, Sum):
+                raise NotImplementedError("the gradient of a reducescatter exists for hvd.Average and hvd.Sum only")
+            dys = [tf.zeros_like(y) if dy is None else dy for dy, y in zip(dys, ys)]
+            gathered = _allgather_group(dys, None, ps, True)
+            scale = prescale * postscale / (n if op == Average else 1)
+            return [g * tf.cast(scale, g.dtype) if scale != 1.0 else g for g in gathered]
+        return ys, grad
+
+    return list(forward(*tensors))
+
+
+def reducescatter(tensor, device_dense="", compression=None, op=Average, name=None,
+                  process_set=global_process_set, ignore_name_scope=False, prescale_factor=1.0, postscale_factor=1.0):
+    """Reduces `tensor` over the set and gives this rank its rows of the first dimension: rank r gets
+    rows [offset_r, offset_r + n_r), the first (rows % size) ranks one more row than the others."""
+    from ddl.tensorflow.compression import Compression
+    compression = compression or Compression.none
+    op = H.reduce_op(op, None)
+    compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
+    out = _reducescatter_group([compressed], name, op, prescale_factor, postscale_factor, process_set, False,
+                               ignore_name_scope)[0]
+    return compression.decompress(out, ctx)
+
+
+def grouped_reducescatter(tensors, device_dense="", compression=None, op=Average, name=None,
+                          process_set=global_process_set, ignore_name_scope=False, prescale_factor=1.0,
+                          postscale_factor=1.0):
+    from ddl.tensorflow.compression import Compression
+    compression = compression or Compression.none
+    op = H.reduce_op(op, None)
+    pairs = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
+    outs = _reducescatter_group([p[0] for p in pairs], name, op, prescale_factor, postscale_factor, process_set,
+                                True, ignore_name_scope)
+    return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
+
+
+# ---- join, barrier, topology ops ----
+
+def _host_call(fn, out_dtype, shape):
+    """A collective without tensor inputs (join, barrier): at once when eager, a graph node otherwise."""
+    if _executing_eagerly():
+        with _tf_errors():
+            return tf.constant(fn(), dtype=out_dtype)
+    out = tf.numpy_function(lambda: _tf_call_value(fn, out_dtype), [], out_dtype, stateful=True)
+    out.set_shape(shape)
+    return out
+
+
+def _tf_call_value(fn, out_dtype):
+    with _tf_errors():
+        return np.asarray(fn(), dtype=out_dtype.as_numpy_dtype)
+
+
+def join():
+    """Waits until every rank joined (meanwhile adding zeros to the others' allreduces); returns the
+    last rank to join, as an int32 tensor."""
+    _basics.require("rank")
+    return _host_call(_basics.join, tf.int32, [])
+
+
+def barrier(process_set=global_process_set):
+    """Returns when every rank of the process set has called it."""
+    ps = _process_set(process_set)
+    if _executing_eagerly():
+        with _tf_errors():
+            H.barrier(ps)
+        return None
+    return _host_call(lambda: (H.barrier(ps), 0)[1], tf.int32, [])
+
+
+def size_op(process_set_id=0, name=None):
+    """The size of the process set as an int32 tensor (a constant: ddl's worlds are fixed)."""
+    return tf.constant(_set_by_id(process_set_id).size(), dtype=tf.int32, name=name)
+
+
+def local_size_op(name=None):
+    return tf.constant(_basics.local_size(), dtype=tf.int32, name=name)
+
+
+def rank_op(name=None):
+    return tf.constant(_basics.rank(), dtype=tf.int32, name=name)
+
+
+def local_rank_op(name=None):
+    return tf.constant(_basics.local_rank(), dtype=tf.int32, name=name)
+
+
+def process_set_included_op(process_set_id=0, name=None):
+    return tf.constant(1 if _set_by_id(process_set_id).included() else 0, dtype=tf.int32, name=name)
+
+
+def _set_by_id(process_set_id):
+    from ddl.common.process_sets import _registry
+    _basics.check_initialized()
+    if process_set_id == 0:
+        return global_process_set
+    try:
+        return _registry[process_set_id]
+    except KeyError:
+        raise ValueError(f"no process set with id {process_set_id} was added") from None
