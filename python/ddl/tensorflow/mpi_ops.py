@@ -221,9 +221,9 @@ def _allgather_group(tensors, name, process_set, grouped, ignore_name_scope=Fals
         ys = _run(host, xs, [x.dtype for x in xs], shapes)
 
         def grad(*dys):
-            # Horovod: sum every rank's gradient, then keep this rank's rows.
+            # Horovod: average every rank's gradient, then keep this rank's rows.
             dys = [tf.zeros_like(y) if dy is None else dy for dy, y in zip(dys, ys)]
-            summed = _allreduce_group(dys, None, Sum, 1.0, 1.0, ps, True)
+            summed = _allreduce_group(dys, None, Average, 1.0, 1.0, ps, True)
             first_dims = _allgather_group([tf.reshape(tf.shape(x, out_type=tf.int64)[0] if x.shape.rank else
                                                       tf.constant(1, tf.int64), [1]) for x in xs],
                                           None, ps, True)
@@ -265,9 +265,9 @@ def _broadcast_group(tensors, root_rank, name, process_set, ignore_name_scope=Fa
         ys = _run(host, xs, [x.dtype for x in xs], [x.shape for x in xs])
 
         def grad(*dys):
-            # Horovod: the root gets the sum of every rank's gradient, the others zeros.
+            # Horovod: the root gets the average of every rank's gradient, the others zeros.
             dys = [tf.zeros_like(x) if dy is None else dy for dy, x in zip(dys, xs)]
-            summed = _allreduce_group(dys, None, Sum, 1.0, 1.0, ps, True)
+            summed = _allreduce_group(dys, None, Average, 1.0, 1.0, ps, True)
             if _basics.world_rank() != root_rank:
                 return [s * 0 for s in summed]
             return summed
@@ -293,8 +293,8 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
 # ---- alltoall ----
 
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=global_process_set):
-    """Sends splits[j] rows of `tensor` to rank j (equal splits when None). Returns the received rows
-    and the received splits, as Horovod's TensorFlow alltoall."""
+    """Sends splits[j] rows of `tensor` to rank j (equal splits when None). Returns the received rows,
+    and with `splits` given the received splits too, as Horovod's TensorFlow alltoall."""
     ps, (tensor,), op_name = _prepare([tensor], name, process_set, ignore_name_scope, moves_only=True)
     split_tensor = tf.zeros([0], tf.int32) if splits is None else tf.cast(tf.convert_to_tensor(splits), tf.int32)
     given = splits is not None
@@ -311,17 +311,19 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
         def grad(dy, _d_received=None):
             # Horovod: the gradient goes back the way the rows came.
             dy = tf.zeros_like(out) if dy is None else dy
-            back, _ = alltoall(dy, splits=received, process_set=ps)
+            back, _ = alltoall(dy, splits=received, process_set=ps)  # splits given: (rows, splits)
             return tf.reshape(back, tf.shape(x)), None
         return (out, received), grad
 
     out, received = forward(tensor, split_tensor)
-    return out, received
+    return (out, received) if given else out
 
 
 # ---- reducescatter ----
 
 def _reducescatter_group(tensors, name, op, prescale, postscale, process_set, grouped, ignore_name_scope=False):
+    if op not in (Average, Sum):
+        raise ValueError("reducescatter reduces with hvd.Sum or hvd.Average only (as Horovod's)")
     ps, tensors, op_name = _prepare(tensors, name, process_set, ignore_name_scope)
     for t in tensors:
         if t.shape.rank == 0:
@@ -345,13 +347,12 @@ def _reducescatter_group(tensors, name, op, prescale, postscale, process_set, gr
         ys = _run(host, xs, [x.dtype for x in xs], shapes)
 
         def grad(*dys):
-            # Horovod: gather every rank's piece of the gradient; an average's gradient is divided too.
-            if op not in (Average, Sum):
-                raise NotImplementedError("the gradient of a reducescatter exists for hvd.Average and hvd.Sum only")
+            # Horovod: gather every rank's piece of the gradient, a sum's multiplied by the set's size,
+            # and by the scale factors.
             dys = [tf.zeros_like(y) if dy is None else dy for dy, y in zip(dys, ys)]
-            gathered = _allgather_group(dys, None, ps, True)
-            scale = prescale * postscale / (n if op == Average else 1)
-            return [g * tf.cast(scale, g.dtype) if scale != 1.0 else g for g in gathered]
+            scale = prescale * postscale * (n if op == Sum else 1)
+            dys = [dy * tf.cast(scale, dy.dtype) if scale != 1.0 else dy for dy in dys]
+            return _allgather_group(dys, None, ps, True)
         return ys, grad
 
     return list(forward(*tensors))

@@ -50,12 +50,16 @@ def broadcast_global_variables(root_rank):
 
 
 def _value(tensor):
-    return tensor.numpy() if hasattr(tensor, "numpy") else tensor
+    """Eagerly the tensor itself, as Horovod's Keras functions return it; in a TensorFlow 1 style graph
+    its value."""
+    if tf.executing_eagerly():
+        return tensor
+    return tf.compat.v1.keras.backend.get_session().run(tensor)
 
 
 def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0, op=None,
               compression=Compression.none):
-    """The reduction of a tensor-compatible value over every rank (default: the average), as numpy."""
+    """The reduction of a tensor-compatible value over every rank (default: the average)."""
     if average is None and op is None:
         average = True
     return _value(_ops.allreduce(tf.constant(value), average=average, op=op, prescale_factor=prescale_factor,
@@ -63,17 +67,17 @@ def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_fac
 
 
 def allgather(value, name=None):
-    """Every rank's value concatenated along the first dimension, as numpy."""
+    """Every rank's value concatenated along the first dimension."""
     return _value(_ops.allgather(tf.constant(value), name=name))
 
 
 def broadcast(value, root_rank, name=None):
-    """root_rank's value on every rank, as numpy."""
+    """root_rank's value on every rank."""
     return _value(_ops.broadcast(tf.constant(value), root_rank, name=name))
 
 
 def reducescatter(value, name=None, op=Average):
-    """This rank's rows of the reduction of a value over every rank, as numpy."""
+    """This rank's rows of the reduction of a value over every rank."""
     return _value(_ops.reducescatter(tf.constant(value), name=name, op=op))
 
 
