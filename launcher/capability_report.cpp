@@ -68,7 +68,8 @@ const std::vector<std::pair<std::string, std::string>> kFrameworkProbes = {
      "if d.is_nccl_available() else 'no', 'yes' if d.is_mpi_available() else 'no')}))"},
     {"tensorflow",
      "import json, os\nos.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')\nimport tensorflow as tf\n"
-     "print(json.dumps({'version': tf.__version__, 'detail': '%d GPU(s) visible' % len(tf.config.list_physical_devices('GPU'))}))"},
+     "print(json.dumps({'version': tf.__version__, 'detail': 'Keras %s; %d GPU(s) visible' % ("
+     "getattr(tf.keras, '__version__', None) or __import__('keras').__version__, len(tf.config.list_physical_devices('GPU')))}))"},
     {"lightning",
      "import json\ntry:\n    import lightning as L\nexcept ImportError:\n    import pytorch_lightning as L\n"
      "print(json.dumps({'version': L.__version__, 'detail': L.__name__}))"},
@@ -94,17 +95,30 @@ CapabilityItem probe_framework(const std::string& python, const std::string& nam
 
 // ddl's own Python package, looked up beside this ddl: BUILD/python (build tree) or
 // PREFIX/lib/python3/dist-packages (installed), then wherever the Python's own path finds it.
-std::string ddl_torch_probe() {
+// The first line of a probe of ddl's package: puts it on the path from where this ddl lives.
+std::string ddl_package_path_line() {
   const auto bin = std::filesystem::path(this_executable()).parent_path();
   const auto build_tree = (bin / ".." / "python").lexically_normal().string();
   const auto installed = (bin / ".." / "lib" / "python3" / "dist-packages").lexically_normal().string();
-  return fmt::format(
-      "import json, os, sys\n"
-      "sys.path[:0] = [p for p in ({}, {}) if os.path.isdir(os.path.join(p, 'ddl'))]\n"
-      "import ddl, ddl.torch as hvd, ddl._lib as lib, torch\n"
-      "print(json.dumps({{'version': ddl.__version__, 'detail': 'Horovod API on torch %s; %s; libddl %s' % (torch.__version__, "
-      "'NCCL for CUDA tensors' if hvd.nccl_built() else 'host tensors only (no NCCL)', lib.lib._name)}}))",
-      nlohmann::json(build_tree).dump(), nlohmann::json(installed).dump());
+  return fmt::format("import json, os, sys\nsys.path[:0] = [p for p in ({}, {}) if os.path.isdir(os.path.join(p, 'ddl'))]\n",
+                     nlohmann::json(build_tree).dump(), nlohmann::json(installed).dump());
+}
+
+std::string ddl_torch_probe() {
+  return ddl_package_path_line() +
+         "import ddl, ddl.torch as hvd, ddl._lib as lib, torch\n"
+         "print(json.dumps({'version': ddl.__version__, 'detail': 'Horovod API on torch %s; %s; libddl %s' % (torch.__version__, "
+         "'NCCL for CUDA tensors' if hvd.nccl_built() else 'host tensors only (no NCCL)', lib.lib._name)}))";
+}
+
+// ddl.tensorflow and ddl.keras load together (the Keras face is part of the TensorFlow one).
+std::string ddl_tensorflow_probe() {
+  return ddl_package_path_line() +
+         "os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')\n"
+         "import ddl, ddl.tensorflow as hvd, ddl.keras, ddl._lib as lib, tensorflow as tf\n"
+         "print(json.dumps({'version': ddl.__version__, 'detail': 'Horovod TensorFlow and Keras APIs on tensorflow %s, "
+         "Keras %s; host tensors (GPU tensors through the host); libddl %s' % (tf.__version__, "
+         "getattr(tf.keras, '__version__', None) or __import__('keras').__version__, lib.lib._name)}))";
 }
 
 CapabilitySection frameworks_section(const CapabilityOptions& options) {
@@ -123,6 +137,8 @@ CapabilitySection frameworks_section(const CapabilityOptions& options) {
   for (const auto& [name, code] : kFrameworkProbes)
     probes.push_back(std::async(std::launch::async, probe_framework, executable, name, code, options.probe_timeout));
   probes.push_back(std::async(std::launch::async, probe_framework, executable, "ddl.torch", ddl_torch_probe(), options.probe_timeout));
+  probes.push_back(
+      std::async(std::launch::async, probe_framework, executable, "ddl.tensorflow", ddl_tensorflow_probe(), options.probe_timeout));
   for (auto& p : probes) s.items.push_back(p.get());
   return s;
 }

@@ -108,3 +108,24 @@ class CheckBuild(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class CheckBuildTensorFlow(unittest.TestCase):
+    """check-build with each TensorFlow venv of scripts/tf_venv.sh: TensorFlow's and Keras's versions as
+    TensorFlow itself says them, and ddl.tensorflow loading from this build."""
+
+    def test_tensorflow_keras_and_ddl_tensorflow_versions(self):
+        for flavour, major in (("keras2", "2"), ("keras3", "3")):
+            python = os.environ.get(f"DDL_TF_{flavour.upper()}_PYTHON", f"/var/cache/ddl/tf-{flavour}-venv/bin/python")
+            with self.subTest(flavour=flavour):
+                said = subprocess.run([python, "-c", "import tensorflow as tf, keras; print(tf.__version__, keras.__version__)"],
+                                      capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+                self.assertEqual(said.returncode, 0, said.stderr[-2000:])
+                tf_version, keras_version = said.stdout.split()
+                self.assertTrue(keras_version.startswith(major + "."), keras_version)
+                result = subprocess.run([DDL, "check-build", "--python", python], capture_output=True, text=True, timeout=300)
+                self.assertEqual(result.returncode, 0, result.stderr)
+                self.assertIn(f"  [X] tensorflow {tf_version} (Keras {keras_version}; ", result.stdout)
+                self.assertRegex(result.stdout, rf"  \[X\] ddl.tensorflow \S+ \(Horovod TensorFlow and Keras APIs on "
+                                                rf"tensorflow {re.escape(tf_version)}, Keras {re.escape(keras_version)}; .*libddl "
+                                                rf"{re.escape(os.path.realpath(os.path.join(BUILD, 'runtime')))}")
