@@ -59,6 +59,22 @@ def _executing_eagerly():
     return tf.executing_eagerly()
 
 
+def _tape_may_record():
+    try:
+        from tensorflow.python.eager import tape as tape_lib
+        return tape_lib.could_possibly_record()
+    except (ImportError, AttributeError):
+        return True
+
+
+def _with_gradient(body, *xs):
+    """body(*xs) -> (outputs, gradient function): recorded for autodiff (tf.custom_gradient) unless,
+    eagerly, no GradientTape is recording, where recording would only cost time (most of an eager op's)."""
+    if _executing_eagerly() and not _tape_may_record():
+        return body(*xs)[0]
+    return tf.custom_gradient(body)(*xs)
+
+
 def _normalize_name(name):
     """A tensor's graph name as an op name: ':' and '/' are not kept (as Horovod's names)."""
     return re.sub("[^a-zA-Z0-9_]", "_", name)
@@ -131,14 +147,12 @@ def _allreduce_group(tensors, name, op, prescale, postscale, process_set, groupe
     ps, tensors, op_name = _prepare(tensors, name, process_set, ignore_name_scope)
     if not tensors:
         return []
-    eager = _executing_eagerly()
     kind = "grouped_allreduce" if grouped else "allreduce"
 
-    @tf.custom_gradient
     def forward(*xs):
         def host(*arrays):
-            if not grouped and eager and op_name is None:
-                return [H.allreduce(arrays[0], None, op, prescale, postscale, ps)]
+            if not grouped:  # libddl's blocking fast path, on this thread
+                return [H.allreduce(arrays[0], op_name, op, prescale, postscale, ps)]
             return H.grouped_allreduce(arrays, op_name, op, prescale, postscale, ps, kind=kind)
 
         ys = _run(host, xs, [x.dtype for x in xs], [x.shape for x in xs])
@@ -150,7 +164,7 @@ def _allreduce_group(tensors, name, op, prescale, postscale, process_set, groupe
             return _allreduce_group(dys, None, op, prescale, postscale, ps, grouped)
         return ys, grad
 
-    return list(forward(*tensors))
+    return list(_with_gradient(forward, *tensors))
 
 
 def _allreduce_sparse(slices, op, process_set, ignore_name_scope):
@@ -211,7 +225,6 @@ def _allgather_group(tensors, name, process_set, grouped, ignore_name_scope=Fals
         return []
     kind = "grouped_allgather" if grouped else "allgather"
 
-    @tf.custom_gradient
     def forward(*xs):
         def host(*arrays):
             return H.grouped_allgather(arrays, op_name, ps, kind=kind)
@@ -237,7 +250,7 @@ def _allgather_group(tensors, name, process_set, grouped, ignore_name_scope=Fals
             return out
         return ys, grad
 
-    return list(forward(*tensors))
+    return list(_with_gradient(forward, *tensors))
 
 
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
@@ -257,7 +270,6 @@ def _broadcast_group(tensors, root_rank, name, process_set, ignore_name_scope=Fa
     if not tensors:
         return []
 
-    @tf.custom_gradient
     def forward(*xs):
         def host(*arrays):
             return H.grouped_broadcast(arrays, root_rank, op_name, ps)
@@ -273,7 +285,7 @@ def _broadcast_group(tensors, root_rank, name, process_set, ignore_name_scope=Fa
             return summed
         return ys, grad
 
-    return list(forward(*tensors))
+    return list(_with_gradient(forward, *tensors))
 
 
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=global_process_set):
@@ -299,7 +311,6 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
     split_tensor = tf.zeros([0], tf.int32) if splits is None else tf.cast(tf.convert_to_tensor(splits), tf.int32)
     given = splits is not None
 
-    @tf.custom_gradient
     def forward(x, s):
         def host(array, split_array):
             out, received = H.alltoall(array, split_array if given else None, op_name, ps)
@@ -315,7 +326,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
             return tf.reshape(back, tf.shape(x)), None
         return (out, received), grad
 
-    out, received = forward(tensor, split_tensor)
+    out, received = _with_gradient(forward, tensor, split_tensor)
     return (out, received) if given else out
 
 
@@ -338,7 +349,6 @@ def _reducescatter_group(tensors, name, op, prescale, postscale, process_set, gr
             return H.scatter_rows(x.shape[0], n)[me]
         return None
 
-    @tf.custom_gradient
     def forward(*xs):
         def host(*arrays):
             return H.grouped_reducescatter(arrays, op_name, op, prescale, postscale, ps, kind=kind)
@@ -355,7 +365,7 @@ def _reducescatter_group(tensors, name, op, prescale, postscale, process_set, gr
             return _allgather_group(dys, None, ps, True)
         return ys, grad
 
-    return list(forward(*tensors))
+    return list(_with_gradient(forward, *tensors))
 
 
 def reducescatter(tensor, device_dense="", compression=None, op=Average, name=None,

@@ -52,7 +52,7 @@ def broadcast_global_variables(root_rank):
 def _value(tensor):
     """Eagerly the tensor itself, as Horovod's Keras functions return it; in a TensorFlow 1 style graph
     its value."""
-    if tf.executing_eagerly():
+    if tf.executing_eagerly() or tf.inside_function():  # inside tf.function: the graph's tensor
         return tensor
     return tf.compat.v1.keras.backend.get_session().run(tensor)
 
