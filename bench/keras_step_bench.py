@@ -1,7 +1,9 @@
 """The Horovod Keras tutorial's CNN (examples/keras_horovod.py's model): model.fit step time with
 ddl.keras's DistributedOptimizer under `ddl run` against tf.distribute.MultiWorkerMirroredStrategy
-(RING collectives, workers on localhost), side by side in one run, on N ranks; and the latency of a
-one-float allreduce inside tf.function (hvd.allreduce against the strategy's replica all_reduce).
+(RING collectives, workers on localhost) and, when its venv exists (bench/horovod_venv.sh tensorflow),
+real Horovod 0.28.1 on the same TensorFlow 2.15 under horovodrun --gloo, side by side in one run, on
+N ranks; and the latency of a one-float allreduce inside tf.function (hvd.allreduce against the
+strategy's replica all_reduce).
 
     python3 bench/keras_step_bench.py --ranks 2 4 [--python $(bash scripts/tf_venv.sh keras2 --python)]
 
@@ -56,8 +58,9 @@ def worker(args):
         def on_train_batch_end(self, batch, logs=None):
             times.append(time.perf_counter() - self.start)
 
-    if args.worker == "ddl":
-        import ddl.tensorflow.keras as hvd
+    if args.worker in ("ddl", "horovod"):
+        import importlib
+        hvd = importlib.import_module("ddl.tensorflow.keras" if args.worker == "ddl" else "horovod.tensorflow.keras")
         hvd.init()
         rank, ranks = hvd.rank(), hvd.size()
         model = build_model(tf)
@@ -73,6 +76,10 @@ def worker(args):
             for _ in tf.range(n):
                 hvd.allreduce(x, op=hvd.Sum, name="one_float")
             return hvd.allreduce(x, op=hvd.Sum, name="one_float")
+
+        if args.worker == "horovod":  # horovod.tensorflow.keras.allreduce evaluates through a session
+            import horovod.tensorflow as hvd_tf
+            hvd = hvd_tf
 
         one_float(tf.constant(10))
         start = time.perf_counter()
@@ -140,6 +147,17 @@ def run_ddl(args, ranks):
     return result_of(out.stdout)
 
 
+def run_horovod(args, ranks):
+    horovodrun = os.path.join(os.path.dirname(args.horovod_python), "horovodrun")
+    cmd = [horovodrun, "-np", str(ranks), "--gloo", "-H", f"localhost:{ranks}", args.horovod_python, __file__,
+           "--worker", "horovod", *worker_flags(args)]
+    out = subprocess.run(cmd, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, capture_output=True, text=True,
+                         timeout=900)
+    if out.returncode:
+        raise RuntimeError(out.stdout[-2000:] + out.stderr[-3000:])
+    return result_of(out.stdout)
+
+
 def run_mwms(args, ranks):
     ports = free_ports(ranks)
     workers = [f"localhost:{p}" for p in ports]
@@ -169,22 +187,31 @@ def main():
     parser.add_argument("--ops", type=int, default=500)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--python", default="/var/cache/ddl/tf-keras2-venv/bin/python")
+    parser.add_argument("--horovod-python", default="/var/cache/ddl/horovod-tf-venv/bin/python",
+                        help="the Python of bench/horovod_venv.sh tensorflow (left out when missing)")
     args = parser.parse_args()
     if args.worker:
         return worker(args)
     print(f"Keras CNN, batch {args.batch} per rank, {args.steps} steps (median after {args.warmup}); "
           f"one-float allreduce in tf.function x {args.ops}; fastest of {args.repeats} alternating runs; {args.python}")
-    print(f"{'ranks':>5} {'ddl step ms':>12} {'MWMS step ms':>13} {'MWMS/ddl':>9} {'ddl op us':>10} {'MWMS op us':>11} {'MWMS/ddl':>9}")
+    contenders = [("ddl", run_ddl), ("MWMS", run_mwms)]
+    if os.path.exists(os.path.join(os.path.dirname(args.horovod_python), "horovodrun")):
+        contenders.append(("Horovod", run_horovod))
+    else:
+        print(f"(no Horovod: {args.horovod_python} has no horovodrun; make it with bench/horovod_venv.sh tensorflow)")
+    print("ranks  contender   step ms  step (its/ddl)   1-float allreduce us  (its/ddl)")
     for ranks in args.ranks:
-        best = {"ddl": None, "mwms": None}
+        best = {}
         for _ in range(args.repeats):
-            for name, fn in (("ddl", run_ddl), ("mwms", run_mwms)):
+            for name, fn in contenders:
                 r = fn(args, ranks)
-                b = best[name]
+                b = best.get(name)
                 best[name] = r if b is None else {k: min(b[k], r[k]) for k in r}
-        d, m = best["ddl"], best["mwms"]
-        print(f"{ranks:>5} {d['step_ms']:>12.2f} {m['step_ms']:>13.2f} {m['step_ms'] / d['step_ms']:>9.2f} "
-              f"{d['op_us']:>10.1f} {m['op_us']:>11.1f} {m['op_us'] / d['op_us']:>9.2f}", flush=True)
+        d = best["ddl"]
+        for name, _ in contenders:
+            r = best[name]
+            print(f"{ranks:>5}  {name:<9} {r['step_ms']:>8.2f}  {r['step_ms'] / d['step_ms']:>13.2f}   "
+                  f"{r['op_us']:>20.1f}  {r['op_us'] / d['op_us']:>9.2f}", flush=True)
     return 0
 
 
