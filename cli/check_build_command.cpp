@@ -9,7 +9,7 @@
 namespace ddl::cli {
 
 struct CheckBuildFlags {
-  std::string python = "python3";
+  std::string python = launcher::default_python();
   int probe_timeout = 60;
   bool json = false;
 };
@@ -17,7 +17,9 @@ struct CheckBuildFlags {
 CheckBuildCommand::CheckBuildCommand(CLI::App& app) : flags_(std::make_shared<CheckBuildFlags>()) {
   CheckBuildFlags& f = *flags_;
   app_ = app.add_subcommand("check-build", "What this build and this machine can do: will my job work here?");
-  app_->add_option("--python", f.python, "The Python whose frameworks to probe")->capture_default_str();
+  app_->add_option("--python", f.python,
+                   "The Python whose frameworks to probe (default: the python3 beside ddl in a venv or conda env, else PATH's)")
+      ->capture_default_str();
   app_->add_option("--probe-timeout", f.probe_timeout, "Seconds each framework import may take")
       ->capture_default_str()
       ->check(CLI::Range(1, 3600));

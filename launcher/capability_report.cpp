@@ -20,6 +20,11 @@
 
 namespace ddl::launcher {
 
+std::string default_python() {
+  const auto beside = std::filesystem::path(this_executable()).parent_path() / "python3";
+  return ::access(beside.c_str(), X_OK) == 0 ? beside.string() : "python3";
+}
+
 namespace {
 
 using backends::CommandResult;

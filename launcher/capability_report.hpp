@@ -26,8 +26,12 @@ struct CapabilitySection {
   std::vector<CapabilityItem> items;
 };
 
+// The Python to probe when none is named: the one beside this ddl when ddl was installed into a venv
+// or conda env (its bin/python3), else python3 from PATH.
+std::string default_python();
+
 struct CapabilityOptions {
-  std::string python = "python3";          // whose frameworks to probe
+  std::string python = default_python();   // whose frameworks to probe
   std::chrono::seconds probe_timeout{60};  // per framework import
 };
 

@@ -2,7 +2,7 @@
 # README command 2 (and CI): install what is missing, build, and run every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --for-tests
 bash scripts/lightning_venv.sh  # PyTorch Lightning for the Lightning tests (a cached venv; quick when present)
 bash scripts/tf_venv.sh keras2  # TensorFlow 2.15 + Keras 2 for the ddl.tensorflow/ddl.keras tests (cached venv)
 bash scripts/tf_venv.sh keras3  # TensorFlow 2.21 + Keras 3, likewise

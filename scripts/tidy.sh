@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_packages.sh clang-tidy-14
-[ -f build/compile_commands.json ] || bash scripts/setup.sh
+[ -f build/compile_commands.json ] || bash scripts/setup.sh --for-tests
 root=$PWD
 if [ $# -gt 0 ]; then
   files=("$@")

@@ -2,6 +2,7 @@
 
 import ctypes
 import os
+import sys
 
 # ddl_status
 SUCCESS, INVALID_ARGUMENT, NOT_INITIALIZED, MISMATCH, TIMEOUT, PEER_FAILED, BOOTSTRAP, INTERNAL, UNSUPPORTED = range(9)
@@ -34,8 +35,11 @@ def _candidates():
         return [explicit]
     here = os.path.dirname(os.path.abspath(__file__))
     return [
-        os.path.join(here, "..", "..", "..", "libddl.so.0"),  # PREFIX/lib/python3/dist-packages/ddl
+        # PREFIX/lib/python3/dist-packages/ddl (cmake --install), or a pip install's
+        # ENV/lib/python3.X/site-packages/ddl: both keep libddl in PREFIX/lib.
+        os.path.join(here, "..", "..", "..", "libddl.so.0"),
         os.path.join(here, "..", "..", "runtime", "libddl.so.0"),  # BUILD/python/ddl
+        os.path.join(sys.prefix, "lib", "libddl.so.0"),  # a pip install elsewhere (--user, --target)
         "libddl.so.0",  # the loader's search path
     ]
 

@@ -1,0 +1,95 @@
+"""`pip install` of ddl into a venv by an unprivileged user, as on a cluster: from the checkout, and
+again from the sdist built from it. Each venv then runs `ddl run -np 2` with `import ddl.torch` and
+`ddl check-build` with nothing exported by hand (no PYTHONPATH, no LD_LIBRARY_PATH). The builds are
+offline for ddl's own dependencies (FETCHCONTENT_FULLY_DISCONNECTED: they are all on this machine);
+pip itself fetches the build backend (scikit-build-core) from PyPI, as a user's pip would."""
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+import textwrap
+import unittest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+USER = "ddl-pip-test"
+WORKER = textwrap.dedent("""
+    import sys, torch, ddl, ddl.torch as hvd
+    hvd.init()
+    total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum)
+    print(hvd.rank(), hvd.size(), total.item(), ddl.__file__.startswith(sys.prefix), flush=True)
+""")
+
+
+def unprivileged_user():
+    """A throwaway user without root (made once), whose home is a fresh folder under /tmp."""
+    try:
+        return pwd.getpwnam(USER)
+    except KeyError:
+        subprocess.run(["/usr/sbin/useradd", "--system", "--create-home", "--home-dir", f"/tmp/{USER}-home", "--shell", "/bin/bash",
+                        USER], check=True, capture_output=True)
+        return pwd.getpwnam(USER)
+
+
+class PipInstall(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.user = unprivileged_user()
+        cls.tmp = tempfile.mkdtemp(prefix="ddl-pip-")
+        os.chown(cls.tmp, cls.user.pw_uid, cls.user.pw_gid)
+        # What a user would have: the checkout's files (tracked, and new ones not ignored), no build tree.
+        cls.source = os.path.join(cls.tmp, "ddl")
+        files = subprocess.run(["git", "-C", ROOT, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                               capture_output=True, check=True).stdout.decode().split("\0")
+        for rel in filter(None, files):
+            src = os.path.join(ROOT, rel)
+            if os.path.isfile(src):
+                dst = os.path.join(cls.source, rel)
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                shutil.copy2(src, dst)
+        subprocess.run(["chown", "-R", f"{USER}:", cls.tmp], check=True)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def as_user(self, script, timeout=1800):
+        """Runs a bash script as the unprivileged user, in a login-like environment with nothing of ddl's."""
+        env = {"HOME": self.user.pw_dir, "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "USER": USER}
+        result = subprocess.run(["/usr/sbin/runuser", "-u", USER, "--", "bash", "-euo", "pipefail", "-c", script], cwd=self.tmp,
+                                env=env, capture_output=True, text=True, timeout=timeout)
+        self.assertEqual(result.returncode, 0, f"{script}\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n"
+                                               f"{result.stderr[-5000:]}")
+        return result
+
+    def install_and_train(self, venv, what):
+        pip = (f"/usr/bin/python3 -m venv --system-site-packages {venv}\n"
+               f"{venv}/bin/python -m pip install --disable-pip-version-check --no-input --quiet "
+               f"--config-settings=cmake.define.FETCHCONTENT_FULLY_DISCONNECTED=ON {what}\n")
+        self.as_user(pip)
+        # A login shell that knows nothing of ddl: the venv's own ddl, Python, libddl.
+        with open(os.path.join(self.tmp, "worker.py"), "w") as f:
+            f.write(WORKER)
+        run = self.as_user(f"{venv}/bin/ddl run -np 2 -- {venv}/bin/python {self.tmp}/worker.py")
+        lines = sorted(line for line in run.stdout.splitlines() if line.startswith("["))
+        self.assertEqual(lines, ["[0] 0 2 3.0 True", "[1] 1 2 3.0 True"], run.stdout + run.stderr)
+        for path in ("bin/ddl", "lib/libddl.so.0", "include/ddl/ddl.h", "lib/cmake/ddl/ddlConfig.cmake",
+                     "lib/pkgconfig/ddl.pc"):
+            self.assertTrue(os.path.exists(os.path.join(venv, path)), path)
+        report = self.as_user(f"{venv}/bin/ddl check-build").stdout
+        self.assertIn(f"Frameworks ({venv}/bin/python3, Python ", report)
+        self.assertRegex(report, rf"\[X\] ddl.torch \S+ \(Horovod API on torch .*libddl {venv}/lib/libddl\.so\.0\)")
+
+    def test_from_the_checkout_then_from_its_sdist(self):
+        self.install_and_train(f"{self.tmp}/venv", self.source)
+        # The sdist, built by the first venv's pip-installed `build`, installs into a second venv.
+        self.as_user(f"{self.tmp}/venv/bin/python -m pip install --quiet --disable-pip-version-check build\n"
+                     f"{self.tmp}/venv/bin/python -m build --sdist --outdir {self.tmp}/dist {self.source}")
+        sdists = [f for f in os.listdir(f"{self.tmp}/dist") if f.endswith(".tar.gz")]
+        self.assertEqual(len(sdists), 1, sdists)
+        self.assertTrue(sdists[0].startswith("ddl_hpc-0.1.0"), sdists)
+        self.install_and_train(f"{self.tmp}/venv-sdist", f"{self.tmp}/dist/{sdists[0]}")
+
+
+if __name__ == "__main__":
+    unittest.main()
