@@ -179,7 +179,7 @@ def worker_flags(args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--worker", choices=["ddl", "mwms"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=["ddl", "mwms", "horovod"], help=argparse.SUPPRESS)
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--batch", type=int, default=32, help="samples per rank per step")
     parser.add_argument("--steps", type=int, default=40)

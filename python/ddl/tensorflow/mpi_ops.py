@@ -167,12 +167,18 @@ def _allreduce_group(tensors, name, op, prescale, postscale, process_set, groupe
     return list(_with_gradient(forward, *tensors))
 
 
-def _allreduce_sparse(slices, op, process_set, ignore_name_scope):
+def _allreduce_sparse(slices, op, process_set, ignore_name_scope, prescale=1.0, postscale=1.0):
     """An IndexedSlices allreduce as Horovod does it: allgather the values and the indices (averaged
-    values divided by the set's size)."""
+    values divided by the set's size). Unlike Horovod, prescale/postscale apply here too: otherwise a
+    gradient_predivide_factor would turn a sparse gradient's average into a sum."""
     if op not in (Average, Sum):
         raise NotImplementedError("an allreduce of tf.IndexedSlices supports hvd.Average and hvd.Sum only")
-    values = allgather(slices.values, process_set=process_set, ignore_name_scope=ignore_name_scope)
+    values = slices.values
+    if prescale != 1.0:
+        values = values * tf.cast(prescale, values.dtype)
+    values = allgather(values, process_set=process_set, ignore_name_scope=ignore_name_scope)
+    if postscale != 1.0:
+        values = values * tf.cast(postscale, values.dtype)
     indices = allgather(slices.indices, process_set=process_set, ignore_name_scope=ignore_name_scope)
     if op == Average:
         values = values / tf.cast(process_set.size(), values.dtype)
@@ -188,7 +194,8 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
     compression = compression or Compression.none
     op = H.reduce_op(op, average)
     if isinstance(tensor, tf.IndexedSlices):
-        return _allreduce_sparse(tensor, op, _process_set(process_set), ignore_name_scope)
+        return _allreduce_sparse(tensor, op, _process_set(process_set), ignore_name_scope, prescale_factor,
+                                 postscale_factor)
     compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
     reduced = _allreduce_group([compressed], name, op, prescale_factor, postscale_factor, process_set, False,
                                ignore_name_scope)[0]
@@ -213,7 +220,7 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
         out[i] = compression.decompress(r, p[1])
     for i, t in enumerate(tensors):
         if isinstance(t, tf.IndexedSlices):
-            out[i] = _allreduce_sparse(t, op, ps, ignore_name_scope)
+            out[i] = _allreduce_sparse(t, op, ps, ignore_name_scope, prescale_factor, postscale_factor)
     return out
 
 
@@ -280,9 +287,10 @@ def _broadcast_group(tensors, root_rank, name, process_set, ignore_name_scope=Fa
             # Horovod: the root gets the average of every rank's gradient, the others zeros.
             dys = [tf.zeros_like(x) if dy is None else dy for dy, x in zip(dys, xs)]
             summed = _allreduce_group(dys, None, Average, 1.0, 1.0, ps, True)
-            if _basics.world_rank() != root_rank:
-                return [s * 0 for s in summed]
-            return summed
+            # The same ops on every rank (a multiply by 1 or 0), so that the graph's later tensor names,
+            # from which op names are made, stay equal across ranks.
+            keep = 1 if _basics.world_rank() == root_rank else 0
+            return [s * tf.cast(keep, s.dtype) for s in summed]
         return ys, grad
 
     return list(_with_gradient(forward, *tensors))

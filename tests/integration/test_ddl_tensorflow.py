@@ -1,0 +1,123 @@
+"""ddl.tensorflow and ddl.keras (Horovod's TensorFlow 2 and Keras APIs over libddl) from real
+TensorFlow under `ddl run`: every check of tf_api_checks.py on 2 and 3 ranks with TensorFlow 2.15
+(Keras 2) and TensorFlow 2.21 (Keras 3), the example scripts, and failures that must reach every rank.
+The two interpreters are the venvs of scripts/tf_venv.sh (tensorflow-cpu from PyPI: Debian has no
+TensorFlow); the test command makes them, so a missing one is a failure, not a skip."""
+import os
+import textwrap
+import unittest
+
+from ddl_testing import ddl, lines_by_rank
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE = os.path.join(HERE, "..", "..")
+BUILD_DIR = os.environ.get("DDL_BUILD_DIR", os.path.join(SOURCE, "build"))
+PACKAGE = os.path.join(BUILD_DIR, "python")
+CHECKS = os.path.join(HERE, "tf_api_checks.py")
+PYTHONS = {
+    "keras2": os.environ.get("DDL_TF_KERAS2_PYTHON", "/var/cache/ddl/tf-keras2-venv/bin/python"),
+    "keras3": os.environ.get("DDL_TF_KERAS3_PYTHON", "/var/cache/ddl/tf-keras3-venv/bin/python"),
+}
+
+
+def python_of(test, flavour):
+    python = PYTHONS[flavour]
+    if not os.access(python, os.X_OK):
+        test.fail(f"{python} is missing: run `bash scripts/tf_venv.sh {flavour}` (scripts/test.sh does)")
+    return python
+
+
+def run_python(test, flavour, np, code_or_file, *args, env=None, timeout=600):
+    """A Python worker under `ddl run -np NP` with the build tree's ddl package and TensorFlow `flavour`."""
+    program = [code_or_file] if os.path.exists(code_or_file) else ["-c", textwrap.dedent(code_or_file)]
+    env = {"PYTHONPATH": f"{PACKAGE}:{HERE}", "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
+    return ddl("-np", str(np), "--", python_of(test, flavour), *program, *args, env=env, timeout=timeout)
+
+
+class ApiChecks(unittest.TestCase):
+    def check_on(self, flavour, np):
+        result = run_python(self, flavour, np, CHECKS, env={"DDL_TIMEOUT": "60"})
+        by_rank = lines_by_rank(result.stdout)
+        failed = [line for r in range(np) for line in by_rank.get(r, []) if line.startswith("FAIL")]
+        self.assertEqual(failed, [], result.stdout[-6000:] + result.stderr[-2000:])
+        self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+        for r in range(np):
+            oks = [line for line in by_rank[r] if line.startswith("ok ")]
+            self.assertEqual(len(oks), 20, by_rank[r])  # every check of tf_api_checks.py
+            self.assertEqual(by_rank[r][-1], "checks done, 0 failed")
+
+    def test_every_check_on_2_ranks_with_keras_2(self):
+        self.check_on("keras2", 2)
+
+    def test_every_check_on_3_ranks_with_keras_2(self):
+        self.check_on("keras2", 3)
+
+    def test_every_check_on_2_ranks_with_keras_3(self):
+        self.check_on("keras3", 2)
+
+    def test_every_check_on_3_ranks_with_keras_3(self):
+        self.check_on("keras3", 3)
+
+
+class Examples(unittest.TestCase):
+    """The Horovod tutorials' two shapes: model.fit with the callbacks, and a tf.function loop."""
+
+    def assert_identical_replicas(self, result):
+        self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
+        self.assertRegex(lines_by_rank(result.stdout)[0][-1], r"^replicas identical: yes \(sha256 [0-9a-f]{16}\)$")
+
+    def test_keras_fit_example_on_both_kerases(self):
+        for flavour in PYTHONS:
+            with self.subTest(flavour):
+                result = run_python(self, flavour, 2, os.path.join(SOURCE, "examples", "keras_horovod.py"),
+                                    "--epochs", "2", "--samples", "512")
+                self.assert_identical_replicas(result)
+                self.assertIn("finished gradual learning rate warmup", result.stdout)
+
+    def test_tf_function_loop_example_on_both_kerases(self):
+        for flavour in PYTHONS:
+            with self.subTest(flavour):
+                result = run_python(self, flavour, 2, os.path.join(SOURCE, "examples", "tensorflow_horovod.py"),
+                                    "--steps", "20")
+                self.assert_identical_replicas(result)
+
+
+class FailuresReachEveryRank(unittest.TestCase):
+    def test_a_rank_that_dies_mid_step_fails_the_run_with_its_code(self):
+        result = run_python(self, "keras3", 2, """
+            import os, tensorflow as tf, ddl.tensorflow as hvd
+            hvd.init()
+            step = tf.function(lambda x: hvd.allreduce(x, name="grad"))
+            for i in range(1000):
+                if hvd.rank() == 1 and i == 5:
+                    os._exit(17)
+                step(tf.ones([1000]))
+        """, env={"DDL_TIMEOUT": "20"}, timeout=300)
+        self.assertEqual(result.returncode, 17, result.stderr[-2000:])
+        self.assertIn("rank 1", result.stderr)
+
+    def test_an_op_one_rank_never_submits_is_an_error_on_the_other_within_ddl_timeout(self):
+        result = run_python(self, "keras2", 2, """
+            import time, tensorflow as tf, ddl.tensorflow as hvd
+            hvd.init()
+            if hvd.rank() == 1:
+                time.sleep(15)  # alive, but submitting nothing, while rank 0's two ops time out
+            else:
+                try:
+                    tf.function(lambda: hvd.allreduce(tf.ones([4]), name="lonely"))()
+                    print("no error", flush=True)
+                except tf.errors.OpError as e:
+                    print("error:", type(e).__name__, "lonely" in str(e), "timed out" in str(e), flush=True)
+                try:
+                    hvd.allreduce(tf.ones([4]), name="lonely_eager")
+                    print("no error", flush=True)
+                except hvd.HorovodInternalError as e:
+                    print("eager error:", isinstance(e, tf.errors.UnknownError), "lonely_eager" in str(e), flush=True)
+        """, env={"DDL_TIMEOUT": "3"}, timeout=300)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr[-3000:])
+        self.assertEqual(lines_by_rank(result.stdout)[0],
+                         ["error: UnknownError True True", "eager error: True True"])
+
+
+if __name__ == "__main__":
+    unittest.main()

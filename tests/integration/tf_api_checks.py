@@ -1,0 +1,342 @@
+"""A worker program that checks ddl.tensorflow and ddl.keras (Horovod's TensorFlow and Keras APIs over
+libddl) on every rank: run by test_ddl_tensorflow.py under `ddl run -np N`, with TensorFlow 2.15
+(Keras 2) and 2.21 (Keras 3). Each check prints "ok NAME" or "FAIL NAME: why"; expected values are
+computed here from every rank's inputs, which each rank rebuilds from the rank number. Every op is
+checked eagerly and inside tf.function."""
+import os
+import tempfile
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import ddl.tensorflow as hvd  # noqa: E402
+import ddl.keras as khvd  # noqa: E402
+from worker_checks import check, expect_error, failures  # noqa: E402
+
+
+@check("ops before init raise ValueError")
+def _():
+    assert not hvd.is_initialized()
+    expect_error(ValueError, hvd.allreduce, tf.ones([2]))
+    expect_error(ValueError, hvd.rank)
+
+
+hvd.init()
+R, N = hvd.rank(), hvd.size()
+MODES = {"eager": lambda f: f, "tf.function": tf.function}
+DTYPES = [tf.uint8, tf.int8, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32, tf.float64]
+
+
+def data(rank, shape=(3, 4), dtype=tf.float32, seed=0):
+    """Rank `rank`'s input: small integers, exact in every dtype."""
+    values = np.random.RandomState(1000 * seed + rank).randint(1, 5, size=shape)
+    return tf.cast(tf.constant(values), dtype)
+
+
+def every(shape=(3, 4), dtype=tf.float32, seed=0):
+    return np.stack([data(r, shape, dtype, seed).numpy().astype(np.float64) for r in range(N)])
+
+
+def in_modes(fn):
+    """fn run eagerly and inside a tf.function: both results."""
+    return {mode: wrap(fn)() for mode, wrap in MODES.items()}
+
+
+@check("topology, build flags, size_op/rank_op")
+def _():
+    assert (R, N) == (int(os.environ["DDL_RANK"]), int(os.environ["DDL_SIZE"]))
+    assert hvd.local_rank() == R and hvd.local_size() == N and hvd.cross_size() == 1
+    assert int(hvd.size_op()) == N and int(hvd.rank_op()) == R and int(hvd.process_set_included_op()) == 1
+    assert khvd.rank() == R and khvd.size() == N
+
+
+@check("allreduce: every dtype and op, eagerly and in tf.function")
+def _():
+    for dtype in DTYPES:
+        stack = every(dtype=dtype)
+        refs = {hvd.Sum: stack.sum(0), hvd.Min: stack.min(0), hvd.Max: stack.max(0), hvd.Product: stack.prod(0),
+                hvd.Average: stack.sum(0) / N}
+        for op, ref in refs.items():
+            if dtype in (tf.uint8, tf.int8) and op in (hvd.Sum, hvd.Product, hvd.Average):
+                continue  # would overflow 8 bits
+            if not dtype.is_floating and op == hvd.Average:
+                ref = np.trunc(ref)
+            for mode, out in in_modes(lambda: hvd.allreduce(data(R, dtype=dtype), op=op)).items():
+                assert out.dtype == dtype, (dtype, out.dtype)
+                got = out.numpy().astype(np.float64)
+                if op == hvd.Average and dtype.is_floating:  # a division by N: exact to the dtype's precision
+                    tolerance = {tf.float16: 2e-3, tf.bfloat16: 1e-2}.get(dtype, 1e-6)
+                    assert np.allclose(got, ref, rtol=tolerance), (mode, dtype, op, out, ref)
+                else:
+                    assert np.array_equal(got, ref), (mode, dtype, op, out, ref)
+
+
+@check("allreduce: average=, prescale/postscale, fp16 compression, grouped")
+def _():
+    stack = every()
+    for mode, out in in_modes(lambda: hvd.allreduce(data(R), average=False)).items():
+        assert np.array_equal(out.numpy(), stack.sum(0)), mode
+    for mode, out in in_modes(lambda: hvd.allreduce(data(R), op=hvd.Sum, prescale_factor=0.5,
+                                                    postscale_factor=3.0)).items():
+        assert np.allclose(out.numpy(), stack.sum(0) * 1.5), mode
+    for mode, out in in_modes(lambda: hvd.allreduce(data(R), compression=hvd.Compression.fp16)).items():
+        assert out.dtype == tf.float32 and np.allclose(out.numpy(), stack.mean(0), rtol=2e-3), mode  # via fp16
+    for mode, outs in in_modes(lambda: hvd.grouped_allreduce([data(R), data(R, (5,), tf.int32, 1)],
+                                                             op=hvd.Sum)).items():
+        assert np.array_equal(outs[0].numpy(), stack.sum(0)), mode
+        assert np.array_equal(outs[1].numpy(), every((5,), tf.int32, 1).sum(0)), mode
+    expect_error(ValueError, hvd.allreduce, data(R), average=True, op=hvd.Sum)
+    expect_error(NotImplementedError, hvd.allreduce, data(R), op=hvd.Adasum)
+
+
+@check("allreduce of IndexedSlices: values and indices allgathered, averaged values divided")
+def _():
+    slices = tf.IndexedSlices(tf.constant([[float(R + 1)] * 2]), tf.constant([R]), dense_shape=tf.constant([N, 2]))
+    out = hvd.allreduce(slices)
+    assert isinstance(out, tf.IndexedSlices)
+    assert out.indices.numpy().tolist() == list(range(N))
+    assert np.allclose(out.values.numpy()[:, 0], [(r + 1) / N for r in range(N)])
+
+
+@check("allgather with first dimensions differing by rank, grouped, bool")
+def _():
+    ref = np.concatenate([np.full((r + 1, 2), r) for r in range(N)])
+    for mode, out in in_modes(lambda: hvd.allgather(tf.fill([R + 1, 2], R))).items():
+        assert np.array_equal(out.numpy(), ref), (mode, out)
+    for mode, outs in in_modes(lambda: hvd.grouped_allgather([tf.fill([R + 1, 2], R),
+                                                              tf.constant([R % 2 == 0])])).items():
+        assert np.array_equal(outs[0].numpy(), ref) and outs[1].dtype == tf.bool, mode
+        assert outs[1].numpy().tolist() == [r % 2 == 0 for r in range(N)], mode
+
+
+@check("broadcast (and bool), broadcast_ into variables, broadcast_variables")
+def _():
+    root = N - 1
+    for mode, out in in_modes(lambda: hvd.broadcast(data(R), root)).items():
+        assert np.array_equal(out.numpy(), data(root).numpy()), mode
+    assert hvd.broadcast(tf.constant([R == 0, True]), 0).numpy().tolist() == [True, True]
+    v = tf.Variable(data(R))
+    hvd.broadcast_([v], 0)
+    assert np.array_equal(v.numpy(), data(0).numpy())
+    a, b = tf.Variable(float(R)), tf.Variable([R, R])
+    hvd.broadcast_variables([a, b], root_rank=root)
+    assert float(a.numpy()) == root and b.numpy().tolist() == [root, root]
+    expect_error(ValueError, hvd.broadcast, data(R), N + 3)
+
+
+@check("alltoall with and without splits")
+def _():
+    rows = tf.reshape(tf.range(N * 2) + 100 * R, [N * 2, 1])
+    for mode, out in in_modes(lambda: hvd.alltoall(rows)).items():
+        assert not isinstance(out, tuple), mode
+        assert out.numpy().ravel().tolist() == [100 * r + 2 * R + i for r in range(N) for i in range(2)], mode
+    splits = [1] * N  # rank R sends its j-th row to rank j
+    for mode, (out, received) in in_modes(lambda: hvd.alltoall(rows[:N], splits=splits)).items():
+        assert out.numpy().ravel().tolist() == [100 * r + R for r in range(N)], mode
+        assert received.numpy().tolist() == [1] * N, mode
+
+
+@check("reducescatter: uneven rows (the first rows % size ranks get one more), grouped")
+def _():
+    rows = 2 * N + 1
+    stack = every((rows, 3))
+    counts = [rows // N + (1 if r < rows % N else 0) for r in range(N)]
+    start = sum(counts[:R])
+    for mode, out in in_modes(lambda: hvd.reducescatter(data(R, (rows, 3)), op=hvd.Sum)).items():
+        assert np.array_equal(out.numpy(), stack.sum(0)[start:start + counts[R]]), mode
+    for mode, outs in in_modes(lambda: hvd.grouped_reducescatter([data(R, (rows, 3))], op=hvd.Average)).items():
+        assert np.allclose(outs[0].numpy(), stack.mean(0)[start:start + counts[R]]), mode
+    expect_error(ValueError, hvd.reducescatter, data(R), op=hvd.Max)
+
+
+@check("gradients of allreduce, allgather, broadcast, alltoall, reducescatter (Horovod's)")
+def _():
+    x = tf.Variable(tf.ones([N, 2]))
+    for mode, wrap in MODES.items():
+        def grads():
+            with tf.GradientTape(persistent=True) as tape:
+                outs = [hvd.allreduce(x, op=hvd.Sum), hvd.allreduce(x, op=hvd.Average), hvd.allgather(x),
+                        hvd.broadcast(x, 0), hvd.alltoall(x), hvd.reducescatter(x, op=hvd.Sum)]
+                losses = [tf.reduce_sum(o) for o in outs]
+            return [tape.gradient(loss, x) for loss in losses]
+        g = [t.numpy() for t in wrap(grads)()]
+        ones = np.ones([N, 2])
+        assert np.allclose(g[0], N * ones), (mode, "allreduce sum", g[0])
+        assert np.allclose(g[1], ones), (mode, "allreduce average", g[1])
+        assert np.allclose(g[2], ones), (mode, "allgather", g[2])
+        assert np.allclose(g[3], ones if R == 0 else 0 * ones), (mode, "broadcast", g[3])
+        assert np.allclose(g[4], ones), (mode, "alltoall", g[4])
+        assert np.allclose(g[5], N * ones), (mode, "reducescatter sum", g[5])
+
+
+@check("DistributedGradientTape: one group, op, predivide factor, None kept, sparse_as_dense")
+def _():
+    w = tf.Variable(tf.fill([2], float(R + 1)))
+    unused = tf.Variable(1.0)
+    emb = tf.Variable(tf.ones([N, 2]))
+    for mode, wrap in MODES.items():
+        for kwargs, scale in (({}, 1.0), ({"op": hvd.Sum}, N), ({"gradient_predivide_factor": 2.0}, 1.0),
+                              ({"sparse_as_dense": True}, 1.0)):
+            def step():
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_sum(w * w) + tf.reduce_sum(tf.gather(emb, [R]))
+                tape = hvd.DistributedGradientTape(tape, **kwargs)
+                return tape.gradient(loss, [w, unused, emb])
+            gw, gu, ge = wrap(step)()
+            mean = np.mean([2 * (r + 1) for r in range(N)])
+            assert np.allclose(gw.numpy(), mean * scale), (mode, kwargs, gw)
+            assert gu is None, (mode, kwargs)
+            assert np.allclose(tf.convert_to_tensor(ge).numpy(), np.ones([N, 2]) * scale / N), (mode, kwargs, ge)
+
+
+@check("join, barrier, broadcast_object, allgather_object")
+def _():
+    assert int(hvd.join()) in range(N)
+    hvd.barrier()
+    assert hvd.broadcast_object({"from": R, "list": [1, 2]}, root_rank=N - 1) == {"from": N - 1, "list": [1, 2]}
+    assert hvd.allgather_object(("rank", R)) == [("rank", r) for r in range(N)]
+
+
+@check("process sets: ops on a subset, ranks outside refused")
+def _():
+    evens = hvd.add_process_set(list(range(0, N, 2)))
+    try:
+        if R % 2 == 0:
+            out = hvd.allreduce(tf.constant([float(R)]), op=hvd.Sum, process_set=evens)
+            assert out.numpy().tolist() == [float(sum(range(0, N, 2)))], out
+            f = tf.function(lambda: hvd.allgather(tf.constant([R]), process_set=evens))
+            assert f().numpy().tolist() == list(range(0, N, 2))
+        else:
+            expect_error(ValueError, hvd.allreduce, tf.constant([1.0]), process_set=evens)
+    finally:
+        hvd.barrier()
+        hvd.remove_process_set(evens)
+
+
+@check("a mismatch across ranks is FailedPreconditionError naming the op (in tf.function: an OpError saying so)")
+def _():
+    e = expect_error(tf.errors.FailedPreconditionError, lambda: hvd.allreduce(tf.ones([R + 1]), name="mismatch_eager"))
+    assert "mismatch_eager" in str(e), e
+    # Inside a graph TensorFlow's py_func reports every Python exception as UnknownError: the message keeps
+    # the class and the op's name (docs/ddl-tensorflow.md).
+    fn = tf.function(lambda: hvd.allreduce(tf.ones([R + 1]), name="mismatch_graph"))
+    e = expect_error(tf.errors.OpError, fn)
+    assert "FailedPreconditionError" in str(e) and "mismatch_graph" in str(e), e
+    expect_error((ValueError, TypeError), hvd.allreduce, tf.constant(["a"]))
+
+
+@check("names are fixed by the trace: an extra trace on one rank only does not shift the others' names")
+def _():
+    def body(x):
+        return hvd.allreduce(x, op=hvd.Sum)
+    if R == 0:
+        # Traced (never run) on rank 0 alone, as a retrace after a new input signature would be.
+        tf.function(body).get_concrete_function(tf.TensorSpec([2], tf.float32))
+        tf.function(body).get_concrete_function(tf.TensorSpec([3], tf.float32))
+    f = tf.function(body)
+    assert f(tf.ones([2])).numpy().tolist() == [N, N]
+    assert f(tf.ones([2])).numpy().tolist() == [N, N]
+
+
+@check("keras: allreduce/allgather/broadcast on Python values")
+def _():
+    assert np.allclose(khvd.allreduce([float(R)]).numpy(), [np.mean(range(N))])
+    assert khvd.allgather([R]).numpy().tolist() == list(range(N))
+    assert khvd.broadcast([R, R], 0).numpy().tolist() == [0, 0]
+
+
+def small_model():
+    return tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(8, activation="relu"),
+                                tf.keras.layers.Dense(1)])
+
+
+def weights_identical(model):
+    mine = np.concatenate([v.numpy().ravel() for v in model.variables])
+    return all(np.array_equal(mine, other) for other in hvd.allgather_object(mine))
+
+
+@check("keras: fit with DistributedOptimizer, the callbacks, warmup formula, metric averages, load_model")
+def _():
+    tf.random.set_seed(R)  # different initial weights: the broadcast callback aligns them
+    x = np.random.RandomState(R).rand(64, 4).astype("float32")
+    y = x.sum(1, keepdims=True) * (R + 1)  # each rank's loss differs
+    model = small_model()
+    lr = 0.01
+    model.compile(optimizer=khvd.DistributedOptimizer(tf.keras.optimizers.SGD(lr)), loss="mse")
+    seen = []
+
+    class Record(tf.keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            seen.append(dict(logs))
+
+    history = model.fit(x, y, batch_size=16, epochs=3, verbose=0, callbacks=[
+        khvd.callbacks.BroadcastGlobalVariablesCallback(0), khvd.callbacks.MetricAverageCallback(),
+        khvd.callbacks.LearningRateWarmupCallback(initial_lr=lr, warmup_epochs=2, verbose=0), Record()])
+    assert weights_identical(model)
+    losses = hvd.allgather_object(history.history["loss"])
+    assert all(np.allclose(losses[0], other) for other in losses), losses  # averaged over ranks
+    steps = 4
+    for epoch, logs in enumerate(seen[:2]):
+        e = epoch + (steps - 1) / steps + 1.0 / steps  # the last batch's epoch, as Horovod computes it
+        expected = lr / N * (e * (N - 1) / 2 + 1)
+        assert np.isclose(logs["lr"], expected, rtol=1e-5), (epoch, logs["lr"], expected)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "m.keras")
+        model.save(path)
+        loaded = khvd.load_model(path)
+        assert type(loaded.optimizer).__name__ == "SGD" and loaded.optimizer._ddl_distributed
+        loaded.fit(x, y, batch_size=16, epochs=1, verbose=0)
+        assert weights_identical(loaded)
+
+
+@check("keras: backward_passes_per_step=2 applies every second step; iterations count every step")
+def _():
+    model = small_model()
+    hvd.broadcast_variables(model.variables, 0)
+    opt = khvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.01), backward_passes_per_step=2,
+                                    average_aggregated_gradients=True)
+    model.compile(optimizer=opt, loss="mse")
+    x = np.random.RandomState(R).rand(32, 4).astype("float32")
+    before = [v.numpy().copy() for v in model.trainable_variables]
+    model.fit(x, x[:, :1], batch_size=16, epochs=1, verbose=0)  # 2 steps: one update
+    assert int(opt.iterations.numpy()) == 2
+    assert any(not np.array_equal(b, v.numpy()) for b, v in zip(before, model.trainable_variables))
+    assert weights_identical(model)
+
+
+@check("keras: SyncBatchNormalization uses the global batch's statistics")
+def _():
+    x = tf.constant(np.random.RandomState(R).rand(8, 3).astype("float32") + R)
+    layer = khvd.SyncBatchNormalization(momentum=0.0, epsilon=1e-3)
+    out = layer(x, training=True)
+    everyone = np.concatenate([np.random.RandomState(r).rand(8, 3).astype("float32") + r for r in range(N)])
+    mean, var = everyone.mean(0), everyone.var(0)
+    assert np.allclose(out.numpy(), (x.numpy() - mean) / np.sqrt(var + 1e-3), atol=1e-4)
+
+
+@check("a custom tf.function loop with DistributedGradientTape trains identical replicas")
+def _():
+    tf.random.set_seed(10 + R)
+    model = small_model()
+    opt = tf.keras.optimizers.Adam(0.01)
+    x = np.random.RandomState(R).rand(16, 4).astype("float32")
+
+    @tf.function
+    def step(first):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((model(x) - 1.0) ** 2)
+        grads = hvd.DistributedGradientTape(tape).gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        if first:
+            hvd.broadcast_variables(model.variables, root_rank=0)
+            hvd.broadcast_variables(opt.variables if not callable(opt.variables) else opt.variables(), root_rank=0)
+        return loss
+
+    for i in range(5):
+        step(i == 0)
+    assert weights_identical(model)
+
+
+print(f"checks done, {len(failures)} failed", flush=True)
+hvd.shutdown()
