@@ -35,8 +35,7 @@ std::string dl_error() {
 // The file a handle was loaded from (for a name found on the search path, the path it was found at).
 std::string path_of(void* handle, const std::string& fallback) {
   link_map* map = nullptr;
-  if (::dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr && map->l_name != nullptr && *map->l_name != '\0')
-    return map->l_name;
+  if (::dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr && map->l_name != nullptr && *map->l_name != '\0') return map->l_name;
   return fallback;
 }
 
@@ -97,9 +96,10 @@ NcclLibrary load() {
     const std::string where = fmt::format("{}={}", kOverride, override_path);
     void* handle = ::dlopen(override_path, RTLD_NOW | RTLD_LOCAL);
     if (handle == nullptr) {
-      lib.error = fmt::format("{} cannot be loaded ({}); point it at a libnccl.so.2, or unset it to use the NCCL already in the "
-                              "process or libnccl.so.2 from the loader's path",
-                              where, dl_error());
+      lib.error = fmt::format(
+          "{} cannot be loaded ({}); point it at a libnccl.so.2, or unset it to use the NCCL already in the "
+          "process or libnccl.so.2 from the loader's path",
+          where, dl_error());
       return lib;
     }
     lib.path = path_of(handle, override_path);
@@ -130,8 +130,9 @@ NcclLibrary load() {
 
 NcclLibrary load() {
   NcclLibrary lib;
-  lib.error = "this libddl was built without NCCL, so it cannot run collectives on CUDA buffers; rebuild it where nccl.h is found "
-              "(DDL_WITH_NCCL=ON, NCCL_INCLUDE_DIR)";
+  lib.error =
+      "this libddl was built without NCCL, so it cannot run collectives on CUDA buffers; rebuild it where nccl.h is found "
+      "(DDL_WITH_NCCL=ON, NCCL_INCLUDE_DIR)";
   return lib;
 }
 

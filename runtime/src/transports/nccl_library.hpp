@@ -23,9 +23,11 @@ struct NcclLibrary {
   std::string error;    // when not loaded: why, and what to set or load
 #if DDL_WITH_NCCL
   // The entry points libddl calls (ncclAllReduce as api.AllReduce); all set when `loaded`.
-#define DDL_NCCL_ENTRY_POINTS(X)                                                                                               \
-  X(GetVersion) X(GetErrorString) X(GetUniqueId) X(CommInitRank) X(CommDestroy) X(CommAbort) X(CommGetAsyncError) X(AllReduce) \
-      X(Broadcast) X(AllGather) X(GroupStart) X(GroupEnd)
+// clang-format off
+#define DDL_NCCL_ENTRY_POINTS(X) \
+  X(GetVersion) X(GetErrorString) X(GetUniqueId) X(CommInitRank) X(CommDestroy) X(CommAbort) \
+  X(CommGetAsyncError) X(AllReduce) X(Broadcast) X(AllGather) X(GroupStart) X(GroupEnd)
+  // clang-format on
   struct Api {
 #define DDL_NCCL_FIELD(name) decltype(&::nccl##name) name = nullptr;
     DDL_NCCL_ENTRY_POINTS(DDL_NCCL_FIELD)
