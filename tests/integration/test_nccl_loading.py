@@ -201,6 +201,43 @@ class NcclLoading(unittest.TestCase):
         self.assertIn(f"  [ ] NCCL (built with nccl.h {header}; none loads: no NCCL could be loaded (libnccl.so.2: ", report.stdout)
         self.assertIn("  [ ] NCCL (none loads: CUDA buffers are unsupported)", report.stdout.split("Tensor operations")[1])
 
+    def test_only_nccl_h_is_needed_to_build_and_a_pip_wheel_s_is_found(self):
+        """CMake with /usr/local/cuda's nccl.h hidden: found in a venv's nvidia/nccl/include (the
+        layout of pip's nvidia-nccl-cu* wheels), or the backend is off (AUTO) / the configure stops (ON)."""
+        if subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode != 0:
+            self.skipTest("unshare --mount is not permitted here (needs root or user namespaces)")
+        source = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", ".."))
+        venv = os.path.join(self.tmp.name, "venv")
+        wheel_include = os.path.join(venv, "lib", "python3.11", "site-packages", "nvidia", "nccl", "include")
+        os.makedirs(wheel_include, exist_ok=True)
+        shutil.copy(os.path.join(os.path.dirname(os.path.realpath(NCCL)), "..", "include", "nccl.h"), wheel_include)
+        include = os.path.realpath("/usr/local/cuda/include")
+        hide = ("set -e\nwork=$(mktemp -d)\nmkdir $work/orig $work/view\n"
+                f"mount --bind {include} $work/orig\n"
+                "for f in $work/orig/*; do case ${f##*/} in nccl.h) ;; *) ln -s \"$f\" $work/view/ ;; esac; done\n"
+                f"mount --bind $work/view {include}\n"
+                'exec "$@"')
+
+        def configure(*options, **env):
+            build = tempfile.mkdtemp(dir=self.tmp.name)
+            command = ["unshare", "--mount", "--propagation", "private", "sh", "-c", hide, "sh", "cmake", "-S", source, "-B", build,
+                       "-DDDL_BUILD_EXTRAS=OFF", "-DBUILD_TESTING=OFF", "-DFETCHCONTENT_FULLY_DISCONNECTED=ON", *options]
+            full = {k: v for k, v in clean_env().items() if k not in ("VIRTUAL_ENV", "CONDA_PREFIX", "CPATH", "NCCL_ROOT", "NCCL_HOME")}
+            full.update(env)
+            return subprocess.run(command, env=full, capture_output=True, text=True, timeout=300)
+
+        found = configure(VIRTUAL_ENV=venv)
+        self.assertEqual(found.returncode, 0, found.stdout + found.stderr)
+        self.assertIn(f"ddl: NCCL backend (nccl.h {self.version} in {wheel_include}; libnccl.so.2 loaded at run time", found.stdout)
+        self.assertIn(f"ddl: NCCL backend (nccl.h {self.version} in {wheel_include};",
+                      configure(f"-DNCCL_INCLUDE_DIR={wheel_include}").stdout)
+        off = configure()
+        self.assertEqual(off.returncode, 0, off.stdout + off.stderr)
+        self.assertIn("ddl: NCCL backend off (no CUDA toolkit with nccl.h found)", off.stdout)
+        required = configure("-DDDL_WITH_NCCL=ON")
+        self.assertNotEqual(required.returncode, 0)
+        self.assertIn("DDL_WITH_NCCL=ON but the CUDA toolkit or nccl.h was not found", required.stderr)
+
     def check_build(self, **env):
         result = ddl_raw("check-build", "--python", "/nonexistent/python3", env={"LD_LIBRARY_PATH": None, **env}, timeout=300)
         self.assertEqual(result.returncode, 0, result.stderr)
