@@ -1,5 +1,6 @@
 #include "launcher/capability_report.hpp"
 
+#include <dlfcn.h>
 #include <netdb.h>
 #include <unistd.h>
 
@@ -45,13 +46,66 @@ CapabilityItem item(bool ok, std::string name, std::string version, std::string 
   return {ok, std::move(name), std::move(version), std::move(detail)};
 }
 
-CapabilitySection build_section(const GpuInventory& inventory) {
+// The NCCL libddl will use. libddl loads it at run time (DDL_NCCL_LIBRARY, one already in the
+// process, libnccl.so.2 on its loader path), and only libddl's own search path says which file
+// that is, so this asks this build's libddl through its C API, loaded as any program loads it
+// (the launcher never links libddl). In this process nothing else has loaded an NCCL; a worker
+// that imported torch first uses torch's (the ddl.torch line says which).
+struct RuntimeNccl {
+  bool asked = false;  // a libddl was loaded and answered
+  std::string version, path, origin, error;
+};
+
+RuntimeNccl ask_libddl_for_nccl(const Environment& env) {
+  RuntimeNccl answer;
+  const auto bin = std::filesystem::path(this_executable()).parent_path();
+  std::vector<std::string> candidates;
+  if (auto explicit_path = lookup(env, "DDL_LIBRARY"); explicit_path && !explicit_path->empty())
+    candidates.push_back(*explicit_path);  // as ddl's Python package honours it
+  else
+    candidates = {(bin / ".." / "lib" / DDL_LIBDDL_SONAME).lexically_normal().string(),       // PREFIX/bin/ddl, PREFIX/lib
+                  (bin / ".." / "runtime" / DDL_LIBDDL_SONAME).lexically_normal().string()};  // the build tree
+  std::vector<std::string> failures;
+  for (const auto& path : candidates) {
+    void* libddl = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (libddl == nullptr) {
+      const char* why = ::dlerror();
+      failures.push_back(why != nullptr ? why : path);
+      continue;
+    }
+    auto text = [&](const char* function) -> std::string {
+      auto f = reinterpret_cast<const char* (*)()>(::dlsym(libddl, function));
+      const char* value = f != nullptr ? f() : nullptr;
+      return value != nullptr ? value : "";
+    };
+    if (::dlsym(libddl, "ddl_nccl_origin") == nullptr) {
+      failures.push_back(path + " is an older libddl that does not say which NCCL it loads");
+      continue;
+    }
+    answer = {true, text("ddl_nccl_version"), text("ddl_nccl_path"), text("ddl_nccl_origin"), text("ddl_nccl_error")};
+    return answer;  // libddl stays loaded: it holds the NCCL it loaded
+  }
+  answer.error = fmt::format("cannot ask libddl which NCCL it loads: {}", fmt::join(failures, "; "));
+  return answer;
+}
+
+std::string nccl_origin_words(const std::string& origin) {
+  if (origin == "DDL_NCCL_LIBRARY") return "named by DDL_NCCL_LIBRARY";
+  if (origin == "loader path") return "found on the loader path (LD_LIBRARY_PATH, ld.so.cache)";
+  return origin;
+}
+
+CapabilitySection build_section(const RuntimeNccl& nccl_used) {
   CapabilitySection s{"Build", {}};
-  const bool gpus = inventory.count() > 0;
   s.items.push_back(item(true, "ddl and libddl", DDL_BUILD_VERSION, fmt::format("{}, {}", DDL_BUILD_TYPE, DDL_BUILD_COMPILER)));
   const std::string nccl = DDL_BUILD_NCCL_VERSION;
-  s.items.push_back(nccl.empty() ? item(false, "NCCL", "", "not compiled in (no CUDA toolkit with NCCL at build time)")
-                                 : item(true, "NCCL", nccl, gpus ? "compiled" : "compiled; no GPU visible"));
+  if (nccl.empty())
+    s.items.push_back(item(false, "NCCL", "", "not compiled in (no CUDA toolkit with nccl.h at build time)"));
+  else if (nccl_used.version.empty())
+    s.items.push_back(item(false, "NCCL", "", fmt::format("built with nccl.h {}; none loads: {}", nccl, nccl_used.error)));
+  else
+    s.items.push_back(item(true, "NCCL", nccl_used.version,
+                           fmt::format("{}, {}; built with nccl.h {}", nccl_used.path, nccl_origin_words(nccl_used.origin), nccl)));
   const std::string cuda = DDL_BUILD_CUDA_VERSION;
   s.items.push_back(cuda.empty() ? item(false, "CUDA", "", "not compiled in") : item(true, "CUDA", cuda, "compiled"));
   s.items.push_back(item(true, "Gloo", "", "compiled: host tensors, over TCP"));
@@ -113,7 +167,8 @@ std::string ddl_torch_probe() {
   return ddl_package_path_line() +
          "import ddl, ddl.torch as hvd, ddl._lib as lib, torch\n"
          "print(json.dumps({'version': ddl.__version__, 'detail': 'Horovod API on torch %s; %s; libddl %s' % (torch.__version__, "
-         "'NCCL for CUDA tensors' if hvd.nccl_built() else 'host tensors only (no NCCL)', lib.lib._name)}))";
+         "('NCCL %s for CUDA tensors (%s, %s)' % (lib.lib.ddl_nccl_version().decode(), lib.lib.ddl_nccl_path().decode(), "
+         "lib.lib.ddl_nccl_origin().decode())) if hvd.nccl_built() else 'host tensors only (no NCCL)', lib.lib._name)}))";
 }
 
 // ddl.tensorflow and ddl.keras load together (the Keras face is part of the TensorFlow one).
@@ -207,13 +262,16 @@ CapabilitySection controllers_section() {
   return s;
 }
 
-CapabilitySection tensor_ops_section(const GpuInventory& inventory) {
+CapabilitySection tensor_ops_section(const GpuInventory& inventory, const RuntimeNccl& nccl_used) {
   CapabilitySection s{"Tensor operations", {}};
   const std::string nccl = DDL_BUILD_NCCL_VERSION;
   if (nccl.empty())
     s.items.push_back(item(false, "NCCL", "", "not compiled in: CUDA buffers are unsupported"));
+  else if (nccl_used.version.empty())
+    s.items.push_back(item(false, "NCCL", "", "none loads: CUDA buffers are unsupported"));
   else
-    s.items.push_back(item(inventory.count() > 0, "NCCL", nccl, inventory.count() > 0 ? "CUDA buffers" : "compiled; no GPU visible"));
+    s.items.push_back(
+        item(inventory.count() > 0, "NCCL", nccl_used.version, inventory.count() > 0 ? "CUDA buffers" : "loads; no GPU visible"));
   s.items.push_back(item(true, "Gloo", "", "host buffers"));
   s.items.push_back(item(false, "MPI", "", "not used by libddl: NCCL on GPUs, Gloo on hosts"));
   return s;
@@ -287,12 +345,13 @@ CapabilitySection site_section(const Environment& env) {
 std::vector<CapabilitySection> capability_report(const Environment& env, const CapabilityOptions& options) {
   auto frameworks = std::async(std::launch::async, frameworks_section, options);  // the slow one
   const GpuInventory inventory = discover_gpus(env);                              // once: it may load libcuda or run nvidia-smi
+  const RuntimeNccl nccl = DDL_BUILD_NCCL_VERSION[0] != '\0' ? ask_libddl_for_nccl(env) : RuntimeNccl{};
   std::vector<CapabilitySection> report;
-  report.push_back(build_section(inventory));
+  report.push_back(build_section(nccl));
   auto controllers = controllers_section();
   report.push_back(frameworks.get());
   report.push_back(std::move(controllers));
-  report.push_back(tensor_ops_section(inventory));
+  report.push_back(tensor_ops_section(inventory, nccl));
   report.push_back(gpus_section(env, inventory));
   report.push_back(allocation_section(env, inventory));
   report.push_back(site_section(env));

@@ -49,9 +49,10 @@ class CheckBuild(unittest.TestCase):
         ssh = re.search(r"OpenSSH_(\d+\.\d+)", subprocess.run(["ssh", "-V"], capture_output=True, text=True).stderr).group(1)
         self.assertIn(f"  [X] ssh {ssh} (ddl run -H", out)
         nccl = build_feature("DDL_BUILD_NCCL_VERSION")
-        if nccl:
-            self.assertIn(f"  [X] NCCL {nccl} (compiled; no GPU visible)", out)
-            self.assertIn(f"  [ ] NCCL {nccl} (compiled; no GPU visible)", out.split("Tensor operations")[1])
+        if nccl:  # loaded at run time: here /usr/local/cuda's, the same version as the header (test_nccl_loading.py)
+            self.assertRegex(out, rf"  \[X\] NCCL {re.escape(nccl)} \(\S+/libnccl\.so\.2, found on the loader path .*; built with nccl\.h {re.escape(nccl)}\)")
+            self.assertIn(f"  [ ] NCCL {nccl} (loads; no GPU visible)", out.split("Tensor operations")[1])
+            self.assertRegex(out, rf"ddl\.torch .*NCCL {re.escape(nccl)} for CUDA tensors \(\S+/libnccl\.so\.2, loader path\)")
         else:
             self.assertIn("  [ ] NCCL (not compiled in", out)
         pmix = build_feature("DDL_BUILD_PMIX_VERSION")

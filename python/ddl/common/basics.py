@@ -185,7 +185,8 @@ def gloo_enabled():
 
 
 def nccl_built():
-    """NCCL's version code (e.g. 22805) when libddl was built with NCCL, else 0: as Horovod."""
+    """NCCL's version code (e.g. 22805) of the NCCL libddl loads for CUDA tensors, else 0: as Horovod's.
+    libddl loads it at run time (the one torch already loaded, DDL_NCCL_LIBRARY, or libnccl.so.2)."""
     return _nccl_version_code()
 
 

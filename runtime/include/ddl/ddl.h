@@ -140,8 +140,8 @@ DDL_API ddl_status ddl_alltoall_async(const char* name, const void* send, void* 
 /* CUDA device buffers go through NCCL, enqueued on `stream` (a cudaStream_t; NULL is the default
  * stream) after the work already on it; the handle completes when the result is in recv.
  * Negotiation, names and mismatch errors work as for host buffers (a name used with a host buffer
- * on one rank and a CUDA buffer on another is a mismatch). Without NCCL in this build, or without
- * a visible GPU, they fail with DDL_ERROR_UNSUPPORTED and host operations are unaffected. */
+ * on one rank and a CUDA buffer on another is a mismatch). Without NCCL (see ddl_nccl_version), or
+ * without a visible GPU, they fail with DDL_ERROR_UNSUPPORTED and host operations are unaffected. */
 DDL_API ddl_status ddl_allreduce_cuda_async(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype, ddl_reduce_op op,
                                             void* stream, ddl_handle* handle);
 DDL_API ddl_status ddl_broadcast_cuda_async(const char* name, void* buffer, size_t count, ddl_dtype dtype, int root, void* stream,
@@ -149,9 +149,23 @@ DDL_API ddl_status ddl_broadcast_cuda_async(const char* name, void* buffer, size
 DDL_API ddl_status ddl_allgather_cuda_async(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype, void* stream,
                                             ddl_handle* handle);
 
-/* Build facts, for `ddl check-build`: the NCCL version compiled in ("" if none), and whether the
- * PMIx bootstrap is. */
+/* The NCCL that CUDA buffers go through. libddl does not link NCCL: it loads it at run time, once,
+ * on the first CUDA operation or the first call of one of these four, taking the first of
+ *   1. the file DDL_NCCL_LIBRARY names (when set, it must load: there is no fallback),
+ *   2. an NCCL already loaded in the process (torch's, from pip's nvidia-nccl-cu* wheel), so that
+ *      a process holds one NCCL,
+ *   3. libnccl.so.2 from the loader's search path (LD_LIBRARY_PATH, e.g. after `module load nccl`;
+ *      ld.so.cache).
+ * ddl_nccl_version(): its version ("2.28.9"); "" when none loads or libddl was built without NCCL.
+ * ddl_nccl_path(): the file it was loaded from; "" when none.
+ * ddl_nccl_origin(): "DDL_NCCL_LIBRARY", "already loaded" or "loader path"; "" when none.
+ * ddl_nccl_error(): "" when one loaded; else why not and what to set or load (CUDA operations then
+ * fail with DDL_ERROR_UNSUPPORTED and this message; host operations are unaffected).
+ * The strings live as long as the process. ddl_has_pmix(): whether the PMIx bootstrap is built in. */
 DDL_API const char* ddl_nccl_version(void);
+DDL_API const char* ddl_nccl_path(void);
+DDL_API const char* ddl_nccl_origin(void);
+DDL_API const char* ddl_nccl_error(void);
 DDL_API int ddl_has_pmix(void);
 
 /* Flags of ddl_allreduce_flags_async. DDL_COMPRESS_FP16: a float32 allreduce travels as float16

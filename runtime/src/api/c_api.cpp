@@ -26,6 +26,7 @@
 #include "runtime/src/engine/engine.hpp"
 #include "runtime/src/transports/collectives.hpp"
 #include "runtime/src/transports/gpu_collectives.hpp"
+#include "runtime/src/transports/nccl_library.hpp"
 
 struct ddl_handle_s {
   std::shared_ptr<ddl::runtime::OpState> state;
@@ -435,10 +436,10 @@ ddl_status ddl_allgather_cuda_async(const char* name, const void* send, void* re
   return submit(name, {OpKind::Allgather, dtype, DDL_SUM, 0, count, {}, true}, send, recv, handle, stream);
 }
 
-const char* ddl_nccl_version(void) {
-  static const std::string version = ddl::runtime::nccl_version_compiled_in();
-  return version.c_str();
-}
+const char* ddl_nccl_version(void) { return ddl::runtime::nccl_library().version.c_str(); }
+const char* ddl_nccl_path(void) { return ddl::runtime::nccl_library().path.c_str(); }
+const char* ddl_nccl_origin(void) { return ddl::runtime::nccl_library().origin.c_str(); }
+const char* ddl_nccl_error(void) { return ddl::runtime::nccl_library().error.c_str(); }
 
 int ddl_has_pmix(void) { return ddl::runtime::pmix_compiled_in() ? 1 : 0; }
 

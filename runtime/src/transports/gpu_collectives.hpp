@@ -31,10 +31,8 @@ class GpuCollectives {
 };
 
 // NCCL on the device that holds `sample_pointer`; the unique id travels over `host` (rank 0 makes
-// it, everyone receives it by broadcast). Throws ddl::Error when NCCL or a GPU is not there.
+// it, everyone receives it by broadcast). Throws ddl::Error when NCCL (nccl_library.hpp) or a GPU
+// is not there.
 std::unique_ptr<GpuCollectives> make_nccl_collectives(Collectives& host, const void* sample_pointer);
-
-// Whether this libddl was built with NCCL, and with which version ("2.28.9"), else "".
-std::string nccl_version_compiled_in();
 
 }  // namespace ddl::runtime

@@ -10,10 +10,10 @@
 #include <fmt/format.h>
 
 #include "common/error.hpp"
+#include "runtime/src/transports/nccl_library.hpp"
 
 #if DDL_WITH_NCCL
 #include <cuda_runtime.h>
-#include <nccl.h>
 #endif
 
 namespace ddl::runtime {
@@ -27,8 +27,11 @@ void check_cuda(cudaError_t rc, const char* what) {
     throw Error(fmt::format("{}: {}", what, cudaGetErrorString(rc)), "is a GPU visible to this worker (CUDA_VISIBLE_DEVICES, nvidia-smi)?");
 }
 
+// NCCL's entry points: loaded at run time (nccl_library.hpp), present once a communicator exists.
+const NcclLibrary::Api& nccl() { return nccl_api(); }
+
 void check_nccl(ncclResult_t rc, const char* what) {
-  if (rc != ncclSuccess && rc != ncclInProgress) throw Error(fmt::format("{}: {}", what, ncclGetErrorString(rc)));
+  if (rc != ncclSuccess && rc != ncclInProgress) throw Error(fmt::format("{}: {}", what, nccl().GetErrorString(rc)));
 }
 
 ncclDataType_t nccl_type(ddl_dtype t) {
@@ -101,9 +104,10 @@ class NcclCollectives final : public GpuCollectives {
     ncclUniqueId id{};
     std::string local_error, local_hint;
     try {
+      nccl();  // loads NCCL, or says what to set or load: before the GPU, which a machine without NCCL may lack too
       require_a_gpu();
       device_ = select_device_of(sample_pointer);
-      if (host.rank() == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+      if (host.rank() == 0) check_nccl(nccl().GetUniqueId(&id), "ncclGetUniqueId");
     } catch (const Error& e) {
       local_error = e.what();
       local_hint = e.hint();
@@ -114,25 +118,26 @@ class NcclCollectives final : public GpuCollectives {
     if (std::find(gpus.begin(), gpus.end(), std::string()) != gpus.end())
       throw Error("another rank could not set up NCCL for this op; its own error says why");
     refuse_shared_gpus(gpus);
-    check_nccl(ncclCommInitRank(&comm_, host.size(), id, host.rank()), "ncclCommInitRank");
+    check_nccl(nccl().CommInitRank(&comm_, host.size(), id, host.rank()), "ncclCommInitRank");
     size_ = host.size();
   }
 
   ~NcclCollectives() override {
-    if (comm_ != nullptr) ncclCommDestroy(comm_);
+    if (comm_ != nullptr) nccl().CommDestroy(comm_);
   }
 
   void allreduce(const void* send, void* recv, size_t count, ddl_dtype dtype, ddl_reduce_op op, void* stream) override {
     // NCCL 2.28.9 on one rank left the last elements of an out-of-place ncclAvg unwritten (H100:
     // 4097 and 4913 floats, 5000 and 65537 doubles); one rank's average is its sum, which is right.
     if (op == DDL_AVERAGE && size_ == 1) op = DDL_SUM;
-    check_nccl(ncclAllReduce(send, recv, count, nccl_type(dtype), nccl_op(op), comm_, static_cast<cudaStream_t>(stream)), "ncclAllReduce");
+    check_nccl(nccl().AllReduce(send, recv, count, nccl_type(dtype), nccl_op(op), comm_, static_cast<cudaStream_t>(stream)),
+               "ncclAllReduce");
   }
   void broadcast(void* data, size_t count, ddl_dtype dtype, int root, void* stream) override {
-    check_nccl(ncclBroadcast(data, data, count, nccl_type(dtype), root, comm_, static_cast<cudaStream_t>(stream)), "ncclBroadcast");
+    check_nccl(nccl().Broadcast(data, data, count, nccl_type(dtype), root, comm_, static_cast<cudaStream_t>(stream)), "ncclBroadcast");
   }
   void allgather(const void* send, void* recv, size_t count, ddl_dtype dtype, void* stream) override {
-    check_nccl(ncclAllGather(send, recv, count, nccl_type(dtype), comm_, static_cast<cudaStream_t>(stream)), "ncclAllGather");
+    check_nccl(nccl().AllGather(send, recv, count, nccl_type(dtype), comm_, static_cast<cudaStream_t>(stream)), "ncclAllGather");
   }
   Token mark(void* stream) override {
     cudaEvent_t event = nullptr;
@@ -140,14 +145,14 @@ class NcclCollectives final : public GpuCollectives {
     check_cuda(cudaEventRecord(event, static_cast<cudaStream_t>(stream)), "cudaEventRecord");
     return event;
   }
-  void group_start() override { check_nccl(ncclGroupStart(), "ncclGroupStart"); }
-  void group_end() override { check_nccl(ncclGroupEnd(), "ncclGroupEnd"); }
+  void group_start() override { check_nccl(nccl().GroupStart(), "ncclGroupStart"); }
+  void group_end() override { check_nccl(nccl().GroupEnd(), "ncclGroupEnd"); }
 
   bool done(Token token) override {
     ncclResult_t async_error = ncclSuccess;
-    check_nccl(ncclCommGetAsyncError(comm_, &async_error), "ncclCommGetAsyncError");
+    check_nccl(nccl().CommGetAsyncError(comm_, &async_error), "ncclCommGetAsyncError");
     if (async_error != ncclSuccess && async_error != ncclInProgress)
-      throw Error(fmt::format("NCCL reported an asynchronous error: {}", ncclGetErrorString(async_error)));
+      throw Error(fmt::format("NCCL reported an asynchronous error: {}", nccl().GetErrorString(async_error)));
     cudaError_t rc = cudaEventQuery(static_cast<cudaEvent_t>(token));
     if (rc == cudaErrorNotReady) return false;
     check_cuda(rc, "waiting for a GPU collective");
@@ -155,7 +160,7 @@ class NcclCollectives final : public GpuCollectives {
   }
   void release(Token token) override { cudaEventDestroy(static_cast<cudaEvent_t>(token)); }
   void abort() override {
-    if (comm_ != nullptr) ncclCommAbort(comm_);
+    if (comm_ != nullptr) nccl().CommAbort(comm_);
     comm_ = nullptr;
   }
 
@@ -171,16 +176,9 @@ std::unique_ptr<GpuCollectives> make_nccl_collectives(Collectives& host, const v
   return std::make_unique<NcclCollectives>(host, sample_pointer);
 }
 
-std::string nccl_version_compiled_in() { return fmt::format("{}.{}.{}", NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH); }
-
 #else
 
-std::unique_ptr<GpuCollectives> make_nccl_collectives(Collectives&, const void*) {
-  throw Error("this libddl was built without NCCL, so it cannot run collectives on CUDA buffers",
-              "rebuild where CUDA and NCCL are installed (DDL_WITH_NCCL)");
-}
-
-std::string nccl_version_compiled_in() { return ""; }
+std::unique_ptr<GpuCollectives> make_nccl_collectives(Collectives&, const void*) { throw Error(nccl_library().error); }
 
 #endif
 
