@@ -239,11 +239,13 @@ def _():
     assert f(tf.ones([2])).numpy().tolist() == [N, N]
 
 
-@check("keras: allreduce/allgather/broadcast on Python values")
+@check("keras: allreduce/allgather/broadcast on Python values and on tensors in tf.function")
 def _():
     assert np.allclose(khvd.allreduce([float(R)]).numpy(), [np.mean(range(N))])
     assert khvd.allgather([R]).numpy().tolist() == list(range(N))
     assert khvd.broadcast([R, R], 0).numpy().tolist() == [0, 0]
+    in_graph = tf.function(lambda t: khvd.allreduce(t, op=hvd.Sum))  # a symbolic tensor, not a Python value
+    assert in_graph(tf.constant([1.0])).numpy().tolist() == [float(N)]
 
 
 def small_model():

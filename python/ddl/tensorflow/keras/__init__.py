@@ -62,23 +62,23 @@ def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_fac
     """The reduction of a tensor-compatible value over every rank (default: the average)."""
     if average is None and op is None:
         average = True
-    return _value(_ops.allreduce(tf.constant(value), average=average, op=op, prescale_factor=prescale_factor,
+    return _value(_ops.allreduce(tf.convert_to_tensor(value), average=average, op=op, prescale_factor=prescale_factor,
                                  postscale_factor=postscale_factor, compression=compression, name=name))
 
 
 def allgather(value, name=None):
     """Every rank's value concatenated along the first dimension."""
-    return _value(_ops.allgather(tf.constant(value), name=name))
+    return _value(_ops.allgather(tf.convert_to_tensor(value), name=name))
 
 
 def broadcast(value, root_rank, name=None):
     """root_rank's value on every rank."""
-    return _value(_ops.broadcast(tf.constant(value), root_rank, name=name))
+    return _value(_ops.broadcast(tf.convert_to_tensor(value), root_rank, name=name))
 
 
 def reducescatter(value, name=None, op=Average):
     """This rank's rows of the reduction of a value over every rank."""
-    return _value(_ops.reducescatter(tf.constant(value), name=name, op=op))
+    return _value(_ops.reducescatter(tf.convert_to_tensor(value), name=name, op=op))
 
 
 def broadcast_variables(variables, root_rank, process_set=global_process_set):
