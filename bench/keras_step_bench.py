@@ -71,15 +71,17 @@ def worker(args):
 
         x = tf.constant([1.0])
 
+        # Each op takes the last one's result: a chain, so every op's latency counts once (unused
+        # results could be pruned from the graph, or run concurrently and fused).
         @tf.function
         def one_float(n):
+            y = x
             for _ in tf.range(n):
-                hvd.allreduce(x, op=hvd.Sum, name="one_float")
-            return hvd.allreduce(x, op=hvd.Sum, name="one_float")
+                y = hvd.allreduce(y, op=hvd.Average, name="one_float")
+            return hvd.allreduce(y, op=hvd.Average, name="one_float")
 
-        if args.worker == "horovod":  # horovod.tensorflow.keras.allreduce evaluates through a session
-            import horovod.tensorflow as hvd_tf
-            hvd = hvd_tf
+        # The op through each one's TensorFlow API (horovod.tensorflow.keras.allreduce evaluates through a session).
+        hvd = importlib.import_module("ddl.tensorflow" if args.worker == "ddl" else "horovod.tensorflow")
 
         one_float(tf.constant(10))
         start = time.perf_counter()
@@ -99,16 +101,16 @@ def worker(args):
         no_shard.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         model.fit(data.with_options(no_shard).take(args.steps), epochs=1, verbose=0, callbacks=[Timer()])
 
-        x = tf.constant([1.0])
-
         @tf.function
         def one_float(n):
-            def step():
+            def step(prev):
                 ctx = tf.distribute.get_replica_context()
-                return ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.ones([1]))
+                v = tf.ones([1]) * prev  # made in the replica's context, where the strategy places it
+                return ctx.all_reduce(tf.distribute.ReduceOp.SUM, v) / ctx.num_replicas_in_sync
+            y = tf.ones([1])
             for _ in tf.range(n):
-                strategy.run(step)
-            return strategy.run(step)
+                y = strategy.run(lambda: step(y))  # a chain, as for ddl and Horovod above
+            return strategy.run(lambda: step(y))
 
         one_float(tf.constant(10))
         start = time.perf_counter()
