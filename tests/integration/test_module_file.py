@@ -58,6 +58,7 @@ class ModuleFile(unittest.TestCase):
         cls.version = project_version()
         cls.user = unprivileged_user(USER)
         cls.tmp = tempfile.mkdtemp(prefix="ddl-module-")
+        cls.addClassCleanup(shutil.rmtree, cls.tmp, ignore_errors=True)  # also when the build below fails
         os.chmod(cls.tmp, 0o755)
         os.chown(cls.tmp, cls.user.pw_uid, cls.user.pw_gid)
         cls.source = os.path.join(cls.tmp, "ddl")
@@ -81,10 +82,6 @@ class ModuleFile(unittest.TestCase):
         cls.site_prefix = os.path.join(cls.tmp, "sw", "ddl-site")
         cls.login_shell(None, f"cmake -S {cls.source} -B {cls.build} -DDDL_INSTALL_MODULEFILEDIR={cls.site_tree} >/dev/null\n"
                               f"cmake --install {cls.build} --prefix {cls.site_prefix} >/dev/null\n")
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.tmp, ignore_errors=True)
 
     @classmethod
     def login_shell(cls, test, script, timeout=300):
