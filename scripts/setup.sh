@@ -26,7 +26,7 @@ test_packages=(
   doctest-dev                     # unit tests
   openmpi-bin libopenmpi-dev      # tests and benchmarks: real mpirun, MPI_Allreduce as a peer
   slurm-wlm munge                 # integration tests: one-node Slurm (scripts/local_slurm.sh); its pmix needs libpmix-dev
-  lmod                            # integration tests: real `module load` in the generated Perlmutter script
+  lmod                            # integration tests: real `module load` (the Perlmutter script, ddl's own module file)
   jupyter-notebook python3-jupyter-server  # integration tests: ddl jupyter starts a real server
   openssh-server openssh-client iproute2 util-linux  # integration tests: hosts of scripts/testbed.sh, ddl run -H over ssh
   git                             # the pip-install test copies the checkout's files

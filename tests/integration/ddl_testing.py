@@ -1,7 +1,9 @@
 """Helpers for the integration tests: run the built `ddl` on real programs, read the process table."""
 import os
+import pwd
 import re
 import secrets
+import shutil
 import subprocess
 import sys
 import time
@@ -128,3 +130,27 @@ def check_pmix_world(test, result, size):
     test.assertEqual(sorted(line for line in lines if line.startswith("world ")),
                      [f"world rank {r} size {size} local {r}/{size} node 0" for r in range(size)])
     test.assertEqual(len([line for line in lines if line.startswith("PASS ")]), size)
+
+
+def unprivileged_user(name):
+    """A throwaway user without root (made once), whose home is a fresh folder under /tmp."""
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["/usr/sbin/useradd", "--system", "--create-home", "--home-dir", f"/tmp/{name}-home", "--shell", "/bin/bash",
+                        name], check=True, capture_output=True)
+        return pwd.getpwnam(name)
+
+
+def copy_checkout(root, dest, user):
+    """What a user would have: the checkout's files at `root` (tracked, and new ones not ignored), no
+    build tree, copied to `dest` and owned by `user` (a pwd entry)."""
+    files = subprocess.run(["git", "-C", root, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    for rel in filter(None, files):
+        src = os.path.join(root, rel)
+        if os.path.isfile(src):
+            dst = os.path.join(dest, rel)
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            shutil.copy2(src, dst)
+    subprocess.run(["chown", "-R", f"{user.pw_uid}:{user.pw_gid}", dest], check=True)

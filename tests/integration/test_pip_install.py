@@ -4,12 +4,13 @@ again from the sdist built from it. Each venv then runs `ddl run -np 2` with `im
 offline for ddl's own dependencies (FETCHCONTENT_FULLY_DISCONNECTED: they are all on this machine);
 pip itself fetches the build backend (scikit-build-core) from PyPI, as a user's pip would."""
 import os
-import pwd
 import shutil
 import subprocess
 import tempfile
 import textwrap
 import unittest
+
+from ddl_testing import copy_checkout, unprivileged_user
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 USER = "ddl-pip-test"
@@ -21,32 +22,14 @@ WORKER = textwrap.dedent("""
 """)
 
 
-def unprivileged_user():
-    """A throwaway user without root (made once), whose home is a fresh folder under /tmp."""
-    try:
-        return pwd.getpwnam(USER)
-    except KeyError:
-        subprocess.run(["/usr/sbin/useradd", "--system", "--create-home", "--home-dir", f"/tmp/{USER}-home", "--shell", "/bin/bash",
-                        USER], check=True, capture_output=True)
-        return pwd.getpwnam(USER)
-
-
 class PipInstall(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.user = unprivileged_user()
+        cls.user = unprivileged_user(USER)
         cls.tmp = tempfile.mkdtemp(prefix="ddl-pip-")
         os.chown(cls.tmp, cls.user.pw_uid, cls.user.pw_gid)
-        # What a user would have: the checkout's files (tracked, and new ones not ignored), no build tree.
         cls.source = os.path.join(cls.tmp, "ddl")
-        files = subprocess.run(["git", "-C", ROOT, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                               capture_output=True, check=True).stdout.decode().split("\0")
-        for rel in filter(None, files):
-            src = os.path.join(ROOT, rel)
-            if os.path.isfile(src):
-                dst = os.path.join(cls.source, rel)
-                os.makedirs(os.path.dirname(dst), exist_ok=True)
-                shutil.copy2(src, dst)
+        copy_checkout(ROOT, cls.source, cls.user)
         subprocess.run(["chown", "-R", f"{USER}:", cls.tmp], check=True)
 
     @classmethod
