@@ -22,7 +22,8 @@
 namespace {
 
 struct SplitArguments {
-  std::vector<std::string> ddl_args;                // ddl's own, for CLI11
+  std::vector<std::string> ddl_args;                // ddl's own, for CLI11 ("-np" spelled "--np")
+  std::vector<std::string> as_typed;                // the same words as the user typed them
   std::optional<std::vector<std::string>> program;  // everything after the first "--"
 };
 
@@ -36,6 +37,7 @@ SplitArguments split_arguments(int argc, char** argv) {
       split.program = std::vector<std::string>(argv + i + 1, argv + argc);
       break;
     }
+    split.as_typed.push_back(a);
     if (a == "-np")
       a = "--np";
     else if (a.rfind("-np=", 0) == 0)
@@ -43,6 +45,37 @@ SplitArguments split_arguments(int argc, char** argv) {
     split.ddl_args.push_back(a);
   }
   return split;
+}
+
+// How many of the last words the selected subcommand left unparsed: a program and its arguments
+// given without "--" (run, exec and submit stop parsing at the program's name).
+size_t words_left_to_program(const CLI::App& app) {
+  for (const CLI::App* sub : app.get_subcommands())
+    if (sub->parsed()) return sub->remaining_size();
+  return 0;
+}
+
+// Parses ddl's words and returns the program when it came after "--". The "-np" spelling is for
+// ddl's own flags, and "--" separates ddl's words from the program only before the program's name:
+// when the program follows without "--", its words are parsed again as typed, so
+// `ddl run -np 2 prog -np 7 -- x` hands prog "-np 7 -- x".
+std::optional<std::vector<std::string>> parse_ddl_arguments(CLI::App& app, const SplitArguments& split) {
+  auto parse = [&app](std::vector<std::string> words) {
+    std::reverse(words.begin(), words.end());  // CLI11 takes them last-first
+    app.parse(words);
+  };
+  parse(split.ddl_args);
+  const size_t program_words = words_left_to_program(app);
+  if (program_words == 0) return split.program;
+  const size_t ddl_words = split.ddl_args.size() - program_words;
+  std::vector<std::string> words(split.ddl_args.begin(), split.ddl_args.begin() + ddl_words);
+  words.insert(words.end(), split.as_typed.begin() + ddl_words, split.as_typed.end());
+  if (split.program) {
+    words.emplace_back("--");
+    words.insert(words.end(), split.program->begin(), split.program->end());
+  }
+  if (words != split.ddl_args) parse(std::move(words));
+  return std::nullopt;
 }
 
 void print_error(const std::string& message, const std::string& hint) {
@@ -74,10 +107,10 @@ int main(int argc, char** argv) {
   ddl::cli::CheckBuildCommand check_build(app);
   ddl::cli::AgentCommand agent(app);
 
-  SplitArguments split = split_arguments(argc, argv);
-  std::vector<std::string> args(split.ddl_args.rbegin(), split.ddl_args.rend());  // CLI11 takes them last-first
+  const SplitArguments split = split_arguments(argc, argv);
+  std::optional<std::vector<std::string>> program;
   try {
-    app.parse(args);
+    program = parse_ddl_arguments(app, split);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
@@ -89,9 +122,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    if (run.selected()) return run.execute(split.program);
-    if (exec.selected()) exec.execute(split.program);
-    if (submit.selected()) return submit.execute(split.program);
+    if (run.selected()) return run.execute(program);
+    if (exec.selected()) exec.execute(program);
+    if (submit.selected()) return submit.execute(program);
     if (sites.selected()) return sites.execute();
     if (jobs.selected()) return jobs.execute();
     if (jupyter.selected()) return jupyter.execute();

@@ -4,7 +4,7 @@ import os
 import re
 import unittest
 
-from ddl_testing import PYTHON, ddl, lines_by_rank
+from ddl_testing import PYTHON, ddl, ddl_raw, lines_by_rank
 
 CONTRACT = [
     "DDL_RANK", "DDL_SIZE", "DDL_LOCAL_RANK", "DDL_LOCAL_SIZE", "DDL_NODE_RANK", "DDL_NUM_NODES",
@@ -78,6 +78,31 @@ class GpuPinning(unittest.TestCase):
         self.assertEqual([shared[r]["CUDA_VISIBLE_DEVICES"] for r in range(4)], ["0", "1", "0", "1"])
         cpu = environments("-np", "3", "--cpu", env={"CUDA_VISIBLE_DEVICES": "0"})
         self.assertEqual({e["CUDA_VISIBLE_DEVICES"] for e in cpu.values()}, {"0"})
+
+
+class ProgramArguments(unittest.TestCase):
+    """Everything from the program's name on is the program's, untouched, with or without "--"
+    (docs/run.md); ddl's own "-np" spelling must not reach into it."""
+    PRINT_ARGV = "import sys, json; print(json.dumps(sys.argv[1:]))"
+    MPI_STYLE = ["--epochs", "3", "-np", "7", "-np=3", "--np", "2", "--"]
+
+    def argv_seen(self, *args):
+        result = ddl(*args)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        return json.loads(lines_by_rank(result.stdout)[0][0])
+
+    def test_without_dashes_the_programs_np_and_dashes_stay_as_typed(self):
+        self.assertEqual(self.argv_seen("-np", "1", PYTHON, "-c", self.PRINT_ARGV, *self.MPI_STYLE), self.MPI_STYLE)
+        self.assertEqual(self.argv_seen("-np=1", PYTHON, "-c", self.PRINT_ARGV, "-np"), ["-np"])
+
+    def test_after_dashes_likewise(self):
+        self.assertEqual(self.argv_seen("-np", "1", "--", PYTHON, "-c", self.PRINT_ARGV, *self.MPI_STYLE), self.MPI_STYLE)
+
+    def test_submit_writes_the_programs_arguments_as_typed(self):
+        result = ddl_raw("submit", "--site", "perlmutter", "-N", "1", "-t", "00:10:00", "-A", "m1234_g", "-q", "regular",
+                         "--dry-run", "python3", "train.py", "-np", "7")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn(" -- python3 train.py -np 7\n", result.stdout)
 
 
 class UsageErrors(unittest.TestCase):
