@@ -138,12 +138,31 @@ const std::vector<std::pair<std::string, std::string>> kFrameworkProbes = {
      "    detail = 'horovod.torch: %s' % e\nprint(json.dumps({'version': horovod.__version__, 'detail': detail}))"},
 };
 
+// The module a Python "No module named 'x.y'" error names, or "" for another error.
+std::string missing_module(const std::string& error_text) {
+  static const std::regex no_module(R"(No module named '([^']+)')");
+  std::smatch m;
+  return std::regex_search(error_text, m, no_module) ? m[1].str() : std::string();
+}
+
+std::string top_level(const std::string& module) { return module.substr(0, module.find('.')); }
+
+// Why `name` does not import when the import of `missing` failed: the piece itself is absent (the
+// old Lightning's name is pytorch_lightning), or it is there and needs another one (ddl.torch
+// without torch), which must be named: "not installed" would send the user to reinstall ddl.
+std::string missing_piece_words(const std::string& name, const std::string& missing, const std::string& python) {
+  const bool itself = top_level(missing) == top_level(name) || (name == "lightning" && missing == "pytorch_lightning");
+  if (itself) return "not installed";
+  return fmt::format("installed, but needs {}, which {} cannot import (No module named '{}')", top_level(missing), python, missing);
+}
+
 CapabilityItem probe_framework(const std::string& python, const std::string& name, const std::string& code, seconds timeout) {
   CommandResult r = run_command({python, "-c", code}, timeout);
   if (r.exit_code == -1 && r.err.find("timed out") != std::string::npos)
     return item(false, name, "", fmt::format("importing it took more than {} s; not probed further", timeout.count()));
   if (r.exit_code != 0) {
-    if (r.err.find("No module named") != std::string::npos) return item(false, name, "", "not installed");
+    if (const std::string missing = missing_module(r.err); !missing.empty())
+      return item(false, name, "", missing_piece_words(name, missing, python));
     const std::string last = last_line(r.err);
     return item(false, name, "", "import failed: " + (last.empty() ? "exit " + std::to_string(r.exit_code) : last));
   }

@@ -96,6 +96,18 @@ class CheckBuild(unittest.TestCase):
             self.assertIn("  [ ] tensorflow (importing it took more than 30 s; not probed further)", result.stdout)
             self.assertIn("  [ ] horovod (import failed: RuntimeError: broken build)", result.stdout)
 
+    def test_ddl_faces_name_the_framework_a_python_lacks_rather_than_say_not_installed(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", tmp], check=True)  # no torch, no TensorFlow
+            python = os.path.join(tmp, "bin", "python")
+            result = subprocess.run([DDL, "check-build", "--python", python], capture_output=True, text=True, timeout=300)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("  [ ] torch (not installed)", result.stdout)
+        self.assertIn(f"  [ ] ddl.torch (installed, but needs torch, which {python} cannot import "
+                      "(No module named 'torch'))", result.stdout)
+        self.assertIn(f"  [ ] ddl.tensorflow (installed, but needs tensorflow, which {python} cannot import "
+                      "(No module named 'tensorflow'))", result.stdout)
+
     def test_the_site_profile_that_matches_this_machine(self):
         self.assertIn("  [X] site perlmutter (ddl submit --site perlmutter ...)", self.check_build(env={"NERSC_HOST": "perlmutter"}).stdout)
         with tempfile.TemporaryDirectory() as config:
