@@ -20,6 +20,7 @@ struct TaskLayout {
 struct TaskLine {
   int rank = 0;
   std::string text;
+  bool unfinished = false;  // text of a line that goes on later (relayed by ddl's host agent), not a whole line
 };
 
 // "3: text" (srun --label, PALS mpiexec --label; the rank may be padded with blanks).

@@ -1,6 +1,6 @@
 // `ddl agent`: what `ddl run -H` starts through the remote shell on every host but the launching
 // one. It reads the job (one line of JSON) from stdin, starts this host's workers with the contract
-// environment and this host's own GPUs, relays their output as "rank: text" lines, and supervises
+// environment and this host's own GPUs, relays their output as lines labelled with the rank (relayed_output.hpp), and supervises
 // them. Its stdin stays the launching host's voice: "signal N" lines reach the workers, and the end
 // of stdin (ddl run ended, or the connection dropped) stops them, so no worker outlives the run.
 #pragma once

@@ -4,15 +4,17 @@
 
 namespace ddl::launcher {
 
-// Passes partial_ + tail as one line. An empty redraw ('\r' right after a line end) is dropped.
+// Passes partial_ + tail as one line (less what pass_unfinished passed of it). An empty redraw
+// ('\r' right after a line end) is dropped.
 void LineSplitter::complete(std::string_view tail, char end, const LineSink& sink) {
   if (partial_.empty()) {
     if (!(end == '\r' && tail.empty())) sink(tail, end);
     return;
   }
   partial_.append(tail);
-  sink(partial_, end);
+  sink(unpassed(), end);
   partial_.clear();
+  passed_ = 0;
 }
 
 void LineSplitter::feed(std::string_view data, const LineSink& sink) {
@@ -40,11 +42,18 @@ void LineSplitter::feed(std::string_view data, const LineSink& sink) {
   }
 }
 
+void LineSplitter::pass_unfinished(const LineSink& sink) {
+  if (!has_unpassed_text()) return;
+  sink(unpassed(), kNoEnd);
+  passed_ = partial_.size();
+}
+
 void LineSplitter::finish(const LineSink& sink) {
   carriage_return_pending_ = false;
   if (partial_.empty()) return;
-  sink(partial_, '\n');
+  sink(unpassed(), '\n');
   partial_.clear();
+  passed_ = 0;
 }
 
 std::string rank_prefix(int rank) { return fmt::format("[{}] ", rank); }

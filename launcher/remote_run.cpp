@@ -21,6 +21,7 @@
 #include "launcher/host.hpp"
 #include "launcher/host_agent.hpp"
 #include "launcher/port_reservation.hpp"
+#include "launcher/relayed_output.hpp"
 #include "launcher/remote_job.hpp"
 #include "launcher/store_server.hpp"
 #include "launcher/worker_environment.hpp"
@@ -75,10 +76,12 @@ struct RemoteHost {
   std::shared_ptr<std::deque<std::string>> said = std::make_shared<std::deque<std::string>>();
 };
 
-// The agent's relayed lines are "rank: text"; its failure line and errors are kept for the
-// summary and not shown; anything else is the remote shell's or the agent's own message, shown as it is and kept.
+// The agent's relayed lines are "rank: text", or "rank+ text" for an unfinished line's text (see
+// relayed_output.hpp); its failure line and errors are kept for the summary and not shown; anything
+// else is the remote shell's or the agent's own message, shown as it is and kept.
 LineLabeller remote_labeller(const std::shared_ptr<std::deque<std::string>>& said) {
   return [said](std::string_view line) -> std::optional<std::vector<backends::TaskLine>> {
+    if (auto unfinished = relayed_unfinished_line(line)) return std::vector<backends::TaskLine>{std::move(*unfinished)};
     if (auto task = backends::rank_colon_label(line)) return std::vector<backends::TaskLine>{std::move(*task)};
     said->emplace_back(line);
     if (said->size() > 200) said->pop_front();

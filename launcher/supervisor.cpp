@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,6 +22,8 @@
 
 #include "common/error.hpp"
 #include "launcher/line_splitter.hpp"
+#include "launcher/relayed_output.hpp"
+#include "launcher/terminal_lines.hpp"
 #include "launcher/worker_process.hpp"
 
 namespace ddl::launcher {
@@ -52,6 +55,13 @@ int open_output_file(const std::string& dir, int rank, const char* stream) {
   return fd;
 }
 
+// Whether two descriptors write to the same file (stdout and stderr on one terminal).
+bool same_file(int fd1, int fd2) {
+  struct stat a {};
+  struct stat b {};
+  return ::fstat(fd1, &a) == 0 && ::fstat(fd2, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
 // Processes whose parent is `parent`: orphans of the workers are re-parented to ddl (a subreaper).
 std::vector<pid_t> children_of(pid_t parent) {
   std::vector<pid_t> children;
@@ -75,14 +85,19 @@ std::vector<pid_t> children_of(pid_t parent) {
 
 // One worker output stream (stdout or stderr) on its way to ddl's own.
 struct Stream {
-  int fd = -1;         // read end of the worker's pipe; -1 once at end of stream
-  int target_fd = -1;  // ddl's stdout or stderr
-  int file_fd = -1;    // --output-dir copy, or -1
-  std::string prefix;  // "[rank] " or empty
+  int index = 0;                      // in the run's streams: with the rank, the source of its text on the output
+  int rank = 0;                       // the worker's (a task launcher's lines say each their own)
+  int fd = -1;                        // read end of the worker's pipe; -1 once at end of stream
+  int target_fd = -1;                 // ddl's stdout or stderr
+  TerminalLines* terminal = nullptr;  // what target_fd shows
+  int file_fd = -1;                   // --output-dir copy, or -1
+  std::string prefix;                 // "[rank] " or empty
   LineSplitter splitter;
-  std::deque<std::string>* tail = nullptr;  // stderr only: the last lines, for the summary
-  const LineLabeller* labeller = nullptr;   // a task launcher's stream: lines carry task ranks
-  const char* file_suffix = "";             // "out" or "err", for per-rank files of a launcher
+  std::optional<Clock::time_point> unfinished_due;  // when its unfinished line is shown, if one waits
+  std::deque<std::string>* tail = nullptr;          // stderr only: the last lines, for the summary
+  std::string tail_line;                            // the line being put together for the tail
+  const LineLabeller* labeller = nullptr;           // a task launcher's stream: lines carry task ranks
+  const char* file_suffix = "";                     // "out" or "err", for per-rank files of a launcher
 };
 
 struct Worker {
@@ -124,7 +139,11 @@ bool write_to_pipe(int fd, std::string_view data) {
 class Run {
  public:
   Run(const SupervisorOptions& options, int signal_fd, const sigset_t& child_mask)
-      : options_(options), signal_fd_(signal_fd), control_fd_(options.control_fd), child_mask_(child_mask) {}
+      : options_(options),
+        signal_fd_(signal_fd),
+        control_fd_(options.control_fd),
+        child_mask_(child_mask),
+        stderr_terminal_(same_file(STDOUT_FILENO, STDERR_FILENO) ? &stdout_lines_ : &stderr_lines_) {}
 
   ~Run() {
     for (auto& [key, fd] : rank_files_) ::close(fd);
@@ -156,6 +175,7 @@ class Run {
     }
     kill_everything();
     drain_streams(Clock::now() + std::chrono::seconds(2));
+    end_open_lines();
     return outcome();
   }
 
@@ -174,21 +194,25 @@ class Run {
     w.labeller = launch.labeller;
     w.interrupt_signal = launch.interrupt_signal;
     w.process = launch.control_input ? spawn_with_control(launch, w) : spawn_worker(launch.program, launch.argv, launch.env, child_mask_);
-    const std::string prefix = options_.relay_with_rank_labels ? fmt::format("{}: ", launch.rank)
-                               : options_.prefix_output        ? rank_prefix(launch.rank)
-                                                               : std::string();
+    const std::string prefix = options_.prefix_output ? rank_prefix(launch.rank) : std::string();
     const bool files = !options_.output_dir.empty() && !launch.labeller && !options_.relay_with_rank_labels;
     const LineLabeller* labeller = launch.labeller ? &w.labeller : nullptr;
     Stream& out = streams_.emplace_back();
+    out.index = static_cast<int>(streams_.size()) - 1;
+    out.rank = launch.rank;
     out.fd = w.process.stdout_fd;
     out.target_fd = STDOUT_FILENO;
+    out.terminal = &stdout_lines_;
     out.file_fd = files ? open_output_file(options_.output_dir, launch.rank, "out") : -1;
     out.prefix = prefix;
     out.labeller = labeller;
     out.file_suffix = "out";
     Stream& err = streams_.emplace_back();
+    err.index = static_cast<int>(streams_.size()) - 1;
+    err.rank = launch.rank;
     err.fd = w.process.stderr_fd;
     err.target_fd = STDERR_FILENO;
+    err.terminal = stderr_terminal_;
     err.file_fd = files ? open_output_file(options_.output_dir, launch.rank, "err") : -1;
     err.prefix = prefix;
     err.tail = &w.stderr_tail;
@@ -223,7 +247,8 @@ class Run {
     return n;
   }
 
-  // Waits for output, a signal or the kill deadline, and handles what came.
+  // Waits for output, a signal, the kill deadline or the time to show an unfinished line, and
+  // handles what came.
   void step() {
     std::vector<pollfd> fds{{signal_fd_, POLLIN, 0}, {control_fd_, POLLIN, 0}};
     std::vector<Stream*> polled;
@@ -238,6 +263,7 @@ class Run {
       if (fds[i].revents != 0) read_stream(*polled[i - 2]);
     if (fds[0].revents & POLLIN) handle_signals();
     if (fds[1].revents != 0) read_control();
+    show_quiet_unfinished_lines();
     if (kill_deadline_ && Clock::now() >= *kill_deadline_) {
       escalated_ = true;
       signal_all(SIGKILL);
@@ -252,7 +278,11 @@ class Run {
 
   int ms_until_next_deadline() const {
     std::optional<Clock::time_point> next = kill_deadline_;
-    if (remote_kill_deadline_ && (!next || *remote_kill_deadline_ < *next)) next = remote_kill_deadline_;
+    auto consider = [&](const std::optional<Clock::time_point>& t) {
+      if (t && (!next || *t < *next)) next = t;
+    };
+    consider(remote_kill_deadline_);
+    for (const auto& s : streams_) consider(s.unfinished_due);
     if (!next) return -1;
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(*next - Clock::now()).count();
     return ms < 0 ? 0 : static_cast<int>(ms + 1);
@@ -282,11 +312,14 @@ class Run {
     });
   }
 
-  // Reads what is there now; the lines it completes go out in one write each way.
+  // Reads what is there now; the lines it completes go out in one write each way. An unfinished
+  // line left waiting is shown when the stream has been quiet for kUnfinishedLineQuietTime; a task
+  // launcher's is not (its label starts the line: the rest of the line is needed to read it).
   void read_stream(Stream& s) {
     char buf[65536];
     ssize_t n = ::read(s.fd, buf, sizeof buf);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    s.unfinished_due.reset();
     if (n <= 0) {
       emit(s, [&](auto sink) { s.splitter.finish(sink); });
       ::close(s.fd);
@@ -294,26 +327,57 @@ class Run {
       return;
     }
     emit(s, [&](auto sink) { s.splitter.feed(std::string_view(buf, static_cast<size_t>(n)), sink); });
+    if (s.labeller == nullptr && s.splitter.has_unpassed_text()) s.unfinished_due = Clock::now() + kUnfinishedLineQuietTime;
   }
 
+  void show_quiet_unfinished_lines() {
+    const auto now = Clock::now();
+    for (auto& s : streams_) {
+      if (!s.unfinished_due || now < *s.unfinished_due) continue;
+      s.unfinished_due.reset();
+      emit(s, [&](auto sink) { s.splitter.pass_unfinished(sink); });
+    }
+  }
+
+  // Sends what the splitter passes: `text` and its `end` ('\n', '\r', or LineSplitter::kNoEnd).
   template <typename Split>
   void emit(Stream& s, Split split) {
     std::string to_terminal;
     std::string to_file;
-    split([&](std::string_view line, char end) {
+    split([&](std::string_view text, char end) {
       if (s.labeller != nullptr) {
-        emit_labelled(s, line, end, to_terminal);
+        emit_labelled(s, text, end, to_terminal);
       } else {
-        to_terminal.append(s.prefix).append(line).push_back(end);
-        if (s.file_fd >= 0) to_file.append(line).push_back(end);
+        to_terminal.append(shown(s, text, end));
+        if (s.file_fd >= 0) append_with_end(to_file, text, end);
       }
-      if (s.tail != nullptr && end == '\n') {  // a progress bar's redraws are not lines to remember
-        s.tail->emplace_back(line);
-        if (s.tail->size() > (s.labeller ? kLauncherStderrTailLines : kStderrTailLines)) s.tail->pop_front();
-      }
+      remember_for_summary(s, text, end);
     });
     write_all(s.target_fd, to_terminal);
     if (s.file_fd >= 0) write_all(s.file_fd, to_file);
+  }
+
+  // A worker's text as ddl's output shows it, or as its host's agent relays it.
+  std::string shown(Stream& s, std::string_view text, char end) {
+    if (options_.relay_with_rank_labels) return relayed_piece(s.rank, text, end);
+    return s.terminal->show({s.index, s.rank}, s.prefix, text, end);
+  }
+
+  static void append_with_end(std::string& to, std::string_view text, char end) {
+    to.append(text);
+    if (end != LineSplitter::kNoEnd) to.push_back(end);
+  }
+
+  // Whole lines of stderr, for the failure summary; a progress bar's redraws are not lines to remember.
+  static void remember_for_summary(Stream& s, std::string_view text, char end) {
+    if (s.tail == nullptr) return;
+    s.tail_line.append(text);
+    if (end == LineSplitter::kNoEnd) return;
+    if (end == '\n') {
+      s.tail->push_back(std::move(s.tail_line));
+      if (s.tail->size() > (s.labeller ? kLauncherStderrTailLines : kStderrTailLines)) s.tail->pop_front();
+    }
+    s.tail_line.clear();
   }
 
   // A task launcher's line: "[rank] text" for each task line it completes (the launcher's own
@@ -321,14 +385,24 @@ class Run {
   void emit_labelled(Stream& s, std::string_view line, char end, std::string& to_terminal) {
     std::optional<std::vector<backends::TaskLine>> labelled = (*s.labeller)(line);
     if (!labelled) {
-      to_terminal.append(line).push_back(end);
+      to_terminal.append(s.terminal->show({s.index, kLaunchersOwnLine}, "", line, end));
       return;
     }
     for (const backends::TaskLine& task : *labelled) {
-      if (options_.prefix_output) to_terminal.append(rank_prefix(task.rank));
-      to_terminal.append(task.text).push_back(end);
-      if (!options_.output_dir.empty()) write_rank_file(task.rank, s.file_suffix, task.text + end);
+      const char task_end = task.unfinished ? LineSplitter::kNoEnd : end;
+      const std::string prefix = options_.prefix_output ? rank_prefix(task.rank) : std::string();
+      to_terminal.append(s.terminal->show({s.index, task.rank}, prefix, task.text, task_end));
+      if (options_.output_dir.empty()) continue;
+      std::string text = task.text;
+      append_with_end(text, {}, task_end);
+      write_rank_file(task.rank, s.file_suffix, text);
     }
+  }
+
+  // At the end of the run: a line left open on ddl's output is ended before ddl's own words.
+  void end_open_lines() {
+    write_all(STDOUT_FILENO, stdout_lines_.end_open_line());
+    if (stderr_terminal_ != &stdout_lines_) write_all(STDERR_FILENO, stderr_lines_.end_open_line());
   }
 
   void write_rank_file(int rank, const char* suffix, const std::string& text) {
@@ -501,6 +575,10 @@ class Run {
   const sigset_t& child_mask_;
   std::vector<Worker> workers_;
   std::vector<Stream> streams_;
+  TerminalLines stdout_lines_;                             // what ddl's stdout shows
+  TerminalLines stderr_lines_;                             // what ddl's stderr shows, when it is not where stdout goes
+  TerminalLines* stderr_terminal_;                         // stderr_lines_, or stdout_lines_ when both go to one file
+  static constexpr int kLaunchersOwnLine = -1;             // the rank of a task launcher's own lines
   std::map<std::pair<int, std::string>, int> rank_files_;  // a task launcher's per-rank output files
   bool stopping_ = false;
   int workers_stopped_ = 0;

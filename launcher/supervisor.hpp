@@ -1,7 +1,7 @@
 // Runs the workers of one node and watches them: forwards their output line by line (prefixed
-// with the rank), forwards SIGINT/SIGTERM/SIGHUP to them, and on the first worker that fails stops
-// all the others (SIGTERM, then SIGKILL after the grace period). When it returns, no worker and
-// nothing a worker started is left running.
+// with the rank; an unfinished line once its worker is quiet), forwards SIGINT/SIGTERM/SIGHUP to
+// them, and on the first worker that fails stops all the others (SIGTERM, then SIGKILL after the
+// grace period). When it returns, no worker and nothing a worker started is left running.
 #pragma once
 
 #include <signal.h>
@@ -26,8 +26,8 @@ struct SupervisorOptions {
   // On a host of `ddl run -H`, the agent's stdin from the launching host: a line "signal N" acts as
   // signal N arriving, and its end (the connection dropped) as SIGHUP. -1: none.
   int control_fd = -1;
-  // Output lines go out as "rank: text" for the launching host to label (prefix_output and
-  // output_dir are then the launching host's business).
+  // Output goes out as lines labelled with the rank (relayed_output.hpp) for the launching host
+  // to label (prefix_output and output_dir are then the launching host's business).
   bool relay_with_rank_labels = false;
 };
 
@@ -86,6 +86,11 @@ class Supervisor {
   sigset_t original_mask_{};
   int signal_fd_ = -1;
 };
+
+// A worker's unfinished line (no '\n' or '\r' yet: a prompt, "Loading...", a progress bar's current
+// state) is shown once its stream has been quiet this long, as a terminal would show it; what
+// comes later continues it (TerminalLines keeps the lines of different workers apart).
+inline constexpr std::chrono::milliseconds kUnfinishedLineQuietTime{100};
 
 // Lines of stderr kept per worker for the failure summary.
 inline constexpr size_t kStderrTailLines = 10;

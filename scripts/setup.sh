@@ -30,6 +30,7 @@ test_packages=(
   jupyter-notebook python3-jupyter-server  # integration tests: ddl jupyter starts a real server
   openssh-server openssh-client iproute2 util-linux  # integration tests: hosts of scripts/testbed.sh, ddl run -H over ssh
   git                             # the pip-install test copies the checkout's files
+  python3-tqdm                    # integration tests: a real tqdm progress bar under ddl run
 )
 ((for_tests)) && packages+=("${test_packages[@]}")
 

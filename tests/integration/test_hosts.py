@@ -4,8 +4,11 @@ started over real ssh. The launching host is ddlhost1; processes are looked for 
 machine (the hosts share its process table), by a marker unique to each test."""
 import json
 import os
+import re
+import select
 import signal
 import subprocess
+import time
 import unittest
 
 from testbed_hosts import LIGHTNING_PYTHON, LIGHTNING_TRAIN, TESTBED, bed, lightning_reports, workers
@@ -247,6 +250,32 @@ class HostsTest(unittest.TestCase):
         self.assertNotEqual(launcher.returncode, 0)
         self.assertIn("ddl: error: lost ddlhost2", err)
         self.assert_nothing_left()
+
+    def test_unfinished_lines_of_remote_workers_show_while_they_wait_and_end_once(self):
+        go = os.path.join(self.shared, f"go.{self.marker}")
+        self.addCleanup(lambda: os.path.exists(go) and os.remove(go))
+        script = ("import os, sys, time\n"
+                  "sys.stdout.write('Loading ' + os.environ['RANK'] + '...'); sys.stdout.flush()\n"
+                  "while not os.path.exists(sys.argv[2]): time.sleep(0.05)\n"
+                  "print(' done')\n")
+        launcher = start_on_host("ddlhost1", DDL, "run", "--cpu", "-H", HOSTS, "--", PYTHON, "-c", script, self.marker, go)
+        seen = ""
+        live = lambda: all(f"[{r}] Loading {r}..." in seen for r in range(4))
+        deadline = time.monotonic() + 60
+        while not live() and time.monotonic() < deadline:
+            if select.select([launcher.stdout], [], [], 0.5)[0]:
+                seen += os.read(launcher.stdout.fileno(), 65536).decode()
+        self.assertTrue(live(), f"every rank's unfinished line should show while the workers wait: {seen!r}")
+        self.assertIsNone(launcher.poll(), "the workers should still be waiting")
+        open(go, "w").close()
+        out, err = launcher.communicate(timeout=60)
+        self.assertEqual(launcher.returncode, 0, seen + out + err)
+        text = {r: "" for r in range(4)}
+        for line in (seen + out).splitlines():
+            m = re.match(r"^\[(\d)\] ((?:Loading \1\.\.\.)?(?: done)?)$", line)
+            self.assertIsNotNone(m, f"a line with more than one prefix or rank: {line!r} in {seen + out!r}")
+            text[int(m[1])] += m[2]
+        self.assertEqual(text, {r: f"Loading {r}... done" for r in range(4)})
 
     def test_bad_hosts_get_one_clear_line(self):
         cases = [

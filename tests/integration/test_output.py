@@ -2,6 +2,7 @@
 import os
 import re
 import select
+import shutil
 import subprocess
 import tempfile
 import time
@@ -92,6 +93,111 @@ class Output(unittest.TestCase):
         finally:
             proc.terminate()  # ddl stops its worker on SIGTERM
             proc.wait(timeout=60)
+
+class PartialLines(unittest.TestCase):
+    """Output without a line end is shown once the worker has been quiet for a short time (0.1 s),
+    and the display stays whole when the line goes on, ends or is redrawn."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.go = os.path.join(self.tmp, "go")  # the workers wait for it, so that only a live view shows what they wrote
+
+    def start(self, *args, stream="stdout"):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PBS_"))}
+        proc = subprocess.Popen([DDL, "run", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        self.addCleanup(self.stop, proc)
+        return proc, (proc.stdout if stream == "stdout" else proc.stderr)
+
+    def stop(self, proc):
+        if proc.poll() is None:
+            open(self.go, "w").close()
+            proc.terminate()  # ddl stops its workers on SIGTERM
+            proc.wait(timeout=60)
+        proc.stdout.close()
+        proc.stderr.close()
+
+    def read_until(self, proc, pipe, predicate, seen=b"", timeout=20):
+        """Reads PIPE as the bytes come until PREDICATE(all read so far) holds or TIMEOUT passes."""
+        deadline = time.monotonic() + timeout
+        while not predicate(seen) and time.monotonic() < deadline:
+            ready, _, _ = select.select([pipe], [], [], 0.5)
+            if ready:
+                chunk = os.read(pipe.fileno(), 65536)
+                if not chunk:
+                    break
+                seen += chunk
+        return seen
+
+    def finish(self, proc, pipe, seen):
+        """Lets the workers go on, and returns all the output they made."""
+        open(self.go, "w").close()
+        seen = self.read_until(proc, pipe, lambda _: False, seen, timeout=60)
+        proc.wait(timeout=60)
+        self.assertEqual(proc.returncode, 0, proc.stderr.read().decode() if pipe is proc.stdout else "")
+        return seen
+
+    WAITING_WRITER = ("import os, sys, time\n"
+                      "sys.stdout.write('Loading ' + os.environ['RANK'] + '...'); sys.stdout.flush()\n"
+                      "while not os.path.exists(sys.argv[1]): time.sleep(0.05)\n"
+                      "print(' done')\n")
+
+    def test_text_without_a_line_end_shows_while_the_worker_waits_and_the_line_ends_once(self):
+        proc, pipe = self.start("-np", "1", "--", PYTHON, "-c", self.WAITING_WRITER, self.go)
+        seen = self.read_until(proc, pipe, lambda s: b"Loading 0..." in s)
+        self.assertEqual(seen, b"[0] Loading 0...")
+        self.assertIsNone(proc.poll(), "the worker should still be waiting")
+        self.assertEqual(self.finish(proc, pipe, seen), b"[0] Loading 0... done\n")
+
+    def test_without_prefixes_too(self):
+        proc, pipe = self.start("-np", "1", "--no-prefix", "--", PYTHON, "-c", self.WAITING_WRITER, self.go)
+        seen = self.read_until(proc, pipe, lambda s: b"Loading 0..." in s)
+        self.assertEqual(seen, b"Loading 0...")
+        self.assertIsNone(proc.poll(), "the worker should still be waiting")
+        self.assertEqual(self.finish(proc, pipe, seen), b"Loading 0... done\n")
+
+    def test_tqdm_shows_each_rank_s_current_percentage(self):
+        script = ("import os, sys, time\n"
+                  "from tqdm import tqdm\n"
+                  "rank = os.environ['RANK']\n"
+                  "bar = tqdm(total=4, desc='rank' + rank, mininterval=0, miniters=1, ascii=True, ncols=60)\n"
+                  "for _ in range(2):\n"
+                  "    time.sleep(0.2); bar.update(1)\n"
+                  "while not os.path.exists(sys.argv[1]): time.sleep(0.05)\n"
+                  "bar.update(2); bar.close()\n")
+        proc, pipe = self.start("-np", "2", "--", PYTHON, "-c", script, self.go, stream="stderr")
+        live = lambda s: all(re.search(rb"\[%d\] rank%d:  50%%" % (r, r), s) for r in (0, 1))
+        seen = self.read_until(proc, pipe, live)
+        self.assertTrue(live(seen), f"each rank's 50% should show while the workers wait: {seen!r}")
+        self.assertIsNone(proc.poll(), "the workers should still be waiting")
+        seen = self.finish(proc, pipe, seen)
+        for line in seen.split(b"\n"):
+            for shown in filter(None, line.split(b"\r")):  # what each redraw puts on the terminal line
+                self.assertRegex(shown, rb"^\[(\d)\] rank\1: +\d+%\|[#0-9 ]*\| \d/4 \[", seen)
+        for r in (0, 1):
+            self.assertRegex(seen, rb"\[%d\] rank%d: 100%%\|#+\| 4/4 \[[^\r\n]*\n" % (r, r))
+
+    def test_two_ranks_writing_unfinished_lines_at_once_stay_readable(self):
+        script = ("import os, sys, time\n"
+                  "rank = os.environ['RANK']\n"
+                  "for i in range(4):\n"
+                  "    sys.stdout.write(f'r{rank}-{i} '); sys.stdout.flush(); time.sleep(0.3)\n"
+                  "while not os.path.exists(sys.argv[1]): time.sleep(0.05)\n"
+                  "print('end', rank)\n")
+        proc, pipe = self.start("-np", "2", "--", PYTHON, "-c", script, self.go)
+        live = lambda s: b"r0-3 " in s and b"r1-3 " in s
+        seen = self.read_until(proc, pipe, live)
+        self.assertTrue(live(seen), f"both ranks' unfinished lines should show while the workers wait: {seen!r}")
+        seen = self.finish(proc, pipe, seen).decode()
+        self.assertTrue(seen.endswith("\n"), seen)
+        pieces = {"0": "", "1": ""}
+        for line in seen.splitlines():
+            m = re.match(r"^\[(\d)\] ((?:r(\d)-\d )*(?:end \d)?)$", line)
+            self.assertIsNotNone(m, f"a line with more than one prefix or rank: {line!r} in {seen!r}")
+            self.assertNotRegex(m[2], rf"r[^{m[1]}]-|end [^{m[1]}]", f"another rank's text on the line of rank {m[1]}: {seen!r}")
+            pieces[m[1]] += m[2]
+        for r in ("0", "1"):  # each rank's text, in order, nothing lost or doubled
+            self.assertEqual(pieces[r], f"r{r}-0 r{r}-1 r{r}-2 r{r}-3 end {r}")
 
 
 if __name__ == "__main__":
