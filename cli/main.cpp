@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
 
 #include "cli/agent_command.hpp"
@@ -20,6 +22,8 @@
 #include "launcher/worker_process.hpp"
 
 namespace {
+
+void print_error(const std::string& message, const std::string& hint);
 
 struct SplitArguments {
   std::vector<std::string> ddl_args;                // ddl's own, for CLI11 ("-np" spelled "--np")
@@ -78,6 +82,73 @@ std::optional<std::vector<std::string>> parse_ddl_arguments(CLI::App& app, const
   return std::nullopt;
 }
 
+// Letters to change, add or drop to turn a into b (for "did you mean").
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// The first word must be a command (or --help/--version): say which word is wrong and what was meant,
+// rather than CLI11's "A subcommand is required".
+void check_command_word(const CLI::App& app, const std::vector<std::string>& words) {
+  if (words.empty()) return;
+  const std::string& word = words.front();
+  if (word == "-h" || word == "--help" || word == "--help-all" || word == "--version") return;
+  std::vector<std::string> names;
+  for (const CLI::App* sub : app.get_subcommands({})) {
+    if (sub->get_name() == word) return;
+    if (!sub->get_group().empty()) names.push_back(sub->get_name());  // hidden ones (the agent) not offered
+  }
+  const std::string commands = fmt::format("the commands are {}; see `ddl --help`", fmt::join(names, ", "));
+  if (word.starts_with("-"))
+    throw ddl::UsageError(fmt::format("{} comes before a command", word),
+                          fmt::format("options follow the command they belong to, e.g. `ddl run {} ...`; {}", word, commands));
+  std::string closest;
+  for (const auto& name : names)
+    if (edit_distance(word, name) <= 2 && (closest.empty() || edit_distance(word, name) < edit_distance(word, closest))) closest = name;
+  throw ddl::UsageError(fmt::format("'{}' is not a ddl command", word),
+                        closest.empty() ? commands : fmt::format("did you mean `ddl {}`? {}", closest, commands));
+}
+
+// The deepest command the parse reached (`sites show` under `sites`); the top-level app before any.
+const CLI::App* parsed_command(const CLI::App& app) {
+  for (const CLI::App* sub : app.get_subcommands())
+    if (sub->parsed()) return parsed_command(*sub);
+  return &app;
+}
+
+// "ddl sites show" for the `show` command under `sites`.
+std::string command_line_name(const CLI::App* command) {
+  std::vector<std::string> names;
+  for (; command != nullptr; command = command->get_parent()) names.insert(names.begin(), command->get_name());
+  return fmt::format("{}", fmt::join(names, " "));
+}
+
+// CLI11's parse error as one line naming the command, and a hint to that command's own help. A word
+// the command does not know is named first, even where CLI11 would first say what is missing.
+void print_parse_error(const CLI::App& app, const CLI::ParseError& e) {
+  const CLI::App* command = parsed_command(app);
+  const std::string name = command_line_name(command);
+  const std::string help = fmt::format("see `{} --help`", name);
+  const std::vector<std::string> unknown = command->remaining();
+  if (command != &app && !unknown.empty()) {
+    const std::string& word = unknown.front();
+    print_error(fmt::format("{} has no {} {}", name, word.starts_with("-") ? "option" : "argument", word), help);
+    return;
+  }
+  print_error(e.what(), help);
+}
+
 void print_error(const std::string& message, const std::string& hint) {
   std::fprintf(stderr, "ddl: error: %s\n", message.c_str());
   if (!hint.empty()) std::fprintf(stderr, "hint: %s\n", hint.c_str());
@@ -96,8 +167,7 @@ int exit_status_for(const ddl::Error& e) {
 int main(int argc, char** argv) {
   CLI::App app{"ddl: launch and supervise distributed deep-learning training", "ddl"};
   app.set_version_flag("--version", std::string(DDL_VERSION));
-  app.require_subcommand(1);
-  app.allow_extras();  // `run` passes its program and arguments through (see RunCommand)
+  app.require_subcommand(1);  // no extras: every command refuses a word it does not know (run's program is a prefix command's)
   ddl::cli::RunCommand run(app);
   ddl::cli::ExecCommand exec(app);
   ddl::cli::SubmitCommand submit(app);
@@ -110,6 +180,7 @@ int main(int argc, char** argv) {
   const SplitArguments split = split_arguments(argc, argv);
   std::optional<std::vector<std::string>> program;
   try {
+    check_command_word(app, split.as_typed);
     program = parse_ddl_arguments(app, split);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
@@ -118,7 +189,10 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    print_error(e.what(), "see `ddl --help` or `ddl run --help`");
+    print_parse_error(app, e);
+    return 2;
+  } catch (const ddl::UsageError& e) {
+    print_error(e.what(), e.hint());
     return 2;
   }
   try {

@@ -105,6 +105,35 @@ class ProgramArguments(unittest.TestCase):
         self.assertIn(" -- python3 train.py -np 7\n", result.stdout)
 
 
+class UnknownWords(unittest.TestCase):
+    """Every command refuses a flag it does not know, naming the command and the flag, before doing
+    anything (a script waiting for `check-build --json` must not get the text report)."""
+    COMMANDS = [["run"], ["exec"], ["submit"], ["sites"], ["sites", "show", "perlmutter"], ["status"], ["cancel"],
+                ["jupyter"], ["jupyter", "start"], ["jupyter", "tunnel"], ["jupyter", "stop"], ["check-build"]]
+
+    def test_every_command_refuses_an_unknown_flag_naming_it(self):
+        for command in self.COMMANDS:
+            with self.subTest(command):
+                result = ddl_raw(*command, "--jsn", timeout=60)
+                self.assertEqual(result.returncode, 2, result.stdout + result.stderr)
+                self.assertEqual(result.stdout, "")
+                name = " ".join(c for c in command if c != "perlmutter")
+                self.assertEqual(result.stderr.splitlines(),
+                                 [f"ddl: error: ddl {name} has no option --jsn", f"hint: see `ddl {name} --help`"]
+                                 if command[0] not in ("run", "exec", "submit") else result.stderr.splitlines())
+                self.assertIn(f"ddl {name} has no option --jsn", result.stderr)
+
+    def test_a_mistyped_or_missing_command_is_named_and_run_suggested(self):
+        result = ddl_raw("runn", "-np", "2", "--", "./x")
+        self.assertEqual(result.returncode, 2)
+        self.assertEqual(result.stderr.splitlines()[0], "ddl: error: 'runn' is not a ddl command")
+        self.assertIn("did you mean `ddl run`?", result.stderr)
+        result = ddl_raw("-np", "2", "--", "./x")
+        self.assertEqual(result.returncode, 2)
+        self.assertEqual(result.stderr.splitlines()[0], "ddl: error: -np comes before a command")
+        self.assertIn("`ddl run -np ...`", result.stderr)
+
+
 class UsageErrors(unittest.TestCase):
     def test_several_nodes_outside_an_allocation_says_how_to_get_one(self):
         result = ddl("run", "-N", "2", "--", "true")
