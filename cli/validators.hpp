@@ -10,8 +10,19 @@
 
 namespace ddl::cli {
 
-// Counts of workers, nodes, GPUs and cores: whole numbers from 1 to 2^20.
-inline CLI::Validator whole_count(int minimum = 1) { return CLI::Range(minimum, 1 << 20); }
+// Counts of workers, nodes, GPUs and cores: whole numbers from 1 to 2^20 ("-np abc" is not "out of range").
+inline CLI::Validator whole_count(int minimum = 1) {
+  constexpr long long most = 1 << 20;
+  return CLI::Validator(
+      [minimum](std::string& text) -> std::string {
+        char* end = nullptr;
+        const long long count = std::strtoll(text.c_str(), &end, 10);
+        if (text.empty() || *end != '\0' || count < minimum || count > most)
+          return "must be a whole number from " + std::to_string(minimum) + " to " + std::to_string(most) + ", not " + text;
+        return {};
+      },
+      "COUNT");
+}
 
 // A finite number of seconds from 0 to `most`.
 inline CLI::Validator seconds_at_most(double most) {

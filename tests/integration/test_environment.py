@@ -149,7 +149,9 @@ class UsageErrors(unittest.TestCase):
             self.assertIn(needle, result.stderr.splitlines()[0])
 
     def test_numbers_that_are_not_numbers_are_refused_with_the_range(self):
-        for args, says in ((["-np", "0"], "--np: Value 0 not in range 1 to 1048576"),
+        for args, says in ((["-np", "0"], "--np: must be a whole number from 1 to 1048576, not 0"),
+                           (["-np", "abc"], "--np: must be a whole number from 1 to 1048576, not abc"),
+                           (["-np", "2.5"], "not 2.5"),
                            (["--grace-period", "nan", "-np", "1"], "--grace-period: must be a number of seconds from 0 to 86400, not nan"),
                            (["--grace-period", "1e300", "-np", "1"], "not 1e300"),
                            (["--grace-period", "inf", "-np", "1"], "not inf")):
