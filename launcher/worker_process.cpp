@@ -21,6 +21,33 @@ bool is_executable_file(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
 }
 
+// How to run a script through its interpreter, by its name: "python3 t.py".
+std::string through_interpreter(const std::string& name) {
+  if (name.ends_with(".py")) return "python3 " + name;
+  if (name.ends_with(".sh")) return "bash " + name;
+  return "INTERPRETER " + name;
+}
+
+// A file the kernel can execute: a binary (ELF) or a script with a #! line. Anything else fails
+// with "Exec format error" only once the workers start, so it is refused before.
+void require_executable_format(const std::string& name, const std::string& path) {
+  char head[4] = {};
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;  // readable by exec only: let exec say what it thinks
+  const ssize_t n = ::read(fd, head, sizeof head);
+  ::close(fd);
+  const bool elf = n == 4 && std::memcmp(head,
+                                         "\x7f"
+                                         "ELF",
+                                         4) == 0;
+  const bool script = n >= 2 && head[0] == '#' && head[1] == '!';
+  if (elf || script) return;
+  throw ProgramNotRunnable(fmt::format("program '{}' is neither a binary nor a script with a #! line, so it cannot be run", name),
+                           fmt::format("add a first line such as #!/usr/bin/env python3, or run it through its interpreter: "
+                                       "ddl run ... -- {}",
+                                       through_interpreter(name)));
+}
+
 void write_all(int fd, const char* data, size_t size) {
   while (size > 0) {
     ssize_t n = ::write(fd, data, size);
@@ -36,7 +63,10 @@ void write_all(int fd, const char* data, size_t size) {
 std::string resolve_program(const std::string& name, const std::string& path) {
   if (name.empty()) throw ProgramNotRunnable("no program to run", "put the program after --: ddl run -np 4 -- python train.py");
   if (name.find('/') != std::string::npos) {
-    if (is_executable_file(name)) return name;
+    if (is_executable_file(name)) {
+      require_executable_format(name, name);
+      return name;
+    }
     bool exists = ::access(name.c_str(), F_OK) == 0;
     throw ProgramNotRunnable(fmt::format("program '{}' {}", name, exists ? "is not an executable file" : "does not exist"),
                              exists ? "check its permissions (chmod +x) or run it through its interpreter" : "check the path");
@@ -46,10 +76,16 @@ std::string resolve_program(const std::string& name, const std::string& path) {
     size_t colon = path.find(':', start);
     std::string dir = path.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
     std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + name;
-    if (is_executable_file(candidate)) return candidate;
+    if (is_executable_file(candidate)) {
+      require_executable_format(name, candidate);
+      return candidate;
+    }
     if (colon == std::string::npos) break;
     start = colon + 1;
   }
+  if (::access(name.c_str(), F_OK) == 0)  // in the current folder, which PATH lookup does not search (as a shell)
+    throw ProgramNotRunnable(fmt::format("program '{}' was not found in PATH; the one in the current folder is not looked for there", name),
+                             fmt::format("run it as ./{} or as {}", name, through_interpreter(name)));
   throw ProgramNotRunnable(fmt::format("program '{}' was not found in PATH", name),
                            "check the spelling, load its module or environment, or give its full path");
 }

@@ -2,6 +2,7 @@
 import json
 import os
 import re
+import tempfile
 import unittest
 
 from ddl_testing import PYTHON, ddl, ddl_raw, lines_by_rank
@@ -103,6 +104,33 @@ class ProgramArguments(unittest.TestCase):
                          "--dry-run", "python3", "train.py", "-np", "7")
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertIn(" -- python3 train.py -np 7\n", result.stdout)
+
+
+class ProgramsThatCannotRun(unittest.TestCase):
+    """A program that cannot run is one clear error before any worker starts (docs/run.md)."""
+
+    def test_a_script_without_a_shebang_line_is_refused_with_its_interpreter(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            script = os.path.join(tmp, "t.py")
+            with open(script, "w") as f:
+                f.write("print('started')\n")
+            os.chmod(script, 0o755)
+            result = ddl("-np", "2", "--", "./t.py", cwd=tmp)
+        self.assertEqual(result.returncode, 127, result.stderr)
+        self.assertEqual(result.stdout, "")  # no worker started
+        self.assertEqual(result.stderr.splitlines(), [
+            "ddl: error: program './t.py' is neither a binary nor a script with a #! line, so it cannot be run",
+            "hint: add a first line such as #!/usr/bin/env python3, or run it through its interpreter: "
+            "ddl run ... -- python3 ./t.py"])
+
+    def test_a_program_in_the_current_folder_but_not_in_path_gets_dot_slash_suggested(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "train.py"), "w") as f:
+                f.write("#!/usr/bin/env python3\n")
+            result = ddl("-np", "1", "--", "train.py", cwd=tmp)
+        self.assertEqual(result.returncode, 127, result.stderr)
+        self.assertIn("program 'train.py' was not found in PATH", result.stderr)
+        self.assertIn("hint: run it as ./train.py or as python3 train.py", result.stderr)
 
 
 class UnknownWords(unittest.TestCase):
