@@ -97,6 +97,8 @@ def _():
     assert isinstance(out, tf.IndexedSlices)
     assert out.indices.numpy().tolist() == list(range(N))
     assert np.allclose(out.values.numpy()[:, 0], [(r + 1) / N for r in range(N)])
+    expect_error(NotImplementedError, hvd.allreduce, slices, prescale_factor=0.5)  # as Horovod's
+    expect_error(NotImplementedError, hvd.grouped_allreduce, [slices], postscale_factor=2.0)
 
 
 @check("allgather with first dimensions differing by rank, grouped, bool")
@@ -123,6 +125,21 @@ def _():
     hvd.broadcast_variables([a, b], root_rank=root)
     assert float(a.numpy()) == root and b.numpy().tolist() == [root, root]
     expect_error(ValueError, hvd.broadcast, data(R), N + 3)
+
+
+@check("allgather, broadcast and alltoall move dtypes libddl does not reduce (uint16, uint32, uint64, bool)")
+def _():
+    for dtype in (tf.uint16, tf.uint32, tf.uint64, tf.bool):
+        mine = tf.cast(tf.fill([N, 2], R + 1), dtype)
+        for mode, out in in_modes(lambda: hvd.allgather(mine)).items():
+            assert out.dtype == dtype and out.shape == (N * N, 2), (mode, dtype, out)
+            assert out.numpy().tolist() == tf.cast(tf.repeat(tf.range(1, N + 1), N * 2), dtype).numpy().reshape(
+                N * N, 2).tolist(), (mode, dtype, out)
+        for mode, out in in_modes(lambda: hvd.broadcast(mine, N - 1)).items():
+            assert out.numpy().tolist() == tf.cast(tf.fill([N, 2], N), dtype).numpy().tolist(), (mode, dtype, out)
+        for mode, out in in_modes(lambda: hvd.alltoall(mine)).items():
+            assert out.numpy().tolist() == tf.cast(tf.reshape(tf.repeat(tf.range(1, N + 1), 2), [N, 2]),
+                                                   dtype).numpy().tolist(), (mode, dtype, out)
 
 
 @check("alltoall with and without splits")

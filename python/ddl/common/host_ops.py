@@ -36,6 +36,22 @@ def reduce_op(op, average, default=Average):
     return op
 
 
+# Where data only moves (allgather, broadcast, alltoall), a dtype libddl does not reduce (bool, uint16,
+# uint32, uint64) travels as the signed integer of its size: the bytes are what matter.
+_SAME_SIZE = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
+
+
+def movable(array):
+    """`array` viewed as a dtype libddl can move (the same bytes), or itself when libddl has its dtype."""
+    if array.dtype.name in _DTYPES:
+        return array
+    same = _SAME_SIZE.get(array.dtype.itemsize) if array.dtype.kind in "biu" else None
+    if same is None:
+        raise ValueError(f"tensors of type {array.dtype.name} cannot be moved: use a boolean, integer or "
+                         f"floating type")
+    return array.view(same)
+
+
 def ddl_dtype(array, moves_only=False):
     """libddl's dtype of a numpy array; bool travels as uint8 where data only moves."""
     name = array.dtype.name
@@ -210,7 +226,7 @@ def grouped_allgather(arrays, name=None, process_set=None, kind="grouped_allgath
     for a in arrays:
         a = _contiguous(a)
         inputs.append(a.reshape(1) if a.ndim == 0 else a)
-    datas = [a.view(np.uint8) if a.dtype == np.bool_ else a for a in inputs]
+    datas = [movable(a) for a in inputs]
     for d in datas:
         ddl_dtype(d)
     results = [None] * len(inputs)
@@ -226,7 +242,7 @@ def grouped_allgather(arrays, name=None, process_set=None, kind="grouped_allgath
         # releases the handles.
         for i, h in enumerate(handles):
             out, _ = _gathered(h, n, _row_elements(inputs[i].shape), datas[i], inputs[i].shape[1:])
-            results[i] = out.view(np.bool_) if inputs[i].dtype == np.bool_ else out
+            results[i] = out.view(inputs[i].dtype)
 
     if inputs:
         _run(kind, name, ps, submit_all)
@@ -244,7 +260,7 @@ def grouped_broadcast(arrays, root_rank, name=None, process_set=None, kind="broa
     ps = target(process_set)
     root = root_in_set(root_rank, ps)
     outputs = [np.array(a, copy=True, order="C") for a in arrays]
-    datas = [o.view(np.uint8) if o.dtype == np.bool_ else o for o in outputs]
+    datas = [movable(o) for o in outputs]
     for d in datas:
         ddl_dtype(d)
     keep = []
@@ -289,7 +305,7 @@ def alltoall(array, splits=None, name=None, process_set=None):
         if sum(send) > src.shape[0]:
             raise ValueError(f"the sum of splits ({sum(send)}) exceeds the first dimension of the tensor "
                              f"({src.shape[0]})")
-    data = src.view(np.uint8) if src.dtype == np.bool_ else src
+    data = movable(src)
     dtype = ddl_dtype(data)
     row = _row_elements(src.shape)
     box = []
@@ -302,7 +318,7 @@ def alltoall(array, splits=None, name=None, process_set=None):
 
     _run("alltoall", name, ps, submit_all)
     out, received = box[0]
-    return (out.view(np.bool_) if src.dtype == np.bool_ else out), np.asarray(received, dtype=np.int32)
+    return out.view(src.dtype), np.asarray(received, dtype=np.int32)
 
 
 # ---- reducescatter ----

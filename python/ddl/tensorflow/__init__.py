@@ -20,6 +20,7 @@ from ddl.common.basics import (init, shutdown, is_initialized, rank, size, local
                                gloo_built, gloo_enabled, nccl_built, ddl_built, ccl_built, cuda_built, rocm_built,
                                start_timeline, stop_timeline)
 from ddl.common.process_sets import ProcessSet, global_process_set, add_process_set, remove_process_set  # noqa: F401
+from ddl.tensorflow import mpi_ops as _mpi_ops
 from ddl.tensorflow.compression import Compression
 from ddl.tensorflow.mpi_ops import (Average, Sum, Adasum, Min, Max, Product, HorovodInternalError,  # noqa: F401
                                     allreduce, grouped_allreduce, allgather, grouped_allgather, broadcast, broadcast_,
@@ -54,12 +55,18 @@ def _allreduce_gradients(grads, compression, sparse_as_dense, op, gradient_predi
         if sparse_as_dense and isinstance(g, tf.IndexedSlices):
             g = tf.convert_to_tensor(g)
         to_reduce.append(g)
-    reduced = grouped_allreduce(to_reduce, compression=compression, op=op, prescale_factor=prescale,
-                                postscale_factor=postscale, process_set=process_set,
+    # Dense gradients in one libddl group; IndexedSlices allgathered, scaled as the dense ones (the
+    # public allreduce refuses factors with IndexedSlices, as Horovod's does).
+    dense = [k for k, g in enumerate(to_reduce) if not isinstance(g, tf.IndexedSlices)]
+    reduced = grouped_allreduce([to_reduce[k] for k in dense], compression=compression, op=op,
+                                prescale_factor=prescale, postscale_factor=postscale, process_set=process_set,
                                 name=None if tf.executing_eagerly() else name)
+    by_position = dict(zip(dense, reduced))
     out = list(grads)
-    for i, r in zip(present, reduced):
-        out[i] = r
+    for k, i in enumerate(present):
+        g = to_reduce[k]
+        out[i] = by_position[k] if k in by_position else _mpi_ops._allreduce_sparse(
+            g, op, _mpi_ops._process_set(process_set), False, prescale, postscale)
     return out
 
 

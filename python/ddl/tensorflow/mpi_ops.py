@@ -118,7 +118,7 @@ def _run(fn, tensors, out_dtypes, out_shapes):
 
 
 def _check_dtype(tensor, moves_only=False):
-    if tensor.dtype == tf.bool and moves_only:
+    if moves_only and (tensor.dtype == tf.bool or tensor.dtype.is_integer):  # moved as bytes (host_ops.movable)
         return
     if tensor.dtype.name not in H._DTYPES:
         raise ValueError(f"tensors of type {tensor.dtype.name} are not supported: use one of {H._SUPPORTED}")
@@ -167,10 +167,16 @@ def _allreduce_group(tensors, name, op, prescale, postscale, process_set, groupe
     return list(_with_gradient(forward, *tensors))
 
 
+def _refuse_scaled_slices(prescale, postscale):
+    """Horovod's allreduce refuses prescale/postscale factors with tf.IndexedSlices."""
+    if prescale != 1.0 or postscale != 1.0:
+        raise NotImplementedError("prescale_factor and postscale_factor are not supported with tf.IndexedSlices")
+
+
 def _allreduce_sparse(slices, op, process_set, ignore_name_scope, prescale=1.0, postscale=1.0):
     """An IndexedSlices allreduce as Horovod does it: allgather the values and the indices (averaged
-    values divided by the set's size). Unlike Horovod, prescale/postscale apply here too: otherwise a
-    gradient_predivide_factor would turn a sparse gradient's average into a sum."""
+    values divided by the set's size). prescale/postscale here serve DistributedGradientTape's
+    gradient_predivide_factor, whose sparse gradients must still come out averaged."""
     if op not in (Average, Sum):
         raise NotImplementedError("an allreduce of tf.IndexedSlices supports hvd.Average and hvd.Sum only")
     values = slices.values
@@ -194,8 +200,8 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
     compression = compression or Compression.none
     op = H.reduce_op(op, average)
     if isinstance(tensor, tf.IndexedSlices):
-        return _allreduce_sparse(tensor, op, _process_set(process_set), ignore_name_scope, prescale_factor,
-                                 postscale_factor)
+        _refuse_scaled_slices(prescale_factor, postscale_factor)
+        return _allreduce_sparse(tensor, op, _process_set(process_set), ignore_name_scope)
     compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
     reduced = _allreduce_group([compressed], name, op, prescale_factor, postscale_factor, process_set, False,
                                ignore_name_scope)[0]
@@ -220,7 +226,8 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
         out[i] = compression.decompress(r, p[1])
     for i, t in enumerate(tensors):
         if isinstance(t, tf.IndexedSlices):
-            out[i] = _allreduce_sparse(t, op, ps, ignore_name_scope, prescale_factor, postscale_factor)
+            _refuse_scaled_slices(prescale_factor, postscale_factor)
+            out[i] = _allreduce_sparse(t, op, ps, ignore_name_scope)
     return out
 
 
