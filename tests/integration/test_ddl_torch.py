@@ -69,6 +69,12 @@ class HorovodEnvironment(unittest.TestCase):
         for r in range(3):
             self.assertEqual(by_rank[r], [f"{r} {r} 3 3 {r} {r} 1"])
 
+    def test_a_bad_horovod_variable_is_named_as_the_user_set_it(self):
+        result = run_python(1, "import ddl.torch as hvd; hvd.init()", env={"HOROVOD_CYCLE_TIME": "abc"})
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("HOROVOD_CYCLE_TIME='abc' is not a non-negative number", result.stderr)
+        self.assertNotIn("DDL_CYCLE_TIME_MS", result.stderr)
+
     def test_horovod_timeline_variable_is_an_alias_of_ddl_timeline(self):
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "timeline.json")

@@ -52,7 +52,18 @@ def _apply_env_aliases():
         value = os.environ.get(horovod)
         # HOROVOD_TIMELINE=DYNAMIC means "started later with start_timeline()".
         if value and ddl not in os.environ and not (horovod == "HOROVOD_TIMELINE" and value == "DYNAMIC"):
+            if horovod != "HOROVOD_TIMELINE":
+                _require_number(horovod, value)  # named as the user set it, not as its DDL_* alias
             os.environ[ddl] = value
+
+
+def _require_number(variable, value):
+    try:
+        number = float(value)
+    except ValueError:
+        number = float("nan")
+    if not (number >= 0 and number != float("inf")):
+        raise ValueError(f"{variable}={value!r} is not a non-negative number: fix it or unset it")
 
 
 def on_shutdown(hook):
