@@ -5,10 +5,12 @@ environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, ...):
 
     ddl run -np 4 -- /usr/bin/python3 examples/pytorch_ddp.py
     ddl run -np 4 -- /usr/bin/python3 examples/pytorch_ddp.py --epochs 10
+    ddl run -np 4 -- /usr/bin/python3 examples/pytorch_ddp.py --backend ddl   # on libddl
 
 What it does:
 
-1. Joins the process group with init_process_group("gloo"), env:// style.
+1. Joins the process group with init_process_group("gloo"), env:// style (or "ddl",
+   libddl's torch.distributed backend, with --backend ddl).
 2. Checks an all-reduce: every rank sums the float64 tensor
    [rank+1, 10*(rank+1)] and compares the result with the sum worked out by
    hand, W(W+1)/2 and ten times that; a mismatch ends the run with exit 1.
@@ -45,6 +47,7 @@ def parse_args():
     parser.add_argument("--samples-per-rank", type=int, default=2048)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=1e-2)
+    parser.add_argument("--backend", default="gloo", help="torch.distributed backend: gloo or ddl")
     return parser.parse_args()
 
 
@@ -171,7 +174,9 @@ def train(args):
 def main():
     args = parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    dist.init_process_group("gloo")  # env://: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
+    if args.backend == "ddl":
+        import ddl.distributed  # noqa: F401  (registers the "ddl" backend)
+    dist.init_process_group(args.backend)  # env://: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
     log0(f"world size {dist.get_world_size()}, backend {dist.get_backend()}, "
          f"torch {torch.__version__}, epochs {args.epochs}")
 

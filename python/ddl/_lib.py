@@ -82,6 +82,7 @@ _PROTOTYPES = {
     "ddl_wait": ([_c.c_void_p], _status),
     "ddl_test": ([_c.c_void_p, _c.POINTER(_c.c_int)], _status),
     "ddl_process_set_create": ([_c.POINTER(_c.c_int), _c.c_int, _handle_p], _status),
+    "ddl_process_set_create_among": ([_c.POINTER(_c.c_int), _c.c_int, _c.c_char_p, _c.c_double, _handle_p], _status),
     "ddl_process_set_destroy": ([_c.c_void_p], _status),
     "ddl_process_set_rank": ([_c.c_void_p, _c.POINTER(_c.c_int)], _status),
     "ddl_process_set_size": ([_c.c_void_p, _c.POINTER(_c.c_int)], _status),

@@ -16,6 +16,7 @@ from ddl.common.basics import (init, shutdown, is_initialized, rank, size, local
                                cross_rank, cross_size, is_homogeneous, mpi_threads_supported, mpi_built, mpi_enabled,
                                gloo_built, gloo_enabled, nccl_built, ddl_built, ccl_built, cuda_built, rocm_built,
                                start_timeline, stop_timeline)
+from ddl import distributed as _distributed  # noqa: F401  (registers torch.distributed's "ddl" backend)
 from ddl.torch import mpi_ops as _ops
 from ddl.torch import _autograd as _ag
 from ddl.torch.compression import Compression

@@ -186,7 +186,15 @@ typedef struct ddl_process_set_s* ddl_process_set;
  * that is not a member, ddl_process_set_rank() gives -1 and operations on the set fail with
  * DDL_ERROR_INVALID_ARGUMENT. Ranks that disagree on the list fail with DDL_ERROR_MISMATCH. */
 DDL_API ddl_status ddl_process_set_create(const int* ranks, int count, ddl_process_set* set);
-/* Collective over the whole world, like create. Operations still in flight on the set fail. */
+/* Collective over the set's members only, for frameworks that make subgroups on their members
+ * alone (torch.distributed's new_group): every rank in `ranks` calls it with the same ranks and the
+ * same `key` (letters, digits, . _ - :), which no other set of this world has used; other ranks need
+ * not call it. timeout_seconds > 0 replaces DDL_TIMEOUT for the set's ops (0: DDL_TIMEOUT). Members
+ * that disagree on the list fail with DDL_ERROR_MISMATCH, or DDL_ERROR_BOOTSTRAP at the timeout.
+ * ddl_process_set_destroy releases it on the calling rank. */
+DDL_API ddl_status ddl_process_set_create_among(const int* ranks, int count, const char* key, double timeout_seconds, ddl_process_set* set);
+/* Releases a set: collective over the whole world for a set made by ddl_process_set_create (like
+ * create), local for one made by ddl_process_set_create_among. Operations still in flight on it fail. */
 DDL_API ddl_status ddl_process_set_destroy(ddl_process_set set);
 /* This rank's rank within the set (-1 if not a member), and the set's size. */
 DDL_API ddl_status ddl_process_set_rank(ddl_process_set set, int* rank);

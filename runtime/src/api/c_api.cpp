@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include <mutex>
 #include <numeric>
 #include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <gloo/rendezvous/store.h>
@@ -61,6 +63,9 @@ struct Runtime {
   std::mutex sets_mutex;
   std::map<uintptr_t, std::shared_ptr<ProcessSet>> sets;
   uintptr_t next_set_id = 1;  // every rank creates sets in the same order, so ids agree
+  // Sets made by their members only (ddl_process_set_create_among) take handles of their own
+  // range: the world's sets must keep numbering alike on every rank.
+  uintptr_t next_member_set_id = uintptr_t{1} << 40;
   ~Runtime() {
     sets.clear();  // their engines go before the store and PMIx they rendezvoused through
     engine.reset();
@@ -197,17 +202,17 @@ std::shared_ptr<Runtime> start_runtime(int generation) {
 }
 
 // The collectives among a process set's members, rendezvousing under the set's own keys.
-std::unique_ptr<ddl::runtime::Collectives> process_set_collectives(Runtime& rt, uintptr_t id, const ProcessSet& set) {
+std::unique_ptr<ddl::runtime::Collectives> process_set_collectives(Runtime& rt, const std::string& prefix, const ProcessSet& set,
+                                                                   const ddl::runtime::EngineConfig& config) {
   const int size = static_cast<int>(set.ranks.size());
   if (rt.mode == "single") return ddl::runtime::make_single_process_collectives();
-  const auto config = engine_config(rt.engine->rank());
   std::unique_ptr<gloo::rendezvous::Store> pmix_store;
   gloo::rendezvous::Store* world = rt.store.get();
   if (rt.pmix) {  // the world store's wait() is a fence every rank of the world must join
     pmix_store = rt.pmix->gloo_store(std::to_string(rt.generation), /*fence_on_wait=*/false);
     world = pmix_store.get();
   }
-  auto store = ddl::runtime::make_subgroup_store(*world, fmt::format("set{}", id), set.ranks, /*forward_wait=*/!rt.pmix);
+  auto store = ddl::runtime::make_subgroup_store(*world, prefix, set.ranks, /*forward_wait=*/!rt.pmix);
   std::unique_ptr<ddl::runtime::Collectives> collectives;
   if (rt.shared_memory) collectives = ddl::runtime::make_shared_memory_collectives(set.rank, size, *store, config.timeout);
   if (!collectives)
@@ -478,6 +483,13 @@ std::string invalid_set_ranks(const std::vector<int>& sorted, int world) {
   return "";
 }
 
+// FNV-1a of a sorted rank list, so members can compare lists in one allgather.
+uint64_t ranks_digest(const std::vector<int>& sorted) {
+  uint64_t digest = 1469598103934665603ull;
+  for (int r : sorted) digest = (digest ^ static_cast<uint64_t>(r)) * 1099511628211ull;
+  return digest;
+}
+
 }  // namespace
 
 extern "C" {
@@ -499,8 +511,7 @@ ddl_status ddl_process_set_create(const int* ranks, int count, ddl_process_set* 
     }
     // Every rank must have asked for the same valid set: compare digests of the lists across the world.
     constexpr uint64_t kInvalid = 0;
-    uint64_t digest = 1469598103934665603ull;
-    for (int r : sorted) digest = (digest ^ static_cast<uint64_t>(r)) * 1099511628211ull;
+    uint64_t digest = ranks_digest(sorted);
     if (!local_error.empty() || digest == kInvalid) digest = local_error.empty() ? 1 : kInvalid;
     std::vector<uint64_t> digests(static_cast<size_t>(world));
     auto name = fmt::format("ddl.process_set_create.{}", id);
@@ -529,13 +540,83 @@ ddl_status ddl_process_set_create(const int* ranks, int count, ddl_process_set* 
       try {
         auto config = engine_config(rt.engine->rank());
         config.timeline_path.clear();  // the world's engine owns the timeline file
-        set->engine = std::make_shared<Engine>(process_set_collectives(rt, id, *set), config);
+        set->engine = std::make_shared<Engine>(process_set_collectives(rt, fmt::format("set{}", id), *set, config), config);
       } catch (const std::exception& e) {
         return fail(DDL_ERROR_BOOTSTRAP,
                     fmt::format("ddl_process_set_create: connecting ranks {} failed: {}", fmt::join(sorted, ","), e.what()));
       }
     }
     std::lock_guard lock(rt.sets_mutex);
+    rt.sets.emplace(id, std::move(set));
+    *out = reinterpret_cast<ddl_process_set>(id);  // NOLINT(performance-no-int-to-ptr): the handle is an id, never dereferenced
+    return DDL_SUCCESS;
+  });
+}
+
+}  // extern "C"
+
+namespace {
+
+// Why `key` cannot name a set made by its members ("" if it can): it becomes part of store keys.
+std::string invalid_set_key(const char* key) {
+  if (key == nullptr || *key == '\0') return "a set made by its members needs a key that names it";
+  const std::string_view k(key);
+  if (k.size() > 200) return "its key is longer than 200 characters";
+  for (char c : k)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-' && c != ':')
+      return fmt::format("its key '{}' may hold only letters, digits and . _ - :", k);
+  return "";
+}
+
+// The members' lists, compared through the new set's own engine: "" if they all agree.
+std::string disagreeing_members(Engine& engine, const std::string& key, const std::vector<int>& sorted) {
+  uint64_t digest = ranks_digest(sorted);
+  std::vector<uint64_t> digests(sorted.size());
+  auto name = fmt::format("ddl.process_set_create_among.{}", key);
+  if (run_to_completion(engine, name.c_str(), {OpKind::Allgather, DDL_INT64, DDL_SUM, 0, 1, {}}, &digest, digests.data()) != DDL_SUCCESS)
+    return t_last_error;
+  std::vector<int> differing;
+  for (size_t i = 0; i < sorted.size(); ++i)
+    if (digests[i] != digest) differing.push_back(sorted[i]);
+  if (differing.empty()) return "";
+  return fmt::format("ranks {} asked for a different set of ranks than rank {}", fmt::join(differing, ","), engine.rank());
+}
+
+}  // namespace
+
+extern "C" {
+
+ddl_status ddl_process_set_create_among(const int* ranks, int count, const char* key, double timeout_seconds, ddl_process_set* out) {
+  if (out == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "ddl_process_set_create_among: NULL output");
+  return with_runtime([&](Runtime& rt) {
+    std::vector<int> sorted;
+    if (ranks != nullptr && count > 0) sorted.assign(ranks, ranks + count);
+    std::sort(sorted.begin(), sorted.end());
+    std::string error = invalid_set_ranks(sorted, rt.engine->size());
+    if (error.empty()) error = invalid_set_key(key);
+    auto me = std::find(sorted.begin(), sorted.end(), rt.engine->rank());
+    if (error.empty() && me == sorted.end())
+      error = fmt::format("rank {} is not one of the ranks {}; only members make such a set", rt.engine->rank(), fmt::join(sorted, ","));
+    if (!(timeout_seconds >= 0.0 && timeout_seconds <= 1e9)) error = fmt::format("timeout {} s is not from 0 to 1e9", timeout_seconds);
+    if (!error.empty()) return fail(DDL_ERROR_INVALID_ARGUMENT, "ddl_process_set_create_among: " + error);
+    auto set = std::make_shared<ProcessSet>();
+    set->ranks = sorted;
+    set->rank = static_cast<int>(me - sorted.begin());
+    auto config = engine_config(rt.engine->rank());
+    config.timeline_path.clear();  // the world's engine owns the timeline file
+    if (timeout_seconds > 0.0) config.timeout = std::chrono::milliseconds(static_cast<long long>(timeout_seconds * 1000.0));
+    try {
+      set->engine = std::make_shared<Engine>(process_set_collectives(rt, fmt::format("among.{}/", key), *set, config), config);
+    } catch (const std::exception& e) {
+      return fail(DDL_ERROR_BOOTSTRAP, fmt::format("ddl_process_set_create_among: connecting ranks {} (key {}) failed: {}",
+                                                   fmt::join(sorted, ","), key, e.what()));
+    }
+    if (auto disagreement = disagreeing_members(*set->engine, key, sorted); !disagreement.empty()) {
+      set->engine->finalize();
+      return fail(DDL_ERROR_MISMATCH, "ddl_process_set_create_among: " + disagreement);
+    }
+    std::lock_guard lock(rt.sets_mutex);
+    const uintptr_t id = rt.next_member_set_id++;
     rt.sets.emplace(id, std::move(set));
     *out = reinterpret_cast<ddl_process_set>(id);  // NOLINT(performance-no-int-to-ptr): the handle is an id, never dereferenced
     return DDL_SUCCESS;

@@ -1,0 +1,508 @@
+"""A torch.distributed backend named "ddl": torch's collectives over libddl.
+
+    import ddl.distributed                      # (import ddl.torch does it too) registers "ddl"
+    torch.distributed.init_process_group("ddl")  # under ddl run, srun --mpi=pmix or mpirun
+
+DDP, Lightning (DDPStrategy(process_group_backend="ddl")) and torch.distributed's public
+collectives then run on libddl: shared memory within a node, Gloo between nodes, NCCL for CUDA
+tensors on the tensor's current stream. Every process group (the default one and each new_group)
+is a libddl process set made by its members alone, with torch's timeout. Ops return at once; a
+thread of the group waits for libddl and completes each op's future, so DDP's gradient buckets
+reduce while backward goes on. Ranks must issue a group's ops in the same order (as with gloo and
+NCCL): an op is named by its place in that order.
+"""
+
+import ctypes
+import datetime
+import queue
+import threading
+
+import torch
+import torch.distributed as dist
+
+from ddl import _lib as L
+from ddl.common import basics as _basics
+from ddl.common import exceptions as _exceptions  # noqa: F401  (registers the statuses' exception types)
+
+BACKEND_NAME = "ddl"
+
+_DTYPES = {
+    torch.float16: L.FLOAT16, torch.bfloat16: L.BFLOAT16, torch.float32: L.FLOAT32, torch.float64: L.FLOAT64,
+    torch.int32: L.INT32, torch.int64: L.INT64, torch.uint8: L.UINT8, torch.int8: L.INT8, torch.int16: L.INT16,
+}
+
+_NAMELESS_REDUCE_OPS = "BAND, BOR, BXOR and PREMUL_SUM"
+
+
+def _reduce_ops():
+    ops = {dist.ReduceOp.SUM: L.SUM, dist.ReduceOp.PRODUCT: L.PRODUCT, dist.ReduceOp.MIN: L.MIN,
+           dist.ReduceOp.MAX: L.MAX}
+    if hasattr(dist.ReduceOp, "AVG"):
+        ops[dist.ReduceOp.AVG] = L.AVERAGE
+    return ops
+
+
+_REDUCE = _reduce_ops()
+
+
+def _libddl_op(reduce_op):
+    for torch_op, ddl_op in _REDUCE.items():
+        if reduce_op == torch_op:
+            return ddl_op
+    raise ValueError(f"the ddl backend reduces with SUM, AVG, PRODUCT, MIN and MAX, not {reduce_op} "
+                     f"({_NAMELESS_REDUCE_OPS} are not in libddl): use a gloo group for that op")
+
+
+def _check(tensor):
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"the ddl backend takes tensors, not {type(tensor).__name__}")
+    if not tensor.is_contiguous():
+        raise ValueError("the ddl backend takes contiguous tensors: pass tensor.contiguous()")
+    if tensor.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"the ddl backend takes CPU and CUDA tensors, not {tensor.device.type} ones")
+
+
+def _reducible(tensor, op):
+    """(tensor as libddl reduces it, its libddl dtype): complex numbers as pairs of reals for SUM/AVG."""
+    _check(tensor)
+    if tensor.is_complex():
+        if op not in (L.SUM, L.AVERAGE):
+            raise ValueError("complex tensors reduce with SUM or AVG only")
+        tensor = torch.view_as_real(tensor)
+    try:
+        return tensor, _DTYPES[tensor.dtype]
+    except KeyError:
+        raise ValueError(f"the ddl backend cannot reduce {tensor.dtype} tensors: use one of "
+                         "uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64, complex") from None
+
+
+def _movable(tensor):
+    """(tensor as libddl moves it, its libddl dtype): any dtype, as bytes where libddl has no type for it."""
+    _check(tensor)
+    dtype = _DTYPES.get(tensor.dtype)
+    if dtype is not None:
+        return tensor, dtype
+    return tensor.view(torch.uint8) if tensor.dim() > 0 else tensor.reshape(1).view(torch.uint8), L.UINT8
+
+
+_NOTHING = ctypes.create_string_buffer(16)  # where an empty tensor (data_ptr 0) points: libddl refuses NULL
+
+
+def _pointer(tensor):
+    return ctypes.c_void_p(tensor.data_ptr() or ctypes.addressof(_NOTHING))
+
+
+def _counts(values):
+    return (ctypes.c_size_t * len(values))(*values)
+
+
+def _same_device(tensors):
+    devices = {t.device for t in tensors}
+    if len(devices) > 1:
+        raise ValueError(f"the tensors of one ddl op must share a device, not {sorted(map(str, devices))}")
+
+
+def _single(tensors, what):
+    if len(tensors) != 1:
+        raise ValueError(f"the ddl backend's {what} takes one tensor per rank (one device per process), "
+                         f"not {len(tensors)}")
+    return tensors[0]
+
+
+class _Completer:
+    """A thread that waits for a group's libddl ops in order and completes their futures."""
+
+    def __init__(self, label):
+        self._queue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=f"ddl-{label}", daemon=True)
+        self._thread.start()
+
+    def add(self, handles, finish, future, keep):
+        self._queue.put((handles, finish, future, keep))
+
+    def _run(self):
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            handles, finish, future, _keep = item  # _keep: the buffers libddl reads and writes, alive till done
+            failure = None
+            for handle in handles:
+                status = L.lib.ddl_wait(handle)
+                if status != L.SUCCESS and failure is None:
+                    failure = (status, L.last_error())
+            try:
+                if failure is not None:
+                    L.raise_for(*failure)
+                result = finish()
+            except BaseException as error:  # the op's caller gets it from Work.wait()
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+
+    def stop(self):
+        self._queue.put(None)
+
+
+class ProcessGroupDDL(dist.ProcessGroup):
+    """One torch process group as one libddl process set (see the module's doc)."""
+
+    def __init__(self, rank, size, world_ranks, key, timeout):
+        super().__init__(rank, size)
+        self._world_ranks = list(world_ranks)
+        ranks = (ctypes.c_int * size)(*self._world_ranks)
+        handle = ctypes.c_void_p()
+        status = L.lib.ddl_process_set_create_among(ranks, size, key.encode(), timeout.total_seconds(),
+                                                    ctypes.byref(handle))
+        if status != L.SUCCESS:
+            L.raise_for(status)
+        self._set = handle.value
+        self._sequence = 0
+        self._completer = _Completer(key)
+
+    def getBackendName(self):
+        return BACKEND_NAME
+
+    def __del__(self):
+        completer = getattr(self, "_completer", None)
+        if completer is not None:
+            completer.stop()
+
+    # ---- the machinery every op shares ----
+
+    def _name(self, kind):
+        self._sequence += 1
+        return f"{kind}.{self._sequence}".encode()
+
+    def _options(self, tensor):
+        options = L.OpOptions(self._set, 1.0, 1.0, 0, None, None, 0)
+        if tensor.is_cuda:
+            options.flags |= L.CUDA_BUFFERS
+            options.stream = torch.cuda.current_stream(tensor.device).cuda_stream
+        return options
+
+    def _launch(self, submit_all, finish, *keep):
+        """Runs `submit_all(handles)`, which appends each libddl op's handle it starts; returns the
+        Work whose future `finish()` completes once they all have finished. `keep`: the buffers the
+        ops use, held until then."""
+        handles = []
+        try:
+            submit_all(handles)
+        except BaseException:
+            for handle in handles:
+                L.lib.ddl_wait(handle)
+            raise
+        future = torch.futures.Future()
+        self._completer.add(handles, finish, future, keep)
+        return torch._C._distributed_c10d._create_work_from_future(future)
+
+    @staticmethod
+    def _submit(handles, fn, *args):
+        handle = ctypes.c_void_p()
+        status = fn(*args, ctypes.byref(handle))
+        if status != L.SUCCESS:
+            L.raise_for(status)
+        handles.append(handle)
+
+    # ---- reductions ----
+
+    def allreduce(self, tensors, opts=None):
+        op = _libddl_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        _same_device(tensors)
+        views = [_reducible(t, op) for t in tensors]
+
+        def submit(handles):
+            for view, dtype in views:
+                self._submit(handles, L.lib.ddl_allreduce_ex, self._name("allreduce"), _pointer(view), _pointer(view),
+                             view.numel(), dtype, op, ctypes.byref(self._options(view)))
+
+        return self._launch(submit, lambda: tensors, views)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        # libddl fuses ops submitted together, so the tensors go as separate ops.
+        return self.allreduce(tensors, opts)
+
+    def reduce(self, tensors, opts):
+        tensor = _single(tensors, "reduce")
+        op = _libddl_op(opts.reduceOp)
+        view, dtype = _reducible(tensor, op)
+        result = torch.empty_like(view)
+        root = opts.rootRank
+
+        def submit(handles):
+            self._submit(handles, L.lib.ddl_allreduce_ex, self._name("reduce"), _pointer(view), _pointer(result),
+                         view.numel(), dtype, op, ctypes.byref(self._options(view)))
+
+        def finish():
+            if self.rank() == root:
+                view.copy_(result)
+            return tensors
+
+        return self._launch(submit, finish, view, result)
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        op = _libddl_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        _same_device([output, input])
+        if input.numel() != output.numel() * self.size():
+            raise ValueError(f"reduce_scatter_tensor: the input has {input.numel()} elements; it needs the output's "
+                             f"{output.numel()} times the group's {self.size()}")
+        send, dtype = _reducible(input, op)
+        recv, _ = _reducible(output, op)
+        counts = _counts([recv.numel()] * self.size())
+
+        def submit(handles):
+            self._submit(handles, L.lib.ddl_reducescatter_ex, self._name("reducescatter"), _pointer(send),
+                         _pointer(recv), counts, dtype, op, ctypes.byref(self._options(send)))
+
+        return self._launch(submit, lambda: [output], send, recv)
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        output = _single(output_tensors, "reduce_scatter")
+        inputs = _single(input_tensors, "reduce_scatter")
+        if len(inputs) != self.size():
+            raise ValueError(f"reduce_scatter takes one input per rank of the group ({self.size()}), not {len(inputs)}")
+        if any(t.shape != output.shape or t.dtype != output.dtype for t in inputs):
+            raise ValueError("reduce_scatter: every input must have the output's shape and dtype")
+        flat = torch.cat([t.reshape(-1) for t in inputs])
+        return self._reduce_scatter_base(output, flat, opts)
+
+    # ---- moves ----
+
+    def broadcast(self, tensors, opts):
+        root = opts.rootRank
+        _same_device(tensors)
+        views = [_movable(t) for t in tensors]
+
+        def submit(handles):
+            for view, dtype in views:
+                self._submit(handles, L.lib.ddl_broadcast_ex, self._name("broadcast"), _pointer(view), view.numel(),
+                             dtype, root, ctypes.byref(self._options(view)))
+
+        return self._launch(submit, lambda: tensors, views)
+
+    def _allgather_base(self, output, input, opts=None):
+        _same_device([output, input])
+        if output.numel() != input.numel() * self.size():
+            raise ValueError(f"all_gather_into_tensor: the output has {output.numel()} elements; it needs the "
+                             f"input's {input.numel()} times the group's {self.size()}")
+        if output.dtype != input.dtype:
+            raise ValueError("all_gather_into_tensor: the output's dtype must be the input's")
+        send, dtype = _movable(input)
+        recv, _ = _movable(output)
+        counts = _counts([send.numel()] * self.size())
+
+        def submit(handles):
+            self._submit(handles, L.lib.ddl_allgatherv_ex, self._name("allgather"), _pointer(send), _pointer(recv),
+                         counts, dtype, ctypes.byref(self._options(send)))
+
+        return self._launch(submit, lambda: [output], send, recv)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        outputs = _single(output_tensors, "all_gather")
+        input = _single(input_tensors, "all_gather")
+        if len(outputs) != self.size():
+            raise ValueError(f"all_gather takes one output per rank of the group ({self.size()}), not {len(outputs)}")
+        if any(t.numel() != input.numel() or t.dtype != input.dtype for t in outputs):
+            raise ValueError("all_gather: every output must have the input's size and dtype")
+        gathered = torch.empty((self.size() * input.numel(),), dtype=input.dtype, device=input.device)
+        work = self._allgather_base(gathered, input.contiguous())
+        return self._then(work, lambda: self._split_into(gathered, outputs, output_tensors))
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        raise ValueError("the ddl backend has no allgather_coalesced: gather each tensor with all_gather")
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        _same_device([output, input])
+        send, dtype = _movable(input)
+        recv, _ = _movable(output)
+        send_counts = self._split_counts(input, send, input_split_sizes, "input")
+        recv_counts = self._split_counts(output, recv, output_split_sizes, "output")
+
+        def submit(handles):
+            self._submit(handles, L.lib.ddl_alltoallv_ex, self._name("alltoall"), _pointer(send), _counts(send_counts),
+                         _pointer(recv), _counts(recv_counts), dtype, ctypes.byref(self._options(send)))
+
+        return self._launch(submit, lambda: [output], send, recv)
+
+    def _split_counts(self, tensor, view, split_sizes, which):
+        """Elements (of the libddl view) for each rank: the first dimension's split, or equal parts."""
+        size = self.size()
+        rows = tensor.shape[0] if tensor.dim() > 0 else 1
+        per_row = view.numel() // rows if rows else 0
+        if not split_sizes:
+            if rows % size:
+                raise ValueError(f"all_to_all_single: the {which}'s first dimension ({rows}) does not divide by the "
+                                 f"group's {size}: pass {which}_split_sizes")
+            return [rows // size * per_row] * size
+        if len(split_sizes) != size or sum(split_sizes) != rows:
+            raise ValueError(f"all_to_all_single: {which}_split_sizes {list(split_sizes)} must be {size} numbers "
+                             f"that add up to the {which}'s first dimension ({rows})")
+        return [s * per_row for s in split_sizes]
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        size = self.size()
+        if len(output_tensors) != size or len(input_tensors) != size:
+            raise ValueError(f"all_to_all takes one input and one output per rank of the group ({size})")
+        _same_device(list(output_tensors) + list(input_tensors))
+        dtypes = {t.dtype for t in list(output_tensors) + list(input_tensors)}
+        if len(dtypes) != 1:
+            raise ValueError("all_to_all: the inputs and outputs must share one dtype")
+        send = torch.cat([t.reshape(-1) for t in input_tensors])
+        recv = torch.empty((sum(t.numel() for t in output_tensors),), dtype=send.dtype, device=send.device)
+        send_view, dtype = _movable(send)
+        recv_view, _ = _movable(recv)
+        scale = send_view.numel() // send.numel() if send.numel() else 1
+        send_counts = [t.numel() * scale for t in input_tensors]
+        recv_counts = [t.numel() * scale for t in output_tensors]
+
+        def submit(handles):
+            self._submit(handles, L.lib.ddl_alltoallv_ex, self._name("alltoall"), _pointer(send_view),
+                         _counts(send_counts), _pointer(recv_view), _counts(recv_counts), dtype,
+                         ctypes.byref(self._options(send_view)))
+
+        def finish():
+            self._split_into(recv, output_tensors, None)
+            return list(output_tensors)
+
+        return self._launch(submit, finish, send_view, recv_view)
+
+    def gather(self, output_tensors, input_tensors, opts):
+        input = _single(input_tensors, "gather")
+        root = opts.rootRank
+        size = self.size()
+        outputs = output_tensors[0] if self.rank() == root else []
+        if self.rank() == root and len(outputs) != size:
+            raise ValueError(f"gather: the root takes one output per rank of the group ({size}), not {len(outputs)}")
+        send, dtype = _movable(input.contiguous())
+        recv = torch.empty((size * send.numel() if self.rank() == root else 0,), dtype=send.dtype, device=send.device)
+        send_counts = [send.numel() if r == root else 0 for r in range(size)]
+        recv_counts = [send.numel() if self.rank() == root else 0 for _ in range(size)]
+
+        def submit(handles):
+            self._submit(handles, L.lib.ddl_alltoallv_ex, self._name("gather"), _pointer(send), _counts(send_counts),
+                         _pointer(recv), _counts(recv_counts), dtype, ctypes.byref(self._options(send)))
+
+        def finish():
+            if self.rank() == root:
+                gathered = recv.view(input.dtype) if recv.dtype != input.dtype else recv
+                self._split_into(gathered, outputs, None)
+            return output_tensors
+
+        return self._launch(submit, finish, send, recv)
+
+    def scatter(self, output_tensors, input_tensors, opts):
+        output = _single(output_tensors, "scatter")
+        root = opts.rootRank
+        size = self.size()
+        recv, dtype = _movable(output)
+        if self.rank() == root:
+            inputs = _single(input_tensors, "scatter")
+            if len(inputs) != size or any(t.numel() != output.numel() for t in inputs):
+                raise ValueError(f"scatter: the root takes {size} inputs of the output's size")
+            send, _ = _movable(torch.cat([t.reshape(-1) for t in inputs]))
+        else:
+            send = torch.empty((0,), dtype=recv.dtype, device=recv.device)
+        send_counts = [recv.numel() if self.rank() == root else 0 for _ in range(size)]
+        recv_counts = [recv.numel() if r == root else 0 for r in range(size)]
+
+        def submit(handles):
+            self._submit(handles, L.lib.ddl_alltoallv_ex, self._name("scatter"), _pointer(send), _counts(send_counts),
+                         _pointer(recv), _counts(recv_counts), dtype, ctypes.byref(self._options(recv)))
+
+        return self._launch(submit, lambda: [output], send, recv)
+
+    def barrier(self, opts=None):
+        def submit(handles):
+            handle = ctypes.c_void_p()
+            status = L.lib.ddl_barrier_ex(ctypes.c_void_p(self._set), ctypes.byref(handle))
+            if status != L.SUCCESS:
+                L.raise_for(status)
+            handles.append(handle)
+
+        return self._launch(submit, lambda: [])
+
+    # ---- what libddl does not have ----
+
+    def _no_point_to_point(self, *args, **kwargs):
+        raise ValueError("the ddl backend has no point-to-point send/recv: use a gloo group for them "
+                         "(torch.distributed.new_group(backend='gloo'))")
+
+    send = recv = recv_anysource = _no_point_to_point
+
+    # ---- helpers ----
+
+    @staticmethod
+    def _split_into(flat, outputs, result):
+        offset = 0
+        for out in outputs:
+            n = out.numel()
+            out.copy_(flat[offset:offset + n].view(out.shape))
+            offset += n
+        return result
+
+    def _then(self, work, finish):
+        """A Work that completes, with `finish()`, after `work`."""
+        future = torch.futures.Future()
+
+        def chain(done):
+            try:
+                done.value()
+                future.set_result(finish())
+            except BaseException as error:
+                future.set_exception(error)
+
+        work.get_future().then(chain)
+        return torch._C._distributed_c10d._create_work_from_future(future)
+
+
+# ---- creating groups ----
+
+_keys_made = {}  # a group id -> how many groups of that id this process made (init/destroy cycles)
+
+
+def _key_for(group_id):
+    """A libddl set key every member derives alike: torch's group id (the same on every member),
+    and how many times this process has made a group of that id."""
+    n = _keys_made.get(group_id, 0)
+    _keys_made[group_id] = n + 1
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in str(group_id))[:150]
+    return f"torch.{safe}.{n}"
+
+
+def _ensure_libddl(world_size):
+    if not L.lib.ddl_is_initialized():
+        _basics.init()
+    size = L.int_out(L.lib.ddl_size)
+    if dist.is_initialized():
+        return
+    if size != world_size:
+        raise ValueError(f"init_process_group asked for a world of {world_size} ranks, but this process was started "
+                         f"in one of {size} (ddl run -np, srun -n or mpirun -np): pass world_size={size} or leave "
+                         "it out")
+
+
+def _create_process_group(options, pg_options=None):
+    """torch's creator for backend "ddl" (the extended API: it names the group and its ranks)."""
+    rank, size = options.group_rank, options.group_size
+    _ensure_libddl(size)
+    world_rank = L.int_out(L.lib.ddl_rank)
+    world_ranks = list(options.global_ranks_in_group) or list(range(size))
+    if len(world_ranks) != size or world_ranks[rank] != world_rank:
+        raise ValueError(f"torch's rank {rank} of {size} is libddl's rank {world_rank}: start every process with "
+                         "ddl run (or srun --mpi=pmix, mpirun) and let init_process_group take rank and "
+                         "world_size from the environment")
+    timeout = options.timeout if isinstance(options.timeout, datetime.timedelta) else datetime.timedelta(minutes=30)
+    return ProcessGroupDDL(rank, size, world_ranks, _key_for(options.group_id), timeout)
+
+
+def _register():
+    if hasattr(dist.Backend, BACKEND_NAME.upper()) or BACKEND_NAME.upper() in getattr(dist.Backend, "_plugins", {}):
+        return
+    try:  # torch 2.x: the devices it serves
+        dist.Backend.register_backend(BACKEND_NAME, _create_process_group, extended_api=True, devices=["cpu", "cuda"])
+    except TypeError:  # torch 1.13
+        dist.Backend.register_backend(BACKEND_NAME, _create_process_group, extended_api=True)
+
+
+if dist.is_available():
+    _register()

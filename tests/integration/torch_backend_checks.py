@@ -1,0 +1,233 @@
+"""Every torch.distributed collective on the "ddl" backend against gloo's result, run by
+test_torch_backend.py under `ddl run -np N`. Prints "ok NAME" per check and "checks passed: N"."""
+
+import datetime
+import sys
+
+import torch
+import torch.distributed as dist
+
+import ddl.distributed  # noqa: F401  (registers the backend)
+
+passed = 0
+
+
+def equal(a, b):
+    """Integers and moved values exactly; floating-point sums up to their order of addition."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        return torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+    return torch.equal(a, b)
+
+
+def check(name, got, expected):
+    global passed
+    if isinstance(got, torch.Tensor):
+        same = equal(got, expected)
+    else:
+        same = len(got) == len(expected) and all(equal(a, b) for a, b in zip(got, expected))
+    if not same:
+        print(f"FAIL {name}: ddl gave {got}, gloo {expected}", flush=True)
+        sys.exit(1)
+    passed += 1
+    print(f"ok {name}", flush=True)
+
+
+def both(fn):
+    """fn(group) on the ddl world and on a gloo world; returns (ddl's, gloo's)."""
+    return fn(DDL), fn(GLOO)
+
+
+def data(seed, shape=(5, 3), dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(shape, generator=g) * 10).to(dtype)
+
+
+def reductions(rank):
+    for op in ("SUM", "PRODUCT", "MIN", "MAX"):
+        for dtype in (torch.float32, torch.float64, torch.int32, torch.int64, torch.uint8):
+            if dtype == torch.uint8 and op in ("SUM", "PRODUCT"):
+                continue  # overflow wraps alike, but gloo's uint8 product is not defined the same way
+            def run(group, op=op, dtype=dtype):
+                t = data(rank, dtype=dtype)
+                dist.all_reduce(t, op=getattr(dist.ReduceOp, op), group=group)
+                return t
+            check(f"all_reduce {op} {dtype}", *both(run))
+    if hasattr(dist.ReduceOp, "AVG"):  # gloo has no AVG: its SUM, divided
+        t = data(rank)
+        dist.all_reduce(t, op=dist.ReduceOp.AVG, group=DDL)
+        expected = data(rank)
+        dist.all_reduce(expected, group=GLOO)
+        check("all_reduce AVG", t, expected / SIZE)
+    try:
+        dist.all_reduce(data(rank), op=dist.ReduceOp.BXOR, group=DDL)
+    except ValueError as error:
+        assert "BXOR" in str(error) and "gloo" in str(error), error
+        check("all_reduce BXOR refused", torch.ones(1), torch.ones(1))
+    else:
+        print("FAIL all_reduce BXOR: no error", flush=True)
+        sys.exit(1)
+
+    def complex_sum(group):
+        t = torch.complex(data(rank), data(rank + 10))
+        dist.all_reduce(t, group=group)
+        return t
+    check("all_reduce complex SUM", *both(complex_sum))
+
+    def reduce_to_1(group):
+        t = data(rank)
+        dist.reduce(t, dst=1 % SIZE, op=dist.ReduceOp.MAX, group=group)
+        return t if RANK == 1 % SIZE else torch.zeros(1)  # torch leaves the others' tensors unspecified
+    check("reduce MAX to rank 1", *both(reduce_to_1))
+
+    # gloo has no reduce_scatter: its all_reduce, sliced, is the expected result.
+    out = torch.zeros(4)
+    dist.reduce_scatter(out, [data(rank * 100 + r, (4,)) for r in range(SIZE)], group=DDL)
+    reduced = [data(rank * 100 + r, (4,)) for r in range(SIZE)]
+    for t in reduced:
+        dist.all_reduce(t, group=GLOO)
+    check("reduce_scatter", out, reduced[RANK])
+    if hasattr(dist, "reduce_scatter_tensor"):
+        out = torch.zeros(2, 3)
+        dist.reduce_scatter_tensor(out, data(rank, (2 * SIZE, 3)), group=DDL)
+        full = data(rank, (2 * SIZE, 3))
+        dist.all_reduce(full, group=GLOO)
+        check("reduce_scatter_tensor", out, full[2 * RANK:2 * RANK + 2])
+    else:  # torch 1.13: the private name the public one calls on 2.x
+        out = torch.zeros(2, 3)
+        dist._reduce_scatter_base(out, data(rank, (2 * SIZE, 3)), group=DDL)
+        full = data(rank, (2 * SIZE, 3))
+        dist.all_reduce(full, group=GLOO)
+        check("_reduce_scatter_base", out, full[2 * RANK:2 * RANK + 2])
+
+
+def moves(rank):
+    def made(r, dtype):
+        return data(r) > 5 if dtype == torch.bool else data(r).to(dtype)
+
+    for dtype in (torch.float32, torch.int64, torch.float16, torch.bool, torch.complex64):
+        t = made(rank, dtype)
+        dist.broadcast(t, src=SIZE - 1, group=DDL)
+        if dtype in (torch.bool, torch.complex64):  # which gloo does not move: the source's own tensor
+            expected = made(SIZE - 1, dtype)
+        else:
+            expected = made(rank, dtype)
+            dist.broadcast(expected, src=SIZE - 1, group=GLOO)
+        check(f"broadcast {dtype}", t, expected)
+
+    def all_gather(group):
+        outs = [torch.zeros(2, 2, dtype=torch.int64) for _ in range(SIZE)]
+        dist.all_gather(outs, data(rank, (2, 2), torch.int64), group=group)
+        return outs
+    check("all_gather", *both(all_gather))
+
+    gather_into = getattr(dist, "all_gather_into_tensor", None) or dist._all_gather_base
+    out = torch.zeros(SIZE * 3)
+    gather_into(out, data(rank, (3,)), group=DDL)
+    expected = [torch.zeros(3) for _ in range(SIZE)]
+    dist.all_gather(expected, data(rank, (3,)), group=GLOO)
+    check("all_gather_into_tensor", out, torch.cat(expected))
+
+    def all_to_all_single(group):
+        out = torch.zeros(SIZE * 2)
+        dist.all_to_all_single(out, data(rank, (SIZE * 2,)), group=group)
+        return out
+    check("all_to_all_single", *both(all_to_all_single))
+
+    def all_to_all_uneven(group):
+        in_splits = [r + 1 for r in range(SIZE)]          # rank r gets r+1 rows from every rank
+        out_splits = [RANK + 1] * SIZE
+        out = torch.zeros(sum(out_splits), 2)
+        dist.all_to_all_single(out, data(rank, (sum(in_splits), 2)), out_splits, in_splits, group=group)
+        return out
+    check("all_to_all_single uneven splits", *both(all_to_all_uneven))
+
+    ddl_out = [torch.zeros(3) for _ in range(SIZE)]
+    dist.all_to_all(ddl_out, [data(rank * 10 + r, (3,)) for r in range(SIZE)], group=DDL)
+    check("all_to_all", ddl_out, [data(r * 10 + RANK, (3,)) for r in range(SIZE)])
+
+    def gather(group):
+        outs = [torch.zeros(4) for _ in range(SIZE)] if RANK == 0 else None
+        dist.gather(data(rank, (4,)), outs, dst=0, group=group)
+        return outs if RANK == 0 else [torch.zeros(1)]
+    check("gather", *both(gather))
+
+    def scatter(group):
+        out = torch.zeros(4)
+        ins = [data(100 + r, (4,)) for r in range(SIZE)] if RANK == SIZE - 1 else None
+        dist.scatter(out, ins, src=SIZE - 1, group=group)
+        return out
+    check("scatter", *both(scatter))
+
+    objects = [None] * SIZE
+    dist.all_gather_object(objects, {"rank": RANK, "tag": "x" * RANK}, group=DDL)
+    check("all_gather_object", torch.tensor([o["rank"] for o in objects]), torch.arange(SIZE))
+    listed = [f"from {RANK}", RANK] if RANK == 0 else [None, None]
+    dist.broadcast_object_list(listed, src=0, group=DDL)
+    check("broadcast_object_list", torch.tensor([listed[1]]), torch.tensor([0]))
+
+
+def asynchronous(rank):
+    works = [dist.all_reduce(data(rank + i), async_op=True, group=DDL) for i in range(20)]
+    tensors = []
+    for i, work in enumerate(works):
+        work.wait()
+        tensors.append(work.get_future().value()[0])
+    expected = []
+    for i in range(20):
+        t = data(rank + i)
+        dist.all_reduce(t, group=GLOO)
+        expected.append(t)
+    check("20 async all_reduce, Work.wait and get_future", tensors, expected)
+    future = dist.all_reduce(data(rank), async_op=True, group=DDL).get_future().then(lambda f: f.value()[0] * 2)
+    t = data(rank)
+    dist.all_reduce(t, group=GLOO)
+    check("get_future().then", future.wait(), t * 2)
+    dist.barrier(group=DDL)
+    check("barrier", torch.ones(1), torch.ones(1))
+
+
+def subgroups(rank):
+    evens = list(range(0, SIZE, 2))
+    # Every rank calls new_group, as torch requires; only members get a group.
+    ddl_evens = dist.new_group(evens, backend="ddl")
+    gloo_evens = dist.new_group(evens, backend="gloo")
+    ddl_last = dist.new_group([SIZE - 1], backend="ddl")
+    if RANK in evens:
+        def run(group):
+            t = data(rank)
+            dist.all_reduce(t, group=group)
+            dist.broadcast(t, src=evens[-1], group=group)  # a global rank, as torch takes it
+            return t
+        check("subgroup of even ranks: all_reduce, broadcast", run(ddl_evens), run(gloo_evens))
+    if RANK == SIZE - 1:
+        t = data(rank)
+        dist.all_reduce(t, group=ddl_last)
+        check("subgroup of one rank", t, data(rank))
+    dist.barrier(group=DDL)
+
+
+def errors(rank):
+    try:
+        dist.all_reduce(torch.ones(4, 4).t(), group=DDL)
+    except ValueError as error:
+        assert "contiguous" in str(error), error
+        check("non-contiguous tensor refused", torch.ones(1), torch.ones(1))
+    try:
+        dist.send(torch.ones(1), dst=(RANK + 1) % SIZE, group=DDL)
+    except ValueError as error:
+        assert "send/recv" in str(error), error
+        check("send refused", torch.ones(1), torch.ones(1))
+
+
+if __name__ == "__main__":
+    dist.init_process_group("ddl", timeout=datetime.timedelta(seconds=60))
+    RANK, SIZE = dist.get_rank(), dist.get_world_size()
+    DDL = dist.group.WORLD
+    GLOO = dist.new_group(list(range(SIZE)), backend="gloo")
+    assert dist.get_backend() == "ddl", dist.get_backend()
+    for part in (reductions, moves, asynchronous, subgroups, errors):
+        part(RANK)
+    print(f"checks passed: {passed}", flush=True)
+    dist.destroy_process_group()
