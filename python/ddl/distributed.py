@@ -12,9 +12,12 @@ reduce while backward goes on. Ranks must issue a group's ops in the same order 
 NCCL): an op is named by its place in that order.
 """
 
+import atexit
 import ctypes
 import datetime
+import os
 import queue
+import sys
 import threading
 
 import torch
@@ -116,6 +119,7 @@ class _Completer:
         self._queue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=f"ddl-{label}", daemon=True)
         self._thread.start()
+        _live_completers.add(self)
 
     def add(self, handles, finish, future, keep):
         self._queue.put((handles, finish, future, keep))
@@ -142,6 +146,69 @@ class _Completer:
 
     def stop(self):
         self._queue.put(None)
+        _live_completers.discard(self)
+
+
+_live_completers = set()
+
+
+@atexit.register
+def _stop_completers():
+    """Ends the groups' threads before the interpreter does: CPython ends a daemon thread that is
+    still there at exit by unwinding its stack, which aborts the process when the thread is inside
+    torch's C++ (completing a future)."""
+    completers = list(_live_completers)
+    for completer in completers:
+        completer.stop()
+    for completer in completers:
+        completer._thread.join(timeout=10)
+
+
+class _RaisingWork(torch._C._distributed_c10d.Work):
+    """The Work torch's Python functions get: its wait() raises the op's error. (torch's own
+    future-wrapping Work returns from wait() as if the op had succeeded, which would leave
+    all_reduce's tensor as it was without a word.)"""
+
+    def __init__(self, future):
+        super().__init__()
+        self._future = future
+
+    def wait(self, timeout=None):
+        self._future.wait()  # raises the op's error
+        return True
+
+    def get_future(self):
+        return self._future
+
+    def is_completed(self):
+        return self._future.done()
+
+    def is_success(self):
+        if not self._future.done():
+            return False
+        try:
+            self._future.value()
+        except Exception:
+            return False
+        return True
+
+    def result(self):
+        return self._future.value()
+
+
+_PYTHON_API = os.path.join("torch", "distributed", "distributed_c10d.py")
+
+
+def _work(future):
+    """A Work for the op's caller. torch's Python functions (all_reduce, ...) get one whose wait()
+    raises; C++ callers (DDP's reducer, its parameter checks) get torch's own, the only kind torch 1.13's
+    C++ can wait on; they read errors from its future, which carries them."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame = frame.f_back
+    if frame is not None and frame.f_code.co_filename.endswith(_PYTHON_API):
+        return _RaisingWork(future)
+    return torch._C._distributed_c10d._create_work_from_future(future)
 
 
 class ProcessGroupDDL(dist.ProcessGroup):
@@ -194,7 +261,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
             raise
         future = torch.futures.Future()
         self._completer.add(handles, finish, future, keep)
-        return torch._C._distributed_c10d._create_work_from_future(future)
+        return _work(future)
 
     @staticmethod
     def _submit(handles, fn, *args):
@@ -452,7 +519,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
                 future.set_exception(error)
 
         work.get_future().then(chain)
-        return torch._C._distributed_c10d._create_work_from_future(future)
+        return _work(future)
 
 
 # ---- creating groups ----

@@ -76,6 +76,18 @@ def fail(message):
     print(f"lightning_train: error: {message}", file=sys.stderr, flush=True)
     sys.exit(1)
 
+BACKEND_USED = []  # the torch.distributed backend Lightning's DDP ran on
+
+
+def strategy():
+    """"ddp" (gloo), or with `--backend ddl` DDP on libddl's torch.distributed backend."""
+    if "--backend" not in sys.argv:
+        return "ddp"
+    backend = sys.argv[sys.argv.index("--backend") + 1]
+    if backend == "ddl":
+        import ddl.distributed  # noqa: F401  (registers the backend)
+    return pl.strategies.DDPStrategy(process_group_backend=backend)
+
 
 def main():
     for name in ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
@@ -86,7 +98,7 @@ def main():
     num_nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
     pl.seed_everything(1234, workers=True)
     with tempfile.TemporaryDirectory(prefix="ddl-lightning-") as root:
-        trainer = pl.Trainer(strategy="ddp", accelerator="cpu", devices=devices, num_nodes=num_nodes, max_epochs=2,
+        trainer = pl.Trainer(strategy=strategy(), accelerator="cpu", devices=devices, num_nodes=num_nodes, max_epochs=2,
                              logger=False, enable_checkpointing=False, enable_progress_bar=False,
                              enable_model_summary=False, deterministic=True, default_root_dir=root)
         environment = trainer.strategy.cluster_environment
@@ -106,6 +118,7 @@ def main():
         model = TinyRegression()
         initial = weights_hash(model)
         trainer.fit(model, data())
+        BACKEND_USED.append(trainer.strategy._process_group_backend)
         leftovers = os.listdir(root)
     if leftovers:
         fail(f"Lightning wrote {leftovers} (logger and checkpoints are off)")
@@ -122,6 +135,7 @@ def main():
     if final == initial:
         fail("the fit left the weights as they were")
     rank, world, local, node = got
+    print(f"lightning backend {BACKEND_USED[0]}", flush=True)
     print(f"lightning rank {rank} of {world} local {local} node {node} weights {final}", flush=True)
 
 

@@ -1,0 +1,107 @@
+"""torch.distributed's "ddl" backend (python/ddl/distributed.py) under `ddl run`: every collective
+against gloo's result, DDP and Lightning training with backend "ddl", subgroups, and failures that
+reach the other ranks within torch's timeout. Debian's torch 1.13 on the CPU; the torch 2.x / CUDA
+path needs the GPU machine (not here)."""
+import os
+import textwrap
+import time
+import unittest
+
+from ddl_testing import PYTHON, SOURCE, ddl, lines_by_rank
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PACKAGE = os.path.join(os.environ.get("DDL_BUILD_DIR", os.path.join(HERE, "..", "..", "build")), "python")
+CHECKS = os.path.join(HERE, "torch_backend_checks.py")
+LIGHTNING_PYTHON = os.environ.get("DDL_LIGHTNING_PYTHON") or "/var/cache/ddl/lightning-venv/bin/python"
+
+
+def run_python(np, code_or_file, *args, python=PYTHON, env=None, timeout=300):
+    """Runs a Python worker under `ddl run -np NP` with the build tree's ddl package."""
+    program = [code_or_file] if os.path.exists(code_or_file) else ["-c", textwrap.dedent(code_or_file)]
+    return ddl("-np", str(np), "--", python, *program, *args, env={"PYTHONPATH": PACKAGE, **(env or {})},
+               timeout=timeout, cwd=HERE)
+
+
+class EveryCollectiveAgainstGloo(unittest.TestCase):
+    def check_on(self, np):
+        result = run_python(np, CHECKS)
+        output = result.stdout[-4000:] + result.stderr[-3000:]
+        self.assertEqual(result.returncode, 0, output)
+        by_rank = lines_by_rank(result.stdout)
+        for rank in range(np):
+            self.assertEqual([line for line in by_rank[rank] if line.startswith("FAIL")], [], output)
+            count = int(by_rank[rank][-1].removeprefix("checks passed: "))
+            # Every rank runs the same checks but the one-rank subgroup's (the last rank only).
+            self.assertGreaterEqual(count, 43, by_rank[rank])
+
+    def test_on_2_ranks(self):
+        self.check_on(2)
+
+    def test_on_3_ranks(self):
+        self.check_on(3)
+
+
+class Training(unittest.TestCase):
+    def test_the_ddp_example_with_backend_ddl_ends_with_identical_replicas_on_4_ranks(self):
+        result = run_python(4, os.path.join(SOURCE, "examples", "pytorch_ddp.py"), "--backend", "ddl", "--epochs", "3")
+        self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
+        by_rank = lines_by_rank(result.stdout)
+        self.assertIn("backend ddl", by_rank[0][0])
+        for rank in range(4):
+            self.assertIn(f"allreduce check: rank {rank} world 4 got [10, 100] expected [10, 100] ok", by_rank[rank])
+        self.assertTrue(any(line.startswith("replicas identical: yes") for line in by_rank[0]), by_rank[0])
+
+    def test_lightning_ddp_strategy_with_process_group_backend_ddl(self):
+        self.assertTrue(os.access(LIGHTNING_PYTHON, os.X_OK), f"{LIGHTNING_PYTHON} is missing: run bash scripts/lightning_venv.sh")
+        result = run_python(2, os.path.join(HERE, "lightning_train.py"), "--backend", "ddl", python=LIGHTNING_PYTHON,
+                            timeout=480)
+        self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
+        by_rank = lines_by_rank(result.stdout)
+        hashes = set()
+        for rank in range(2):
+            self.assertIn("lightning backend ddl", by_rank[rank])
+            reports = [line for line in by_rank[rank] if line.startswith(f"lightning rank {rank} of 2 ")]
+            self.assertEqual(len(reports), 1, by_rank[rank])
+            hashes.add(reports[0].split()[-1])
+        self.assertEqual(len(hashes), 1, f"the ranks' weights differ: {hashes}")
+
+
+class Failures(unittest.TestCase):
+    def test_a_rank_that_dies_mid_step_fails_the_run_with_its_code(self):
+        started = time.monotonic()
+        result = run_python(2, """
+            import os, torch, torch.distributed as dist, ddl.distributed
+            dist.init_process_group("ddl")
+            model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(100, 100))
+            for step in range(1000):
+                if dist.get_rank() == 1 and step == 5:
+                    os._exit(17)
+                model(torch.ones(8, 100)).sum().backward()
+        """, timeout=120)
+        self.assertEqual(result.returncode, 17, result.stderr[-3000:])
+        self.assertIn("rank 1", result.stderr)
+        self.assertLess(time.monotonic() - started, 100)
+
+    def test_an_op_a_member_never_submits_fails_on_the_others_within_torchs_timeout(self):
+        # Rank 1 stays alive (so ddl run stops nothing) but submits no op; torch was given 3 s.
+        result = run_python(2, """
+            import datetime, time, torch, torch.distributed as dist, ddl.distributed
+            dist.init_process_group("ddl", timeout=datetime.timedelta(seconds=3))
+            if dist.get_rank() == 1:
+                time.sleep(12)
+            else:
+                started = time.monotonic()
+                try:
+                    dist.all_reduce(torch.ones(4))
+                    print("no error", flush=True)
+                except RuntimeError as error:
+                    print(f"error after {time.monotonic() - started:.0f} s:", str(error).splitlines()[0], flush=True)
+        """, env={"DDL_TIMEOUT": "600"}, timeout=120)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr[-3000:])
+        line = lines_by_rank(result.stdout)[0][0]
+        self.assertRegex(line, r"^error after [2-9] s:", line)
+        self.assertIn("allreduce", line)
+
+
+if __name__ == "__main__":
+    unittest.main()
