@@ -182,6 +182,15 @@ class HostsTest(unittest.TestCase):
         result = on_host("ddlhost1", DDL, "run", "--cpu", "-H", "ddlhost1:1,ddlhost2:1", "--", PYTHON, example, "--epochs", "1", timeout=300)
         self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
         self.assertIn("replicas identical: yes", result.stdout)
+        # The same DDP on torch.distributed's "ddl" backend: libddl's shared memory within a host, Gloo between.
+        package = os.path.join(os.environ.get("DDL_BUILD_DIR", os.path.join(SOURCE, "build")), "python")
+        result = on_host("ddlhost1", DDL, "run", "--cpu", "-H", "ddlhost1:2,ddlhost2:2", "--", PYTHON, example, "--epochs", "1",
+                         "--backend", "ddl", timeout=300, env={"PYTHONPATH": package})
+        self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
+        by_rank = lines_by_rank(result.stdout)
+        self.assertIn("backend ddl", by_rank[0][0])
+        self.assertIn("allreduce check: rank 3 world 4 got [10, 100] expected [10, 100] ok", by_rank[3])
+        self.assertIn("replicas identical: yes", result.stdout)
 
     def test_a_lightning_trainer_takes_ddl_s_ranks_across_hosts(self):
         self.assertTrue(os.access(LIGHTNING_PYTHON, os.X_OK), f"{LIGHTNING_PYTHON} is missing: run bash scripts/lightning_venv.sh")
