@@ -17,6 +17,9 @@ and libddl's busbw divided by the best busbw among the others.
              env://; GLOO_SOCKET_IFNAME=lo unless set, so that gloo uses loopback
              as libddl does. ddl run only starts the processes, so the launcher does
              not enter the timings.)
+    torch-ddl  the same script on torch.distributed's "ddl" backend (--backend ddl:
+             init_process_group("ddl"), libddl under torch's API); the gloo/ddl column is
+             torch's gloo time over it (above 1: the ddl backend is faster)
     mpi      mpirun -np N build/bench/mpi_allreduce_bench   (Open MPI's defaults:
              shared memory between processes of one node)
     mpi-tcp  the same with --mca btl tcp,self --mca btl_tcp_if_include lo: TCP over
@@ -41,7 +44,7 @@ import sys
 
 from bench_common import build_info, cpu_model, loadavg, run_timed
 
-IMPLS = ["libddl", "torch", "mpi", "mpi-tcp"]
+IMPLS = ["libddl", "torch", "torch-ddl", "mpi", "mpi-tcp"]
 
 
 def parse_args():
@@ -118,9 +121,14 @@ def command(args, impl, n):
         mpirun.insert(1, "--allow-run-as-root")
     if impl == "libddl":
         return ddl_run + [os.path.join(args.build, "bench", "ddl_allreduce_bench")] + flags, env
-    if impl == "torch":
+    if impl in ("torch", "torch-ddl"):
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        return ddl_run + [args.python, os.path.join(os.path.dirname(__file__), "torch_allreduce_bench.py")] + flags, env
+        script = [args.python, os.path.join(os.path.dirname(__file__), "torch_allreduce_bench.py")]
+        if impl == "torch-ddl":
+            package = os.path.join(args.build, "python")
+            env["PYTHONPATH"] = package + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+            return ddl_run + script + ["--backend", "ddl"] + flags, env
+        return ddl_run + script + flags, env
     binary = os.path.join(args.build, "bench", "mpi_allreduce_bench")
     if impl == "mpi":
         return mpirun + [binary] + flags, env
@@ -128,11 +136,11 @@ def command(args, impl, n):
 
 
 def available(args, impl):
-    if impl in ("libddl", "torch") and not os.access(args.ddl, os.X_OK):
+    if impl in ("libddl", "torch", "torch-ddl") and not os.access(args.ddl, os.X_OK):
         return f"{args.ddl} not found (build first)"
     if impl == "libddl" and not os.access(os.path.join(args.build, "bench", "ddl_allreduce_bench"), os.X_OK):
         return "ddl_allreduce_bench not built"
-    if impl == "torch":
+    if impl in ("torch", "torch-ddl"):
         if subprocess.run([args.python, "-c", "import torch.distributed"], capture_output=True).returncode != 0:
             return f"{args.python} cannot import torch.distributed"
     if impl in ("mpi", "mpi-tcp"):
@@ -207,12 +215,16 @@ def fmt_size(b):
 
 def print_combined(n, impls, best):
     sizes = sorted({s for i in impls for s in best.get(i, {})})
-    peers = [i for i in impls if i != "libddl"]
+    peers = [i for i in impls if i not in ("libddl", "torch-ddl")]  # torch-ddl is libddl under torch's API
     line1 = f"{'':>6} {'':>10} "
     line2 = f"{'size':>6} {'bytes':>10} "
     for i in impls:
         line1 += f"| {i:^21} "
         line2 += f"| {'time(us)':>11} {'busbw':>8} "
+    backends = "torch" in impls and "torch-ddl" in impls
+    if backends:
+        line1 += "| gloo/ddl "
+        line2 += "| torch time ratio "
     if "libddl" in impls and "mpi" in impls:
         line1 += "| libddl/mpi "
         line2 += "| time ratio "
@@ -233,6 +245,13 @@ def print_combined(n, impls, best):
                 entry[i] = {"time_us": row["time_us"], "busbw": row["busbw"]}
             else:
                 text += f"| {'-':>11} {'-':>8} "
+        if backends:
+            gloo, ours = best.get("torch", {}).get(s), best.get("torch-ddl", {}).get(s)
+            if gloo and ours:
+                entry["torch_gloo_over_ddl_time"] = gloo["time_us"] / ours["time_us"]
+                text += f"| {entry['torch_gloo_over_ddl_time']:>8.2f} "
+            else:
+                text += f"| {'-':>8} "
         if "libddl" in impls and "mpi" in impls:
             mine, mpi = best.get("libddl", {}).get(s), best.get("mpi", {}).get(s)
             if mine and mpi:

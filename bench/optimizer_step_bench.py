@@ -17,6 +17,7 @@ across variants). Variants:
                (PYTHONPATH=build/python; libddl's defaults: shared memory on one node)
     ddl-tcp    the same with DDL_SHM=0: libddl's Gloo-over-TCP transport, the one a multi-node job uses
     ddp        torch.nn.parallel.DistributedDataParallel over gloo, same `ddl run` (env:// init)
+    ddp-ddl    the same DDP on torch.distributed's "ddl" backend (init_process_group("ddl"): libddl)
     horovod    horovod.torch 0.28.1 DistributedOptimizer(SGD) from bench/horovod_venv.sh's venv,
                started with `horovodrun -np N --gloo -H localhost:N` (skipped if the venv is absent)
 
@@ -51,7 +52,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-VARIANTS = ["local", "ddl", "ddl-tcp", "ddp", "horovod"]
+VARIANTS = ["local", "ddl", "ddl-tcp", "ddp", "ddp-ddl", "horovod"]
 DEFAULT_VENV = "/var/cache/ddl/horovod-venv"
 RESULT = "OPTSTEP_RESULT "
 
@@ -148,7 +149,10 @@ def worker_horovod(args):
 def worker_ddp(args):
     import torch
     import torch.distributed as dist
-    dist.init_process_group("gloo")
+    backend = os.environ.get("DDL_BENCH_TORCH_BACKEND", "gloo")
+    if backend == "ddl":
+        import ddl.distributed  # noqa: F401  (registers the backend)
+    dist.init_process_group(backend)
     model, x, y = setup_torch(args)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr)
@@ -159,7 +163,7 @@ def worker_ddp(args):
     c = [torch.zeros(1, dtype=torch.float64) for _ in range(size)]
     dist.all_gather(c, torch.tensor([checksum], dtype=torch.float64))
     numel, tensors = n_params(model)
-    report(dist.get_rank(), "ddp", size, [r.tolist() for r in t], [r.item() for r in c],
+    report(dist.get_rank(), "ddp-ddl" if backend == "ddl" else "ddp", size, [r.tolist() for r in t], [r.item() for r in c],
            {"params": numel, "tensors": tensors, "torch": torch.__version__})
     dist.barrier()
     # Leave without tearing the process group down: in torch 1.13 a rank sometimes (1 run in 6 to 1 in 2,
@@ -351,9 +355,10 @@ def command(args, variant, n):
         return None, f"no ddl binary at {args.ddl} (cmake --build build)"
     pypath = os.path.join(args.build, "python")
     env["PYTHONPATH"] = pypath + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    worker = {"local": "local", "ddl": "ddl", "ddl-tcp": "ddl", "ddp": "ddp", "overhead": "overhead"}[variant]
+    worker = {"local": "local", "ddl": "ddl", "ddl-tcp": "ddl", "ddp": "ddp", "ddp-ddl": "ddp", "overhead": "overhead"}[variant]
     if variant == "ddl-tcp":
         env["DDL_SHM"] = "0"
+    env["DDL_BENCH_TORCH_BACKEND"] = "ddl" if variant == "ddp-ddl" else "gloo"
     if worker in ("ddl", "overhead") and not os.path.isdir(os.path.join(pypath, "ddl", "torch")):
         return None, f"no ddl.torch at {pypath}/ddl/torch (cmake --build build)"
     return [args.ddl, "run", "--no-prefix", "-np", str(n), "--", args.python] + worker_args(args, worker), env
@@ -402,14 +407,14 @@ def print_step_table(args, table):
           f"median [fastest] of {args.steps} steps, slowest rank" +
           (f"; best of {args.repeat} runs" if args.repeat > 1 else "") + " ==")
     cols = [v for v in args.variants]
-    print(f"{'ranks':>5} " + " ".join(f"{v:>18}" for v in cols) + f" {'ddl/ddp':>8} {'ddl/horovod':>11}")
+    print(f"{'ranks':>5} " + " ".join(f"{v:>18}" for v in cols) + f" {'ddl/ddp':>8} {'ddl/horovod':>11} {'ddp/ddp-ddl':>11}")
     for n in args.np:
         cells = []
         for v in cols:
             r = table.get((v, n))
             cells.append(f"{r['median_ms']:9.2f} [{r['min_ms']:6.2f}]" if r else f"{'-':>18}")
-        d, p, h = (table.get((k, n), {}).get("median_ms") for k in ("ddl", "ddp", "horovod"))
-        print(f"{n:>5} " + " ".join(cells) + f" {ratio(d, p):>8} {ratio(d, h):>11}")
+        d, p, h, b = (table.get((k, n), {}).get("median_ms") for k in ("ddl", "ddp", "horovod", "ddp-ddl"))
+        print(f"{n:>5} " + " ".join(cells) + f" {ratio(d, p):>8} {ratio(d, h):>11} {ratio(p, b):>11}")
 
 
 def main():

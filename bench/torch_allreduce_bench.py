@@ -1,4 +1,4 @@
-"""Allreduce bandwidth of torch.distributed (gloo, float32, sum, in place), nccl-tests style.
+"""Allreduce bandwidth of torch.distributed (gloo, or --backend ddl; float32, sum, in place), nccl-tests style.
 
 The peer of ddl_allreduce_bench (bench/allreduce_bench.cpp), with the same flags,
 method and table. Start it with ddl run, which sets torchrun's environment
@@ -48,6 +48,7 @@ def parse_args():
     p.add_argument("-w", "--warmup", type=int, default=10)
     p.add_argument("-n", "--iters", type=int, default=200, help="most timed iterations per size")
     p.add_argument("--min-iters", type=int, default=5)
+    p.add_argument("--backend", default="gloo", help="torch.distributed backend: gloo, or ddl (libddl's)")
     p.add_argument("--budget", type=size_arg, default=1 << 30,
                    help="timed iterations per size = clamp(budget / size, min-iters, iters)")
     a = p.parse_args()
@@ -64,12 +65,14 @@ def pattern(count, rank):
 def main():
     args = parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    dist.init_process_group("gloo")
+    if args.backend == "ddl":
+        import ddl.distributed  # noqa: F401  (registers the backend)
+    dist.init_process_group(args.backend)
     rank, size = dist.get_rank(), dist.get_world_size()
     buf = torch.empty(args.maxbytes // 4, dtype=torch.float32)
     bus_factor = 2.0 * (size - 1) / size if size > 1 else 1.0
     if rank == 0:
-        print(f"# impl torch-gloo (torch {torch.__version__}), ranks {size}, float32 sum, in place, "
+        print(f"# impl torch-{args.backend} (torch {torch.__version__}), ranks {size}, float32 sum, in place, "
               f"warmup min({args.warmup}, iters), iters clamp({args.budget}/size, {args.min_iters}, {args.iters})")
         print("# %12s %12s %6s %12s %12s %12s %8s" % ("size(B)", "count", "iters", "time(us)",
                                                    "algbw(GB/s)", "busbw(GB/s)", "#wrong"), flush=True)
