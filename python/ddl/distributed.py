@@ -117,8 +117,11 @@ class _Completer:
 
     def __init__(self, label):
         self._queue = queue.SimpleQueue()
+        self._stopping = False
         self._thread = threading.Thread(target=self._run, name=f"ddl-{label}", daemon=True)
         self._thread.start()
+        for ended in [c for c in _live_completers if not c._thread.is_alive()]:
+            _live_completers.discard(ended)
         _live_completers.add(self)
 
     def add(self, handles, finish, future, keep):
@@ -128,7 +131,7 @@ class _Completer:
         while True:
             item = self._queue.get()
             if item is None:
-                return
+                return  # stays in _live_completers: exit joins it (see _stop_completers)
             handles, finish, future, _keep = item  # _keep: the buffers libddl reads and writes, alive till done
             failure = None
             for handle in handles:
@@ -145,23 +148,28 @@ class _Completer:
                 future.set_result(result)
 
     def stop(self):
-        self._queue.put(None)
-        _live_completers.discard(self)
+        """Asks the thread to end after the ops already queued; idempotent."""
+        if not self._stopping:
+            self._stopping = True
+            self._queue.put(None)
 
 
+# Every completer whose thread may still run, stopped or not: a destroyed group's thread can still be
+# completing its last future when the interpreter exits.
 _live_completers = set()
 
 
 @atexit.register
 def _stop_completers():
     """Ends the groups' threads before the interpreter does: CPython ends a daemon thread that is
-    still there at exit by unwinding its stack, which aborts the process when the thread is inside
-    torch's C++ (completing a future)."""
+    still there at exit by unwinding its stack, which aborts the process ("terminate called without
+    an active exception") when the thread is inside torch's C++ (completing a future)."""
     completers = list(_live_completers)
     for completer in completers:
         completer.stop()
     for completer in completers:
         completer._thread.join(timeout=10)
+        _live_completers.discard(completer)
 
 
 class _RaisingWork(torch._C._distributed_c10d.Work):
