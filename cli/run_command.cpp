@@ -70,6 +70,7 @@ struct RunFlags {
   std::string gpu_order = "as-listed";
   std::string mpi = "auto";
   std::string hosts, hostfile, rsh;
+  std::string torch_backend;
 };
 
 RunCommand::RunCommand(CLI::App& app) : flags_(std::make_shared<RunFlags>()) {
@@ -107,6 +108,9 @@ RunCommand::RunCommand(CLI::App& app) : flags_(std::make_shared<RunFlags>()) {
   app_->add_option("--gpu-order", f.gpu_order, "as-listed, or reverse: local rank 0 gets the node's last GPU (Polaris)")
       ->check(CLI::IsMember({"as-listed", "reverse"}))
       ->capture_default_str();
+  app_->add_option("--torch-backend", f.torch_backend,
+                   "Run every torch.distributed process group of the program on this backend (ddl: libddl), whatever the "
+                   "script names");
   // Everything from the program name on belongs to the program, with or without "--".
   app_->prefix_command();
   app_->footer("Example: ddl run -np 4 -- python3 train.py --epochs 3");
@@ -132,6 +136,7 @@ int RunCommand::execute(const std::optional<std::vector<std::string>>& program) 
   if (!f.rsh.empty() && request.hosts.empty()) throw UsageError("--rsh is for -H/--hostfile", "add -H host1:4,host2:4, or drop --rsh");
   request.remote_shell = f.rsh;
   request.max_restarts = f.max_restarts;
+  request.torch_backend = f.torch_backend;
   request.launcher = f.launcher == "local"    ? launcher::TaskLauncher::Local
                      : f.launcher == "srun"   ? launcher::TaskLauncher::Srun
                      : f.launcher == "mpirun" ? launcher::TaskLauncher::OpenMpi

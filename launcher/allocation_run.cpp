@@ -98,6 +98,8 @@ const char* const kExportedToTasks[] = {
     "DDL_STORE_ADDR",           "DDL_STORE_TOKEN",   "DDL_RUN_ID",  "DDL_SIZE",    "DDL_LOCAL_SIZE", "DDL_NUM_NODES",
     "DDL_GPU_WORKERS",          "DDL_CPUS_PER_TASK", "MASTER_ADDR", "MASTER_PORT", "PATH",           "TORCHELASTIC_RESTART_COUNT",
     "TORCHELASTIC_MAX_RESTARTS"};
+// Passed on where the launcher's environment has them: --torch-backend sets both.
+const char* const kExportedWhenSet[] = {"LD_LIBRARY_PATH", "PYTHONPATH", "DDL_TORCH_BACKEND"};
 
 // Cores per worker: what the user asked for, else the node's cores shared out.
 int cpus_per_task(const RunRequest& request, const WorldPlan& plan, const AllocationShape& shape) {
@@ -128,7 +130,7 @@ PreparedLaunch launch_command(const RunRequest& request, TaskLauncher launcher, 
   layout.task_command.emplace_back("--");
   layout.task_command.insert(layout.task_command.end(), request.command.begin(), request.command.end());
   for (const char* name : kExportedToTasks) layout.exported_names.emplace_back(name);
-  for (const char* optional : {"LD_LIBRARY_PATH", "PYTHONPATH"})
+  for (const char* optional : kExportedWhenSet)
     if (env.count(optional)) layout.exported_names.emplace_back(optional);
 
   // srun and PALS label whole lines; mpirun's tags need the state of every task's unfinished line.

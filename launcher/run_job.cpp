@@ -11,6 +11,7 @@
 #include "launcher/port_reservation.hpp"
 #include "launcher/remote_run.hpp"
 #include "launcher/store_server.hpp"
+#include "launcher/torch_backend.hpp"
 #include "launcher/worker_environment.hpp"
 #include "launcher/worker_process.hpp"
 
@@ -49,8 +50,9 @@ RunOutcome run_once(const RunRequest& request, const Environment& env, const std
 
 }  // namespace
 
-RunOutcome run_job(const RunRequest& request, const Environment& env, const std::function<void(const std::string&)>& log) {
-  check_libddl_settings(env);
+RunOutcome run_job(const RunRequest& request, const Environment& launcher_env, const std::function<void(const std::string&)>& log) {
+  check_libddl_settings(launcher_env);
+  const Environment env = with_torch_backend(launcher_env, request.torch_backend, this_executable());
   RunRequest attempt = request;
   attempt.run_tag = random_hex(8);  // TORCHELASTIC_RUN_ID stays the same across restarts, as torchrun's
   for (attempt.restart_count = 0;; ++attempt.restart_count) {

@@ -29,6 +29,7 @@ struct RunRequest {
   std::vector<HostSlots> hosts;  // -H / --hostfile: run on these hosts over the remote shell
   std::string remote_shell;      // --rsh: the remote shell command; empty for the default
   int max_restarts = 0;          // --max-restarts: start the workers again after a failure, this many times
+  std::string torch_backend;     // --torch-backend: the torch.distributed backend every group runs on (empty: the script's)
   int restart_count = 0;         // which start this is (0: the first); run_job sets it
   std::string run_tag;           // random, the same for every restart: part of DDL_RUN_ID; run_job sets it
 };

@@ -44,6 +44,9 @@ class TinyRegression(pl.LightningModule):
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
+    def on_train_start(self):
+        BACKEND_USED.append(torch.distributed.get_backend())  # what DDP's process group runs on
+
 
 def data():
     g = torch.Generator().manual_seed(7)
@@ -75,6 +78,7 @@ def children():
 def fail(message):
     print(f"lightning_train: error: {message}", file=sys.stderr, flush=True)
     sys.exit(1)
+
 
 BACKEND_USED = []  # the torch.distributed backend Lightning's DDP ran on
 
@@ -118,7 +122,6 @@ def main():
         model = TinyRegression()
         initial = weights_hash(model)
         trainer.fit(model, data())
-        BACKEND_USED.append(trainer.strategy._process_group_backend)
         leftovers = os.listdir(root)
     if leftovers:
         fail(f"Lightning wrote {leftovers} (logger and checkpoints are off)")

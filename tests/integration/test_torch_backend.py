@@ -3,6 +3,8 @@ against gloo's result, DDP and Lightning training with backend "ddl", subgroups,
 reach the other ranks within torch's timeout. Debian's torch 1.13 on the CPU; the torch 2.x / CUDA
 path needs the GPU machine (not here)."""
 import os
+import shutil
+import tempfile
 import textwrap
 import time
 import unittest
@@ -64,6 +66,45 @@ class Training(unittest.TestCase):
             self.assertEqual(len(reports), 1, by_rank[rank])
             hashes.add(reports[0].split()[-1])
         self.assertEqual(len(hashes), 1, f"the ranks' weights differ: {hashes}")
+
+
+class TorchBackendFlag(unittest.TestCase):
+    """`ddl run --torch-backend ddl`: scripts that name gloo (or nothing) run on the ddl backend unchanged."""
+
+    def test_the_unmodified_gloo_ddp_example_runs_on_ddl_with_no_pythonpath(self):
+        # No PYTHONPATH: the hook makes the ddl package beside this ddl importable itself.
+        result = ddl("-np", "2", "--torch-backend", "ddl", "--", PYTHON, os.path.join(SOURCE, "examples", "pytorch_ddp.py"),
+                     "--epochs", "1", env={"PYTHONPATH": None}, timeout=300, cwd="/")
+        self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
+        by_rank = lines_by_rank(result.stdout)
+        self.assertIn("backend ddl", by_rank[0][0])
+        self.assertTrue(any(line.startswith("replicas identical: yes") for line in by_rank[0]), by_rank[0])
+        self.assertIn("init_process_group('gloo') runs on backend 'ddl' (ddl run --torch-backend ddl)", result.stderr)
+
+    def test_an_unmodified_lightning_script_runs_on_ddl(self):
+        self.assertTrue(os.access(LIGHTNING_PYTHON, os.X_OK), f"{LIGHTNING_PYTHON} is missing: run bash scripts/lightning_venv.sh")
+        result = ddl("-np", "2", "--torch-backend", "ddl", "--", LIGHTNING_PYTHON, os.path.join(HERE, "lightning_train.py"),
+                     env={"PYTHONPATH": None}, timeout=480, cwd=HERE)
+        self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
+        by_rank = lines_by_rank(result.stdout)
+        for rank in range(2):
+            self.assertIn("lightning backend ddl", by_rank[rank])
+
+    def test_a_script_that_makes_no_group_is_untouched_and_a_sitecustomize_it_shadows_still_runs(self):
+        site = tempfile.mkdtemp(prefix="ddl-site-")
+        self.addCleanup(shutil.rmtree, site, ignore_errors=True)
+        with open(os.path.join(site, "sitecustomize.py"), "w") as f:
+            f.write("import builtins\nbuiltins.SITE_WAS_HERE = True\n")
+        result = ddl("-np", "1", "--torch-backend", "ddl", "--", PYTHON, "-c",
+                     "import builtins, sys; print(getattr(builtins, 'SITE_WAS_HERE', False), 'torch' in sys.modules)",
+                     env={"PYTHONPATH": site}, timeout=120)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(lines_by_rank(result.stdout)[0], ["True False"])
+
+    def test_another_backend_is_one_clear_error(self):
+        result = ddl("-np", "1", "--torch-backend", "nccl", "--", "true")
+        self.assertEqual(result.returncode, 2)
+        self.assertIn("--torch-backend nccl: the only backend ddl can put under a script is ddl", result.stderr)
 
 
 class Failures(unittest.TestCase):

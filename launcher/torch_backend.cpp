@@ -1,0 +1,54 @@
+#include "launcher/torch_backend.hpp"
+
+#include <algorithm>
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "common/error.hpp"
+
+namespace ddl::launcher {
+
+namespace fs = std::filesystem;
+
+std::vector<std::string> torch_backend_hook_candidates(const std::string& executable) {
+  const fs::path bin = fs::path(executable).parent_path();
+  const fs::path prefix = (bin / "..").lexically_normal();
+  std::vector<std::string> found{
+      (prefix / "python" / "ddl" / "_startup").string(),                           // the build tree: BUILD/cli/ddl
+      (prefix / "lib" / "python3" / "dist-packages" / "ddl" / "_startup").string(),  // cmake --install
+  };
+  // pip into a venv or conda env: ENV/bin/ddl and ENV/lib/python3.X/site-packages/ddl.
+  std::error_code ec;
+  std::vector<std::string> site_packages;
+  for (const auto& entry : fs::directory_iterator(prefix / "lib", ec))
+    if (entry.path().filename().string().rfind("python3.", 0) == 0)
+      site_packages.push_back((entry.path() / "site-packages" / "ddl" / "_startup").string());
+  std::sort(site_packages.begin(), site_packages.end());
+  found.insert(found.end(), site_packages.begin(), site_packages.end());
+  return found;
+}
+
+Environment with_torch_backend(const Environment& env, const std::string& backend, const std::string& executable) {
+  if (backend.empty()) return env;
+  if (backend != "ddl")
+    throw UsageError(fmt::format("--torch-backend {}: the only backend ddl can put under a script is ddl", backend),
+                     "use --torch-backend ddl, or leave the flag out to run the backend the script names");
+  const auto candidates = torch_backend_hook_candidates(executable);
+  auto hook = std::find_if(candidates.begin(), candidates.end(), [](const std::string& dir) {
+    std::error_code ec;
+    return fs::is_regular_file(fs::path(dir) / "sitecustomize.py", ec);
+  });
+  if (hook == candidates.end())
+    throw UsageError(fmt::format("--torch-backend ddl: ddl's Python package is not beside this ddl (looked in {})",
+                                 fmt::join(candidates, ", ")),
+                     "install ddl with pip or cmake --install (which install the package beside the command)");
+  Environment out = env;
+  out["DDL_TORCH_BACKEND"] = backend;
+  auto old = env.find("PYTHONPATH");
+  out["PYTHONPATH"] = (old == env.end() || old->second.empty()) ? *hook : *hook + ":" + old->second;
+  return out;
+}
+
+}  // namespace ddl::launcher
