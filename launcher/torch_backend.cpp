@@ -16,7 +16,7 @@ std::vector<std::string> torch_backend_hook_candidates(const std::string& execut
   const fs::path bin = fs::path(executable).parent_path();
   const fs::path prefix = (bin / "..").lexically_normal();
   std::vector<std::string> found{
-      (prefix / "python" / "ddl" / "_startup").string(),                           // the build tree: BUILD/cli/ddl
+      (prefix / "python" / "ddl" / "_startup").string(),                             // the build tree: BUILD/cli/ddl
       (prefix / "lib" / "python3" / "dist-packages" / "ddl" / "_startup").string(),  // cmake --install
   };
   // pip into a venv or conda env: ENV/bin/ddl and ENV/lib/python3.X/site-packages/ddl.
@@ -41,9 +41,9 @@ Environment with_torch_backend(const Environment& env, const std::string& backen
     return fs::is_regular_file(fs::path(dir) / "sitecustomize.py", ec);
   });
   if (hook == candidates.end())
-    throw UsageError(fmt::format("--torch-backend ddl: ddl's Python package is not beside this ddl (looked in {})",
-                                 fmt::join(candidates, ", ")),
-                     "install ddl with pip or cmake --install (which install the package beside the command)");
+    throw UsageError(
+        fmt::format("--torch-backend ddl: ddl's Python package is not beside this ddl (looked in {})", fmt::join(candidates, ", ")),
+        "install ddl with pip or cmake --install (which install the package beside the command)");
   Environment out = env;
   out["DDL_TORCH_BACKEND"] = backend;
   auto old = env.find("PYTHONPATH");

@@ -55,8 +55,7 @@ TEST_CASE("--torch-backend ddl finds the hook of a cmake --install prefix") {
 
 TEST_CASE("--torch-backend refuses another backend, and a ddl with no Python package beside it, naming the flag") {
   ScratchPrefix bare("");
-  CHECK_THROWS_WITH_AS(with_torch_backend({}, "nccl", bare.executable()),
-                       doctest::Contains("--torch-backend nccl"), ddl::UsageError);
-  CHECK_THROWS_WITH_AS(with_torch_backend({}, "ddl", bare.executable()),
-                       doctest::Contains("ddl's Python package is not beside this ddl"), ddl::UsageError);
+  CHECK_THROWS_WITH_AS(with_torch_backend({}, "nccl", bare.executable()), doctest::Contains("--torch-backend nccl"), ddl::UsageError);
+  CHECK_THROWS_WITH_AS(with_torch_backend({}, "ddl", bare.executable()), doctest::Contains("ddl's Python package is not beside this ddl"),
+                       ddl::UsageError);
 }
