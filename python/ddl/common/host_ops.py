@@ -91,8 +91,29 @@ def root_in_set(root_rank, process_set):
     return process_set.ranks.index(root_rank)
 
 
+# libddl copies an op's options when the op is submitted, so one options structure serves every op
+# with the same set, shape, scaling and flags: a training step's gradients find theirs here instead
+# of building a ctypes structure per op (the largest piece of a call's cost, docs/python-overhead.md).
+_options_cache = {}
+_OPTIONS_CACHE_LIMIT = 4096
+
+
 def options(process_set, shape=None, prescale=1.0, postscale=1.0, flags=0, stream=None):
-    """libddl's options of an op (the shape is kept alive with them)."""
+    """libddl's options of an op (the shape is kept alive with them). Shared: never change one."""
+    if stream is not None:
+        return _new_options(process_set, shape, prescale, postscale, flags, stream)
+    if shape is not None and not isinstance(shape, tuple):
+        shape = tuple(shape)
+    key = (process_set._c_handle, shape, prescale, postscale, flags)
+    opts = _options_cache.get(key)
+    if opts is None:
+        if len(_options_cache) >= _OPTIONS_CACHE_LIMIT:
+            _options_cache.clear()
+        opts = _options_cache[key] = _new_options(process_set, shape, prescale, postscale, flags, None)
+    return opts
+
+
+def _new_options(process_set, shape, prescale, postscale, flags, stream):
     opts = L.OpOptions()
     opts.process_set = process_set._c_handle
     opts.prescale = prescale
@@ -104,6 +125,7 @@ def options(process_set, shape=None, prescale=1.0, postscale=1.0, flags=0, strea
         opts.shape = dims
         opts.ndim = len(shape)
         opts._keep = dims
+    opts._ref = ctypes.byref(opts)  # what the C calls take, made once
     return opts
 
 

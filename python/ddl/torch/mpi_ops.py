@@ -6,6 +6,7 @@ tensors through its NCCL path on PyTorch's current stream. Every op has a name (
 """
 
 import ctypes
+import itertools
 import os
 
 import torch
@@ -101,12 +102,13 @@ class _Pending:
 
 
 _handle_map = {}
-_next_handle = [0]
+_handle_numbers = itertools.count()
+_allreduce_ex = L.lib.ddl_allreduce_ex
+_wait = L.lib.ddl_wait
 
 
 def _register(pending):
-    handle = _next_handle[0]
-    _next_handle[0] += 1
+    handle = next(_handle_numbers)
     _handle_map[handle] = pending
     return handle
 
@@ -165,16 +167,23 @@ def synchronize(handle):
     pending = _handle_map.pop(handle, None)
     if pending is None:
         raise ValueError(f"handle {handle} was not returned by an async op, or was already synchronized")
-    try:
-        if pending.collect is not None:
-            pending.collect()
-    finally:
+    if pending.collect is None and len(pending.c_handles) == 1:  # one op, as each gradient's: the short way
+        status = _wait(pending.c_handles[0])
+        for key, full in pending.claims:
+            _names.release(key, full)
+        if status != L.SUCCESS:
+            L.raise_for(status)
+    else:
         try:
-            _wait_all(pending.c_handles)
+            if pending.collect is not None:
+                pending.collect()
         finally:
-            _release_claims(pending.claims)
+            try:
+                _wait_all(pending.c_handles)
+            finally:
+                _release_claims(pending.claims)
     finish = pending.finish
-    return finish if torch.is_tensor(finish) else finish()
+    return finish if isinstance(finish, torch.Tensor) else finish()
 
 
 def _drop_all_handles():
@@ -272,26 +281,38 @@ def _single(handle_of_group):
     return handle_of_group
 
 
+def _fast_target(process_set):
+    """The op's process set, checked. The world's set skips the checks: libddl refuses an op before
+    init itself (see _raise_submit_failure), and every rank is in the world."""
+    return process_set if process_set is global_process_set else _process_set_target(process_set)
+
+
+def _raise_submit_failure(status):
+    if status == L.NOT_INITIALIZED:
+        _check_initialized()  # Horovod's ValueError, which says to call hvd.init()
+    L.raise_for(status)
+
+
 def _allreduce_one_async(tensor, output, name, op, prescale, postscale, process_set):
-    """One allreduce: contiguous host tensors take a short path (this is every gradient of a
-    DistributedOptimizer step); the rest go through the general one."""
-    if tensor.is_cuda or not tensor.is_contiguous() or not output.is_contiguous():
+    """One allreduce: contiguous host tensors of libddl's dtypes take a short path (this is every
+    gradient of a DistributedOptimizer step; each step of it counts, issue 21); the rest go through
+    the general one, which also raises for what cannot be reduced."""
+    dtype = _DTYPES.get(tensor.dtype)
+    if dtype is None or not tensor.is_cpu or not tensor.is_contiguous() or not output.is_contiguous():
         return _single(_allreduce_group_async("allreduce", [tensor], [output], name, op, prescale, postscale,
                                               process_set))
-    target = _process_set_target(process_set)
-    dtype = _DTYPES.get(tensor.dtype)
-    if dtype is None:
-        _ddl_dtype(tensor)  # raises the ValueError that names the type
-    _is_cuda(tensor)  # raises for devices other than CPU and CUDA
+    target = _fast_target(process_set)
     claim = _names.claim("allreduce", name, target)
-    try:
-        opts = _options(target, None, tensor.shape, prescale, postscale)
-        h = _submit(L.lib.ddl_allreduce_ex, claim[1].encode(), tensor.data_ptr(), output.data_ptr(), tensor.numel(),
-                    dtype, _REDUCE[op], ctypes.byref(opts))
-    except BaseException:
+    opts = _host.options(target, tensor.shape, prescale, postscale)
+    h = ctypes.c_void_p()
+    status = _allreduce_ex(claim[1].encode(), tensor.data_ptr(), output.data_ptr(), tensor.numel(), dtype, _REDUCE[op],
+                           opts._ref, ctypes.byref(h))
+    if status != L.SUCCESS:
         _names.release(*claim)
-        raise
-    return _register(_Pending([h], output, [claim], (tensor, opts)))
+        _raise_submit_failure(status)
+    handle = next(_handle_numbers)
+    _handle_map[handle] = _Pending((h,), output, (claim,), (tensor, opts))
+    return handle
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -327,17 +348,24 @@ def _run_now(kind, fn, name, target, *args):
         if claim:
             _names.release(*claim)
     if status != L.SUCCESS:
-        L.raise_for(status)
+        _raise_submit_failure(status)
 
 
 def allreduce_now(tensor, output, name, op, prescale, postscale, process_set):
     """A blocking allreduce of `tensor` into `output` (which may be `tensor`); returns `output`."""
-    if tensor.device.type != "cpu" or not tensor.is_contiguous() or not output.is_contiguous() or tensor.dtype not in _DTYPES:
+    dtype = _DTYPES.get(tensor.dtype)
+    if dtype is None or not tensor.is_cpu or not tensor.is_contiguous() or not output.is_contiguous():
         return synchronize(_allreduce_one_async(tensor, output, name, op, prescale, postscale, process_set))
-    target = _process_set_target(process_set)
-    opts = _options(target, None, tensor.shape, prescale, postscale, L.BLOCKING)
-    _run_now("allreduce", L.lib.ddl_allreduce_ex, name, target, tensor.data_ptr(), output.data_ptr(),
-             tensor.numel(), _DTYPES[tensor.dtype], _REDUCE[op], ctypes.byref(opts))
+    target = _fast_target(process_set)
+    opts = _host.options(target, tensor.shape, prescale, postscale, L.BLOCKING)
+    if name is None:  # the common case (a metric): no claim, libddl numbers it
+        status = _allreduce_ex(None, tensor.data_ptr(), output.data_ptr(), tensor.numel(), dtype, _REDUCE[op], opts._ref,
+                               None)
+        if status != L.SUCCESS:
+            _raise_submit_failure(status)
+        return output
+    _run_now("allreduce", _allreduce_ex, name, target, tensor.data_ptr(), output.data_ptr(), tensor.numel(), dtype,
+             _REDUCE[op], opts._ref)
     return output
 
 
