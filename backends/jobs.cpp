@@ -96,6 +96,14 @@ std::optional<JobState> pbs_job_state(const std::string& id) {
 
 }  // namespace
 
+bool scheduler_unreachable(const std::string& said) {
+  // What sbatch and qsub print when they reach no controller or server (Slurm's errno string for
+  // SLURM_COMMUNICATIONS_CONNECTION_ERROR; PBS's pbs_connect failure).
+  for (const char* sign : {"Unable to contact slurm controller", "cannot connect to server"})
+    if (said.find(sign) != std::string::npos) return true;
+  return false;
+}
+
 bool looks_like_job_id(const std::string& id) {
   static const std::regex job_id(R"([0-9]+(_[0-9]+)?(\.[A-Za-z0-9_.-]+)?|[0-9]+\[[0-9]*\](\.[A-Za-z0-9_.-]+)?)");
   return std::regex_match(id, job_id);
@@ -113,6 +121,10 @@ std::string submit_job(Scheduler scheduler, const std::string& script) {
   // Generous: a submit that timed out here may still have been accepted, and a retry would
   // submit the job twice.
   CommandResult r = run_command(argv, std::chrono::seconds(300), script);
+  if (!r.ok() && scheduler_unreachable(r.err + r.out))
+    throw Error(
+        fmt::format("{} could not reach the scheduler, so nothing was submitted: {}", argv.front(), tool_error(r)),
+        slurm ? "check that Slurm answers here (sinfo), then submit again" : "check that PBS answers here (qstat -B), then submit again");
   if (!r.ok()) throw Error(fmt::format("{} refused the job: {}", argv.front(), tool_error(r)), "fix what it names and submit again");
   std::string id = first_line(r.out);
   if (slurm) id = id.substr(0, id.find(';'));  // "123;cluster"

@@ -27,8 +27,12 @@ struct JobState {
 Scheduler local_scheduler();
 
 // Submits `script` (on the tool's stdin, so no file is written) and returns the job id. Throws
-// ddl::Error carrying the scheduler's own message when it refuses the job.
+// ddl::Error carrying the scheduler's own message when it refuses the job, or when the tool could
+// not reach the scheduler at all (then saying that nothing was submitted).
 std::string submit_job(Scheduler scheduler, const std::string& script);
+
+// Whether sbatch's or qsub's output `said` means it reached no controller/server.
+bool scheduler_unreachable(const std::string& said);
 
 // How job `id` is now; nullopt when the scheduler no longer knows it.
 std::optional<JobState> job_state(Scheduler scheduler, const std::string& id);

@@ -178,6 +178,22 @@ class Slurm(unittest.TestCase):
             self.assertEqual(newline_name.returncode, 2)
             self.assertIn("-J/--job-name contains a newline", newline_name.stderr)
 
+    def test_a_submit_that_reaches_no_controller_says_so_and_that_nothing_was_submitted(self):
+        # A real sbatch with a slurm.conf whose controller port has no slurmctld behind it.
+        with tempfile.TemporaryDirectory() as tmp:
+            conf = os.path.join(tmp, "slurm.conf")
+            with open(conf, "w") as f:
+                f.write("ClusterName=nowhere\nSlurmctldHost=localhost\nSlurmctldPort=9\nMessageTimeout=2\n"
+                        "NodeName=localhost CPUs=1 State=UNKNOWN\nPartitionName=debug Nodes=localhost Default=YES\n")
+            env = dict(slurm_env(), SLURM_CONF=conf)
+            result = run([DDL, "submit", "--site", "slurm", "--", "true"], cwd=tmp, env=env, timeout=120)
+            self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
+            self.assertIn("sbatch could not reach the scheduler, so nothing was submitted: "
+                          "sbatch: error: Batch job submission failed: Unable to contact slurm controller", result.stderr)
+            self.assertIn("check that Slurm answers here (sinfo)", result.stderr)
+            self.assertNotIn("refused", result.stderr)
+            self.assertEqual(os.listdir(tmp), ["slurm.conf"], "a failed submit leaves no file behind")
+
     def test_a_failing_job_reports_its_exit_code_and_output_tail(self):
         with tempfile.TemporaryDirectory() as tmp:
             result = self.submit("--site", "slurm", "--gpus-per-node", "2", "--wait", "--", "bash", "-c",
