@@ -286,16 +286,24 @@ SiteProfile parse_site(const json& j, const std::string& source, const std::stri
   return p;
 }
 
+std::vector<ListedSite> list_sites() {
+  std::vector<ListedSite> listed;
+  for (const auto& name : site_names()) {
+    try {
+      listed.push_back({name, load_site(name), "", ""});
+    } catch (const Error& e) {
+      listed.push_back({name, std::nullopt, e.what(), e.hint()});
+    }
+  }
+  return listed;
+}
+
 std::vector<std::string> matching_sites(const std::string& hostname, const std::map<std::string, std::string>& environment) {
   std::vector<std::string> found;
-  for (const auto& name : site_names()) {
-    SiteProfile site;
-    try {
-      site = load_site(name);
-    } catch (const Error&) {
-      continue;  // a broken profile matches nothing; `ddl sites show` names its fault
-    }
-    if (!site.match) continue;
+  for (const auto& listed : list_sites()) {
+    if (!listed.profile || !listed.profile->match) continue;  // a broken profile matches nothing
+    const SiteProfile& site = *listed.profile;
+    const std::string& name = listed.name;
     bool by_host = !site.match->hostname.empty() && std::regex_match(hostname, std::regex(site.match->hostname));
     bool by_env = !site.match->environment.empty();
     for (const auto& [var, pattern] : site.match->environment) {

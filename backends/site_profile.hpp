@@ -82,6 +82,18 @@ std::string user_sites_dir();
 // Parses one profile from JSON; `source` names it in errors. Exposed for tests.
 SiteProfile parse_site(const nlohmann::json& json, const std::string& source, const std::string& name);
 
+// One site of the listing: its profile, or why it does not load (the message and hint that
+// load_site would throw).
+struct ListedSite {
+  std::string name;
+  std::optional<SiteProfile> profile;  // empty when the profile is broken
+  std::string error, hint;
+};
+
+// Every site (built-in and the user's), each loaded or with its fault, in site_names() order: one
+// broken file does not hide the others.
+std::vector<ListedSite> list_sites();
+
 // The sites whose `match` fits this machine: its full host name and environment.
 std::vector<std::string> matching_sites(const std::string& hostname, const std::map<std::string, std::string>& environment);
 

@@ -1,5 +1,7 @@
 #include "cli/exec_command.hpp"
 
+#include "cli/program_usage.hpp"
+
 #include "common/environment.hpp"
 #include "common/error.hpp"
 #include "launcher/exec_task.hpp"
@@ -19,6 +21,7 @@ ExecCommand::ExecCommand(CLI::App& app) : flags_(std::make_shared<ExecFlags>()) 
       ->check(CLI::IsMember({"as-listed", "reverse"}))
       ->capture_default_str();
   app_->prefix_command();
+  show_program_in_usage(*app_);
   app_->footer("Example (inside sbatch): srun --ntasks-per-node 4 ddl exec -- python3 train.py");
 }
 

@@ -1,5 +1,7 @@
 #include "cli/run_command.hpp"
 
+#include "cli/program_usage.hpp"
+
 #include <signal.h>
 #include <string.h>
 
@@ -113,6 +115,7 @@ RunCommand::RunCommand(CLI::App& app) : flags_(std::make_shared<RunFlags>()) {
                    "script names");
   // Everything from the program name on belongs to the program, with or without "--".
   app_->prefix_command();
+  show_program_in_usage(*app_);
   app_->footer("Example: ddl run -np 4 -- python3 train.py --epochs 3");
 }
 

@@ -16,12 +16,24 @@ SitesCommand::SitesCommand(CLI::App& app) : name_(std::make_shared<std::string>(
 
 int SitesCommand::execute() const {
   if (!show_->parsed()) {
-    for (const auto& name : backends::site_names()) {
-      const auto site = backends::load_site(name);
-      std::printf("%-12s %-5s %s\n", name.c_str(), backends::scheduler_key(site.scheduler), site.description.c_str());
+    const auto listed = backends::list_sites();
+    int broken = 0;
+    for (const auto& site : listed) {
+      if (site.profile)
+        std::printf("%-12s %-5s %s\n", site.name.c_str(), backends::scheduler_key(site.profile->scheduler),
+                    site.profile->description.c_str());
+      else
+        std::printf("%-12s %-5s (broken: ddl sites show %s says why)\n", site.name.c_str(), "-", site.name.c_str());
     }
     std::printf("(user profiles: %s)\n", backends::user_sites_dir().c_str());
-    return 0;
+    std::fflush(stdout);
+    for (const auto& site : listed) {
+      if (site.profile) continue;
+      std::fprintf(stderr, "ddl: error: %s\n", site.error.c_str());
+      if (!site.hint.empty()) std::fprintf(stderr, "hint: %s\n", site.hint.c_str());
+      ++broken;
+    }
+    return broken ? 2 : 0;
   }
   const auto p = backends::load_site(*name_);
   auto from = [&](const std::string& field) {

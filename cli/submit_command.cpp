@@ -1,5 +1,7 @@
 #include "cli/submit_command.hpp"
 
+#include "cli/program_usage.hpp"
+
 #include <unistd.h>
 
 #include <cstdio>
@@ -35,6 +37,7 @@ SubmitCommand::SubmitCommand(CLI::App& app) : flags_(std::make_shared<SubmitFlag
   app_->add_flag("--wait", f.wait, "Follow the job until it ends, then show its output's tail; exit with its code");
   app_->add_option("--wait-timeout", f.wait_timeout, "Give up following after this many seconds (default: no limit)");
   app_->prefix_command();
+  show_program_in_usage(*app_);
   app_->footer("Example: ddl submit --site perlmutter -N 2 -t 01:00:00 -q regular -A m1234_g -- python train.py");
 }
 

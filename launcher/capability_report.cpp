@@ -356,6 +356,8 @@ CapabilitySection site_section(const Environment& env) {
   if (sites.empty())
     s.items.push_back(item(false, "site profile", "", fmt::format("none matches this machine ({}); ddl sites lists them", host)));
   for (const auto& name : sites) s.items.push_back(item(true, "site " + name, "", fmt::format("ddl submit --site {} ...", name)));
+  for (const auto& listed : backends::list_sites())
+    if (!listed.profile) s.items.push_back(item(false, "site profile " + listed.name, "", "broken: " + listed.error));
   return s;
 }
 

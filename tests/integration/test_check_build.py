@@ -10,7 +10,7 @@ import tempfile
 import time
 import unittest
 
-from ddl_testing import DDL, PYTHON, slurm_env, start_local_slurm
+from ddl_testing import DDL, PYTHON, ddl_raw, slurm_env, start_local_slurm
 
 BUILD = os.environ.get("DDL_BUILD_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
 
@@ -117,6 +117,22 @@ class CheckBuild(unittest.TestCase):
             result = self.check_build(env={"XDG_CONFIG_HOME": config})
             self.assertIn("  [X] site thisbox (ddl submit --site thisbox ...)", result.stdout)
         self.assertIn("  [ ] site profile (none matches this machine", self.check_build().stdout)
+
+    def test_a_broken_site_profile_is_named_by_check_build_and_does_not_cut_the_sites_listing(self):
+        with tempfile.TemporaryDirectory() as config:
+            os.makedirs(os.path.join(config, "ddl", "sites"))
+            broken = os.path.join(config, "ddl", "sites", "abroken.json")
+            with open(broken, "w") as f:
+                json.dump({"scheduler": "slurm", "gpus_per_node": "x"}, f)
+            fault = f"site profile {broken}: field 'gpus_per_node' must be a whole number from 0 to 1048576"
+            self.assertIn(f"  [ ] site profile abroken (broken: {fault})", self.check_build(env={"XDG_CONFIG_HOME": config}).stdout)
+            listing = ddl_raw("sites", env={"XDG_CONFIG_HOME": config})
+            self.assertEqual(listing.returncode, 2)
+            lines = listing.stdout.splitlines()
+            self.assertEqual([line.split()[0] for line in lines[:-1]],
+                             ["abroken", "alliance", "neuron", "pbs", "perlmutter", "polaris", "slurm", "sockeye"])
+            self.assertIn("(broken: ddl sites show abroken says why)", lines[0])
+            self.assertEqual(listing.stderr.splitlines()[0], f"ddl: error: {fault}")
 
 
 if __name__ == "__main__":

@@ -151,6 +151,13 @@ class UnknownWords(unittest.TestCase):
                                  if command[0] not in ("run", "exec", "submit") else result.stderr.splitlines())
                 self.assertIn(f"ddl {name} has no option --jsn", result.stderr)
 
+    def test_the_usage_line_of_a_command_that_runs_a_program_shows_where_the_program_goes(self):
+        for command in ("run", "exec", "submit"):
+            with self.subTest(command):
+                result = ddl_raw(command, "--help", timeout=60)
+                self.assertEqual(result.returncode, 0, result.stderr)
+                self.assertIn(f"Usage: ddl {command} [OPTIONS] [--] PROGRAM [ARGS...]\n", result.stdout)
+
     def test_a_mistyped_or_missing_command_is_named_and_run_suggested(self):
         result = ddl_raw("runn", "-np", "2", "--", "./x")
         self.assertEqual(result.returncode, 2)
