@@ -112,6 +112,41 @@ def _single(tensors, what):
     return tensors[0]
 
 
+class _Op:
+    """One launched op: its libddl handles, what makes its result, its torch future, and the buffers
+    libddl uses (kept alive until it is done). Completed once, by whoever claims it first: the
+    caller waiting on it, or the group's completer thread."""
+    __slots__ = ("handles", "finish", "future", "keep", "claimed", "queued")
+
+    def __init__(self, handles, finish, future, keep):
+        self.handles, self.finish, self.future, self.keep = handles, finish, future, keep
+        self.claimed = self.queued = False
+
+    def claim(self):
+        # Under the GIL, with no call between the test and the set that could release it.
+        if self.claimed:
+            return False
+        self.claimed = True
+        return True
+
+    def complete(self):
+        """Waits for libddl (the GIL released) and completes the future with the result or error."""
+        failure = None
+        for handle in self.handles:
+            status = L.lib.ddl_wait(handle)
+            if status != L.SUCCESS and failure is None:
+                failure = (status, L.last_error())
+        try:
+            if failure is not None:
+                L.raise_for(*failure)
+            result = self.finish()
+        except BaseException as error:  # the op's caller gets it from Work.wait()
+            self.future.set_exception(error)
+        else:
+            self.future.set_result(result)
+        self.keep = None
+
+
 class _Completer:
     """A thread that waits for a group's libddl ops in order and completes their futures."""
 
@@ -124,28 +159,19 @@ class _Completer:
             _live_completers.discard(ended)
         _live_completers.add(self)
 
-    def add(self, handles, finish, future, keep):
-        self._queue.put((handles, finish, future, keep))
+    def add(self, op):
+        """Has the thread complete `op` (unless its caller claims it first); once per op."""
+        if not op.queued and not op.claimed:
+            op.queued = True
+            self._queue.put(op)
 
     def _run(self):
         while True:
-            item = self._queue.get()
-            if item is None:
+            op = self._queue.get()
+            if op is None:
                 return  # stays in _live_completers: exit joins it (see _stop_completers)
-            handles, finish, future, _keep = item  # _keep: the buffers libddl reads and writes, alive till done
-            failure = None
-            for handle in handles:
-                status = L.lib.ddl_wait(handle)
-                if status != L.SUCCESS and failure is None:
-                    failure = (status, L.last_error())
-            try:
-                if failure is not None:
-                    L.raise_for(*failure)
-                result = finish()
-            except BaseException as error:  # the op's caller gets it from Work.wait()
-                future.set_exception(error)
-            else:
-                future.set_result(result)
+            if op.claim():
+                op.complete()
 
     def stop(self):
         """Asks the thread to end after the ops already queued; idempotent."""
@@ -175,48 +201,84 @@ def _stop_completers():
 class _RaisingWork(torch._C._distributed_c10d.Work):
     """The Work torch's Python functions get: its wait() raises the op's error. (torch's own
     future-wrapping Work returns from wait() as if the op had succeeded, which would leave
-    all_reduce's tensor as it was without a word.)"""
+    all_reduce's tensor as it was without a word.) A blocking call (all_reduce with async_op=False
+    waits at once) completes the op on the caller's thread, with no hand-over to the group's thread;
+    the thread takes the op when its future is asked for, or when the Work is dropped unwaited."""
 
-    def __init__(self, future):
+    def __init__(self, op, completer):
         super().__init__()
-        self._future = future
+        self._op = op
+        self._completer = completer
 
     def wait(self, timeout=None):
-        self._future.wait()  # raises the op's error
+        if self._op.claim():
+            self._op.complete()
+        self._op.future.wait()  # raises the op's error
         return True
 
     def get_future(self):
-        return self._future
+        self._completer.add(self._op)
+        return self._op.future
 
     def is_completed(self):
-        return self._future.done()
+        done = ctypes.c_int(0)
+        if not self._op.future.done() and all(L.lib.ddl_test(h, ctypes.byref(done)) == L.SUCCESS and done.value
+                                              for h in self._op.handles):
+            self.wait_quietly()
+        return self._op.future.done()
+
+    def wait_quietly(self):
+        if self._op.claim():
+            self._op.complete()
 
     def is_success(self):
-        if not self._future.done():
+        if not self.is_completed():
             return False
         try:
-            self._future.value()
+            self._op.future.value()
         except Exception:
             return False
         return True
 
     def result(self):
-        return self._future.value()
+        self.wait()
+        return self._op.future.value()
+
+    def __del__(self):
+        op = getattr(self, "_op", None)
+        if op is not None:
+            self._completer.add(op)  # the thread keeps the buffers until libddl is done with them
 
 
 _PYTHON_API = os.path.join("torch", "distributed", "distributed_c10d.py")
 
 
-def _work(future):
-    """A Work for the op's caller. torch's Python functions (all_reduce, ...) get one whose wait()
-    raises; C++ callers (DDP's reducer, its parameter checks) get torch's own, the only kind torch 1.13's
-    C++ can wait on; they read errors from its future, which carries them."""
+def _torch_caller():
+    """The frame of torch's Python function that called into this module, or None (a C++ caller)."""
     frame = sys._getframe(2)
     while frame is not None and frame.f_code.co_filename == __file__:
         frame = frame.f_back
     if frame is not None and frame.f_code.co_filename.endswith(_PYTHON_API):
-        return _RaisingWork(future)
-    return torch._C._distributed_c10d._create_work_from_future(future)
+        return frame
+    return None
+
+
+def _caller_waits_at_once():
+    """Whether the op's caller is one of torch's collectives called with async_op=False, which waits
+    for the Work it gets before doing anything else."""
+    frame = _torch_caller()
+    return frame is not None and frame.f_locals.get("async_op") is False
+
+
+def _work(op, completer):
+    """A Work for the op's caller. torch's Python functions (all_reduce, ...) get one whose wait()
+    raises; C++ callers (DDP's reducer, its parameter checks) get torch's own, the only kind torch 1.13's
+    C++ can wait on; they read errors from its future, which carries them, and the group's thread
+    completes it."""
+    if _torch_caller() is not None:
+        return _RaisingWork(op, completer)
+    completer.add(op)
+    return torch._C._distributed_c10d._create_work_from_future(op.future)
 
 
 class ProcessGroupDDL(dist.ProcessGroup):
@@ -233,6 +295,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
             L.raise_for(status)
         self._set = handle.value
         self._sequence = 0
+        self._caller_waits = False
         self._completer = _Completer(key)
 
     def getBackendName(self):
@@ -249,27 +312,33 @@ class ProcessGroupDDL(dist.ProcessGroup):
         self._sequence += 1
         return f"{kind}.{self._sequence}".encode()
 
-    def _options(self, tensor):
+    def _options(self, tensor, may_block=False):
+        """libddl's options of an op on `tensor`. `may_block`: the op is one libddl can run on this
+        thread at once (DDL_BLOCKING), which it does for a host tensor when the caller waits at once."""
         options = L.OpOptions(self._set, 1.0, 1.0, 0, None, None, 0)
         if tensor.is_cuda:
             options.flags |= L.CUDA_BUFFERS
             options.stream = torch.cuda.current_stream(tensor.device).cuda_stream
+        elif may_block and self._caller_waits:
+            options.flags |= L.BLOCKING
         return options
 
     def _launch(self, submit_all, finish, *keep):
         """Runs `submit_all(handles)`, which appends each libddl op's handle it starts; returns the
         Work whose future `finish()` completes once they all have finished. `keep`: the buffers the
-        ops use, held until then."""
+        ops use, held until then. When the caller is one of torch's functions called with
+        async_op=False (it waits at once), the ops that can run on this thread do (see _options)."""
         handles = []
+        self._caller_waits = _caller_waits_at_once()
         try:
             submit_all(handles)
         except BaseException:
             for handle in handles:
                 L.lib.ddl_wait(handle)
             raise
-        future = torch.futures.Future()
-        self._completer.add(handles, finish, future, keep)
-        return _work(future)
+        finally:
+            self._caller_waits = False
+        return _work(_Op(handles, finish, torch.futures.Future(), keep), self._completer)
 
     @staticmethod
     def _submit(handles, fn, *args):
@@ -277,7 +346,8 @@ class ProcessGroupDDL(dist.ProcessGroup):
         status = fn(*args, ctypes.byref(handle))
         if status != L.SUCCESS:
             L.raise_for(status)
-        handles.append(handle)
+        if handle.value is not None:  # None: a DDL_BLOCKING op, done already
+            handles.append(handle)
 
     # ---- reductions ----
 
@@ -289,7 +359,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
         def submit(handles):
             for view, dtype in views:
                 self._submit(handles, L.lib.ddl_allreduce_ex, self._name("allreduce"), _pointer(view), _pointer(view),
-                             view.numel(), dtype, op, ctypes.byref(self._options(view)))
+                             view.numel(), dtype, op, ctypes.byref(self._options(view, may_block=True)))
 
         return self._launch(submit, lambda: tensors, views)
 
@@ -306,7 +376,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
         def submit(handles):
             self._submit(handles, L.lib.ddl_allreduce_ex, self._name("reduce"), _pointer(view), _pointer(result),
-                         view.numel(), dtype, op, ctypes.byref(self._options(view)))
+                         view.numel(), dtype, op, ctypes.byref(self._options(view, may_block=True)))
 
         def finish():
             if self.rank() == root:
@@ -327,7 +397,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
         def submit(handles):
             self._submit(handles, L.lib.ddl_reducescatter_ex, self._name("reducescatter"), _pointer(send),
-                         _pointer(recv), counts, dtype, op, ctypes.byref(self._options(send)))
+                         _pointer(recv), counts, dtype, op, ctypes.byref(self._options(send, may_block=True)))
 
         return self._launch(submit, lambda: [output], send, recv)
 
@@ -351,7 +421,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
         def submit(handles):
             for view, dtype in views:
                 self._submit(handles, L.lib.ddl_broadcast_ex, self._name("broadcast"), _pointer(view), view.numel(),
-                             dtype, root, ctypes.byref(self._options(view)))
+                             dtype, root, ctypes.byref(self._options(view, may_block=True)))
 
         return self._launch(submit, lambda: tensors, views)
 
@@ -368,7 +438,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
         def submit(handles):
             self._submit(handles, L.lib.ddl_allgatherv_ex, self._name("allgather"), _pointer(send), _pointer(recv),
-                         counts, dtype, ctypes.byref(self._options(send)))
+                         counts, dtype, ctypes.byref(self._options(send, may_block=True)))
 
         return self._launch(submit, lambda: [output], send, recv)
 
@@ -527,7 +597,9 @@ class ProcessGroupDDL(dist.ProcessGroup):
                 future.set_exception(error)
 
         work.get_future().then(chain)
-        return _work(future)
+        chained = _Op((), None, future, None)
+        chained.claimed = True  # `chain` completes its future: nobody else may
+        return _work(chained, self._completer)
 
 
 # ---- creating groups ----
