@@ -111,8 +111,8 @@ RunCommand::RunCommand(CLI::App& app) : flags_(std::make_shared<RunFlags>()) {
       ->check(CLI::IsMember({"as-listed", "reverse"}))
       ->capture_default_str();
   app_->add_option("--torch-backend", f.torch_backend,
-                   "Run every torch.distributed process group of the program on this backend (ddl: libddl), whatever the "
-                   "script names");
+                   "Run the program's torch.distributed world group, and the groups that name no backend, on this "
+                   "backend (ddl: libddl), whatever the script names");
   // Everything from the program name on belongs to the program, with or without "--".
   app_->prefix_command();
   show_program_in_usage(*app_);

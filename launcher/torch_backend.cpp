@@ -19,12 +19,16 @@ std::vector<std::string> torch_backend_hook_candidates(const std::string& execut
       (prefix / "python" / "ddl" / "_startup").string(),                             // the build tree: BUILD/cli/ddl
       (prefix / "lib" / "python3" / "dist-packages" / "ddl" / "_startup").string(),  // cmake --install
   };
-  // pip into a venv or conda env: ENV/bin/ddl and ENV/lib/python3.X/site-packages/ddl.
-  std::error_code ec;
+  // pip into a venv or conda env (ENV/bin/ddl, ENV/lib/python3.X/site-packages/ddl), Debian's system
+  // pip (/usr/local/lib/python3.X/dist-packages), and lib64 layouts.
   std::vector<std::string> site_packages;
-  for (const auto& entry : fs::directory_iterator(prefix / "lib", ec))
-    if (entry.path().filename().string().rfind("python3.", 0) == 0)
-      site_packages.push_back((entry.path() / "site-packages" / "ddl" / "_startup").string());
+  for (const char* lib : {"lib", "lib64"}) {
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(prefix / lib, ec))
+      if (entry.path().filename().string().rfind("python3.", 0) == 0)
+        for (const char* packages : {"site-packages", "dist-packages"})
+          site_packages.push_back((entry.path() / packages / "ddl" / "_startup").string());
+  }
   std::sort(site_packages.begin(), site_packages.end());
   found.insert(found.end(), site_packages.begin(), site_packages.end());
   return found;

@@ -19,6 +19,7 @@ import os
 import queue
 import sys
 import threading
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -116,18 +117,32 @@ class _Op:
     """One launched op: its libddl handles, what makes its result, its torch future, and the buffers
     libddl uses (kept alive until it is done). Completed once, by whoever claims it first: the
     caller waiting on it, or the group's completer thread."""
-    __slots__ = ("handles", "finish", "future", "keep", "claimed", "queued")
+    __slots__ = ("handles", "finish", "future", "keep", "claimed", "queued", "lock", "__weakref__")
 
     def __init__(self, handles, finish, future, keep):
         self.handles, self.finish, self.future, self.keep = handles, finish, future, keep
         self.claimed = self.queued = False
+        self.lock = threading.Lock()  # the GIL alone does not make test-and-set atomic on Python <= 3.10
 
     def claim(self):
-        # Under the GIL, with no call between the test and the set that could release it.
-        if self.claimed:
-            return False
-        self.claimed = True
-        return True
+        with self.lock:
+            if self.claimed:
+                return False
+            self.claimed = True
+            return True
+
+    def claim_if_done(self):
+        """Claims the op if libddl has finished it. Its handles are only tested while nobody has
+        claimed it: whoever claims it waits on them, which frees them."""
+        done = ctypes.c_int(0)
+        with self.lock:
+            if self.claimed:
+                return False
+            for handle in self.handles:
+                if L.lib.ddl_test(handle, ctypes.byref(done)) != L.SUCCESS or not done.value:
+                    return False
+            self.claimed = True
+            return True
 
     def complete(self):
         """Waits for libddl (the GIL released) and completes the future with the result or error."""
@@ -160,18 +175,29 @@ class _Completer:
         _live_completers.add(self)
 
     def add(self, op):
-        """Has the thread complete `op` (unless its caller claims it first); once per op."""
-        if not op.queued and not op.claimed:
-            op.queued = True
-            self._queue.put(op)
+        """Has the thread complete `op` (unless its caller claims it first); once per op. Once the
+        thread is stopping (its group destroyed, or the process exiting), or on the thread itself
+        (a future's callback asking for another op's future), the op is completed here instead."""
+        if op.queued or op.claimed:
+            return
+        if self._stopping or threading.current_thread() is self._thread:
+            if op.claim():
+                op.complete()
+            return
+        op.queued = True
+        self._queue.put(op)
 
     def _run(self):
         while True:
             op = self._queue.get()
             if op is None:
                 return  # stays in _live_completers: exit joins it (see _stop_completers)
-            if op.claim():
-                op.complete()
+            try:
+                if op.claim():
+                    op.complete()
+            except BaseException as error:  # never let one op end the thread: later futures would hang
+                print(f"ddl: the ddl backend's thread for a group failed completing an op: {error!r}",
+                      file=sys.stderr, flush=True)
 
     def stop(self):
         """Asks the thread to end after the ops already queued; idempotent."""
@@ -179,6 +205,10 @@ class _Completer:
             self._stopping = True
             self._queue.put(None)
 
+
+# The ops handed to torch's Python functions and not yet waited or queued, with their groups' threads.
+_unqueued_ops = weakref.WeakSet()
+_completer_of = weakref.WeakKeyDictionary()
 
 # Every completer whose thread may still run, stopped or not: a destroyed group's thread can still be
 # completing its last future when the interpreter exits.
@@ -190,6 +220,10 @@ def _stop_completers():
     """Ends the groups' threads before the interpreter does: CPython ends a daemon thread that is
     still there at exit by unwinding its stack, which aborts the process ("terminate called without
     an active exception") when the thread is inside torch's C++ (completing a future)."""
+    for op in list(_unqueued_ops):  # Works never waited: libddl must be done with their buffers first
+        op_completer = _completer_of.get(op)
+        if op_completer is not None:
+            op_completer.add(op)
     completers = list(_live_completers)
     for completer in completers:
         completer.stop()
@@ -209,6 +243,9 @@ class _RaisingWork(torch._C._distributed_c10d.Work):
         super().__init__()
         self._op = op
         self._completer = completer
+        if not op.claimed:
+            _unqueued_ops.add(op)
+            _completer_of[op] = completer
 
     def wait(self, timeout=None):
         if self._op.claim():
@@ -221,15 +258,9 @@ class _RaisingWork(torch._C._distributed_c10d.Work):
         return self._op.future
 
     def is_completed(self):
-        done = ctypes.c_int(0)
-        if not self._op.future.done() and all(L.lib.ddl_test(h, ctypes.byref(done)) == L.SUCCESS and done.value
-                                              for h in self._op.handles):
-            self.wait_quietly()
-        return self._op.future.done()
-
-    def wait_quietly(self):
-        if self._op.claim():
+        if not self._op.future.done() and self._op.claim_if_done():
             self._op.complete()
+        return self._op.future.done()
 
     def is_success(self):
         if not self.is_completed():
@@ -295,7 +326,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
             L.raise_for(status)
         self._set = handle.value
         self._sequence = 0
-        self._caller_waits = False
+        self._calling = threading.local()  # what the op being launched on this thread may do (see _launch)
         self._completer = _Completer(key)
 
     def getBackendName(self):
@@ -319,7 +350,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
         if tensor.is_cuda:
             options.flags |= L.CUDA_BUFFERS
             options.stream = torch.cuda.current_stream(tensor.device).cuda_stream
-        elif may_block and self._caller_waits:
+        elif may_block and getattr(self._calling, "waits", False):
             options.flags |= L.BLOCKING
         return options
 
@@ -329,7 +360,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
         ops use, held until then. When the caller is one of torch's functions called with
         async_op=False (it waits at once), the ops that can run on this thread do (see _options)."""
         handles = []
-        self._caller_waits = _caller_waits_at_once()
+        self._calling.waits = _caller_waits_at_once()
         try:
             submit_all(handles)
         except BaseException:
@@ -337,7 +368,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
                 L.lib.ddl_wait(handle)
             raise
         finally:
-            self._caller_waits = False
+            self._calling.waits = False
         return _work(_Op(handles, finish, torch.futures.Future(), keep), self._completer)
 
     @staticmethod

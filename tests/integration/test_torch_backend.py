@@ -101,6 +101,27 @@ class TorchBackendFlag(unittest.TestCase):
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertEqual(lines_by_rank(result.stdout)[0], ["True False"])
 
+    def test_a_failing_shadowed_sitecustomize_still_leaves_the_hook_installed(self):
+        site = tempfile.mkdtemp(prefix="ddl-site-")
+        self.addCleanup(shutil.rmtree, site, ignore_errors=True)
+        with open(os.path.join(site, "sitecustomize.py"), "w") as f:
+            f.write("raise RuntimeError('a broken site customization')\n")
+        result = ddl("-np", "1", "--torch-backend", "ddl", "--", PYTHON, "-c",
+                     "import sys; print([type(f).__name__ for f in sys.meta_path if 'Backend' in type(f).__name__])",
+                     env={"PYTHONPATH": site}, timeout=120)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(lines_by_rank(result.stdout)[0], ["['_ReplaceBackendOnImport']"])
+
+    def test_a_group_that_names_its_own_backend_keeps_it(self):
+        # Scripts make gloo groups for what ddl does not do (send/recv): those stay gloo.
+        code = ("import torch.distributed as dist; dist.init_process_group('gloo'); g = dist.new_group(backend='gloo'); "
+                "h = dist.new_group(); print(dist.get_backend(), dist.get_backend(g), dist.get_backend(h)); "
+                "dist.destroy_process_group()")
+        result = ddl("-np", "2", "--torch-backend", "ddl", "--", PYTHON, "-c", code, env={"PYTHONPATH": None}, timeout=180,
+                     cwd="/")
+        self.assertEqual(result.returncode, 0, result.stdout[-2000:] + result.stderr[-2000:])
+        self.assertEqual(lines_by_rank(result.stdout)[0], ["ddl gloo ddl"])
+
     def test_another_backend_is_one_clear_error(self):
         result = ddl("-np", "1", "--torch-backend", "nccl", "--", "true")
         self.assertEqual(result.returncode, 2)

@@ -1,10 +1,11 @@
 """Python runs this at start-up in the workers of `ddl run --torch-backend ddl`, which puts this
-folder first on PYTHONPATH and sets DDL_TORCH_BACKEND: torch.distributed's init_process_group and
-new_group then make every process group on libddl's "ddl" backend, whatever backend the script
-names (gloo, nccl, or none), so an unmodified DDP or Lightning script trains on libddl.
+folder first on PYTHONPATH and sets DDL_TORCH_BACKEND: torch.distributed's init_process_group then
+makes the world's group on libddl's "ddl" backend, whatever backend the script names (gloo, nccl, or
+none), and so do new_group calls that name no backend; an unmodified DDP or Lightning script trains
+on libddl.
 
-It runs the sitecustomize it shadows (a site's or the distribution's) first, and makes ddl's own
-package importable when the program's path lacks it. Nothing of torch is imported here: the
+It runs the sitecustomize it shadows (a site's or the distribution's) after installing itself,
+and makes ddl's own package importable when the program's path lacks it. Nothing of torch is imported here: the
 change is made when the program imports torch.distributed.
 """
 
@@ -27,7 +28,7 @@ def _run_shadowed_sitecustomize():
 
 
 def _with_backend(function, backend):
-    """`function` (init_process_group or new_group) with its `backend` argument replaced."""
+    """`function` (init_process_group) with its `backend` argument replaced."""
     import functools
     import inspect
     signature = inspect.signature(function)
@@ -38,7 +39,7 @@ def _with_backend(function, backend):
         bound = signature.bind(*args, **kwargs)
         asked = bound.arguments.get("backend")
         bound.arguments["backend"] = backend
-        if function.__name__ == "init_process_group" and asked not in (None, backend) and os.environ.get("RANK") == "0":
+        if asked not in (None, backend) and os.environ.get("RANK") == "0":
             print(f"ddl: init_process_group({asked!r}) runs on backend {backend!r} (ddl run --torch-backend {backend})",
                   file=sys.stderr, flush=True)
         return function(*bound.args, **bound.kwargs)
@@ -46,9 +47,29 @@ def _with_backend(function, backend):
     return replaced
 
 
+class _PatchingLoader:
+    """The loader of torch.distributed.distributed_c10d, wrapped: after the module has run, its
+    init_process_group is replaced, before torch.distributed copies it. (new_group is left alone: with
+    no backend it takes the default group's, ddl; a backend it names, say gloo for send/recv, stays.)
+    Everything else is the wrapped loader's, which may be shared with other modules."""
+
+    def __init__(self, loader, backend):
+        self._loader = loader
+        self._backend = backend
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        module.init_process_group = _with_backend(module.init_process_group, self._backend)
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
 class _ReplaceBackendOnImport:
-    """Finds torch.distributed.distributed_c10d as Python would, and once it has run, replaces its
-    init_process_group and new_group before torch.distributed copies them."""
+    """Finds torch.distributed.distributed_c10d as Python would, with a loader that patches it."""
 
     def __init__(self, backend):
         self.backend = backend
@@ -58,17 +79,9 @@ class _ReplaceBackendOnImport:
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None:
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        run_module = spec.loader.exec_module
-        backend = self.backend
-
-        def exec_module(module):
-            run_module(module)
-            module.init_process_group = _with_backend(module.init_process_group, backend)
-            module.new_group = _with_backend(module.new_group, backend)
-
-        spec.loader.exec_module = exec_module
+        spec.loader = _PatchingLoader(spec.loader, self.backend)
         return spec
 
 
@@ -81,5 +94,5 @@ def _install():
     sys.meta_path.insert(0, _ReplaceBackendOnImport(backend))
 
 
+_install()  # first: a shadowed sitecustomize that fails must not leave the job on the script's backend
 _run_shadowed_sitecustomize()
-_install()

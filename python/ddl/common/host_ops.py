@@ -104,6 +104,7 @@ def options(process_set, shape=None, prescale=1.0, postscale=1.0, flags=0, strea
         return _new_options(process_set, shape, prescale, postscale, flags, stream)
     if shape is not None and not isinstance(shape, tuple):
         shape = tuple(shape)
+    prescale, postscale = float(prescale), float(postscale)  # numpy scalars and the like: hashable, exact
     key = (process_set._c_handle, shape, prescale, postscale, flags)
     opts = _options_cache.get(key)
     if opts is None:

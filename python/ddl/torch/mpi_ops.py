@@ -282,9 +282,12 @@ def _single(handle_of_group):
 
 
 def _fast_target(process_set):
-    """The op's process set, checked. The world's set skips the checks: libddl refuses an op before
-    init itself (see _raise_submit_failure), and every rank is in the world."""
-    return process_set if process_set is global_process_set else _process_set_target(process_set)
+    """The op's process set, checked. The world's set needs only the init check (every rank is in
+    the world); it comes before any name is claimed, since an unnamed op's claim counts."""
+    if process_set is global_process_set:
+        _check_initialized()
+        return process_set
+    return _process_set_target(process_set)
 
 
 def _raise_submit_failure(status):
@@ -302,11 +305,15 @@ def _allreduce_one_async(tensor, output, name, op, prescale, postscale, process_
         return _single(_allreduce_group_async("allreduce", [tensor], [output], name, op, prescale, postscale,
                                               process_set))
     target = _fast_target(process_set)
-    claim = _names.claim("allreduce", name, target)
     opts = _host.options(target, tensor.shape, prescale, postscale)
+    claim = _names.claim("allreduce", name, target)
     h = ctypes.c_void_p()
-    status = _allreduce_ex(claim[1].encode(), tensor.data_ptr(), output.data_ptr(), tensor.numel(), dtype, _REDUCE[op],
-                           opts._ref, ctypes.byref(h))
+    try:
+        status = _allreduce_ex(claim[1].encode(), tensor.data_ptr(), output.data_ptr(), tensor.numel(), dtype,
+                               _REDUCE[op], opts._ref, ctypes.byref(h))
+    except BaseException:
+        _names.release(*claim)
+        raise
     if status != L.SUCCESS:
         _names.release(*claim)
         _raise_submit_failure(status)
