@@ -90,27 +90,29 @@ class TorchBackendFlag(unittest.TestCase):
         for rank in range(2):
             self.assertIn("lightning backend ddl", by_rank[rank])
 
-    def test_a_script_that_makes_no_group_is_untouched_and_a_sitecustomize_it_shadows_still_runs(self):
+    def one_worker_with_a_site_customization(self, site_code, program):
+        """Rank 0's lines of `python -c program` under --torch-backend ddl, with a sitecustomize of
+        `site_code` on PYTHONPATH for the hook to shadow."""
         site = tempfile.mkdtemp(prefix="ddl-site-")
         self.addCleanup(shutil.rmtree, site, ignore_errors=True)
         with open(os.path.join(site, "sitecustomize.py"), "w") as f:
-            f.write("import builtins\nbuiltins.SITE_WAS_HERE = True\n")
-        result = ddl("-np", "1", "--torch-backend", "ddl", "--", PYTHON, "-c",
-                     "import builtins, sys; print(getattr(builtins, 'SITE_WAS_HERE', False), 'torch' in sys.modules)",
-                     env={"PYTHONPATH": site}, timeout=120)
+            f.write(site_code)
+        result = ddl("-np", "1", "--torch-backend", "ddl", "--", PYTHON, "-c", program, env={"PYTHONPATH": site},
+                     timeout=120)
         self.assertEqual(result.returncode, 0, result.stderr)
-        self.assertEqual(lines_by_rank(result.stdout)[0], ["True False"])
+        return lines_by_rank(result.stdout)[0]
+
+    def test_a_script_that_makes_no_group_is_untouched_and_a_sitecustomize_it_shadows_still_runs(self):
+        said = self.one_worker_with_a_site_customization(
+            "import builtins\nbuiltins.SITE_WAS_HERE = True\n",
+            "import builtins, sys; print(getattr(builtins, 'SITE_WAS_HERE', False), 'torch' in sys.modules)")
+        self.assertEqual(said, ["True False"])
 
     def test_a_failing_shadowed_sitecustomize_still_leaves_the_hook_installed(self):
-        site = tempfile.mkdtemp(prefix="ddl-site-")
-        self.addCleanup(shutil.rmtree, site, ignore_errors=True)
-        with open(os.path.join(site, "sitecustomize.py"), "w") as f:
-            f.write("raise RuntimeError('a broken site customization')\n")
-        result = ddl("-np", "1", "--torch-backend", "ddl", "--", PYTHON, "-c",
-                     "import sys; print([type(f).__name__ for f in sys.meta_path if 'Backend' in type(f).__name__])",
-                     env={"PYTHONPATH": site}, timeout=120)
-        self.assertEqual(result.returncode, 0, result.stderr)
-        self.assertEqual(lines_by_rank(result.stdout)[0], ["['_ReplaceBackendOnImport']"])
+        said = self.one_worker_with_a_site_customization(
+            "raise RuntimeError('a broken site customization')\n",
+            "import sys; print([type(f).__name__ for f in sys.meta_path if 'Backend' in type(f).__name__])")
+        self.assertEqual(said, ["['_ReplaceBackendOnImport']"])
 
     def test_a_group_that_names_its_own_backend_keeps_it(self):
         # Scripts make gloo groups for what ddl does not do (send/recv): those stay gloo.
