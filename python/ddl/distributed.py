@@ -53,7 +53,8 @@ def _libddl_op(reduce_op):
     for torch_op, ddl_op in _REDUCE.items():
         if reduce_op == torch_op:
             return ddl_op
-    raise ValueError(f"the ddl backend reduces with SUM, AVG, PRODUCT, MIN and MAX, not {reduce_op} "
+    shown = getattr(reduce_op, "op", reduce_op)  # torch 2.x's ReduceOp prints as an object; its .op names it
+    raise ValueError(f"the ddl backend reduces with SUM, AVG, PRODUCT, MIN and MAX, not {shown} "
                      f"({_NAMELESS_REDUCE_OPS} are not in libddl): use a gloo group for that op")
 
 
@@ -332,6 +333,24 @@ class ProcessGroupDDL(dist.ProcessGroup):
     def getBackendName(self):
         return BACKEND_NAME
 
+    # torch 2.x names every group and asks the group for it (destroy_process_group(group), functional
+    # collectives); a group made in Python has no C++ backend to hold the name, so it is kept here.
+    def _set_group_name(self, name):
+        self._group_name = name
+
+    setGroupName = _set_group_name
+
+    def getGroupName(self):
+        return getattr(self, "_group_name", "")
+
+    group_name = property(getGroupName)
+
+    def shutdown(self):
+        """torch 2.8+'s destroy_process_group calls this: the group's thread ends after its ops."""
+        self._completer.stop()
+
+    abort = shutdown
+
     def __del__(self):
         completer = getattr(self, "_completer", None)
         if completer is not None:
@@ -587,6 +606,16 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
         return self._launch(submit, lambda: [output], send, recv)
 
+    # torch 2.x's coalescing manager and functional collectives (all_gather_into_tensor and
+    # reduce_scatter_tensor on a group) reach a group through these two.
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        works = [self._allgather_base(output, input) for output, input in zip(outputs, inputs)]
+        return self._after_all(works, lambda: list(outputs))
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        works = [self._reduce_scatter_base(output, input, opts) for output, input in zip(outputs, inputs)]
+        return self._after_all(works, lambda: list(outputs))
+
     def barrier(self, opts=None):
         def submit(handles):
             handle = ctypes.c_void_p()
@@ -615,6 +644,23 @@ class ProcessGroupDDL(dist.ProcessGroup):
             out.copy_(flat[offset:offset + n].view(out.shape))
             offset += n
         return result
+
+    def _after_all(self, works, finish):
+        """A Work that completes, with `finish()`, after every one of `works` (raising the first error)."""
+        future = torch.futures.Future()
+
+        def chain(done):
+            try:
+                for each in done.value():
+                    each.value()
+                future.set_result(finish())
+            except BaseException as error:
+                future.set_exception(error)
+
+        torch.futures.collect_all([work.get_future() for work in works]).then(chain)
+        chained = _Op((), None, future, None)
+        chained.claimed = True  # `chain` completes its future: nobody else may
+        return _work(chained, self._completer)
 
     def _then(self, work, finish):
         """A Work that completes, with `finish()`, after `work`."""

@@ -208,6 +208,36 @@ def subgroups(rank):
     dist.barrier(group=DDL)
 
 
+def torch2(rank):
+    """What torch 2.x asks of a group besides the collectives: its name, destroying a subgroup, the
+    coalescing manager and the functional collectives (torch 1.13 has none of these)."""
+    if int(torch.__version__.split(".")[0]) < 2:
+        print(f"torch {torch.__version__}: the torch 2.x checks do not apply", flush=True)
+        return
+    import torch.distributed._functional_collectives as functional
+    check("the world's group has a name", torch.tensor(len(DDL.group_name) > 0), torch.tensor(True))
+    pair = dist.new_group([0, 1], backend="ddl")
+    if RANK in (0, 1):
+        t = data(rank)
+        dist.all_reduce(t, group=pair)
+        check("a subgroup, then destroyed", t, data(0) + data(1))
+        dist.destroy_process_group(pair)
+    t = data(rank)
+    expected = torch.cat([data(r) for r in range(SIZE)])
+    gathered = torch.empty(SIZE * t.numel())
+    with dist._coalescing_manager(group=DDL):
+        dist.all_gather_into_tensor(gathered, t, group=DDL)
+    check("all_gather_into_tensor under the coalescing manager", gathered, expected.flatten())
+    check("functional all_gather_tensor", functional.wait_tensor(functional.all_gather_tensor(t, 0, DDL)), expected)
+    full = torch.arange(SIZE * 3, dtype=torch.float32) * (rank + 1)
+    reference = torch.empty(3)
+    dist.reduce_scatter_tensor(reference, full.clone(), group=DDL)
+    check("functional reduce_scatter_tensor",
+          functional.wait_tensor(functional.reduce_scatter_tensor(full, "sum", 0, DDL)), reference)
+    check("functional all_reduce", functional.wait_tensor(functional.all_reduce(t, "sum", DDL)),
+          sum(data(r) for r in range(SIZE)))
+
+
 def errors(rank):
     try:
         dist.all_reduce(torch.ones(4, 4).t(), group=DDL)
@@ -227,7 +257,7 @@ if __name__ == "__main__":
     DDL = dist.group.WORLD
     GLOO = dist.new_group(list(range(SIZE)), backend="gloo")
     assert dist.get_backend() == "ddl", dist.get_backend()
-    for part in (reductions, moves, asynchronous, subgroups, errors):
+    for part in (reductions, moves, asynchronous, subgroups, torch2, errors):
         part(RANK)
     print(f"checks passed: {passed}", flush=True)
     dist.destroy_process_group()
