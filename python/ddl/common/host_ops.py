@@ -11,7 +11,7 @@ import numpy as np
 from ddl import _lib as L
 from ddl.common import basics
 from ddl.common.names import names
-from ddl.common.process_sets import ProcessSet, _registry
+from ddl.common.process_sets import ProcessSet, _registry, global_process_set
 
 # Horovod's reduction constants (the same values in every Horovod face).
 Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
@@ -66,6 +66,8 @@ def ddl_dtype(array, moves_only=False):
 def target(process_set):
     """Checks that `process_set` is usable by this rank and returns it."""
     basics.check_initialized()
+    if process_set is global_process_set:  # every rank is in the world: nothing more to check (a hot path)
+        return process_set
     if not isinstance(process_set, ProcessSet):
         raise ValueError(f"process_set must be a ProcessSet, not {type(process_set).__name__}")
     if process_set.process_set_id is None:

@@ -169,8 +169,7 @@ def synchronize(handle):
         raise ValueError(f"handle {handle} was not returned by an async op, or was already synchronized")
     if pending.collect is None and len(pending.c_handles) == 1:  # one op, as each gradient's: the short way
         status = _wait(pending.c_handles[0])
-        for key, full in pending.claims:
-            _names.release(key, full)
+        _release_claims(pending.claims)
         if status != L.SUCCESS:
             L.raise_for(status)
     else:
@@ -281,21 +280,6 @@ def _single(handle_of_group):
     return handle_of_group
 
 
-def _fast_target(process_set):
-    """The op's process set, checked. The world's set needs only the init check (every rank is in
-    the world); it comes before any name is claimed, since an unnamed op's claim counts."""
-    if process_set is global_process_set:
-        _check_initialized()
-        return process_set
-    return _process_set_target(process_set)
-
-
-def _raise_submit_failure(status):
-    if status == L.NOT_INITIALIZED:
-        _check_initialized()  # Horovod's ValueError, which says to call hvd.init()
-    L.raise_for(status)
-
-
 def _allreduce_one_async(tensor, output, name, op, prescale, postscale, process_set):
     """One allreduce: contiguous host tensors of libddl's dtypes take a short path (this is every
     gradient of a DistributedOptimizer step; each step of it counts, issue 21); the rest go through
@@ -304,7 +288,7 @@ def _allreduce_one_async(tensor, output, name, op, prescale, postscale, process_
     if dtype is None or not tensor.is_cpu or not tensor.is_contiguous() or not output.is_contiguous():
         return _single(_allreduce_group_async("allreduce", [tensor], [output], name, op, prescale, postscale,
                                               process_set))
-    target = _fast_target(process_set)
+    target = _process_set_target(process_set)
     opts = _host.options(target, tensor.shape, prescale, postscale)
     claim = _names.claim("allreduce", name, target)
     h = ctypes.c_void_p()
@@ -316,10 +300,8 @@ def _allreduce_one_async(tensor, output, name, op, prescale, postscale, process_
         raise
     if status != L.SUCCESS:
         _names.release(*claim)
-        _raise_submit_failure(status)
-    handle = next(_handle_numbers)
-    _handle_map[handle] = _Pending((h,), output, (claim,), (tensor, opts))
-    return handle
+        L.raise_for(status)
+    return _register(_Pending((h,), output, (claim,), (tensor, opts)))
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -355,7 +337,7 @@ def _run_now(kind, fn, name, target, *args):
         if claim:
             _names.release(*claim)
     if status != L.SUCCESS:
-        _raise_submit_failure(status)
+        L.raise_for(status)
 
 
 def allreduce_now(tensor, output, name, op, prescale, postscale, process_set):
@@ -363,14 +345,8 @@ def allreduce_now(tensor, output, name, op, prescale, postscale, process_set):
     dtype = _DTYPES.get(tensor.dtype)
     if dtype is None or not tensor.is_cpu or not tensor.is_contiguous() or not output.is_contiguous():
         return synchronize(_allreduce_one_async(tensor, output, name, op, prescale, postscale, process_set))
-    target = _fast_target(process_set)
+    target = _process_set_target(process_set)
     opts = _host.options(target, tensor.shape, prescale, postscale, L.BLOCKING)
-    if name is None:  # the common case (a metric): no claim, libddl numbers it
-        status = _allreduce_ex(None, tensor.data_ptr(), output.data_ptr(), tensor.numel(), dtype, _REDUCE[op], opts._ref,
-                               None)
-        if status != L.SUCCESS:
-            _raise_submit_failure(status)
-        return output
     _run_now("allreduce", _allreduce_ex, name, target, tensor.data_ptr(), output.data_ptr(), tensor.numel(), dtype,
              _REDUCE[op], opts._ref)
     return output
