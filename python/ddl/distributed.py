@@ -145,6 +145,11 @@ class _Op:
             self.claimed = True
             return True
 
+    def settle(self):
+        """Completes the op here unless someone has already claimed it."""
+        if self.claim():
+            self.complete()
+
     def complete(self):
         """Waits for libddl (the GIL released) and completes the future with the result or error."""
         failure = None
@@ -182,8 +187,7 @@ class _Completer:
         if op.queued or op.claimed:
             return
         if self._stopping or threading.current_thread() is self._thread:
-            if op.claim():
-                op.complete()
+            op.settle()
             return
         op.queued = True
         self._queue.put(op)
@@ -194,8 +198,7 @@ class _Completer:
             if op is None:
                 return  # stays in _live_completers: exit joins it (see _stop_completers)
             try:
-                if op.claim():
-                    op.complete()
+                op.settle()
             except BaseException as error:  # never let one op end the thread: later futures would hang
                 print(f"ddl: the ddl backend's thread for a group failed completing an op: {error!r}",
                       file=sys.stderr, flush=True)
@@ -207,9 +210,8 @@ class _Completer:
             self._queue.put(None)
 
 
-# The ops handed to torch's Python functions and not yet waited or queued, with their groups' threads.
-_unqueued_ops = weakref.WeakSet()
-_completer_of = weakref.WeakKeyDictionary()
+# The ops handed to torch's Python functions and not yet waited or queued -> their groups' threads.
+_unqueued_ops = weakref.WeakKeyDictionary()
 
 # Every completer whose thread may still run, stopped or not: a destroyed group's thread can still be
 # completing its last future when the interpreter exits.
@@ -221,10 +223,9 @@ def _stop_completers():
     """Ends the groups' threads before the interpreter does: CPython ends a daemon thread that is
     still there at exit by unwinding its stack, which aborts the process ("terminate called without
     an active exception") when the thread is inside torch's C++ (completing a future)."""
-    for op in list(_unqueued_ops):  # Works never waited: libddl must be done with their buffers first
-        op_completer = _completer_of.get(op)
-        if op_completer is not None:
-            op_completer.add(op)
+    # Works never waited: libddl must be done with their buffers first.
+    for op, op_completer in list(_unqueued_ops.items()):
+        op_completer.add(op)
     completers = list(_live_completers)
     for completer in completers:
         completer.stop()
@@ -245,12 +246,10 @@ class _RaisingWork(torch._C._distributed_c10d.Work):
         self._op = op
         self._completer = completer
         if not op.claimed:
-            _unqueued_ops.add(op)
-            _completer_of[op] = completer
+            _unqueued_ops[op] = completer
 
     def wait(self, timeout=None):
-        if self._op.claim():
-            self._op.complete()
+        self._op.settle()
         self._op.future.wait()  # raises the op's error
         return True
 
@@ -295,19 +294,12 @@ def _torch_caller():
     return None
 
 
-def _caller_waits_at_once():
-    """Whether the op's caller is one of torch's collectives called with async_op=False, which waits
-    for the Work it gets before doing anything else."""
-    frame = _torch_caller()
-    return frame is not None and frame.f_locals.get("async_op") is False
-
-
-def _work(op, completer):
-    """A Work for the op's caller. torch's Python functions (all_reduce, ...) get one whose wait()
-    raises; C++ callers (DDP's reducer, its parameter checks) get torch's own, the only kind torch 1.13's
-    C++ can wait on; they read errors from its future, which carries them, and the group's thread
-    completes it."""
-    if _torch_caller() is not None:
+def _work(op, completer, caller):
+    """A Work for the op's caller (`caller`: the frame of _torch_caller()). torch's Python functions
+    (all_reduce, ...) get one whose wait() raises; C++ callers (DDP's reducer, its parameter checks) get
+    torch's own, the only kind torch 1.13's C++ can wait on; they read errors from its future, which
+    carries them, and the group's thread completes it."""
+    if caller is not None:
         return _RaisingWork(op, completer)
     completer.add(op)
     return torch._C._distributed_c10d._create_work_from_future(op.future)
@@ -379,7 +371,9 @@ class ProcessGroupDDL(dist.ProcessGroup):
         ops use, held until then. When the caller is one of torch's functions called with
         async_op=False (it waits at once), the ops that can run on this thread do (see _options)."""
         handles = []
-        self._calling.waits = _caller_waits_at_once()
+        caller = _torch_caller()
+        # torch's collectives called with async_op=False wait for the Work they get before anything else.
+        self._calling.waits = caller is not None and caller.f_locals.get("async_op") is False
         try:
             submit_all(handles)
         except BaseException:
@@ -388,7 +382,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
             raise
         finally:
             self._calling.waits = False
-        return _work(_Op(handles, finish, torch.futures.Future(), keep), self._completer)
+        return _work(_Op(handles, finish, torch.futures.Future(), keep), self._completer, caller)
 
     @staticmethod
     def _submit(handles, fn, *args):
@@ -660,23 +654,11 @@ class ProcessGroupDDL(dist.ProcessGroup):
         torch.futures.collect_all([work.get_future() for work in works]).then(chain)
         chained = _Op((), None, future, None)
         chained.claimed = True  # `chain` completes its future: nobody else may
-        return _work(chained, self._completer)
+        return _work(chained, self._completer, _torch_caller())
 
     def _then(self, work, finish):
         """A Work that completes, with `finish()`, after `work`."""
-        future = torch.futures.Future()
-
-        def chain(done):
-            try:
-                done.value()
-                future.set_result(finish())
-            except BaseException as error:
-                future.set_exception(error)
-
-        work.get_future().then(chain)
-        chained = _Op((), None, future, None)
-        chained.claimed = True  # `chain` completes its future: nobody else may
-        return _work(chained, self._completer)
+        return self._after_all([work], finish)
 
 
 # ---- creating groups ----
