@@ -298,9 +298,10 @@ std::vector<ListedSite> list_sites() {
   return listed;
 }
 
-std::vector<std::string> matching_sites(const std::string& hostname, const std::map<std::string, std::string>& environment) {
+std::vector<std::string> matching_sites(const std::vector<ListedSite>& sites, const std::string& hostname,
+                                        const std::map<std::string, std::string>& environment) {
   std::vector<std::string> found;
-  for (const auto& listed : list_sites()) {
+  for (const auto& listed : sites) {
     if (!listed.profile || !listed.profile->match) continue;  // a broken profile matches nothing
     const SiteProfile& site = *listed.profile;
     const std::string& name = listed.name;

@@ -94,7 +94,8 @@ struct ListedSite {
 // broken file does not hide the others.
 std::vector<ListedSite> list_sites();
 
-// The sites whose `match` fits this machine: its full host name and environment.
-std::vector<std::string> matching_sites(const std::string& hostname, const std::map<std::string, std::string>& environment);
+// The sites of `listed` whose `match` fits this machine: its full host name and environment.
+std::vector<std::string> matching_sites(const std::vector<ListedSite>& listed, const std::string& hostname,
+                                        const std::map<std::string, std::string>& environment);
 
 }  // namespace ddl::backends

@@ -352,12 +352,13 @@ std::string full_host_name() {
 CapabilitySection site_section(const Environment& env) {
   CapabilitySection s{"Site", {}};
   const std::string host = full_host_name();
-  const auto sites = backends::matching_sites(host, env);
+  const auto listed = backends::list_sites();  // every profile read once: for matching, and to name broken ones
+  const auto sites = backends::matching_sites(listed, host, env);
   if (sites.empty())
     s.items.push_back(item(false, "site profile", "", fmt::format("none matches this machine ({}); ddl sites lists them", host)));
   for (const auto& name : sites) s.items.push_back(item(true, "site " + name, "", fmt::format("ddl submit --site {} ...", name)));
-  for (const auto& listed : backends::list_sites())
-    if (!listed.profile) s.items.push_back(item(false, "site profile " + listed.name, "", "broken: " + listed.error));
+  for (const auto& site : listed)
+    if (!site.profile) s.items.push_back(item(false, "site profile " + site.name, "", "broken: " + site.error));
   return s;
 }
 

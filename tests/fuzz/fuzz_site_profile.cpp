@@ -119,7 +119,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if (site.match) {
     try {
-      (void)matching_sites("nid001234.fuzz.example.org", {{"NERSC_HOST", "perlmutter"}, {"CC_CLUSTER", "narval"}});
+      (void)matching_sites(list_sites(), "nid001234.fuzz.example.org", {{"NERSC_HOST", "perlmutter"}, {"CC_CLUSTER", "narval"}});
     } catch (const ddl::Error&) {}
   }
   return 0;
