@@ -29,22 +29,6 @@ def doc_files():
     return sorted(files)
 
 
-def blocks(path):
-    """[(first line number, [lines])] of the file's fenced code blocks."""
-    found, current, start = [], None, 0
-    with open(path) as f:
-        for number, line in enumerate(f, 1):
-            if line.startswith("```"):
-                if current is None:
-                    current, start = [], number + 1
-                else:
-                    found.append((start, current))
-                    current = None
-            elif current is not None:
-                current.append(line.rstrip("\n"))
-    return found
-
-
 def segments(path):
     """The file as [("prose", first line, text) | ("code", first line, [lines])], in order."""
     found, prose, code, start = [], [], None, 1
@@ -63,6 +47,29 @@ def segments(path):
             else:
                 prose.append(line)
     return found
+
+
+def blocks(path):
+    """[(first line number, [lines])] of the file's fenced code blocks."""
+    return [(start, body) for kind, start, body in segments(path) if kind == "code"]
+
+
+def write_profile(home, name, text):
+    """The user profile NAME.json holding `text`, in the config folder of `home`."""
+    sites = os.path.join(home, ".config", "ddl", "sites")
+    os.makedirs(sites, exist_ok=True)
+    with open(os.path.join(sites, name + ".json"), "w") as f:
+        f.write(text + "\n")
+
+
+def ddl_at_home(args, home):
+    """This build's ddl run with `home` as the user's home (and config folder under it), outside any
+    allocation, in a scratch folder."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PBS_", "DDL_"))}
+    env.update(HOME=home, XDG_CONFIG_HOME=os.path.join(home, ".config"))
+    env.pop("XDG_STATE_HOME", None)
+    with tempfile.TemporaryDirectory() as cwd:
+        return subprocess.run([DDL, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
 
 
 PROFILE_EXAMPLE = re.compile(r"^(\w+)\.json(?: \(an override\))?: (.+)$")
@@ -117,10 +124,7 @@ class DryRunExamples(unittest.TestCase):
                         where = f"{os.path.relpath(path, SOURCE)}:{start + offset}"
                         words = shlex.split(command)
                         if words[:1] == ["cat"] and len(words) == 2 and words[1].startswith("~/.config/ddl/sites/"):
-                            profile = os.path.join(config, ".config", "ddl", "sites", os.path.basename(words[1]))
-                            os.makedirs(os.path.dirname(profile), exist_ok=True)
-                            with open(profile, "w") as f:
-                                f.write("\n".join(output) + "\n")
+                            write_profile(config, os.path.basename(words[1])[:-len(".json")], "\n".join(output))
                         elif words[:1] == ["ddl"] and "--dry-run" in words:
                             checked += 1
                             problem = self.differs(words, output, config)
@@ -166,13 +170,8 @@ class DryRunExamples(unittest.TestCase):
                     expected.append(following)
                 checked += 1
                 with tempfile.TemporaryDirectory() as home:
-                    sites = os.path.join(home, ".config", "ddl", "sites")
-                    os.makedirs(sites)
-                    with open(os.path.join(sites, m.group(1) + ".json"), "w") as f:
-                        f.write(m.group(2) + "\n")
-                    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PBS_", "DDL_"))}
-                    env.update(HOME=home, XDG_CONFIG_HOME=os.path.join(home, ".config"))
-                    result = subprocess.run([DDL, "sites", "show", m.group(1)], env=env, capture_output=True, text=True, timeout=60)
+                    write_profile(home, m.group(1), m.group(2))
+                    result = ddl_at_home(["sites", "show", m.group(1)], home)
                     said = result.stderr.replace(os.path.join(home, ".config"), "/tmp/x").rstrip("\n").split("\n")
                 if len(expected) == 1 and said[1:] == [USUAL_PROFILE_HINT]:
                     said = said[:1]
@@ -184,11 +183,7 @@ class DryRunExamples(unittest.TestCase):
     @staticmethod
     def differs(words, documented, config):
         """None when ddl prints `documented`, run with HOME at `config` (standing for /home/alice)."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PBS_", "DDL_"))}
-        env.update(HOME=config, XDG_CONFIG_HOME=os.path.join(config, ".config"))
-        env.pop("XDG_STATE_HOME", None)
-        with tempfile.TemporaryDirectory() as cwd:
-            result = subprocess.run([DDL, *words[1:]], env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
+        result = ddl_at_home(words[1:], config)
         # The pages show the binary as `ddl` and the user's home as alice's.
         printed = (result.stdout + result.stderr).replace(os.path.realpath(DDL), "ddl").replace(config, "/home/alice")
         printed = printed.rstrip("\n").split("\n")
