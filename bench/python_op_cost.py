@@ -18,6 +18,7 @@ runs alternate and the spread (slowest/fastest) is printed too.
 
 import argparse
 import ctypes
+import glob
 import json
 import os
 import re
@@ -139,11 +140,13 @@ def c_fused(a):
     return float(row.split()[3]), float(row.split()[4])
 
 
-def python(a, breakdown):
+def python(a, breakdown, compiled=True):
+    """The worker's figures; compiled=False makes ddl's faces call libddl through ctypes only."""
     cmd = [a.ddl, "run", "--no-prefix", "-np", str(a.np), "--", a.python, os.path.abspath(__file__), "--worker",
            "--calls", str(a.calls), "--warmup", str(a.warmup), "--tensors", str(a.tensors), "--floats", str(a.floats),
            "--steps", str(a.steps)] + (["--breakdown"] if breakdown else [])
-    out = run(cmd, env={"PYTHONPATH": os.path.join(a.build, "python")})
+    env = {"PYTHONPATH": os.path.join(a.build, "python"), "DDL_PYTHON_FASTPATH": "1" if compiled else "0"}
+    out = run(cmd, env=env)
     line = next(line for line in out.splitlines() if line.startswith("RESULT "))  # rank 0's
     return json.loads(line[len("RESULT "):])
 
@@ -167,7 +170,10 @@ def main():
     if a.worker:
         return worker(a)
 
+    has_compiled = glob.glob(os.path.join(a.build, "python", "ddl", "_fastpath*.so"))
     runs = {"c_blocking": [], "c_step": [], "py_blocking": [], "py_step": []}
+    if has_compiled:
+        runs.update(ctypes_blocking=[], ctypes_step=[])
     pieces = None
     for i in range(a.repeat):
         runs["c_blocking"].append(c_blocking(a))
@@ -176,8 +182,14 @@ def main():
         runs["py_blocking"].append(py["blocking_us"])
         runs["py_step"].append(py["step_ms"])
         pieces = pieces or py.get("breakdown")
-        print(f"# run {i + 1}/{a.repeat}: C {runs['c_blocking'][-1]:.2f} us, {runs['c_step'][-1]:.3f} ms; "
-              f"python {runs['py_blocking'][-1]:.2f} us, {runs['py_step'][-1]:.3f} ms", flush=True)
+        line = (f"# run {i + 1}/{a.repeat}: C {runs['c_blocking'][-1]:.2f} us, {runs['c_step'][-1]:.3f} ms; "
+                f"python {runs['py_blocking'][-1]:.2f} us, {runs['py_step'][-1]:.3f} ms")
+        if has_compiled:
+            py = python(a, breakdown=False, compiled=False)
+            runs["ctypes_blocking"].append(py["blocking_us"])
+            runs["ctypes_step"].append(py["step_ms"])
+            line += f"; python over ctypes only {py['blocking_us']:.2f} us, {py['step_ms']:.3f} ms"
+        print(line, flush=True)
 
     best = {k: min(v) for k, v in runs.items()}
     spread = {k: max(v) / min(v) for k, v in runs.items()}
@@ -188,6 +200,12 @@ def main():
     print(f"step of {a.tensors} x {a.floats * 4 // 1024} KiB async + wait, ms (median step):  "
           f"C API {best['c_step']:.3f} (x{spread['c_step']:.2f})  ddl.torch {best['py_step']:.3f} "
           f"(x{spread['py_step']:.2f})  python / C: {best['py_step'] / best['c_step']:.2f} (target <= 2)")
+    if has_compiled:
+        print(f"the same through ctypes only (DDL_PYTHON_FASTPATH=0): {best['ctypes_blocking']:.2f} us "
+              f"(x{spread['ctypes_blocking']:.2f}), step {best['ctypes_step']:.3f} ms (x{spread['ctypes_step']:.2f}), "
+              f"python / C: {best['ctypes_step'] / best['c_step']:.2f}")
+    else:
+        print("(ddl's compiled per-op path is not in this build: the python figures are ctypes')")
     if pieces:
         print("\nwhere a call's time goes (rank 0, each piece alone, us per call):")
         for name, us in pieces.items():

@@ -184,10 +184,12 @@ std::string ddl_package_path_line() {
 
 std::string ddl_torch_probe() {
   return ddl_package_path_line() +
-         "import ddl, ddl.torch as hvd, ddl._lib as lib, torch\n"
-         "print(json.dumps({'version': ddl.__version__, 'detail': 'Horovod API on torch %s; %s; libddl %s' % (torch.__version__, "
+         "import ddl, ddl.torch as hvd, ddl._lib as lib, ddl.common.fastpath as fast, torch\n"
+         "print(json.dumps({'version': ddl.__version__, 'detail': 'Horovod API on torch %s; %s; %s; libddl %s' % (torch.__version__, "
          "('NCCL %s for CUDA tensors (%s, %s)' % (lib.lib.ddl_nccl_version().decode(), lib.lib.ddl_nccl_path().decode(), "
-         "lib.lib.ddl_nccl_origin().decode())) if hvd.nccl_built() else 'host tensors only (no NCCL)', lib.lib._name)}))";
+         "lib.lib.ddl_nccl_origin().decode())) if hvd.nccl_built() else 'host tensors only (no NCCL)', "
+         "'per-op calls compiled' if fast.compiled else 'per-op calls through ctypes (ddl/_fastpath not built or off)', "
+         "lib.lib._name)}))";
 }
 
 // ddl.tensorflow and ddl.keras load together (the Keras face is part of the TensorFlow one).

@@ -21,6 +21,7 @@ packages=(
   libpmix-dev                     # libddl: bootstrap under PMIx launchers
   libboost-dev libboost-filesystem-dev  # Boost.Process: ddl runs scontrol, sbatch, qsub...
   python3 python3-torch python3-venv    # the PyTorch examples; the TensorFlow venvs (scripts/tf_venv.sh)
+  python3-dev                     # the Python package's compiled per-op calls (python/ddl/_fastpath.c)
 )
 test_packages=(
   doctest-dev                     # unit tests

@@ -39,7 +39,8 @@ class CheckBuild(unittest.TestCase):
         self.assertIn("gloo yes", out)
         # ddl's own Python package, found beside this build's ddl (build/python), on this build's libddl.
         libddl = os.path.realpath(os.path.join(os.path.dirname(DDL), "..", "runtime", "libddl.so.0"))
-        self.assertRegex(out, rf"  \[X\] ddl\.torch \d+\.\d+\.\d+ \(Horovod API on torch {re.escape(torch)}; .*; libddl (.*)\)")
+        self.assertRegex(out, rf"  \[X\] ddl\.torch \d+\.\d+\.\d+ \(Horovod API on torch {re.escape(torch)}; .*; "
+                              r"per-op calls compiled; libddl (.*)\)")
         loaded = re.search(r"ddl\.torch .*; libddl (.*)\)", out).group(1)
         self.assertEqual(os.path.realpath(loaded), libddl)
         srun = subprocess.run(["srun", "--version"], env=slurm_env(), capture_output=True, text=True).stdout.split()[-1]

@@ -25,8 +25,11 @@ def run_python(np, code_or_file, env=None, timeout=300):
 
 
 class ApiChecks(unittest.TestCase):
-    def check_on(self, np):
-        result = run_python(np, CHECKS)
+    def check_on(self, np, fastpath="compiled"):
+        env = {"DDL_TEST_EXPECT_FASTPATH": fastpath}
+        if fastpath == "ctypes":
+            env["DDL_PYTHON_FASTPATH"] = "0"
+        result = run_python(np, CHECKS, env=env)
         by_rank = lines_by_rank(result.stdout)
         failed = [line for r in range(np) for line in by_rank.get(r, []) if line.startswith("FAIL")]
         self.assertEqual(failed, [], result.stdout[-4000:] + result.stderr[-2000:])
@@ -41,6 +44,10 @@ class ApiChecks(unittest.TestCase):
 
     def test_every_check_on_3_ranks(self):
         self.check_on(3)
+
+    def test_every_check_on_2_ranks_through_ctypes_only(self):
+        # The fallback where ddl/_fastpath is not built (no Python headers) or does not load.
+        self.check_on(2, fastpath="ctypes")
 
 
 class HorovodExample(unittest.TestCase):

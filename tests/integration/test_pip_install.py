@@ -61,7 +61,8 @@ class PipInstall(unittest.TestCase):
             self.assertTrue(os.path.exists(os.path.join(venv, path)), path)
         report = self.as_user(f"{venv}/bin/ddl check-build").stdout
         self.assertIn(f"Frameworks ({venv}/bin/python3, Python ", report)
-        self.assertRegex(report, rf"\[X\] ddl.torch \S+ \(Horovod API on torch .*libddl {venv}/lib/libddl\.so\.0\)")
+        self.assertRegex(report, rf"\[X\] ddl.torch \S+ \(Horovod API on torch .*; per-op calls compiled; "
+                                 rf"libddl {venv}/lib/libddl\.so\.0\)")
 
     def test_from_the_checkout_then_from_its_sdist(self):
         self.install_and_train(f"{self.tmp}/venv", self.source)

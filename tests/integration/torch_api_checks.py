@@ -17,6 +17,7 @@ from worker_checks import check, expect_error, failures
 def _():
     assert not hvd.is_initialized()
     expect_error(ValueError, hvd.allreduce, torch.ones(2))
+    expect_error(ValueError, hvd.allreduce_async_, torch.ones(2), name="before.init")  # the named world path
     expect_error(ValueError, hvd.rank)
 
 
@@ -86,6 +87,27 @@ def _():
     t = data(R, shape=(4, 3)).t()  # not contiguous
     hvd.allreduce_(t, op=hvd.Sum)
     assert torch.equal(t, sum(data(r, shape=(4, 3)) for r in range(N)).t())
+
+
+@check("the per-op path (compiled, or ctypes with DDL_PYTHON_FASTPATH=0); a name stays taken while its op is in flight")
+def _():
+    from ddl.common import fastpath
+    expected = os.environ.get("DDL_TEST_EXPECT_FASTPATH")  # set by test_ddl_torch.py
+    if expected:
+        assert fastpath.compiled == (expected == "compiled"), (expected, fastpath.compiled)
+    # Rank 0's op cannot finish before the barrier (the others submit theirs after it), so its second
+    # submit under the same name always finds the first in flight.
+    t = torch.full((5,), float(R + 1))
+    if R == 0:
+        h = hvd.allreduce_async_(t, name="taken", op=hvd.Sum)
+        expect_error(ValueError, hvd.allreduce_async_, torch.ones(5), name="taken")
+        hvd.barrier()
+    else:
+        hvd.barrier()
+        h = hvd.allreduce_async_(t, name="taken", op=hvd.Sum)
+    assert torch.equal(hvd.synchronize(h), torch.full((5,), float(N * (N + 1) // 2)))
+    h = hvd.allreduce_async(torch.full((2, 3), float(R)), name="taken", op=hvd.Average)  # free again once synchronized
+    assert torch.equal(hvd.synchronize(h), torch.full((2, 3), (N - 1) / 2))
 
 
 @check("allgather: first dimensions differing by rank, bool, grouped")

@@ -116,6 +116,21 @@ def options(process_set, shape=None, prescale=1.0, postscale=1.0, flags=0, strea
     return opts
 
 
+_world_plain_options = {}  # shape -> options: the world's set, no scaling, no flags (most gradients)
+
+
+def world_options(shape, prescale=1.0, postscale=1.0):
+    """options(global_process_set, shape, prescale, postscale) with one dict lookup for the common case."""
+    if prescale == 1.0 and postscale == 1.0:
+        opts = _world_plain_options.get(shape)
+        if opts is None:
+            if len(_world_plain_options) >= _OPTIONS_CACHE_LIMIT:
+                _world_plain_options.clear()
+            opts = _world_plain_options[tuple(shape)] = options(global_process_set, shape)
+        return opts
+    return options(global_process_set, shape, prescale, postscale)
+
+
 def _new_options(process_set, shape, prescale, postscale, flags, stream):
     opts = L.OpOptions()
     opts.process_set = process_set._c_handle
@@ -129,6 +144,7 @@ def _new_options(process_set, shape, prescale, postscale, flags, stream):
         opts.ndim = len(shape)
         opts._keep = dims
     opts._ref = ctypes.byref(opts)  # what the C calls take, made once
+    opts._address = ctypes.addressof(opts)  # what the fast path's calls take (common/fastpath.py)
     return opts
 
 

@@ -18,7 +18,9 @@ class Names:
             full = f"{kind}.noname.{self.epoch}.{n}"
         else:
             full = f"{kind}.{name}"
-        taken = self.taken.setdefault(key, set())
+        taken = self.taken.get(key)  # not setdefault(key, set()): that makes a set per call (a hot path)
+        if taken is None:
+            taken = self.taken[key] = set()
         if full in taken:
             raise ValueError(f"an op named '{full}' is already in flight on this rank: give concurrent ops "
                              "distinct names, or synchronize the first one before reusing its name")
@@ -32,7 +34,9 @@ class Names:
         self.epoch += 1
 
     def release(self, key, full):
-        self.taken.get(key, set()).discard(full)
+        taken = self.taken.get(key)
+        if taken is not None:
+            taken.discard(full)
 
     def clear(self):
         self.taken.clear()

@@ -13,6 +13,7 @@ import torch
 
 from ddl import _lib as L
 from ddl.common import basics as _basics
+from ddl.common import fastpath as _fast
 from ddl.common import host_ops as _host
 from ddl.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
 from ddl.common.names import names as _names
@@ -104,7 +105,6 @@ class _Pending:
 _handle_map = {}
 _handle_numbers = itertools.count()
 _allreduce_ex = L.lib.ddl_allreduce_ex
-_wait = L.lib.ddl_wait
 
 
 def _register(pending):
@@ -119,7 +119,7 @@ def _submit(fn, name_bytes, *args):
     status = fn(name_bytes, *args, ctypes.byref(h))
     if status != L.SUCCESS:
         L.raise_for(status)
-    return h
+    return h.value  # an int, as the fast path's handles: synchronize() waits on both alike
 
 
 def _wait_all(c_handles):
@@ -168,7 +168,7 @@ def synchronize(handle):
     if pending is None:
         raise ValueError(f"handle {handle} was not returned by an async op, or was already synchronized")
     if pending.collect is None and len(pending.c_handles) == 1:  # one op, as each gradient's: the short way
-        status = _wait(pending.c_handles[0])
+        status = _fast.wait(pending.c_handles[0])
         _release_claims(pending.claims)
         if status != L.SUCCESS:
             L.raise_for(status)
@@ -288,20 +288,27 @@ def _allreduce_one_async(tensor, output, name, op, prescale, postscale, process_
     if dtype is None or not tensor.is_cpu or not tensor.is_contiguous() or not output.is_contiguous():
         return _single(_allreduce_group_async("allreduce", [tensor], [output], name, op, prescale, postscale,
                                               process_set))
-    target = _process_set_target(process_set)
-    opts = _host.options(target, tensor.shape, prescale, postscale)
+    if process_set is global_process_set and name is not None:
+        # A named op in the world's set (every gradient of a DistributedOptimizer step) leaves the
+        # check for init to libddl, which refuses an op before it: that saves a C call per op. An
+        # unnamed op checks first, since its claim counts, and the count must stay alike on every rank.
+        target, opts = process_set, _host.world_options(tensor.shape, prescale, postscale)
+    else:
+        target = _process_set_target(process_set)
+        opts = _host.options(target, tensor.shape, prescale, postscale)
     claim = _names.claim("allreduce", name, target)
-    h = ctypes.c_void_p()
     try:
-        status = _allreduce_ex(claim[1].encode(), tensor.data_ptr(), output.data_ptr(), tensor.numel(), dtype,
-                               _REDUCE[op], opts._ref, ctypes.byref(h))
+        h = _fast.allreduce(claim[1].encode(), tensor.data_ptr(), output.data_ptr(), tensor.numel(), dtype,
+                            _REDUCE[op], opts._address)
+        return _register(_Pending((h,), output, (claim,), (tensor, opts)))
+    except _fast.Refused as refused:
+        status = refused.args[0]  # raised below, outside this handler: the Refused is no part of the story
     except BaseException:
         _names.release(*claim)
         raise
-    if status != L.SUCCESS:
-        _names.release(*claim)
-        L.raise_for(status)
-    return _register(_Pending((h,), output, (claim,), (tensor, opts)))
+    _names.release(*claim)
+    _check_initialized()  # Horovod's words for an op before init
+    L.raise_for(status)
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,

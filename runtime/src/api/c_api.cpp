@@ -688,7 +688,15 @@ ddl_status submit_to(Target& t, const char* name, const OpSpec& spec, const void
     return run_to_completion(*t.engine, name, spec, send, recv);
   }
   if (handle == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "handle is NULL");
-  *handle = new ddl_handle_s{t.engine->submit(name ? name : "", spec, send, recv, stream)};
+  auto state = t.engine->submit(name ? name : "", spec, send, recv, stream);
+  // Refused at once (its name already in flight, after ddl_finalize, a broken world): say so here,
+  // as Horovod does at enqueue, rather than at ddl_wait. (An op that completes at once, in a world
+  // of one, succeeded.)
+  if (state->done()) {
+    std::string message;
+    if (ddl_status status = state->wait(message); status != DDL_SUCCESS) return fail(status, message);
+  }
+  *handle = new ddl_handle_s{std::move(state)};
   return DDL_SUCCESS;
 }
 

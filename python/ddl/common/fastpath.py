@@ -1,0 +1,59 @@
+"""libddl's per-op calls on the faces' hot paths (issue 21, docs/python-overhead.md).
+
+    handle = allreduce(name, send, recv, count, dtype, op, options_address)   # ddl_allreduce_ex
+    status = wait(handle)                                                     # ddl_wait, GIL released
+
+`allreduce` raises Refused(status) when libddl refuses the op (ddl_last_error() says why). Handles are
+ints, which the ctypes prototypes of ddl_wait and ddl_test take as well.
+
+The calls are compiled (ddl/_fastpath.c, CPython's stable ABI, no framework) where that module was
+built and loads; otherwise they go through ctypes, with the same results and about 1 µs more per
+submit. DDL_PYTHON_FASTPATH=0 takes ctypes anyway (the tests run both). `compiled` says which.
+"""
+
+import ctypes
+import os
+
+from ddl import _lib as L
+
+
+class _CtypesRefused(Exception):
+    """libddl refused the op; args[0] is its ddl_status."""
+
+
+def _load_compiled():
+    if os.environ.get("DDL_PYTHON_FASTPATH", "1") == "0":
+        return None
+    try:
+        from ddl import _fastpath
+    except ImportError:  # not built (no Python headers at build time), or a Python older than 3.10
+        return None
+    address = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
+    _fastpath.bind(address(L.lib.ddl_allreduce_ex), address(L.lib.ddl_wait))
+    return _fastpath
+
+
+def _ctypes_allreduce():
+    # A prototype of its own that takes the options' address as an int (the shared one takes
+    # POINTER(OpOptions)); lib[...] makes a new function object, lib.name would be the shared one.
+    fn = L.lib["ddl_allreduce_ex"]
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                   ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
+    fn.restype = ctypes.c_int
+
+    def allreduce(name, send, recv, count, dtype, op, options):
+        handle = ctypes.c_void_p()
+        status = fn(name, send, recv, count, dtype, op, options, ctypes.byref(handle))
+        if status != L.SUCCESS:
+            raise _CtypesRefused(status)
+        return handle.value
+
+    return allreduce
+
+
+_compiled = _load_compiled()
+compiled = _compiled is not None
+if compiled:
+    allreduce, wait, Refused = _compiled.allreduce, _compiled.wait, _compiled.Refused
+else:
+    allreduce, wait, Refused = _ctypes_allreduce(), L.lib.ddl_wait, _CtypesRefused
