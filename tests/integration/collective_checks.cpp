@@ -208,6 +208,46 @@ void check_blocking_flag() {
         "DDL_BLOCKING on ddl_alltoallv_ex is refused, naming the functions it applies to");
 }
 
+// An async op whose name is still in flight on this rank is refused by the call that submits it,
+// with no handle, for ops with their counts known up front and for those exchanging them
+// (allgather-any). Rank 0's first op cannot finish before the barrier, since the other ranks submit
+// theirs only after it, so its second submit always finds the first in flight.
+void check_refused_at_submit() {
+  std::vector<int32_t> v(4, g_rank + 1);
+  ddl_handle first = nullptr, gathered = nullptr;
+  int32_t mine = g_rank;
+  auto submit_both = [&] {
+    require(ddl_allreduce_async("refused.allreduce", v.data(), v.data(), v.size(), DDL_INT32, DDL_SUM, &first), "refused.allreduce");
+    require(ddl_allgather_any_ex("refused.gather", &mine, 1, DDL_INT32, nullptr, &gathered), "refused.gather");
+  };
+  if (g_rank == 0) {
+    submit_both();
+    std::vector<int32_t> other(4, 0);
+    const auto untouched = reinterpret_cast<ddl_handle>(1);
+    ddl_handle second = untouched;
+    const ddl_status allreduce =
+        ddl_allreduce_async("refused.allreduce", other.data(), other.data(), other.size(), DDL_INT32, DDL_SUM, &second);
+    const bool named = std::string(ddl_last_error()).find("'refused.allreduce' is already in flight") != std::string::npos;
+    check(allreduce == DDL_ERROR_INVALID_ARGUMENT && named && second == untouched,
+          "an allreduce named as one in flight is refused when submitted, naming it, with no handle");
+    const ddl_status gather = ddl_allgather_any_ex("refused.gather", &mine, 1, DDL_INT32, nullptr, &second);
+    check(gather == DDL_ERROR_INVALID_ARGUMENT && second == untouched, "so is an allgather-any, with no handle");
+    require(ddl_barrier(), "refused barrier");
+  } else {
+    require(ddl_barrier(), "refused barrier");
+    submit_both();
+  }
+  require(ddl_wait(first), "refused.allreduce wait");
+  check(v == std::vector<int32_t>(4, g_size * (g_size + 1) / 2), "the first op of that name still completes, right");
+  std::vector<size_t> counts(static_cast<size_t>(g_size));
+  const void* data = nullptr;
+  require(ddl_gathered(gathered, counts.data(), &data), "refused.gather gathered");
+  bool ranks_in_order = true;
+  for (int r = 0; r < g_size; ++r) ranks_in_order = ranks_in_order && counts[r] == 1 && static_cast<const int32_t*>(data)[r] == r;
+  require(ddl_wait(gathered), "refused.gather wait");
+  check(ranks_in_order, "so does the first allgather-any of that name");
+}
+
 void check_broadcast_gather_alltoall() {
   for (int root : {0, g_size - 1}) {
     for (size_t n : {size_t{0}, size_t{7}, size_t{1000003}}) {
@@ -344,6 +384,7 @@ int main(int argc, char** argv) {
     check_allreduces();
     check_fp16_compression();
     check_blocking_flag();
+    check_refused_at_submit();
     check_broadcast_gather_alltoall();
     check_submission_order();
   }

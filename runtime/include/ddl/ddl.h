@@ -221,7 +221,8 @@ typedef struct {
 #define DDL_OP_OPTIONS_INIT \
   { NULL, 1.0, 1.0, 0u, NULL, NULL, 0 }
 
-/* The general, asynchronous forms. Ranks and roots are ranks within the process set. Scaling
+/* The general, asynchronous forms (an op refused at once fails in the call, as above). Ranks and
+ * roots are ranks within the process set. Scaling
  * follows Horovod: integers scale in double and truncate, 16-bit floats in float. */
 DDL_API ddl_status ddl_allreduce_ex(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype, ddl_reduce_op op,
                                     const ddl_op_options* options, ddl_handle* handle);

@@ -282,12 +282,24 @@ ddl_status run_to_completion(Engine& engine, const char* name, const OpSpec& spe
 ddl_handle g_no_handle_slot = nullptr;
 ddl_handle* const kRunToCompletion = &g_no_handle_slot;
 
+// The handle of an op just submitted to the engine. An op the engine refused at once (its name
+// already in flight, after ddl_finalize, a broken world) fails here instead, with no handle, as
+// Horovod refuses it at enqueue rather than at the wait. (In a world of one an op may even be over
+// by now: one that succeeded still gets its handle.)
+ddl_status handle_of(std::shared_ptr<ddl::runtime::OpState> state, ddl_handle* handle) {
+  if (state->done()) {
+    std::string message;
+    if (ddl_status status = state->wait(message); status != DDL_SUCCESS) return fail(status, message);
+  }
+  *handle = new ddl_handle_s{std::move(state)};
+  return DDL_SUCCESS;
+}
+
 ddl_status submit(const char* name, const OpSpec& spec, const void* send, void* recv, ddl_handle* handle, void* stream = nullptr) {
   if (handle == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "handle is NULL");
   return with_runtime([&](Runtime& rt) {
     if (handle == kRunToCompletion) return run_to_completion(*rt.engine, name, spec, send, recv);
-    *handle = new ddl_handle_s{rt.engine->submit(name ? name : "", spec, send, recv, stream)};
-    return DDL_SUCCESS;
+    return handle_of(rt.engine->submit(name ? name : "", spec, send, recv, stream), handle);
   });
 }
 
@@ -688,16 +700,7 @@ ddl_status submit_to(Target& t, const char* name, const OpSpec& spec, const void
     return run_to_completion(*t.engine, name, spec, send, recv);
   }
   if (handle == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "handle is NULL");
-  auto state = t.engine->submit(name ? name : "", spec, send, recv, stream);
-  // Refused at once (its name already in flight, after ddl_finalize, a broken world): say so here,
-  // as Horovod does at enqueue, rather than at ddl_wait. (An op that completes at once, in a world
-  // of one, succeeded.)
-  if (state->done()) {
-    std::string message;
-    if (ddl_status status = state->wait(message); status != DDL_SUCCESS) return fail(status, message);
-  }
-  *handle = new ddl_handle_s{std::move(state)};
-  return DDL_SUCCESS;
+  return handle_of(t.engine->submit(name ? name : "", spec, send, recv, stream), handle);
 }
 
 uint64_t sum_of(const size_t* counts, int n) { return std::accumulate(counts, counts + n, uint64_t{0}); }
@@ -841,10 +844,9 @@ ddl_status ddl_alltoallv_ex(const char* name, const void* send, const size_t* se
     if (auto s = check_buffers(send, recv, sum_of(recv_counts, t.size), dtype); s != DDL_SUCCESS) return s;
     if (sum_of(send_counts, t.size) > 0 && send == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "alltoallv: the send buffer is NULL");
     OpSpec spec{OpKind::Alltoallv, dtype, DDL_SUM, 0, 0, {}, false, false, shape};
-    *handle =
-        new ddl_handle_s{t.engine->submit_with_counts(name ? name : "", spec, send, recv, std::vector<size_t>(send_counts, send_counts + n),
-                                                      std::vector<size_t>(recv_counts, recv_counts + n))};
-    return DDL_SUCCESS;
+    return handle_of(t.engine->submit_with_counts(name ? name : "", spec, send, recv, std::vector<size_t>(send_counts, send_counts + n),
+                                                  std::vector<size_t>(recv_counts, recv_counts + n)),
+                     handle);
   });
 }
 
@@ -861,8 +863,7 @@ ddl_status ddl_allgather_any_ex(const char* name, const void* send, size_t send_
     Target t;
     if (auto s = resolve(rt, o.process_set, t); s != DDL_SUCCESS) return s;
     OpSpec spec{OpKind::AllgatherAny, dtype, DDL_SUM, 0, 0, {}, false, false, shape};
-    *handle = new ddl_handle_s{t.engine->submit_with_counts(name ? name : "", spec, send, nullptr, {send_count}, {})};
-    return DDL_SUCCESS;
+    return handle_of(t.engine->submit_with_counts(name ? name : "", spec, send, nullptr, {send_count}, {}), handle);
   });
 }
 
@@ -880,9 +881,9 @@ ddl_status ddl_alltoall_any_ex(const char* name, const void* send, const size_t*
     if (auto s = resolve(rt, o.process_set, t); s != DDL_SUCCESS) return s;
     if (auto s = check_common(send, sum_of(send_counts, t.size), dtype); s != DDL_SUCCESS) return s;
     OpSpec spec{OpKind::AlltoallAny, dtype, DDL_SUM, 0, 0, {}, false, false, shape};
-    *handle = new ddl_handle_s{
-        t.engine->submit_with_counts(name ? name : "", spec, send, nullptr, std::vector<size_t>(send_counts, send_counts + t.size), {})};
-    return DDL_SUCCESS;
+    return handle_of(
+        t.engine->submit_with_counts(name ? name : "", spec, send, nullptr, std::vector<size_t>(send_counts, send_counts + t.size), {}),
+        handle);
   });
 }
 
