@@ -188,7 +188,7 @@ std::string ddl_torch_probe() {
          "print(json.dumps({'version': ddl.__version__, 'detail': 'Horovod API on torch %s; %s; %s; libddl %s' % (torch.__version__, "
          "('NCCL %s for CUDA tensors (%s, %s)' % (lib.lib.ddl_nccl_version().decode(), lib.lib.ddl_nccl_path().decode(), "
          "lib.lib.ddl_nccl_origin().decode())) if hvd.nccl_built() else 'host tensors only (no NCCL)', "
-         "'per-op calls compiled' if fast.compiled else 'per-op calls through ctypes (ddl/_fastpath not built or off)', "
+         "'per-op calls compiled' if fast.compiled else 'per-op calls through ctypes (%s)' % fast.why_not_compiled, "
          "lib.lib._name)}))";
 }
 

@@ -94,7 +94,8 @@ def _():
     from ddl.common import fastpath
     expected = os.environ.get("DDL_TEST_EXPECT_FASTPATH")  # set by test_ddl_torch.py
     if expected:
-        assert fastpath.compiled == (expected == "compiled"), (expected, fastpath.compiled)
+        assert fastpath.compiled == (expected == "compiled"), (expected, fastpath.compiled, fastpath.why_not_compiled)
+        assert fastpath.why_not_compiled == (None if expected == "compiled" else "DDL_PYTHON_FASTPATH=0")
     # Rank 0's op cannot finish before the barrier (the others submit theirs after it), so its second
     # submit under the same name always finds the first in flight.
     t = torch.full((5,), float(R + 1))

@@ -8,7 +8,8 @@ ints, which the ctypes prototypes of ddl_wait and ddl_test take as well.
 
 The calls are compiled (ddl/_fastpath.c, CPython's stable ABI, no framework) where that module was
 built and loads; otherwise they go through ctypes, with the same results and about 1 µs more per
-submit. DDL_PYTHON_FASTPATH=0 takes ctypes anyway (the tests run both). `compiled` says which.
+submit. DDL_PYTHON_FASTPATH=0 takes ctypes anyway (the tests run both). `compiled` says which, and
+`why_not_compiled` why not.
 """
 
 import ctypes
@@ -22,15 +23,16 @@ class _CtypesRefused(Exception):
 
 
 def _load_compiled():
+    """(the compiled module, None) or (None, why not)."""
     if os.environ.get("DDL_PYTHON_FASTPATH", "1") == "0":
-        return None
+        return None, "DDL_PYTHON_FASTPATH=0"
     try:
         from ddl import _fastpath
-    except ImportError:  # not built (no Python headers at build time), or a Python older than 3.10
-        return None
+    except ImportError as error:  # not built (no Python headers at build time), or a Python older than 3.10
+        return None, f"ddl/_fastpath does not load: {error}"
     address = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
     _fastpath.bind(address(L.lib.ddl_allreduce_ex), address(L.lib.ddl_wait))
-    return _fastpath
+    return _fastpath, None
 
 
 def _ctypes_allreduce():
@@ -51,7 +53,7 @@ def _ctypes_allreduce():
     return allreduce
 
 
-_compiled = _load_compiled()
+_compiled, why_not_compiled = _load_compiled()
 compiled = _compiled is not None
 if compiled:
     allreduce, wait, Refused = _compiled.allreduce, _compiled.wait, _compiled.Refused
