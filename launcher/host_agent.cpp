@@ -42,9 +42,10 @@ GpuInventory gpus_for(const RemoteJob& job) {
   if (gpus.count() == 0)
     throw UsageError(fmt::format("{} has no GPU visible and the run has GPU workers", host_name()),
                      "give every host GPUs, or run CPU workers with --cpu");
-  if (gpus.count() < job.plan.workers_per_node && !job.share_gpus)
-    throw UsageError(fmt::format("{} has {} GPU(s) for {} GPU workers per host", host_name(), gpus.count(), job.plan.workers_per_node),
-                     "run fewer workers per host, or add --share-gpus");
+  const int workers_here = job.plan.workers_on(job.node_rank);
+  if (gpus.count() < workers_here && !job.share_gpus)
+    throw UsageError(fmt::format("{} has {} GPU(s) for {} GPU workers", host_name(), gpus.count(), workers_here),
+                     "run fewer workers on it (fewer slots), or add --share-gpus");
   return gpus;
 }
 
@@ -68,7 +69,7 @@ int run_host_agent(int control_fd) {
   const GpuInventory gpus = gpus_for(job);
   const std::string program = resolve_program(job.command.front(), lookup(job.env, "PATH").value_or("/usr/bin:/bin"));
   RunContext run = job.run;
-  run.cpus_on_node = job.cpus_per_task ? *job.cpus_per_task * job.plan.workers_per_node : available_cpus();
+  run.cpus_on_node = job.cpus_per_task ? *job.cpus_per_task * job.plan.workers_on(job.node_rank) : available_cpus();
 
   std::vector<WorkerLaunch> launches;
   for (const WorkerSlot& slot : job.plan.slots_on_node(job.node_rank))

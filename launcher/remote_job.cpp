@@ -34,6 +34,7 @@ std::string encode_remote_job(const RemoteJob& job) {
             {"env", job.env},
             {"grace_period_ms", job.grace_period_ms}};
   if (job.cpus_per_task) j["cpus_per_task"] = *job.cpus_per_task;
+  if (!job.plan.uniform()) j["node_sizes"] = job.plan.node_sizes;
   // Replace, not throw, on bytes that are not UTF-8: an environment may hold any bytes.
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
@@ -48,6 +49,10 @@ RemoteJob decode_remote_job(const std::string& line) {
     job.plan.num_nodes = j.at("num_nodes").get<int>();
     job.plan.workers_per_node = j.at("workers_per_node").get<int>();
     job.plan.gpu_workers = j.at("gpu_workers").get<bool>();
+    if (j.contains("node_sizes")) job.plan.node_sizes = j.at("node_sizes").get<std::vector<int>>();
+    const auto& sizes = job.plan.node_sizes;
+    if (!sizes.empty() && (static_cast<int>(sizes.size()) != job.plan.num_nodes || *std::min_element(sizes.begin(), sizes.end()) < 1))
+      throw Error("the launching host sent workers per node that do not match its node count");
     if (job.node_rank < 0 || job.node_rank >= job.plan.num_nodes || job.plan.workers_per_node < 1)
       throw Error("the launching host sent a node rank outside its plan");
     job.gpu_order = j.at("gpu_order_reversed").get<bool>() ? GpuOrder::Reversed : GpuOrder::AsListed;

@@ -37,15 +37,58 @@ int fewest_slots(const std::vector<HostSlots>& hosts, size_t count) {
   return fewest;
 }
 
-// -np alone: the fewest first hosts that hold it evenly within their slots.
-size_t hosts_for_total(int total, const std::vector<HostSlots>& hosts) {
-  for (size_t k = 1; k <= hosts.size(); ++k)
-    if (total % static_cast<int>(k) == 0 && total / static_cast<int>(k) <= fewest_slots(hosts, k)) return k;
+int slots_of(const std::vector<HostSlots>& hosts) {
   int slots = 0;
   for (const auto& h : hosts) slots += h.slots;
-  throw UsageError(
-      fmt::format("-np {} does not fit the hosts' slots ({} in all, and ddl runs the same number on each host used)", total, slots),
-      "give the hosts more slots (-H host1:8,host2:8), or run fewer workers");
+  return slots;
+}
+
+// -np alone: the fewest first hosts that hold it evenly within their slots, if any do.
+std::optional<size_t> hosts_for_even_total(int total, const std::vector<HostSlots>& hosts) {
+  for (size_t k = 1; k <= hosts.size(); ++k)
+    if (total % static_cast<int>(k) == 0 && total / static_cast<int>(k) <= fewest_slots(hosts, k)) return k;
+  return std::nullopt;
+}
+
+// `total` workers over `hosts` in their order, each up to its slots, as mpirun and horovodrun fill
+// them; the hosts left without a worker are not used.
+std::vector<int> filled_in_order(int total, const std::vector<HostSlots>& hosts) {
+  std::vector<int> sizes;
+  for (const auto& h : hosts) {
+    if (total == 0) break;
+    sizes.push_back(std::min(total, h.slots));
+    total -= sizes.back();
+  }
+  return sizes;
+}
+
+// How many workers each used host runs when no count per host was given: -np spread evenly where
+// an even spread fits (over the fewest first hosts, or over -N's), else hosts filled in order;
+// without -np, every slot of every host used.
+std::vector<int> workers_on_hosts(const LaunchRequest& r, const std::vector<HostSlots>& candidates) {
+  const int slots = slots_of(candidates);
+  if (!r.total_workers) {
+    std::vector<int> sizes;
+    for (const auto& h : candidates) sizes.push_back(h.slots);
+    return sizes;
+  }
+  const int total = *r.total_workers;
+  if (total > slots)
+    throw UsageError(fmt::format("-np {} is more than the {} slots of {}", total, slots,
+                                 r.num_nodes ? fmt::format("the first {} host(s)", candidates.size()) : std::string("the hosts")),
+                     "give the hosts more slots (-H host1:8,host2:8), or run fewer workers");
+  std::optional<size_t> even;
+  if (!r.num_nodes)
+    even = hosts_for_even_total(total, candidates);
+  else if (total % static_cast<int>(candidates.size()) == 0 &&
+           total / static_cast<int>(candidates.size()) <= fewest_slots(candidates, candidates.size()))
+    even = candidates.size();
+  if (even) return std::vector<int>(*even, total / static_cast<int>(*even));
+  std::vector<int> sizes = filled_in_order(total, candidates);
+  if (r.num_nodes && sizes.size() < candidates.size())
+    throw UsageError(fmt::format("-np {} fills the slots of only {} of the -N {} hosts", total, sizes.size(), candidates.size()),
+                     fmt::format("use -N {}, or leave -N out", sizes.size()));
+  return sizes;
 }
 
 void require_slots(const std::vector<HostSlots>& hosts, int per_host) {
@@ -154,6 +197,14 @@ void explain_remote_failure(WorkerFailure& f, const RemoteHost& host, const std:
                                         : "";
 }
 
+// A node of the launching host with more GPU workers than it has GPUs (plan_world checked the
+// fewest on any host).
+void require_gpus_here(const WorldPlan& plan, int node, const GpuInventory& gpus, bool share_gpus, const std::string& host) {
+  if (plan.gpu_workers && !share_gpus && gpus.count() < plan.workers_on(node))
+    throw UsageError(fmt::format("{} has {} GPU(s) for {} GPU workers", host, gpus.count(), plan.workers_on(node)),
+                     "run fewer workers on it (fewer slots), or add --share-gpus");
+}
+
 }  // namespace
 
 HostsPlan plan_on_hosts(const LaunchRequest& launch, const std::vector<HostSlots>& hosts, int gpus_here) {
@@ -161,23 +212,22 @@ HostsPlan plan_on_hosts(const LaunchRequest& launch, const std::vector<HostSlots
   const size_t named = hosts.size();
   if (r.num_nodes && static_cast<size_t>(*r.num_nodes) > named)
     throw UsageError(fmt::format("-N {} but the host list names {} host(s)", *r.num_nodes, named), "name more hosts, or use a smaller -N");
-  const bool per_host_given = r.workers_per_node || r.gpus_per_node;
-  size_t used = r.num_nodes ? static_cast<size_t>(*r.num_nodes) : named;
-  if (r.total_workers && !per_host_given && !r.num_nodes) used = hosts_for_total(*r.total_workers, hosts);
-  std::vector<HostSlots> chosen(hosts.begin(), hosts.begin() + static_cast<long>(used));
-  r.num_nodes = static_cast<int>(used);
-  if (!per_host_given && !r.total_workers) {
-    const int fewest = fewest_slots(chosen, used);
-    for (const auto& h : chosen)
-      if (h.slots != fewest)
-        throw UsageError(fmt::format("the hosts have different slot counts ({} has {}, {} has {}), and ddl runs the same number on each",
-                                     chosen.front().name, chosen.front().slots, h.name, h.slots),
-                         fmt::format("give --nproc-per-node {} (or equal slots)", fewest));
-    r.workers_per_node = fewest;
+  const std::vector<HostSlots> candidates(hosts.begin(), hosts.begin() + (r.num_nodes ? *r.num_nodes : static_cast<long>(named)));
+  if (r.workers_per_node || r.gpus_per_node) {  // the same number on each host
+    r.num_nodes = static_cast<int>(candidates.size());
+    const WorldPlan plan = plan_world(r, gpus_here);
+    require_slots(candidates, plan.workers_per_node);
+    return {plan, candidates};
   }
-  const WorldPlan plan = plan_world(r, gpus_here);
-  require_slots(chosen, plan.workers_per_node);
-  return {plan, chosen};
+  const std::vector<int> sizes = workers_on_hosts(r, candidates);
+  // plan_world checks the flags and the launching host's GPUs against the fewest workers on a
+  // host; a host with more checks its own GPUs (run_on_hosts here, the agent elsewhere).
+  r.num_nodes = static_cast<int>(sizes.size());
+  r.total_workers.reset();
+  r.workers_per_node = *std::min_element(sizes.begin(), sizes.end());
+  WorldPlan plan = plan_world(r, gpus_here);
+  plan = plan_with_node_sizes(sizes, plan.gpu_workers);
+  return {plan, std::vector<HostSlots>(candidates.begin(), candidates.begin() + static_cast<long>(sizes.size()))};
 }
 
 RunOutcome run_on_hosts(const RunRequest& request, const Environment& env, const std::function<void(const std::string&)>& log) {
@@ -196,6 +246,9 @@ RunOutcome run_on_hosts(const RunRequest& request, const Environment& env, const
   if (request.launch.share_gpus && request.launch.gpus_per_node) gpus_for_plan = std::max(gpus_for_plan, 1);
   const HostsPlan hosts = plan_on_hosts(request.launch, request.hosts, gpus_for_plan);
   const WorldPlan& plan = hosts.plan;
+  for (int node = 0; node < plan.num_nodes; ++node)
+    if (local[static_cast<size_t>(node)])
+      require_gpus_here(plan, node, gpus_here, request.launch.share_gpus, hosts.hosts[static_cast<size_t>(node)].name);
 
   std::optional<std::string> here;  // this host's address as the other hosts reach it
   for (size_t i = 0; i < hosts.hosts.size(); ++i)
@@ -218,7 +271,6 @@ RunOutcome run_on_hosts(const RunRequest& request, const Environment& env, const
   PortReservation master_port;  // free here; node 0 is usually this host
   run.master_addr = local[0] ? here.value_or("127.0.0.1") : hosts.hosts[0].name;
   run.master_port = master_port.port();
-  run.cpus_on_node = request.cpus_per_task ? *request.cpus_per_task * plan.workers_per_node : available_cpus();
   run.restart_count = request.restart_count;
   run.max_restarts = request.max_restarts;
 
@@ -238,11 +290,13 @@ RunOutcome run_on_hosts(const RunRequest& request, const Environment& env, const
   std::map<int, RemoteHost> remote_by_rank;  // by the first rank of each remote host
   for (int node = 0; node < plan.num_nodes; ++node) {
     if (local[static_cast<size_t>(node)]) {
+      RunContext here_run = run;
+      here_run.cpus_on_node = request.cpus_per_task ? *request.cpus_per_task * plan.workers_on(node) : available_cpus();
       for (const WorkerSlot& slot : plan.slots_on_node(node))
-        launches.push_back({slot.rank, program, request.command, worker_environment(env, plan, slot, run, gpus_here)});
+        launches.push_back({slot.rank, program, request.command, worker_environment(env, plan, slot, here_run, gpus_here)});
       continue;
     }
-    RemoteHost host{hosts.hosts[static_cast<size_t>(node)].name, node * plan.workers_per_node};
+    RemoteHost host{hosts.hosts[static_cast<size_t>(node)].name, plan.first_rank_on(node)};
     job.node_rank = node;
     WorkerLaunch launch = remote_launch(job, host, shell);
     launch.program = resolve_program(shell.front(), lookup(env, "PATH").value_or("/usr/bin:/bin"));

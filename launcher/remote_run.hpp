@@ -22,10 +22,12 @@ struct HostsPlan {
   std::vector<HostSlots> hosts;  // the hosts used, node rank order
 };
 
-// How many hosts of `hosts` the run uses and how many workers each runs: the counts given, else
-// every host with its slots (which must then be equal). With -np alone, the fewest hosts that
-// hold it evenly, first hosts first, as mpirun fills slots. `gpus_here` are the launching host's.
-// Throws UsageError when a host has fewer slots than asked.
+// How many hosts of `hosts` the run uses and how many workers each runs. --nproc-per-node or
+// --gpus-per-node: that many on each host. Else -np spreads evenly over the fewest first hosts
+// that hold it so (over -N's hosts with -N), or, where no even spread fits, fills the hosts in
+// order up to their slots as mpirun and horovodrun do; with no count, every slot of every host
+// (of the first -N), so hosts may run different numbers. `gpus_here` are the launching host's.
+// Throws UsageError when the slots cannot hold what was asked.
 HostsPlan plan_on_hosts(const LaunchRequest& launch, const std::vector<HostSlots>& hosts, int gpus_here);
 
 RunOutcome run_on_hosts(const RunRequest& request, const Environment& env, const std::function<void(const std::string&)>& log);

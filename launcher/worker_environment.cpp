@@ -9,6 +9,7 @@ int threads_per_worker(int cpus_on_node, int workers_per_node) { return std::max
 Environment worker_environment(const Environment& base, const WorldPlan& plan, const WorkerSlot& worker, const RunContext& run,
                                const GpuInventory& gpus) {
   Environment env = base;
+  const int on_this_node = plan.workers_on(worker.node_rank);
   auto set = [&env](const std::string& name, const auto& value) {
     if constexpr (std::is_convertible_v<decltype(value), std::string>)
       env[name] = value;
@@ -18,7 +19,7 @@ Environment worker_environment(const Environment& base, const WorldPlan& plan, c
   set("DDL_RANK", worker.rank);
   set("DDL_SIZE", plan.world_size());
   set("DDL_LOCAL_RANK", worker.local_rank);
-  set("DDL_LOCAL_SIZE", plan.workers_per_node);
+  set("DDL_LOCAL_SIZE", on_this_node);
   set("DDL_NODE_RANK", worker.node_rank);
   set("DDL_NUM_NODES", plan.num_nodes);
   set("DDL_STORE_ADDR", run.store_addr);
@@ -29,7 +30,7 @@ Environment worker_environment(const Environment& base, const WorldPlan& plan, c
   set("RANK", worker.rank);
   set("WORLD_SIZE", plan.world_size());
   set("LOCAL_RANK", worker.local_rank);
-  set("LOCAL_WORLD_SIZE", plan.workers_per_node);
+  set("LOCAL_WORLD_SIZE", on_this_node);
   set("GROUP_RANK", worker.node_rank);
   set("GROUP_WORLD_SIZE", plan.num_nodes);
   set("ROLE_RANK", worker.rank);
@@ -42,16 +43,17 @@ Environment worker_environment(const Environment& base, const WorldPlan& plan, c
   set("TORCHELASTIC_MAX_RESTARTS", run.max_restarts);
 
   // horovodrun's set, so Horovod-style scripts (and ddl.torch's tests of them) read the same ranks.
-  // Cross ranks count nodes, as on a homogeneous allocation.
+  // Cross ranks as Horovod's: among the nodes that have a worker of this local rank (all nodes when
+  // every node holds the same number).
   set("HOROVOD_RANK", worker.rank);
   set("HOROVOD_SIZE", plan.world_size());
   set("HOROVOD_LOCAL_RANK", worker.local_rank);
-  set("HOROVOD_LOCAL_SIZE", plan.workers_per_node);
-  set("HOROVOD_CROSS_RANK", worker.node_rank);
-  set("HOROVOD_CROSS_SIZE", plan.num_nodes);
+  set("HOROVOD_LOCAL_SIZE", on_this_node);
+  set("HOROVOD_CROSS_RANK", plan.cross_rank(worker));
+  set("HOROVOD_CROSS_SIZE", plan.cross_size(worker.local_rank));
 
   if (plan.gpu_workers) set("CUDA_VISIBLE_DEVICES", gpu_for_local_rank(gpus, worker.local_rank));
-  if (!env.count("OMP_NUM_THREADS")) set("OMP_NUM_THREADS", threads_per_worker(run.cpus_on_node, plan.workers_per_node));
+  if (!env.count("OMP_NUM_THREADS")) set("OMP_NUM_THREADS", threads_per_worker(run.cpus_on_node, on_this_node));
   // Output goes through a pipe; without this Python holds a worker's prints until it exits.
   if (!env.count("PYTHONUNBUFFERED")) set("PYTHONUNBUFFERED", std::string("1"));
   return env;

@@ -1,18 +1,57 @@
 #include "launcher/world_plan.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "common/error.hpp"
 
 namespace ddl::launcher {
 
-WorkerSlot WorldPlan::slot(int rank) const { return {rank, rank % workers_per_node, rank / workers_per_node}; }
+int WorldPlan::workers_on(int node_rank) const { return uniform() ? workers_per_node : node_sizes.at(static_cast<size_t>(node_rank)); }
+
+int WorldPlan::first_rank_on(int node_rank) const {
+  if (uniform()) return node_rank * workers_per_node;
+  int first = 0;
+  for (int n = 0; n < node_rank; ++n) first += workers_on(n);
+  return first;
+}
+
+int WorldPlan::world_size() const { return first_rank_on(num_nodes); }
+
+WorkerSlot WorldPlan::slot(int rank) const {
+  if (uniform()) return {rank, rank % workers_per_node, rank / workers_per_node};
+  int node = 0, first = 0;
+  while (node + 1 < num_nodes && rank >= first + workers_on(node)) first += workers_on(node++);
+  return {rank, rank - first, node};
+}
 
 std::vector<WorkerSlot> WorldPlan::slots_on_node(int node_rank) const {
   std::vector<WorkerSlot> slots;
-  slots.reserve(workers_per_node);
-  for (int local = 0; local < workers_per_node; ++local) slots.push_back(slot(node_rank * workers_per_node + local));
+  const int first = first_rank_on(node_rank);
+  for (int local = 0; local < workers_on(node_rank); ++local) slots.push_back({first + local, local, node_rank});
   return slots;
+}
+
+int WorldPlan::cross_size(int local_rank) const {
+  int nodes = 0;
+  for (int n = 0; n < num_nodes; ++n) nodes += workers_on(n) > local_rank ? 1 : 0;
+  return nodes;
+}
+
+int WorldPlan::cross_rank(const WorkerSlot& worker) const {
+  int before = 0;
+  for (int n = 0; n < worker.node_rank; ++n) before += workers_on(n) > worker.local_rank ? 1 : 0;
+  return before;
+}
+
+WorldPlan plan_with_node_sizes(const std::vector<int>& sizes, bool gpu_workers) {
+  WorldPlan plan;
+  plan.num_nodes = static_cast<int>(sizes.size());
+  plan.workers_per_node = *std::max_element(sizes.begin(), sizes.end());
+  plan.gpu_workers = gpu_workers;
+  if (std::any_of(sizes.begin(), sizes.end(), [&](int s) { return s != sizes.front(); })) plan.node_sizes = sizes;
+  return plan;
 }
 
 namespace {

@@ -24,14 +24,27 @@ struct WorkerSlot {
 
 struct WorldPlan {
   int num_nodes = 1;
-  int workers_per_node = 1;
+  int workers_per_node = 1;  // on every node; with node_sizes, the most on any node
   bool gpu_workers = false;  // each worker is pinned to a GPU by its local rank
+  // Hosts with different slot counts (-H a:4,b:2): node n holds node_sizes[n] workers. Empty when
+  // every node holds workers_per_node (always so under srun and mpirun).
+  std::vector<int> node_sizes;
 
-  int world_size() const { return num_nodes * workers_per_node; }
-  // Ranks are node-major: node n holds ranks n*workers_per_node .. (n+1)*workers_per_node-1.
+  bool uniform() const { return node_sizes.empty(); }
+  int workers_on(int node_rank) const;
+  int first_rank_on(int node_rank) const;
+  int world_size() const;
+  // Ranks are node-major: node n holds ranks first_rank_on(n) .. first_rank_on(n)+workers_on(n)-1.
   WorkerSlot slot(int rank) const;
   std::vector<WorkerSlot> slots_on_node(int node_rank) const;
+  // Horovod's cross communicator: the workers of one local rank, one per node that has it.
+  int cross_size(int local_rank) const;
+  int cross_rank(const WorkerSlot& worker) const;
 };
+
+// A plan whose node n holds sizes[n] workers (uniform when they are all equal); sizes not empty,
+// each at least 1.
+WorldPlan plan_with_node_sizes(const std::vector<int>& sizes, bool gpu_workers);
 
 // Derives the plan from the request and the GPUs this node has; throws UsageError naming the
 // flags when they contradict each other or ask for more GPUs than there are.

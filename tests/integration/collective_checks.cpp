@@ -248,8 +248,9 @@ void check_refused_at_submit() {
   check(ranks_in_order, "so does the first allgather-any of that name");
 }
 
+// From every root: across hosts, a root's local rank decides the path (see hierarchical_collectives).
 void check_broadcast_gather_alltoall() {
-  for (int root : {0, g_size - 1}) {
+  for (int root = 0; root < g_size; ++root) {
     for (size_t n : {size_t{0}, size_t{7}, size_t{1000003}}) {
       std::vector<int64_t> buf(n);
       for (size_t i = 0; i < n; ++i) buf[i] = g_rank == root ? static_cast<int64_t>(i * 7 + root) : -1;
@@ -374,6 +375,7 @@ int main(int argc, char** argv) {
     require(ddl_node_rank(&node_rank), "ddl_node_rank");
     std::printf("world rank %d size %d local %d/%d node %d\n", g_rank, g_size, local_rank, local_size, node_rank);
     check_allreduces();
+    check_broadcast_gather_alltoall();
   } else if (mode == "mismatch")
     rc = run_mismatch();
   else if (mode == "die")

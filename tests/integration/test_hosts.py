@@ -22,7 +22,7 @@ WORKER = r"""
 import json, os, signal, socket, sys, time
 keys = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "MASTER_ADDR",
         "MASTER_PORT", "DDL_STORE_ADDR", "DDL_RUN_ID", "CUDA_VISIBLE_DEVICES", "DDL_NODE_RANK", "DDL_NUM_NODES",
-        "TORCHELASTIC_RESTART_COUNT"]
+        "TORCHELASTIC_RESTART_COUNT", "DDL_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE"]
 info = {k: os.environ.get(k) for k in keys}
 info["host"] = socket.gethostname()
 info["cwd"] = os.getcwd()
@@ -167,6 +167,16 @@ class HostsTest(unittest.TestCase):
         result = self.run_on_hosts("--gpus-per-node", "4", "--share-gpus", "-H", "ddlhost1:4,ddlhost2:4", env=env)
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
         self.assertEqual([workers(result.stdout)[r]["CUDA_VISIBLE_DEVICES"] for r in range(4, 8)], ["0", "1", "2", "3"])
+        # Hosts of different sizes: every slot, each host's workers on its own GPUs.
+        result = self.run_on_hosts("-H", "ddlhost1:2,ddlhost2:4", env=env)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertEqual({r: w["CUDA_VISIBLE_DEVICES"] for r, w in workers(result.stdout).items()},
+                         {0: "3", 1: "2", 2: "0", 3: "1", 4: "2", 5: "3"})
+        for hosts, error in (("ddlhost1:4,ddlhost2:2", "ddlhost1 has 2 GPU(s) for 4 GPU workers"),
+                             ("ddlhost1:2,ddlhost2:5", "ddlhost2 has 4 GPU(s) for 5 GPU workers")):
+            result = self.run_on_hosts("-H", hosts, env=env)
+            self.assertNotEqual(result.returncode, 0, result.stdout + result.stderr)
+            self.assertIn(error, result.stderr)
 
     def test_libddl_collectives_and_pytorch_ddp_across_hosts(self):
         # Shared memory within each host and Gloo between them; then Gloo alone (DDL_SHM=0).
@@ -190,6 +200,51 @@ class HostsTest(unittest.TestCase):
         by_rank = lines_by_rank(result.stdout)
         self.assertIn("backend ddl", by_rank[0][0])
         self.assertIn("allreduce check: rank 3 world 4 got [10, 100] expected [10, 100] ok", by_rank[3])
+        self.assertIn("replicas identical: yes", result.stdout)
+
+    def test_hosts_with_different_slot_counts_run_every_slot_with_their_own_local_sizes(self):
+        # 6 = 4 + 2 with no count; -np 3 on two 2-slot hosts fills ddlhost1 first (2 + 1), as mpirun does.
+        for args, sizes in ((["-H", "ddlhost1:4,ddlhost2:2"], [4, 2]), (["-H", "ddlhost1:2,ddlhost2:2", "-np", "3"], [2, 1])):
+            result = self.run_on_hosts("--cpu", *args)
+            self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+            found = workers(result.stdout)
+            expected, rank = {}, 0
+            for node, size in enumerate(sizes):
+                for local in range(size):
+                    cross_size = sum(1 for s in sizes if s > local)
+                    expected[rank] = {"RANK": str(rank), "WORLD_SIZE": str(sum(sizes)), "LOCAL_RANK": str(local),
+                                      "LOCAL_WORLD_SIZE": str(size), "DDL_LOCAL_SIZE": str(size), "HOROVOD_LOCAL_SIZE": str(size),
+                                      "GROUP_RANK": str(node), "GROUP_WORLD_SIZE": "2", "HOROVOD_CROSS_RANK": str(node),
+                                      "HOROVOD_CROSS_SIZE": str(cross_size), "host": f"ddlhost{node + 1}"}
+                    rank += 1
+            self.assertEqual({r: {k: w[k] for k in expected[0]} for r, w in found.items()}, expected)
+
+    def test_libddl_and_ddl_torch_on_hosts_with_different_slot_counts(self):
+        # Shared memory within each host, Gloo between: one rank on a host, and a host with more
+        # ranks than the other (broadcasts from every root, allgathers, allreduces of every size).
+        for hosts, sizes in (("ddlhost1:2,ddlhost2:1", [2, 1]), ("ddlhost1:4,ddlhost2:2", [4, 2])):
+            result = on_host("ddlhost1", DDL, "run", "--cpu", "-H", hosts, "--", CHECKS, "world", timeout=300)
+            self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
+            by_rank = lines_by_rank(result.stdout)
+            firsts = [sum(sizes[:n]) for n in range(len(sizes))]
+            for node, size in enumerate(sizes):
+                for local in range(size):
+                    rank = firsts[node] + local
+                    self.assertIn(f"world rank {rank} size {sum(sizes)} local {local}/{size} node {node}", by_rank[rank])
+                    self.assertTrue(any(line.startswith("PASS") for line in by_rank[rank]), by_rank[rank])
+        # ddl.torch's topology as Horovod's: the smaller host first, so a cross rank is not the node rank.
+        package = os.path.join(os.environ.get("DDL_BUILD_DIR", os.path.join(SOURCE, "build")), "python")
+        topology = ("import ddl.torch as hvd; hvd.init(); print('topology', hvd.rank(), hvd.local_rank(), hvd.local_size(), "
+                    "hvd.cross_rank(), hvd.cross_size(), hvd.is_homogeneous(), flush=True); hvd.shutdown()")
+        result = on_host("ddlhost1", DDL, "run", "--cpu", "-H", "ddlhost1:1,ddlhost2:2", "--", PYTHON, "-c", topology, timeout=300,
+                         env={"PYTHONPATH": package})
+        self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
+        seen = {r: lines[-1] for r, lines in lines_by_rank(result.stdout).items() if r is not None}
+        self.assertEqual(seen, {0: "topology 0 0 1 0 2 False", 1: "topology 1 0 2 1 2 False", 2: "topology 2 1 2 0 1 False"})
+        example = os.path.join(SOURCE, "examples", "pytorch_horovod.py")
+        result = on_host("ddlhost1", DDL, "run", "--cpu", "-H", "ddlhost1:2,ddlhost2:1", "--", PYTHON, example, "--epochs", "1",
+                         "--samples", "1536", timeout=300, env={"PYTHONPATH": package})
+        self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
         self.assertIn("replicas identical: yes", result.stdout)
 
     def test_a_lightning_trainer_takes_ddl_s_ranks_across_hosts(self):
@@ -290,7 +345,7 @@ class HostsTest(unittest.TestCase):
         cases = [
             (["-H", "ddlhost1:1,nosuchhost:1"], 2, "host nosuchhost does not resolve"),
             (["-H", "ddlhost1:1,ddlhost2:1", "--nproc-per-node", "2"], 2, "host ddlhost1 has 1 slot(s) and 2 workers per host were asked"),
-            (["-H", "ddlhost1:2,ddlhost2:1"], 2, "the hosts have different slot counts"),
+            (["-H", "ddlhost1:2,ddlhost2:1", "-np", "4"], 2, "-np 4 is more than the 3 slots of the hosts"),
             (["-H", "ddlhost1:x"], 2, "-H: 'ddlhost1:x' has no whole slot count"),
             (["-H", "a;rm -rf /:1"], 2, "is not a host name"),
             # a host that resolves but where nothing answers on the remote shell's port

@@ -62,7 +62,11 @@ TEST_CASE("planning on hosts: slots, counts and the first hosts first") {
   HostsPlan six = plan_on_hosts(np4, two_by_4, 0);
   CHECK((six.plan.num_nodes == 2 && six.plan.workers_per_node == 3));
   np4.total_workers = 9;
-  CHECK(usage_error_of([&] { plan_on_hosts(np4, two_by_4, 0); }).find("-np 9 does not fit") != std::string::npos);
+  CHECK(usage_error_of([&] { plan_on_hosts(np4, two_by_4, 0); }) == "-np 9 is more than the 8 slots of the hosts");
+  np4.total_workers = 5;  // no even spread fits: a's slots first, as mpirun fills them
+  HostsPlan five = plan_on_hosts(np4, two_by_4, 0);
+  CHECK(five.plan.node_sizes == std::vector<int>{4, 1});
+  CHECK((five.plan.world_size() == 5 && five.plan.slot(4).node_rank == 1 && five.plan.slot(4).local_rank == 0));
 
   LaunchRequest per5 = cpu;
   per5.workers_per_node = 5;
@@ -70,12 +74,51 @@ TEST_CASE("planning on hosts: slots, counts and the first hosts first") {
   LaunchRequest three_nodes = cpu;
   three_nodes.num_nodes = 3;
   CHECK(usage_error_of([&] { plan_on_hosts(three_nodes, two_by_4, 0); }) == "-N 3 but the host list names 2 host(s)");
-  CHECK(usage_error_of([&] { plan_on_hosts(cpu, {{"a", 4}, {"b", 2}}, 0); }).find("different slot counts") != std::string::npos);
 
   LaunchRequest gpus;
   gpus.gpus_per_node = 4;
   HostsPlan gpu_plan = plan_on_hosts(gpus, two_by_4, 4);
   CHECK((gpu_plan.plan.gpu_workers && gpu_plan.plan.workers_per_node == 4));
+}
+
+TEST_CASE("hosts with different slot counts: every slot, or -np filling hosts in order") {
+  const std::vector<HostSlots> four_and_two{{"a", 4}, {"b", 2}};
+  LaunchRequest cpu;
+  cpu.cpu_only = true;
+  HostsPlan all = plan_on_hosts(cpu, four_and_two, 0);
+  CHECK(all.plan.node_sizes == std::vector<int>{4, 2});
+  CHECK((all.plan.world_size() == 6 && all.hosts.size() == 2 && all.plan.first_rank_on(1) == 4));
+
+  LaunchRequest np = cpu;
+  np.total_workers = 6;
+  CHECK(plan_on_hosts(np, four_and_two, 0).plan.node_sizes == std::vector<int>{4, 2});
+  np.total_workers = 3;  // 3 does not spread evenly over 1 or 2 hosts within b's 2 slots
+  CHECK(plan_on_hosts(np, {{"a", 2}, {"b", 1}}, 0).plan.node_sizes == std::vector<int>{2, 1});
+  np.total_workers = 4;  // fits a alone
+  HostsPlan on_a = plan_on_hosts(np, four_and_two, 0);
+  CHECK((on_a.hosts.size() == 1 && on_a.plan.uniform() && on_a.plan.workers_per_node == 4));
+  np.total_workers = 7;
+  CHECK(usage_error_of([&] { plan_on_hosts(np, four_and_two, 0); }) == "-np 7 is more than the 6 slots of the hosts");
+
+  LaunchRequest first_three = cpu;  // -N 3: every slot of the first three hosts
+  first_three.num_nodes = 3;
+  CHECK(plan_on_hosts(first_three, {{"a", 2}, {"b", 3}, {"c", 1}, {"d", 8}}, 0).plan.node_sizes == std::vector<int>{2, 3, 1});
+  first_three.total_workers = 4;
+  CHECK(usage_error_of([&] {
+          plan_on_hosts(first_three, {{"a", 2}, {"b", 3}, {"c", 1}}, 0);
+        }) == "-np 4 fills the slots of only 2 of the -N 3 hosts");
+  first_three.total_workers = 6;
+  CHECK(plan_on_hosts(first_three, {{"a", 2}, {"b", 3}, {"c", 2}}, 0).plan.workers_per_node == 2);  // even: 2 on each
+
+  // A count per host is still the same on each, and a host with fewer slots is named.
+  LaunchRequest per3 = cpu;
+  per3.workers_per_node = 3;
+  CHECK(usage_error_of([&] { plan_on_hosts(per3, four_and_two, 0); }) == "host b has 2 slot(s) and 3 workers per host were asked");
+
+  // GPU workers: the launching host's GPUs are checked against the fewest on a host here.
+  HostsPlan gpu_plan = plan_on_hosts(LaunchRequest{}, four_and_two, 2);
+  CHECK((gpu_plan.plan.gpu_workers && gpu_plan.plan.node_sizes == std::vector<int>{4, 2}));
+  CHECK(usage_error_of([&] { plan_on_hosts(LaunchRequest{}, four_and_two, 1); }) == "2 GPU workers per node but this node has 1 GPU(s)");
 }
 
 TEST_CASE("the job a remote host's agent reads round-trips, and the launching host's own variables stay home") {
@@ -105,4 +148,12 @@ TEST_CASE("the job a remote host's agent reads round-trips, and the launching ho
   CHECK_THROWS_AS(decode_remote_job("{\"format\": 1}"), ddl::Error);
   CHECK_THROWS_AS(decode_remote_job("not json"), ddl::Error);
   CHECK(encode_remote_job(job).find('\n') == std::string::npos);
+  CHECK(back.plan.uniform());
+
+  job.plan = plan_with_node_sizes({4, 2}, false);
+  const RemoteJob unequal = decode_remote_job(encode_remote_job(job));
+  CHECK((unequal.plan.node_sizes == std::vector<int>{4, 2} && unequal.plan.workers_on(1) == 2 && unequal.plan.world_size() == 6));
+  std::string wrong = encode_remote_job(job);
+  wrong.replace(wrong.find("[4,2]"), 5, "[4,0]");
+  CHECK_THROWS_AS(decode_remote_job(wrong), ddl::Error);
 }

@@ -80,3 +80,17 @@ TEST_CASE("the launcher's own values of contract variables are replaced") {
   CHECK(env.at("RANK") == "1");
   CHECK(env.at("MASTER_PORT") == "29511");
 }
+
+TEST_CASE("on hosts of different sizes each worker has its own host's local size and Horovod's cross ranks") {
+  const WorldPlan plan = plan_with_node_sizes({2, 4}, true);
+  const auto gpus = parse_visible_devices("0,1,2,3");
+  ddl::Environment env = worker_environment({}, plan, plan.slot(5), sample_run(), gpus);  // node 1, local rank 3
+  CHECK((env.at("DDL_SIZE") == "6" && env.at("DDL_LOCAL_RANK") == "3" && env.at("DDL_NODE_RANK") == "1"));
+  CHECK((env.at("DDL_LOCAL_SIZE") == "4" && env.at("LOCAL_WORLD_SIZE") == "4" && env.at("HOROVOD_LOCAL_SIZE") == "4"));
+  CHECK((env.at("HOROVOD_CROSS_RANK") == "0" && env.at("HOROVOD_CROSS_SIZE") == "1"));  // only node 1 has local rank 3
+  CHECK((env.at("CUDA_VISIBLE_DEVICES") == "3" && env.at("OMP_NUM_THREADS") == "4"));
+  ddl::Environment first = worker_environment({}, plan, plan.slot(1), sample_run(), gpus);
+  CHECK((first.at("DDL_LOCAL_SIZE") == "2" && first.at("HOROVOD_CROSS_RANK") == "0" && first.at("HOROVOD_CROSS_SIZE") == "2"));
+  CHECK(first.at("OMP_NUM_THREADS") == "8");
+  CHECK(worker_environment({}, plan, plan.slot(3), sample_run(), gpus).at("HOROVOD_CROSS_RANK") == "1");
+}

@@ -1,3 +1,5 @@
+#include <array>
+
 #include <doctest/doctest.h>
 
 #include "common/error.hpp"
@@ -96,4 +98,25 @@ TEST_CASE("contradicting counts are usage errors naming the flags") {
   e.cpu_only = true;
   e.gpus_per_node = 1;
   CHECK_THROWS_AS(plan_world(e, 1), ddl::UsageError);
+}
+
+TEST_CASE("nodes of different sizes: ranks node by node, local ranks per node, Horovod's cross ranks") {
+  const WorldPlan p = plan_with_node_sizes({2, 4, 1}, false);
+  CHECK(!p.uniform());
+  CHECK((p.world_size() == 7 && p.num_nodes == 3 && p.workers_per_node == 4));
+  CHECK((p.first_rank_on(0) == 0 && p.first_rank_on(1) == 2 && p.first_rank_on(2) == 6));
+  const std::vector<std::array<int, 3>> expected{{0, 0, 0}, {1, 1, 0}, {2, 0, 1}, {3, 1, 1}, {4, 2, 1}, {5, 3, 1}, {6, 0, 2}};
+  for (const auto& [rank, local, node] : expected) {
+    const WorkerSlot s = p.slot(rank);
+    CHECK((s.rank == rank && s.local_rank == local && s.node_rank == node));
+  }
+  CHECK(p.slots_on_node(1).size() == 4);
+  CHECK(p.slots_on_node(2)[0].rank == 6);
+  // The cross communicator of a local rank holds one worker per node that has that local rank.
+  CHECK((p.cross_size(0) == 3 && p.cross_size(1) == 2 && p.cross_size(2) == 1 && p.cross_size(3) == 1));
+  CHECK((p.cross_rank(p.slot(6)) == 2 && p.cross_rank(p.slot(4)) == 0 && p.cross_rank(p.slot(3)) == 1));
+  // Equal sizes make an ordinary plan.
+  const WorldPlan equal = plan_with_node_sizes({3, 3}, true);
+  CHECK((equal.uniform() && equal.workers_per_node == 3 && equal.world_size() == 6 && equal.gpu_workers));
+  CHECK((equal.cross_size(2) == 2 && equal.cross_rank(equal.slot(5)) == 1));
 }

@@ -105,7 +105,10 @@ def _learn_topology():
     if status != L.SUCCESS:
         L.raise_for(status)
     rows = [everyone[3 * r:3 * r + 3] for r in range(size)]
-    _topology.update(rank=rank, size=size, local_rank=local_rank, local_size=local_size, cross_rank=node_rank,
+    # Horovod's cross communicator: the ranks of this local rank, one per node that has it, in rank
+    # order (on nodes of different sizes a rank's cross rank need not be its node's rank).
+    _topology.update(rank=rank, size=size, local_rank=local_rank, local_size=local_size,
+                     cross_rank=sum(1 for r in rows[:rank] if r[0] == local_rank),
                      cross_size=sum(1 for r in rows if r[0] == local_rank),
                      homogeneous=len({r[1] for r in rows}) == 1)
 

@@ -188,12 +188,11 @@ std::shared_ptr<Runtime> start_runtime(int generation) {
   if (rt->placement.local_size == size && !(shm != nullptr && std::string(shm) == "0"))
     collectives = ddl::runtime::make_shared_memory_collectives(rank, size, *rt->store, config.timeout);
   rt->shared_memory = collectives != nullptr;
-  // Several hosts (ddl run's store: ranks host by host, the same number on each): shared memory
-  // within a host and Gloo between hosts, unless DDL_SHM=0.
-  const bool uniform_hosts =
-      rt->mode == "store" && rt->placement.num_nodes > 1 && rt->placement.local_size * rt->placement.num_nodes == size;
-  if (!collectives && uniform_hosts && !(shm != nullptr && std::string(shm) == "0"))
-    collectives = ddl::runtime::make_hierarchical_collectives(rank, size, rt->placement.local_size, *rt->store,
+  // Several hosts (ddl run's store: ranks host by host, any number on each): shared memory within
+  // a host and Gloo between hosts, unless DDL_SHM=0.
+  const bool several_hosts = rt->mode == "store" && rt->placement.num_nodes > 1;
+  if (!collectives && several_hosts && !(shm != nullptr && std::string(shm) == "0"))
+    collectives = ddl::runtime::make_hierarchical_collectives(rank, size, rt->placement.node_rank, *rt->store,
                                                               interface_host(rt->placement.num_nodes), config.timeout);
   if (!collectives)
     collectives = ddl::runtime::make_gloo_collectives(rank, size, *rt->store, interface_host(rt->placement.num_nodes), config.timeout);

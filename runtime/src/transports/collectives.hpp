@@ -97,10 +97,11 @@ std::unique_ptr<Collectives> make_gloo_collectives(int rank, int size, gloo::ren
 std::unique_ptr<Collectives> make_shared_memory_collectives(int rank, int size, gloo::rendezvous::Store& store,
                                                             std::chrono::milliseconds timeout);
 
-// Gloo among all ranks, plus, when the world spans hosts with `local_size` > 1 ranks on each
-// (ranks numbered host by host) and every host can map shared memory: shared memory within a host
-// and Gloo between hosts for the bulk collectives. Otherwise plain Gloo.
-std::unique_ptr<Collectives> make_hierarchical_collectives(int rank, int size, int local_size, gloo::rendezvous::Store& store,
+// Gloo among all ranks, plus, when the world spans hosts (ranks numbered host by host, each rank
+// giving its host's `node_rank`; hosts may hold different numbers), some host holds more than one
+// rank, and every host can map shared memory: shared memory within a host and Gloo between hosts
+// for the bulk collectives. Otherwise plain Gloo. Every rank of the world calls it.
+std::unique_ptr<Collectives> make_hierarchical_collectives(int rank, int size, int node_rank, gloo::rendezvous::Store& store,
                                                            const std::string& interface_host, std::chrono::milliseconds timeout);
 
 }  // namespace ddl::runtime
