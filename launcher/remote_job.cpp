@@ -1,6 +1,8 @@
 #include "launcher/remote_job.hpp"
 
 #include <algorithm>
+#include <climits>
+#include <numeric>
 
 #include <nlohmann/json.hpp>
 
@@ -51,7 +53,8 @@ RemoteJob decode_remote_job(const std::string& line) {
     job.plan.gpu_workers = j.at("gpu_workers").get<bool>();
     if (j.contains("node_sizes")) job.plan.node_sizes = j.at("node_sizes").get<std::vector<int>>();
     const auto& sizes = job.plan.node_sizes;
-    if (!sizes.empty() && (static_cast<int>(sizes.size()) != job.plan.num_nodes || *std::min_element(sizes.begin(), sizes.end()) < 1))
+    if (!sizes.empty() && (static_cast<int>(sizes.size()) != job.plan.num_nodes || *std::min_element(sizes.begin(), sizes.end()) < 1 ||
+                           std::accumulate(sizes.begin(), sizes.end(), 0LL) > INT_MAX))
       throw Error("the launching host sent workers per node that do not match its node count");
     if (job.node_rank < 0 || job.node_rank >= job.plan.num_nodes || job.plan.workers_per_node < 1)
       throw Error("the launching host sent a node rank outside its plan");

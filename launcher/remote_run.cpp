@@ -31,16 +31,22 @@ namespace ddl::launcher {
 
 namespace {
 
+constexpr int kMostWorkers = 1 << 24;
+
 int fewest_slots(const std::vector<HostSlots>& hosts, size_t count) {
   int fewest = INT_MAX;
   for (size_t i = 0; i < count; ++i) fewest = std::min(fewest, hosts[i].slots);
   return fewest;
 }
 
+// The hosts' slots in all; more than one run can hold (an int's worth of ranks) is refused.
 int slots_of(const std::vector<HostSlots>& hosts) {
-  int slots = 0;
+  long long slots = 0;
   for (const auto& h : hosts) slots += h.slots;
-  return slots;
+  if (slots > kMostWorkers)
+    throw UsageError(fmt::format("the hosts' slots add up to {}, more than the {} workers one run can have", slots, kMostWorkers),
+                     "give fewer slots, or -np");
+  return static_cast<int>(slots);
 }
 
 // -np alone: the fewest first hosts that hold it evenly within their slots, if any do.

@@ -99,6 +99,9 @@ TEST_CASE("hosts with different slot counts: every slot, or -np filling hosts in
   CHECK((on_a.hosts.size() == 1 && on_a.plan.uniform() && on_a.plan.workers_per_node == 4));
   np.total_workers = 7;
   CHECK(usage_error_of([&] { plan_on_hosts(np, four_and_two, 0); }) == "-np 7 is more than the 6 slots of the hosts");
+  CHECK(usage_error_of([&] {
+          plan_on_hosts(cpu, std::vector<HostSlots>(20, {"h", 1 << 20}), 0);
+        }).find("more than the 16777216 workers") != std::string::npos);
 
   LaunchRequest first_three = cpu;  // -N 3: every slot of the first three hosts
   first_three.num_nodes = 3;
