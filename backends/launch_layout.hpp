@@ -21,6 +21,7 @@ struct TaskLine {
   int rank = 0;
   std::string text;
   bool unfinished = false;  // text of a line that goes on later (relayed by ddl's host agent), not a whole line
+  bool redrawn = false;     // a line that ended with '\r' (relayed as a whole line), to be drawn over
 };
 
 // "3: text" (srun --label, PALS mpiexec --label; the rank may be padded with blanks).

@@ -1,6 +1,7 @@
 #include "cli/exec_command.hpp"
 
 #include "cli/program_usage.hpp"
+#include "cli/validators.hpp"
 
 #include "common/environment.hpp"
 #include "common/error.hpp"
@@ -11,6 +12,8 @@ namespace ddl::cli {
 struct ExecFlags {
   bool cpu = false;
   std::string gpu_order = "as-listed";
+  bool relay = false;
+  double grace_seconds = 10;
 };
 
 ExecCommand::ExecCommand(CLI::App& app) : flags_(std::make_shared<ExecFlags>()) {
@@ -20,19 +23,26 @@ ExecCommand::ExecCommand(CLI::App& app) : flags_(std::make_shared<ExecFlags>()) 
   app_->add_option("--gpu-order", f.gpu_order, "as-listed, or reverse: local rank 0 gets the last GPU (Polaris)")
       ->check(CLI::IsMember({"as-listed", "reverse"}))
       ->capture_default_str();
+  app_->add_flag("--relay", f.relay,
+                 "Stay, and pass the program's output on as lines labelled with its rank, unfinished lines too (what ddl run uses)");
+  app_->add_option("--grace-period", f.grace_seconds, "With --relay: seconds between SIGTERM and SIGKILL when stopping the program")
+      ->capture_default_str()
+      ->check(seconds_at_most(86400));
   app_->prefix_command();
   show_program_in_usage(*app_);
   app_->footer("Example (inside sbatch): srun --ntasks-per-node 4 ddl exec -- python3 train.py");
 }
 
-void ExecCommand::execute(const std::optional<std::vector<std::string>>& program) const {
+int ExecCommand::execute(const std::optional<std::vector<std::string>>& program) const {
   launcher::ExecRequest request;
   request.command = program ? *program : app_->remaining();
   if (!program && !request.command.empty() && request.command.front().starts_with("-"))
     throw UsageError("ddl exec has no option " + request.command.front(), "see `ddl exec --help`; the program goes after --");
   request.cpu_only = flags_->cpu;
   request.gpu_order = flags_->gpu_order == "reverse" ? launcher::GpuOrder::Reversed : launcher::GpuOrder::AsListed;
-  launcher::exec_task(request, current_environment());
+  request.relay_output = flags_->relay;
+  request.grace_period = std::chrono::milliseconds(static_cast<long long>(flags_->grace_seconds * 1000));
+  return launcher::exec_task(request, current_environment());
 }
 
 }  // namespace ddl::cli

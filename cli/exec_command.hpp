@@ -17,7 +17,8 @@ class ExecCommand {
   explicit ExecCommand(CLI::App& app);
   bool selected() const { return app_->parsed(); }
   // Replaces this process with the program; returns only by throwing.
-  [[noreturn]] void execute(const std::optional<std::vector<std::string>>& program) const;
+  // The program's exit code when --relay keeps ddl exec running; else it never returns.
+  int execute(const std::optional<std::vector<std::string>>& program) const;
 
  private:
   CLI::App* app_;

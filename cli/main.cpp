@@ -197,7 +197,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (run.selected()) return run.execute(program);
-    if (exec.selected()) exec.execute(program);
+    if (exec.selected()) return exec.execute(program);
     if (submit.selected()) return submit.execute(program);
     if (sites.selected()) return sites.execute();
     if (jobs.selected()) return jobs.execute();

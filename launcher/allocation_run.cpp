@@ -18,6 +18,7 @@
 #include "launcher/gpu_inventory.hpp"
 #include "launcher/host.hpp"
 #include "launcher/port_reservation.hpp"
+#include "launcher/relayed_output.hpp"
 #include "launcher/store_server.hpp"
 #include "launcher/worker_process.hpp"
 
@@ -113,6 +114,12 @@ std::string srun_mpi_plugin(const std::string& requested) {
   return requested == "none" ? "" : requested;
 }
 
+std::optional<std::vector<backends::TaskLine>> unwrapped_all(std::optional<std::vector<backends::TaskLine>> tasks) {
+  if (tasks)
+    for (auto& task : *tasks) task = unwrapped(std::move(task));
+  return tasks;
+}
+
 struct PreparedLaunch {
   std::vector<std::string> argv;
   LineLabeller labeller;
@@ -124,7 +131,9 @@ PreparedLaunch launch_command(const RunRequest& request, TaskLauncher launcher, 
   layout.num_nodes = plan.num_nodes;
   layout.tasks_per_node = plan.workers_per_node;
   layout.cpus_per_task = cpus_per_task(request, plan, shape);
-  layout.task_command = {this_executable(), "exec"};
+  // --relay: each task's unfinished lines reach ddl run, which srun, mpiexec and mpirun would hold.
+  layout.task_command = {this_executable(), "exec", "--relay", "--grace-period",
+                         fmt::format("{}", static_cast<double>(request.supervision.grace_period.count()) / 1000)};
   if (!plan.gpu_workers) layout.task_command.emplace_back("--cpu");
   if (request.gpu_order == GpuOrder::Reversed) layout.task_command.insert(layout.task_command.end(), {"--gpu-order", "reverse"});
   layout.task_command.emplace_back("--");
@@ -134,6 +143,7 @@ PreparedLaunch launch_command(const RunRequest& request, TaskLauncher launcher, 
     if (env.count(optional)) layout.exported_names.emplace_back(optional);
 
   // srun and PALS label whole lines; mpirun's tags need the state of every task's unfinished line.
+  // Inside the label, each line is one that ddl exec --relay relayed.
   // srun's own error lines are kept as they stream by (the first 50): at scale the survivors'
   // output would push the first task's end out of the stderr tail.
   const auto& reports = launcher_reports;
@@ -143,10 +153,10 @@ PreparedLaunch launch_command(const RunRequest& request, TaskLauncher launcher, 
       if (line.starts_with("srun: error: ") && reports->size() < 50) reports->emplace_back(line);
       return std::nullopt;
     }
-    return std::vector<backends::TaskLine>{std::move(*task)};
+    return std::vector<backends::TaskLine>{unwrapped(std::move(*task))};
   };
   auto openmpi = std::make_shared<backends::pbs::OpenMpiOutput>();
-  LineLabeller openmpi_tags = [openmpi](std::string_view line) { return openmpi->feed(line); };
+  LineLabeller openmpi_tags = [openmpi](std::string_view line) { return unwrapped_all(openmpi->feed(line)); };
   switch (launcher) {
     case TaskLauncher::Srun: return {backends::slurm::srun_command(layout, srun_mpi_plugin(request.srun_mpi)), rank_colon};
     case TaskLauncher::Pals: return {backends::pbs::pals_command(layout), rank_colon};
@@ -195,17 +205,17 @@ void explain_failure(RunOutcome& outcome, TaskLauncher launcher, const Allocatio
   outcome.workers_stopped = plan.world_size() - 1;  // the launcher stopped the others
   if (launcher != TaskLauncher::Srun && f.rank / plan.workers_per_node < static_cast<int>(shape.hosts.size()))
     f.host = shape.hosts[static_cast<size_t>(f.rank / plan.workers_per_node)];
-  std::vector<std::string> own;
+  std::vector<backends::TaskLine> tasks;
   backends::pbs::OpenMpiOutput openmpi;
   for (const auto& line : said) {
-    std::optional<std::vector<backends::TaskLine>> tasks;
+    std::optional<std::vector<backends::TaskLine>> labelled;
     if (launcher == TaskLauncher::OpenMpi)
-      tasks = openmpi.feed(line);
+      labelled = unwrapped_all(openmpi.feed(line));
     else if (auto task = backends::rank_colon_label(line))
-      tasks = std::vector<backends::TaskLine>{*task};
-    for (const auto& task : tasks.value_or(std::vector<backends::TaskLine>{}))
-      if (task.rank == f.rank) own.push_back(task.text);
+      labelled = std::vector<backends::TaskLine>{unwrapped(*task)};
+    if (labelled) tasks.insert(tasks.end(), labelled->begin(), labelled->end());
   }
+  std::vector<std::string> own = whole_lines_of(f.rank, tasks);
   if (own.size() > kStderrTailLines) own.erase(own.begin(), own.end() - static_cast<long>(kStderrTailLines));
   f.stderr_tail = own;
 }

@@ -1,5 +1,7 @@
 #include "launcher/exec_task.hpp"
 
+#include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -9,12 +11,15 @@
 
 #include "common/error.hpp"
 #include "launcher/host.hpp"
+#include "launcher/supervisor.hpp"
 #include "launcher/worker_environment.hpp"
 #include "launcher/worker_process.hpp"
 
 namespace ddl::launcher {
 
 namespace {
+
+constexpr int kMostNodesListed = 1 << 16;
 
 bool planned_gpu_workers(const Environment& env, const ExecRequest& request, const GpuInventory& gpus) {
   if (request.cpu_only) return false;
@@ -31,6 +36,27 @@ int cpus_for_node(const Environment& env, int local_size) {
   return available_cpus();
 }
 
+// The nodes' task counts: the same on each (local_size), or, where they differ, Slurm's list of them
+// (srun -n 5 over two nodes: 3 and 2).
+WorldPlan task_plan(const Environment& env, const TaskIdentity& id) {
+  WorldPlan uniform;
+  uniform.num_nodes = id.num_nodes;
+  uniform.workers_per_node = id.local_size;
+  if (static_cast<long long>(id.num_nodes) * id.local_size == id.size) return uniform;
+  auto listed = lookup(env, "SLURM_STEP_TASKS_PER_NODE");
+  if (!listed) listed = lookup(env, "SLURM_TASKS_PER_NODE");
+  if (!listed || id.num_nodes > kMostNodesListed || id.node_rank < 0 || id.node_rank >= id.num_nodes) return uniform;
+  std::vector<int> sizes;
+  long long total = 0;
+  try {
+    for (int node = 0; node < id.num_nodes; ++node) total += sizes.emplace_back(tasks_on_node(*listed, node));
+  } catch (const UsageError&) {
+    return uniform;
+  }
+  if (total != id.size || sizes[static_cast<size_t>(id.node_rank)] != id.local_size) return uniform;
+  return plan_with_node_sizes(sizes, false);
+}
+
 // The scheduler's name for this run when ddl run did not name it.
 std::string run_id_of(const Environment& env) {
   if (auto id = lookup(env, "DDL_RUN_ID")) return *id;
@@ -39,12 +65,46 @@ std::string run_id_of(const Environment& env) {
   return "ddl-exec";
 }
 
+// Ends this process by `sig`, as the program it ran ended, so that the task launcher reports the
+// signal (srun: "Killed by signal"), not an exit code; no core file of ddl's own.
+[[noreturn]] void die_by(int sig) {
+  const rlimit no_core{0, 0};
+  ::setrlimit(RLIMIT_CORE, &no_core);
+  ::signal(sig, SIG_DFL);
+  sigset_t just_sig;
+  sigemptyset(&just_sig);
+  sigaddset(&just_sig, sig);
+  ::sigprocmask(SIG_UNBLOCK, &just_sig, nullptr);
+  ::raise(sig);
+  ::_exit(128 + sig);  // a signal whose default is not to end the process
+}
+
+// The program as this task's only worker, its output relayed; signals to this process go on to it.
+int run_relaying(const ExecRequest& request, const TaskIdentity& id, const std::string& program, const Environment& task_env) {
+  int ended_by_signal = 0, exit_code = 0;
+  {
+    SupervisorOptions options;
+    options.grace_period = request.grace_period;
+    options.host = host_name();
+    options.relay_with_rank_labels = true;
+    Supervisor supervisor(options);
+    WorkerLaunch worker;
+    worker.rank = id.rank;
+    worker.program = program;
+    worker.argv = request.command;
+    worker.env = task_env;
+    const RunOutcome outcome = supervisor.run({worker});
+    ended_by_signal = outcome.failure ? outcome.failure->signal : outcome.interrupted_by;
+    exit_code = outcome.exit_code;
+  }  // the supervisor gives back the signal mask before this process ends by a signal
+  if (ended_by_signal != 0) die_by(ended_by_signal);
+  return exit_code;
+}
+
 }  // namespace
 
 Environment task_environment(const Environment& env, const TaskIdentity& id, const ExecRequest& request, const GpuInventory& gpus) {
-  WorldPlan plan;
-  plan.num_nodes = id.num_nodes;
-  plan.workers_per_node = id.local_size;
+  WorldPlan plan = task_plan(env, id);
   plan.gpu_workers = planned_gpu_workers(env, request, gpus);
   if (plan.gpu_workers && gpus.count() == 0)
     throw UsageError(fmt::format("rank {} on {} should get a GPU, but none is visible there ({})", id.rank, host_name(), gpus.source),
@@ -68,18 +128,23 @@ Environment task_environment(const Environment& env, const TaskIdentity& id, con
     else
       result.erase(name);
   }
+  // Nodes of different sizes that the launcher does not list (mpirun -np 5 over 4 + 1 slots): the
+  // world's size is still the launcher's; cross ranks stay counted by node.
+  if (plan.world_size() != id.size)
+    for (const char* name : {"DDL_SIZE", "WORLD_SIZE", "ROLE_WORLD_SIZE", "HOROVOD_SIZE"}) result[name] = std::to_string(id.size);
   result.erase("DDL_GPU_WORKERS");
   result.erase("DDL_CPUS_PER_TASK");
   return result;
 }
 
-void exec_task(const ExecRequest& request, const Environment& env) {
+int exec_task(const ExecRequest& request, const Environment& env) {
   if (request.command.empty())
     throw UsageError("ddl exec: no program to run", "put the program after --: srun ddl exec -- python train.py");
   const TaskIdentity id = task_identity(env);
   const GpuInventory gpus = request.cpu_only ? GpuInventory{{}, "--cpu"} : discover_gpus(env);
   const Environment task_env = task_environment(env, id, request, gpus);
   const std::string program = resolve_program(request.command.front(), lookup(task_env, "PATH").value_or("/usr/bin:/bin"));
+  if (request.relay_output) return run_relaying(request, id, program, task_env);
 
   std::vector<std::string> envp = to_envp(task_env);
   std::vector<char*> argv_ptrs, env_ptrs;

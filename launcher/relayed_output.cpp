@@ -9,22 +9,47 @@
 namespace ddl::launcher {
 
 namespace {
-constexpr std::string_view kUnfinishedMark = "+ ";
 constexpr size_t kMostRankDigits = 9;
 }  // namespace
 
 std::string relayed_piece(int rank, std::string_view text, char end) {
-  if (end == LineSplitter::kNoEnd) return fmt::format("{}{}{}\n", rank, kUnfinishedMark, text);
-  return fmt::format("{}: {}{}", rank, text, end);
+  const char* mark = end == LineSplitter::kNoEnd ? "+" : end == '\r' ? "~" : ":";
+  return fmt::format("{}{} {}\n", rank, mark, text);
 }
 
-std::optional<backends::TaskLine> relayed_unfinished_line(std::string_view line) {
+std::optional<backends::TaskLine> relayed_line(std::string_view line) {
   size_t digits = 0;
   int rank = 0;
   while (digits < line.size() && digits < kMostRankDigits && std::isdigit(static_cast<unsigned char>(line[digits])))
     rank = rank * 10 + (line[digits++] - '0');
-  if (digits == 0 || !line.substr(digits).starts_with(kUnfinishedMark)) return std::nullopt;
-  return backends::TaskLine{rank, std::string(line.substr(digits + kUnfinishedMark.size())), true};
+  if (digits == 0 || digits + 1 >= line.size() || line[digits + 1] != ' ') return std::nullopt;
+  backends::TaskLine task{rank, std::string(line.substr(digits + 2))};
+  switch (line[digits]) {
+    case ':': return task;
+    case '+': task.unfinished = true; return task;
+    case '~': task.redrawn = true; return task;
+    default: return std::nullopt;
+  }
+}
+
+backends::TaskLine unwrapped(backends::TaskLine task) {
+  auto inner = relayed_line(task.text);
+  if (!inner || inner->rank != task.rank) return task;
+  return *inner;
+}
+
+std::vector<std::string> whole_lines_of(int rank, const std::vector<backends::TaskLine>& tasks) {
+  std::vector<std::string> lines;
+  std::string line;
+  for (const auto& task : tasks) {
+    if (task.rank != rank) continue;
+    line += task.text;
+    if (task.unfinished) continue;
+    if (!task.redrawn) lines.push_back(line);
+    line.clear();
+  }
+  if (!line.empty()) lines.push_back(line);
+  return lines;
 }
 
 }  // namespace ddl::launcher

@@ -1,12 +1,16 @@
-// How a host's agent relays its workers' output to the launching host of `ddl run -H`: every
-// piece goes as a line of its own, labelled with the worker's rank. "rank: text" ends as the
-// worker's line did ('\n', or '\r' for a redraw); "rank+ text\n" carries the text of an unfinished
-// line passed before its end (LineSplitter::pass_unfinished), which later pieces continue.
+// How output is relayed to `ddl run` from a host's agent (`ddl run -H`) and from `ddl exec --relay`
+// under a task launcher (srun, mpirun, mpiexec): every piece goes as a line of its own, ending in
+// '\n' (launchers pass and label whole lines only), labelled with the worker's rank:
+//   "rank: text\n"  a line that ended with '\n';
+//   "rank~ text\n"  a line redrawn in place (it ended with '\r': a progress bar's update);
+//   "rank+ text\n"  the text of an unfinished line passed before its end
+//                   (LineSplitter::pass_unfinished), which later pieces continue.
 #pragma once
 
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "backends/launch_layout.hpp"
 
@@ -15,7 +19,15 @@ namespace ddl::launcher {
 // The relayed form of `text` of `rank` with `end` ('\n', '\r' or LineSplitter::kNoEnd).
 std::string relayed_piece(int rank, std::string_view text, char end);
 
-// The text of an unfinished line ("rank+ text"), marked unfinished; nullopt for any other line.
-std::optional<backends::TaskLine> relayed_unfinished_line(std::string_view line);
+// The task line a relayed line carries (without its '\n'); nullopt for a line of any other form.
+std::optional<backends::TaskLine> relayed_line(std::string_view line);
+
+// A task launcher's line of `ddl exec --relay`'s output: the relayed line inside it when it is one
+// of the same rank, else `task` as it is (a line of ddl exec's own).
+backends::TaskLine unwrapped(backends::TaskLine task);
+
+// The whole lines of `rank` among `tasks`, for a failure summary: the pieces of an unfinished line
+// joined, a line redrawn in place left out (as a progress bar's updates are).
+std::vector<std::string> whole_lines_of(int rank, const std::vector<backends::TaskLine>& tasks);
 
 }  // namespace ddl::launcher

@@ -13,8 +13,9 @@ namespace ddl::launcher {
 using nlohmann::json;
 
 namespace {
-constexpr int kJobFormat = 1;
-}
+// 2: per-node worker counts (node_sizes), and relayed lines that always end in '\n'.
+constexpr int kJobFormat = 2;
+}  // namespace
 
 std::string encode_remote_job(const RemoteJob& job) {
   json j = {{"format", kJobFormat},
@@ -56,6 +57,8 @@ RemoteJob decode_remote_job(const std::string& line) {
     if (!sizes.empty() && (static_cast<int>(sizes.size()) != job.plan.num_nodes || *std::min_element(sizes.begin(), sizes.end()) < 1 ||
                            std::accumulate(sizes.begin(), sizes.end(), 0LL) > INT_MAX))
       throw Error("the launching host sent workers per node that do not match its node count");
+    if (sizes.empty() && static_cast<long long>(job.plan.num_nodes) * job.plan.workers_per_node > INT_MAX)
+      throw Error("the launching host sent more workers than a run can have");
     if (job.node_rank < 0 || job.node_rank >= job.plan.num_nodes || job.plan.workers_per_node < 1)
       throw Error("the launching host sent a node rank outside its plan");
     job.gpu_order = j.at("gpu_order_reversed").get<bool>() ? GpuOrder::Reversed : GpuOrder::AsListed;

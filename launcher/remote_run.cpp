@@ -39,14 +39,15 @@ int fewest_slots(const std::vector<HostSlots>& hosts, size_t count) {
   return fewest;
 }
 
-// The hosts' slots in all; more than one run can hold (an int's worth of ranks) is refused.
-int slots_of(const std::vector<HostSlots>& hosts) {
+long long slots_of(const std::vector<HostSlots>& hosts) {
   long long slots = 0;
   for (const auto& h : hosts) slots += h.slots;
-  if (slots > kMostWorkers)
-    throw UsageError(fmt::format("the hosts' slots add up to {}, more than the {} workers one run can have", slots, kMostWorkers),
-                     "give fewer slots, or -np");
-  return static_cast<int>(slots);
+  return slots;
+}
+
+void require_few_enough_workers(long long workers, const char* what, const char* hint) {
+  if (workers > kMostWorkers)
+    throw UsageError(fmt::format("{} {} workers, more than the {} one run can have", what, workers, kMostWorkers), hint);
 }
 
 // -np alone: the fewest first hosts that hold it evenly within their slots, if any do.
@@ -72,8 +73,9 @@ std::vector<int> filled_in_order(int total, const std::vector<HostSlots>& hosts)
 // an even spread fits (over the fewest first hosts, or over -N's), else hosts filled in order;
 // without -np, every slot of every host used.
 std::vector<int> workers_on_hosts(const LaunchRequest& r, const std::vector<HostSlots>& candidates) {
-  const int slots = slots_of(candidates);
+  const long long slots = slots_of(candidates);
   if (!r.total_workers) {
+    require_few_enough_workers(slots, "every slot of the hosts makes", "give fewer slots, or -np");
     std::vector<int> sizes;
     for (const auto& h : candidates) sizes.push_back(h.slots);
     return sizes;
@@ -125,13 +127,12 @@ struct RemoteHost {
   std::shared_ptr<std::deque<std::string>> said = std::make_shared<std::deque<std::string>>();
 };
 
-// The agent's relayed lines are "rank: text", or "rank+ text" for an unfinished line's text (see
-// relayed_output.hpp); its failure line and errors are kept for the summary and not shown; anything
-// else is the remote shell's or the agent's own message, shown as it is and kept.
+// The agent's relayed lines (relayed_output.hpp) are its workers'; its failure line and errors are
+// kept for the summary and not shown; anything else is the remote shell's or the agent's own
+// message, shown as it is and kept.
 LineLabeller remote_labeller(const std::shared_ptr<std::deque<std::string>>& said) {
   return [said](std::string_view line) -> std::optional<std::vector<backends::TaskLine>> {
-    if (auto unfinished = relayed_unfinished_line(line)) return std::vector<backends::TaskLine>{std::move(*unfinished)};
-    if (auto task = backends::rank_colon_label(line)) return std::vector<backends::TaskLine>{std::move(*task)};
+    if (auto task = relayed_line(line)) return std::vector<backends::TaskLine>{std::move(*task)};
     said->emplace_back(line);
     if (said->size() > 200) said->pop_front();
     // The agent's failure report and its own error: the summary says them once, for the host.
@@ -172,9 +173,10 @@ void explain_remote_failure(WorkerFailure& f, const RemoteHost& host, const std:
       f.rank = rank;
       f.exit_code = code;
       f.signal = signal;
-      f.stderr_tail.clear();
+      std::vector<backends::TaskLine> relayed;
       for (const auto& line : lines_of_shell)
-        if (auto task = backends::rank_colon_label(line); task && task->rank == rank) f.stderr_tail.push_back(task->text);
+        if (auto task = relayed_line(line)) relayed.push_back(std::move(*task));
+      f.stderr_tail = whole_lines_of(rank, relayed);
       if (f.stderr_tail.size() > kStderrTailLines) f.stderr_tail.erase(f.stderr_tail.begin(), f.stderr_tail.end() - kStderrTailLines);
       return;
     }
@@ -221,16 +223,19 @@ HostsPlan plan_on_hosts(const LaunchRequest& launch, const std::vector<HostSlots
   const std::vector<HostSlots> candidates(hosts.begin(), hosts.begin() + (r.num_nodes ? *r.num_nodes : static_cast<long>(named)));
   if (r.workers_per_node || r.gpus_per_node) {  // the same number on each host
     r.num_nodes = static_cast<int>(candidates.size());
+    require_few_enough_workers(static_cast<long long>(candidates.size()) * r.workers_per_node.value_or(*r.gpus_per_node),
+                               "the hosts times the count per host make", "use fewer hosts (-N)");
     const WorldPlan plan = plan_world(r, gpus_here);
     require_slots(candidates, plan.workers_per_node);
     return {plan, candidates};
   }
   const std::vector<int> sizes = workers_on_hosts(r, candidates);
-  // plan_world checks the flags and the launching host's GPUs against the fewest workers on a
-  // host; a host with more checks its own GPUs (run_on_hosts here, the agent elsewhere).
+  // plan_world checks the flags and decides on GPU workers; where hosts differ, each host checks its
+  // own GPUs against its own count (run_on_hosts here, the agent elsewhere), naming itself.
   r.num_nodes = static_cast<int>(sizes.size());
   r.total_workers.reset();
   r.workers_per_node = *std::min_element(sizes.begin(), sizes.end());
+  if (std::any_of(sizes.begin(), sizes.end(), [&](int s) { return s != sizes.front(); })) r.share_gpus = true;
   WorldPlan plan = plan_world(r, gpus_here);
   plan = plan_with_node_sizes(sizes, plan.gpu_workers);
   return {plan, std::vector<HostSlots>(candidates.begin(), candidates.begin() + static_cast<long>(sizes.size()))};

@@ -389,7 +389,7 @@ class Run {
       return;
     }
     for (const backends::TaskLine& task : *labelled) {
-      const char task_end = task.unfinished ? LineSplitter::kNoEnd : end;
+      const char task_end = task.unfinished ? LineSplitter::kNoEnd : task.redrawn ? '\r' : end;
       const std::string prefix = options_.prefix_output ? rank_prefix(task.rank) : std::string();
       to_terminal.append(s.terminal->show({s.index, task.rank}, prefix, task.text, task_end));
       if (options_.output_dir.empty()) continue;

@@ -4,6 +4,8 @@ node imitating Perlmutter (4 fake GPUs, feature gpu). `ddl run` inside salloc go
 modules (tests/fixtures/modulefiles)."""
 import json
 import os
+import re
+import select
 import signal
 import subprocess
 import tempfile
@@ -102,6 +104,61 @@ class Slurm(unittest.TestCase):
         env = {k: v for k, v in slurm_env().items() if not k.startswith("DDL_")}
         result = run(["salloc", "-N1", "-n3", "srun", "--mpi=pmix", "-n", "3", CHECKS, "world"], env=env, timeout=300)
         check_pmix_world(self, result, 3)
+
+    def test_unfinished_lines_and_progress_bars_of_tasks_show_while_they_wait(self):
+        # srun passes whole lines only: ddl exec --relay sends each task's unfinished line and
+        # progress-bar redraw as a line of its own, and ddl run puts the task's line back together.
+        script = ("import os, sys, time\n"
+                  "from tqdm import tqdm\n"
+                  "rank = os.environ['RANK']\n"
+                  "sys.stdout.write(f'Loading {rank}...'); sys.stdout.flush()\n"
+                  "bar = tqdm(total=4, desc='rank' + rank, mininterval=0, miniters=1, ascii=True, ncols=60)\n"
+                  "for _ in range(2):\n"
+                  "    time.sleep(0.2); bar.update(1)\n"
+                  "while not os.path.exists(sys.argv[1]): time.sleep(0.05)\n"
+                  "bar.update(2); bar.close()\n"
+                  "print(' done')\n")
+        marker = unique_marker()
+        with tempfile.TemporaryDirectory() as tmp:
+            go = os.path.join(tmp, "go")
+            proc = subprocess.Popen(["salloc", "-N1", "-n2", DDL, "run", "--cpu", "--", PYTHON, "-c", script, go, marker],
+                                    env=slurm_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            try:
+                out, err = b"", b""
+                live = lambda: all(b"[%d] Loading %d..." % (r, r) in out and re.search(rb"\[%d\] rank%d:  50%%" % (r, r), err)
+                                   for r in (0, 1))
+                deadline = time.monotonic() + 60
+                while not live() and time.monotonic() < deadline:
+                    for pipe in select.select([proc.stdout, proc.stderr], [], [], 0.5)[0]:
+                        data = os.read(pipe.fileno(), 65536)
+                        if pipe is proc.stdout:
+                            out += data
+                        else:
+                            err += data
+                self.assertTrue(live(), f"each task's unfinished line and 50% should show while it waits: {out!r} {err!r}")
+                self.assertIsNone(proc.poll(), "the tasks should still be waiting")
+                open(go, "w").close()
+                rest_out, rest_err = proc.communicate(timeout=60)
+            finally:  # nothing may hold the node for the tests after this one
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+                kill_leftovers(marker)
+        out, err = (out + rest_out).decode(), (err + rest_err).decode()
+        self.assertEqual(proc.returncode, 0, out + err)
+        # Another rank's line may come between a line's pieces: it then goes on under its prefix again.
+        text = {0: "", 1: ""}
+        for line in out.splitlines():
+            m = re.match(r"^\[(\d)\] ((?:Loading \1\.\.\.)?(?: done)?)$", line)
+            self.assertIsNotNone(m, f"a line with more than one prefix or rank: {line!r} in {out!r}")
+            text[int(m[1])] += m[2]
+        self.assertEqual(text, {0: "Loading 0... done", 1: "Loading 1... done"})
+        for r in (0, 1):
+            self.assertRegex(err, r"\[%d\] rank%d: 100%%\|#+\| 4/4 \[[^\r\n]*\n" % (r, r))
+        for line in err.splitlines():
+            for shown in filter(None, line.split("\r")):  # what each redraw puts on the terminal line
+                if not shown.startswith(("salloc: ", "srun: ")):
+                    self.assertRegex(shown, r"^\[(\d)\] rank\1: +\d+%\|[#0-9 ]*\| \d/4 \[", err)
 
     def test_a_failing_worker_ends_the_whole_step_with_its_code(self):
         marker = unique_marker()

@@ -99,9 +99,15 @@ TEST_CASE("hosts with different slot counts: every slot, or -np filling hosts in
   CHECK((on_a.hosts.size() == 1 && on_a.plan.uniform() && on_a.plan.workers_per_node == 4));
   np.total_workers = 7;
   CHECK(usage_error_of([&] { plan_on_hosts(np, four_and_two, 0); }) == "-np 7 is more than the 6 slots of the hosts");
-  CHECK(usage_error_of([&] {
-          plan_on_hosts(cpu, std::vector<HostSlots>(20, {"h", 1 << 20}), 0);
-        }).find("more than the 16777216 workers") != std::string::npos);
+  const std::vector<HostSlots> huge(20, {"h", 1 << 20});
+  CHECK(usage_error_of([&] { plan_on_hosts(cpu, huge, 0); }) ==
+        "every slot of the hosts makes 20971520 workers, more than the 16777216 one run can have");
+  np.total_workers = 8;  // -np within the slots: the sum of the slots does not matter
+  CHECK(plan_on_hosts(np, huge, 0).plan.world_size() == 8);
+  LaunchRequest per_host = cpu;
+  per_host.workers_per_node = 1 << 20;
+  CHECK(usage_error_of([&] { plan_on_hosts(per_host, huge, 0); }) ==
+        "the hosts times the count per host make 20971520 workers, more than the 16777216 one run can have");
 
   LaunchRequest first_three = cpu;  // -N 3: every slot of the first three hosts
   first_three.num_nodes = 3;
@@ -118,10 +124,10 @@ TEST_CASE("hosts with different slot counts: every slot, or -np filling hosts in
   per3.workers_per_node = 3;
   CHECK(usage_error_of([&] { plan_on_hosts(per3, four_and_two, 0); }) == "host b has 2 slot(s) and 3 workers per host were asked");
 
-  // GPU workers: the launching host's GPUs are checked against the fewest on a host here.
-  HostsPlan gpu_plan = plan_on_hosts(LaunchRequest{}, four_and_two, 2);
+  // GPU workers: each host checks its own GPUs against its own count when it starts them (the
+  // launching host in run_on_hosts, naming itself), not against another host's here.
+  HostsPlan gpu_plan = plan_on_hosts(LaunchRequest{}, four_and_two, 1);
   CHECK((gpu_plan.plan.gpu_workers && gpu_plan.plan.node_sizes == std::vector<int>{4, 2}));
-  CHECK(usage_error_of([&] { plan_on_hosts(LaunchRequest{}, four_and_two, 1); }) == "2 GPU workers per node but this node has 1 GPU(s)");
 }
 
 TEST_CASE("the job a remote host's agent reads round-trips, and the launching host's own variables stay home") {

@@ -5,25 +5,47 @@
 #include "launcher/relayed_output.hpp"
 
 using namespace ddl::launcher;
+using ddl::backends::TaskLine;
 
-TEST_CASE("a host's agent relays whole lines as \"rank: text\" with their end, unfinished text as a line of its own") {
+TEST_CASE("relayed output: every piece a line of its own, ending in a newline, marked by how its line ended") {
   CHECK(relayed_piece(3, "epoch 1", '\n') == "3: epoch 1\n");
-  CHECK(relayed_piece(3, " 50%", '\r') == "3:  50%\r");
+  CHECK(relayed_piece(3, " 50%", '\r') == "3~  50%\n");
   CHECK(relayed_piece(12, "Loading...", LineSplitter::kNoEnd) == "12+ Loading...\n");
 }
 
-TEST_CASE("the launching host reads unfinished text back, and no other line as such") {
-  auto unfinished = relayed_unfinished_line("12+ Loading...");
+TEST_CASE("the launching side reads each form back, and no other line as relayed") {
+  auto unfinished = relayed_line("12+ Loading...");
   REQUIRE(unfinished);
-  CHECK(unfinished->rank == 12);
-  CHECK(unfinished->text == "Loading...");
-  CHECK(unfinished->unfinished);
-  CHECK(relayed_unfinished_line("0+ ")->text.empty());
-  CHECK_FALSE(relayed_unfinished_line("3: epoch 1"));
-  CHECK_FALSE(relayed_unfinished_line("+ x"));
-  CHECK_FALSE(relayed_unfinished_line("3+x"));
-  CHECK_FALSE(relayed_unfinished_line("ssh: connect to host b port 22: Connection refused"));
-  auto whole = ddl::backends::rank_colon_label("3: epoch 1");
+  CHECK((unfinished->rank == 12 && unfinished->text == "Loading..." && unfinished->unfinished && !unfinished->redrawn));
+  auto redrawn = relayed_line("3~  50%");
+  REQUIRE(redrawn);
+  CHECK((redrawn->rank == 3 && redrawn->text == " 50%" && redrawn->redrawn && !redrawn->unfinished));
+  auto whole = relayed_line("3: epoch 1: done");
   REQUIRE(whole);
-  CHECK_FALSE(whole->unfinished);
+  CHECK((whole->text == "epoch 1: done" && !whole->unfinished && !whole->redrawn));
+  CHECK(relayed_line("0+ ")->text.empty());
+  CHECK(relayed_line("0: ")->text.empty());
+  CHECK_FALSE(relayed_line("+ x"));
+  CHECK_FALSE(relayed_line("3+x"));
+  CHECK_FALSE(relayed_line("3:"));
+  CHECK_FALSE(relayed_line(" 3: padded, as srun pads its labels"));
+  CHECK_FALSE(relayed_line("3! x"));
+  CHECK_FALSE(relayed_line("ssh: connect to host b port 22: Connection refused"));
+}
+
+TEST_CASE("a task launcher's label around ddl exec's relayed line is taken off only for the same rank") {
+  CHECK(unwrapped({4, "4+ Loading"}).unfinished);
+  CHECK(unwrapped({4, "4+ Loading"}).text == "Loading");
+  CHECK(unwrapped({4, "4~ 10%"}).redrawn);
+  CHECK(unwrapped({4, "4: 2: text"}).text == "2: text");
+  CHECK(unwrapped({4, "ddl: error: no GPU"}).text == "ddl: error: no GPU");  // ddl exec's own line
+  const TaskLine other = unwrapped({4, "5: text"});
+  CHECK((other.rank == 4 && other.text == "5: text"));
+}
+
+TEST_CASE("a failure summary gets a rank's whole lines: unfinished pieces joined, redraws left out") {
+  const std::vector<TaskLine> tasks{{1, "Loading", true},     {0, "other rank"}, {1, "... done"},      {1, " 10%", false, true},
+                                    {1, " 20%", false, true}, {1, "Traceback"},  {1, "Error: x", true}};
+  CHECK(whole_lines_of(1, tasks) == std::vector<std::string>{"Loading... done", "Traceback", "Error: x"});
+  CHECK(whole_lines_of(0, tasks) == std::vector<std::string>{"other rank"});
 }

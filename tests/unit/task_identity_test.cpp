@@ -114,3 +114,28 @@ TEST_CASE("a planned GPU worker on a node without GPUs is an error; a CPU worker
   env["CUDA_VISIBLE_DEVICES"] = "3";
   CHECK(task_environment(env, task_identity(env), {}, parse_visible_devices("3"))["CUDA_VISIBLE_DEVICES"] == "3");
 }
+
+TEST_CASE("tasks over nodes of different sizes: the launcher's world size, each node's own local size") {
+  // srun -n 11 over 4 + 4 + 3: rank 9 on the third node sees the world of 11 and Horovod's cross ranks.
+  ddl::Environment slurm{{"SLURM_PROCID", "9"},  {"SLURM_LOCALID", "1"},        {"SLURM_NODEID", "2"},
+                         {"SLURM_NTASKS", "11"}, {"SLURM_STEP_NUM_NODES", "3"}, {"SLURM_STEP_TASKS_PER_NODE", "4(x2),3"}};
+  ddl::Environment out = task_environment(slurm, task_identity(slurm), {}, {});
+  CHECK((out["WORLD_SIZE"] == "11" && out["DDL_SIZE"] == "11" && out["HOROVOD_SIZE"] == "11" && out["ROLE_WORLD_SIZE"] == "11"));
+  CHECK((out["LOCAL_WORLD_SIZE"] == "3" && out["DDL_LOCAL_SIZE"] == "3" && out["GROUP_RANK"] == "2"));
+  CHECK((out["HOROVOD_CROSS_RANK"] == "2" && out["HOROVOD_CROSS_SIZE"] == "3"));
+  slurm["SLURM_PROCID"] = "7";  // local rank 3 of the second node: only two nodes have a local rank 3
+  slurm["SLURM_LOCALID"] = "3";
+  slurm["SLURM_NODEID"] = "1";
+  out = task_environment(slurm, task_identity(slurm), {}, {});
+  CHECK((out["LOCAL_WORLD_SIZE"] == "4" && out["HOROVOD_CROSS_RANK"] == "1" && out["HOROVOD_CROSS_SIZE"] == "2"));
+
+  // mpirun -np 5 over 4 + 1 slots: the other node's size is not said, the world's size still is.
+  ddl::Environment openmpi{{"OMPI_COMM_WORLD_RANK", "4"},
+                           {"OMPI_COMM_WORLD_SIZE", "5"},
+                           {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                           {"OMPI_COMM_WORLD_LOCAL_SIZE", "1"},
+                           {"DDL_NUM_NODES", "2"}};
+  const TaskIdentity id = task_identity(openmpi);
+  out = task_environment(openmpi, id, {}, {});
+  CHECK((out["WORLD_SIZE"] == "5" && out["DDL_SIZE"] == "5" && out["LOCAL_WORLD_SIZE"] == "1" && out["RANK"] == "4"));
+}
