@@ -16,7 +16,6 @@ class ExecCommand {
  public:
   explicit ExecCommand(CLI::App& app);
   bool selected() const { return app_->parsed(); }
-  // Replaces this process with the program; returns only by throwing.
   // The program's exit code when --relay keeps ddl exec running; else it never returns.
   int execute(const std::optional<std::vector<std::string>>& program) const;
 

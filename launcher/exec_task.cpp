@@ -2,10 +2,13 @@
 
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <numeric>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -36,23 +39,23 @@ int cpus_for_node(const Environment& env, int local_size) {
   return available_cpus();
 }
 
-// The nodes' task counts: the same on each (local_size), or, where they differ, Slurm's list of them
-// (srun -n 5 over two nodes: 3 and 2).
+// The nodes' task counts: Slurm's list of them when srun started the task (it may hold nodes of
+// different sizes: srun -n 5 over two nodes runs 3 and 2), else the same on each (local_size).
 WorldPlan task_plan(const Environment& env, const TaskIdentity& id) {
   WorldPlan uniform;
   uniform.num_nodes = id.num_nodes;
   uniform.workers_per_node = id.local_size;
-  if (static_cast<long long>(id.num_nodes) * id.local_size == id.size) return uniform;
   auto listed = lookup(env, "SLURM_STEP_TASKS_PER_NODE");
   if (!listed) listed = lookup(env, "SLURM_TASKS_PER_NODE");
-  if (!listed || id.num_nodes > kMostNodesListed || id.node_rank < 0 || id.node_rank >= id.num_nodes) return uniform;
+  if (!listed || !id.source.starts_with("Slurm") || id.num_nodes > kMostNodesListed || id.node_rank < 0 || id.node_rank >= id.num_nodes)
+    return uniform;
   std::vector<int> sizes;
-  long long total = 0;
   try {
-    for (int node = 0; node < id.num_nodes; ++node) total += sizes.emplace_back(tasks_on_node(*listed, node));
+    sizes = tasks_on_nodes(*listed, id.num_nodes);
   } catch (const UsageError&) {
     return uniform;
   }
+  const long long total = std::accumulate(sizes.begin(), sizes.end(), 0LL);
   if (total != id.size || sizes[static_cast<size_t>(id.node_rank)] != id.local_size) return uniform;
   return plan_with_node_sizes(sizes, false);
 }
@@ -66,7 +69,7 @@ std::string run_id_of(const Environment& env) {
 }
 
 // Ends this process by `sig`, as the program it ran ended, so that the task launcher reports the
-// signal (srun: "Killed by signal"), not an exit code; no core file of ddl's own.
+// signal, not an exit code; no core file of ddl's own.
 [[noreturn]] void die_by(int sig) {
   const rlimit no_core{0, 0};
   ::setrlimit(RLIMIT_CORE, &no_core);
@@ -79,26 +82,22 @@ std::string run_id_of(const Environment& env) {
   ::_exit(128 + sig);  // a signal whose default is not to end the process
 }
 
-// The program as this task's only worker, its output relayed; signals to this process go on to it.
-int run_relaying(const ExecRequest& request, const TaskIdentity& id, const std::string& program, const Environment& task_env) {
-  int ended_by_signal = 0, exit_code = 0;
-  {
-    SupervisorOptions options;
-    options.grace_period = request.grace_period;
-    options.host = host_name();
-    options.relay_with_rank_labels = true;
-    Supervisor supervisor(options);
-    WorkerLaunch worker;
-    worker.rank = id.rank;
-    worker.program = program;
-    worker.argv = request.command;
-    worker.env = task_env;
-    const RunOutcome outcome = supervisor.run({worker});
-    ended_by_signal = outcome.failure ? outcome.failure->signal : outcome.interrupted_by;
-    exit_code = outcome.exit_code;
-  }  // the supervisor gives back the signal mask before this process ends by a signal
-  if (ended_by_signal != 0) die_by(ended_by_signal);
-  return exit_code;
+// Under srun, slurmstepd (this task's parent) signals every process of the task itself.
+SupervisorOptions relay_options(const ExecRequest& request, const TaskIdentity& id) {
+  SupervisorOptions options;
+  options.grace_period = request.grace_period;
+  options.host = host_name();
+  options.relay_with_rank_labels = true;
+  options.parent_signals_workers = id.source.starts_with("Slurm");
+  return options;
+}
+
+// Ends as the worker of `rank` ended: returns its exit code, or dies of the signal that killed it.
+int end_as_worker(const RunOutcome& outcome, int rank) {
+  auto status = outcome.wait_status.find(rank);
+  if (status == outcome.wait_status.end()) return outcome.exit_code;  // never reaped: cannot happen once run() returned
+  if (WIFSIGNALED(status->second)) die_by(WTERMSIG(status->second));
+  return WEXITSTATUS(status->second);
 }
 
 }  // namespace
@@ -141,10 +140,20 @@ int exec_task(const ExecRequest& request, const Environment& env) {
   if (request.command.empty())
     throw UsageError("ddl exec: no program to run", "put the program after --: srun ddl exec -- python train.py");
   const TaskIdentity id = task_identity(env);
+  // With --relay, the supervisor blocks the signals it takes before anything could start a thread
+  // (counting GPUs may start the CUDA driver's), so that no thread takes them instead.
+  std::optional<Supervisor> relay;
+  if (request.relay_output) relay.emplace(relay_options(request, id));
   const GpuInventory gpus = request.cpu_only ? GpuInventory{{}, "--cpu"} : discover_gpus(env);
   const Environment task_env = task_environment(env, id, request, gpus);
   const std::string program = resolve_program(request.command.front(), lookup(task_env, "PATH").value_or("/usr/bin:/bin"));
-  if (request.relay_output) return run_relaying(request, id, program, task_env);
+  if (relay) {
+    const RunOutcome outcome = relay->run({WorkerLaunch{id.rank, program, request.command, task_env}});
+    // A signal that came after the worker ended would act once the mask is given back: dropped.
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2}) ::signal(sig, SIG_IGN);
+    relay.reset();
+    return end_as_worker(outcome, id.rank);
+  }
 
   std::vector<std::string> envp = to_envp(task_env);
   std::vector<char*> argv_ptrs, env_ptrs;

@@ -34,6 +34,8 @@ std::optional<backends::TaskLine> relayed_line(std::string_view line) {
 
 backends::TaskLine unwrapped(backends::TaskLine task) {
   auto inner = relayed_line(task.text);
+  // OpenMPI 5 tags "[1,0]<stdout>: " with a blank after the colon, 4.1 without.
+  if (!inner && task.text.starts_with(' ')) inner = relayed_line(std::string_view(task.text).substr(1));
   if (!inner || inner->rank != task.rank) return task;
   return *inner;
 }

@@ -193,7 +193,9 @@ class Run {
     w.rank = launch.rank;
     w.labeller = launch.labeller;
     w.interrupt_signal = launch.interrupt_signal;
-    w.process = launch.control_input ? spawn_with_control(launch, w) : spawn_worker(launch.program, launch.argv, launch.env, child_mask_);
+    w.process = launch.control_input
+                    ? spawn_with_control(launch, w)
+                    : spawn_worker(launch.program, launch.argv, launch.env, child_mask_, -1, !options_.parent_signals_workers);
     const std::string prefix = options_.prefix_output ? rank_prefix(launch.rank) : std::string();
     const bool files = !options_.output_dir.empty() && !launch.labeller && !options_.relay_with_rank_labels;
     const LineLabeller* labeller = launch.labeller ? &w.labeller : nullptr;
@@ -346,11 +348,13 @@ class Run {
     std::string to_file;
     split([&](std::string_view text, char end) {
       if (s.labeller != nullptr) {
-        emit_labelled(s, text, end, to_terminal);
-      } else {
-        to_terminal.append(shown(s, text, end));
-        if (s.file_fd >= 0) append_with_end(to_file, text, end);
+        // A relayed redraw is a whole line here: kept, a progress bar would push the lines that
+        // explain a failure out of the tail.
+        if (emit_labelled(s, text, end, to_terminal)) remember_for_summary(s, text, end);
+        return;
       }
+      to_terminal.append(shown(s, text, end));
+      if (s.file_fd >= 0) append_with_end(to_file, text, end);
       remember_for_summary(s, text, end);
     });
     write_all(s.target_fd, to_terminal);
@@ -381,12 +385,13 @@ class Run {
   }
 
   // A task launcher's line: "[rank] text" for each task line it completes (the launcher's own
-  // line as it is), and with --output-dir also the text alone in that rank's file.
-  void emit_labelled(Stream& s, std::string_view line, char end, std::string& to_terminal) {
+  // line as it is), and with --output-dir also the text alone in that rank's file. False when the
+  // line only redraws tasks' lines.
+  bool emit_labelled(Stream& s, std::string_view line, char end, std::string& to_terminal) {
     std::optional<std::vector<backends::TaskLine>> labelled = (*s.labeller)(line);
     if (!labelled) {
       to_terminal.append(s.terminal->show({s.index, kLaunchersOwnLine}, "", line, end));
-      return;
+      return true;
     }
     for (const backends::TaskLine& task : *labelled) {
       const char task_end = task.unfinished ? LineSplitter::kNoEnd : task.redrawn ? '\r' : end;
@@ -397,6 +402,7 @@ class Run {
       append_with_end(text, {}, task_end);
       write_rank_file(task.rank, s.file_suffix, text);
     }
+    return labelled->empty() || std::any_of(labelled->begin(), labelled->end(), [](const auto& t) { return !t.redrawn; });
   }
 
   // At the end of the run: a line left open on ddl's output is ended before ddl's own words.
@@ -418,6 +424,8 @@ class Run {
       int sig = static_cast<int>(info.ssi_signo);
       if (sig == SIGCHLD)
         reap_children();
+      else if (options_.parent_signals_workers && static_cast<pid_t>(info.ssi_pid) == ::getppid())
+        note_signal_the_workers_got(sig);
       else if (passed_on_only(sig))
         signal_running(sig);
       else
@@ -435,6 +443,7 @@ class Run {
       for (auto& w : workers_) {
         if (w.process.pid != pid || !w.running) continue;
         w.running = false;
+        wait_status_[w.rank] = status;
         if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) failed.emplace_back(&w, status);
         break;
       }
@@ -466,6 +475,15 @@ class Run {
     f.exit_code = f.signal ? 128 + f.signal : WEXITSTATUS(status);
     failure_ = f;
     failed_worker_ = &w;
+  }
+
+  // The launcher signalled every process of the task itself: the run stops (unless the signal
+  // asks for something else) without ddl signalling the workers again or killing them later.
+  void note_signal_the_workers_got(int sig) {
+    if (passed_on_only(sig) || stopping_) return;
+    if (!failure_) interrupted_by_ = sig;
+    stopping_ = true;
+    workers_stopped_ = running_workers();
   }
 
   void on_external_signal(int sig) {
@@ -557,6 +575,7 @@ class Run {
     RunOutcome o;
     o.interrupted_by = interrupted_by_;
     o.workers_stopped = workers_stopped_;
+    o.wait_status = wait_status_;
     if (failure_) {
       o.failure = failure_;
       o.failure->stderr_tail.assign(failed_worker_->stderr_tail.begin(), failed_worker_->stderr_tail.end());
@@ -583,6 +602,7 @@ class Run {
   bool stopping_ = false;
   int workers_stopped_ = 0;
   int interrupted_by_ = 0;
+  std::map<int, int> wait_status_;
   std::optional<WorkerFailure> failure_;
   const Worker* failed_worker_ = nullptr;
   std::optional<Clock::time_point> kill_deadline_;

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -29,6 +30,12 @@ struct SupervisorOptions {
   // Output goes out as lines labelled with the rank (relayed_output.hpp) for the launching host
   // to label (prefix_output and output_dir are then the launching host's business).
   bool relay_with_rank_labels = false;
+  // Under srun (ddl exec --relay): the launcher's daemon, this process's parent, delivers each
+  // signal to every process of the task, the worker too, and kills what is left itself. A signal
+  // from it is not passed on again (the worker would get it twice) and starts no SIGKILL of ddl's
+  // own; workers stay in this process's session, where a launcher that signals the task's process
+  // group reaches them.
+  bool parent_signals_workers = false;
 };
 
 // Reads one line of a task launcher's output (srun --label, mpirun --tag-output): nullopt for a
@@ -65,6 +72,7 @@ struct WorkerFailure {
 
 struct RunOutcome {
   int exit_code = 0;                     // what `ddl run` exits with
+  std::map<int, int> wait_status;        // each worker's status as waitpid() gave it, by rank
   std::optional<WorkerFailure> failure;  // the first worker that failed, if any
   int interrupted_by = 0;                // the signal that stopped the run from outside, if any
   int workers_stopped = 0;               // workers ddl stopped because of a failure or signal

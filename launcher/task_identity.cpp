@@ -85,6 +85,24 @@ int tasks_on_node(const std::string& tasks_per_node, int node) {
   throw UsageError(fmt::format("SLURM_TASKS_PER_NODE={} has no entry for node {}", tasks_per_node, node), "");
 }
 
+std::vector<int> tasks_on_nodes(const std::string& tasks_per_node, int nodes) {
+  std::vector<int> counts;
+  size_t pos = 0;
+  while (static_cast<int>(counts.size()) < nodes && pos < tasks_per_node.size()) {
+    size_t comma = tasks_per_node.find(',', pos);
+    std::string group = tasks_per_node.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    int count = 0, repeat = 1;
+    if (std::sscanf(group.c_str(), "%d(x%d)", &count, &repeat) < 1 || count < 1 || repeat < 1)
+      throw UsageError(fmt::format("SLURM_TASKS_PER_NODE={} is not Slurm's N(xR),... form", tasks_per_node), "");
+    for (int r = 0; r < repeat && static_cast<int>(counts.size()) < nodes; ++r) counts.push_back(count);
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  if (static_cast<int>(counts.size()) < nodes)
+    throw UsageError(fmt::format("SLURM_TASKS_PER_NODE={} has no entry for node {}", tasks_per_node, counts.size()), "");
+  return counts;
+}
+
 TaskIdentity task_identity(const Environment& env) {
   const LauncherVariables* launcher = nullptr;
   for (const auto& l : kLaunchers)

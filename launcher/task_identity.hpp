@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "common/environment.hpp"
 
@@ -28,5 +29,8 @@ TaskIdentity task_identity(const Environment& env);
 
 // The number of tasks on node `node` from Slurm's compressed form: "4(x2),3" -> 4, 4, 3.
 int tasks_on_node(const std::string& tasks_per_node, int node);
+
+// The task counts of nodes 0 .. nodes-1 from that form, read once; UsageError as tasks_on_node.
+std::vector<int> tasks_on_nodes(const std::string& tasks_per_node, int nodes);
 
 }  // namespace ddl::launcher

@@ -91,7 +91,7 @@ std::string resolve_program(const std::string& name, const std::string& path) {
 }
 
 WorkerProcess spawn_worker(const std::string& program, const std::vector<std::string>& argv, const Environment& env,
-                           const sigset_t& child_signal_mask, int stdin_fd) {
+                           const sigset_t& child_signal_mask, int stdin_fd, bool own_session) {
   int out_pipe[2];
   int err_pipe[2];
   if (::pipe2(out_pipe, O_CLOEXEC) != 0) throw Error(fmt::format("cannot create a pipe: {}", std::strerror(errno)));
@@ -121,7 +121,7 @@ WorkerProcess spawn_worker(const std::string& program, const std::vector<std::st
     throw Error(fmt::format("cannot start a worker: fork failed: {}", std::strerror(err)), "the node may be out of processes or memory");
   }
   if (pid == 0) {
-    ::setsid();
+    if (own_session) ::setsid();
     // Workers never outlive ddl: if ddl is killed, the kernel kills the worker.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(137);

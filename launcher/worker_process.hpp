@@ -24,16 +24,17 @@ class ProgramNotRunnable : public Error {
 std::string resolve_program(const std::string& name, const std::string& path);
 
 struct WorkerProcess {
-  pid_t pid = -1;      // also its process group and session id
+  pid_t pid = -1;      // also its process group and session id, when it got a session of its own
   int stdout_fd = -1;  // read ends, non-blocking, close-on-exec
   int stderr_fd = -1;
 };
 
 // Forks and executes `program` with `argv` and `env`. The child runs with `child_signal_mask`
 // and default SIGPIPE; if exec fails it says why on its stderr and exits 127. Its stdin is
-// `stdin_fd` when given, else /dev/null.
+// `stdin_fd` when given, else /dev/null. It gets a session of its own (so that a signal reaches
+// what it starts too) unless `own_session` is false.
 WorkerProcess spawn_worker(const std::string& program, const std::vector<std::string>& argv, const Environment& env,
-                           const sigset_t& child_signal_mask, int stdin_fd = -1);
+                           const sigset_t& child_signal_mask, int stdin_fd = -1, bool own_session = true);
 
 // Sends `sig` to the process group of worker `pid`, which must not have been reaped yet (its pid
 // could be another process's by then), or to the worker alone while it has no group: forked a

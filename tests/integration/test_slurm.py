@@ -160,6 +160,42 @@ class Slurm(unittest.TestCase):
                 if not shown.startswith(("salloc: ", "srun: ")):
                     self.assertRegex(shown, r"^\[(\d)\] rank\1: +\d+%\|[#0-9 ]*\| \d/4 \[", err)
 
+    def test_a_signal_slurm_sends_reaches_each_worker_once(self):
+        # slurmstepd signals every process of the step, the worker too: ddl exec, between srun and
+        # the worker, must not pass it on again (a checkpoint handler would run twice).
+        script = ("import os, signal, sys, time\n"
+                  "got = []\n"
+                  "signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))\n"
+                  "print('ready', flush=True)\n"
+                  "while not os.path.exists(sys.argv[1]): time.sleep(0.05)\n"
+                  "time.sleep(0.5)\n"
+                  "print('usr1', len(got), flush=True)\n")
+        marker = unique_marker()
+        name = f"sig{marker}"
+        with tempfile.TemporaryDirectory() as tmp:
+            go = os.path.join(tmp, "go")
+            proc = subprocess.Popen(["salloc", "-N1", "-n2", "-J", name, DDL, "run", "--cpu", "--", PYTHON, "-c", script, go, marker],
+                                    env=slurm_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            try:
+                out = ""
+                deadline = time.monotonic() + 60
+                while out.count("ready") < 2 and time.monotonic() < deadline:
+                    if select.select([proc.stdout], [], [], 0.5)[0]:
+                        out += os.read(proc.stdout.fileno(), 65536).decode()
+                self.assertEqual(out.count("ready"), 2, out)
+                signalled = run(["scancel", "--signal=USR1", "--name", name])
+                self.assertEqual(signalled.returncode, 0, signalled.stderr)
+                time.sleep(1)
+                open(go, "w").close()
+                rest, err = proc.communicate(timeout=60)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+                kill_leftovers(marker)
+        self.assertEqual(proc.returncode, 0, out + rest + err)
+        self.assertEqual(sorted(line for line in (out + rest).splitlines() if "usr1" in line), ["[0] usr1 1", "[1] usr1 1"])
+
     def test_a_failing_worker_ends_the_whole_step_with_its_code(self):
         marker = unique_marker()
         script = f'if [ "$RANK" = 2 ]; then echo "rank 2 gives up" >&2; exit 7; fi; exec sleep {marker}'

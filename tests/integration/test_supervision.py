@@ -232,3 +232,39 @@ class Restarts(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class RelayingExec(unittest.TestCase):
+    """`ddl exec --relay`, as a task launcher starts it under `ddl run` in an allocation (here with
+    MPICH-style PMI variables, as mpiexec sets them): the worker's output as relayed lines, and
+    ddl exec ending exactly as its worker did."""
+
+    def start(self, script):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PBS_", "DDL_", "OMPI_", "PMI"))}
+        env.update({"PMI_RANK": "3", "PMI_SIZE": "4"})
+        return subprocess.Popen([DDL, "exec", "--relay", "--cpu", "--", "python3", "-c", script], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+
+    def test_every_piece_goes_as_a_line_marked_by_how_its_line_ended(self):
+        script = ("import sys, time\n"
+                  "sys.stdout.write('Loading...'); sys.stdout.flush(); time.sleep(0.6)\n"
+                  "sys.stdout.write(' done\\n10%\\r20%\\r'); sys.stdout.flush()\n"
+                  "print('end'); print('oops', file=sys.stderr)\n")
+        out, err = self.start(script).communicate(timeout=30)
+        self.assertEqual(out, b"3+ Loading...\n3:  done\n3~ 10%\n3~ 20%\n3: end\n")
+        self.assertEqual(err, b"3: oops\n")
+
+    def test_it_ends_with_the_worker_s_code_or_by_its_signal(self):
+        for script, code in (("import sys; sys.exit(5)", 5), ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", -signal.SIGKILL)):
+            proc = self.start(script)
+            proc.communicate(timeout=30)
+            self.assertEqual(proc.returncode, code, script)
+        # A SIGTERM goes on to the worker, which ends in its own way: so does ddl exec.
+        proc = self.start("import signal, sys, time\n"
+                          "signal.signal(signal.SIGTERM, lambda s, f: sys.exit(3))\n"
+                          "print('ready', flush=True)\n"
+                          "time.sleep(60)\n")
+        self.assertEqual(proc.stdout.readline(), b"3: ready\n")
+        proc.terminate()
+        proc.communicate(timeout=30)
+        self.assertEqual(proc.returncode, 3)

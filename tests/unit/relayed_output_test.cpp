@@ -39,6 +39,8 @@ TEST_CASE("a task launcher's label around ddl exec's relayed line is taken off o
   CHECK(unwrapped({4, "4~ 10%"}).redrawn);
   CHECK(unwrapped({4, "4: 2: text"}).text == "2: text");
   CHECK(unwrapped({4, "ddl: error: no GPU"}).text == "ddl: error: no GPU");  // ddl exec's own line
+  CHECK(unwrapped({4, " 4+ Loading"}).text == "Loading");                    // OpenMPI 5's tag ends in a blank
+  CHECK(unwrapped({4, " plain"}).text == " plain");
   const TaskLine other = unwrapped({4, "5: text"});
   CHECK((other.rank == 4 && other.text == "5: text"));
 }

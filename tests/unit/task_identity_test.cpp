@@ -129,6 +129,17 @@ TEST_CASE("tasks over nodes of different sizes: the launcher's world size, each 
   out = task_environment(slurm, task_identity(slurm), {}, {});
   CHECK((out["LOCAL_WORLD_SIZE"] == "4" && out["HOROVOD_CROSS_RANK"] == "1" && out["HOROVOD_CROSS_SIZE"] == "2"));
 
+  // srun -n 6 over 3 + 2 + 1: the second node's 2 x 3 nodes is 6, yet the nodes differ.
+  ddl::Environment three{{"SLURM_PROCID", "4"}, {"SLURM_LOCALID", "1"},        {"SLURM_NODEID", "1"},
+                         {"SLURM_NTASKS", "6"}, {"SLURM_STEP_NUM_NODES", "3"}, {"SLURM_STEP_TASKS_PER_NODE", "3,2,1"}};
+  out = task_environment(three, task_identity(three), {}, {});
+  CHECK(
+      (out["WORLD_SIZE"] == "6" && out["LOCAL_WORLD_SIZE"] == "2" && out["HOROVOD_CROSS_RANK"] == "1" && out["HOROVOD_CROSS_SIZE"] == "2"));
+  CHECK(tasks_on_nodes("4(x2),3", 3) == std::vector<int>{4, 4, 3});
+  CHECK(tasks_on_nodes("2(x1000000000)", 2) == std::vector<int>{2, 2});
+  CHECK_THROWS_AS(tasks_on_nodes("4(x2)", 3), ddl::UsageError);
+  CHECK_THROWS_AS(tasks_on_nodes("x", 1), ddl::UsageError);
+
   // mpirun -np 5 over 4 + 1 slots: the other node's size is not said, the world's size still is.
   ddl::Environment openmpi{{"OMPI_COMM_WORLD_RANK", "4"},
                            {"OMPI_COMM_WORLD_SIZE", "5"},
