@@ -607,6 +607,28 @@ TEST_SUITE("engine_threads") {
     });
   }
 
+  TEST_CASE("only an op refused in the submitting call is marked refused; one that ran and failed is not, however soon") {
+    // The C API gives a refused op no handle (handle_of): an op that was taken and then failed,
+    // even one over before its submitting call returned, must still get one.
+    for_each_world({}, [](RankContext& ctx) {
+      std::vector<float> in(ctx.rank == ctx.size - 1 ? 3 : 5, 1.0f), out(in.size());
+      auto failed = ctx.engine->submit("refusal.mismatch", allreduce_spec(DDL_FLOAT32, in.size()), in.data(), out.data());
+      CHECK(outcome(failed).status == DDL_ERROR_MISMATCH);
+      CHECK_FALSE(failed->refused());
+      std::vector<float> five(5, 1.0f), other(5, 1.0f);
+      std::shared_ptr<OpState> first, second;
+      {
+        Paused paused(ctx.probe);  // the first op stays in flight while the second is submitted
+        first = ctx.engine->submit("refusal.twice", allreduce_spec(DDL_FLOAT32, 5), five.data(), five.data());
+        second = ctx.engine->submit("refusal.twice", allreduce_spec(DDL_FLOAT32, 5), other.data(), other.data());
+      }
+      CHECK(second->refused());
+      CHECK(outcome(second).status == DDL_ERROR_INVALID_ARGUMENT);
+      succeeded(first, "refusal.twice");
+      CHECK_FALSE(first->refused());
+    });
+  }
+
   TEST_CASE("float16 and bfloat16 sums round to nearest even; fp16 compression rounds float32 on the wire") {
     for_each_world({}, [](RankContext& ctx) {
       const int r = ctx.rank;

@@ -129,7 +129,8 @@ DDL_API ddl_status ddl_barrier(void);
  * valid and untouched until ddl_wait() returns, and ops in flight together must not share or
  * overlap buffers (but an op's send may equal its recv): fused allreduces are reduced straight
  * from and into them. An op refused at once fails here and gets no handle: its name is that of an
- * op still in flight on this rank, ddl_finalize() was called, or the world broke. */
+ * op still in flight on this rank, ddl_finalize() was called, or the world broke. How a taken op
+ * ran (a mismatch between ranks, a timeout) is reported by ddl_wait() only, however soon it ended. */
 DDL_API ddl_status ddl_allreduce_async(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype, ddl_reduce_op op,
                                        ddl_handle* handle);
 DDL_API ddl_status ddl_broadcast_async(const char* name, void* buffer, size_t count, ddl_dtype dtype, int root, ddl_handle* handle);

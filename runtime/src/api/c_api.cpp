@@ -283,12 +283,13 @@ ddl_handle* const kRunToCompletion = &g_no_handle_slot;
 
 // The handle of an op just submitted to the engine. An op the engine refused at once (its name
 // already in flight, after ddl_finalize, a broken world) fails here instead, with no handle, as
-// Horovod refuses it at enqueue rather than at the wait. (In a world of one an op may even be over
-// by now: one that succeeded still gets its handle.)
+// Horovod refuses it at enqueue rather than at the wait. An op that was taken but has already run
+// and failed by now (a mismatch found in a quick round) still gets its handle: only the wait
+// reports how an op ran, whatever the timing.
 ddl_status handle_of(std::shared_ptr<ddl::runtime::OpState> state, ddl_handle* handle) {
-  if (state->done()) {
+  if (state->refused()) {
     std::string message;
-    if (ddl_status status = state->wait(message); status != DDL_SUCCESS) return fail(status, message);
+    return fail(state->wait(message), message);
   }
   *handle = new ddl_handle_s{std::move(state)};
   return DDL_SUCCESS;

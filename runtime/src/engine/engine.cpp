@@ -92,7 +92,7 @@ std::shared_ptr<OpState> Engine::enqueue(PendingOp op) {
   std::unique_lock lock(mutex_);
   if (op.name.empty()) op.name = next_unnamed_name();
   if (auto refusal = refusal_of(op.name)) {
-    state->complete(refusal->first, std::move(refusal->second));
+    state->refuse(refusal->first, std::move(refusal->second));
     return state;
   }
   inbox_names_.insert(op.name);

@@ -38,6 +38,14 @@ class OpState {
   void wake() { cv_.notify_all(); }
   ddl_status wait(std::string& message);
   bool done();
+  // Completes an op the engine refused in the submitting call (a name in flight, after finalize,
+  // a broken world), before anyone else can see it: refused() tells it from an op that ran and
+  // failed, which only its wait may report.
+  void refuse(ddl_status status, std::string message) {
+    refused_ = true;
+    complete(status, std::move(message));
+  }
+  bool refused() const { return refused_; }
   // An AllgatherAny's result, kept here until the handle is released.
   void set_gathered(std::vector<uint64_t> counts, std::vector<char> data) {
     gathered_counts_ = std::move(counts);
@@ -52,6 +60,7 @@ class OpState {
   std::mutex mutex_;
   std::condition_variable cv_;
   bool done_ = false;
+  bool refused_ = false;  // written only before the state leaves the submitting thread
   ddl_status status_ = DDL_SUCCESS;
   std::string message_;
 };
