@@ -289,7 +289,8 @@ ddl_handle* const kRunToCompletion = &g_no_handle_slot;
 ddl_status handle_of(std::shared_ptr<ddl::runtime::OpState> state, ddl_handle* handle) {
   if (state->refused()) {
     std::string message;
-    return fail(state->wait(message), message);
+    const ddl_status status = state->wait(message);  // before `message` is read: fail()'s arguments have no order
+    return fail(status, message);
   }
   *handle = new ddl_handle_s{std::move(state)};
   return DDL_SUCCESS;
