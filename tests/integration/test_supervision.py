@@ -246,10 +246,11 @@ class RelayingExec(unittest.TestCase):
                                 stderr=subprocess.PIPE)
 
     def test_every_piece_goes_as_a_line_marked_by_how_its_line_ended(self):
+        # One write after the pause, so that the redraws' '\r' is never the last byte of a read.
         script = ("import sys, time\n"
-                  "sys.stdout.write('Loading...'); sys.stdout.flush(); time.sleep(0.6)\n"
-                  "sys.stdout.write(' done\\n10%\\r20%\\r'); sys.stdout.flush()\n"
-                  "print('end'); print('oops', file=sys.stderr)\n")
+                  "sys.stdout.write('Loading...'); sys.stdout.flush(); time.sleep(1)\n"
+                  "sys.stdout.write(' done\\n10%\\r20%\\rend\\n'); sys.stdout.flush()\n"
+                  "print('oops', file=sys.stderr)\n")
         out, err = self.start(script).communicate(timeout=30)
         self.assertEqual(out, b"3+ Loading...\n3:  done\n3~ 10%\n3~ 20%\n3: end\n")
         self.assertEqual(err, b"3: oops\n")
