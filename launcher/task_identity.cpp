@@ -67,39 +67,49 @@ const LauncherVariables kLaunchers[] = {
 
 }  // namespace
 
-int tasks_on_node(const std::string& tasks_per_node, int node) {
-  // Groups "N" or "N(xR)", comma separated.
-  int first = 0;
+namespace {
+
+// Calls `group(count, repeat)` for each group "N" or "N(xR)" of Slurm's comma-separated form, in
+// order, until it returns false.
+template <typename Group>
+void for_each_group(const std::string& tasks_per_node, Group group) {
   size_t pos = 0;
   while (pos < tasks_per_node.size()) {
     size_t comma = tasks_per_node.find(',', pos);
-    std::string group = tasks_per_node.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    std::string text = tasks_per_node.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     int count = 0, repeat = 1;
-    if (std::sscanf(group.c_str(), "%d(x%d)", &count, &repeat) < 1 || count < 1 || repeat < 1)
+    if (std::sscanf(text.c_str(), "%d(x%d)", &count, &repeat) < 1 || count < 1 || repeat < 1)
       throw UsageError(fmt::format("SLURM_TASKS_PER_NODE={} is not Slurm's N(xR),... form", tasks_per_node), "");
-    if (node < first + repeat) return count;
-    first += repeat;
-    if (comma == std::string::npos) break;
+    if (!group(count, repeat) || comma == std::string::npos) return;
     pos = comma + 1;
   }
+}
+
+[[noreturn]] void no_entry_for(const std::string& tasks_per_node, long long node) {
   throw UsageError(fmt::format("SLURM_TASKS_PER_NODE={} has no entry for node {}", tasks_per_node, node), "");
+}
+
+}  // namespace
+
+int tasks_on_node(const std::string& tasks_per_node, int node) {
+  int first = 0;
+  std::optional<int> found;
+  for_each_group(tasks_per_node, [&](int count, int repeat) {
+    if (node < first + repeat) found = count;
+    first += repeat;
+    return !found;
+  });
+  if (!found) no_entry_for(tasks_per_node, node);
+  return *found;
 }
 
 std::vector<int> tasks_on_nodes(const std::string& tasks_per_node, int nodes) {
   std::vector<int> counts;
-  size_t pos = 0;
-  while (static_cast<int>(counts.size()) < nodes && pos < tasks_per_node.size()) {
-    size_t comma = tasks_per_node.find(',', pos);
-    std::string group = tasks_per_node.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    int count = 0, repeat = 1;
-    if (std::sscanf(group.c_str(), "%d(x%d)", &count, &repeat) < 1 || count < 1 || repeat < 1)
-      throw UsageError(fmt::format("SLURM_TASKS_PER_NODE={} is not Slurm's N(xR),... form", tasks_per_node), "");
+  for_each_group(tasks_per_node, [&](int count, int repeat) {
     for (int r = 0; r < repeat && static_cast<int>(counts.size()) < nodes; ++r) counts.push_back(count);
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
-  if (static_cast<int>(counts.size()) < nodes)
-    throw UsageError(fmt::format("SLURM_TASKS_PER_NODE={} has no entry for node {}", tasks_per_node, counts.size()), "");
+    return static_cast<int>(counts.size()) < nodes;
+  });
+  if (static_cast<int>(counts.size()) < nodes) no_entry_for(tasks_per_node, static_cast<long long>(counts.size()));
   return counts;
 }
 
