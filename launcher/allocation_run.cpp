@@ -215,9 +215,7 @@ void explain_failure(RunOutcome& outcome, TaskLauncher launcher, const Allocatio
       labelled = std::vector<backends::TaskLine>{unwrapped(*task)};
     if (labelled) tasks.insert(tasks.end(), labelled->begin(), labelled->end());
   }
-  std::vector<std::string> own = whole_lines_of(f.rank, tasks);
-  if (own.size() > kStderrTailLines) own.erase(own.begin(), own.end() - static_cast<long>(kStderrTailLines));
-  f.stderr_tail = own;
+  f.stderr_tail = whole_lines_of(f.rank, tasks, kStderrTailLines);
 }
 
 }  // namespace

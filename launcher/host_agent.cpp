@@ -42,14 +42,18 @@ GpuInventory gpus_for(const RemoteJob& job) {
   if (gpus.count() == 0)
     throw UsageError(fmt::format("{} has no GPU visible and the run has GPU workers", host_name()),
                      "give every host GPUs, or run CPU workers with --cpu");
-  const int workers_here = job.plan.workers_on(job.node_rank);
-  if (gpus.count() < workers_here && !job.share_gpus)
-    throw UsageError(fmt::format("{} has {} GPU(s) for {} GPU workers", host_name(), gpus.count(), workers_here),
-                     "run fewer workers on it (fewer slots), or add --share-gpus");
+  require_gpus_for_node(job.plan, job.node_rank, gpus, job.share_gpus, host_name());
   return gpus;
 }
 
 }  // namespace
+
+void require_gpus_for_node(const WorldPlan& plan, int node_rank, const GpuInventory& gpus, bool share_gpus, const std::string& host) {
+  const int workers = plan.workers_on(node_rank);
+  if (plan.gpu_workers && !share_gpus && gpus.count() < workers)
+    throw UsageError(fmt::format("{} has {} GPU(s) for {} GPU workers", host, gpus.count(), workers),
+                     "run fewer workers on it (fewer slots), or add --share-gpus");
+}
 
 int run_host_agent(int control_fd) {
   const RemoteJob job = decode_remote_job(read_job_line(control_fd));

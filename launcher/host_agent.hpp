@@ -5,6 +5,11 @@
 // of stdin (ddl run ended, or the connection dropped) stops them, so no worker outlives the run.
 #pragma once
 
+#include <string>
+
+#include "launcher/gpu_inventory.hpp"
+#include "launcher/world_plan.hpp"
+
 namespace ddl::launcher {
 
 // The line the agent writes to stderr when a worker fails, for the launching host to read:
@@ -14,5 +19,9 @@ inline constexpr const char* kAgentFailurePrefix = "ddl-agent: failed ";
 // Runs the job read from `control_fd` and returns the exit code: 0, the first failed worker's
 // code, or 128 + the signal that stopped the run. Throws ddl::Error for a job it cannot run.
 int run_host_agent(int control_fd);
+
+// Throws UsageError naming `host` when it has fewer `gpus` than the GPU workers of `plan`'s node
+// `node_rank` (and they may not share): each host checks its own, the launching host too.
+void require_gpus_for_node(const WorldPlan& plan, int node_rank, const GpuInventory& gpus, bool share_gpus, const std::string& host);
 
 }  // namespace ddl::launcher

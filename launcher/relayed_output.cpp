@@ -40,7 +40,7 @@ backends::TaskLine unwrapped(backends::TaskLine task) {
   return *inner;
 }
 
-std::vector<std::string> whole_lines_of(int rank, const std::vector<backends::TaskLine>& tasks) {
+std::vector<std::string> whole_lines_of(int rank, const std::vector<backends::TaskLine>& tasks, size_t most) {
   std::vector<std::string> lines;
   std::string line;
   for (const auto& task : tasks) {
@@ -51,6 +51,7 @@ std::vector<std::string> whole_lines_of(int rank, const std::vector<backends::Ta
     line.clear();
   }
   if (!line.empty()) lines.push_back(line);
+  if (lines.size() > most) lines.erase(lines.begin(), lines.end() - static_cast<std::ptrdiff_t>(most));
   return lines;
 }
 

@@ -7,6 +7,7 @@
 //                   (LineSplitter::pass_unfinished), which later pieces continue.
 #pragma once
 
+#include <cstddef>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -26,8 +27,8 @@ std::optional<backends::TaskLine> relayed_line(std::string_view line);
 // of the same rank, else `task` as it is (a line of ddl exec's own).
 backends::TaskLine unwrapped(backends::TaskLine task);
 
-// The whole lines of `rank` among `tasks`, for a failure summary: the pieces of an unfinished line
-// joined, a line redrawn in place left out (as a progress bar's updates are).
-std::vector<std::string> whole_lines_of(int rank, const std::vector<backends::TaskLine>& tasks);
+// The last `most` whole lines of `rank` among `tasks`, for a failure summary: the pieces of an
+// unfinished line joined, a line redrawn in place left out (as a progress bar's updates are).
+std::vector<std::string> whole_lines_of(int rank, const std::vector<backends::TaskLine>& tasks, size_t most);
 
 }  // namespace ddl::launcher

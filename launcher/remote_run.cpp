@@ -176,8 +176,7 @@ void explain_remote_failure(WorkerFailure& f, const RemoteHost& host, const std:
       std::vector<backends::TaskLine> relayed;
       for (const auto& line : lines_of_shell)
         if (auto task = relayed_line(line)) relayed.push_back(std::move(*task));
-      f.stderr_tail = whole_lines_of(rank, relayed);
-      if (f.stderr_tail.size() > kStderrTailLines) f.stderr_tail.erase(f.stderr_tail.begin(), f.stderr_tail.end() - kStderrTailLines);
+      f.stderr_tail = whole_lines_of(rank, relayed, kStderrTailLines);
       return;
     }
   }
@@ -205,14 +204,6 @@ void explain_remote_failure(WorkerFailure& f, const RemoteHost& host, const std:
                                         : "";
 }
 
-// A node of the launching host with more GPU workers than it has GPUs (plan_world checked the
-// fewest on any host).
-void require_gpus_here(const WorldPlan& plan, int node, const GpuInventory& gpus, bool share_gpus, const std::string& host) {
-  if (plan.gpu_workers && !share_gpus && gpus.count() < plan.workers_on(node))
-    throw UsageError(fmt::format("{} has {} GPU(s) for {} GPU workers", host, gpus.count(), plan.workers_on(node)),
-                     "run fewer workers on it (fewer slots), or add --share-gpus");
-}
-
 }  // namespace
 
 HostsPlan plan_on_hosts(const LaunchRequest& launch, const std::vector<HostSlots>& hosts, int gpus_here) {
@@ -232,12 +223,12 @@ HostsPlan plan_on_hosts(const LaunchRequest& launch, const std::vector<HostSlots
   const std::vector<int> sizes = workers_on_hosts(r, candidates);
   // plan_world checks the flags and decides on GPU workers; where hosts differ, each host checks its
   // own GPUs against its own count (run_on_hosts here, the agent elsewhere), naming itself.
+  WorldPlan plan = plan_with_node_sizes(sizes, false);
   r.num_nodes = static_cast<int>(sizes.size());
   r.total_workers.reset();
   r.workers_per_node = *std::min_element(sizes.begin(), sizes.end());
-  if (std::any_of(sizes.begin(), sizes.end(), [&](int s) { return s != sizes.front(); })) r.share_gpus = true;
-  WorldPlan plan = plan_world(r, gpus_here);
-  plan = plan_with_node_sizes(sizes, plan.gpu_workers);
+  if (!plan.uniform()) r.share_gpus = true;
+  plan.gpu_workers = plan_world(r, gpus_here).gpu_workers;
   return {plan, std::vector<HostSlots>(candidates.begin(), candidates.begin() + static_cast<long>(sizes.size()))};
 }
 
@@ -259,7 +250,7 @@ RunOutcome run_on_hosts(const RunRequest& request, const Environment& env, const
   const WorldPlan& plan = hosts.plan;
   for (int node = 0; node < plan.num_nodes; ++node)
     if (local[static_cast<size_t>(node)])
-      require_gpus_here(plan, node, gpus_here, request.launch.share_gpus, hosts.hosts[static_cast<size_t>(node)].name);
+      require_gpus_for_node(plan, node, gpus_here, request.launch.share_gpus, hosts.hosts[static_cast<size_t>(node)].name);
 
   std::optional<std::string> here;  // this host's address as the other hosts reach it
   for (size_t i = 0; i < hosts.hosts.size(); ++i)

@@ -26,8 +26,8 @@ struct WorldPlan {
   int num_nodes = 1;
   int workers_per_node = 1;  // on every node; with node_sizes, the most on any node
   bool gpu_workers = false;  // each worker is pinned to a GPU by its local rank
-  // Hosts with different slot counts (-H a:4,b:2): node n holds node_sizes[n] workers. Empty when
-  // every node holds workers_per_node (always so under srun and mpirun).
+  // Nodes of different sizes (-H a:4,b:2; srun -n 5 over two nodes): node n holds node_sizes[n]
+  // workers. Empty when every node holds workers_per_node.
   std::vector<int> node_sizes;
 
   bool uniform() const { return node_sizes.empty(); }

@@ -48,6 +48,7 @@ TEST_CASE("a task launcher's label around ddl exec's relayed line is taken off o
 TEST_CASE("a failure summary gets a rank's whole lines: unfinished pieces joined, redraws left out") {
   const std::vector<TaskLine> tasks{{1, "Loading", true},     {0, "other rank"}, {1, "... done"},      {1, " 10%", false, true},
                                     {1, " 20%", false, true}, {1, "Traceback"},  {1, "Error: x", true}};
-  CHECK(whole_lines_of(1, tasks) == std::vector<std::string>{"Loading... done", "Traceback", "Error: x"});
-  CHECK(whole_lines_of(0, tasks) == std::vector<std::string>{"other rank"});
+  CHECK(whole_lines_of(1, tasks, 10) == std::vector<std::string>{"Loading... done", "Traceback", "Error: x"});
+  CHECK(whole_lines_of(0, tasks, 10) == std::vector<std::string>{"other rank"});
+  CHECK(whole_lines_of(1, tasks, 2) == std::vector<std::string>{"Traceback", "Error: x"});  // the last ones
 }
