@@ -19,27 +19,31 @@
 typedef ddl_status (*allreduce_ex_fn)(const char*, const void*, void*, size_t, ddl_dtype, ddl_reduce_op, const ddl_op_options*,
                                       ddl_handle*);
 typedef ddl_status (*wait_fn)(ddl_handle);
+typedef ddl_status (*test_fn)(ddl_handle, int*);
 
 static allreduce_ex_fn allreduce_ex;
 static wait_fn wait_op;
+static test_fn test_op;
 static PyObject* refused; /* _fastpath.Refused(status): libddl refused the op; ddl_last_error() says why */
 
-/* bind(ddl_allreduce_ex, ddl_wait): the addresses of libddl's functions, as ints. */
+/* bind(ddl_allreduce_ex, ddl_wait, ddl_test): the addresses of libddl's functions, as ints. */
 static PyObject* bind(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   (void)self;
-  if (nargs != 2) {
-    PyErr_SetString(PyExc_TypeError, "bind(allreduce_ex, wait) takes 2 addresses");
+  if (nargs != 3) {
+    PyErr_SetString(PyExc_TypeError, "bind(allreduce_ex, wait, test) takes 3 addresses");
     return NULL;
   }
   void* allreduce = PyLong_AsVoidPtr(args[0]);
   void* wait = PyLong_AsVoidPtr(args[1]);
+  void* test = PyLong_AsVoidPtr(args[2]);
   if (PyErr_Occurred()) return NULL;
-  if (allreduce == NULL || wait == NULL) {
+  if (allreduce == NULL || wait == NULL || test == NULL) {
     PyErr_SetString(PyExc_ValueError, "bind: a function address is NULL");
     return NULL;
   }
   allreduce_ex = (allreduce_ex_fn)allreduce;
   wait_op = (wait_fn)wait;
+  test_op = (test_fn)test;
   Py_RETURN_NONE;
 }
 
@@ -82,7 +86,18 @@ static PyObject* allreduce(PyObject* self, PyObject* const* args, Py_ssize_t nar
   return PyLong_FromVoidPtr(handle);
 }
 
-/* wait(handle: int) -> int: ddl_wait, with the GIL released while it waits; returns its status. */
+/* ddl_wait(handle), with the GIL released only where the op is still running: after a step's
+ * first wait most of its ops are done, and releasing and taking the GIL would cost more than the wait. */
+static ddl_status wait_for(ddl_handle handle) {
+  int done = 0;
+  if (test_op(handle, &done) == DDL_SUCCESS && done) return wait_op(handle);
+  PyThreadState* released = PyEval_SaveThread(); /* what Py_BEGIN_ALLOW_THREADS does */
+  ddl_status status = wait_op(handle);
+  PyEval_RestoreThread(released);
+  return status;
+}
+
+/* wait(handle: int) -> int: ddl_wait, without the GIL while it waits; returns its status. */
 static PyObject* wait(PyObject* self, PyObject* handle_object) {
   (void)self;
   if (wait_op == NULL) {
@@ -91,10 +106,213 @@ static PyObject* wait(PyObject* self, PyObject* handle_object) {
   }
   ddl_handle handle = handle_object == Py_None ? NULL : PyLong_AsVoidPtr(handle_object); /* None: ctypes' NULL */
   if (PyErr_Occurred()) return NULL;
-  PyThreadState* released = PyEval_SaveThread(); /* what Py_BEGIN_ALLOW_THREADS does */
-  ddl_status status = wait_op(handle);
-  PyEval_RestoreThread(released);
-  return PyLong_FromLong(status);
+  return PyLong_FromLong(wait_for(handle));
+}
+
+/* ---- a whole allreduce_async_ of a tensor, for the common case (issue 21) ----
+ *
+ * A training step's gradients are contiguous host tensors of a dtype libddl reduces, named, in the
+ * world's set, without scaling. For those, allreduce_tensor does in C what ddl.torch's Python path
+ * does: read the tensor, find the options of its shape, name the op, submit it and register its
+ * handle. It reads the tensor through its public Python API (dtype, is_cpu, is_contiguous(), shape,
+ * data_ptr(), numel()), so it is built against no framework. Any other case returns None before it
+ * changes anything, and the caller takes its general path, which also raises every error (an op
+ * libddl refuses is refused there again, with its message). */
+
+static struct {
+  PyObject* dtypes;         /* tensor dtype -> ddl_dtype */
+  PyObject* ops;            /* Horovod's op (None: the default) -> ddl_reduce_op */
+  PyObject* world_options;  /* shape -> address of the world's plain options (filled by the caller) */
+  PyObject* world_set;      /* the global process set object */
+  PyObject* taken;          /* the set of op names in flight in the world's set (ddl/common/names.py) */
+  PyObject* handle_map;     /* handle -> (c handle, output, input, full name): what synchronize() finds */
+  PyObject* handle_numbers; /* an iterator of handle numbers, shared with the general path */
+} tensor_path;
+
+static PyObject *s_dtype, *s_is_cpu, *s_is_contiguous, *s_shape, *s_data_ptr, *s_numel, *s_allreduce_prefix;
+
+/* bind_tensor_path(dtypes, ops, world_options, world_set, taken, handle_map, handle_numbers) */
+static PyObject* bind_tensor_path(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  (void)self;
+  if (nargs != 7 || !PyDict_Check(args[0]) || !PyDict_Check(args[1]) || !PyDict_Check(args[2]) || !PySet_Check(args[4]) ||
+      !PyDict_Check(args[5]) || !PyIter_Check(args[6])) {
+    PyErr_SetString(PyExc_TypeError,
+                    "bind_tensor_path(dtypes: dict, ops: dict, world_options: dict, world_set, taken: set, handle_map: dict, "
+                    "handle_numbers: iterator)");
+    return NULL;
+  }
+  PyObject** slots[] = {&tensor_path.dtypes, &tensor_path.ops,        &tensor_path.world_options, &tensor_path.world_set,
+                        &tensor_path.taken,  &tensor_path.handle_map, &tensor_path.handle_numbers};
+  for (Py_ssize_t i = 0; i < 7; ++i) {
+    PyObject* old = *slots[i];
+    Py_INCREF(args[i]);
+    *slots[i] = args[i];
+    Py_XDECREF(old);
+  }
+  Py_RETURN_NONE;
+}
+
+/* The int a dict maps `key` to, or -1 (no error set) when it maps it to nothing or `key` is unhashable. */
+static long mapped(PyObject* dict, PyObject* key) {
+  PyObject* value = PyDict_GetItemWithError(dict, key); /* borrowed */
+  if (value == NULL) {
+    PyErr_Clear();
+    return -1;
+  }
+  return PyLong_AsLong(value);
+}
+
+static int attribute_is_true(PyObject* object, PyObject* name) {
+  PyObject* value = PyObject_GetAttr(object, name);
+  if (value == NULL) return -1;
+  int is_true = value == Py_True;
+  Py_DECREF(value);
+  return is_true;
+}
+
+static int is_contiguous_host_tensor(PyObject* tensor) {
+  int cpu = attribute_is_true(tensor, s_is_cpu);
+  if (cpu != 1) return cpu;
+  PyObject* contiguous = PyObject_CallMethodObjArgs(tensor, s_is_contiguous, NULL);
+  if (contiguous == NULL) return -1;
+  int is_true = contiguous == Py_True;
+  Py_DECREF(contiguous);
+  return is_true;
+}
+
+static int is_one(PyObject* factor) { return PyFloat_Check(factor) && PyFloat_AsDouble(factor) == 1.0; }
+
+/* An int method of the tensor with no argument (data_ptr(), numel()) as a size_t; (size_t)-1 with an error set on failure. */
+static size_t call_for_size(PyObject* tensor, PyObject* method) {
+  PyObject* value = PyObject_CallMethodObjArgs(tensor, method, NULL);
+  if (value == NULL) return (size_t)-1;
+  size_t result = PyLong_AsSize_t(value);
+  Py_DECREF(value);
+  return result;
+}
+
+/* "allreduce." + name, claimed in the world's taken names as the Python path claims it (a name stays
+ * taken until its op is synchronized); NULL where it is taken already, or on an error. */
+static PyObject* claim_name(PyObject* name) {
+  PyObject* full = PyUnicode_Concat(s_allreduce_prefix, name);
+  if (full == NULL) return NULL;
+  int taken = PySet_Contains(tensor_path.taken, full);
+  if (taken != 0 || PySet_Add(tensor_path.taken, full) < 0) {
+    Py_DECREF(full);
+    return NULL;
+  }
+  return full;
+}
+
+static void release_name(PyObject* full) {
+  if (PySet_Discard(tensor_path.taken, full) < 0) PyErr_Clear();
+}
+
+/* The handle number under which the op's record went into handle_map, or NULL with an error set. */
+static PyObject* register_op(ddl_handle handle, PyObject* output, PyObject* input, PyObject* full_name) {
+  PyObject* number = PyIter_Next(tensor_path.handle_numbers);
+  if (number == NULL) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "ddl._fastpath: handle numbers ran out");
+    return NULL;
+  }
+  PyObject* c_handle = PyLong_FromVoidPtr(handle);
+  PyObject* record = c_handle ? PyTuple_Pack(4, c_handle, output, input, full_name) : NULL;
+  Py_XDECREF(c_handle);
+  if (record == NULL || PyDict_SetItem(tensor_path.handle_map, number, record) < 0) {
+    Py_XDECREF(record);
+    Py_DECREF(number);
+    return NULL;
+  }
+  Py_DECREF(record);
+  return number;
+}
+
+/* allreduce_tensor(tensor, output, average, name, op, prescale, postscale, process_set) -> handle or None
+ *
+ * Horovod's allreduce_async(_) arguments. Returns the handle number of the submitted op, or None when
+ * this is not the common case (or libddl refused the op): the caller then takes its general path.
+ * Once libddl has taken the op, only running out of memory can raise here; the op is then waited
+ * for, so nothing stays in flight without a handle. */
+static PyObject* allreduce_tensor(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  (void)self;
+  if (nargs != 8) {
+    PyErr_SetString(PyExc_TypeError, "allreduce_tensor(tensor, output, average, name, op, prescale, postscale, process_set)");
+    return NULL;
+  }
+  PyObject *tensor = args[0], *output = args[1], *name = args[3];
+  if (allreduce_ex == NULL || tensor_path.handle_map == NULL || args[2] != Py_None || !PyUnicode_Check(name) ||
+      args[7] != tensor_path.world_set || !is_one(args[5]) || !is_one(args[6]))
+    Py_RETURN_NONE;
+  long op = mapped(tensor_path.ops, args[4]);
+  PyObject* dtype_object = PyObject_GetAttr(tensor, s_dtype);
+  if (dtype_object == NULL) goto not_common;
+  long dtype = mapped(tensor_path.dtypes, dtype_object);
+  Py_DECREF(dtype_object);
+  if (op < 0 || dtype < 0) goto not_common;
+  int plain = is_contiguous_host_tensor(tensor);
+  if (plain == 1 && output != tensor) plain = is_contiguous_host_tensor(output);
+  if (plain != 1) goto not_common;
+  PyObject* shape = PyObject_GetAttr(tensor, s_shape);
+  if (shape == NULL) goto not_common;
+  PyObject* options_address = PyDict_GetItemWithError(tensor_path.world_options, shape); /* borrowed */
+  Py_DECREF(shape);
+  if (options_address == NULL) goto not_common; /* the general path makes the options and keeps their address */
+  void* options = PyLong_AsVoidPtr(options_address);
+  void* send = (void*)call_for_size(tensor, s_data_ptr);
+  if (PyErr_Occurred()) goto not_common;
+  void* recv = output == tensor ? send : (void*)call_for_size(output, s_data_ptr);
+  size_t count = call_for_size(tensor, s_numel);
+  if (PyErr_Occurred()) goto not_common;
+
+  PyObject* full_name = claim_name(name);
+  if (full_name == NULL) goto not_common;
+  const char* utf8 = PyUnicode_AsUTF8AndSize(full_name, NULL);
+  ddl_handle handle = NULL;
+  ddl_status status =
+      utf8 == NULL ? DDL_ERROR_INVALID_ARGUMENT
+                   : allreduce_ex(utf8, send, recv, count, (ddl_dtype)dtype, (ddl_reduce_op)op, (const ddl_op_options*)options, &handle);
+  if (status != DDL_SUCCESS) {
+    release_name(full_name);
+    Py_DECREF(full_name);
+    goto not_common;
+  }
+  PyObject* number = register_op(handle, output, tensor, full_name);
+  if (number == NULL) { /* out of memory: no op stays in flight without a handle, no name stays taken */
+    wait_op(handle);
+    release_name(full_name);
+  }
+  Py_DECREF(full_name);
+  return number;
+
+not_common:
+  PyErr_Clear(); /* the general path meets the same problem and says it in its own words */
+  Py_RETURN_NONE;
+}
+
+/* finish_tensor(handle) -> output, or None where `handle` is no op of allreduce_tensor's (the caller
+ * then looks for it itself). Waits for the op, forgets its handle, and returns its output; raises
+ * Refused(status) when the op failed (ddl_last_error() says why). */
+static PyObject* finish_tensor(PyObject* self, PyObject* number) {
+  (void)self;
+  if (tensor_path.handle_map == NULL) Py_RETURN_NONE;
+  PyObject* record = PyDict_GetItemWithError(tensor_path.handle_map, number); /* borrowed */
+  if (record == NULL) {
+    PyErr_Clear(); /* an unhashable handle: the caller's lookup says it in its words */
+    Py_RETURN_NONE;
+  }
+  if (!PyTuple_Check(record)) Py_RETURN_NONE;
+  Py_INCREF(record);
+  ddl_handle handle = PyLong_AsVoidPtr(PyTuple_GetItem(record, 0));
+  if (PyDict_DelItem(tensor_path.handle_map, number) < 0 || PyErr_Occurred()) {
+    Py_DECREF(record);
+    return NULL;
+  }
+  ddl_status status = wait_for(handle);
+  release_name(PyTuple_GetItem(record, 3));
+  PyObject* output = status == DDL_SUCCESS ? PyTuple_GetItem(record, 1) : NULL;
+  Py_XINCREF(output);
+  Py_DECREF(record);
+  return output != NULL ? output : raise_refused(status);
 }
 
 static PyMethodDef methods[] = {
@@ -102,10 +320,27 @@ static PyMethodDef methods[] = {
     {"allreduce", (PyCFunction)(void (*)(void))allreduce, METH_FASTCALL,
      "allreduce(name, send, recv, count, dtype, op, options) -> handle: ddl_allreduce_ex"},
     {"wait", wait, METH_O, "wait(handle) -> status: ddl_wait, without the GIL"},
+    {"bind_tensor_path", (PyCFunction)(void (*)(void))bind_tensor_path, METH_FASTCALL,
+     "bind_tensor_path(dtypes, ops, world_options, world_set, taken, handle_map, handle_numbers): what allreduce_tensor uses"},
+    {"allreduce_tensor", (PyCFunction)(void (*)(void))allreduce_tensor, METH_FASTCALL,
+     "allreduce_tensor(tensor, output, average, name, op, prescale, postscale, process_set) -> handle or None"},
+    {"finish_tensor", finish_tensor, METH_O, "finish_tensor(handle) -> output, or None: synchronize() of allreduce_tensor's ops"},
     {NULL, NULL, 0, NULL},
 };
 
+static int intern_names(void) {
+  struct {
+    PyObject** slot;
+    const char* text;
+  } names[] = {{&s_dtype, "dtype"},       {&s_is_cpu, "is_cpu"}, {&s_is_contiguous, "is_contiguous"}, {&s_shape, "shape"},
+               {&s_data_ptr, "data_ptr"}, {&s_numel, "numel"},   {&s_allreduce_prefix, "allreduce."}};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i)
+    if (*names[i].slot == NULL && (*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL) return -1;
+  return 0;
+}
+
 static int exec_module(PyObject* module) {
+  if (intern_names() < 0) return -1;
   refused = PyErr_NewException("ddl._fastpath.Refused", NULL, NULL);
   if (refused == NULL) return -1;
   Py_INCREF(refused);

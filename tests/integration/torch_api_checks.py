@@ -111,6 +111,71 @@ def _():
     assert torch.equal(hvd.synchronize(h), torch.full((2, 3), (N - 1) / 2))
 
 
+@check("a gradient's allreduce_async_ in one compiled call (where compiled): results, handles, names, "
+       "and every case it leaves to the general path")
+def _():
+    from ddl.common import fastpath
+    from ddl.torch import mpi_ops
+    total = sum(range(1, N + 1))
+    hvd.synchronize(hvd.allreduce_async_(torch.ones(7), name="shape.seen", op=hvd.Sum))  # the shape's options now exist
+
+    def async_(tensor, **kwargs):
+        """allreduce_async_(tensor, **kwargs) and whether it took the compiled path."""
+        handle = hvd.allreduce_async_(tensor, **kwargs)
+        return handle, type(mpi_ops._handle_map[handle]) is tuple
+
+    t = torch.full((7,), float(R + 1))
+    h, compiled = async_(t, name="tensor.path", op=hvd.Sum)
+    assert compiled == fastpath.compiled, (compiled, fastpath.compiled)
+    assert isinstance(hvd.poll(h), bool)
+    assert hvd.synchronize(h) is t and torch.equal(t, torch.full((7,), float(total)))
+    expect_error(ValueError, hvd.synchronize, h)  # once only, on either path
+    expect_error(ValueError, hvd.poll, h)
+    # The default op is Average; a copying allreduce_async leaves its input as it was.
+    x = torch.full((7,), float(R))
+    out = hvd.synchronize(hvd.allreduce_async(x, name="tensor.copy"))
+    assert torch.equal(x, torch.full((7,), float(R))) and torch.equal(out, torch.full((7,), (N - 1) / 2))
+    # A name in flight is refused on this path too (rank 0's first op waits for the others' barrier).
+    if R == 0:
+        h = hvd.allreduce_async_(torch.ones(7), name="tensor.taken", op=hvd.Sum)
+        e = expect_error(ValueError, hvd.allreduce_async_, torch.ones(7), name="tensor.taken", op=hvd.Sum)
+        assert "tensor.taken" in str(e) and "in flight" in str(e), e
+        hvd.barrier()
+    else:
+        hvd.barrier()
+        h = hvd.allreduce_async_(torch.ones(7), name="tensor.taken", op=hvd.Sum)
+    assert torch.equal(hvd.synchronize(h), torch.full((7,), float(N)))
+    # What the compiled call leaves to the general path, with the general path's results and errors.
+    general = {
+        "scaled": dict(op=hvd.Sum, prescale_factor=2.0),
+        "averaged": dict(average=False),
+        "unnamed": dict(op=hvd.Sum),
+    }
+    for label, kwargs in general.items():
+        y = torch.full((7,), float(R + 1))
+        name = None if label == "unnamed" else f"general.{label}"
+        h, compiled = async_(y, name=name, **kwargs)
+        assert not compiled, label
+        factor = 2.0 if label == "scaled" else 1.0
+        assert torch.equal(hvd.synchronize(h), torch.full((7,), factor * total)), label
+    for odd in (torch.ones(14)[::2], torch.ones(7, dtype=torch.complex64), torch.ones(7, dtype=torch.bool)):
+        if odd.dtype == torch.float32:  # not contiguous
+            h, compiled = async_(odd, name="general.strided", op=hvd.Sum)
+            assert not compiled and torch.equal(hvd.synchronize(h), torch.full((7,), float(N)))
+        else:
+            expect_error(ValueError, hvd.allreduce_async_, odd, name="general.dtype")
+    expect_error(NotImplementedError, hvd.allreduce_async_, torch.ones(7), name="general.adasum", op=hvd.Adasum)
+    expect_error(ValueError, hvd.allreduce_async_, torch.ones(7), name="general.op", op=17)
+    # An op that fails (shapes differ between ranks) raises at synchronize on every rank, on this path too.
+    hvd.synchronize(hvd.allreduce_async_(torch.ones(8), name="shape.seen.2", op=hvd.Sum))
+    wrong = torch.ones(7) if R == 0 else torch.ones(8)
+    h, compiled = async_(wrong, name="tensor.mismatch", op=hvd.Sum)
+    assert compiled == fastpath.compiled
+    e = expect_error(RuntimeError, hvd.synchronize, h)
+    assert "tensor.mismatch" in str(e), e
+    expect_error(ValueError, hvd.synchronize, h)
+
+
 @check("allgather: first dimensions differing by rank, bool, grouped")
 def _():
     x = torch.full((R + 1, 2), R, dtype=torch.int16)

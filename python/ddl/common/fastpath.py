@@ -3,6 +3,10 @@
     handle = allreduce(name, send, recv, count, dtype, op, options_address)   # ddl_allreduce_ex
     status = wait(handle)                                                     # ddl_wait, GIL released
 
+    handle = allreduce_tensor(tensor, output, average, name, op, prescale, postscale, process_set)
+                                 # a whole allreduce_async(_) of the common case, or None (bind_tensor_path)
+    output = finish_tensor(handle)   # synchronize() of such a handle, or None for any other handle
+
 `allreduce` raises Refused(status) when libddl refuses the op (ddl_last_error() says why). Handles are
 ints, which the ctypes prototypes of ddl_wait and ddl_test take as well.
 
@@ -31,7 +35,7 @@ def _load_compiled():
     except ImportError as error:  # not built (no Python headers at build time), or a Python older than 3.10
         return None, f"ddl/_fastpath does not load: {error}"
     address = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
-    _fastpath.bind(address(L.lib.ddl_allreduce_ex), address(L.lib.ddl_wait))
+    _fastpath.bind(address(L.lib.ddl_allreduce_ex), address(L.lib.ddl_wait), address(L.lib.ddl_test))
     return _fastpath, None
 
 
@@ -59,3 +63,22 @@ if compiled:
     allreduce, wait, Refused = _compiled.allreduce, _compiled.wait, _compiled.Refused
 else:
     allreduce, wait, Refused = _ctypes_allreduce(), L.lib.ddl_wait, _CtypesRefused
+
+
+def _not_common(*args):
+    return None
+
+
+def bind_tensor_path(dtypes, ops, world_options, world_set, taken, handle_map, handle_numbers):
+    """(allreduce_tensor, finish_tensor) compiled and bound to a face's tables, or two functions that
+    always answer None (take the general path) where the module is not compiled.
+
+    dtypes: the face's dtype -> ddl_dtype; ops: Horovod's op (None: the default) -> ddl_reduce_op;
+    world_options: shape -> the address of the world's plain options (host_ops.world_plain_addresses);
+    world_set: the global process set; taken: the names in flight in it (names.taken_in(0));
+    handle_map, handle_numbers: the face's handle registry, where each op goes as (c handle, output,
+    input, full name). One face binds it: ddl.torch."""
+    if not compiled:
+        return _not_common, _not_common
+    _compiled.bind_tensor_path(dtypes, ops, world_options, world_set, taken, handle_map, handle_numbers)
+    return _compiled.allreduce_tensor, _compiled.finish_tensor

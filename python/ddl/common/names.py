@@ -20,7 +20,7 @@ class Names:
             full = f"{kind}.{name}"
         taken = self.taken.get(key)  # not setdefault(key, set()): that makes a set per call (a hot path)
         if taken is None:
-            taken = self.taken[key] = set()
+            taken = self.taken_in(key)
         if full in taken:
             raise ValueError(f"an op named '{full}' is already in flight on this rank: give concurrent ops "
                              "distinct names, or synchronize the first one before reusing its name")
@@ -33,13 +33,22 @@ class Names:
         self.counters.clear()
         self.epoch += 1
 
+    def taken_in(self, key):
+        """The set of names taken in process set `key`, the same object for as long as this lives
+        (the compiled tensor path holds the world's: common/fastpath.py)."""
+        taken = self.taken.get(key)
+        if taken is None:
+            taken = self.taken[key] = set()
+        return taken
+
     def release(self, key, full):
         taken = self.taken.get(key)
         if taken is not None:
             taken.discard(full)
 
     def clear(self):
-        self.taken.clear()
+        for taken in self.taken.values():  # emptied, not dropped: see taken_in
+            taken.clear()
         self.counters.clear()
 
 

@@ -150,13 +150,19 @@ def _start(kind, name, process_set, launch):
     return _register(_Pending(*launched[:2], [claim], *launched[2:]))
 
 
+def _c_handles_of(pending):
+    """The libddl handles of a registered op: a _Pending's, or the compiled tensor path's one (its
+    record is a tuple (c handle, output, input, full name))."""
+    return (pending[0],) if type(pending) is tuple else pending.c_handles
+
+
 def poll(handle):
     """True when the operation behind `handle` has finished (synchronize() then returns at once)."""
     pending = _handle_map.get(handle)
     if pending is None:
         raise ValueError(f"handle {handle} was not returned by an async op, or was already synchronized")
     done = ctypes.c_int(0)
-    for h in pending.c_handles:
+    for h in _c_handles_of(pending):
         if L.lib.ddl_test(h, ctypes.byref(done)) != L.SUCCESS or not done.value:
             return False
     return True
@@ -164,6 +170,15 @@ def poll(handle):
 
 def synchronize(handle):
     """Waits for the operation behind `handle` and returns its output."""
+    failed = None
+    try:
+        output = _finish_tensor(handle)  # an op of the compiled tensor path (allreduce_async_ of a gradient)
+        if output is not None:
+            return output
+    except _fast.Refused as refused:
+        failed = refused.args[0]  # raised below, outside this handler: the Refused is no part of the story
+    if failed is not None:
+        L.raise_for(failed)
     pending = _handle_map.pop(handle, None)
     if pending is None:
         raise ValueError(f"handle {handle} was not returned by an async op, or was already synchronized")
@@ -188,7 +203,7 @@ def synchronize(handle):
 def _drop_all_handles():
     """At shutdown: libddl fails what is still in flight; forget it here too."""
     for pending in _handle_map.values():
-        for h in pending.c_handles:
+        for h in _c_handles_of(pending):
             L.lib.ddl_wait(h)
     _handle_map.clear()
 
@@ -311,17 +326,30 @@ def _allreduce_one_async(tensor, output, name, op, prescale, postscale, process_
     L.raise_for(status)
 
 
+# A whole allreduce_async(_) in one compiled call where it is the common case (a named, contiguous host
+# tensor in the world's set, no scaling: every gradient of a DistributedOptimizer step); None otherwise.
+_allreduce_tensor, _finish_tensor = _fast.bind_tensor_path(_DTYPES, {None: L.AVERAGE, **_REDUCE}, _host.world_plain_addresses,
+                                           global_process_set, _names.taken_in(global_process_set.process_set_id),
+                                           _handle_map, _handle_numbers)
+
+
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                     process_set=global_process_set):
     """Starts an allreduce of `tensor` into a new tensor; returns a handle for poll()/synchronize()."""
-    op = _reduce_op(op, average)
     output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    handle = _allreduce_tensor(tensor, output, average, name, op, prescale_factor, postscale_factor, process_set)
+    if handle is not None:
+        return handle
+    op = _reduce_op(op, average)
     return _allreduce_one_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                      process_set=global_process_set):
     """Starts an in-place allreduce of `tensor`; returns a handle."""
+    handle = _allreduce_tensor(tensor, tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+    if handle is not None:
+        return handle
     op = _reduce_op(op, average)
     return _allreduce_one_async(tensor, tensor, name, op, prescale_factor, postscale_factor, process_set)
 
