@@ -122,7 +122,7 @@ static PyObject* wait(PyObject* self, PyObject* handle_object) {
 static struct {
   PyObject* dtypes;         /* tensor dtype -> ddl_dtype */
   PyObject* ops;            /* Horovod's op (None: the default) -> ddl_reduce_op */
-  PyObject* world_options;  /* shape -> address of the world's plain options (filled by the caller) */
+  PyObject* world_options;  /* shape -> (address, object) of the world's plain options (filled by the caller) */
   PyObject* world_set;      /* the global process set object */
   PyObject* taken;          /* the set of op names in flight in the world's set (ddl/common/names.py) */
   PyObject* handle_map;     /* handle -> (c handle, output, input, full name): what synchronize() finds */
@@ -252,25 +252,34 @@ static PyObject* allreduce_tensor(PyObject* self, PyObject* const* args, Py_ssiz
   int plain = is_contiguous_host_tensor(tensor);
   if (plain == 1 && output != tensor) plain = is_contiguous_host_tensor(output);
   if (plain != 1) goto not_common;
-  PyObject* shape = PyObject_GetAttr(tensor, s_shape);
-  if (shape == NULL) goto not_common;
-  PyObject* options_address = PyDict_GetItemWithError(tensor_path.world_options, shape); /* borrowed */
-  Py_DECREF(shape);
-  if (options_address == NULL) goto not_common; /* the general path makes the options and keeps their address */
-  void* options = PyLong_AsVoidPtr(options_address);
   void* send = (void*)call_for_size(tensor, s_data_ptr);
   if (PyErr_Occurred()) goto not_common;
   void* recv = output == tensor ? send : (void*)call_for_size(output, s_data_ptr);
   size_t count = call_for_size(tensor, s_numel);
   if (PyErr_Occurred()) goto not_common;
+  PyObject* shape = PyObject_GetAttr(tensor, s_shape);
+  if (shape == NULL) goto not_common;
+  /* (address, the options object): held until the submit, so that the options stay alive whatever
+   * Python code runs meanwhile (a collection's finalizers could empty the cache). */
+  PyObject* options_entry = PyDict_GetItemWithError(tensor_path.world_options, shape); /* borrowed */
+  Py_DECREF(shape);
+  if (options_entry == NULL || !PyTuple_Check(options_entry) || PyTuple_Size(options_entry) != 2)
+    goto not_common; /* the general path makes the options and keeps them */
+  Py_INCREF(options_entry);
+  void* options = PyLong_AsVoidPtr(PyTuple_GetItem(options_entry, 0));
+  if (PyErr_Occurred()) {
+    Py_DECREF(options_entry);
+    goto not_common;
+  }
 
   PyObject* full_name = claim_name(name);
-  if (full_name == NULL) goto not_common;
-  const char* utf8 = PyUnicode_AsUTF8AndSize(full_name, NULL);
+  const char* utf8 = full_name == NULL ? NULL : PyUnicode_AsUTF8AndSize(full_name, NULL);
   ddl_handle handle = NULL;
   ddl_status status =
       utf8 == NULL ? DDL_ERROR_INVALID_ARGUMENT
                    : allreduce_ex(utf8, send, recv, count, (ddl_dtype)dtype, (ddl_reduce_op)op, (const ddl_op_options*)options, &handle);
+  Py_DECREF(options_entry); /* libddl has copied the options */
+  if (full_name == NULL) goto not_common;
   if (status != DDL_SUCCESS) {
     release_name(full_name);
     Py_DECREF(full_name);

@@ -74,7 +74,7 @@ def bind_tensor_path(dtypes, ops, world_options, world_set, taken, handle_map, h
     always answer None (take the general path) where the module is not compiled.
 
     dtypes: the face's dtype -> ddl_dtype; ops: Horovod's op (None: the default) -> ddl_reduce_op;
-    world_options: shape -> the address of the world's plain options (host_ops.world_plain_addresses);
+    world_options: shape -> (address, object) of the world's plain options (host_ops.world_plain_addresses);
     world_set: the global process set; taken: the names in flight in it (names.taken_in(0));
     handle_map, handle_numbers: the face's handle registry, where each op goes as (c handle, output,
     input, full name). One face binds it: ddl.torch."""

@@ -117,7 +117,7 @@ def options(process_set, shape=None, prescale=1.0, postscale=1.0, flags=0, strea
 
 
 _world_plain_options = {}  # shape -> options: the world's set, no scaling, no flags (most gradients)
-world_plain_addresses = {}  # shape -> the address of those options, for the compiled tensor path (common/fastpath.py)
+world_plain_addresses = {}  # shape -> (address, options), for the compiled tensor path (common/fastpath.py)
 
 
 def world_options(shape, prescale=1.0, postscale=1.0):
@@ -129,7 +129,7 @@ def world_options(shape, prescale=1.0, postscale=1.0):
                 _world_plain_options.clear()
                 world_plain_addresses.clear()
             opts = _world_plain_options[tuple(shape)] = options(global_process_set, shape)
-            world_plain_addresses[tuple(shape)] = opts._address
+            world_plain_addresses[tuple(shape)] = (opts._address, opts)
         return opts
     return options(global_process_set, shape, prescale, postscale)
 
