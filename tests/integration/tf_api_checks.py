@@ -154,6 +154,15 @@ def _():
         assert received.numpy().tolist() == [1] * N, mode
 
 
+@check("a bad argument found while an op runs is InvalidArgumentError (and a ValueError), as Horovod's kernels")
+def _():
+    if N > 1:
+        e = expect_error(tf.errors.InvalidArgumentError, hvd.alltoall, tf.ones([N + 1]))  # rows not a multiple of N
+        assert isinstance(e, ValueError) and "multiple" in str(e), e
+        fn = tf.function(lambda: hvd.alltoall(tf.ones([N + 1])))
+        expect_error(tf.errors.InvalidArgumentError, fn)  # py_func keeps InvalidArgument for a ValueError
+
+
 @check("reducescatter: uneven rows (the first rows % size ranks get one more), grouped")
 def _():
     rows = 2 * N + 1
@@ -205,6 +214,79 @@ def _():
             assert np.allclose(gw.numpy(), mean * scale), (mode, kwargs, gw)
             assert gu is None, (mode, kwargs)
             assert np.allclose(tf.convert_to_tensor(ge).numpy(), np.ones([N, 2]) * scale / N), (mode, kwargs, ge)
+
+
+@check("worker-local gradients: register_local_source, get_local_and_global_gradients, PartialDistributedGradientTape")
+def _():
+    shared = tf.Variable(tf.fill([2], float(R + 1)))
+    mine = tf.Variable(tf.fill([3], float(R + 1)))  # each rank's own, as in model parallelism
+    mean = np.mean([2 * (r + 1) for r in range(N)])
+    for mode, wrap in MODES.items():
+        for scale_local in (True, False):
+            def step():
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_sum(shared * shared) + tf.reduce_sum(mine * mine)
+                tape = hvd.DistributedGradientTape(tape, scale_local_gradients=scale_local)
+                tape.register_local_source(mine)
+                return tape.gradient(loss, [shared, mine])
+            gs, gm = wrap(step)()
+            assert np.allclose(gs.numpy(), mean), (mode, gs)
+            own = 2 * (R + 1) / (N if scale_local else 1)  # not reduced; divided by the size with scale_local
+            assert np.allclose(gm.numpy(), own), (mode, scale_local, gm)
+    layers = [tf.keras.layers.Dense(2, kernel_initializer=tf.keras.initializers.Constant(R + 1)),
+              tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.Constant(R + 1))]
+    model = tf.keras.Sequential(layers)
+    x = tf.ones([1, 3])
+    model(x)
+    with tf.GradientTape(persistent=True) as tape:
+        loss = tf.reduce_sum(model(x))
+    plain = tape.gradient(loss, model.trainable_weights)
+    tape = hvd.PartialDistributedGradientTape(tape, local_layers=layers[0])
+    local, others = tape.get_local_and_global_gradients(loss, model.trainable_weights)
+    assert [id(v) for v, _ in local] == [id(w) for w in layers[0].trainable_weights], local
+    assert [id(v) for v, _ in others] == [id(w) for w in layers[1].trainable_weights], others
+    for (_, g), p in zip(local, plain[:2]):
+        assert np.allclose(g.numpy(), p.numpy() / N), (g, p)
+    for (_, g), p in zip(others, plain[2:]):
+        reduced = hvd.allreduce(p)
+        assert np.allclose(g.numpy(), reduced.numpy()), (g, reduced)
+    expect_error(ValueError, hvd.PartialDistributedGradientTape, tf.GradientTape(), local_layers=[mine])
+
+
+@check("keras: PartialDistributedOptimizer and register_local_var; BroadcastGlobalVariablesCallback(local_variables=)")
+def _():
+    def model_of(rank):
+        m = tf.keras.Sequential([tf.keras.layers.Dense(2, kernel_initializer=tf.keras.initializers.Constant(rank + 1)),
+                                 tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.Constant(rank + 1))])
+        m(tf.ones([1, 3]))
+        return m
+    x = tf.ones([1, 3])
+    model = model_of(R)
+    lr = 0.5
+    opt = khvd.PartialDistributedOptimizer(tf.keras.optimizers.SGD(lr), local_layers=[model.layers[0]])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(model(x))
+    grads = tape.gradient(loss, model.trainable_weights)
+    before = [w.numpy() for w in model.trainable_weights]
+    opt.apply_gradients(zip(grads, model.trainable_weights))
+    n_local = len(model.layers[0].trainable_weights)
+    for i, (w, b, g) in enumerate(zip(model.trainable_weights, before, grads)):
+        applied = (g / N).numpy() if i < n_local else hvd.allreduce(g).numpy()  # local: own gradient / size
+        assert np.allclose(w.numpy(), b - lr * applied, atol=1e-5), (i, w.numpy(), b, applied)
+    expect_error(ValueError, khvd.PartialDistributedOptimizer, tf.keras.optimizers.SGD(lr), local_layers=["dense"])
+    # The callback leaves local variables as they are and makes the others the root's.
+    model = model_of(R)
+    model.compile(optimizer=khvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.0)), loss="mse")
+    local_vars = list(model.layers[0].variables)
+    callback = khvd.callbacks.BroadcastGlobalVariablesCallback(N - 1, local_variables=local_vars)
+    model.fit(np.ones([2, 3], "float32"), np.ones([2, 1], "float32"), batch_size=2, epochs=1, verbose=0,
+              callbacks=[callback])
+    refs = {id(v) for v in local_vars}
+    for v in model.variables:  # kernels start at the owner's rank + 1, biases at 0
+        owner = R if id(v) in refs else N - 1
+        expected = owner + 1.0 if "kernel" in v.name else 0.0
+        assert np.allclose(v.numpy(), expected), (v.name, v.numpy(), owner)
+    expect_error(ValueError, khvd.callbacks.BroadcastGlobalVariablesCallback, 0, local_variables=[1.0])
 
 
 @check("join, barrier, broadcast_object, allgather_object")

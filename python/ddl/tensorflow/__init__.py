@@ -41,10 +41,57 @@ def _gradient_scales(op, gradient_predivide_factor, process_set, scale_local_gra
     return op, 1.0, 1.0
 
 
+class _Identity:
+    """A set key that is its object's identity (and keeps the object, so the identity stays its own)."""
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __hash__(self):
+        return id(self.obj)
+
+    def __eq__(self, other):
+        return isinstance(other, _Identity) and other.obj is self.obj
+
+
+def _ref(source):
+    """What identifies a variable or tensor in a set: its `.ref()`, as Horovod keys them, where it has
+    one (TensorFlow's); its identity otherwise (Keras 3 variables, which are not hashable)."""
+    ref = getattr(source, "ref", None)
+    return ref() if callable(ref) else _Identity(source)
+
+
+def _is_variable(value):
+    """A TensorFlow variable, or a Keras 3 one (which is no tf.Variable)."""
+    return isinstance(value, tf.Variable) or (type(value).__module__.startswith("keras") and hasattr(value, "assign"))
+
+
+def _local_gradient(grad, process_set):
+    """A worker-local gradient as Horovod returns it with scale_local_gradients: divided by the set's
+    size (the global loss is an average over the ranks); None stays None."""
+    if grad is None:
+        return None
+    n = process_set.size()
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / tf.cast(n, grad.values.dtype), grad.indices, grad.dense_shape)
+    return grad / tf.cast(n, grad.dtype)
+
+
 def _allreduce_gradients(grads, compression, sparse_as_dense, op, gradient_predivide_factor, process_set,
-                         name="DistributedGradient"):
+                         name="DistributedGradient", local=None, scale_local_gradients=True):
     """Allreduces a step's gradients in one libddl group (None gradients stay None); IndexedSlices
-    become dense first with sparse_as_dense, or are allgathered otherwise."""
+    become dense first with sparse_as_dense, or are allgathered otherwise. `local[i]` True: gradient i
+    belongs to a worker-local variable and is not reduced (only scaled, with scale_local_gradients)."""
+    if local is not None and any(local):
+        grads = list(grads)
+        keep = [i for i, is_local in enumerate(local) if not is_local]
+        reduced = _allreduce_gradients([grads[i] for i in keep], compression, sparse_as_dense, op,
+                                       gradient_predivide_factor, process_set, name)
+        out = [_local_gradient(g, process_set) if scale_local_gradients else g for g in grads]
+        for i, g in zip(keep, reduced):
+            out[i] = g
+        return out
     op, prescale, postscale = _gradient_scales(op, gradient_predivide_factor, process_set)
     present = [i for i, g in enumerate(grads) if g is not None]
     if not present:
@@ -73,19 +120,38 @@ def _allreduce_gradients(grads, compression, sparse_as_dense, op, gradient_predi
 class _DistributedGradientTape(tf.GradientTape):
     """A GradientTape whose gradient() allreduces what it computed, as one group."""
 
-    def _ddl_setup(self, compression, sparse_as_dense, op, gradient_predivide_factor, process_set):
+    def _ddl_setup(self, compression, sparse_as_dense, op, gradient_predivide_factor, process_set,
+                   scale_local_gradients):
         self._ddl = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
-                         gradient_predivide_factor=gradient_predivide_factor, process_set=process_set)
+                         gradient_predivide_factor=gradient_predivide_factor, process_set=process_set,
+                         scale_local_gradients=scale_local_gradients)
+        self._ddl_local_sources = set()
+
+    def register_local_source(self, source):
+        """Horovod's: the gradient of `source` (a worker-local variable, as in model parallelism) is
+        not reduced; gradient() returns it divided by the set's size (unless scale_local_gradients=False)."""
+        self._ddl_local_sources.add(_ref(source))
 
     def gradient(self, target, sources, output_gradients=None, **kwargs):
+        kwargs.pop("use_generic_names", None)  # Horovod's naming switch: ddl names groups itself
         grads = super(self.__class__, self).gradient(target, sources, output_gradients, **kwargs)
         flat = tf.nest.flatten(grads)
         s = self._ddl
         if s["process_set"].included() is False:
             return grads
+        local = [_ref(v) in self._ddl_local_sources for v in tf.nest.flatten(sources)] if self._ddl_local_sources else None
         reduced = _allreduce_gradients(flat, s["compression"], s["sparse_as_dense"], s["op"],
-                                       s["gradient_predivide_factor"], s["process_set"])
+                                       s["gradient_predivide_factor"], s["process_set"], local=local,
+                                       scale_local_gradients=s["scale_local_gradients"])
         return tf.nest.pack_sequence_as(grads, reduced)
+
+    def get_local_and_global_gradients(self, target, sources, output_gradients=None, **kwargs):
+        """gradient(), split into ([(local source, gradient)], [(other source, gradient)])."""
+        pairs = list(zip(tf.nest.flatten(sources),
+                         tf.nest.flatten(self.gradient(target, sources, output_gradients, **kwargs))))
+        local = [(v, g) for v, g in pairs if _ref(v) in self._ddl_local_sources]
+        others = [(v, g) for v, g in pairs if _ref(v) not in self._ddl_local_sources]
+        return local, others
 
 
 def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=Compression.none,
@@ -103,7 +169,33 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
     cls = type(gradtape.__class__.__name__, (gradtape.__class__,), methods)
     tape = cls.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)
-    tape._ddl_setup(compression, sparse_as_dense, op, gradient_predivide_factor, process_set)
+    tape._ddl_setup(compression, sparse_as_dense, op, gradient_predivide_factor, process_set, scale_local_gradients)
+    return tape
+
+
+def _trainable_weights_of(local_layers):
+    """The trainable weights of Horovod's `local_layers` (a Keras layer or a collection of them)."""
+    if local_layers is None:
+        return []
+    layer_class = tf.keras.layers.Layer
+    layers = [local_layers] if isinstance(local_layers, layer_class) else list(local_layers)
+    if not all(isinstance(layer, layer_class) for layer in layers):
+        raise ValueError("local_layers must be a Keras layer or a collection of Keras layers "
+                         "(tf.keras.layers.Layer)")
+    return [w for layer in layers for w in layer.trainable_weights]
+
+
+def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=Compression.none,
+                                   sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0, num_groups=0,
+                                   groups=None, process_set=global_process_set, local_layers=None,
+                                   scale_local_gradients=True):
+    """DistributedGradientTape whose `local_layers` keep their own gradients (not reduced; divided by
+    the set's size with scale_local_gradients), as Horovod's, for layers each rank trains alone."""
+    local_weights = _trainable_weights_of(local_layers)
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
+                                   gradient_predivide_factor, num_groups, groups, process_set, scale_local_gradients)
+    for weight in local_weights:
+        tape.register_local_source(weight)
     return tape
 
 
@@ -121,7 +213,10 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
     return _optimizer.create_distributed_optimizer(
         optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
         backward_passes_per_step=backward_passes_per_step, op=op, gradient_predivide_factor=gradient_predivide_factor,
-        average_aggregated_gradients=average_aggregated_gradients, process_set=process_set)
+        average_aggregated_gradients=average_aggregated_gradients, process_set=process_set,
+        scale_local_gradients=scale_local_gradients)
 
+
+_executing_eagerly = _mpi_ops._executing_eagerly  # Horovod's module has it; some of its own tests call it
 
 from ddl.tensorflow.sync_batch_norm import SyncBatchNormalization  # noqa: E402,F401

@@ -32,12 +32,21 @@ class HorovodInternalError(tf.errors.UnknownError, _exceptions.HorovodInternalEr
         tf.errors.UnknownError.__init__(self, None, None, message)
 
 
+class InvalidArgument(tf.errors.InvalidArgumentError, ValueError):
+    """A bad argument found while an op runs (splits that do not fit its rows, a name in flight...):
+    tf.errors.InvalidArgumentError, as Horovod's kernels raise it, and a ValueError as well (so that
+    TensorFlow's py_func keeps the code inside a graph, and `except ValueError` still catches it)."""
+
+    def __init__(self, message):
+        tf.errors.InvalidArgumentError.__init__(self, None, None, message)
+
+
 def _tf_error(status, message):
     """The TensorFlow error Horovod's ops raise for a libddl status."""
     if status in (L.MISMATCH, L.NOT_INITIALIZED):
         return tf.errors.FailedPreconditionError(None, None, message)
     if status == L.INVALID_ARGUMENT:
-        return tf.errors.InvalidArgumentError(None, None, message)
+        return InvalidArgument(message)
     if status == L.UNSUPPORTED:
         return tf.errors.UnimplementedError(None, None, message)
     return HorovodInternalError(message)
@@ -50,7 +59,11 @@ def _tf_errors():
         yield
     except Exception as e:
         status = getattr(e, "ddl_status", None)
-        if status is None or isinstance(e, tf.errors.OpError):
+        if isinstance(e, tf.errors.OpError):
+            raise
+        if status is None and isinstance(e, ValueError):  # a check of the op's data, made as it runs
+            raise InvalidArgument(str(e)) from None
+        if status is None:
             raise
         raise _tf_error(status, str(e)) from None
 

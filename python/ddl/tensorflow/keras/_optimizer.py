@@ -52,14 +52,22 @@ class _DistributedMixin:
 
     _ddl_distributed = True
 
-    def _ddl_reduce(self, grads):
-        from ddl.tensorflow import _allreduce_gradients
+    def register_local_var(self, var):
+        """Horovod's: the gradient of `var` (a worker-local variable) is not reduced; it is applied
+        divided by the set's size (unless scale_local_gradients=False)."""
+        from ddl.tensorflow import _ref
+        self._ddl_local_vars.add(_ref(var))
+
+    def _ddl_reduce(self, grads, variables):
+        from ddl.tensorflow import _allreduce_gradients, _ref
         if _in_xla_context():
             raise RuntimeError("ddl's DistributedOptimizer cannot run inside an XLA-compiled step: compile the "
                                "model with jit_compile=False (ddl's collectives are host calls XLA cannot compile)")
         s = self._ddl_settings
+        local = [_ref(v) in self._ddl_local_vars for v in variables] if self._ddl_local_vars else None
         return _allreduce_gradients(list(grads), s["compression"], s["sparse_as_dense"], s["op"],
-                                    s["gradient_predivide_factor"], s["process_set"], name="DistributedOptimizer")
+                                    s["gradient_predivide_factor"], s["process_set"], name="DistributedOptimizer",
+                                    local=local, scale_local_gradients=s["scale_local_gradients"])
 
     def _ddl_build_accumulators(self, variables):
         if getattr(self, "_ddl_accumulators", None) is None:
@@ -74,7 +82,7 @@ class _DistributedMixin:
         grads = list(grads)
         variables = list(variables)
         if n == 1:
-            return apply_now(self._ddl_reduce(grads), variables)
+            return apply_now(self._ddl_reduce(grads, variables), variables)
         self._ddl_build_optimizer(variables)
         self._ddl_build_accumulators(variables)
         for acc, g in zip(self._ddl_accumulators, grads):
@@ -86,7 +94,7 @@ class _DistributedMixin:
             scale = 1.0 / n if self._ddl_settings["average_aggregated_gradients"] else 1.0
             summed = [acc.read_value() * tf.cast(scale, acc.dtype) if scale != 1.0 else acc.read_value()
                       for acc in self._ddl_accumulators]
-            apply_now(self._ddl_reduce(summed), variables)
+            apply_now(self._ddl_reduce(summed, variables), variables)
             for acc in self._ddl_accumulators:
                 acc.assign(tf.zeros_like(acc))
             self._ddl_counter.assign(0)
@@ -135,7 +143,8 @@ def distributed_class(optimizer_class):
 
 def create_distributed_optimizer(optimizer, name=None, compression=None, sparse_as_dense=False,
                                  backward_passes_per_step=1, op=H.Average, gradient_predivide_factor=1.0,
-                                 average_aggregated_gradients=False, process_set=global_process_set):
+                                 average_aggregated_gradients=False, process_set=global_process_set,
+                                 scale_local_gradients=True):
     from ddl.tensorflow.compression import Compression
     if op == H.Adasum:
         raise NotImplementedError("Adasum is not supported by ddl: use op=hvd.Average or hvd.Sum")
@@ -154,6 +163,8 @@ def create_distributed_optimizer(optimizer, name=None, compression=None, sparse_
     wrapped._ddl_settings = dict(compression=compression or Compression.none, sparse_as_dense=sparse_as_dense, op=op,
                                  gradient_predivide_factor=gradient_predivide_factor,
                                  backward_passes_per_step=backward_passes_per_step,
-                                 average_aggregated_gradients=average_aggregated_gradients, process_set=process_set)
+                                 average_aggregated_gradients=average_aggregated_gradients, process_set=process_set,
+                                 scale_local_gradients=scale_local_gradients)
     wrapped._ddl_accumulators = None
+    wrapped._ddl_local_vars = set()
     return wrapped

@@ -5,6 +5,7 @@ import tensorflow as tf
 
 from ddl.common import basics as _basics
 from ddl.tensorflow import mpi_ops as _ops
+from ddl.tensorflow import _is_variable, _ref
 from ddl.tensorflow.functions import broadcast_variables
 
 
@@ -17,16 +18,30 @@ class BroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
     """Makes every rank's model and optimizer state root_rank's at the end of the first batch (when
     the optimizer's own variables exist), so that all ranks train the same replica from then on."""
 
-    def __init__(self, root_rank, device=""):
+    def __init__(self, root_rank, device="", local_variables=None):
         super().__init__()
         self.root_rank = root_rank
         self.device = device
         self.broadcast_done = False
+        self._local_vars = set()
+        if local_variables is None:
+            local_variables = []
+        elif _is_variable(local_variables):
+            local_variables = [local_variables]
+        elif not all(_is_variable(v) for v in local_variables):
+            raise ValueError("local_variables must be a variable or a collection of variables (tf.Variable, "
+                             "or keras.Variable with Keras 3)")
+        for var in local_variables:
+            self.register_local_var(var)
+
+    def register_local_var(self, var):
+        """Horovod's: `var` is worker-local and keeps this rank's value (it is not broadcast)."""
+        self._local_vars.add(_ref(var))
 
     def on_batch_end(self, batch, logs=None):
         if self.broadcast_done:
             return
-        broadcast_variables(list(self.model.variables), self.root_rank)
+        broadcast_variables([v for v in self.model.variables if _ref(v) not in self._local_vars], self.root_rank)
         if getattr(self.model, "optimizer", None) is not None:
             broadcast_variables(_optimizer_variables(self.model.optimizer), self.root_rank)
         self.broadcast_done = True
