@@ -118,6 +118,30 @@ class FailuresReachEveryRank(unittest.TestCase):
         self.assertEqual(lines_by_rank(result.stdout)[0],
                          ["error: UnknownError True True", "eager error: True True"])
 
+    def test_collectives_a_session_graph_runs_in_different_orders_time_out_with_advice(self):
+        # TensorFlow 1 style: a Session may start independent collectives in any order on each rank,
+        # and each waits for its peers on an executor thread. Here the graph itself orders them
+        # differently on the two ranks, so they always meet the timeout; the error says what to do.
+        result = run_python(self, "keras2", 2, """
+            import tensorflow as tf, ddl.tensorflow as hvd
+            hvd.init()
+            g = tf.Graph()
+            with g.as_default():
+                first, second = ("a", "b") if hvd.rank() == 0 else ("b", "a")
+                x = hvd.allreduce(tf.ones([2]), name=first)
+                with tf.control_dependencies([x]):
+                    y = hvd.allreduce(tf.ones([2]), name=second)
+                try:
+                    with tf.compat.v1.Session(graph=g) as session:
+                        session.run(y)
+                    print("no error", flush=True)
+                except tf.errors.OpError as e:
+                    print("error:", "timed out" in str(e), "tf.control_dependencies" in str(e), flush=True)
+        """, env={"DDL_TIMEOUT": "3"}, timeout=300)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr[-3000:])
+        by_rank = lines_by_rank(result.stdout)
+        self.assertIn("error: True True", by_rank[0] + by_rank[1], result.stdout)
+
 
 if __name__ == "__main__":
     unittest.main()

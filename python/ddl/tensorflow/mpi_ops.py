@@ -52,13 +52,24 @@ def _tf_error(status, message):
     return HorovodInternalError(message)
 
 
+# A TensorFlow 1 graph run by a Session orders nothing that the graph does not: its executor may start
+# independent collectives in different orders on different ranks, and each one holds an executor
+# thread while it waits for its peers (Horovod's compiled ops are asynchronous; a tf.numpy_function
+# is not). tf.function orders stateful ops, so only Session graphs meet this.
+_SESSION_GRAPH_HINT = (" (in a TensorFlow 1 graph run by a Session, TensorFlow may start independent collectives in "
+                       "different orders on different ranks: order them with tf.control_dependencies, or run the "
+                       "step in a tf.function, which keeps the program's order)")
+
+
 @contextlib.contextmanager
-def _tf_errors():
-    """Turns libddl's failures into tf.errors (inside a graph, TensorFlow keeps an OpError's code)."""
+def _tf_errors(timeout_hint=""):
+    """Turns libddl's failures into tf.errors (the message of a timeout ends with `timeout_hint`)."""
     try:
         yield
     except Exception as e:
         status = getattr(e, "ddl_status", None)
+        if status == L.TIMEOUT and timeout_hint:
+            raise _tf_error(status, str(e) + timeout_hint) from None
         if isinstance(e, tf.errors.OpError):
             raise
         if status is None and isinstance(e, ValueError):  # a check of the op's data, made as it runs
@@ -118,8 +129,10 @@ def _run(fn, tensors, out_dtypes, out_shapes):
             outs = fn(*[_to_numpy(t) for t in tensors])
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, out_dtypes)]
 
+    hint = "" if tf.inside_function() else _SESSION_GRAPH_HINT
+
     def body(*arrays):
-        with _tf_errors():
+        with _tf_errors(hint):
             return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(fn(*arrays), out_dtypes)]
 
     outs = tf.numpy_function(body, list(tensors), list(out_dtypes), stateful=True)
