@@ -261,6 +261,17 @@ def _():
     if odds is not None:
         assert hvd.remove_process_set(odds)
     assert not hvd.remove_process_set(evens)
+    # Ranks from any iterable of integers, as Horovod takes them; nothing else.
+    assert hvd.ProcessSet(reversed(range(N))).ranks == list(range(N))
+    assert hvd.ProcessSet(iter([N - 1, 0])).ranks == sorted({0, N - 1})
+    for bad in ([0.5], ["0"], "01", 3, [True]):
+        expect_error(ValueError, hvd.ProcessSet, bad)
+    if N > 1:  # init(process_sets=) with a duplicate adds none of them, so a corrected call works
+        expect_error(ValueError, hvd.init, process_sets=[hvd.ProcessSet([0]), hvd.ProcessSet([0])])
+        first = hvd.ProcessSet([0])
+        hvd.init(process_sets=[first])
+        assert first.process_set_id is not None and first.size() == 1
+        assert hvd.remove_process_set(first)
 
 
 @check("errors: mismatched shapes and dtypes fail on every rank, bad input fails at once")

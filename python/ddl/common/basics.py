@@ -84,9 +84,8 @@ def init(comm=None, process_sets=None):
         _learn_topology()
         _process_sets._reset_global(_topology["size"])
         _hook_exit()
-    for ps in process_sets or []:
-        if ps.process_set_id is None:
-            _process_sets.add_process_set(ps)
+    for ps in _process_sets.as_new_sets(process_sets):
+        _process_sets.add_process_set(ps)
 
 
 def _learn_topology():

@@ -1,6 +1,7 @@
 """Horovod's process sets over libddl's (ddl_process_set_*): subgroups of ranks with their own ops."""
 
 import ctypes
+import numbers
 
 from ddl import _lib as L
 
@@ -12,9 +13,7 @@ class ProcessSet:
     before using it as `process_set=` of an op."""
 
     def __init__(self, ranks):
-        if not isinstance(ranks, (list, tuple, range, set, frozenset)):
-            raise ValueError("ProcessSet takes a list of ranks (mpi4py communicators are not supported by ddl)")
-        self.ranks = sorted(int(r) for r in ranks)
+        self.ranks = _sorted_ranks(ranks)
         self.process_set_id = None
         self._c_handle = None
 
@@ -46,6 +45,18 @@ class ProcessSet:
     __repr__ = __str__
 
 
+def _sorted_ranks(ranks):
+    """The world ranks of a ProcessSet, sorted: any iterable of integers, as Horovod takes (a list, a
+    range, reversed(...), a numpy array), and nothing else."""
+    if isinstance(ranks, (str, bytes)) or not hasattr(ranks, "__iter__"):
+        raise ValueError(f"ProcessSet takes an iterable of ranks, not {type(ranks).__name__} "
+                         "(mpi4py communicators are not supported by ddl)")
+    ranks = list(ranks)
+    if not all(isinstance(r, numbers.Integral) and not isinstance(r, bool) for r in ranks):
+        raise ValueError(f"ProcessSet takes integer ranks, not {ranks!r}")
+    return sorted(int(r) for r in ranks)
+
+
 global_process_set = ProcessSet([])
 global_process_set.process_set_id = 0
 
@@ -53,6 +64,20 @@ global_process_set.process_set_id = 0
 def _reset_global(size):
     global_process_set.ranks = list(range(size))
     global_process_set.process_set_id = 0
+
+
+def as_new_sets(process_sets):
+    """The ProcessSets that init(process_sets=...) is to add (those not added yet), checked all at once
+    before any is added, so that a bad list adds none and init can be called again: no two alike, none
+    like the world's or one already added."""
+    sets = [ps if isinstance(ps, ProcessSet) else ProcessSet(ps) for ps in process_sets or []]
+    new = [ps for ps in sets if ps.process_set_id is None]
+    taken = [global_process_set.ranks] + [other.ranks for other in _registry.values()]
+    for ps in new:
+        if ps.ranks in taken:
+            raise ValueError(f"a process set with ranks {ps.ranks} already exists (or is given twice)")
+        taken.append(ps.ranks)
+    return new
 
 
 def add_process_set(process_set):
