@@ -152,14 +152,15 @@ static PyObject* bind_tensor_path(PyObject* self, PyObject* const* args, Py_ssiz
   Py_RETURN_NONE;
 }
 
-/* The int a dict maps `key` to, or -1 (no error set) when it maps it to nothing or `key` is unhashable. */
+/* The int a dict maps `key` to, or -1 (no error set) when it maps it to nothing, to no int, or `key` is unhashable. */
 static long mapped(PyObject* dict, PyObject* key) {
   PyObject* value = PyDict_GetItemWithError(dict, key); /* borrowed */
-  if (value == NULL) {
+  long result = value == NULL ? -1 : PyLong_AsLong(value);
+  if (PyErr_Occurred()) {
     PyErr_Clear();
     return -1;
   }
-  return PyLong_AsLong(value);
+  return result;
 }
 
 static int attribute_is_true(PyObject* object, PyObject* name) {
@@ -255,6 +256,7 @@ static PyObject* allreduce_tensor(PyObject* self, PyObject* const* args, Py_ssiz
   void* send = (void*)call_for_size(tensor, s_data_ptr);
   if (PyErr_Occurred()) goto not_common;
   void* recv = output == tensor ? send : (void*)call_for_size(output, s_data_ptr);
+  if (PyErr_Occurred()) goto not_common;
   size_t count = call_for_size(tensor, s_numel);
   if (PyErr_Occurred()) goto not_common;
   PyObject* shape = PyObject_GetAttr(tensor, s_shape);
@@ -262,10 +264,10 @@ static PyObject* allreduce_tensor(PyObject* self, PyObject* const* args, Py_ssiz
   /* (address, the options object): held until the submit, so that the options stay alive whatever
    * Python code runs meanwhile (a collection's finalizers could empty the cache). */
   PyObject* options_entry = PyDict_GetItemWithError(tensor_path.world_options, shape); /* borrowed */
+  Py_XINCREF(options_entry); /* before the shape goes: its finalizer could be Python code that empties the cache */
   Py_DECREF(shape);
-  if (options_entry == NULL || !PyTuple_Check(options_entry) || PyTuple_Size(options_entry) != 2)
-    goto not_common; /* the general path makes the options and keeps them */
-  Py_INCREF(options_entry);
+  if (options_entry != NULL && (!PyTuple_Check(options_entry) || PyTuple_Size(options_entry) != 2)) Py_CLEAR(options_entry);
+  if (options_entry == NULL) goto not_common; /* the general path makes the options and keeps them */
   void* options = PyLong_AsVoidPtr(PyTuple_GetItem(options_entry, 0));
   if (PyErr_Occurred()) {
     Py_DECREF(options_entry);

@@ -131,6 +131,9 @@ def _():
     assert hvd.synchronize(h) is t and torch.equal(t, torch.full((7,), float(total)))
     expect_error(ValueError, hvd.synchronize, h)  # once only, on either path
     expect_error(ValueError, hvd.poll, h)
+    h, compiled = async_(t, name="tensor.path", op=hvd.Sum)  # the name is free again once synchronized
+    assert compiled == fastpath.compiled
+    assert torch.equal(hvd.synchronize(h), torch.full((7,), float(total * N)))
     # The default op is Average; a copying allreduce_async leaves its input as it was.
     x = torch.full((7,), float(R))
     out = hvd.synchronize(hvd.allreduce_async(x, name="tensor.copy"))

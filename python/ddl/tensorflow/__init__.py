@@ -67,12 +67,11 @@ def _is_variable(value):
     return isinstance(value, tf.Variable) or (type(value).__module__.startswith("keras") and hasattr(value, "assign"))
 
 
-def _local_gradient(grad, process_set):
+def _local_gradient(grad, n):
     """A worker-local gradient as Horovod returns it with scale_local_gradients: divided by the set's
-    size (the global loss is an average over the ranks); None stays None."""
+    size n (the global loss is an average over the ranks); None stays None."""
     if grad is None:
         return None
-    n = process_set.size()
     if isinstance(grad, tf.IndexedSlices):
         return tf.IndexedSlices(grad.values / tf.cast(n, grad.values.dtype), grad.indices, grad.dense_shape)
     return grad / tf.cast(n, grad.dtype)
@@ -88,9 +87,14 @@ def _allreduce_gradients(grads, compression, sparse_as_dense, op, gradient_predi
         keep = [i for i, is_local in enumerate(local) if not is_local]
         reduced = _allreduce_gradients([grads[i] for i in keep], compression, sparse_as_dense, op,
                                        gradient_predivide_factor, process_set, name)
-        out = [_local_gradient(g, process_set) if scale_local_gradients else g for g in grads]
+        out = list(grads)
         for i, g in zip(keep, reduced):
             out[i] = g
+        if scale_local_gradients:
+            n = process_set.size()
+            for i, is_local in enumerate(local):
+                if is_local:
+                    out[i] = _local_gradient(out[i], n)
         return out
     op, prescale, postscale = _gradient_scales(op, gradient_predivide_factor, process_set)
     present = [i for i, g in enumerate(grads) if g is not None]
