@@ -142,6 +142,31 @@ class FailuresReachEveryRank(unittest.TestCase):
         by_rank = lines_by_rank(result.stdout)
         self.assertIn("error: True True", by_rank[0] + by_rank[1], result.stdout)
 
+    def test_a_session_graph_runs_the_nodes_of_one_grouped_allreduce_in_build_order(self):
+        # IndexedSlices are allgathered (values, indices) beside the dense group: five nodes built by one
+        # call, which a Session could otherwise start in different orders on the two ranks.
+        result = run_python(self, "keras2", 2, """
+            import tensorflow as tf, ddl.tensorflow as hvd
+            hvd.init()
+            r, n = hvd.rank(), hvd.size()
+            g = tf.Graph()
+            with g.as_default():
+                slices = [tf.IndexedSlices(tf.fill([1, 2], float(r + k)), tf.constant([r]), tf.constant([n, 2]))
+                          for k in (1, 2)]
+                out = hvd.grouped_allreduce(slices + [tf.fill([2], float(r))], op=hvd.Sum)
+                nodes = [op for op in g.get_operations() if op.type == "PyFunc"]
+                chained = all(nodes[i - 1] in nodes[i].control_inputs for i in range(1, len(nodes)))
+                with tf.compat.v1.Session(graph=g) as session:
+                    for _ in range(5):
+                        a, b, dense = session.run([tf.convert_to_tensor(out[0]), tf.convert_to_tensor(out[1]), out[2]])
+            print("nodes", len(nodes), "chained", chained, flush=True)
+            print(a.tolist() == [[q + 1.0] * 2 for q in range(n)], b.tolist() == [[q + 2.0] * 2 for q in range(n)],
+                  dense.tolist() == [n * (n - 1) / 2] * 2, flush=True)
+        """, env={"DDL_TIMEOUT": "20"}, timeout=300)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr[-3000:])
+        for r in (0, 1):
+            self.assertEqual(lines_by_rank(result.stdout)[r], ["nodes 5 chained True", "True True True"])
+
 
 if __name__ == "__main__":
     unittest.main()

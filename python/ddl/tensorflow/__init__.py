@@ -77,6 +77,7 @@ def _local_gradient(grad, n):
     return grad / tf.cast(n, grad.dtype)
 
 
+@_mpi_ops._nodes_in_build_order
 def _allreduce_gradients(grads, compression, sparse_as_dense, op, gradient_predivide_factor, process_set,
                          name="DistributedGradient", local=None, scale_local_gradients=True):
     """Allreduces a step's gradients in one libddl group (None gradients stay None); IndexedSlices

@@ -10,7 +10,9 @@ names; an unnamed eager op counts up alike on every rank. Every op is differenti
 """
 
 import contextlib
+import functools
 import re
+import threading
 
 import numpy as np
 import tensorflow as tf
@@ -115,6 +117,32 @@ def _graph_name(name, tensor, ignore_name_scope=False):
     return f"{scope}/{name}" if scope else name
 
 
+_build_order = threading.local()  # .chain: the last node of the call being built, while one is (see below)
+
+
+def _nodes_in_build_order(fn):
+    """Decorates a call that builds several graph nodes (an IndexedSlices' values and indices, a
+    group's dense and sparse parts): in a Session graph, each node waits for the one built before it,
+    so every rank runs them in the same order (tf.function orders them itself). Nested calls join the
+    outer one's order."""
+    @functools.wraps(fn)
+    def ordered(*args, **kwargs):
+        if hasattr(_build_order, "chain"):
+            return fn(*args, **kwargs)
+        _build_order.chain = None
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            del _build_order.chain
+    return ordered
+
+
+def _after_previous_node():
+    """Control dependencies that keep this call's nodes in build order (see _nodes_in_build_order)."""
+    previous = getattr(_build_order, "chain", None)
+    return tf.control_dependencies([previous] if previous is not None and not tf.inside_function() else [])
+
+
 def _to_numpy(t):
     return t.numpy() if hasattr(t, "numpy") else np.asarray(t)
 
@@ -135,9 +163,12 @@ def _run(fn, tensors, out_dtypes, out_shapes):
         with _tf_errors(hint):
             return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(fn(*arrays), out_dtypes)]
 
-    outs = tf.numpy_function(body, list(tensors), list(out_dtypes), stateful=True)
+    with _after_previous_node():
+        outs = tf.numpy_function(body, list(tensors), list(out_dtypes), stateful=True)
     if not isinstance(outs, (list, tuple)):
         outs = [outs]
+    if hasattr(_build_order, "chain") and outs:
+        _build_order.chain = outs[0].op
     for o, shape in zip(outs, out_shapes):
         o.set_shape(shape)
     return list(outs)
@@ -199,6 +230,7 @@ def _refuse_scaled_slices(prescale, postscale):
         raise NotImplementedError("prescale_factor and postscale_factor are not supported with tf.IndexedSlices")
 
 
+@_nodes_in_build_order
 def _allreduce_sparse(slices, op, process_set, ignore_name_scope, prescale=1.0, postscale=1.0):
     """An IndexedSlices allreduce as Horovod does it: allgather the values and the indices (averaged
     values divided by the set's size). prescale/postscale here serve DistributedGradientTape's
@@ -234,6 +266,7 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
     return compression.decompress(reduced, ctx)
 
 
+@_nodes_in_build_order
 def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", compression=None, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set,
                       ignore_name_scope=False, name=None):
