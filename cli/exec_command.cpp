@@ -6,6 +6,7 @@
 #include "common/environment.hpp"
 #include "common/error.hpp"
 #include "launcher/exec_task.hpp"
+#include "launcher/program_separators.hpp"
 
 namespace ddl::cli {
 
@@ -13,6 +14,7 @@ struct ExecFlags {
   bool cpu = false;
   std::string gpu_order = "as-listed";
   bool relay = false;
+  bool escaped_separators = false;
   double grace_seconds = 10;
 };
 
@@ -25,6 +27,9 @@ ExecCommand::ExecCommand(CLI::App& app) : flags_(std::make_shared<ExecFlags>()) 
       ->capture_default_str();
   app_->add_flag("--relay", f.relay,
                  "Stay, and pass the program's output on as lines labelled with its rank, unfinished lines too (what ddl run uses)");
+  app_->add_flag("--escaped-separators", f.escaped_separators,
+                 "The program's words come with each lone ':' escaped as '\\:' (and '\\:' as '\\\\:'), as ddl run passes "
+                 "them through srun/mpirun, which would take a ':' for the start of another program");
   app_->add_option("--grace-period", f.grace_seconds, "With --relay: seconds between SIGTERM and SIGKILL when stopping the program")
       ->capture_default_str()
       ->check(seconds_at_most(86400));
@@ -38,6 +43,7 @@ int ExecCommand::execute(const std::optional<std::vector<std::string>>& program)
   request.command = program ? *program : app_->remaining();
   if (!program && !request.command.empty() && request.command.front().starts_with("-"))
     throw UsageError("ddl exec has no option " + request.command.front(), "see `ddl exec --help`; the program goes after --");
+  if (flags_->escaped_separators) request.command = launcher::unescape_program_separators(std::move(request.command));
   request.cpu_only = flags_->cpu;
   request.gpu_order = flags_->gpu_order == "reverse" ? launcher::GpuOrder::Reversed : launcher::GpuOrder::AsListed;
   request.relay_output = flags_->relay;

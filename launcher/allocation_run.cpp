@@ -18,6 +18,7 @@
 #include "launcher/gpu_inventory.hpp"
 #include "launcher/host.hpp"
 #include "launcher/port_reservation.hpp"
+#include "launcher/program_separators.hpp"
 #include "launcher/relayed_output.hpp"
 #include "launcher/store_server.hpp"
 #include "launcher/worker_process.hpp"
@@ -136,8 +137,10 @@ PreparedLaunch launch_command(const RunRequest& request, TaskLauncher launcher, 
                          fmt::format("{}", static_cast<double>(request.supervision.grace_period.count()) / 1000)};
   if (!plan.gpu_workers) layout.task_command.emplace_back("--cpu");
   if (request.gpu_order == GpuOrder::Reversed) layout.task_command.insert(layout.task_command.end(), {"--gpu-order", "reverse"});
-  layout.task_command.emplace_back("--");
-  layout.task_command.insert(layout.task_command.end(), request.command.begin(), request.command.end());
+  // The user's words cross srun/mpirun/mpiexec with their lone ":"s escaped (program_separators.hpp).
+  layout.task_command.insert(layout.task_command.end(), {"--escaped-separators", "--"});
+  auto escaped = escape_program_separators(request.command);
+  layout.task_command.insert(layout.task_command.end(), escaped.begin(), escaped.end());
   for (const char* name : kExportedToTasks) layout.exported_names.emplace_back(name);
   for (const char* optional : kExportedWhenSet)
     if (env.count(optional)) layout.exported_names.emplace_back(optional);

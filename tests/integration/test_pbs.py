@@ -14,13 +14,14 @@ import unittest
 
 from ddl_testing import DDL, PYTHON, lines_by_rank
 
-SHOW_WORKER = ("import os, json; print('WORKER ' + json.dumps({k: os.environ.get(k) for k in "
+SHOW_WORKER = ("import os, sys, json; print('WORKER ' + json.dumps({k: os.environ.get(k) for k in "
                "['RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'GROUP_RANK', 'CUDA_VISIBLE_DEVICES', 'MASTER_ADDR', 'OMP_NUM_THREADS', "
-               "'OMPI_MCA_pml', 'OMPI_COMM_WORLD_RANK', 'DDL_RUN_ID']} | {'cwd': os.getcwd()}))")
+               "'OMPI_MCA_pml', 'OMPI_COMM_WORLD_RANK', 'DDL_RUN_ID']} | {'cwd': os.getcwd(), 'argv': sys.argv[1:]}))")
 
 
-def render(*args):
-    result = subprocess.run([DDL, "submit", *args, "--dry-run", "--", PYTHON, "-c", SHOW_WORKER], capture_output=True, text=True, timeout=60)
+def render(*args, program_args=()):
+    result = subprocess.run([DDL, "submit", *args, "--dry-run", "--", PYTHON, "-c", SHOW_WORKER, *program_args], capture_output=True,
+                            text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -61,6 +62,21 @@ class PbsScriptsWithoutPbs(unittest.TestCase):
                 self.assertEqual(w["MASTER_ADDR"], socket.gethostname())
                 self.assertEqual(w["cwd"], tmp)                         # cd "$PBS_O_WORKDIR"
                 self.assertTrue(w["DDL_RUN_ID"].startswith("4242.pbs-test"))
+
+    def test_program_arguments_reach_every_rank_unchanged_through_mpirun(self):
+        # mpirun reads a lone ":" as the start of another program (MPMD): the words would vanish,
+        # or run a program of their own.
+        with tempfile.TemporaryDirectory() as tmp:
+            pwned = os.path.join(tmp, "pwned")
+            words = ["--sep", ":", "-np", "1", "/usr/bin/touch", pwned, "\\:", "\\\\:", "a b", "$HOME", ":"]
+            script = render("--site", "pbs", "-N", "1", "--gpus-per-node", "2", "-c", "1", program_args=words)
+            result = run_as_pbs_job(script, tmp, gpus="0,1")
+            self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+            found = workers(result.stdout)
+            self.assertEqual(sorted(found), [0, 1])
+            for w in found.values():
+                self.assertEqual(w["argv"], words)
+            self.assertFalse(os.path.exists(pwned))
 
     def test_a_failing_worker_ends_the_generic_pbs_job_with_its_code(self):
         script = render("--site", "pbs", "-N", "1", "--gpus-per-node", "2", "-c", "1")

@@ -258,7 +258,9 @@ class Slurm(unittest.TestCase):
     def test_user_values_with_shell_syntax_stay_inert_text(self):
         with tempfile.TemporaryDirectory() as tmp:
             pwned = os.path.join(tmp, "pwned")
-            nasty = [f"$(touch {pwned}1)", f"`touch {pwned}2`", "it's \"quoted\"", "two\nlines", "; touch " + pwned + "3"]
+            # A lone ":" would end srun's program and start another (MPMD) if it reached srun as it is.
+            nasty = [f"$(touch {pwned}1)", f"`touch {pwned}2`", "it's \"quoted\"", "two\nlines", "; touch " + pwned + "3",
+                     ":", "-N1", "/usr/bin/touch", pwned + "4", "\\:", ":"]
             result = self.submit("--site", "slurm", "--gpus-per-node", "1", "-J", f"x $(touch {pwned}0) `id`", "--wait",
                                  "--", PYTHON, "-c", SHOW_WORKER, *nasty, cwd=tmp)
             self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
