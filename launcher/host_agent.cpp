@@ -64,9 +64,12 @@ int run_host_agent(int control_fd) {
   options.relay_with_rank_labels = true;
   Supervisor supervisor(options);  // before any thread could start
 
+  Environment env = job.env;
   if (!job.working_dir.empty() && ::chdir(job.working_dir.c_str()) != 0)
     std::fprintf(stderr, "ddl: note: %s has no directory %s (%s); its workers start in the remote shell's directory\n",
                  options.host.c_str(), job.working_dir.c_str(), std::strerror(errno));
+  else if (!job.working_dir.empty())
+    env["PWD"] = job.working_dir;  // as a shell would set it there (the launching host's PWD stays home)
   // Programs the agent runs itself (nvidia-smi) come from the run's PATH, as the workers' do.
   for (const char* name : {"PATH", "LD_LIBRARY_PATH"})
     if (auto value = lookup(job.env, name)) ::setenv(name, value->c_str(), 1);
@@ -77,7 +80,7 @@ int run_host_agent(int control_fd) {
 
   std::vector<WorkerLaunch> launches;
   for (const WorkerSlot& slot : job.plan.slots_on_node(job.node_rank))
-    launches.push_back({slot.rank, program, job.command, worker_environment(job.env, job.plan, slot, run, gpus)});
+    launches.push_back({slot.rank, program, job.command, worker_environment(env, job.plan, slot, run, gpus)});
   const RunOutcome outcome = supervisor.run(launches);
   if (outcome.failure)
     std::fprintf(stderr, "%srank=%d code=%d signal=%d\n", kAgentFailurePrefix, outcome.failure->rank, outcome.failure->exit_code,

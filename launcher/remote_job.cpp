@@ -14,7 +14,69 @@ using nlohmann::json;
 
 namespace {
 // 2: per-node worker counts (node_sizes), and relayed lines that always end in '\n'.
-constexpr int kJobFormat = 2;
+// 3: the program's words, the environment and the directory as bytes (bytes_to_json).
+constexpr int kJobFormat = 3;
+
+// The program's words, the environment and the working directory are bytes, which JSON text holds
+// only when they are UTF-8: the others travel as {"hex": "..."}, so every byte arrives as it was.
+json bytes_to_json(const std::string& bytes) {
+  try {
+    (void)json(bytes).dump();
+    return bytes;
+  } catch (const json::type_error&) {
+    static constexpr char kDigits[] = "0123456789abcdef";
+    std::string hex;
+    hex.reserve(bytes.size() * 2);
+    for (unsigned char c : bytes) {
+      hex.push_back(kDigits[c >> 4]);
+      hex.push_back(kDigits[c & 0xf]);
+    }
+    return {{"hex", hex}};
+  }
+}
+
+int hex_digit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  throw Error("the launching host sent a word whose hex is not lowercase hex digits");
+}
+
+std::string bytes_from_json(const json& j) {
+  if (j.is_string()) return j.get<std::string>();
+  const auto hex = j.at("hex").get<std::string>();
+  if (hex.size() % 2) throw Error("the launching host sent a word whose hex has an odd length");
+  std::string bytes;
+  bytes.reserve(hex.size() / 2);
+  for (std::size_t i = 0; i < hex.size(); i += 2) bytes.push_back(static_cast<char>(hex_digit(hex[i]) * 16 + hex_digit(hex[i + 1])));
+  return bytes;
+}
+
+json words_to_json(const std::vector<std::string>& words) {
+  json out = json::array();
+  for (const auto& word : words) out.push_back(bytes_to_json(word));
+  return out;
+}
+
+std::vector<std::string> words_from_json(const json& j) {
+  std::vector<std::string> words;
+  for (const auto& word : j) words.push_back(bytes_from_json(word));
+  return words;
+}
+
+json environment_to_json(const Environment& env) {
+  json out = json::array();
+  for (const auto& [name, value] : env) out.push_back({bytes_to_json(name), bytes_to_json(value)});
+  return out;
+}
+
+Environment environment_from_json(const json& j) {
+  Environment env;
+  for (const auto& entry : j) {
+    if (entry.size() != 2) throw Error("the launching host sent an environment entry that is not a name and a value");
+    env[bytes_from_json(entry.at(0))] = bytes_from_json(entry.at(1));
+  }
+  return env;
+}
 }  // namespace
 
 std::string encode_remote_job(const RemoteJob& job) {
@@ -32,14 +94,13 @@ std::string encode_remote_job(const RemoteJob& job) {
             {"master_port", job.run.master_port},
             {"restart_count", job.run.restart_count},
             {"max_restarts", job.run.max_restarts},
-            {"command", job.command},
-            {"working_dir", job.working_dir},
-            {"env", job.env},
+            {"command", words_to_json(job.command)},
+            {"working_dir", bytes_to_json(job.working_dir)},
+            {"env", environment_to_json(job.env)},
             {"grace_period_ms", job.grace_period_ms}};
   if (job.cpus_per_task) j["cpus_per_task"] = *job.cpus_per_task;
   if (!job.plan.uniform()) j["node_sizes"] = job.plan.node_sizes;
-  // Replace, not throw, on bytes that are not UTF-8: an environment may hold any bytes.
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+  return j.dump();  // every string in it is UTF-8 (bytes_to_json)
 }
 
 RemoteJob decode_remote_job(const std::string& line) {
@@ -70,9 +131,9 @@ RemoteJob decode_remote_job(const std::string& line) {
     job.run.master_port = j.at("master_port").get<uint16_t>();
     job.run.restart_count = j.at("restart_count").get<int>();
     job.run.max_restarts = j.at("max_restarts").get<int>();
-    job.command = j.at("command").get<std::vector<std::string>>();
-    job.working_dir = j.at("working_dir").get<std::string>();
-    job.env = j.at("env").get<Environment>();
+    job.command = words_from_json(j.at("command"));
+    job.working_dir = bytes_from_json(j.at("working_dir"));
+    job.env = environment_from_json(j.at("env"));
     job.grace_period_ms = j.at("grace_period_ms").get<long long>();
     if (j.contains("cpus_per_task")) job.cpus_per_task = j.at("cpus_per_task").get<int>();
     if (job.command.empty()) throw Error("the launching host sent no program");

@@ -137,6 +137,29 @@ class HostsTest(unittest.TestCase):
         self.assertEqual(len({w["DDL_RUN_ID"] for w in found.values()}), 1)
         self.assertEqual(len({w["MASTER_PORT"] for w in found.values()}), 1)
 
+    def test_arguments_variables_and_directory_reach_remote_workers_byte_for_byte(self):
+        # Words and variables are bytes, not always UTF-8 (a Latin-1 file name, a binary token).
+        show = ("import json, os, socket, sys; print('BYTES ' + json.dumps({'host': socket.gethostname(), "
+                "'argv': [os.fsencode(a).hex() for a in sys.argv[1:]], 'var': os.environb.get(b'DDL_TEST_BYTES', b'').hex(), "
+                "'cwd': os.getcwdb().hex(), 'pwd': os.environb.get(b'PWD', b'').hex()}))")
+        words = [b"\xff\xfe", "caf\u00e9".encode(), b"", b"a b", b":", b"$HOME", b"\xc3"]
+        directory = os.path.join(os.fsencode(self.shared), b"dir-\xff-" + self.marker.encode())
+        os.mkdir(directory)
+        self.addCleanup(os.rmdir, directory)
+        result = subprocess.run(["bash", TESTBED, "exec", "ddlhost1", "env", b"DDL_TEST_BYTES=\xff\x80 x", DDL, "run", "--cpu",
+                                 "-H", "ddlhost1:1,ddlhost2:1", "--", PYTHON, "-c", show, *words], capture_output=True, timeout=120,
+                                cwd=directory)
+        output = result.stdout.decode(errors="replace")
+        self.assertEqual(result.returncode, 0, output + result.stderr.decode(errors="replace"))
+        found = {rank: json.loads(line[len("BYTES "):]) for rank, lines in lines_by_rank(output).items() if rank is not None
+                 for line in lines if line.startswith("BYTES ")}
+        self.assertEqual([found[r]["host"] for r in sorted(found)], ["ddlhost1", "ddlhost2"])
+        for w in found.values():
+            self.assertEqual([bytes.fromhex(a) for a in w["argv"]], words)
+            self.assertEqual(bytes.fromhex(w["var"]), b"\xff\x80 x")
+            self.assertEqual(bytes.fromhex(w["cwd"]), directory)
+            self.assertEqual(bytes.fromhex(w["pwd"]), directory)
+
     def test_hostfile_in_mpirun_and_horovodrun_forms(self):
         for text in ("# two hosts\nddlhost1 slots=2\nddlhost2 slots=2 max_slots=8\n", "ddlhost1:2\n\nddlhost2:2  # comment\n"):
             path = os.path.join(self.shared, f"hostfile.{self.marker}")

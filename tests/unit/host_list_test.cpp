@@ -6,6 +6,7 @@
 #include "launcher/remote_run.hpp"
 
 using namespace ddl::launcher;
+using namespace std::string_literals;
 
 namespace {
 std::vector<std::pair<std::string, int>> pairs(const std::vector<HostSlots>& hosts) {
@@ -155,9 +156,22 @@ TEST_CASE("the job a remote host's agent reads round-trips, and the launching ho
   CHECK(back.command == job.command);
   CHECK(back.env == ddl::Environment{{"PATH", "/bin"}, {"NCCL_DEBUG", "INFO"}});
   CHECK_THROWS_AS(decode_remote_job("{\"format\": 1}"), ddl::Error);
+  CHECK_THROWS_AS(decode_remote_job("{\"format\": 2}"), ddl::Error);
   CHECK_THROWS_AS(decode_remote_job("not json"), ddl::Error);
   CHECK(encode_remote_job(job).find('\n') == std::string::npos);
   CHECK(back.plan.uniform());
+
+  // Any bytes, UTF-8 or not, arrive as they were sent: words, variables and the directory.
+  job.command = {"python3", "\xff\xfe", "caf\xc3\xa9", "", "a\0b"s, "\xc3"};
+  job.working_dir = "/home/me/\x80run";
+  job.env = {{"BYTES", "\xff\xfe\x80"}, {"NAME\xff", "v"}, {"UTF8", "\xe2\x9c\x93"}};
+  const RemoteJob bytes = decode_remote_job(encode_remote_job(job));
+  CHECK(bytes.command == job.command);
+  CHECK(bytes.working_dir == job.working_dir);
+  CHECK(bytes.env == job.env);
+  std::string odd = encode_remote_job(job);
+  odd.replace(odd.find("\"hex\":\"ff"), 11, "\"hex\":\"fg");
+  CHECK_THROWS_AS(decode_remote_job(odd), ddl::Error);
 
   job.plan = plan_with_node_sizes({4, 2}, false);
   const RemoteJob unequal = decode_remote_job(encode_remote_job(job));
