@@ -20,6 +20,7 @@
 #include "launcher/port_reservation.hpp"
 #include "launcher/program_separators.hpp"
 #include "launcher/relayed_output.hpp"
+#include "launcher/remote_job.hpp"
 #include "launcher/store_server.hpp"
 #include "launcher/worker_process.hpp"
 
@@ -103,6 +104,19 @@ const char* const kExportedToTasks[] = {
 // Passed on where the launcher's environment has them: --torch-backend sets both.
 const char* const kExportedWhenSet[] = {"LD_LIBRARY_PATH", "PYTHONPATH", "DDL_TORCH_BACKEND"};
 
+// mpirun starts the tasks of other nodes (over ssh) in an environment of their own, not ddl run's:
+// it passes on the variables it is told to (-x NAME). So every variable of ddl run's environment
+// goes by name, less what belongs to this host and session (forwarded_environment), mpirun's own
+// (OMPI_*, PMIX_*: per task) and names that are not identifiers (mpirun's -x would misread them).
+std::vector<std::string> user_variables_for_other_nodes(const Environment& env) {
+  static const std::regex kIdentifier("[A-Za-z_][A-Za-z0-9_]*");
+  std::vector<std::string> names;
+  for (const auto& [name, value] : forwarded_environment(env))
+    if (!name.starts_with("OMPI_") && !name.starts_with("PMIX_") && !name.starts_with("PRTE_") && std::regex_match(name, kIdentifier))
+      names.push_back(name);
+  return names;
+}
+
 // Cores per worker: what the user asked for, else the node's cores shared out.
 int cpus_per_task(const RunRequest& request, const WorldPlan& plan, const AllocationShape& shape) {
   return request.cpus_per_task.value_or(std::max(1, shape.cpus_per_node / plan.workers_per_node));
@@ -144,6 +158,9 @@ PreparedLaunch launch_command(const RunRequest& request, TaskLauncher launcher, 
   for (const char* name : kExportedToTasks) layout.exported_names.emplace_back(name);
   for (const char* optional : kExportedWhenSet)
     if (env.count(optional)) layout.exported_names.emplace_back(optional);
+  for (const auto& name : user_variables_for_other_nodes(env))
+    if (std::find(layout.exported_names.begin(), layout.exported_names.end(), name) == layout.exported_names.end())
+      layout.exported_names.push_back(name);
 
   // srun and PALS label whole lines; mpirun's tags need the state of every task's unfinished line.
   // Inside the label, each line is one that ddl exec --relay relayed.

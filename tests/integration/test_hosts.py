@@ -160,6 +160,34 @@ class HostsTest(unittest.TestCase):
             self.assertEqual(bytes.fromhex(w["cwd"]), directory)
             self.assertEqual(bytes.fromhex(w["pwd"]), directory)
 
+    def test_a_pbs_script_s_mpirun_gives_every_node_the_job_s_environment(self):
+        # PBS cannot run here: the script ddl submit renders for a generic PBS site runs with bash and
+        # PBS's variables on ddlhost1, its node file naming both hosts, and real OpenMPI mpirun starts
+        # the second host's task over ssh, where only what mpirun passes on (-x) exists.
+        show = ("import json, os, socket, sys; print('TASK ' + json.dumps({'host': socket.gethostname(), 'argv': sys.argv[1:], "
+                "'var': os.environ.get('DDL_TEST_JOB_VAR'), 'rank': os.environ.get('RANK')}))")
+        script = subprocess.run([DDL, "submit", "--site", "pbs", "-N", "2", "--cpus-per-task", "1", "--dry-run", "--", PYTHON, "-c",
+                                 show, ":", "a b"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(script.returncode, 0, script.stderr)
+        path = os.path.join(self.shared, f"job.{self.marker}.sh")
+        nodefile = os.path.join(self.shared, f"nodes.{self.marker}")
+        with open(path, "w") as f:
+            f.write(script.stdout)
+        with open(nodefile, "w") as f:
+            f.write("ddlhost1\nddlhost2\n")
+        for made in (path, nodefile):
+            self.addCleanup(os.remove, made)
+        pbs = {"PBS_JOBID": f"77.{self.marker}", "PBS_NODEFILE": nodefile, "PBS_O_WORKDIR": self.shared, "NCPUS": "1",
+               "DDL_TEST_JOB_VAR": "from the batch script"}
+        result = on_host("ddlhost1", "bash", path, env=pbs, timeout=180)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        tasks = [json.loads(line[len("TASK "):]) for line in result.stdout.splitlines() if "TASK " in line
+                 for line in [line[line.index("TASK "):]]]
+        self.assertEqual(sorted((t["rank"], t["host"]) for t in tasks), [("0", "ddlhost1"), ("1", "ddlhost2")])
+        for task in tasks:
+            self.assertEqual(task["argv"], [":", "a b"])
+            self.assertEqual(task["var"], "from the batch script")
+
     def test_hostfile_in_mpirun_and_horovodrun_forms(self):
         for text in ("# two hosts\nddlhost1 slots=2\nddlhost2 slots=2 max_slots=8\n", "ddlhost1:2\n\nddlhost2:2  # comment\n"):
             path = os.path.join(self.shared, f"hostfile.{self.marker}")
