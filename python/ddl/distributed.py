@@ -61,14 +61,26 @@ def _libddl_op(reduce_op):
 def _check(tensor):
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"the ddl backend takes tensors, not {type(tensor).__name__}")
-    if not tensor.is_contiguous():
-        raise ValueError("the ddl backend takes contiguous tensors: pass tensor.contiguous()")
     if tensor.device.type not in ("cpu", "cuda"):
         raise ValueError(f"the ddl backend takes CPU and CUDA tensors, not {tensor.device.type} ones")
 
 
+def _dense(tensor):
+    """The tensor as libddl reads and writes it: itself, or for a strided one (transposed, sliced,
+    channels_last) a contiguous copy, whose result _write_back() copies into it, as gloo does."""
+    _check(tensor)
+    return tensor if tensor.is_contiguous() else tensor.contiguous()
+
+
+def _write_back(tensors, dense):
+    for tensor, copy in zip(tensors, dense):
+        if copy is not tensor:
+            tensor.copy_(copy)
+
+
 def _reducible(tensor, op):
-    """(tensor as libddl reduces it, its libddl dtype): complex numbers as pairs of reals for SUM/AVG."""
+    """(tensor as libddl reduces it, its libddl dtype): complex numbers as pairs of reals for SUM/AVG.
+    `tensor` is contiguous (_dense)."""
     _check(tensor)
     if tensor.is_complex():
         if op not in (L.SUM, L.AVERAGE):
@@ -82,7 +94,8 @@ def _reducible(tensor, op):
 
 
 def _movable(tensor):
-    """(tensor as libddl moves it, its libddl dtype): any dtype, as bytes where libddl has no type for it."""
+    """(tensor as libddl moves it, its libddl dtype): any dtype, as bytes where libddl has no type for it.
+    `tensor` is contiguous (_dense)."""
     _check(tensor)
     dtype = _DTYPES.get(tensor.dtype)
     if dtype is not None:
@@ -160,7 +173,8 @@ class _Op:
         try:
             if failure is not None:
                 L.raise_for(*failure)
-            result = self.finish()
+            with torch.no_grad():  # results are written as gloo writes them: unseen by autograd, on any thread
+                result = self.finish()
         except BaseException as error:  # the op's caller gets it from Work.wait()
             self.future.set_exception(error)
         else:
@@ -398,14 +412,15 @@ class ProcessGroupDDL(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         op = _libddl_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         _same_device(tensors)
-        views = [_reducible(t, op) for t in tensors]
+        dense = [_dense(t) for t in tensors]
+        views = [_reducible(t, op) for t in dense]
 
         def submit(handles):
             for view, dtype in views:
                 self._submit(handles, L.lib.ddl_allreduce_ex, self._name("allreduce"), _pointer(view), _pointer(view),
                              view.numel(), dtype, op, ctypes.byref(self._options(view, may_block=True)))
 
-        return self._launch(submit, lambda: tensors, views)
+        return self._launch(submit, lambda: _write_back(tensors, dense) or tensors, views)
 
     def allreduce_coalesced(self, tensors, opts=None):
         # libddl fuses ops submitted together, so the tensors go as separate ops.
@@ -414,7 +429,8 @@ class ProcessGroupDDL(dist.ProcessGroup):
     def reduce(self, tensors, opts):
         tensor = _single(tensors, "reduce")
         op = _libddl_op(opts.reduceOp)
-        view, dtype = _reducible(tensor, op)
+        dense = _dense(tensor)
+        view, dtype = _reducible(dense, op)
         result = torch.empty_like(view)
         root = opts.rootRank
 
@@ -425,6 +441,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
         def finish():
             if self.rank() == root:
                 view.copy_(result)
+                _write_back([tensor], [dense])
             return tensors
 
         return self._launch(submit, finish, view, result)
@@ -435,15 +452,18 @@ class ProcessGroupDDL(dist.ProcessGroup):
         if input.numel() != output.numel() * self.size():
             raise ValueError(f"reduce_scatter_tensor: the input has {input.numel()} elements; it needs the output's "
                              f"{output.numel()} times the group's {self.size()}")
-        send, dtype = _reducible(input, op)
-        recv, _ = _reducible(output, op)
+        if output.dtype != input.dtype:
+            raise ValueError(f"reduce_scatter_tensor: the output's dtype ({output.dtype}) must be the input's ({input.dtype})")
+        dense = _dense(output)
+        send, dtype = _reducible(_dense(input), op)
+        recv, _ = _reducible(dense, op)
         counts = _counts([recv.numel()] * self.size())
 
         def submit(handles):
             self._submit(handles, L.lib.ddl_reducescatter_ex, self._name("reducescatter"), _pointer(send),
                          _pointer(recv), counts, dtype, op, ctypes.byref(self._options(send, may_block=True)))
 
-        return self._launch(submit, lambda: [output], send, recv)
+        return self._launch(submit, lambda: _write_back([output], [dense]) or [output], send, recv)
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         output = _single(output_tensors, "reduce_scatter")
@@ -460,14 +480,15 @@ class ProcessGroupDDL(dist.ProcessGroup):
     def broadcast(self, tensors, opts):
         root = opts.rootRank
         _same_device(tensors)
-        views = [_movable(t) for t in tensors]
+        dense = [_dense(t) for t in tensors]
+        views = [_movable(t) for t in dense]
 
         def submit(handles):
             for view, dtype in views:
                 self._submit(handles, L.lib.ddl_broadcast_ex, self._name("broadcast"), _pointer(view), view.numel(),
                              dtype, root, ctypes.byref(self._options(view, may_block=True)))
 
-        return self._launch(submit, lambda: tensors, views)
+        return self._launch(submit, lambda: _write_back(tensors, dense) or tensors, views)
 
     def _allgather_base(self, output, input, opts=None):
         _same_device([output, input])
@@ -476,15 +497,16 @@ class ProcessGroupDDL(dist.ProcessGroup):
                              f"input's {input.numel()} times the group's {self.size()}")
         if output.dtype != input.dtype:
             raise ValueError("all_gather_into_tensor: the output's dtype must be the input's")
-        send, dtype = _movable(input)
-        recv, _ = _movable(output)
+        dense = _dense(output)
+        send, dtype = _movable(_dense(input))
+        recv, _ = _movable(dense)
         counts = _counts([send.numel()] * self.size())
 
         def submit(handles):
             self._submit(handles, L.lib.ddl_allgatherv_ex, self._name("allgather"), _pointer(send), _pointer(recv),
                          counts, dtype, ctypes.byref(self._options(send, may_block=True)))
 
-        return self._launch(submit, lambda: [output], send, recv)
+        return self._launch(submit, lambda: _write_back([output], [dense]) or [output], send, recv)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         outputs = _single(output_tensors, "all_gather")
@@ -502,8 +524,9 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         _same_device([output, input])
-        send, dtype = _movable(input)
-        recv, _ = _movable(output)
+        dense = _dense(output)
+        send, dtype = _movable(_dense(input))
+        recv, _ = _movable(dense)
         send_counts = self._split_counts(input, send, input_split_sizes, "input")
         recv_counts = self._split_counts(output, recv, output_split_sizes, "output")
 
@@ -511,7 +534,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
             self._submit(handles, L.lib.ddl_alltoallv_ex, self._name("alltoall"), _pointer(send), _counts(send_counts),
                          _pointer(recv), _counts(recv_counts), dtype, ctypes.byref(self._options(send)))
 
-        return self._launch(submit, lambda: [output], send, recv)
+        return self._launch(submit, lambda: _write_back([output], [dense]) or [output], send, recv)
 
     def _split_counts(self, tensor, view, split_sizes, which):
         """Elements (of the libddl view) for each rank: the first dimension's split, or equal parts."""
@@ -562,6 +585,8 @@ class ProcessGroupDDL(dist.ProcessGroup):
         outputs = output_tensors[0] if self.rank() == root else []
         if self.rank() == root and len(outputs) != size:
             raise ValueError(f"gather: the root takes one output per rank of the group ({size}), not {len(outputs)}")
+        if self.rank() == root and any(t.numel() != input.numel() or t.dtype != input.dtype for t in outputs):
+            raise ValueError("gather: every tensor of the root's gather_list must have the input's size and dtype")
         send, dtype = _movable(input.contiguous())
         recv = torch.empty((size * send.numel() if self.rank() == root else 0,), dtype=send.dtype, device=send.device)
         send_counts = [send.numel() if r == root else 0 for r in range(size)]
@@ -583,11 +608,12 @@ class ProcessGroupDDL(dist.ProcessGroup):
         output = _single(output_tensors, "scatter")
         root = opts.rootRank
         size = self.size()
-        recv, dtype = _movable(output)
+        dense = _dense(output)
+        recv, dtype = _movable(dense)
         if self.rank() == root:
             inputs = _single(input_tensors, "scatter")
-            if len(inputs) != size or any(t.numel() != output.numel() for t in inputs):
-                raise ValueError(f"scatter: the root takes {size} inputs of the output's size")
+            if len(inputs) != size or any(t.numel() != output.numel() or t.dtype != output.dtype for t in inputs):
+                raise ValueError(f"scatter: the root takes {size} inputs of the output's size and dtype")
             send, _ = _movable(torch.cat([t.reshape(-1) for t in inputs]))
         else:
             send = torch.empty((0,), dtype=recv.dtype, device=recv.device)
@@ -598,7 +624,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
             self._submit(handles, L.lib.ddl_alltoallv_ex, self._name("scatter"), _pointer(send), _counts(send_counts),
                          _pointer(recv), _counts(recv_counts), dtype, ctypes.byref(self._options(recv)))
 
-        return self._launch(submit, lambda: [output], send, recv)
+        return self._launch(submit, lambda: _write_back([output], [dense]) or [output], send, recv)
 
     # torch 2.x's coalescing manager and functional collectives (all_gather_into_tensor and
     # reduce_scatter_tensor on a group) reach a group through these two.
@@ -647,7 +673,8 @@ class ProcessGroupDDL(dist.ProcessGroup):
             try:
                 for each in done.value():
                     each.value()
-                future.set_result(finish())
+                with torch.no_grad():
+                    future.set_result(finish())
             except BaseException as error:
                 future.set_exception(error)
 

@@ -319,22 +319,32 @@ def _():
     assert torch.equal(hvd.allreduce(torch.ones(5), name="fast.metric", op=hvd.Sum), torch.full((5,), float(N)))
 
 
-@check("C API: an alltoallv expecting more than any rank sent fails that rank only, without reading past")
+@check("C API: an alltoallv whose counts differ from what a peer sends fails on every rank, then the next one works")
 def _():
     import ctypes
     from ddl import _lib as L
     sizes = lambda v: (ctypes.c_size_t * N)(*v)
     send = torch.arange(N, dtype=torch.int64) + 10 * R
-    expect = [1] * N if R != 0 else [1] * (N - 1) + [5]  # rank 0 wants 5 from the last rank, which sends 1
-    recv = torch.zeros(sum(expect), dtype=torch.int64)
+    # Rank 0 wants 5 from the last rank, which sends 1; then fewer than it sends (the block would be cut short).
+    for n, wanted in enumerate((5, 0)):
+        expect = [1] * N if R != 0 else [1] * (N - 1) + [wanted]
+        recv = torch.full((sum(expect),), -1, dtype=torch.int64)
+        h = ctypes.c_void_p()
+        assert L.lib.ddl_alltoallv_ex(f"raw.alltoallv.{n}".encode(), send.data_ptr(), sizes([1] * N), recv.data_ptr(),
+                                      sizes(expect), L.INT64, None, ctypes.byref(h)) == L.SUCCESS
+        status = L.lib.ddl_wait(h)
+        said = L.last_error()
+        assert status == L.MISMATCH, (status, said)
+        if R == 0:
+            assert f"expected {wanted} elements from rank {N - 1}, which sent it 1" in said, said
+        else:
+            assert "another rank expected other counts" in said, said
+        assert torch.equal(recv, torch.full_like(recv, -1)), recv  # nothing written
+    recv = torch.zeros(N, dtype=torch.int64)
     h = ctypes.c_void_p()
-    assert L.lib.ddl_alltoallv_ex(b"raw.alltoallv", send.data_ptr(), sizes([1] * N), recv.data_ptr(), sizes(expect),
+    assert L.lib.ddl_alltoallv_ex(b"raw.alltoallv.ok", send.data_ptr(), sizes([1] * N), recv.data_ptr(), sizes([1] * N),
                                   L.INT64, None, ctypes.byref(h)) == L.SUCCESS
-    status = L.lib.ddl_wait(h)
-    if R == 0:
-        assert status == L.MISMATCH and "expected 5 elements" in L.last_error(), (status, L.last_error())
-    else:
-        assert status == L.SUCCESS and recv.tolist() == [10 * r + R for r in range(N)], recv
+    assert L.lib.ddl_wait(h) == L.SUCCESS and recv.tolist() == [10 * r + R for r in range(N)], recv
 
 
 @check("autograd of allreduce, allgather, broadcast, alltoall and reducescatter")

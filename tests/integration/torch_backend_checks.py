@@ -238,17 +238,70 @@ def torch2(rank):
           sum(data(r) for r in range(SIZE)))
 
 
+def strided(rank):
+    """Transposed, sliced and channels_last tensors get the results their contiguous copies get (the
+    ddl backend reduces a contiguous copy and writes it back; gloo, which gets some slices wrong,
+    runs on the copies here)."""
+    layouts = {"transposed": lambda t: t.reshape(6, 4).t(), "sliced": lambda t: t.reshape(4, 6)[:, ::2],
+               "channels_last": lambda t: t.reshape(1, 2, 3, 4).to(memory_format=torch.channels_last)}
+    for layout, make in layouts.items():
+        def ddl_and_gloo(op):
+            t = make(data(rank, shape=(24,)))
+            assert not t.is_contiguous()
+            expected = t.contiguous()
+            op(t, DDL)
+            op(expected, GLOO)
+            return t, expected
+        check(f"all_reduce of a {layout} tensor", *ddl_and_gloo(lambda t, g: dist.all_reduce(t, group=g)))
+        check(f"broadcast of a {layout} tensor", *ddl_and_gloo(lambda t, g: dist.broadcast(t, src=SIZE - 1, group=g)))
+        got, expected = ddl_and_gloo(lambda t, g: dist.reduce(t, dst=0, group=g))
+        if rank == 0:
+            check(f"reduce of a {layout} tensor", got, expected)
+        source = [data(10 + r, shape=(24,)) for r in range(SIZE)]
+        got = make(torch.zeros(24))
+        dist.scatter(got, [make(t) for t in source] if rank == 0 else None, src=0, group=DDL)
+        check(f"scatter into a {layout} tensor", got.contiguous().reshape(-1), make(source[rank]).contiguous().reshape(-1))
+    # In-place results are not autograd's business, as with gloo: a reduced Parameter, a tensor with a history.
+    param = torch.nn.Parameter(torch.full((3,), float(rank + 1)))
+    dist.reduce(param, dst=0, group=DDL)
+    check("reduce into a Parameter", param.detach(), torch.full((3,), float(SIZE * (SIZE + 1) // 2 if rank == 0 else rank + 1)))
+    x = torch.ones(3, requires_grad=True)
+    y = x * 2
+    dist.reduce(y, dst=0, group=DDL)
+    y.sum().backward()
+    check("reduce keeps the tensor's autograd history", x.grad, torch.full((3,), 2.0))
+
+
+def expect_error(kind, text, fn, *args, **kwargs):
+    try:
+        fn(*args, **kwargs)
+    except kind as error:
+        assert text in str(error), error
+        return
+    raise AssertionError(f"{fn.__name__} did not raise {kind.__name__}")
+
+
 def errors(rank):
-    try:
-        dist.all_reduce(torch.ones(4, 4).t(), group=DDL)
-    except ValueError as error:
-        assert "contiguous" in str(error), error
-        check("non-contiguous tensor refused", torch.ones(1), torch.ones(1))
-    try:
-        dist.send(torch.ones(1), dst=(RANK + 1) % SIZE, group=DDL)
-    except ValueError as error:
-        assert "send/recv" in str(error), error
-        check("send refused", torch.ones(1), torch.ones(1))
+    expect_error(ValueError, "send/recv", dist.send, torch.ones(1), dst=(RANK + 1) % SIZE, group=DDL)
+    check("send refused", torch.ones(1), torch.ones(1))
+    reduce_scatter = getattr(dist, "reduce_scatter_tensor", None) or dist._reduce_scatter_base
+    expect_error(ValueError, "dtype", reduce_scatter, torch.zeros(2, dtype=torch.float64), torch.ones(2 * SIZE), group=DDL)
+    check("reduce_scatter_tensor into another dtype refused", torch.ones(1), torch.ones(1))
+    if rank == 0:  # the root's list is checked before anything is sent; the others send nothing then
+        expect_error(ValueError, "gather_list", dist.gather, torch.ones(4), [torch.zeros(2) for _ in range(SIZE)], dst=0,
+                     group=DDL)
+        check("gather into a list of the wrong size refused", torch.ones(1), torch.ones(1))
+    if SIZE > 1:  # ranks that disagree on splits: every rank gets an error, none a half-written result
+        out_splits = [1] * SIZE
+        if rank == 0:
+            out_splits[1] = 2  # rank 0 expects 2 elements from rank 1, which sends it 1
+        out = torch.full((sum(out_splits),), -1.0)
+        expect_error(Exception, "alltoallv", dist.all_to_all_single, out, torch.ones(SIZE), output_split_sizes=out_splits,
+                     input_split_sizes=[1] * SIZE, group=DDL)
+        check("all_to_all_single with splits that differ between ranks fails on every rank", out, torch.full_like(out, -1.0))
+        after = torch.ones(2)
+        dist.all_reduce(after, group=DDL)
+        check("the op after the failed one works", after, torch.full((2,), float(SIZE)))
 
 
 if __name__ == "__main__":
@@ -257,7 +310,7 @@ if __name__ == "__main__":
     DDL = dist.group.WORLD
     GLOO = dist.new_group(list(range(SIZE)), backend="gloo")
     assert dist.get_backend() == "ddl", dist.get_backend()
-    for part in (reductions, moves, asynchronous, subgroups, torch2, errors):
+    for part in (reductions, moves, asynchronous, subgroups, torch2, strided, errors):
         part(RANK)
     print(f"checks passed: {passed}", flush=True)
     dist.destroy_process_group()

@@ -249,7 +249,8 @@ DDL_API ddl_status ddl_alltoall_any_ex(const char* name, const void* send, const
                                        const ddl_op_options* options, ddl_handle* handle);
 /* send_counts[j] elements go to rank j (blocks in rank order); recv_counts[j] come from rank j.
  * Each rank passes its own counts, which must match its peers' (ranks learn them beforehand, e.g.
- * with an alltoall of the counts). */
+ * with an alltoall of the counts): when any rank's recv_counts[j] differs from what rank j sends it,
+ * the op fails on every rank with DDL_ERROR_MISMATCH and writes nothing to recv. */
 DDL_API ddl_status ddl_alltoallv_ex(const char* name, const void* send, const size_t* send_counts, void* recv, const size_t* recv_counts,
                                     ddl_dtype dtype, const ddl_op_options* options, ddl_handle* handle);
 /* send holds the sum of recv_counts elements on every rank; rank r receives the reduction of block r

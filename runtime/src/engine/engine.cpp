@@ -659,17 +659,20 @@ void Engine::run_reducescatter(PendingOp& op) {
 }
 
 // Blocks of different sizes travel as one alltoall of blocks padded to the largest block any rank
-// sends, which every rank first learns with a max-allreduce. A rank that expects more from a peer
-// than any rank sent fails this op alone (the collectives ran, so ranks stay in step).
+// sends, which every rank first learns with a max-allreduce.
 // Exchanges op.send's blocks (op.send_counts[j] elements for rank j, in rank order) in blocks as
 // large as the largest any rank sends; returns that size in elements. Block j of the result lies
-// at scratch_ + (size + j) * block bytes.
-size_t Engine::exchange_blocks(const PendingOp& op) {
+// at scratch_ + (size + j) * block bytes. `mismatch`: in, whether this rank found counts that do
+// not match; out, whether any rank did (the same max-allreduce tells), and then nothing is exchanged.
+size_t Engine::exchange_blocks(const PendingOp& op, bool& mismatch) {
   const size_t element = dtype_size(op.spec.dtype);
   const auto ranks = static_cast<size_t>(size_);
-  int64_t block = 0;
-  for (size_t c : op.send_counts) block = std::max(block, static_cast<int64_t>(c));
-  collectives_->allreduce(&block, 1, sizeof block, reduce_function(DDL_INT64, DDL_MAX));
+  int64_t agreed[2] = {0, mismatch ? 1 : 0};  // the largest block, and whether any rank's counts mismatch
+  for (size_t c : op.send_counts) agreed[0] = std::max(agreed[0], static_cast<int64_t>(c));
+  collectives_->allreduce(agreed, 2, sizeof(int64_t), reduce_function(DDL_INT64, DDL_MAX));
+  mismatch = agreed[1] != 0;
+  if (mismatch) return 0;
+  const int64_t block = agreed[0];
   const size_t block_bytes = static_cast<size_t>(block) * element;
   if (scratch_.size() < 2 * ranks * block_bytes) scratch_.resize(2 * ranks * block_bytes);
   char* out = scratch_.data();
@@ -692,15 +695,24 @@ void Engine::unpack_blocks(size_t block, const std::vector<size_t>& counts, ddl_
   }
 }
 
+// Every rank first tells each other how much it sends it (one small alltoall): a rank that expects
+// another count from a peer would otherwise get a block cut short, or padding and stale bytes.
+// If any rank's counts differ, every rank fails the op (the collectives ran, so ranks stay in step).
 bool Engine::run_alltoallv(PendingOp& op) {
-  const size_t block = exchange_blocks(op);
-  for (size_t j = 0; j < op.recv_counts.size(); ++j) {
-    if (op.recv_counts[j] > block) {
-      finish(op, DDL_ERROR_MISMATCH,
-             fmt::format("alltoallv '{}': rank {} expected {} elements from rank {}, but no rank sent more than {}", op.name, rank_,
-                         op.recv_counts[j], j, block));
-      return false;
-    }
+  const auto ranks = static_cast<size_t>(size_);
+  std::vector<uint64_t> sending(op.send_counts.begin(), op.send_counts.end()), sent_to_me(ranks);
+  collectives_->alltoall(sending.data(), sent_to_me.data(), sizeof(uint64_t));
+  size_t differing = 0;
+  while (differing < ranks && sent_to_me[differing] == op.recv_counts[differing]) ++differing;
+  bool mismatch = differing < ranks;
+  const bool mine = mismatch;
+  const size_t block = exchange_blocks(op, mismatch);
+  if (mismatch) {
+    finish(op, DDL_ERROR_MISMATCH,
+           mine ? fmt::format("alltoallv '{}': rank {} expected {} elements from rank {}, which sent it {}", op.name, rank_,
+                              op.recv_counts[differing], differing, sent_to_me[differing])
+                : fmt::format("alltoallv '{}': another rank expected other counts than its peers sent it (its error names them)", op.name));
+    return false;
   }
   unpack_blocks(block, op.recv_counts, op.spec.dtype, static_cast<char*>(op.recv));
   return true;
@@ -712,7 +724,8 @@ void Engine::run_alltoall_any(PendingOp& op) {
   const auto ranks = static_cast<size_t>(size_);
   std::vector<uint64_t> sending(op.send_counts.begin(), op.send_counts.end()), receiving(ranks);
   collectives_->alltoall(sending.data(), receiving.data(), sizeof(uint64_t));
-  const size_t block = exchange_blocks(op);
+  bool mismatch = false;  // every count is learned here: none can differ
+  const size_t block = exchange_blocks(op, mismatch);
   std::vector<size_t> counts(receiving.begin(), receiving.end());
   size_t total = 0;
   for (size_t c : counts) total += c;
