@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <set>
 #include <unordered_map>
@@ -111,12 +112,14 @@ class StoreServer::Loop {
     bool authenticated = false;
     Clock::time_point auth_deadline;
     std::string in;
+    size_t in_handled = 0;  // bytes at the front of `in` already handled: dropped once per batch, not per request
     std::string out;
     // A pending Wait: how many of its keys are still missing, when it expires, and its sequence
     // number (stale entries in waiters_ carry an older one and are ignored).
     size_t missing = 0;
     Clock::time_point wait_deadline;
     uint64_t wait_seq = 0;
+    std::vector<std::string> waited_keys;  // the keys of the pending Wait, in waiters_
     bool waiting = false;
     bool peer_done = false;  // the client shut down its sending side: answer what it sent, then close
   };
@@ -223,8 +226,8 @@ class StoreServer::Loop {
       size_t room = sizeof buf;
       if (!c.authenticated) {
         const size_t cap = 4 + kMaxAuthFrameBytes;
-        if (c.in.size() >= cap) break;
-        room = std::min(room, cap - c.in.size());
+        if (unread(c).size() >= cap) break;
+        room = std::min(room, cap - unread(c).size());
       }
       ssize_t n = ::recv(c.fd, buf, room, 0);
       if (n > 0) {
@@ -249,17 +252,19 @@ class StoreServer::Loop {
     // may be (process_frames rejected it) or the connection is gone; nothing more to read here.
   }
 
+  static std::string_view unread(const Connection& c) { return std::string_view(c.in).substr(c.in_handled); }
+
   // Handles every complete frame in the input buffer, in order; stops while a Wait is pending.
+  // Handled frames leave the buffer together at the end: erasing each at once would move all that
+  // follows it, which made a client's burst of many small requests cost their number squared.
   void process_frames(uint64_t id) {
     while (true) {
       auto it = conns_.find(id);
       if (it == conns_.end()) return;
       Connection& c = it->second;
-      if (c.waiting) return;
-      auto length = peek_frame_length(c.in);
-      if (!length) return;
+      auto length = c.waiting ? std::nullopt : peek_frame_length(unread(c));
       const uint32_t limit = c.authenticated ? kMaxFrameBytes : kMaxAuthFrameBytes;
-      if (*length == 0 || *length > limit) {
+      if (length && (*length == 0 || *length > limit)) {
         if (!c.authenticated)
           reject(id);
         else {
@@ -268,9 +273,13 @@ class StoreServer::Loop {
         }
         return;
       }
-      if (c.in.size() < 4 + *length) return;
-      std::string body = c.in.substr(4, *length);
-      c.in.erase(0, 4 + *length);
+      if (!length || unread(c).size() < 4 + *length) {  // waiting, or no whole frame yet
+        c.in.erase(0, c.in_handled);
+        c.in_handled = 0;
+        return;
+      }
+      std::string body(unread(c).substr(4, *length));
+      c.in_handled += 4 + *length;
       if (!c.authenticated)
         authenticate(id, c, body);
       else
@@ -292,8 +301,8 @@ class StoreServer::Loop {
 
   // A request queued behind a pending Wait, still to be answered.
   static bool has_whole_request(const Connection& c) {
-    auto length = peek_frame_length(c.in);
-    return length && c.in.size() >= 4 + *length;
+    auto length = peek_frame_length(unread(c));
+    return length && unread(c).size() >= 4 + *length;
   }
 
   void reject(uint64_t id) {
@@ -345,9 +354,10 @@ class StoreServer::Loop {
         if (!key || !delta) return malformed(id, c);
         int64_t sum = *delta;
         if (auto it = data_.find(*key); it != data_.end()) {
-          char* end = nullptr;
-          long long current = std::strtoll(it->second.c_str(), &end, 10);
-          if (it->second.empty() || *end != '\0')
+          const std::string& held = it->second;
+          int64_t current = 0;
+          const auto [end, failure] = std::from_chars(held.data(), held.data() + held.size(), current);
+          if (held.empty() || failure != std::errc() || end != held.data() + held.size())  // whole, in range
             return reply(id, c,
                          Writer().u8(static_cast<uint8_t>(Status::Error)).str(fmt::format("key '{}' does not hold an integer", *key)));
           if (__builtin_add_overflow(sum, static_cast<int64_t>(current), &sum))
@@ -390,6 +400,19 @@ class StoreServer::Loop {
     c.wait_deadline = Clock::now() + std::chrono::milliseconds(std::clamp<int64_t>(*timeout_ms, 0, kLongestWaitMs));
     note_deadline(c.wait_deadline);
     for (auto& key : missing) waiters_[key].push_back({id, c.wait_seq});
+    c.waited_keys = std::move(missing);
+  }
+
+  // Drops a wait's entries from waiters_ when it ends before its keys are all set (it timed out, or
+  // its connection closed): keys nobody sets would otherwise keep them for the whole run.
+  void forget_wait(uint64_t id, Connection& c) {
+    for (const auto& key : c.waited_keys) {
+      auto it = waiters_.find(key);
+      if (it == waiters_.end()) continue;
+      std::erase_if(it->second, [&](const auto& waiter) { return waiter.first == id; });
+      if (it->second.empty()) waiters_.erase(it);
+    }
+    c.waited_keys.clear();
   }
 
   // Stores a value and completes the waits that were waiting only for this key.
@@ -408,10 +431,11 @@ class StoreServer::Loop {
   }
 
   void finish_wait(uint64_t id, Connection& c, Status status) {
+    forget_wait(id, c);
     c.waiting = false;
     reply(id, c, Writer().u8(static_cast<uint8_t>(status)));
     // Requests that arrived behind the wait (a client that pipelines) can run now.
-    if (auto it = conns_.find(id); it != conns_.end() && !it->second.in.empty()) pending_frames_.push_back(id);
+    if (auto it = conns_.find(id); it != conns_.end() && !unread(it->second).empty()) pending_frames_.push_back(id);
   }
 
   // Collects what expired first, then acts on it: answering a wait may close its connection (the
@@ -486,6 +510,7 @@ class StoreServer::Loop {
   void close_connection(uint64_t id) {
     auto it = conns_.find(id);
     if (it == conns_.end()) return;
+    forget_wait(id, it->second);
     ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, it->second.fd, nullptr);
     ::close(it->second.fd);
     conns_.erase(it);

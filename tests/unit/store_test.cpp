@@ -105,6 +105,51 @@ TEST_CASE("add on a key that holds text is an error naming the key") {
   CHECK_THROWS_WITH_AS(c.add("word", 1), "store add 'word' failed: key 'word' does not hold an integer", ddl::Error);
 }
 
+TEST_CASE("add counts only on a whole integer in 64 bits: no blanks, trailing bytes or silent clamping") {
+  StoreServer server({.token = kToken});
+  TcpStoreClient c(address_of(server), kToken, 5s);
+  for (const std::string& held : std::vector<std::string>{" 5", "5 ", std::string("5\0junk", 6), "+5", "99999999999999999999", "0x10"}) {
+    c.set("held", held);
+    CHECK_THROWS_WITH_AS(c.add("held", 1), "store add 'held' failed: key 'held' does not hold an integer", ddl::Error);
+  }
+  c.set("held", "-7");
+  CHECK(c.add("held", 2) == -5);
+}
+
+TEST_CASE("a burst of many pipelined requests is answered whole and in order") {
+  // 20000 sets, then a get of each tenth, sent before reading any answer: the server handles the
+  // burst in batches (it once moved the rest of its buffer after every request).
+  StoreServer server({.token = kToken});
+  int fd = raw_connect(server.port());
+  using ddl::store::Op;
+  using ddl::store::Status;
+  using ddl::store::Writer;
+  constexpr int kSets = 20000;
+  std::string requests = Writer().u8(static_cast<uint8_t>(Op::Auth)).str(kToken).frame();
+  std::string want = Writer().u8(static_cast<uint8_t>(Status::Ok)).frame();
+  for (int i = 0; i < kSets; ++i) {
+    requests += Writer().u8(static_cast<uint8_t>(Op::Set)).str("k" + std::to_string(i)).str(std::string(100, 'x')).frame();
+    want += Writer().u8(static_cast<uint8_t>(Status::Ok)).frame();
+  }
+  for (int i = 0; i < kSets; i += 10) {
+    requests += Writer().u8(static_cast<uint8_t>(Op::Get)).str("k" + std::to_string(i)).frame();
+    want += Writer().u8(static_cast<uint8_t>(Status::Ok)).str(std::string(100, 'x')).frame();
+  }
+  std::thread sender([&] { REQUIRE(::send(fd, requests.data(), requests.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(requests.size())); });
+  timeval tv{60, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  std::string replies;
+  char buf[65536];
+  while (replies.size() < want.size()) {
+    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    replies.append(buf, static_cast<size_t>(n));
+  }
+  sender.join();
+  ::close(fd);
+  CHECK(replies == want);
+}
+
 TEST_CASE("get waits for a key another client sets later") {
   StoreServer server({.token = kToken});
   TcpStoreClient waiter(address_of(server), kToken, 5s);
