@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -76,7 +78,10 @@ int run_host_agent(int control_fd) {
   const GpuInventory gpus = gpus_for(job);
   const std::string program = resolve_program(job.command.front(), lookup(job.env, "PATH").value_or("/usr/bin:/bin"));
   RunContext run = job.run;
-  run.cpus_on_node = job.cpus_per_task ? *job.cpus_per_task * job.plan.workers_on(job.node_rank) : available_cpus();
+  run.cpus_on_node =
+      job.cpus_per_task
+          ? static_cast<int>(std::min<long long>(INT_MAX, static_cast<long long>(*job.cpus_per_task) * job.plan.workers_on(job.node_rank)))
+          : available_cpus();
 
   std::vector<WorkerLaunch> launches;
   for (const WorkerSlot& slot : job.plan.slots_on_node(job.node_rank))

@@ -4,6 +4,7 @@
 #include <climits>
 #include <numeric>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
@@ -41,7 +42,7 @@ int hex_digit(char c) {
   throw Error("the launching host sent a word whose hex is not lowercase hex digits");
 }
 
-std::string bytes_from_json(const json& j) {
+std::string any_bytes_from_json(const json& j) {
   if (j.is_string()) return j.get<std::string>();
   const auto hex = j.at("hex").get<std::string>();
   if (hex.size() % 2) throw Error("the launching host sent a word whose hex has an odd length");
@@ -51,6 +52,24 @@ std::string bytes_from_json(const json& j) {
   return bytes;
 }
 
+// A word of a command line, a variable or a path: a NUL byte would cut it short where it is used.
+std::string bytes_from_json(const json& j) {
+  std::string bytes = any_bytes_from_json(j);
+  if (bytes.find('\0') != std::string::npos) throw Error("the launching host sent a word with a NUL byte");
+  return bytes;
+}
+
+// A whole number within [low, high] (JSON numbers may be fractions, which get<int> would truncate).
+long long integer_at(const json& j, const char* key, long long low, long long high) {
+  const json& value = j.at(key);
+  if (!value.is_number_integer()) throw Error(fmt::format("the launching host sent a {} that is not a whole number", key));
+  const auto number = value.get<long long>();
+  if (value.is_number_unsigned() && value.get<unsigned long long>() > static_cast<unsigned long long>(high))
+    throw Error(fmt::format("the launching host sent a {} out of range", key));
+  if (number < low || number > high) throw Error(fmt::format("the launching host sent a {} out of range", key));
+  return number;
+}
+
 json words_to_json(const std::vector<std::string>& words) {
   json out = json::array();
   for (const auto& word : words) out.push_back(bytes_to_json(word));
@@ -58,6 +77,7 @@ json words_to_json(const std::vector<std::string>& words) {
 }
 
 std::vector<std::string> words_from_json(const json& j) {
+  if (!j.is_array()) throw Error("the launching host sent a command that is not a list of words");
   std::vector<std::string> words;
   for (const auto& word : j) words.push_back(bytes_from_json(word));
   return words;
@@ -70,10 +90,14 @@ json environment_to_json(const Environment& env) {
 }
 
 Environment environment_from_json(const json& j) {
+  if (!j.is_array()) throw Error("the launching host sent an environment that is not a list of variables");
   Environment env;
   for (const auto& entry : j) {
-    if (entry.size() != 2) throw Error("the launching host sent an environment entry that is not a name and a value");
-    env[bytes_from_json(entry.at(0))] = bytes_from_json(entry.at(1));
+    if (!entry.is_array() || entry.size() != 2) throw Error("the launching host sent an environment entry that is not a name and a value");
+    std::string name = bytes_from_json(entry.at(0));
+    if (name.empty() || name.find('=') != std::string::npos)
+      throw Error("the launching host sent a variable name that is empty or holds '='");
+    env[std::move(name)] = bytes_from_json(entry.at(1));
   }
   return env;
 }
@@ -106,19 +130,19 @@ std::string encode_remote_job(const RemoteJob& job) {
 RemoteJob decode_remote_job(const std::string& line) {
   try {
     const json j = json::parse(line);
-    if (j.at("format").get<int>() != kJobFormat)
+    if (!j.at("format").is_number_integer() || j.at("format").get<int>() != kJobFormat)
       throw Error("the launching host's ddl speaks another job format", "install the same ddl version on every host");
     RemoteJob job;
-    job.node_rank = j.at("node_rank").get<int>();
-    job.plan.num_nodes = j.at("num_nodes").get<int>();
-    job.plan.workers_per_node = j.at("workers_per_node").get<int>();
+    job.node_rank = static_cast<int>(integer_at(j, "node_rank", 0, kMostWorkers));
+    job.plan.num_nodes = static_cast<int>(integer_at(j, "num_nodes", 1, kMostWorkers));
+    job.plan.workers_per_node = static_cast<int>(integer_at(j, "workers_per_node", 1, kMostWorkers));
     job.plan.gpu_workers = j.at("gpu_workers").get<bool>();
     if (j.contains("node_sizes")) job.plan.node_sizes = j.at("node_sizes").get<std::vector<int>>();
     const auto& sizes = job.plan.node_sizes;
     if (!sizes.empty() && (static_cast<int>(sizes.size()) != job.plan.num_nodes || *std::min_element(sizes.begin(), sizes.end()) < 1 ||
-                           std::accumulate(sizes.begin(), sizes.end(), 0LL) > INT_MAX))
+                           std::accumulate(sizes.begin(), sizes.end(), 0LL) > kMostWorkers))
       throw Error("the launching host sent workers per node that do not match its node count");
-    if (sizes.empty() && static_cast<long long>(job.plan.num_nodes) * job.plan.workers_per_node > INT_MAX)
+    if (sizes.empty() && static_cast<long long>(job.plan.num_nodes) * job.plan.workers_per_node > kMostWorkers)
       throw Error("the launching host sent more workers than a run can have");
     if (job.node_rank < 0 || job.node_rank >= job.plan.num_nodes || job.plan.workers_per_node < 1)
       throw Error("the launching host sent a node rank outside its plan");
@@ -128,14 +152,14 @@ RemoteJob decode_remote_job(const std::string& line) {
     job.run.store_addr = j.at("store_addr").get<std::string>();
     job.run.store_token = j.at("store_token").get<std::string>();
     job.run.master_addr = j.at("master_addr").get<std::string>();
-    job.run.master_port = j.at("master_port").get<uint16_t>();
+    job.run.master_port = static_cast<uint16_t>(integer_at(j, "master_port", 0, 65535));
     job.run.restart_count = j.at("restart_count").get<int>();
     job.run.max_restarts = j.at("max_restarts").get<int>();
     job.command = words_from_json(j.at("command"));
     job.working_dir = bytes_from_json(j.at("working_dir"));
     job.env = environment_from_json(j.at("env"));
-    job.grace_period_ms = j.at("grace_period_ms").get<long long>();
-    if (j.contains("cpus_per_task")) job.cpus_per_task = j.at("cpus_per_task").get<int>();
+    job.grace_period_ms = integer_at(j, "grace_period_ms", 0, 86'400'000);  // ddl run's --grace-period: a day at most
+    if (j.contains("cpus_per_task")) job.cpus_per_task = static_cast<int>(integer_at(j, "cpus_per_task", 1, 1 << 20));
     if (job.command.empty()) throw Error("the launching host sent no program");
     return job;
   } catch (const json::exception& e) {

@@ -31,8 +31,6 @@ namespace ddl::launcher {
 
 namespace {
 
-constexpr int kMostWorkers = 1 << 24;
-
 int fewest_slots(const std::vector<HostSlots>& hosts, size_t count) {
   int fewest = INT_MAX;
   for (size_t i = 0; i < count; ++i) fewest = std::min(fewest, hosts[i].slots);

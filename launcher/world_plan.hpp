@@ -22,6 +22,9 @@ struct WorkerSlot {
   int node_rank = 0;
 };
 
+// The most workers one run can have (ddl run -H refuses more; a host's agent checks its job too).
+constexpr int kMostWorkers = 1 << 24;
+
 struct WorldPlan {
   int num_nodes = 1;
   int workers_per_node = 1;  // on every node; with node_sizes, the most on any node

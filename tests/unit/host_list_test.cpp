@@ -162,7 +162,7 @@ TEST_CASE("the job a remote host's agent reads round-trips, and the launching ho
   CHECK(back.plan.uniform());
 
   // Any bytes, UTF-8 or not, arrive as they were sent: words, variables and the directory.
-  job.command = {"python3", "\xff\xfe", "caf\xc3\xa9", "", "a\0b"s, "\xc3"};
+  job.command = {"python3", "\xff\xfe", "caf\xc3\xa9", "", "a\x01b", "\xc3"};
   job.working_dir = "/home/me/\x80run";
   job.env = {{"BYTES", "\xff\xfe\x80"}, {"NAME\xff", "v"}, {"UTF8", "\xe2\x9c\x93"}};
   const RemoteJob bytes = decode_remote_job(encode_remote_job(job));
@@ -172,6 +172,27 @@ TEST_CASE("the job a remote host's agent reads round-trips, and the launching ho
   std::string odd = encode_remote_job(job);
   odd.replace(odd.find("\"hex\":\"ff"), 11, "\"hex\":\"fg");
   CHECK_THROWS_AS(decode_remote_job(odd), ddl::Error);
+
+  // A job no ddl run writes is refused, naming what is wrong, rather than half-used.
+  const auto refusal = [&](const std::string& from, const std::string& to) {
+    std::string changed = encode_remote_job(job);
+    REQUIRE(changed.find(from) != std::string::npos);
+    changed.replace(changed.find(from), from.size(), to);
+    try {
+      decode_remote_job(changed);
+    } catch (const ddl::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  CHECK(refusal("\"master_port\":29500", "\"master_port\":70000") == "the launching host sent a master_port out of range");
+  CHECK(refusal("\"node_rank\":1", "\"node_rank\":0.9") == "the launching host sent a node_rank that is not a whole number");
+  CHECK(refusal("\"workers_per_node\":3", "\"workers_per_node\":100000000") == "the launching host sent a workers_per_node out of range");
+  CHECK(refusal("\"grace_period_ms\":10000", "\"grace_period_ms\":-1") == "the launching host sent a grace_period_ms out of range");
+  CHECK(refusal("\"cpus_per_task\":8", "\"cpus_per_task\":0") == "the launching host sent a cpus_per_task out of range");
+  CHECK(refusal("\"command\":[", "\"command\":\"sh\",\"unused\":[") == "the launching host sent a command that is not a list of words");
+  CHECK(refusal("\"hex\":\"fffe\"", "\"hex\":\"ff00\"") == "the launching host sent a word with a NUL byte");
+  CHECK(refusal("[\"BYTES\",", "[\"A=B\",") == "the launching host sent a variable name that is empty or holds '='");
 
   job.plan = plan_with_node_sizes({4, 2}, false);
   const RemoteJob unequal = decode_remote_job(encode_remote_job(job));
