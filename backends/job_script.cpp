@@ -75,7 +75,7 @@ void require_whole_number(const std::map<std::string, std::string>& values, cons
     throw UsageError(fmt::format("{} {}: must be a whole number of at least {}", flag_for(option), it->second, minimum), "");
 }
 
-std::string directive_word(const std::string& option, const std::string& value);
+std::string directive_word(Scheduler scheduler, const std::string& option, const std::string& value);
 
 // Replaces {{option}} with its value (as a directive word when `in_directive`); `what` names the
 // text for the error when one is unset.
@@ -89,20 +89,43 @@ std::string fill(const std::string& text, const std::map<std::string, std::strin
     if (value == values.end())
       throw UsageError(fmt::format("site '{}' needs {} for its {} '{}'", site.name, flag_for(key), what, text),
                        fmt::format("give {} (see `ddl sites show {}`)", flag_for(key), site.name));
-    out.append(text, last, p.position - last).append(in_directive ? directive_word(key, value->second) : value->second);
+    out.append(text, last, p.position - last).append(in_directive ? directive_word(site.scheduler, key, value->second) : value->second);
     last = p.position + p.length;
   }
   return out.append(text, last);
 }
 
-// A value as one word of a directive line: sbatch and qsub split those lines at blanks and honour
-// quotes (they never run a shell on them, so $( ) and backticks are inert text there anyway).
-std::string directive_word(const std::string& option, const std::string& value) {
+// A value as one word of an #SBATCH line. sbatch splits those lines at blanks and honours quotes,
+// and reads a backslash as an escape everywhere, inside quotes too (so it would drop a lone one):
+// in double quotes with `\` and `"` escaped, sbatch gets back exactly the value. No shell reads
+// the line, so $( ) and backticks are inert text there anyway.
+std::string slurm_directive_word(const std::string& value) {
+  if (plain_word(value, "_./:=@%+,&-")) return value;
+  std::string word = "\"";
+  for (char c : value) {
+    if (c == '\\' || c == '"') word += '\\';
+    word += c;
+  }
+  return word + "\"";
+}
+
+// A value as one word of a #PBS line. qsub splits those lines at blanks and honours quotes, but
+// PBS flavours disagree on a backslash (OpenPBS keeps it inside quotes and escapes with it outside
+// them; a line ending in one continues on the next), so a value holding one is refused rather
+// than risk a changed value.
+std::string pbs_directive_word(const std::string& option, const std::string& value) {
+  if (value.find('\\') != std::string::npos)
+    throw UsageError(fmt::format("{} contains a backslash, which qsub does not read the same way on every PBS", flag_for(option)),
+                     "remove the backslash from it");
   if (plain_word(value, "_./:=@%+,&-")) return value;
   if (value.find('"') == std::string::npos) return "\"" + value + "\"";
   if (value.find('\'') == std::string::npos) return "'" + value + "'";
-  throw UsageError(fmt::format("{} holds both kinds of quote, which a batch directive cannot carry", flag_for(option)),
+  throw UsageError(fmt::format("{} holds both kinds of quote, which a #PBS directive cannot carry", flag_for(option)),
                    "drop one kind of quote from it");
+}
+
+std::string directive_word(Scheduler scheduler, const std::string& option, const std::string& value) {
+  return scheduler == Scheduler::Slurm ? slurm_directive_word(value) : pbs_directive_word(option, value);
 }
 
 // The options a site's script has a place for: its scheduler's own directives, the `ddl run` line,
@@ -135,7 +158,7 @@ void slurm_directives(const SiteProfile& site, const std::map<std::string, std::
     }
     auto it = v.find(std::string(option.key));
     if (!option.slurm.empty() && it != v.end() && !it->second.empty())
-      d.push_back(fmt::format("--{}={}", option.slurm, directive_word(it->first, it->second)));
+      d.push_back(fmt::format("--{}={}", option.slurm, slurm_directive_word(it->second)));
   }
   if (job.signal_before_seconds) {
     // To every task of the job's steps (the workers themselves), so they can checkpoint.
@@ -184,7 +207,7 @@ void pbs_directives(const SiteProfile& site, const std::map<std::string, std::st
     if (option.key == "time")
       d.push_back("-l walltime=" + pbs_walltime(it->second));
     else if (!option.pbs.empty())
-      d.push_back(fmt::format("{}{}", option.pbs, directive_word(it->first, it->second)));
+      d.push_back(fmt::format("{}{}", option.pbs, pbs_directive_word(it->first, it->second)));
   }
   d.emplace_back("-j oe");  // one output file, as Slurm writes
 }

@@ -273,6 +273,30 @@ class Slurm(unittest.TestCase):
             self.assertEqual(newline_name.returncode, 2)
             self.assertIn("-J/--job-name contains a newline", newline_name.stderr)
 
+    def job_field(self, job, field):
+        """One field of a job exactly as Slurm holds it: squeue prints a lone field whole (':0'), newlines
+        and all, so nothing in the value can be mistaken for another field."""
+        result = run(["squeue", "-h", "-t", "all", "-j", job, "-O", field + ":0"])
+        self.assertEqual(result.returncode, 0, result.stderr)
+        return result.stdout[:-1] if result.stdout.endswith("\n") else result.stdout
+
+    def test_backslashes_and_quotes_in_directive_values_reach_slurm_unchanged(self):
+        # sbatch reads a backslash in an #SBATCH line as an escape, inside quotes too.
+        with tempfile.TemporaryDirectory() as tmp:
+            for value in ["a\\b", "ends in \\", "say \"hi\" it's", "\\\\two", "a#b"]:
+                with self.subTest(value=value):
+                    output = os.path.join(tmp, f"dir-{value}.out")
+                    result = self.submit("--site", "slurm", "--gpus-per-node", "0", "-J", value, "--comment", value, "-o", output,
+                                         "--directive=--hold", "--", "true", cwd=tmp)
+                    self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+                    job = result.stdout.split("submitted job ")[1].split()[0]
+                    try:
+                        self.assertEqual(self.job_field(job, "Name"), value)
+                        self.assertEqual(self.job_field(job, "Comment"), value)
+                        self.assertEqual(self.job_field(job, "STDOUT"), output)
+                    finally:
+                        run(["scancel", job])
+
     def test_a_submit_that_reaches_no_controller_says_so_and_that_nothing_was_submitted(self):
         # A real sbatch with a slurm.conf whose controller port has no slurmctld behind it.
         with tempfile.TemporaryDirectory() as tmp:

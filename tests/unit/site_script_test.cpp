@@ -3,6 +3,8 @@
 // user overrides, and broken profiles. DDL_UPDATE_GOLDEN=1 rewrites the golden files.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -122,6 +124,81 @@ TEST_CASE("each site's rules are one usage error naming the rule and the fix") {
   JobRequest pbs_signal = job({{"account", "st-a-1-gpu"}});
   pbs_signal.signal_before_seconds = 60;
   CHECK_THROWS_WITH_AS(render_job_script(load_site("sockeye"), pbs_signal), doctest::Contains("uses PBS"), ddl::UsageError);
+}
+
+namespace {
+
+// How sbatch 22.05 reads the words of an #SBATCH line (get_argument in src/sbatch/opt.c): blanks
+// split words, quotes group, a backslash escapes the next character inside quotes too, and an
+// unquoted # starts a comment.
+std::vector<std::string> sbatch_words(const std::string& line) {
+  std::vector<std::string> words;
+  size_t at = 0;
+  while (true) {
+    while (at < line.size() && std::isspace(static_cast<unsigned char>(line[at]))) ++at;
+    if (at == line.size()) return words;
+    std::string word;
+    char quote = 0;
+    bool escaped = false;
+    for (; at < line.size() && (quote || !std::isspace(static_cast<unsigned char>(line[at]))); ++at) {
+      const char c = line[at];
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+        continue;
+      } else if (quote) {
+        if (c == quote) {
+          quote = 0;
+          continue;
+        }
+      } else if (c == '"' || c == '\'') {
+        quote = c;
+        continue;
+      } else if (c == '#') {
+        return words;
+      }
+      word += c;
+    }
+    REQUIRE_MESSAGE(!quote, "sbatch: unmatched quote in " << line);
+    words.push_back(word);
+  }
+}
+
+// The words sbatch reads from the script's #SBATCH lines.
+std::vector<std::string> sbatch_arguments(const std::string& script) {
+  std::vector<std::string> arguments;
+  std::istringstream lines(script);
+  for (std::string line; std::getline(lines, line);)
+    if (line.starts_with("#SBATCH"))
+      for (auto& word : sbatch_words(line.substr(7))) arguments.push_back(word);
+  return arguments;
+}
+
+}  // namespace
+
+TEST_CASE("sbatch reads back exactly the values in #SBATCH lines: backslashes, quotes, blanks and # included") {
+  UserSites none({});
+  for (const std::string value : {"a\\b", "ends in \\", "\\", "\\\\x", "say \"hi\"", "it's \"both\"", "a#b", "\\\"", "x  y", "\\n"}) {
+    CAPTURE(value);
+    const std::string script =
+        render_job_script(load_site("slurm"), job({{"job_name", value}, {"comment", value}, {"output", "/tmp/x/dir-" + value + ".out"}}))
+            .text;
+    const auto arguments = sbatch_arguments(script);
+    CHECK(std::find(arguments.begin(), arguments.end(), "--job-name=" + value) != arguments.end());
+    CHECK(std::find(arguments.begin(), arguments.end(), "--comment=" + value) != arguments.end());
+    CHECK(std::find(arguments.begin(), arguments.end(), "--output=/tmp/x/dir-" + value + ".out") != arguments.end());
+  }
+  CHECK(render_job_script(load_site("slurm"), job({{"job_name", "a\\b \"c\""}})).text.find("#SBATCH --job-name=\"a\\\\b \\\"c\\\"\"\n") !=
+        std::string::npos);
+}
+
+TEST_CASE("a #PBS directive value with a backslash is refused, naming the flag") {
+  UserSites none({});
+  CHECK_THROWS_WITH_AS(render_job_script(load_site("sockeye"), job({{"account", "st-a-1-gpu"}, {"output", "/scratch/a\\b.out"}})),
+                       "-o/--output contains a backslash, which qsub does not read the same way on every PBS", ddl::UsageError);
+  CHECK_THROWS_WITH_AS(render_job_script(load_site("sockeye"), job({{"account", "st-a-1-gpu"}, {"job_name", "a'b\"c"}})),
+                       "-J/--job-name holds both kinds of quote, which a #PBS directive cannot carry", ddl::UsageError);
 }
 
 TEST_CASE("values of tens of kilobytes are refused or quoted, never a crash") {
