@@ -239,6 +239,8 @@ std::string shell_quote(std::string_view s) {
   for (char c : s) {
     if (c == '\'')
       out += "'\\''";
+    else if (c == '\r')  // sbatch and qsub refuse a script with CR LF in it ("DOS line breaks")
+      out += "'$'\\r''";
     else
       out += c;
   }

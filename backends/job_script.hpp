@@ -38,7 +38,8 @@ void check_site_rules(const SiteProfile& site, const JobRequest& job);
 // Checks the rules, then renders the script.
 JobScript render_job_script(const SiteProfile& site, const JobRequest& job);
 
-// `s` as one word of POSIX shell that expands to exactly `s` (single quotes where needed).
+// `s` as one word of bash that expands to exactly `s`: single quotes where needed, and each
+// carriage return as $'\r', so a script holds none.
 std::string shell_quote(std::string_view s);
 
 }  // namespace ddl::backends

@@ -260,7 +260,7 @@ class Slurm(unittest.TestCase):
             pwned = os.path.join(tmp, "pwned")
             # A lone ":" would end srun's program and start another (MPMD) if it reached srun as it is.
             nasty = [f"$(touch {pwned}1)", f"`touch {pwned}2`", "it's \"quoted\"", "two\nlines", "; touch " + pwned + "3",
-                     ":", "-N1", "/usr/bin/touch", pwned + "4", "\\:", ":"]
+                     ":", "-N1", "/usr/bin/touch", pwned + "4", "\\:", ":", "carriage\r\nreturn\r"]
             result = self.submit("--site", "slurm", "--gpus-per-node", "1", "-J", f"x $(touch {pwned}0) `id`", "--wait",
                                  "--", PYTHON, "-c", SHOW_WORKER, *nasty, cwd=tmp)
             self.assertEqual(result.returncode, 0, result.stdout + result.stderr)

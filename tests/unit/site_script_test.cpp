@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -304,4 +305,18 @@ TEST_CASE("shell quoting: plain words stay, anything else is single-quoted") {
   CHECK(shell_quote("a b") == "'a b'");
   CHECK(shell_quote("it's") == "'it'\\''s'");
   CHECK(shell_quote("$(rm -rf /)") == "'$(rm -rf /)'");
+}
+
+TEST_CASE("shell quoting writes a carriage return as $'\\r', so the script has none and bash gives it back") {
+  const std::string argument = "a\r\nb\r";
+  const std::string quoted = shell_quote(argument);
+  CHECK(quoted == "'a'$'\\r''\nb'$'\\r'''");
+  CHECK(quoted.find('\r') == std::string::npos);
+  // What bash makes of the word: printf's output, byte for byte (popen's sh hands bash the line).
+  FILE* bash = ::popen(("bash -c " + shell_quote("printf %s " + quoted)).c_str(), "r");
+  REQUIRE(bash != nullptr);
+  std::string got;
+  for (int c; (c = std::fgetc(bash)) != EOF;) got += static_cast<char>(c);
+  CHECK(::pclose(bash) == 0);
+  CHECK(got == argument);
 }
