@@ -167,9 +167,8 @@ void slurm_directives(const SiteProfile& site, const std::map<std::string, std::
   }
 }
 
-// Slurm's time forms (minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S) as PBS's HH:MM:SS: PBS reads a
-// bare "30" as seconds and refuses days.
-std::string pbs_walltime(const std::string& slurm_time) {
+// Seconds in one of Slurm's time forms (minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S).
+long time_limit_seconds(const std::string& slurm_time) {
   int days = 0;
   std::string rest = slurm_time;
   if (auto dash = rest.find('-'); dash != std::string::npos) {
@@ -194,7 +193,12 @@ std::string pbs_walltime(const std::string& slurm_time) {
   } else {
     seconds = parts[0] * 3600L + parts[1] * 60L + parts[2];
   }
-  seconds += days * 86400L;
+  return seconds + days * 86400L;
+}
+
+// Slurm's time forms as PBS's HH:MM:SS: PBS reads a bare "30" as seconds and refuses days.
+std::string pbs_walltime(const std::string& slurm_time) {
+  const long seconds = time_limit_seconds(slurm_time);
   return fmt::format("{:02}:{:02}:{:02}", seconds / 3600, seconds / 60 % 60, seconds % 60);
 }
 
@@ -297,6 +301,11 @@ void check_site_rules(const SiteProfile& site, const JobRequest& job) {
   static const std::regex walltime(R"((\d{1,4}-)?\d{1,3}(:\d{2}){0,2})");
   if (auto t = v.find("time"); t != v.end() && !std::regex_match(t->second, walltime))
     throw UsageError(fmt::format("-t/--time {}: not a time limit", t->second), "write it as HH:MM:SS, MM or D-HH:MM:SS");
+  // Slurm reads a zero time limit as "no limit"; PBS has no such request, and walltime=00:00:00
+  // would ask for a job that may run no time at all.
+  if (auto t = v.find("time"); t != v.end() && site.scheduler == Scheduler::Pbs && time_limit_seconds(t->second) == 0)
+    throw UsageError(fmt::format("-t/--time {}: PBS has no \"no time limit\" (Slurm's meaning of 0) to ask for", t->second),
+                     "give the walltime the job needs, e.g. -t 02:00:00, or leave -t out for the queue's default");
   const NodeShape shape = node_shape(site, v);
   const int gpus = std::stoi(v.at("gpus_per_node"));
   if (shape.gpus_per_node > 0 && gpus > shape.gpus_per_node)

@@ -230,6 +230,19 @@ TEST_CASE("PBS gets Slurm's time forms as HH:MM:SS walltime") {
   CHECK(walltime("1-02:30") == "26:30:00");
 }
 
+TEST_CASE("a zero time limit (Slurm: none) is a usage error on PBS, which cannot ask for none") {
+  UserSites none({});
+  for (const std::string zero : {"0", "00:00", "00:00:00", "0-0", "0-00:00:00"}) {
+    CAPTURE(zero);
+    CHECK_THROWS_WITH_AS(render_job_script(load_site("sockeye"), job({{"account", "st-a-1-gpu"}, {"time", zero}})),
+                         ("-t/--time " + zero + ": PBS has no \"no time limit\" (Slurm's meaning of 0) to ask for").c_str(),
+                         ddl::UsageError);
+  }
+  CHECK(render_job_script(load_site("slurm"), job({{"time", "0"}})).text.find("#SBATCH --time=0\n") != std::string::npos);
+  CHECK(render_job_script(load_site("sockeye"), job({{"account", "st-a-1-gpu"}, {"time", "0:01"}})).text.find("walltime=00:00:01\n") !=
+        std::string::npos);
+}
+
 TEST_CASE("a user profile overrides a built-in field by field, and says where each value came from") {
   UserSites sites({{"perlmutter", R"({"defaults": {"queue": "debug"}, "modules": ["pytorch/2.3"]})"},
                    {"mycluster", R"({"scheduler": "slurm", "gpus_per_node": 2, "login_host": "login.example.org"})"}});
