@@ -147,6 +147,21 @@ std::set<std::string> usable_options(const SiteProfile& site) {
   return usable;
 }
 
+// A value that begins a word of the container command in the `ddl run` line ("{{image}}" in
+// `singularity exec --nv {{image}}`) is read as an option there when it starts with '-'
+// (--image=--bind=/:/host would mount the whole host), so it is refused.
+void refuse_option_like_words(const SiteProfile& site, const std::map<std::string, std::string>& values) {
+  if (!site.container || !values.count("image")) return;  // the wrap is used with an image only
+  for (const auto& word : site.container->wrap)
+    for (const Placeholder& p : placeholders(word)) {
+      auto value = values.find(p.key);
+      if (p.position == 0 && value != values.end() && value->second.starts_with('-'))
+        throw UsageError(fmt::format("{} {}: starts with '-', so the container command ({}) would read it as an option", flag_for(p.key),
+                                     value->second, site.container->wrap.front()),
+                         fmt::format("give {} a value that does not start with '-' (a file as ./NAME)", flag_for(p.key)));
+    }
+}
+
 std::string directive_prefix(const SiteProfile& site) { return site.scheduler == Scheduler::Slurm ? "#SBATCH " : "#PBS "; }
 
 void slurm_directives(const SiteProfile& site, const std::map<std::string, std::string>& v, const JobRequest& job,
@@ -306,6 +321,7 @@ void check_site_rules(const SiteProfile& site, const JobRequest& job) {
   if (auto t = v.find("time"); t != v.end() && site.scheduler == Scheduler::Pbs && time_limit_seconds(t->second) == 0)
     throw UsageError(fmt::format("-t/--time {}: PBS has no \"no time limit\" (Slurm's meaning of 0) to ask for", t->second),
                      "give the walltime the job needs, e.g. -t 02:00:00, or leave -t out for the queue's default");
+  refuse_option_like_words(site, v);
   const NodeShape shape = node_shape(site, v);
   const int gpus = std::stoi(v.at("gpus_per_node"));
   if (shape.gpus_per_node > 0 && gpus > shape.gpus_per_node)

@@ -95,6 +95,13 @@ JupyterSession new_jupyter_session(const std::string& program) {
   return s;
 }
 
+void check_jupyter_environment(const std::string& environment) {
+  if (environment.starts_with('-'))
+    throw UsageError(fmt::format("--env {}: starts with '-', so {} would read it as an option", environment,
+                                 environment.find('/') != std::string::npos ? "source" : "conda activate"),
+                     "give a conda environment's name, or a virtualenv's path as ./NAME");
+}
+
 std::vector<std::string> jupyter_body(const JupyterSession& session, const std::string& environment) {
   std::vector<std::string> lines = {"# ddl jupyter: the token comes from a mode-600 file, never a command line; the port is one the kernel",
                                     "# hands out on this node (bind port 0), and --port-retries=0 keeps Jupyter from moving to another.",

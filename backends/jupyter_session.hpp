@@ -46,6 +46,10 @@ JupyterSession new_jupyter_session(const std::string& program);
 // of a virtualenv (empty: none).
 std::vector<std::string> jupyter_body(const JupyterSession& session, const std::string& environment);
 
+// Throws UsageError when `environment` (--env) starts with '-': `source` or `conda activate` would
+// read it as an option.
+void check_jupyter_environment(const std::string& environment);
+
 // Writes <dir>/<job>.json (mode 600) so `tunnel` and `stop` find the session by job id.
 void save_jupyter_session(const JupyterSession& session);
 // Reads it back; throws UsageError naming the job when there is none.

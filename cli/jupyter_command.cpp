@@ -85,6 +85,7 @@ int JupyterCommand::execute() const {
 
 int JupyterCommand::start() const {
   const JupyterFlags& f = *flags_;
+  backends::check_jupyter_environment(f.environment);
   const backends::SiteProfile site = backends::load_site(f.site);
   const std::string program = !f.program.empty() ? f.program : site.jupyter.value("program", std::string("lab"));
   backends::JobRequest job;

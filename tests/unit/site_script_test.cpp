@@ -243,6 +243,21 @@ TEST_CASE("a zero time limit (Slurm: none) is a usage error on PBS, which cannot
         std::string::npos);
 }
 
+TEST_CASE("a container image that starts with '-' is refused: the container command would read it as an option") {
+  UserSites none({});
+  CHECK_THROWS_WITH_AS(
+      render_job_script(load_site("polaris"), job({{"account", "p"}, {"filesystems", "home"}, {"image", "--bind=/:/host"}})),
+      "--image --bind=/:/host: starts with '-', so the container command (apptainer) would read it as an option", ddl::UsageError);
+  CHECK_THROWS_WITH_AS(render_job_script(load_site("neuron"), job({{"comment", "pytorch"}, {"image", "-x.sif"}})),
+                       doctest::Contains("(singularity) would read it as an option"), ddl::UsageError);
+  const std::string text =
+      render_job_script(load_site("polaris"), job({{"account", "p"}, {"filesystems", "home"}, {"image", "./-x.sif"}})).text;
+  CHECK(text.find(" -- apptainer exec --nv ./-x.sif python3 train.py") != std::string::npos);
+  // Shifter names the image in a directive (--image=...), where a leading '-' is no option.
+  CHECK(render_job_script(load_site("perlmutter"), job({{"account", "m1_g"}, {"image", "-odd"}})).text.find("#SBATCH --image=-odd\n") !=
+        std::string::npos);
+}
+
 TEST_CASE("a user profile overrides a built-in field by field, and says where each value came from") {
   UserSites sites({{"perlmutter", R"({"defaults": {"queue": "debug"}, "modules": ["pytorch/2.3"]})"},
                    {"mycluster", R"({"scheduler": "slurm", "gpus_per_node": 2, "login_host": "login.example.org"})"}});
@@ -332,4 +347,14 @@ TEST_CASE("shell quoting writes a carriage return as $'\\r', so the script has n
   for (int c; (c = std::fgetc(bash)) != EOF;) got += static_cast<char>(c);
   CHECK(::pclose(bash) == 0);
   CHECK(got == argument);
+}
+
+TEST_CASE("ddl jupyter --env that starts with '-' is refused: source or conda activate would read it as an option") {
+  CHECK_THROWS_WITH_AS(check_jupyter_environment("-n"), "--env -n: starts with '-', so conda activate would read it as an option",
+                       ddl::UsageError);
+  CHECK_THROWS_WITH_AS(check_jupyter_environment("--help/venv"), "--env --help/venv: starts with '-', so source would read it as an option",
+                       ddl::UsageError);
+  CHECK_NOTHROW(check_jupyter_environment(""));
+  CHECK_NOTHROW(check_jupyter_environment("./-odd/venv"));
+  CHECK_NOTHROW(check_jupyter_environment("pytorch-2.3"));
 }
