@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-#include <map>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -11,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/command.hpp"
+#include "backends/slurm/slurm_jobs.hpp"
 #include "common/error.hpp"
 
 namespace ddl::backends {
@@ -22,18 +22,6 @@ std::string tool_error(const CommandResult& r) {
   return said.empty() ? fmt::format("exit status {}", r.exit_code) : said;
 }
 
-// "Key=Value Key=Value ..." as `scontrol show job -o` prints it (values have no blanks, except
-// the last few fields, which are not read here).
-std::map<std::string, std::string> scontrol_fields(const std::string& line) {
-  std::map<std::string, std::string> fields;
-  std::istringstream words(line);
-  for (std::string word; words >> word;) {
-    auto eq = word.find('=');
-    if (eq != std::string::npos) fields.emplace(word.substr(0, eq), word.substr(eq + 1));
-  }
-  return fields;
-}
-
 bool slurm_state_is_final(const std::string& state) {
   static const char* const kFinal[] = {"COMPLETED",     "FAILED",    "CANCELLED", "TIMEOUT", "NODE_FAIL",
                                        "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"};
@@ -42,27 +30,36 @@ bool slurm_state_is_final(const std::string& state) {
   return false;
 }
 
+// squeue's answer; one that only says the job is unknown is not an error.
+CommandResult run_squeue(const std::vector<std::string>& argv) {
+  CommandResult r = run_command(argv);
+  if (!r.ok() && (r.err + r.out).find("Invalid job id") == std::string::npos)
+    throw Error("squeue failed: " + tool_error(r), "check that Slurm's tools work here (sinfo)");
+  return r;
+}
+
+// The file job `facts` writes its output to; "" when it is not one file (array tasks not yet started).
+std::string slurm_output_file(const slurm::JobFacts& facts) {
+  auto query = slurm::one_field_query(facts, "STDOUT");
+  if (!query) return "";
+  const std::string pattern = slurm::read_one_field(run_squeue(*query).out);
+  std::string name;
+  if (slurm::pattern_names_job(pattern)) name = slurm::read_one_field(run_squeue(*slurm::one_field_query(facts, "Name")).out);
+  return slurm::batch_output_file(pattern, facts, name);
+}
+
 std::optional<JobState> slurm_job_state(const std::string& id) {
-  CommandResult r = run_command({"scontrol", "show", "job", "-o", id});
-  if (!r.ok()) {
-    if ((r.err + r.out).find("Invalid job id") != std::string::npos) return std::nullopt;
-    throw Error(fmt::format("scontrol show job {} failed: {}", id, tool_error(r)), "check that Slurm's tools work here (sinfo)");
-  }
-  auto f = scontrol_fields(first_line(r.out));
+  CommandResult r = run_squeue(slurm::facts_query(id));
+  auto facts = r.ok() ? slurm::read_facts(r.out) : std::nullopt;
+  if (!facts) return std::nullopt;  // Slurm does not know the job (any more)
   JobState s;
-  s.id = f["JobId"];
-  s.name = f["JobName"];
-  s.state = f["JobState"];
-  s.reason = f["Reason"] == "None" ? "" : f["Reason"];
-  s.nodes = f["NodeList"] == "(null)" ? "" : f["NodeList"];
-  s.output = f["StdOut"];
+  s.id = facts->job_id;
+  s.state = facts->state;
+  s.reason = facts->reason == "None" ? "" : facts->reason;
+  s.nodes = facts->nodes == "(null)" ? "" : facts->nodes;
+  s.output = slurm_output_file(*facts);
   s.finished = slurm_state_is_final(s.state);
-  if (s.finished && f.count("ExitCode")) {
-    // "code:signal"
-    int code = 0, sig = 0;
-    std::sscanf(f["ExitCode"].c_str(), "%d:%d", &code, &sig);
-    s.exit_code = sig ? 128 + sig : code;
-  }
+  if (s.finished) s.exit_code = slurm::exit_status(facts->exit_code);
   return s;
 }
 
@@ -141,7 +138,9 @@ std::vector<JobState> my_jobs(Scheduler scheduler) {
   std::vector<JobState> jobs;
   const std::string user = std::getenv("USER") ? std::getenv("USER") : std::to_string(::getuid());
   if (scheduler == Scheduler::Slurm) {
-    CommandResult r = run_command({"squeue", "-h", "-u", user, "-o", "%i|%j|%T|%R"});
+    // No job name: it may hold '|' and newlines, and no listing shows it. %r and %N rather than
+    // %R, which is the one or the other, and puts a reason in parentheses.
+    CommandResult r = run_command({"squeue", "-h", "-u", user, "-o", "%i|%T|%r|%N|"});
     if (!r.ok()) throw Error("squeue failed: " + tool_error(r), "check that Slurm's tools work here (sinfo)");
     std::istringstream lines(r.out);
     for (std::string line; std::getline(lines, line);) {
@@ -149,7 +148,7 @@ std::vector<JobState> my_jobs(Scheduler scheduler) {
       std::istringstream parts(line);
       for (std::string p; std::getline(parts, p, '|');) f.push_back(p);
       if (f.size() < 4) continue;
-      JobState s{f[0], f[1], f[2], f[2] == "RUNNING" ? "" : f[3], f[2] == "RUNNING" ? f[3] : "", "", std::nullopt, false};
+      JobState s{f[0], "", f[1], f[2] == "None" ? "" : f[2], f[3], "", std::nullopt, false};
       jobs.push_back(s);
     }
   } else {

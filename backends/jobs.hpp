@@ -1,5 +1,5 @@
 // Batch jobs on the site's scheduler: submit a script, ask how a job is, follow it, cancel it.
-// Slurm through sbatch/scontrol/squeue/scancel, PBS through qsub/qstat/qdel. Backends never print.
+// Slurm through sbatch/squeue/scancel, PBS through qsub/qstat/qdel. Backends never print.
 #pragma once
 
 #include <chrono>
@@ -14,11 +14,11 @@ namespace ddl::backends {
 
 struct JobState {
   std::string id;
-  std::string name;
+  std::string name;    // PBS only: a Slurm job name may hold any text, and nothing shows it
   std::string state;   // the scheduler's word: PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, ... (PBS: Q, R, F, ...)
   std::string reason;  // why it is pending, or how it ended
   std::string nodes;   // where it runs
-  std::string output;  // its output file, when the scheduler says
+  std::string output;  // its output file, when the scheduler says (Slurm: the file its batch step writes)
   std::optional<int> exit_code;
   bool finished = false;
 };

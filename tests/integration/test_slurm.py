@@ -297,6 +297,46 @@ class Slurm(unittest.TestCase):
                     finally:
                         run(["scancel", job])
 
+    def test_wait_reads_state_exit_code_and_output_file_whatever_the_name_and_path_hold(self):
+        # scontrol's one-line output cannot be split safely: a name may hold blanks and Key= text.
+        hostile = "x JobState=COMPLETED ExitCode=7:0 StdOut=/etc/hostname Reason=None"
+        with tempfile.TemporaryDirectory() as tmp:
+            result = self.submit("--site", "slurm", "--gpus-per-node", "0", "-J", hostile, "-o", os.path.join(tmp, "my out %j.txt"),
+                                 "--wait", "--", "bash", "-c", "echo marker; exit 3", cwd=tmp)
+            self.assertEqual(result.returncode, 3, result.stdout + result.stderr)
+            job = result.stdout.split("submitted job ")[1].split()[0]
+            output = os.path.join(tmp, f"my out {job}.txt")
+            self.assertIn(f"output: {output}\n", result.stdout)
+            self.assertRegex(result.stdout, rf"job {job} FAILED on {self.node} \(NonZeroExitCode\), exit code 3")
+            self.assertRegex(result.stdout, rf"--- last \d+ lines of {re.escape(output)} ---\n\[0\] marker\n")
+            # Slurm's own file name rules: a backslash turns %j off and is dropped.
+            result = self.submit("--site", "slurm", "--gpus-per-node", "0", "-o", os.path.join(tmp, "a\\b-%j.out"), "--wait", "--", "true",
+                                 cwd=tmp)
+            self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+            self.assertIn(f"output: {tmp}/ab-%j.out\n", result.stdout)
+            self.assertTrue(os.path.exists(os.path.join(tmp, "ab-%j.out")))
+            # Still pending, whatever its name says: --wait gives up at its timeout, ddl status agrees.
+            result = self.submit("--site", "slurm", "--gpus-per-node", "0", "-J", hostile, "--directive=--hold", "--wait",
+                                 "--wait-timeout", "2", "--", "true", cwd=tmp)
+            job = result.stdout.split("submitted job ")[1].split()[0]
+            try:
+                self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
+                self.assertIn(f"job {job} PENDING (JobHeldUser)", result.stdout)
+                self.assertNotIn("COMPLETED", result.stdout)
+                self.assertIn(f"stopped following job {job} before it ended", result.stderr)
+            finally:
+                run(["scancel", job])
+            # A name ddl would refuse, from sbatch itself: '|' and a newline cannot shift the fields either.
+            job = run(["sbatch", "--parsable", "--hold", "-J", f"a|b\n{job}|COMPLETED|None|vm|1792|", "-o", "/dev/null", "--wrap", "true"],
+                      cwd=tmp).stdout.strip()
+            try:
+                status = run([DDL, "status", job])
+                self.assertEqual(status.returncode, 0, status.stderr)
+                self.assertEqual(status.stdout, f"job {job} PENDING (JobHeldUser)\noutput: /dev/null\n")
+                self.assertIn(f"job {job} PENDING (JobHeldUser)\n", run([DDL, "status"]).stdout)
+            finally:
+                run(["scancel", job])
+
     def test_a_submit_that_reaches_no_controller_says_so_and_that_nothing_was_submitted(self):
         # A real sbatch with a slurm.conf whose controller port has no slurmctld behind it.
         with tempfile.TemporaryDirectory() as tmp:

@@ -1,6 +1,9 @@
 #include <doctest/doctest.h>
 
+#include <sstream>
+
 #include "backends/jobs.hpp"
+#include "backends/slurm/slurm_jobs.hpp"
 
 using ddl::backends::scheduler_unreachable;
 
@@ -11,4 +14,82 @@ TEST_CASE("sbatch and qsub saying they reached no scheduler is told apart from a
       scheduler_unreachable("sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified"));
   CHECK_FALSE(scheduler_unreachable("qsub: Unknown queue"));
   CHECK_FALSE(scheduler_unreachable(""));
+}
+
+using namespace ddl::backends::slurm;
+
+namespace {
+
+JobFacts plain_job() { return {"12", "COMPLETED", "None", "vm", "0", "alice", "nid001", "12", "N/A"}; }
+
+}  // namespace
+
+TEST_CASE("squeue's fixed fields are read by position; free text never shares their line") {
+  auto facts = read_facts("31|PENDING|JobHeldUser||0|alice|n/a|31|N/A|\n");
+  REQUIRE(facts);
+  CHECK(facts->job_id == "31");
+  CHECK(facts->state == "PENDING");
+  CHECK(facts->reason == "JobHeldUser");
+  CHECK(facts->nodes == "");
+  CHECK(facts->array_task_id == "N/A");
+  // The first record of an array's several.
+  facts = read_facts("26|COMPLETED|None|vm|0|root|vm|26|5|\n28|COMPLETED|None|vm|0|root|vm|26|4|\n");
+  REQUIRE(facts);
+  CHECK(facts->array_task_id == "5");
+  CHECK_FALSE(read_facts(""));
+  CHECK_FALSE(read_facts("slurm_load_jobs error: Invalid job id specified\n"));
+  // The query names no free-text field, so nothing a user sets can reach this line.
+  std::istringstream fields(facts_query("31").back());
+  for (std::string field; std::getline(fields, field, ',');)
+    for (const char* free_text : {"Name:", "STDOUT:", "STDERR:", "Comment:", "WorkDir:", "Command:", "Account:"})
+      CHECK_FALSE(field.starts_with(free_text));
+}
+
+TEST_CASE("a free-text field is asked for alone and read whole: blanks, Key= text, '|' and newlines") {
+  const auto query = one_field_query(plain_job(), "STDOUT");
+  REQUIRE(query);
+  CHECK(*query == std::vector<std::string>{"squeue", "-h", "-t", "all", "-j", "12", "-O", "STDOUT:0"});
+  CHECK(read_one_field("/tmp/x/my out.txt\n") == "/tmp/x/my out.txt");
+  CHECK(read_one_field("x JobState=COMPLETED ExitCode=7:0 StdOut=/etc/hostname\n") ==
+        "x JobState=COMPLETED ExitCode=7:0 StdOut=/etc/hostname");
+  CHECK(read_one_field("a|b\nc\n\n") == "a|b\nc\n");
+  JobFacts task = plain_job();
+  task.job_id = "28";
+  task.array_job_id = "26";
+  task.array_task_id = "4";
+  CHECK(one_field_query(task, "Name")->at(5) == "26_4");  // 28 alone would select every task of 26
+  task.array_task_id = "3-5";                             // tasks not yet started: one record, several files
+  CHECK_FALSE(one_field_query(task, "STDOUT"));
+}
+
+TEST_CASE("Slurm's exit codes: 22.05's raw wait status and later versions' code:signal") {
+  CHECK(exit_status("0") == 0);
+  CHECK(exit_status("1792") == 7);  // 7 << 8
+  CHECK(exit_status("15") == 128 + 15);
+  CHECK(exit_status("7:0") == 7);
+  CHECK(exit_status("0:9") == 128 + 9);
+  CHECK_FALSE(exit_status(""));
+  CHECK_FALSE(exit_status("4294967294"));  // NO_VAL
+  CHECK_FALSE(exit_status("x JobState"));
+}
+
+TEST_CASE("the output file is the one slurmstepd writes for the batch step") {
+  const JobFacts job = plain_job();
+  CHECK(batch_output_file("/home/a/ddl-%j.out", job, "") == "/home/a/ddl-12.out");
+  CHECK(batch_output_file("/tmp/x/my out.txt", job, "") == "/tmp/x/my out.txt");
+  CHECK(batch_output_file("/o/%x-%u-%N-%5j-%s-%t-%n-%J-%%j-%q-%", job, "n m") == "/o/n m-alice-nid001-00012-batch-0-0-12-%j-%q-%");
+  CHECK(batch_output_file("/o/%a-%A", job, "") == "/o/4294967294-12");  // not an array: Slurm's NO_VAL
+  JobFacts task = job;
+  task.job_id = "28";
+  task.array_job_id = "26";
+  task.array_task_id = "4";
+  CHECK(batch_output_file("/o/arr-%A-%a-%3a-%j", task, "") == "/o/arr-26-4-004-28");
+  // A backslash turns the patterns off; each lone one is dropped, each pair kept as one.
+  CHECK(batch_output_file("/tmp/x/dir-a\\b-%j.out", job, "") == "/tmp/x/dir-ab-%j.out");
+  CHECK(batch_output_file("/tmp/x/a\\\\b", job, "") == "/tmp/x/a\\b");
+  CHECK(pattern_names_job("/o/%x.out"));
+  CHECK(pattern_names_job("/o/%8x.out"));
+  CHECK_FALSE(pattern_names_job("/o/%%x.out"));
+  CHECK_FALSE(pattern_names_job("/o/\\%x.out"));
+  CHECK_FALSE(pattern_names_job("/o/ddl-%j.out"));
 }
