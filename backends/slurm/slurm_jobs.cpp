@@ -81,8 +81,8 @@ std::string without_escapes(const std::string& pattern) {
 
 std::vector<std::string> facts_query(const std::string& id) {
   // -t all: without it squeue leaves out jobs that have ended. ":|" is full width, then '|'.
-  return {"squeue", "-h", "-t", "all", "-j", id, "-O",
-          "JobID:|,State:|,Reason:|,NodeList:|,exit_code:|,UserName:|,BatchHost:|,ArrayJobID:|,ArrayTaskID:|"};
+  return {"squeue", "-h", "-t", "all",
+          "-j",     id,   "-O", "JobID:|,State:|,Reason:|,NodeList:|,exit_code:|,UserName:|,BatchHost:|,ArrayJobID:|,ArrayTaskID:|"};
 }
 
 std::optional<JobFacts> read_facts(const std::string& squeue_output) {

@@ -129,7 +129,7 @@ static struct {
   PyObject* handle_numbers; /* an iterator of handle numbers, shared with the general path */
 } tensor_path;
 
-static PyObject *s_dtype, *s_is_cpu, *s_is_contiguous, *s_shape, *s_data_ptr, *s_numel, *s_allreduce_prefix;
+static PyObject *s_dtype, *s_is_cpu, *s_is_contiguous, *s_shape, *s_data_ptr, *s_numel, *s_allreduce_prefix, *s_c_handles;
 
 /* bind_tensor_path(dtypes, ops, world_options, world_set, taken, handle_map, handle_numbers) */
 static PyObject* bind_tensor_path(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
@@ -241,7 +241,7 @@ static PyObject* allreduce_tensor(PyObject* self, PyObject* const* args, Py_ssiz
     return NULL;
   }
   PyObject *tensor = args[0], *output = args[1], *name = args[3];
-  if (allreduce_ex == NULL || tensor_path.handle_map == NULL || args[2] != Py_None || !PyUnicode_Check(name) ||
+  if (allreduce_ex == NULL || tensor_path.handle_map == NULL || args[2] != Py_None || !PyUnicode_CheckExact(name) ||
       args[7] != tensor_path.world_set || !is_one(args[5]) || !is_one(args[6]))
     Py_RETURN_NONE;
   long op = mapped(tensor_path.ops, args[4]);
@@ -275,7 +275,14 @@ static PyObject* allreduce_tensor(PyObject* self, PyObject* const* args, Py_ssiz
   }
 
   PyObject* full_name = claim_name(name);
-  const char* utf8 = full_name == NULL ? NULL : PyUnicode_AsUTF8AndSize(full_name, NULL);
+  Py_ssize_t utf8_size = 0;
+  const char* utf8 = full_name == NULL ? NULL : PyUnicode_AsUTF8AndSize(full_name, &utf8_size);
+  if (utf8 != NULL && strlen(utf8) != (size_t)utf8_size) { /* a NUL inside: the general path refuses the name */
+    release_name(full_name);
+    Py_DECREF(full_name);
+    Py_DECREF(options_entry);
+    goto not_common;
+  }
   ddl_handle handle = NULL;
   ddl_status status =
       utf8 == NULL ? DDL_ERROR_INVALID_ARGUMENT
@@ -326,6 +333,56 @@ static PyObject* finish_tensor(PyObject* self, PyObject* number) {
   return output != NULL ? output : raise_refused(status);
 }
 
+/* 1 when the libddl handle behind `handle_object` (an int) has finished, 0 when not, -1 on an error. */
+static int handle_done(PyObject* handle_object) {
+  ddl_handle handle = PyLong_AsVoidPtr(handle_object);
+  if (PyErr_Occurred()) return -1;
+  int done = 0;
+  return test_op(handle, &done) == DDL_SUCCESS && done ? 1 : 0;
+}
+
+/* poll(handle_map, number) -> True or False, or None when `number` has no record: whether every
+ * libddl handle of the record has finished. The record is a tuple whose item 0 is the handle (the
+ * tensor path's), or an object whose c_handles lists them. The lookup and the tests run in this one
+ * call with the GIL held throughout: synchronize() on another thread takes a record out (under the
+ * GIL) before it frees its handles, so no handle is tested once freed. */
+static PyObject* poll(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  (void)self;
+  if (nargs != 2 || !PyDict_Check(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "poll(handle_map: dict, number)");
+    return NULL;
+  }
+  if (test_op == NULL) {
+    PyErr_SetString(PyExc_RuntimeError, "ddl._fastpath: bind() was not called");
+    return NULL;
+  }
+  PyObject* record = PyDict_GetItemWithError(args[0], args[1]); /* borrowed */
+  if (record == NULL) {
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+  }
+  if (PyTuple_Check(record)) {
+    int done = PyTuple_Size(record) > 0 ? handle_done(PyTuple_GetItem(record, 0)) : -1;
+    if (done < 0) return PyErr_Occurred() ? NULL : (PyErr_SetString(PyExc_ValueError, "poll: an empty record"), NULL);
+    return PyBool_FromLong(done);
+  }
+  PyObject* handles = PyObject_GetAttr(record, s_c_handles);
+  if (handles == NULL) return NULL;
+  int is_list = PyList_Check(handles);
+  if (!is_list && !PyTuple_Check(handles)) {
+    Py_DECREF(handles);
+    PyErr_SetString(PyExc_TypeError, "poll: a record's c_handles is not a list or tuple");
+    return NULL;
+  }
+  Py_ssize_t count = is_list ? PyList_Size(handles) : PyTuple_Size(handles);
+  int all_done = 1;
+  for (Py_ssize_t i = 0; i < count && all_done == 1; ++i)
+    all_done = handle_done(is_list ? PyList_GetItem(handles, i) : PyTuple_GetItem(handles, i));
+  Py_DECREF(handles);
+  if (all_done < 0) return NULL;
+  return PyBool_FromLong(all_done);
+}
+
 static PyMethodDef methods[] = {
     {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL, "bind(ddl_allreduce_ex, ddl_wait): libddl's function addresses"},
     {"allreduce", (PyCFunction)(void (*)(void))allreduce, METH_FASTCALL,
@@ -336,6 +393,8 @@ static PyMethodDef methods[] = {
     {"allreduce_tensor", (PyCFunction)(void (*)(void))allreduce_tensor, METH_FASTCALL,
      "allreduce_tensor(tensor, output, average, name, op, prescale, postscale, process_set) -> handle or None"},
     {"finish_tensor", finish_tensor, METH_O, "finish_tensor(handle) -> output, or None: synchronize() of allreduce_tensor's ops"},
+    {"poll", (PyCFunction)(void (*)(void))poll, METH_FASTCALL,
+     "poll(handle_map, number) -> True, False, or None for no record: the record's handles tested under the GIL"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -344,7 +403,7 @@ static int intern_names(void) {
     PyObject** slot;
     const char* text;
   } names[] = {{&s_dtype, "dtype"},       {&s_is_cpu, "is_cpu"}, {&s_is_contiguous, "is_contiguous"}, {&s_shape, "shape"},
-               {&s_data_ptr, "data_ptr"}, {&s_numel, "numel"},   {&s_allreduce_prefix, "allreduce."}};
+               {&s_data_ptr, "data_ptr"}, {&s_numel, "numel"},   {&s_allreduce_prefix, "allreduce."}, {&s_c_handles, "c_handles"}};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i)
     if (*names[i].slot == NULL && (*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL) return -1;
   return 0;

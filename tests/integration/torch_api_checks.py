@@ -67,6 +67,14 @@ def _():
         ref = sum(((data(r, dtype=dtype).double() * 0.5).to(dtype).double() for r in range(N)))
         ref = (ref * 3.0).to(dtype)
         assert torch.equal(out, ref), (dtype, out, ref)
+    # An integer average with a post-scale: scaled once by postscale / size, as Horovod's arithmetic
+    # (dividing first would truncate before the scale).
+    x = torch.tensor([3 * R + 1, 7 * R + 2, -R - 1], dtype=torch.int32)
+    out = hvd.allreduce(x, op=hvd.Average, postscale_factor=3.0)
+    total = sum(torch.tensor([3 * r + 1, 7 * r + 2, -r - 1], dtype=torch.float64) for r in range(N))
+    assert torch.equal(out, (total * (3.0 / N)).to(torch.int32)), (out, total)
+    # A NaN factor that every rank passes is the same op on every rank (factors compare by their bits).
+    assert torch.isnan(hvd.allreduce(torch.ones(2), prescale_factor=float("nan"))).all()
 
 
 @check("allreduce_ in place, async with poll, grouped and non-contiguous tensors")
@@ -482,6 +490,67 @@ def _():
         text = f.read()
     os.unlink(path)
     assert "allreduce.timeline.op" in text, text[:500]
+
+
+@check("op names: a NUL is refused, a str subclass names its op as str does on either path")
+def _():
+    import enum
+    expect_error(ValueError, hvd.allreduce_async_, torch.ones(2), name="grad\0a")
+
+    class Grad(str, enum.Enum):
+        W = "w"
+    # One rank's tensor takes the compiled path (contiguous), the other's the general one (transposed).
+    x = torch.ones(2, 2) * (R + 1) if R % 2 == 0 else (torch.ones(2, 2) * (R + 1)).t()
+    assert torch.equal(hvd.synchronize(hvd.allreduce_async_(x, name=Grad.W, op=hvd.Sum)),
+                       torch.full((2, 2), float(N * (N + 1) // 2)))
+
+
+@check("poll on one thread while another synchronizes the same handles")
+def _():
+    import threading
+    current, stop, unexpected = [None], [False], []
+
+    def poller():
+        while not stop[0]:
+            handle = current[0]
+            if handle is None:
+                continue
+            try:
+                hvd.poll(handle)
+            except ValueError:  # synchronized meanwhile
+                pass
+            except Exception as error:  # noqa: BLE001 (anything else is the failure)
+                unexpected.append(repr(error))
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads take turns as often as they can: the race shows in a few hundred ops
+    thread = threading.Thread(target=poller)
+    thread.start()
+    try:
+        x = torch.ones(8)
+        for _ in range(3000):
+            handle = hvd.allreduce_async_(x, name="polled", op=hvd.Sum)
+            current[0] = handle
+            hvd.synchronize(handle)
+    finally:
+        stop[0] = True
+        thread.join()
+        sys.setswitchinterval(switch)
+    assert not unexpected, unexpected[:3]
+
+
+@check("shutdown with an op only some ranks submitted fails it at once, and init works again")
+def _():
+    import time
+    handle = hvd.allreduce_async_(torch.ones(4), name="lonely") if R == 0 else None
+    started = time.monotonic()
+    hvd.shutdown()
+    took = time.monotonic() - started
+    assert took < 60, f"shutdown waited {took:.0f} s for an op that another rank never submitted"
+    if handle is not None:
+        expect_error(ValueError, hvd.synchronize, handle)  # dropped with the world it belonged to
+    hvd.init()
+    assert torch.equal(hvd.allreduce(torch.ones(2), op=hvd.Sum, name="lonely"), torch.full((2,), float(N)))
 
 
 @check("shutdown and init again")

@@ -18,7 +18,7 @@ _ENV_ALIASES = {"HOROVOD_FUSION_THRESHOLD": "DDL_FUSION_THRESHOLD", "HOROVOD_CYC
 
 _topology = {}
 _exit_state = {"hooked": False, "uncaught": False}
-_shutdown_hooks = []  # a face's cleanup (its handles) before libddl finalizes
+_shutdown_hooks = []  # a face's cleanup (its handles) after libddl finalizes
 
 
 def _finalize_at_exit():
@@ -67,7 +67,7 @@ def _require_number(variable, value):
 
 
 def on_shutdown(hook):
-    """Registers a face's cleanup, run by shutdown() before libddl finalizes."""
+    """Registers a face's cleanup, run by shutdown() once libddl has finalized."""
     if hook not in _shutdown_hooks:
         _shutdown_hooks.append(hook)
 
@@ -116,11 +116,13 @@ def shutdown():
     """Leaves the world (every rank must call it); init() may be called again afterwards."""
     if not L.lib.ddl_is_initialized():
         return
+    # libddl first: it fails the ops still in flight (one that only some ranks submitted would
+    # otherwise hold a face's cleanup until the timeout), then the faces free their handles.
+    status = L.lib.ddl_finalize()
     for hook in _shutdown_hooks:
         hook()
     names.clear()
     _process_sets._forget_all()
-    status = L.lib.ddl_finalize()
     _topology.clear()
     if status != L.SUCCESS:
         L.raise_for(status)

@@ -6,6 +6,7 @@
     handle = allreduce_tensor(tensor, output, average, name, op, prescale, postscale, process_set)
                                  # a whole allreduce_async(_) of the common case, or None (bind_tensor_path)
     output = finish_tensor(handle)   # synchronize() of such a handle, or None for any other handle
+    done = poll(handle_map, handle)  # True/False, None for no record: lookup and tests as one step
 
 `allreduce` raises Refused(status) when libddl refuses the op (ddl_last_error() says why). Handles are
 ints, which the ctypes prototypes of ddl_wait and ddl_test take as well.
@@ -18,6 +19,7 @@ submit. DDL_PYTHON_FASTPATH=0 takes ctypes anyway (the tests run both). `compile
 
 import ctypes
 import os
+import threading
 
 from ddl import _lib as L
 
@@ -57,12 +59,30 @@ def _ctypes_allreduce():
     return allreduce
 
 
+# Held by a face's synchronize() while it takes a record out of its handle map, and by the ctypes
+# poll() across its lookup and tests (ddl_test through ctypes releases the GIL): so no handle is
+# tested after another thread freed it. The compiled poll() needs no lock: it runs under the GIL.
+registry_lock = threading.Lock()
+
+
+def _ctypes_poll(handle_map, number):
+    with registry_lock:
+        record = handle_map.get(number)
+        if record is None:
+            return None
+        done = ctypes.c_int(0)
+        for handle in (record[0],) if type(record) is tuple else record.c_handles:
+            if L.lib.ddl_test(handle, ctypes.byref(done)) != L.SUCCESS or not done.value:
+                return False
+        return True
+
+
 _compiled, why_not_compiled = _load_compiled()
 compiled = _compiled is not None
 if compiled:
-    allreduce, wait, Refused = _compiled.allreduce, _compiled.wait, _compiled.Refused
+    allreduce, wait, Refused, poll = _compiled.allreduce, _compiled.wait, _compiled.Refused, _compiled.poll
 else:
-    allreduce, wait, Refused = _ctypes_allreduce(), L.lib.ddl_wait, _CtypesRefused
+    allreduce, wait, Refused, poll = _ctypes_allreduce(), L.lib.ddl_wait, _CtypesRefused, _ctypes_poll
 
 
 def _not_common(*args):

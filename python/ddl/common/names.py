@@ -18,6 +18,8 @@ class Names:
             full = f"{kind}.noname.{self.epoch}.{n}"
         else:
             full = f"{kind}.{name}"
+            if "\0" in full:  # libddl's names are C strings: the rest would be cut off unseen
+                raise ValueError(f"op names cannot hold a NUL character: {full!r}")
         taken = self.taken.get(key)  # not setdefault(key, set()): that makes a set per call (a hot path)
         if taken is None:
             taken = self.taken_in(key)

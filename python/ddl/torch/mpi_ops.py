@@ -157,15 +157,12 @@ def _c_handles_of(pending):
 
 
 def poll(handle):
-    """True when the operation behind `handle` has finished (synchronize() then returns at once)."""
-    pending = _handle_map.get(handle)
-    if pending is None:
+    """True when the operation behind `handle` has finished (synchronize() then returns at once).
+    Safe against synchronize() of the same handle on another thread (fastpath.poll)."""
+    done = _fast.poll(_handle_map, handle)
+    if done is None:
         raise ValueError(f"handle {handle} was not returned by an async op, or was already synchronized")
-    done = ctypes.c_int(0)
-    for h in _c_handles_of(pending):
-        if L.lib.ddl_test(h, ctypes.byref(done)) != L.SUCCESS or not done.value:
-            return False
-    return True
+    return done
 
 
 def synchronize(handle):
@@ -179,7 +176,8 @@ def synchronize(handle):
         failed = refused.args[0]  # raised below, outside this handler: the Refused is no part of the story
     if failed is not None:
         L.raise_for(failed)
-    pending = _handle_map.pop(handle, None)
+    with _fast.registry_lock:
+        pending = _handle_map.pop(handle, None)
     if pending is None:
         raise ValueError(f"handle {handle} was not returned by an async op, or was already synchronized")
     if pending.collect is None and len(pending.c_handles) == 1:  # one op, as each gradient's: the short way
@@ -201,11 +199,17 @@ def synchronize(handle):
 
 
 def _drop_all_handles():
-    """At shutdown: libddl fails what is still in flight; forget it here too."""
-    for pending in _handle_map.values():
+    """After libddl has finalized (and so failed what was still in flight): frees the handles left.
+    Each record leaves the map before its handles are freed (the wait releases the GIL, and another
+    thread may be synchronizing meanwhile), so none is freed twice."""
+    while _handle_map:
+        try:
+            with _fast.registry_lock:
+                _, pending = _handle_map.popitem()
+        except KeyError:  # another thread took the last one
+            break
         for h in _c_handles_of(pending):
             L.lib.ddl_wait(h)
-    _handle_map.clear()
 
 
 _basics.on_shutdown(_drop_all_handles)

@@ -594,8 +594,12 @@ bool Engine::run_fused_allreduce_in_place(const std::vector<PendingOp*>& ops) {
 }
 
 // A reduction's `count` result elements at `recv` become the op's: divided by the world size for
-// an average, then post-scaled.
+// an average, then post-scaled. An integer average with a post-scale is scaled once, by
+// postscale / size, as Horovod does: dividing first would truncate before the scale ((3 / 2) * 3
+// would be 3, not 4).
 void Engine::finish_reduction(void* recv, size_t count, const OpSpec& s) const {
+  const bool integer = s.dtype != DDL_FLOAT16 && s.dtype != DDL_BFLOAT16 && s.dtype != DDL_FLOAT32 && s.dtype != DDL_FLOAT64;
+  if (s.reduce == DDL_AVERAGE && integer && s.postscale != 1.0) return scale(recv, count, s.dtype, s.postscale / size_);
   if (s.reduce == DDL_AVERAGE) divide_by_world_size(recv, count, s.dtype, size_);
   scale(recv, count, s.dtype, s.postscale);
 }

@@ -2,9 +2,11 @@
 #pragma once
 
 #include <array>
+#include <bit>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "ddl/ddl.h"
@@ -39,7 +41,14 @@ struct OpSpec {
   double prescale = 1.0;           // allreduce, reducescatter: input *= prescale
   double postscale = 1.0;          // allreduce, reducescatter: result *= postscale
 
-  bool operator==(const OpSpec&) const = default;
+  // Scale factors compare by their bits: a NaN factor every rank passes is the same op on every rank.
+  bool operator==(const OpSpec& other) const {
+    return std::tie(kind, dtype, reduce, root, count, counts, cuda, compress_fp16, shape) ==
+               std::tie(other.kind, other.dtype, other.reduce, other.root, other.count, other.counts, other.cuda, other.compress_fp16,
+                        other.shape) &&
+           std::bit_cast<uint64_t>(prescale) == std::bit_cast<uint64_t>(other.prescale) &&
+           std::bit_cast<uint64_t>(postscale) == std::bit_cast<uint64_t>(other.postscale);
+  }
   // "allreduce float32[1000] sum", "broadcast int64[3] from rank 2", ...
   std::string describe() const;
 };
