@@ -19,6 +19,7 @@
 #include "cli/sites_command.hpp"
 #include "cli/submit_command.hpp"
 #include "common/error.hpp"
+#include "launcher/supervisor.hpp"
 #include "launcher/worker_process.hpp"
 
 namespace {
@@ -165,6 +166,7 @@ int exit_status_for(const ddl::Error& e) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  ddl::launcher::hold_standard_descriptors();
   CLI::App app{"ddl: launch and supervise distributed deep-learning training", "ddl"};
   app.set_version_flag("--version", std::string(DDL_VERSION));
   app.require_subcommand(1);  // no extras: every command refuses a word it does not know (run's program is a prefix command's)

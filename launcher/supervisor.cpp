@@ -32,19 +32,26 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr int kHandledSignals[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2};
+// Every signal whose default would end ddl: one it did not catch would end it without stopping the
+// workers' children (the workers themselves die with it: PR_SET_PDEATHSIG). Each stops the run, the
+// workers getting the same signal, except the two below.
+constexpr int kHandledSignals[] = {SIGCHLD, SIGINT,  SIGTERM,   SIGHUP,  SIGUSR1, SIGUSR2, SIGQUIT,
+                                   SIGALRM, SIGXCPU, SIGVTALRM, SIGPROF, SIGPWR,  SIGXFSZ};
 
 // Signals that ask the workers for something (a checkpoint before the time limit: Slurm's
 // --signal=B:USR1@300) rather than to stop: passed on, and the run goes on.
 bool passed_on_only(int sig) { return sig == SIGUSR1 || sig == SIGUSR2; }
 
-void write_all(int fd, std::string_view data) {
+// False when the output has nowhere to go (a closed terminal, a pipe whose reader has gone: errno
+// says which).
+bool write_all(int fd, std::string_view data) {
   while (!data.empty()) {
     ssize_t n = ::write(fd, data.data(), data.size());
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;  // a closed terminal or pipe: the output has nowhere to go
+    if (n <= 0) return false;
     data.remove_prefix(static_cast<size_t>(n));
   }
+  return true;
 }
 
 int open_output_file(const std::string& dir, int rank, const char* stream) {
@@ -157,10 +164,11 @@ class Run {
 
   RunOutcome execute(const std::vector<WorkerLaunch>& launches) {
     if (!options_.output_dir.empty()) create_output_dir();
+    std::vector<std::pair<int, int>> files = open_output_files(launches);  // all before any worker runs
     workers_.reserve(launches.size());
     streams_.reserve(2 * launches.size());
     try {
-      for (const auto& launch : launches) start(launch);
+      for (size_t i = 0; i < launches.size(); ++i) start(launches[i], files[i]);
     } catch (...) {
       kill_everything();
       throw;
@@ -188,7 +196,27 @@ class Run {
                   "choose a directory you can write to");
   }
 
-  void start(const WorkerLaunch& launch) {
+  // Each worker's (stdout, stderr) files under --output-dir, or (-1, -1): opened before any worker
+  // starts, so that a file that cannot be written stops the run before it runs anything.
+  std::vector<std::pair<int, int>> open_output_files(const std::vector<WorkerLaunch>& launches) {
+    std::vector<std::pair<int, int>> files;
+    try {
+      for (const auto& launch : launches) {
+        auto& [out, err] = files.emplace_back(-1, -1);
+        if (options_.output_dir.empty() || launch.labeller || options_.relay_with_rank_labels) continue;
+        out = open_output_file(options_.output_dir, launch.rank, "out");
+        err = open_output_file(options_.output_dir, launch.rank, "err");
+      }
+    } catch (...) {
+      for (auto [out, err] : files)
+        for (int fd : {out, err})
+          if (fd >= 0) ::close(fd);
+      throw;
+    }
+    return files;
+  }
+
+  void start(const WorkerLaunch& launch, std::pair<int, int> files) {
     Worker& w = workers_.emplace_back();
     w.rank = launch.rank;
     w.labeller = launch.labeller;
@@ -197,7 +225,6 @@ class Run {
                     ? spawn_with_control(launch, w)
                     : spawn_worker(launch.program, launch.argv, launch.env, child_mask_, -1, !options_.parent_signals_workers);
     const std::string prefix = options_.prefix_output ? rank_prefix(launch.rank) : std::string();
-    const bool files = !options_.output_dir.empty() && !launch.labeller && !options_.relay_with_rank_labels;
     const LineLabeller* labeller = launch.labeller ? &w.labeller : nullptr;
     Stream& out = streams_.emplace_back();
     out.index = static_cast<int>(streams_.size()) - 1;
@@ -205,7 +232,7 @@ class Run {
     out.fd = w.process.stdout_fd;
     out.target_fd = STDOUT_FILENO;
     out.terminal = &stdout_lines_;
-    out.file_fd = files ? open_output_file(options_.output_dir, launch.rank, "out") : -1;
+    out.file_fd = files.first;
     out.prefix = prefix;
     out.labeller = labeller;
     out.file_suffix = "out";
@@ -215,7 +242,7 @@ class Run {
     err.fd = w.process.stderr_fd;
     err.target_fd = STDERR_FILENO;
     err.terminal = stderr_terminal_;
-    err.file_fd = files ? open_output_file(options_.output_dir, launch.rank, "err") : -1;
+    err.file_fd = files.second;
     err.prefix = prefix;
     err.tail = &w.stderr_tail;
     err.labeller = labeller;
@@ -357,8 +384,20 @@ class Run {
       if (s.file_fd >= 0) append_with_end(to_file, text, end);
       remember_for_summary(s, text, end);
     });
-    write_all(s.target_fd, to_terminal);
+    if (!write_all(s.target_fd, to_terminal) && errno == EPIPE) stop_reading_into_closed_pipe(s);
     if (s.file_fd >= 0) write_all(s.file_fd, to_file);
+  }
+
+  // ddl's stdout (or stderr) is a pipe whose reader has gone (`ddl run ... | head -1`): the
+  // workers' pipes into it close too, so they get SIGPIPE (or EPIPE) as they would without ddl in
+  // between, rather than write into nothing forever.
+  void stop_reading_into_closed_pipe(Stream& s) {
+    for (auto& other : streams_) {
+      if (other.target_fd != s.target_fd || other.fd < 0 || other.file_fd >= 0) continue;  // --output-dir: still wanted
+      ::close(other.fd);
+      other.fd = -1;
+      other.unfinished_due.reset();
+    }
   }
 
   // A worker's text as ddl's output shows it, or as its host's agent relays it.
@@ -501,6 +540,8 @@ class Run {
     stopping_ = true;
     workers_stopped_ = running_workers();
     signal_all(sig);
+    for (const auto& w : workers_)                      // a stopped worker (SIGSTOP, Ctrl-Z) acts on it now, not at the SIGKILL
+      if (w.control_fd < 0) signal_worker(w, SIGCONT);  // (a host's agent does this for its own)
     kill_deadline_ = Clock::now() + options_.grace_period;
   }
 
@@ -612,6 +653,17 @@ class Run {
 };
 
 }  // namespace
+
+void hold_standard_descriptors() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) >= 0 || errno != EBADF) continue;
+    const int held = ::open("/dev/null", O_RDWR);  // the lowest free number: this one
+    if (held >= 0 && held != fd) {
+      ::dup2(held, fd);
+      ::close(held);
+    }
+  }
+}
 
 Supervisor::Supervisor(SupervisorOptions options) : options_(std::move(options)) {
   sigset_t handled;

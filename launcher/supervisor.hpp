@@ -19,6 +19,11 @@
 
 namespace ddl::launcher {
 
+// Opens /dev/null onto whichever of descriptors 0-2 ddl was started without (`ddl run ... >&-`):
+// the next descriptor ddl opens (a socket, the signalfd) would take that number, and output meant
+// for stdout would be written into it. Call first thing.
+void hold_standard_descriptors();
+
 struct SupervisorOptions {
   std::chrono::milliseconds grace_period{10'000};  // between SIGTERM and SIGKILL
   bool prefix_output = true;                       // "[rank] " before each line

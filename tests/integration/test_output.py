@@ -85,6 +85,39 @@ class Output(unittest.TestCase):
         self.assertTrue(result.stderr.startswith("ddl: error: --output-dir: cannot create"), result.stderr)
 
 
+    def test_an_output_file_that_cannot_be_written_stops_the_run_before_any_worker_runs(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "out")
+            os.makedirs(os.path.join(out, "rank.1.out"))  # a directory where rank 1's file goes
+            touched = os.path.join(tmp, "ran")
+            result = ddl("-np", "2", "--output-dir", out, "--", "touch", touched, timeout=60)
+            self.assertEqual(result.returncode, 1, result.stderr)
+            self.assertIn(f"--output-dir: cannot write {out}/rank.1.out", result.stderr)
+            self.assertFalse(os.path.exists(touched), "a worker ran before the run was refused")
+
+    def test_a_reader_that_goes_away_ends_the_run_as_a_pipe_ends_a_writer(self):
+        # `ddl run -- yes | head -1`: the workers get SIGPIPE, as without ddl, instead of writing
+        # into nothing forever.
+        proc = subprocess.Popen([DDL, "run", "-np", "2", "--", "yes"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        first = proc.stdout.readline()
+        proc.stdout.close()
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            self.fail("ddl run went on after its reader had gone")
+        self.assertEqual(first, b"[0] y\n" if first.startswith(b"[0]") else b"[1] y\n")
+        self.assertEqual(proc.returncode, 128 + 13, err)
+        self.assertIn(b"killed by SIGPIPE", err)
+
+    def test_started_without_a_stdout_ddl_runs_its_workers_and_ends_as_they_do(self):
+        # With descriptor 1 closed, the next one ddl opened took its number and got the workers' output.
+        result = subprocess.run(f"{DDL} run -np 2 -- sh -c 'echo out; echo err >&2; exit 0' >&-", shell=True, capture_output=True,
+                                text=True, timeout=60)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(sorted(result.stderr.splitlines()), ["[0] err", "[1] err"])
+
     def test_a_progress_bar_redrawn_with_carriage_returns_shows_while_the_worker_runs(self):
         # tqdm's way: "\r" + the bar, no newline until the end. Each redraw must reach ddl's output
         # while the worker still runs (they were held until it exited), prefixed, ending in "\r".

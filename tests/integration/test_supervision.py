@@ -133,6 +133,28 @@ class Signals(unittest.TestCase):
         self.assertEqual(proc.returncode, 128 + signal.SIGINT)
         self.assertEqual(processes_with(self.marker), [])
 
+    def test_every_signal_that_would_end_ddl_stops_the_workers_and_what_they_forked(self):
+        # A signal ddl did not catch would end it at once, leaving what the workers forked behind.
+        for sig in (signal.SIGQUIT, signal.SIGALRM, signal.SIGXCPU):
+            with self.subTest(signal=sig.name):
+                proc = start_ddl("-np", "2", "--", "sh", "-c", self.script)
+                self.wait_for_workers(4)
+                proc.send_signal(sig)
+                out, err = proc.communicate(timeout=15)
+                self.assertEqual(proc.returncode, 128 + sig, err)
+                self.assertIn(f"ddl: interrupted by {sig.name}", err)
+                self.assertTrue(wait_until(lambda: processes_with(self.marker) == [], 15), processes_with(self.marker))
+
+    def test_a_stopped_worker_is_continued_so_it_acts_on_the_stop_at_once(self):
+        # Rank 0 stops itself (as Ctrl-Z or a debugger would); rank 1 fails. A stopped process
+        # cannot act on SIGTERM until continued: ddl sends SIGCONT after it, not the grace period's SIGKILL.
+        script = f'if [ "$RANK" = 0 ]; then kill -STOP $$; sleep {self.marker}; fi; sleep 1; exit 3'
+        start = time.monotonic()
+        result = ddl("-np", "2", "--grace-period", "120", "--", "sh", "-c", script, timeout=100)
+        self.assertEqual(result.returncode, 3, result.stderr)
+        self.assertLess(time.monotonic() - start, 60)  # far from the 120 s grace period
+        self.assertEqual(processes_with(self.marker), [])
+
     def test_workers_die_with_a_killed_launcher(self):
         proc = start_ddl("-np", "2", "--", "sleep", self.marker)
         self.wait_for_workers(2)
