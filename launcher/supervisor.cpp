@@ -182,7 +182,7 @@ class Run {
       throw;
     }
     kill_everything();
-    drain_streams(Clock::now() + std::chrono::seconds(2));
+    drain_streams(std::chrono::seconds(2), std::chrono::seconds(60));
     end_open_lines();
     return outcome();
   }
@@ -595,7 +595,13 @@ class Run {
     }
   }
 
-  void drain_streams(Clock::time_point deadline) {
+  // Reads what the workers wrote before they ended, to each stream's end. A slow reader of ddl's
+  // output can leave much of it in the pipes: the wait ends only after `quiet` with nothing to read
+  // (a process that escaped and holds a pipe open), or at `longest`. Then whatever a stream still
+  // holds (a last line without its end) goes out.
+  void drain_streams(std::chrono::milliseconds quiet, std::chrono::milliseconds longest) {
+    const auto give_up = Clock::now() + longest;
+    auto deadline = std::min(give_up, Clock::now() + quiet);
     while (Clock::now() < deadline) {
       std::vector<pollfd> fds;
       std::vector<Stream*> polled;
@@ -606,9 +612,16 @@ class Run {
       }
       if (fds.empty()) return;
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-      if (::poll(fds.data(), fds.size(), static_cast<int>(std::max<long long>(left, 0))) <= 0) return;
+      if (::poll(fds.data(), fds.size(), static_cast<int>(std::max<long long>(left, 0))) <= 0) break;
       for (size_t i = 0; i < fds.size(); ++i)
         if (fds[i].revents != 0) read_stream(*polled[i]);
+      deadline = std::min(give_up, Clock::now() + quiet);
+    }
+    for (auto& s : streams_) {
+      if (s.fd < 0) continue;
+      emit(s, [&](auto sink) { s.splitter.finish(sink); });
+      ::close(s.fd);
+      s.fd = -1;
     }
   }
 

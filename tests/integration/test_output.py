@@ -111,6 +111,19 @@ class Output(unittest.TestCase):
         self.assertEqual(proc.returncode, 128 + 13, err)
         self.assertIn(b"killed by SIGPIPE", err)
 
+    def test_a_slow_reader_still_gets_every_line_and_each_last_unfinished_one(self):
+        # Far more than the pipes hold is still unread when the workers end: ddl reads on while
+        # the reader keeps taking it, then passes on each worker's last line without its end.
+        worker = ('import os, sys\nr = os.environ["RANK"]\nfor i in range(1200): print(r, i, "q" * 100)\n'
+                  'sys.stdout.write(f"TAIL_{r}"); sys.stdout.flush()\n')
+        reader = "import sys, time\nwhile b := sys.stdin.buffer.read1(4096):\n    sys.stdout.buffer.write(b); time.sleep(0.05)\n"
+        result = subprocess.run(f"{DDL} run -np 4 -- {PYTHON} -c '{worker}' | {PYTHON} -c '{reader}'", shell=True,
+                                capture_output=True, text=True, timeout=120)
+        lines = result.stdout.splitlines()
+        for rank in ("0", "1", "2", "3"):
+            self.assertEqual(len([line for line in lines if line.startswith(f"[{rank}] {rank} ")]), 1200)
+            self.assertIn(f"[{rank}] TAIL_{rank}", lines)
+
     def test_started_without_a_stdout_ddl_runs_its_workers_and_ends_as_they_do(self):
         # With descriptor 1 closed, the next one ddl opened took its number and got the workers' output.
         result = subprocess.run(f"{DDL} run -np 2 -- sh -c 'echo out; echo err >&2; exit 0' >&-", shell=True, capture_output=True,
