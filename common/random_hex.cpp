@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "common/error.hpp"
+#include "common/hex.hpp"
 
 namespace ddl {
 
@@ -21,9 +22,7 @@ std::string random_hex(size_t bytes) {
     if (n < 0) throw Error(fmt::format("cannot read random bytes: {}", std::strerror(errno)));
     got += static_cast<size_t>(n);
   }
-  std::string hex;
-  for (unsigned char b : raw) hex += fmt::format("{:02x}", b);
-  return hex;
+  return to_hex(std::string_view(reinterpret_cast<const char*>(raw.data()), raw.size()));
 }
 
 }  // namespace ddl

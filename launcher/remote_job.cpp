@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
+#include "common/hex.hpp"
 
 namespace ddl::launcher {
 
@@ -25,31 +26,15 @@ json bytes_to_json(const std::string& bytes) {
     (void)json(bytes).dump();
     return bytes;
   } catch (const json::type_error&) {
-    static constexpr char kDigits[] = "0123456789abcdef";
-    std::string hex;
-    hex.reserve(bytes.size() * 2);
-    for (unsigned char c : bytes) {
-      hex.push_back(kDigits[c >> 4]);
-      hex.push_back(kDigits[c & 0xf]);
-    }
-    return {{"hex", hex}};
+    return {{"hex", to_hex(bytes)}};
   }
-}
-
-int hex_digit(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  throw Error("the launching host sent a word whose hex is not lowercase hex digits");
 }
 
 std::string any_bytes_from_json(const json& j) {
   if (j.is_string()) return j.get<std::string>();
-  const auto hex = j.at("hex").get<std::string>();
-  if (hex.size() % 2) throw Error("the launching host sent a word whose hex has an odd length");
-  std::string bytes;
-  bytes.reserve(hex.size() / 2);
-  for (std::size_t i = 0; i < hex.size(); i += 2) bytes.push_back(static_cast<char>(hex_digit(hex[i]) * 16 + hex_digit(hex[i + 1])));
-  return bytes;
+  auto bytes = from_hex(j.at("hex").get<std::string>());
+  if (!bytes) throw Error("the launching host sent a word whose hex is not an even number of lowercase hex digits");
+  return *bytes;
 }
 
 // A word of a command line, a variable or a path: a NUL byte would cut it short where it is used.
