@@ -704,8 +704,7 @@ void Engine::unpack_blocks(size_t block, const std::vector<size_t>& counts, ddl_
 // If any rank's counts differ, every rank fails the op (the collectives ran, so ranks stay in step).
 bool Engine::run_alltoallv(PendingOp& op) {
   const auto ranks = static_cast<size_t>(size_);
-  std::vector<uint64_t> sending(op.send_counts.begin(), op.send_counts.end()), sent_to_me(ranks);
-  collectives_->alltoall(sending.data(), sent_to_me.data(), sizeof(uint64_t));
+  const std::vector<uint64_t> sent_to_me = counts_sent_to_me(op);
   size_t differing = 0;
   while (differing < ranks && sent_to_me[differing] == op.recv_counts[differing]) ++differing;
   bool mismatch = differing < ranks;
@@ -722,12 +721,17 @@ bool Engine::run_alltoallv(PendingOp& op) {
   return true;
 }
 
-// Each rank's count for every other first (one small alltoall), then the data into a buffer the
-// handle keeps: no rank needs to know beforehand what it will receive.
-void Engine::run_alltoall_any(PendingOp& op) {
-  const auto ranks = static_cast<size_t>(size_);
-  std::vector<uint64_t> sending(op.send_counts.begin(), op.send_counts.end()), receiving(ranks);
+// How many elements each rank sends this one in `op` (one small alltoall of every rank's send counts).
+std::vector<uint64_t> Engine::counts_sent_to_me(const PendingOp& op) {
+  std::vector<uint64_t> sending(op.send_counts.begin(), op.send_counts.end()), receiving(static_cast<size_t>(size_));
   collectives_->alltoall(sending.data(), receiving.data(), sizeof(uint64_t));
+  return receiving;
+}
+
+// Each rank's count for every other first, then the data into a buffer the handle keeps: no rank
+// needs to know beforehand what it will receive.
+void Engine::run_alltoall_any(PendingOp& op) {
+  std::vector<uint64_t> receiving = counts_sent_to_me(op);
   bool mismatch = false;  // every count is learned here: none can differ
   const size_t block = exchange_blocks(op, mismatch);
   std::vector<size_t> counts(receiving.begin(), receiving.end());

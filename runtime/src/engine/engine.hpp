@@ -162,6 +162,7 @@ class Engine {
   void run_reducescatter(PendingOp& op);
   bool run_alltoallv(PendingOp& op);  // false: finished with an error
   void run_alltoall_any(PendingOp& op);
+  std::vector<uint64_t> counts_sent_to_me(const PendingOp& op);
   size_t exchange_blocks(const PendingOp& op, bool& mismatch);
   void unpack_blocks(size_t block, const std::vector<size_t>& counts, ddl_dtype dtype, char* to);
   void run_allgather_any(PendingOp& op);
