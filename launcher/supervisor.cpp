@@ -350,13 +350,18 @@ class Run {
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
     s.unfinished_due.reset();
     if (n <= 0) {
-      emit(s, [&](auto sink) { s.splitter.finish(sink); });
-      ::close(s.fd);
-      s.fd = -1;
+      end_stream(s);
       return;
     }
     emit(s, [&](auto sink) { s.splitter.feed(std::string_view(buf, static_cast<size_t>(n)), sink); });
     if (s.labeller == nullptr && s.splitter.has_unpassed_text()) s.unfinished_due = Clock::now() + kUnfinishedLineQuietTime;
+  }
+
+  // The stream's end: what it still holds (a last line without its end) goes out, and it closes.
+  void end_stream(Stream& s) {
+    emit(s, [&](auto sink) { s.splitter.finish(sink); });
+    if (s.fd >= 0) ::close(s.fd);  // emit may have closed it (its reader gone)
+    s.fd = -1;
   }
 
   void show_quiet_unfinished_lines() {
@@ -617,12 +622,8 @@ class Run {
         if (fds[i].revents != 0) read_stream(*polled[i]);
       deadline = std::min(give_up, Clock::now() + quiet);
     }
-    for (auto& s : streams_) {
-      if (s.fd < 0) continue;
-      emit(s, [&](auto sink) { s.splitter.finish(sink); });
-      ::close(s.fd);
-      s.fd = -1;
-    }
+    for (auto& s : streams_)
+      if (s.fd >= 0) end_stream(s);
   }
 
   RunOutcome outcome() {
