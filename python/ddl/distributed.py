@@ -80,8 +80,7 @@ def _write_back(tensors, dense):
 
 def _reducible(tensor, op):
     """(tensor as libddl reduces it, its libddl dtype): complex numbers as pairs of reals for SUM/AVG.
-    `tensor` is contiguous (_dense)."""
-    _check(tensor)
+    `tensor` is one _dense gave (checked, contiguous)."""
     if tensor.is_complex():
         if op not in (L.SUM, L.AVERAGE):
             raise ValueError("complex tensors reduce with SUM or AVG only")
@@ -95,8 +94,7 @@ def _reducible(tensor, op):
 
 def _movable(tensor):
     """(tensor as libddl moves it, its libddl dtype): any dtype, as bytes where libddl has no type for it.
-    `tensor` is contiguous (_dense)."""
-    _check(tensor)
+    `tensor` is one _dense gave (checked, contiguous)."""
     dtype = _DTYPES.get(tensor.dtype)
     if dtype is not None:
         return tensor, dtype
@@ -561,7 +559,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
             raise ValueError("all_to_all: the inputs and outputs must share one dtype")
         send = torch.cat([t.reshape(-1) for t in input_tensors])
         recv = torch.empty((sum(t.numel() for t in output_tensors),), dtype=send.dtype, device=send.device)
-        send_view, dtype = _movable(send)
+        send_view, dtype = _movable(_dense(send))
         recv_view, _ = _movable(recv)
         scale = send_view.numel() // send.numel() if send.numel() else 1
         send_counts = [t.numel() * scale for t in input_tensors]
@@ -587,7 +585,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
             raise ValueError(f"gather: the root takes one output per rank of the group ({size}), not {len(outputs)}")
         if self.rank() == root and any(t.numel() != input.numel() or t.dtype != input.dtype for t in outputs):
             raise ValueError("gather: every tensor of the root's gather_list must have the input's size and dtype")
-        send, dtype = _movable(input.contiguous())
+        send, dtype = _movable(_dense(input))
         recv = torch.empty((size * send.numel() if self.rank() == root else 0,), dtype=send.dtype, device=send.device)
         send_counts = [send.numel() if r == root else 0 for r in range(size)]
         recv_counts = [send.numel() if self.rank() == root else 0 for _ in range(size)]
@@ -614,7 +612,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
             inputs = _single(input_tensors, "scatter")
             if len(inputs) != size or any(t.numel() != output.numel() or t.dtype != output.dtype for t in inputs):
                 raise ValueError(f"scatter: the root takes {size} inputs of the output's size and dtype")
-            send, _ = _movable(torch.cat([t.reshape(-1) for t in inputs]))
+            send, _ = _movable(_dense(torch.cat([t.reshape(-1) for t in inputs])))
         else:
             send = torch.empty((0,), dtype=recv.dtype, device=recv.device)
         send_counts = [recv.numel() if self.rank() == root else 0 for _ in range(size)]
