@@ -22,6 +22,7 @@
 
 #include "common/error.hpp"
 #include "launcher/line_splitter.hpp"
+#include "launcher/pending_output.hpp"
 #include "launcher/relayed_output.hpp"
 #include "launcher/terminal_lines.hpp"
 #include "launcher/worker_process.hpp"
@@ -182,8 +183,10 @@ class Run {
       throw;
     }
     kill_everything();
-    drain_streams(std::chrono::seconds(2), std::chrono::seconds(60));
-    end_open_lines();
+    if (drain_streams(std::chrono::seconds(2), std::chrono::seconds(60))) {
+      end_open_lines();
+      flush_output();
+    }
     return outcome();
   }
 
@@ -277,19 +280,16 @@ class Run {
   }
 
   // Waits for output, a signal, the kill deadline or the time to show an unfinished line, and
-  // handles what came.
+  // handles what came. ddl's output is written only as its reader takes it (PendingOutput): one
+  // that has stopped reading holds up the workers' output, never the signals or a failed worker.
   void step() {
-    std::vector<pollfd> fds{{signal_fd_, POLLIN, 0}, {control_fd_, POLLIN, 0}};
-    std::vector<Stream*> polled;
-    for (auto& s : streams_) {
-      if (s.fd < 0) continue;
-      fds.push_back({s.fd, POLLIN, 0});
-      polled.push_back(&s);
-    }
+    std::vector<pollfd> fds{{signal_fd_, POLLIN, 0}, {control_fd_, POLLIN, 0}, {output_.next_fd(), POLLOUT, 0}};
+    std::vector<Stream*> polled = streams_to_read(fds);
     int rc = ::poll(fds.data(), fds.size(), ms_until_next_deadline());
     if (rc < 0 && errno != EINTR) throw Error(fmt::format("poll failed: {}", std::strerror(errno)));
-    for (size_t i = 2; i < fds.size(); ++i)
-      if (fds[i].revents != 0) read_stream(*polled[i - 2]);
+    if (fds[2].revents != 0) write_pending_output();
+    for (size_t i = 3; i < fds.size(); ++i)
+      if (fds[i].revents != 0) read_stream(*polled[i - 3]);
     if (fds[0].revents & POLLIN) handle_signals();
     if (fds[1].revents != 0) read_control();
     show_quiet_unfinished_lines();
@@ -303,6 +303,23 @@ class Run {
         if (w.control_fd >= 0) signal_worker(w, SIGKILL);
       remote_kill_deadline_.reset();
     }
+  }
+
+  // The open streams, each added to `fds` to be polled for input; none while too much output waits.
+  std::vector<Stream*> streams_to_read(std::vector<pollfd>& fds) {
+    std::vector<Stream*> polled;
+    if (output_.full()) return polled;
+    for (auto& s : streams_) {
+      if (s.fd < 0) continue;
+      fds.push_back({s.fd, POLLIN, 0});
+      polled.push_back(&s);
+    }
+    return polled;
+  }
+
+  void write_pending_output() {
+    const int reader_gone = output_.write_next();
+    if (reader_gone >= 0) stop_reading_into_closed_pipe(reader_gone);
   }
 
   int ms_until_next_deadline() const {
@@ -389,16 +406,16 @@ class Run {
       if (s.file_fd >= 0) append_with_end(to_file, text, end);
       remember_for_summary(s, text, end);
     });
-    if (!write_all(s.target_fd, to_terminal) && errno == EPIPE) stop_reading_into_closed_pipe(s);
+    output_.add(s.target_fd, to_terminal);
     if (s.file_fd >= 0) write_all(s.file_fd, to_file);
   }
 
   // ddl's stdout (or stderr) is a pipe whose reader has gone (`ddl run ... | head -1`): the
   // workers' pipes into it close too, so they get SIGPIPE (or EPIPE) as they would without ddl in
   // between, rather than write into nothing forever.
-  void stop_reading_into_closed_pipe(Stream& s) {
+  void stop_reading_into_closed_pipe(int target_fd) {
     for (auto& other : streams_) {
-      if (other.target_fd != s.target_fd || other.fd < 0 || other.file_fd >= 0) continue;  // --output-dir: still wanted
+      if (other.target_fd != target_fd || other.fd < 0 || other.file_fd >= 0) continue;  // --output-dir: still wanted
       ::close(other.fd);
       other.fd = -1;
       other.unfinished_due.reset();
@@ -451,8 +468,8 @@ class Run {
 
   // At the end of the run: a line left open on ddl's output is ended before ddl's own words.
   void end_open_lines() {
-    write_all(STDOUT_FILENO, stdout_lines_.end_open_line());
-    if (stderr_terminal_ != &stdout_lines_) write_all(STDERR_FILENO, stderr_lines_.end_open_line());
+    output_.add(STDOUT_FILENO, stdout_lines_.end_open_line());
+    if (stderr_terminal_ != &stdout_lines_) output_.add(STDERR_FILENO, stderr_lines_.end_open_line());
   }
 
   void write_rank_file(int rank, const char* suffix, const std::string& text) {
@@ -602,28 +619,69 @@ class Run {
 
   // Reads what the workers wrote before they ended, to each stream's end. A slow reader of ddl's
   // output can leave much of it in the pipes: the wait ends only after `quiet` with nothing to read
-  // (a process that escaped and holds a pipe open), or at `longest`. Then whatever a stream still
-  // holds (a last line without its end) goes out.
-  void drain_streams(std::chrono::milliseconds quiet, std::chrono::milliseconds longest) {
+  // (a process that escaped and holds a pipe open), or at `longest`; time spent waiting for ddl's
+  // reader to take what is pending is not quiet. Then whatever a stream still holds (a last line
+  // without its end) goes out. False when a signal to stop came meanwhile: the output is given up.
+  bool drain_streams(std::chrono::milliseconds quiet, std::chrono::milliseconds longest) {
     const auto give_up = Clock::now() + longest;
     auto deadline = std::min(give_up, Clock::now() + quiet);
-    while (Clock::now() < deadline) {
-      std::vector<pollfd> fds;
-      std::vector<Stream*> polled;
-      for (auto& s : streams_) {
-        if (s.fd < 0) continue;
-        fds.push_back({s.fd, POLLIN, 0});
-        polled.push_back(&s);
-      }
-      if (fds.empty()) return;
+    for (;;) {
+      std::vector<pollfd> fds{{signal_fd_, POLLIN, 0}, {output_.next_fd(), POLLOUT, 0}};
+      std::vector<Stream*> polled = streams_to_read(fds);
+      if (std::none_of(streams_.begin(), streams_.end(), [](const Stream& s) { return s.fd >= 0; })) break;
+      const bool reading = !polled.empty();  // else too much waits for ddl's reader
+      if (reading && Clock::now() >= deadline) break;
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-      if (::poll(fds.data(), fds.size(), static_cast<int>(std::max<long long>(left, 0))) <= 0) break;
-      for (size_t i = 0; i < fds.size(); ++i)
-        if (fds[i].revents != 0) read_stream(*polled[i]);
-      deadline = std::min(give_up, Clock::now() + quiet);
+      if (::poll(fds.data(), fds.size(), reading ? static_cast<int>(std::max<long long>(left, 0)) : -1) < 0 && errno != EINTR) break;
+      if ((fds[0].revents & POLLIN) && stop_signal_arrived()) {
+        give_up_output();
+        return false;
+      }
+      if (fds[1].revents != 0) write_pending_output();
+      bool read_any = !reading && fds[1].revents != 0;  // the reader took some: not a quiet time
+      for (size_t i = 2; i < fds.size(); ++i) {
+        if (fds[i].revents == 0) continue;
+        read_stream(*polled[i - 2]);
+        read_any = true;
+      }
+      if (read_any) deadline = std::min(give_up, Clock::now() + quiet);
     }
     for (auto& s : streams_)
       if (s.fd >= 0) end_stream(s);
+    return true;
+  }
+
+  // Writes what is pending as the reader takes it, however slowly, until a signal says to stop.
+  void flush_output() {
+    while (!output_.empty()) {
+      pollfd fds[] = {{signal_fd_, POLLIN, 0}, {output_.next_fd(), POLLOUT, 0}};
+      if (::poll(fds, 2, -1) < 0 && errno != EINTR) return;
+      if ((fds[0].revents & POLLIN) && stop_signal_arrived()) return;
+      if (fds[1].revents != 0) write_pending_output();
+    }
+  }
+
+  // After the workers: whether a signal that stops ddl came (the workers' SIGCHLD and the signals
+  // only passed on to them do not).
+  bool stop_signal_arrived() {
+    bool stop = false;
+    signalfd_siginfo info{};
+    while (::read(signal_fd_, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
+      const int sig = static_cast<int>(info.ssi_signo);
+      if (sig == SIGCHLD)
+        reap_children();
+      else if (!passed_on_only(sig))
+        stop = true;
+    }
+    return stop;
+  }
+
+  void give_up_output() {
+    for (auto& s : streams_) {
+      if (s.fd >= 0) ::close(s.fd);
+      s.fd = -1;
+    }
+    output_.clear();
   }
 
   RunOutcome outcome() {
@@ -649,6 +707,7 @@ class Run {
   const sigset_t& child_mask_;
   std::vector<Worker> workers_;
   std::vector<Stream> streams_;
+  PendingOutput output_;                                   // for ddl's stdout and stderr, written as their readers take it
   TerminalLines stdout_lines_;                             // what ddl's stdout shows
   TerminalLines stderr_lines_;                             // what ddl's stderr shows, when it is not where stdout goes
   TerminalLines* stderr_terminal_;                         // stderr_lines_, or stdout_lines_ when both go to one file

@@ -3,12 +3,13 @@ import os
 import re
 import select
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
 import unittest
 
-from ddl_testing import DDL, PYTHON, ddl
+from ddl_testing import DDL, PYTHON, ddl, wait_until
 
 # Each worker writes many long lines to both streams as fast as it can, in pieces, so that lines
 # of different workers would splice if ddl forwarded bytes instead of lines.
@@ -153,6 +154,65 @@ class Output(unittest.TestCase):
         finally:
             proc.terminate()  # ddl stops its worker on SIGTERM
             proc.wait(timeout=60)
+
+def running(pid):
+    """Whether `pid` is a process that has not ended (a zombie has: only its reaping is left)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+class UnreadOutput(unittest.TestCase):
+    """ddl's stdout is a pipe nobody reads (a paused pager, `ddl run ... | sleep 600`): what ddl has
+    to write waits for its reader, while signals and a failed worker are acted on at once."""
+
+    def start_with_unread_stdout(self, tmp, worker_tail):
+        # Each worker notes its pid, then writes to stdout as fast as it can.
+        worker = (f'import os, sys, time\nopen("{tmp}/pid." + os.environ["RANK"], "w").write(str(os.getpid()))\n'
+                  f'{worker_tail}\nwhile True: print("x" * 200, flush=True)\n')
+        read_end, write_end = os.pipe()
+        proc = subprocess.Popen([DDL, "run", "-np", "2", "--grace-period", "5", "--", PYTHON, "-c", worker],
+                                stdout=write_end, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        os.close(write_end)
+        pid_files = [os.path.join(tmp, f"pid.{rank}") for rank in (0, 1)]
+        self.assertTrue(wait_until(lambda: all(os.path.exists(p) and os.path.getsize(p) > 0 for p in pid_files), 60))
+        pids = []
+        for pid_file in pid_files:
+            with open(pid_file) as f:
+                pids.append(int(f.read()))
+        self.addCleanup(lambda: [os.kill(pid, 9) for pid in pids if running(pid)])
+        return proc, read_end, pids
+
+    def finish(self, proc, read_end, pids):
+        stopped = wait_until(lambda: not any(running(pid) for pid in pids), 20)
+        os.close(read_end)  # the reader goes: what ddl still holds for it has nowhere to go
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+            self.fail("ddl run did not end once its reader had gone")
+        self.assertTrue(stopped, "the workers ran on while ddl waited for its reader")
+        return err
+
+    def test_sigterm_stops_the_workers_though_nobody_reads_the_output(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            proc, read_end, pids = self.start_with_unread_stdout(tmp, "")
+            time.sleep(2)  # every pipe between the workers and the reader fills up
+            proc.send_signal(signal.SIGTERM)
+            err = self.finish(proc, read_end, pids)
+        self.assertEqual(proc.returncode, 128 + signal.SIGTERM, err)
+
+    def test_a_failed_worker_stops_the_others_though_nobody_reads_the_output(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            fail_later = 'if os.environ["RANK"] == "1":\n    time.sleep(2); sys.exit(3)'
+            proc, read_end, pids = self.start_with_unread_stdout(tmp, fail_later)
+            err = self.finish(proc, read_end, pids)
+        self.assertEqual(proc.returncode, 3, err)
+        self.assertIn("rank 1 on ", err)
+
 
 class PartialLines(unittest.TestCase):
     """Output without a line end is shown once the worker has been quiet for a short time (0.1 s),

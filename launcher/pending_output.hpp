@@ -1,0 +1,72 @@
+// What ddl still has to write to its stdout and stderr, in the order it has to go out. A reader
+// that does not read (a paused pager, `ddl run ... | sleep 600`) must not keep the supervisor
+// from acting on signals and failed workers, so it writes only what a descriptor takes without
+// waiting, when poll() says it takes more; while too much waits, the supervisor stops reading
+// the workers, whose own writes then wait as they would without ddl.
+#pragma once
+
+#include <cstddef>
+#include <deque>
+#include <map>
+#include <string>
+#include <string_view>
+
+namespace ddl::launcher {
+
+// What may wait before the workers' output is no longer read: many pipes' worth, so that a
+// reader that is only slow (a terminal over ssh) costs the workers nothing.
+inline constexpr size_t kMostPendingOutputBytes = 4 << 20;
+
+class PendingOutput {
+ public:
+  explicit PendingOutput(size_t most_bytes = kMostPendingOutputBytes) : most_bytes_(most_bytes) {}
+  ~PendingOutput();
+  PendingOutput(const PendingOutput&) = delete;
+  PendingOutput& operator=(const PendingOutput&) = delete;
+
+  // Queues `data` for `fd`; dropped once that descriptor's reader is gone.
+  void add(int fd, std::string_view data);
+
+  bool empty() const { return pieces_.empty(); }
+  // Reading more would only make it grow: the workers' output is left in their pipes meanwhile.
+  bool full() const { return bytes_ >= most_bytes_; }
+  size_t bytes() const { return bytes_; }
+  // The descriptor the next bytes go to (to poll for POLLOUT); -1 when nothing waits.
+  int next_fd() const { return pieces_.empty() ? -1 : pieces_.front().fd; }
+
+  // Writes, in order, what the descriptors take now, without waiting: next_fd() first, so call it
+  // when poll() said POLLOUT (or an error) for that one. A piece that cannot be written (a full disk, a terminal that has gone) is dropped, as
+  // a blocking write would lose it. Returns the descriptor whose reader has gone (EPIPE), whose
+  // output is all dropped from then on; -1 otherwise.
+  int write_next();
+
+  // Drops everything pending.
+  void clear();
+
+ private:
+  struct Piece {
+    int fd = -1;
+    std::string bytes;
+    size_t written = 0;
+  };
+
+  // How ddl writes to one of its descriptors.
+  struct Target {
+    int own_fd = -1;              // a non-blocking descriptor of ddl's own onto the same pipe or terminal, or -1
+    bool regular_file = false;    // a file's write never waits for a reader
+    bool reader_gone = false;
+  };
+
+  enum class Written { some, nothing_now, reader_gone };
+
+  Target& target(int fd);
+  Written write_once(Target& to);
+  void drop_everything_for(int fd);
+
+  std::deque<Piece> pieces_;
+  size_t bytes_ = 0;
+  size_t most_bytes_;
+  std::map<int, Target> targets_;
+};
+
+}  // namespace ddl::launcher
