@@ -377,6 +377,16 @@ class ProcessGroupDDL(dist.ProcessGroup):
             options.flags |= L.BLOCKING
         return options
 
+    def _reduction(self, view, op):
+        """(libddl op, options) of a reduction of `view`, which may run at once (see _options). AVG of
+        float16 host tensors is a SUM of each input premultiplied by 1/size, as NCCL computes a
+        floating-point AVG: summed first, 60000 + 60000 overflows float16 where NCCL gives 60000.
+        (ddl.torch's Average sums first, as Horovod's does.)"""
+        options = self._options(view, may_block=True)
+        if op == L.AVERAGE and view.dtype == torch.float16 and not view.is_cuda:
+            op, options.prescale = L.SUM, 1.0 / self.size()
+        return op, options
+
     def _launch(self, submit_all, finish, *keep):
         """Runs `submit_all(handles)`, which appends each libddl op's handle it starts; returns the
         Work whose future `finish()` completes once they all have finished. `keep`: the buffers the
@@ -415,8 +425,9 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
         def submit(handles):
             for view, dtype in views:
+                view_op, options = self._reduction(view, op)
                 self._submit(handles, L.lib.ddl_allreduce_ex, self._name("allreduce"), _pointer(view), _pointer(view),
-                             view.numel(), dtype, op, ctypes.byref(self._options(view, may_block=True)))
+                             view.numel(), dtype, view_op, ctypes.byref(options))
 
         return self._launch(submit, lambda: _write_back(tensors, dense) or tensors, views)
 
@@ -433,8 +444,9 @@ class ProcessGroupDDL(dist.ProcessGroup):
         root = opts.rootRank
 
         def submit(handles):
+            view_op, options = self._reduction(view, op)
             self._submit(handles, L.lib.ddl_allreduce_ex, self._name("reduce"), _pointer(view), _pointer(result),
-                         view.numel(), dtype, op, ctypes.byref(self._options(view, may_block=True)))
+                         view.numel(), dtype, view_op, ctypes.byref(options))
 
         def finish():
             if self.rank() == root:
@@ -458,8 +470,9 @@ class ProcessGroupDDL(dist.ProcessGroup):
         counts = _counts([recv.numel()] * self.size())
 
         def submit(handles):
+            send_op, options = self._reduction(send, op)
             self._submit(handles, L.lib.ddl_reducescatter_ex, self._name("reducescatter"), _pointer(send),
-                         _pointer(recv), counts, dtype, op, ctypes.byref(self._options(send, may_block=True)))
+                         _pointer(recv), counts, dtype, send_op, ctypes.byref(options))
 
         return self._launch(submit, lambda: _write_back([output], [dense]) or [output], send, recv)
 

@@ -60,6 +60,14 @@ def reductions(rank):
         expected = data(rank)
         dist.all_reduce(expected, group=GLOO)
         check("all_reduce AVG", t, expected / SIZE)
+        # float16 as NCCL averages floats, each input premultiplied by 1/size: a sum first overflows.
+        large = torch.full((3,), 60000.0, dtype=torch.float16)
+        dist.all_reduce(large, op=dist.ReduceOp.AVG, group=DDL)
+        check("all_reduce AVG float16 near its largest value", large, torch.full((3,), 60000.0, dtype=torch.float16))
+        out = torch.zeros(2, dtype=torch.float16)
+        scatter = getattr(dist, "reduce_scatter_tensor", None) or dist._reduce_scatter_base  # torch 1.13: the latter
+        scatter(out, torch.full((2 * SIZE,), 60000.0, dtype=torch.float16), op=dist.ReduceOp.AVG, group=DDL)
+        check("reduce_scatter_tensor AVG float16 near its largest value", out, torch.full((2,), 60000.0, dtype=torch.float16))
     try:
         dist.all_reduce(data(rank), op=dist.ReduceOp.BXOR, group=DDL)
     except ValueError as error:
