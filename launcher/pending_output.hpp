@@ -35,9 +35,9 @@ class PendingOutput {
   int next_fd() const { return pieces_.empty() ? -1 : pieces_.front().fd; }
 
   // Writes, in order, what the descriptors take now, without waiting: next_fd() first, so call it
-  // when poll() said POLLOUT (or an error) for that one. A piece that cannot be written (a full disk, a terminal that has gone) is dropped, as
-  // a blocking write would lose it. Returns the descriptor whose reader has gone (EPIPE), whose
-  // output is all dropped from then on; -1 otherwise.
+  // when poll() said POLLOUT (or an error) for that one. A piece that cannot be written (a full disk, a terminal that has gone) is dropped,
+  // as a blocking write would lose it. Returns the descriptor whose reader has gone (EPIPE), whose output is all dropped from then on; -1
+  // otherwise.
   int write_next();
 
   // Drops everything pending.
@@ -52,8 +52,8 @@ class PendingOutput {
 
   // How ddl writes to one of its descriptors.
   struct Target {
-    int own_fd = -1;              // a non-blocking descriptor of ddl's own onto the same pipe or terminal, or -1
-    bool regular_file = false;    // a file's write never waits for a reader
+    int own_fd = -1;            // a non-blocking descriptor of ddl's own onto the same pipe or terminal, or -1
+    bool regular_file = false;  // a file's write never waits for a reader
     bool reader_gone = false;
   };
 

@@ -154,7 +154,8 @@ class Run {
         stderr_terminal_(same_file(STDOUT_FILENO, STDERR_FILENO) ? &stdout_lines_ : &stderr_lines_) {}
 
   ~Run() {
-    for (auto& [key, fd] : rank_files_) ::close(fd);
+    for (auto& [key, fd] : rank_files_)
+      if (fd >= 0) ::close(fd);
     for (auto& w : workers_)
       if (w.control_fd >= 0) ::close(w.control_fd);
     for (auto& s : streams_) {
@@ -407,7 +408,21 @@ class Run {
       remember_for_summary(s, text, end);
     });
     output_.add(s.target_fd, to_terminal);
-    if (s.file_fd >= 0) write_all(s.file_fd, to_file);
+    write_output_file(s.file_fd, s.rank, s.file_suffix, to_file);
+  }
+
+  // An --output-dir file that cannot be written (a full disk, a quota) is given up, with one
+  // warning: the run goes on (a copy of the output is not worth a training run), and that output
+  // still reaches ddl's own. Giving up at once leaves a file cut short rather than one with holes.
+  void write_output_file(int& fd, int rank, const char* suffix, std::string_view text) {
+    if (fd < 0 || write_all(fd, text)) return;
+    const std::string reason = std::strerror(errno);
+    ::close(fd);
+    fd = -1;
+    output_.add(STDERR_FILENO, stderr_terminal_->end_open_line());
+    output_.add(STDERR_FILENO, fmt::format("ddl: warning: --output-dir: cannot write {}/rank.{}.{}: {}; rank {}'s output goes on "
+                                           "to ddl's own only\n",
+                                           options_.output_dir, rank, suffix, reason, rank));
   }
 
   // ddl's stdout (or stderr) is a pipe whose reader has gone (`ddl run ... | head -1`): the
@@ -476,7 +491,7 @@ class Run {
     auto key = std::make_pair(rank, std::string(suffix));
     auto it = rank_files_.find(key);
     if (it == rank_files_.end()) it = rank_files_.emplace(key, open_output_file(options_.output_dir, rank, suffix)).first;
-    write_all(it->second, text);
+    write_output_file(it->second, rank, suffix, text);
   }
 
   void handle_signals() {

@@ -96,6 +96,20 @@ class Output(unittest.TestCase):
             self.assertIn(f"--output-dir: cannot write {out}/rank.1.out", result.stderr)
             self.assertFalse(os.path.exists(touched), "a worker ran before the run was refused")
 
+    def test_an_output_file_that_fails_mid_run_is_given_up_with_one_warning_and_the_run_goes_on(self):
+        # /dev/full stands for a disk that fills up: every write fails with ENOSPC.
+        with tempfile.TemporaryDirectory() as tmp:
+            os.symlink("/dev/full", os.path.join(tmp, "rank.0.out"))
+            result = ddl("-np", "2", "--output-dir", tmp, "--", "sh", "-c", 'echo "a $RANK"; echo "b $RANK"', timeout=60)
+            with open(os.path.join(tmp, "rank.1.out")) as f:
+                rank_1_file = f.read()
+        self.assertEqual(result.returncode, 0, result.stderr)
+        warnings = [line for line in result.stderr.splitlines() if line.startswith("ddl: warning: --output-dir")]
+        self.assertEqual(warnings, [f"ddl: warning: --output-dir: cannot write {tmp}/rank.0.out: No space left on "
+                                    "device; rank 0's output goes on to ddl's own only"], result.stderr)
+        self.assertEqual([line for line in result.stdout.splitlines() if line.startswith("[0]")], ["[0] a 0", "[0] b 0"])
+        self.assertEqual(rank_1_file, "a 1\nb 1\n")
+
     def test_a_reader_that_goes_away_ends_the_run_as_a_pipe_ends_a_writer(self):
         # `ddl run -- yes | head -1`: the workers get SIGPIPE, as without ddl, instead of writing
         # into nothing forever.
