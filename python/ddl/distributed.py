@@ -13,6 +13,7 @@ NCCL): an op is named by its place in that order.
 """
 
 import atexit
+import contextlib
 import ctypes
 import datetime
 import os
@@ -129,10 +130,11 @@ class _Op:
     """One launched op: its libddl handles, what makes its result, its torch future, and the buffers
     libddl uses (kept alive until it is done). Completed once, by whoever claims it first: the
     caller waiting on it, or the group's completer thread."""
-    __slots__ = ("handles", "finish", "future", "keep", "claimed", "queued", "lock", "__weakref__")
+    __slots__ = ("handles", "finish", "future", "keep", "stream", "claimed", "queued", "lock", "__weakref__")
 
-    def __init__(self, handles, finish, future, keep):
+    def __init__(self, handles, finish, future, keep, stream=None):
         self.handles, self.finish, self.future, self.keep = handles, finish, future, keep
+        self.stream = stream  # a CUDA op's: the caller's current stream, which the result copies go on too
         self.claimed = self.queued = False
         self.lock = threading.Lock()  # the GIL alone does not make test-and-set atomic on Python <= 3.10
 
@@ -171,7 +173,11 @@ class _Op:
         try:
             if failure is not None:
                 L.raise_for(*failure)
-            with torch.no_grad():  # results are written as gloo writes them: unseen by autograd, on any thread
+            # Results are written as gloo writes them: unseen by autograd, on any thread. A CUDA op's
+            # copies into its outputs go on the stream the caller enqueued it on (this thread's own
+            # would be the device's default stream), so that the caller's next kernels follow them.
+            on_stream = torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+            with torch.no_grad(), on_stream:
                 result = self.finish()
         except BaseException as error:  # the op's caller gets it from Work.wait()
             self.future.set_exception(error)
@@ -371,8 +377,10 @@ class ProcessGroupDDL(dist.ProcessGroup):
         thread at once (DDL_BLOCKING), which it does for a host tensor when the caller waits at once."""
         options = L.OpOptions(self._set, 1.0, 1.0, 0, None, None, 0)
         if tensor.is_cuda:
+            stream = torch.cuda.current_stream(tensor.device)
             options.flags |= L.CUDA_BUFFERS
-            options.stream = torch.cuda.current_stream(tensor.device).cuda_stream
+            options.stream = stream.cuda_stream
+            self._calling.stream = stream
         elif may_block and getattr(self._calling, "waits", False):
             options.flags |= L.BLOCKING
         return options
@@ -396,6 +404,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
         caller = _torch_caller()
         # torch's collectives called with async_op=False wait for the Work they get before anything else.
         self._calling.waits = caller is not None and caller.f_locals.get("async_op") is False
+        self._calling.stream = None  # a CUDA op's stream, which _options notes
         try:
             submit_all(handles)
         except BaseException:
@@ -404,7 +413,8 @@ class ProcessGroupDDL(dist.ProcessGroup):
             raise
         finally:
             self._calling.waits = False
-        return _work(_Op(handles, finish, torch.futures.Future(), keep), self._completer, caller)
+        stream, self._calling.stream = self._calling.stream, None
+        return _work(_Op(handles, finish, torch.futures.Future(), keep, stream), self._completer, caller)
 
     @staticmethod
     def _submit(handles, fn, *args):
