@@ -4,6 +4,7 @@
 
 #include <signal.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -16,6 +17,7 @@
 #include "common/error.hpp"
 #include "launcher/host.hpp"
 #include "launcher/host_list.hpp"
+#include "launcher/pending_output.hpp"
 #include "launcher/remote_run.hpp"
 #include "launcher/run_job.hpp"
 
@@ -28,25 +30,34 @@ std::string signal_name(int sig) {
   return abbrev ? fmt::format("SIG{}", abbrev) : fmt::format("signal {}", sig);
 }
 
-void print_outcome(const launcher::RunOutcome& o) {
+std::string outcome_text(const launcher::RunOutcome& o) {
+  std::string text;
   if (o.failure) {
     const auto& f = *o.failure;
     std::string how = f.signal ? fmt::format("was killed by {} (exit code {})", signal_name(f.signal), f.exit_code)
                                : fmt::format("exited with code {}", f.exit_code);
     if (!f.description.empty())
-      std::fprintf(stderr, "ddl: error: %s; stopped %d other worker(s)\n", f.description.c_str(), o.workers_stopped);
+      text = fmt::format("ddl: error: {}; stopped {} other worker(s)\n", f.description, o.workers_stopped);
     else if (f.rank < 0)
-      std::fprintf(stderr, "ddl: error: %s %s without naming a failed rank (see its messages above)\n", f.host.c_str(), how.c_str());
+      text = fmt::format("ddl: error: {} {} without naming a failed rank (see its messages above)\n", f.host, how);
     else
-      std::fprintf(stderr, "ddl: error: rank %d on %s %s; stopped %d other worker(s)\n", f.rank, f.host.c_str(), how.c_str(),
-                   o.workers_stopped);
+      text = fmt::format("ddl: error: rank {} on {} {}; stopped {} other worker(s)\n", f.rank, f.host, how, o.workers_stopped);
     if (!f.stderr_tail.empty()) {
-      std::fprintf(stderr, "ddl: last lines of rank %d's stderr:\n", f.rank);
-      for (const auto& line : f.stderr_tail) std::fprintf(stderr, "  | %s\n", line.c_str());
+      text += fmt::format("ddl: last lines of rank {}'s stderr:\n", f.rank);
+      for (const auto& line : f.stderr_tail) text += fmt::format("  | {}\n", line);
     }
   } else if (o.interrupted_by) {
-    std::fprintf(stderr, "ddl: interrupted by %s; stopped %d worker(s)\n", signal_name(o.interrupted_by).c_str(), o.workers_stopped);
+    text = fmt::format("ddl: interrupted by {}; stopped {} worker(s)\n", signal_name(o.interrupted_by), o.workers_stopped);
   }
+  return text;
+}
+
+void print_outcome(const launcher::RunOutcome& o) {
+  const std::string text = outcome_text(o);
+  if (o.output_given_up)  // a signal ended the wait for a reader that stopped reading: no waiting now either
+    launcher::write_without_waiting(STDERR_FILENO, text);
+  else
+    std::fputs(text.c_str(), stderr);
 }
 
 // The program and its arguments: what followed "--", or else what CLI11 did not recognise. An

@@ -17,6 +17,10 @@ namespace ddl::launcher {
 // reader that is only slow (a terminal over ssh) costs the workers nothing.
 inline constexpr size_t kMostPendingOutputBytes = 4 << 20;
 
+// Writes what `fd` takes of `text` now, without waiting for its reader (ddl's last words once a
+// signal has ended its wait for a reader that stopped reading); the rest is dropped.
+void write_without_waiting(int fd, std::string_view text);
+
 class PendingOutput {
  public:
   explicit PendingOutput(size_t most_bytes = kMostPendingOutputBytes) : most_bytes_(most_bytes) {}
@@ -24,7 +28,8 @@ class PendingOutput {
   PendingOutput(const PendingOutput&) = delete;
   PendingOutput& operator=(const PendingOutput&) = delete;
 
-  // Queues `data` for `fd`; dropped once that descriptor's reader is gone.
+  // Queues `data` for `fd`; dropped once that descriptor's reader is gone, or where it cannot be
+  // written at all.
   void add(int fd, std::string_view data);
 
   bool empty() const { return pieces_.empty(); }
@@ -34,8 +39,8 @@ class PendingOutput {
   // The descriptor the next bytes go to (to poll for POLLOUT); -1 when nothing waits.
   int next_fd() const { return pieces_.empty() ? -1 : pieces_.front().fd; }
 
-  // Writes, in order, what the descriptors take now, without waiting: next_fd() first, so call it
-  // when poll() said POLLOUT (or an error) for that one. A piece that cannot be written (a full disk, a terminal that has gone) is dropped,
+  // Writes, in order, what the descriptors take now, without waiting: at once, and again when
+  // poll() says POLLOUT (or an error) for next_fd(). A piece that cannot be written (a full disk, a terminal that has gone) is dropped,
   // as a blocking write would lose it. Returns the descriptor whose reader has gone (EPIPE), whose output is all dropped from then on; -1
   // otherwise.
   int write_next();
@@ -55,6 +60,7 @@ class PendingOutput {
     int own_fd = -1;            // a non-blocking descriptor of ddl's own onto the same pipe or terminal, or -1
     bool regular_file = false;  // a file's write never waits for a reader
     bool reader_gone = false;
+    bool unwritable = false;      // not open for writing (a read end as stdout)
   };
 
   enum class Written { some, nothing_now, reader_gone };

@@ -408,6 +408,7 @@ class Run {
       remember_for_summary(s, text, end);
     });
     output_.add(s.target_fd, to_terminal);
+    write_pending_output();  // at once, as far as the reader takes it: a line is not held back for the next poll
     write_output_file(s.file_fd, s.rank, s.file_suffix, to_file);
   }
 
@@ -648,9 +649,11 @@ class Run {
       if (reading && Clock::now() >= deadline) break;
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
       if (::poll(fds.data(), fds.size(), reading ? static_cast<int>(std::max<long long>(left, 0)) : -1) < 0 && errno != EINTR) break;
-      if ((fds[0].revents & POLLIN) && stop_signal_arrived()) {
-        give_up_output();
-        return false;
+      if (fds[0].revents & POLLIN) {
+        if (const int sig = stop_signal_arrived()) {
+          give_up_output(sig);
+          return false;
+        }
       }
       if (fds[1].revents != 0) write_pending_output();
       bool read_any = !reading && fds[1].revents != 0;  // the reader took some: not a quiet time
@@ -671,32 +674,38 @@ class Run {
     while (!output_.empty()) {
       pollfd fds[] = {{signal_fd_, POLLIN, 0}, {output_.next_fd(), POLLOUT, 0}};
       if (::poll(fds, 2, -1) < 0 && errno != EINTR) return;
-      if ((fds[0].revents & POLLIN) && stop_signal_arrived()) return;
+      if (fds[0].revents & POLLIN) {
+        if (const int sig = stop_signal_arrived()) return give_up_output(sig);
+      }
       if (fds[1].revents != 0) write_pending_output();
     }
   }
 
-  // After the workers: whether a signal that stops ddl came (the workers' SIGCHLD and the signals
-  // only passed on to them do not).
-  bool stop_signal_arrived() {
-    bool stop = false;
+  // After the workers: a signal that stops ddl, if one came (the workers' SIGCHLD and the signals
+  // only passed on to them do not); else 0.
+  int stop_signal_arrived() {
+    int stop = 0;
     signalfd_siginfo info{};
     while (::read(signal_fd_, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
       const int sig = static_cast<int>(info.ssi_signo);
       if (sig == SIGCHLD)
         reap_children();
-      else if (!passed_on_only(sig))
-        stop = true;
+      else if (!passed_on_only(sig) && stop == 0)
+        stop = sig;
     }
     return stop;
   }
 
-  void give_up_output() {
+  // `sig` came while ddl waited for its reader: the output not yet taken is dropped, and a run that
+  // had not failed ends as interrupted (its output was not all delivered).
+  void give_up_output(int sig) {
     for (auto& s : streams_) {
       if (s.fd >= 0) ::close(s.fd);
       s.fd = -1;
     }
     output_.clear();
+    output_given_up_ = true;
+    if (!failure_ && !interrupted_by_) interrupted_by_ = sig;
   }
 
   RunOutcome outcome() {
@@ -704,6 +713,7 @@ class Run {
     o.interrupted_by = interrupted_by_;
     o.workers_stopped = workers_stopped_;
     o.wait_status = wait_status_;
+    o.output_given_up = output_given_up_;
     if (failure_) {
       o.failure = failure_;
       o.failure->stderr_tail.assign(failed_worker_->stderr_tail.begin(), failed_worker_->stderr_tail.end());
@@ -737,6 +747,7 @@ class Run {
   std::optional<Clock::time_point> kill_deadline_;
   Clock::time_point failure_time_;
   bool escalated_ = false;  // ddl has sent SIGKILL
+  bool output_given_up_ = false;
   static constexpr std::chrono::milliseconds kRootCauseWindow{500};
 };
 

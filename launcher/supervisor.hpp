@@ -81,6 +81,9 @@ struct RunOutcome {
   std::optional<WorkerFailure> failure;  // the first worker that failed, if any
   int interrupted_by = 0;                // the signal that stopped the run from outside, if any
   int workers_stopped = 0;               // workers ddl stopped because of a failure or signal
+  // A signal ended the wait for a reader of ddl's output that had stopped reading: what it had not
+  // taken was dropped, and ddl's own last words must not wait for it either.
+  bool output_given_up = false;
 };
 
 class Supervisor {

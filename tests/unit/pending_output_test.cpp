@@ -1,8 +1,10 @@
 #include <doctest/doctest.h>
+#include <stdlib.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <string>
@@ -143,4 +145,39 @@ TEST_CASE("when the reader has gone, its output is dropped and the descriptor is
   CHECK(output.write_next() == -1);
   CHECK(output.empty());
   CHECK(err.read_available() == "kept\n");
+}
+
+TEST_CASE("a pty's master side as the descriptor: its output reaches the slave side, not a new pty") {
+  // /proc/self/fd/N of a master is /dev/ptmx, whose opening makes a new pty: it is written as it is.
+  const int master = ::posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+  REQUIRE(master >= 0);
+  REQUIRE(::grantpt(master) == 0);
+  REQUIRE(::unlockpt(master) == 0);
+  const int slave = ::open(::ptsname(master), O_RDWR | O_NOCTTY | O_CLOEXEC);
+  REQUIRE(slave >= 0);
+  termios raw{};
+  ::tcgetattr(slave, &raw);
+  ::cfmakeraw(&raw);
+  ::tcsetattr(slave, TCSANOW, &raw);
+  {
+    PendingOutput output;
+    output.add(master, "to the slave\n");
+    write_what_is_taken(output);
+    CHECK(output.empty());
+  }
+  char buf[64] = {};
+  pollfd p{slave, POLLIN, 0};
+  REQUIRE(::poll(&p, 1, 2000) == 1);
+  CHECK(std::string(buf, static_cast<size_t>(::read(slave, buf, sizeof buf))) == "to the slave\n");
+  ::close(slave);
+  ::close(master);
+}
+
+TEST_CASE("a descriptor open for reading only: its output is dropped at once, not written into a pipe nobody reads") {
+  Pipe pipe;
+  PendingOutput output;
+  output.add(pipe.read_end, std::string(200'000, 'x'));  // more than a pipe holds
+  write_what_is_taken(output);
+  CHECK(output.empty());
+  CHECK(pipe.read_available().empty());
 }
