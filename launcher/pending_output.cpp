@@ -146,7 +146,7 @@ PendingOutput::Written PendingOutput::write_once(Target& to) {
   Piece& piece = pieces_.front();
   const size_t left = piece.bytes.size() - piece.written;
   const char* data = piece.bytes.data() + piece.written;
-  const ssize_t n = to.own_fd >= 0     ? ::write(to.own_fd, data, left)
+  const ssize_t n = to.own_fd >= 0    ? ::write(to.own_fd, data, left)
                     : to.regular_file ? ::write(piece.fd, data, left)
                                       : write_waiting_at_most(piece.fd, data, left, kLongestWriteWait);
   if (n < 0 && (errno == EINTR || errno == EAGAIN)) return Written::nothing_now;  // EAGAIN: a descriptor ddl was given non-blocking

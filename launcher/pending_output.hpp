@@ -60,7 +60,7 @@ class PendingOutput {
     int own_fd = -1;            // a non-blocking descriptor of ddl's own onto the same pipe or terminal, or -1
     bool regular_file = false;  // a file's write never waits for a reader
     bool reader_gone = false;
-    bool unwritable = false;      // not open for writing (a read end as stdout)
+    bool unwritable = false;  // not open for writing (a read end as stdout)
   };
 
   enum class Written { some, nothing_now, reader_gone };

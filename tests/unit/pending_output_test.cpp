@@ -1,8 +1,8 @@
 #include <doctest/doctest.h>
-#include <stdlib.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <sys/socket.h>
 #include <termios.h>
 #include <unistd.h>
