@@ -82,6 +82,41 @@ class Examples(unittest.TestCase):
                 self.assert_identical_replicas(result)
 
 
+class MixedPrecision(unittest.TestCase):
+    """Under a mixed_float16 policy model.compile wraps the DistributedOptimizer in Keras'
+    LossScaleOptimizer, which skips a step whose gradients are not finite. Rank 1's targets are
+    ten times rank 0's, so its scaled gradients overflow on steps where rank 0's do not: the ranks
+    must still apply or skip every step together (they went apart, or one hung, when each decided
+    from its own gradients)."""
+
+    FIT = """
+        import numpy as np, tensorflow as tf
+        import ddl.keras as hvd
+        hvd.init()
+        R = hvd.rank()
+        tf.keras.mixed_precision.set_global_policy("mixed_float16")
+        x = np.random.RandomState(R).rand(64, 4).astype("float32")
+        y = x.sum(1, keepdims=True) * (1 + 9 * R)
+        model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(8, activation="relu"),
+                                     tf.keras.layers.Dense(1)])
+        model.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.Adam(0.01)), loss="mse")
+        model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+        scale = model.optimizer.dynamic_scale if hasattr(model.optimizer, "dynamic_scale") else model.optimizer.loss_scale
+        weights = sum(float(tf.reduce_sum(tf.cast(v, tf.float64))) for v in model.trainable_variables)
+        print(f"scale {float(scale)} weights {weights:.9f}", flush=True)
+    """
+
+    def test_every_rank_applies_or_skips_each_step_together_on_both_kerases(self):
+        for flavour in PYTHONS:
+            with self.subTest(flavour):
+                result = run_python(self, flavour, 2, self.FIT, env={"DDL_TIMEOUT": "30"}, timeout=300)
+                self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
+                by_rank = lines_by_rank(result.stdout)
+                self.assertEqual(by_rank[0][-1], by_rank[1][-1], "the replicas or their loss scales differ")
+                scale = float(by_rank[0][-1].split()[1])
+                self.assertLess(scale, 2 ** 15, "no step was skipped: the test did not reach what it checks")
+
+
 class FailuresReachEveryRank(unittest.TestCase):
     def test_a_rank_that_dies_mid_step_fails_the_run_with_its_code(self):
         result = run_python(self, "keras3", 2, """

@@ -155,6 +155,8 @@ def create_distributed_optimizer(optimizer, name=None, compression=None, sparse_
                          f"{backward_passes_per_step!r}")
     if gradient_predivide_factor != 1.0 and op != H.Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
+    from ddl.tensorflow.keras._loss_scale import agree_on_finite_gradients
+    agree_on_finite_gradients()  # under a mixed_float16 policy, model.compile wraps this optimizer in one
     cls = distributed_class(optimizer.__class__)
     config = optimizer.get_config()
     if name is not None:
