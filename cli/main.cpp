@@ -1,5 +1,6 @@
 // ddl: the command line. Parses, calls the launcher, prints; the one place errors are printed.
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <optional>
@@ -25,6 +26,7 @@
 namespace {
 
 void print_error(const std::string& message, const std::string& hint);
+int run_ddl(int argc, char** argv);
 
 struct SplitArguments {
   std::vector<std::string> ddl_args;                // ddl's own, for CLI11 ("-np" spelled "--np")
@@ -163,9 +165,26 @@ int exit_status_for(const ddl::Error& e) {
   return 1;
 }
 
+// `status`, unless what ddl wrote to its stdout did not all get there (a full disk under `ddl submit
+// --dry-run > job.sh`, /dev/full): then an error saying so, as a shell's own commands do, so that a
+// cut-short file is not taken for a whole one.
+int checked_stdout(int status) {
+  errno = 0;
+  const bool flushed = std::fflush(stdout) == 0;
+  const int error = errno;
+  if (flushed && !std::ferror(stdout)) return status;
+  print_error(fmt::format("cannot write standard output: {}", error != 0 ? std::strerror(error) : "a write failed"),
+              "make room where it goes, or send it elsewhere");
+  return status == 0 ? 1 : status;
+}
+
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) { return checked_stdout(run_ddl(argc, argv)); }
+
+namespace {
+
+int run_ddl(int argc, char** argv) {
   ddl::launcher::hold_standard_descriptors();
   CLI::App app{"ddl: launch and supervise distributed deep-learning training", "ddl"};
   app.set_version_flag("--version", std::string(DDL_VERSION));
@@ -215,3 +234,5 @@ int main(int argc, char** argv) {
   }
   return 0;
 }
+
+}  // namespace

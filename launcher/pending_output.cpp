@@ -152,6 +152,8 @@ PendingOutput::Written PendingOutput::write_once(Target& to) {
   if (n < 0 && (errno == EINTR || errno == EAGAIN)) return Written::nothing_now;  // EAGAIN: a descriptor ddl was given non-blocking
   if (n < 0 && errno == EPIPE) return Written::reader_gone;
   if (n <= 0) {  // an error other than a gone reader: this piece is lost, the next may fare better
+    if (!to.write_failed && !new_write_failure_) new_write_failure_ = std::make_pair(piece.fd, n < 0 ? errno : EIO);
+    to.write_failed = true;
     bytes_ -= left;
     pieces_.pop_front();
     return Written::some;
@@ -173,6 +175,8 @@ void PendingOutput::drop_everything_for(int fd) {
     it = pieces_.erase(it);
   }
 }
+
+std::optional<std::pair<int, int>> PendingOutput::take_write_failure() { return std::exchange(new_write_failure_, std::nullopt); }
 
 void PendingOutput::clear() {
   pieces_.clear();

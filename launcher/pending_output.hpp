@@ -8,8 +8,10 @@
 #include <cstddef>
 #include <deque>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace ddl::launcher {
 
@@ -48,6 +50,10 @@ class PendingOutput {
   // Drops everything pending.
   void clear();
 
+  // A descriptor whose write failed (other than for a gone reader: a full disk, /dev/full) and the
+  // errno, once per descriptor, for a warning; nullopt when there is no new one.
+  std::optional<std::pair<int, int>> take_write_failure();
+
  private:
   struct Piece {
     int fd = -1;
@@ -60,7 +66,8 @@ class PendingOutput {
     int own_fd = -1;            // a non-blocking descriptor of ddl's own onto the same pipe or terminal, or -1
     bool regular_file = false;  // a file's write never waits for a reader
     bool reader_gone = false;
-    bool unwritable = false;  // not open for writing (a read end as stdout)
+    bool unwritable = false;    // not open for writing (a read end as stdout)
+    bool write_failed = false;  // a write has failed: told once
   };
 
   enum class Written { some, nothing_now, reader_gone };
@@ -73,6 +80,7 @@ class PendingOutput {
   size_t bytes_ = 0;
   size_t most_bytes_;
   std::map<int, Target> targets_;
+  std::optional<std::pair<int, int>> new_write_failure_;
 };
 
 }  // namespace ddl::launcher

@@ -321,6 +321,15 @@ class Run {
   void write_pending_output() {
     const int reader_gone = output_.write_next();
     if (reader_gone >= 0) stop_reading_into_closed_pipe(reader_gone);
+    if (auto failed = output_.take_write_failure()) warn_output_lost(failed->first, failed->second);
+  }
+
+  // ddl's stdout (or stderr) cannot be written (a full disk, /dev/full): said once, on the other
+  // one; the run goes on, and what cannot be written is lost, as a shell's commands would lose it.
+  void warn_output_lost(int fd, int error) {
+    const int other = fd == STDERR_FILENO ? STDOUT_FILENO : STDERR_FILENO;
+    output_.add(other, fmt::format("ddl: warning: cannot write standard {}: {}; the workers' output to it is lost\n",
+                                   fd == STDERR_FILENO ? "error" : "output", std::strerror(error)));
   }
 
   int ms_until_next_deadline() const {

@@ -110,6 +110,22 @@ class Output(unittest.TestCase):
         self.assertEqual([line for line in result.stdout.splitlines() if line.startswith("[0]")], ["[0] a 0", "[0] b 0"])
         self.assertEqual(rank_1_file, "a 1\nb 1\n")
 
+    def test_ddl_s_own_output_that_cannot_be_written_is_an_error_not_a_cut_short_file(self):
+        # /dev/full stands for a full disk under `ddl submit --dry-run > job.sh`.
+        for args in (["submit", "--site", "slurm", "--dry-run", "--", "python3", "train.py"], ["sites"], ["--version"]):
+            with self.subTest(args=args), open("/dev/full", "w") as full:
+                result = subprocess.run([DDL, *args], stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
+            self.assertEqual(result.returncode, 1, result.stderr)
+            self.assertTrue(result.stderr.startswith("ddl: error: cannot write standard output: "), result.stderr)
+
+    def test_workers_output_that_cannot_be_written_is_said_once_and_the_run_goes_on(self):
+        with open("/dev/full", "w") as full:
+            result = subprocess.run([DDL, "run", "-np", "2", "--", "sh", "-c", "echo a; echo b"], stdout=full,
+                                    stderr=subprocess.PIPE, text=True, timeout=60)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stderr, "ddl: warning: cannot write standard output: No space left on device; "
+                                        "the workers' output to it is lost\n")
+
     def test_a_reader_that_goes_away_ends_the_run_as_a_pipe_ends_a_writer(self):
         # `ddl run -- yes | head -1`: the workers get SIGPIPE, as without ddl, instead of writing
         # into nothing forever.
