@@ -66,7 +66,8 @@ class Install(unittest.TestCase):
         flags = run("pkg-config", "--cflags", "--libs", "ddl", env=self.env).stdout.split()
         exe = os.path.join(self.tmp.name, "consumer_pc")
         run("cc", os.path.join(CONSUMER, "consumer.c"), "-o", exe, *flags)
-        env = {k: v for k, v in self.env.items() if not k.startswith("DDL_")}
+        # Without LD_LIBRARY_PATH, as in a new shell: the flags' RPATH finds libddl in the prefix.
+        env = {k: v for k, v in self.env.items() if not k.startswith("DDL_") and k != "LD_LIBRARY_PATH"}
         self.assertEqual(run(exe, env=env).stdout, "rank 0 of 1: sum 0\n")
 
 
