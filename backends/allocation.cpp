@@ -1,8 +1,11 @@
 #include "backends/allocation.hpp"
 
+#include "common/text_file.hpp"
+
 #include <cstdlib>
 #include <fstream>
 #include <set>
+#include <sstream>
 
 namespace ddl::backends {
 
@@ -15,7 +18,7 @@ int positive_int_or(const std::optional<std::string>& value, int fallback) {
 }
 
 int distinct_hosts_in(const std::string& nodefile) {
-  std::ifstream in(nodefile);
+  std::stringstream in(read_text_file(nodefile, "PBS_NODEFILE"));
   std::set<std::string> hosts;
   for (std::string line; std::getline(in, line);)
     if (!line.empty()) hosts.insert(line);

@@ -148,6 +148,10 @@ JupyterSession load_jupyter_session(const std::string& job) {
   auto j = nlohmann::json::parse(in, nullptr, false);
   if (j.is_discarded() || !j.is_object())
     throw Error(fmt::format("{}/{}.json is not a ddl jupyter session", dir, job), "remove it and start a new session");
+  for (const auto& [key, value] : j.items())  // ddl writes strings only: anything else was not written by ddl
+    if (!value.is_string())
+      throw Error(fmt::format("{}/{}.json: field '{}' is not a string, so not one ddl jupyter wrote", dir, job, key),
+                  "remove it and start a new session");
   JupyterSession s;
   s.name = j.value("name", "");
   s.dir = j.value("dir", dir);

@@ -19,6 +19,9 @@ using nlohmann::json;
 
 namespace {
 
+// A profile is a page of JSON; anything far larger is not one.
+constexpr uintmax_t kLargestProfileBytes = 1 << 20;
+
 [[noreturn]] void profile_error(const std::string& source, const std::string& field, const std::string& problem) {
   throw UsageError(fmt::format("site profile {}: field '{}' {}", source, field, problem),
                    "fix the field (docs/site-profiles.md describes each one), or remove the file to use the built-in profile");
@@ -151,6 +154,40 @@ std::optional<std::string> builtin_text(const std::string& name) {
   return std::nullopt;
 }
 
+// `ddl jupyter`'s defaults: the two it reads, of the kinds it reads (a number there was an uncaught
+// type error; "program": "emacs" ran `jupyter emacs`).
+void check_jupyter_defaults(const json& jupyter, const std::string& source) {
+  if (!jupyter.is_object()) profile_error(source, "jupyter", "must be an object");
+  for (const auto& [key, value] : jupyter.items()) {
+    if (key != "program" && key != "jump_host")
+      profile_error(source, "jupyter." + key, "is not a jupyter default (known: program, jump_host)");
+    if (!value.is_string()) profile_error(source, "jupyter." + key, "must be a string");
+  }
+  const std::string program = jupyter.value("program", std::string("lab"));
+  if (program != "lab" && program != "notebook" && program != "server")
+    profile_error(source, "jupyter.program", fmt::format("is '{}'; it must be one of lab, notebook, server", program));
+}
+
+// The text of a user's profile file. Only a regular file (a symlink to one too) is read: a FIFO
+// would block `ddl sites` on open(), /dev/zero would never end, a directory failed deep in the stream.
+std::string read_profile_file(const fs::path& path) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (ec) throw UsageError(fmt::format("site profile {}: cannot be read: {}", path.string(), ec.message()), "fix or remove the link");
+  if (!fs::is_regular_file(st))
+    throw UsageError(fmt::format("site profile {}: is {}, not a regular file", path.string(),
+                                 fs::is_directory(st) ? "a directory"
+                                 : fs::is_fifo(st)    ? "a FIFO"
+                                                      : "a device or socket"),
+                     "remove it, or put the profile's JSON in a file of that name");
+  if (fs::file_size(path, ec) > kLargestProfileBytes)
+    throw UsageError(fmt::format("site profile {}: is larger than {} bytes", path.string(), kLargestProfileBytes),
+                     "fix the file, or remove it");
+  std::ifstream in(path);
+  if (!in) throw UsageError(fmt::format("site profile {}: cannot be read", path.string()), "check its permissions");
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
 json parse_json(const std::string& text, const std::string& source) {
   if (nested_too_deep(text))
     throw UsageError(fmt::format("site profile {}: nested more than {} levels deep", source, kDeepestNesting),
@@ -278,7 +315,7 @@ SiteProfile parse_site(const json& j, const std::string& source, const std::stri
     p.match = match;
   }
   p.jupyter = j.value("jupyter", json::object());
-  if (!p.jupyter.is_object()) profile_error(source, "jupyter", "must be an object");
+  check_jupyter_defaults(p.jupyter, source);
   p.notes = string_field(j, source, "notes");
   if (j.contains("name") && string_field(j, source, "name") != name)
     profile_error(source, "name",
@@ -324,11 +361,7 @@ SiteProfile load_site(const std::string& name) {
   const fs::path user_file = fs::path(user_sites_dir()) / (name + ".json");
   std::optional<std::string> builtin = builtin_text(name);
   std::optional<std::string> user;
-  if (std::error_code ec; fs::exists(user_file, ec)) {
-    std::ifstream in(user_file);
-    if (!in) throw UsageError(fmt::format("site profile {}: cannot be read", user_file.string()), "check its permissions");
-    user = std::string(std::istreambuf_iterator<char>(in), {});
-  }
+  if (std::error_code ec; fs::exists(fs::symlink_status(user_file, ec))) user = read_profile_file(user_file);
   if (!builtin && !user)
     throw UsageError(fmt::format("no site profile named '{}' (known: {})", name, fmt::join(site_names(), ", ")),
                      fmt::format("pick one of those, or write {}", user_file.string()));

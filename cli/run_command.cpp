@@ -105,7 +105,7 @@ RunCommand::RunCommand(CLI::App& app) : flags_(std::make_shared<RunFlags>()) {
       ->capture_default_str()
       ->check(CLI::Range(0, 1000000).description("0 to 1000000"));
   app_->add_flag("--no-prefix", f.no_prefix, "Do not prefix output lines with the worker's rank");
-  app_->add_option("--output-dir", f.output_dir, "Also write each worker's output to DIR/rank.N.{out,err}");
+  app_->add_option("--output-dir", f.output_dir, "Also write each worker's output to DIR/rank.N.{out,err}")->check(not_empty());
   app_->add_option("--launcher", f.launcher,
                    "Who starts the workers: auto (srun in Slurm, mpiexec/mpirun in PBS, else ddl), local, srun, mpirun, pals")
       ->check(CLI::IsMember({"auto", "local", "srun", "mpirun", "pals"}))
@@ -113,9 +113,12 @@ RunCommand::RunCommand(CLI::App& app) : flags_(std::make_shared<RunFlags>()) {
   app_->add_option("--mpi", f.mpi,
                    "srun's --mpi: auto (pmix when Slurm offers it), none (faster start; libddl and torch need no PMIx), or a plugin")
       ->capture_default_str();
-  auto* hosts = app_->add_option("-H,--hosts", f.hosts,
-                                 "Run on these hosts over ssh: host1:4,host2:4 (host:slots; a host named N times has N slots)");
-  app_->add_option("--hostfile", f.hostfile, "Run on the hosts of FILE over ssh: lines 'host slots=4' or 'host:4'")->excludes(hosts);
+  auto* hosts =
+      app_->add_option("-H,--hosts", f.hosts, "Run on these hosts over ssh: host1:4,host2:4 (host:slots; a host named N times has N slots)")
+          ->check(not_empty());
+  app_->add_option("--hostfile", f.hostfile, "Run on the hosts of FILE over ssh: lines 'host slots=4' or 'host:4'")
+      ->check(not_empty())
+      ->excludes(hosts);
   app_->add_option("--rsh", f.rsh,
                    fmt::format("Remote shell for -H/--hostfile, split at blanks (default: {})", launcher::kDefaultRemoteShell));
   app_->add_option("--gpu-order", f.gpu_order, "as-listed, or reverse: local rank 0 gets the node's last GPU (Polaris)")

@@ -35,7 +35,8 @@ SubmitCommand::SubmitCommand(CLI::App& app) : flags_(std::make_shared<SubmitFlag
       ->check(CLI::Range(1, 86400));
   app_->add_flag("--dry-run", f.dry_run, "Print the script instead of submitting it");
   app_->add_flag("--wait", f.wait, "Follow the job until it ends, then show its output's tail; exit with its code");
-  app_->add_option("--wait-timeout", f.wait_timeout, "Give up following after this many seconds (default: no limit)");
+  app_->add_option("--wait-timeout", f.wait_timeout, "Give up following after this many seconds (default: no limit)")
+      ->check(CLI::Range(0, 365 * 24 * 3600).description("0 to 31536000"));
   app_->prefix_command();
   show_program_in_usage(*app_);
   app_->footer("Example: ddl submit --site perlmutter -N 2 -t 01:00:00 -q regular -A m1234_g -- python train.py");

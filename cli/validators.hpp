@@ -37,4 +37,14 @@ inline CLI::Validator seconds_at_most(double most) {
       "SECONDS");
 }
 
+// A value that says something: an empty -H or --output-dir was taken as no flag at all.
+inline CLI::Validator not_empty() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        if (text.find_first_not_of(" \t") == std::string::npos) return "must not be empty";
+        return {};
+      },
+      "");
+}
+
 }  // namespace ddl::cli

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "common/error.hpp"
+#include "common/text_file.hpp"
 
 namespace ddl::launcher {
 
@@ -108,12 +109,6 @@ std::vector<HostSlots> parse_hostfile_text(const std::string& text, const std::s
   return hosts;
 }
 
-std::vector<HostSlots> read_hostfile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw UsageError(fmt::format("--hostfile {}: cannot read it", path), "check the path and its permissions");
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_hostfile_text(text.str(), path);
-}
+std::vector<HostSlots> read_hostfile(const std::string& path) { return parse_hostfile_text(read_text_file(path, "--hostfile"), path); }
 
 }  // namespace ddl::launcher

@@ -151,6 +151,11 @@ TaskIdentity task_identity(const Environment& env) {
   id.local_rank = first_number(env, launcher->local_rank).value_or(id.rank % id.local_size);
   id.node_rank = node_from_launcher.value_or(id.rank / id.local_size);
   id.num_nodes = first_number(env, launcher->num_nodes).value_or(planned_nodes.value_or((id.size + id.local_size - 1) / id.local_size));
+  if (id.local_rank >= id.local_size)
+    throw UsageError(fmt::format("{}: local rank {} is not below the node's task count {}", launcher->source, id.local_rank, id.local_size),
+                     "");
+  if (node_from_launcher && id.node_rank >= id.num_nodes)  // (one worked out from the rank is a guess: OpenMPI's uneven nodes)
+    throw UsageError(fmt::format("{}: node rank {} is not below the node count {}", launcher->source, id.node_rank, id.num_nodes), "");
   return id;
 }
 

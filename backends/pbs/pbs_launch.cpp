@@ -3,17 +3,18 @@
 #include <algorithm>
 #include <fstream>
 #include <regex>
+#include <sstream>
 
 #include <fmt/format.h>
 
 #include "backends/command.hpp"
 #include "common/error.hpp"
+#include "common/text_file.hpp"
 
 namespace ddl::backends::pbs {
 
 std::vector<std::string> nodefile_hosts(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw Error(fmt::format("cannot read PBS_NODEFILE {}", path), "run ddl inside the PBS job that wrote it");
+  std::stringstream in(read_text_file(path, "PBS_NODEFILE"));
   std::vector<std::string> hosts;
   for (std::string line; std::getline(in, line);) {
     line.erase(0, line.find_first_not_of(" \t"));

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <regex>
 #include <sstream>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -17,17 +18,33 @@ namespace ddl::backends::slurm {
 
 namespace {
 
-int leading_int(const std::string& s) { return std::atoi(s.c_str()); }
+// The most of anything ddl starts: what -np allows.
+constexpr long long kMostCount = 1 << 20;
 
-// "a100:4" or "4" -> 4; "a100:2,v100:1" -> 3.
+// The count Slurm wrote at the start of `var`'s value `text`: digits, followed by nothing or by
+// one of `may_follow` ("4(x2),2" for SLURM_JOB_CPUS_PER_NODE). Anything else (a value set by hand:
+// "abc", 99999999999) is an error naming the variable; read with atoi it wrapped around or became 0.
+int slurm_count(const char* var, std::string_view text, std::string_view may_follow = "") {
+  size_t digits = 0;
+  long long n = 0;
+  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9' && n <= kMostCount) n = n * 10 + (text[digits++] - '0');
+  const bool ends_well = digits == text.size() || may_follow.find(text[digits]) != std::string_view::npos;
+  if (digits == 0 || !ends_well || n > kMostCount)
+    throw Error(fmt::format("{}='{}' is not a count Slurm sets (at most {})", var, text, kMostCount),
+                fmt::format("unset {} if you set it yourself: inside a Slurm job Slurm sets it", var));
+  return static_cast<int>(n);
+}
+
+// SLURM_GPUS_PER_NODE: "a100:4" or "4" -> 4; "a100:2,v100:1" -> 3.
 int count_in_gpu_spec(const std::string& spec) {
-  long long total = 0;  // counts near INT_MAX would overflow an int sum
+  long long total = 0;
   std::stringstream parts(spec);
   for (std::string part; std::getline(parts, part, ',');) {
-    auto colon = part.rfind(':');
-    total += std::atoi(part.c_str() + (colon == std::string::npos ? 0 : colon + 1));
+    const auto colon = part.rfind(':');
+    total += slurm_count("SLURM_GPUS_PER_NODE", std::string_view(part).substr(colon == std::string::npos ? 0 : colon + 1));
   }
-  return static_cast<int>(std::clamp<long long>(total, INT_MIN, INT_MAX));
+  if (total > kMostCount) slurm_count("SLURM_GPUS_PER_NODE", spec);  // says why
+  return static_cast<int>(total);
 }
 
 }  // namespace
@@ -46,7 +63,7 @@ std::vector<std::string> expand_hostlist(const std::string& nodelist) {
 }
 
 int gpus_per_node(const Environment& env) {
-  if (auto on_node = lookup(env, "SLURM_GPUS_ON_NODE")) return leading_int(*on_node);
+  if (auto on_node = lookup(env, "SLURM_GPUS_ON_NODE")) return slurm_count("SLURM_GPUS_ON_NODE", *on_node);
   if (auto per_node = lookup(env, "SLURM_GPUS_PER_NODE")) return count_in_gpu_spec(*per_node);
   if (auto job_gpus = lookup(env, "SLURM_JOB_GPUS"); job_gpus && !job_gpus->empty()) {
     int n = 1;
@@ -57,8 +74,9 @@ int gpus_per_node(const Environment& env) {
 }
 
 int cpus_per_node(const Environment& env) {
-  if (auto on_node = lookup(env, "SLURM_CPUS_ON_NODE")) return std::max(1, leading_int(*on_node));
-  if (auto per_node = lookup(env, "SLURM_JOB_CPUS_PER_NODE")) return std::max(1, leading_int(*per_node));
+  if (auto on_node = lookup(env, "SLURM_CPUS_ON_NODE")) return std::max(1, slurm_count("SLURM_CPUS_ON_NODE", *on_node));
+  if (auto per_node = lookup(env, "SLURM_JOB_CPUS_PER_NODE"))  // "64(x2),32": the first node's
+    return std::max(1, slurm_count("SLURM_JOB_CPUS_PER_NODE", *per_node, "(,"));
   return 1;
 }
 
@@ -76,8 +94,8 @@ std::vector<int> tasks_per_node(const Environment& env, int num_nodes) {
     }
     return counts;
   }
-  if (auto per_node = lookup(env, "SLURM_NTASKS_PER_NODE"); per_node && leading_int(*per_node) > 0)
-    counts.assign(static_cast<size_t>(std::max(num_nodes, 1)), leading_int(*per_node));
+  if (auto per_node = lookup(env, "SLURM_NTASKS_PER_NODE"); per_node && slurm_count("SLURM_NTASKS_PER_NODE", *per_node) > 0)
+    counts.assign(static_cast<size_t>(std::max(num_nodes, 1)), slurm_count("SLURM_NTASKS_PER_NODE", *per_node));
   return counts;
 }
 

@@ -7,7 +7,8 @@
 //   byte 0   the node count tasks_per_node is given (0-255)
 //   rest     the variable's value
 //
-// None of these throws; any exception, a crash or a sanitizer report is a finding. Oracle:
+// A count Slurm would not write ("abc", 99999999999) is a ddl::Error naming the variable; any other
+// exception, a crash or a sanitizer report is a finding. Oracle:
 // tasks_per_node gives counts of at least 1, at most a million entries (and one per node from
 // SLURM_NTASKS_PER_NODE); cpus_per_node is at least 1.
 #include <cstdint>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "backends/slurm/slurm_launch.hpp"
+#include "common/error.hpp"
 
 using namespace ddl::backends::slurm;
 
@@ -41,11 +43,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string value(reinterpret_cast<const char*>(data) + 1, size - 1);
 
   check_tasks(tasks_per_node({{"SLURM_TASKS_PER_NODE", value}}, nodes), value, 1'000'000);
-  const auto per_node = tasks_per_node({{"SLURM_NTASKS_PER_NODE", value}}, nodes);
-  check_tasks(per_node, value, static_cast<size_t>(std::max(nodes, 1)));
-
-  for (const char* var : {"SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE", "SLURM_JOB_GPUS"}) (void)gpus_per_node({{var, value}});
-  for (const char* var : {"SLURM_CPUS_ON_NODE", "SLURM_JOB_CPUS_PER_NODE"})
-    if (int cpus = cpus_per_node({{var, value}}); cpus < 1) finding("cpus_per_node below 1", value, cpus);
+  try {
+    const auto per_node = tasks_per_node({{"SLURM_NTASKS_PER_NODE", value}}, nodes);
+    check_tasks(per_node, value, static_cast<size_t>(std::max(nodes, 1)));
+  } catch (const ddl::Error&) {}
+  for (const char* var : {"SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE", "SLURM_JOB_GPUS"}) {
+    try {
+      if (int gpus = gpus_per_node({{var, value}}); gpus < 0) finding("gpus_per_node below 0", value, gpus);
+    } catch (const ddl::Error&) {}
+  }
+  for (const char* var : {"SLURM_CPUS_ON_NODE", "SLURM_JOB_CPUS_PER_NODE"}) {
+    try {
+      if (int cpus = cpus_per_node({{var, value}}); cpus < 1) finding("cpus_per_node below 1", value, cpus);
+    } catch (const ddl::Error&) {}
+  }
   return 0;
 }

@@ -135,9 +135,19 @@ TEST_CASE("Slurm allocation facts: GPUs and CPUs per node in every form Slurm wr
   CHECK(slurm::cpus_per_node({{"SLURM_JOB_CPUS_PER_NODE", "128(x2)"}}) == 128);
 }
 
-// Found by tests/fuzz (fuzz_slurm_tasks): the sum of the counts overflowed an int.
-TEST_CASE("GPU counts whose sum exceeds an int are clamped, not wrapped to a negative count") {
-  CHECK(slurm::gpus_per_node({{"SLURM_GPUS_PER_NODE", "a100:2000000000,v100:2000000000"}}) == INT_MAX);
+// Found by tests/fuzz (fuzz_slurm_tasks): the sum of the counts overflowed an int. And read with
+// atoi, 99999999999 wrapped to 1215752191 srun tasks, "abc" became 0 GPUs.
+TEST_CASE("counts Slurm would not write are an error naming the variable, not a wrapped or zero count") {
+  CHECK_THROWS_WITH_AS(slurm::gpus_per_node({{"SLURM_GPUS_PER_NODE", "a100:2000000000,v100:2000000000"}}),
+                       doctest::Contains("SLURM_GPUS_PER_NODE="), ddl::Error);
+  CHECK_THROWS_WITH_AS(slurm::gpus_per_node({{"SLURM_GPUS_ON_NODE", "99999999999"}}), doctest::Contains("SLURM_GPUS_ON_NODE='99999999999'"),
+                       ddl::Error);
+  CHECK_THROWS_AS(slurm::gpus_per_node({{"SLURM_GPUS_ON_NODE", "abc"}}), ddl::Error);
+  CHECK_THROWS_AS(slurm::gpus_per_node({{"SLURM_GPUS_PER_NODE", "a100:4x"}}), ddl::Error);
+  CHECK_THROWS_AS(slurm::cpus_per_node({{"SLURM_JOB_CPUS_PER_NODE", "4x"}}), ddl::Error);
+  CHECK_THROWS_AS(slurm::tasks_per_node({{"SLURM_NTASKS_PER_NODE", "-3"}}, 1), ddl::Error);
+  CHECK(slurm::gpus_per_node({{"SLURM_GPUS_PER_NODE", "a100:2,v100:1"}}) == 3);
+  CHECK(slurm::cpus_per_node({{"SLURM_JOB_CPUS_PER_NODE", "64(x2),32"}}) == 64);
 }
 
 TEST_CASE("the tasks srun would start on each node of the allocation") {

@@ -2,6 +2,7 @@
 // file (tests/fixtures/scripts, reviewed line by line against ../shared/SITES.md), each site rule,
 // user overrides, and broken profiles. DDL_UPDATE_GOLDEN=1 rewrites the golden files.
 #include <doctest/doctest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cctype>
@@ -309,6 +310,31 @@ TEST_CASE("hostile profiles are usage errors naming the file and field, never a 
   CHECK(load_site("noted").notes.find("line two") != std::string::npos);  // notes are printed, never scripted
   CHECK_THROWS_WITH_AS(load_site("badcount"), doctest::Contains("field 'defaults.gpus_per_node' is 'four'; it must be a whole number"),
                        ddl::UsageError);
+}
+
+TEST_CASE("a profile path that is no regular file is a usage error naming it; the other sites still list") {
+  UserSites sites({{"good", R"({"scheduler": "slurm", "jupyter": {"program": "notebook"}})"},
+                   {"numbered", R"({"scheduler": "slurm", "jupyter": {"program": 5}})"},
+                   {"emacs", R"({"scheduler": "slurm", "jupyter": {"program": "emacs"}})"}});
+  const fs::path dir = sites.dir / "ddl" / "sites";
+  fs::create_directories(dir / "adir.json");                  // a directory failed in the stream: "a bug in ddl"
+  REQUIRE(::mkfifo((dir / "fifo.json").c_str(), 0600) == 0);  // open() of a FIFO blocked `ddl sites`
+  fs::create_symlink("/dev/zero", dir / "zero.json");         // never ended
+  fs::create_symlink("loop2.json", dir / "loop1.json");
+  fs::create_symlink("loop1.json", dir / "loop2.json");
+  CHECK_THROWS_WITH_AS(load_site("adir"), doctest::Contains("adir.json: is a directory, not a regular file"), ddl::UsageError);
+  CHECK_THROWS_WITH_AS(load_site("fifo"), doctest::Contains("fifo.json: is a FIFO, not a regular file"), ddl::UsageError);
+  CHECK_THROWS_WITH_AS(load_site("zero"), doctest::Contains("zero.json: is a device or socket"), ddl::UsageError);
+  CHECK_THROWS_WITH_AS(load_site("loop1"), doctest::Contains("loop1.json: cannot be read: Too many levels of symbolic links"),
+                       ddl::UsageError);
+  CHECK_THROWS_WITH_AS(load_site("numbered"), doctest::Contains("field 'jupyter.program' must be a string"), ddl::UsageError);
+  CHECK_THROWS_WITH_AS(load_site("emacs"), doctest::Contains("field 'jupyter.program' is 'emacs'; it must be one of lab, notebook, server"),
+                       ddl::UsageError);
+  const auto listed = list_sites();
+  const auto good = std::find_if(listed.begin(), listed.end(), [](const ListedSite& l) { return l.name == "good"; });
+  REQUIRE(good != listed.end());
+  CHECK(good->profile.has_value());
+  CHECK(std::count_if(listed.begin(), listed.end(), [](const ListedSite& l) { return !l.profile; }) == 7);
 }
 
 // Found by tests/fuzz (fuzz_site_profile): 999999 GPUs x 999999 cores per task overflowed an int.

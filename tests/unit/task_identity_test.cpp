@@ -150,3 +150,11 @@ TEST_CASE("tasks over nodes of different sizes: the launcher's world size, each 
   out = task_environment(openmpi, id, {}, {});
   CHECK((out["WORLD_SIZE"] == "5" && out["DDL_SIZE"] == "5" && out["LOCAL_WORLD_SIZE"] == "1" && out["RANK"] == "4"));
 }
+
+TEST_CASE("a local or node rank the launcher gives beyond its own counts is an error naming the launcher") {
+  ddl::Environment local{
+      {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "7"}, {"SLURM_NODEID", "0"}, {"SLURM_STEP_TASKS_PER_NODE", "2"}};
+  CHECK_THROWS_WITH_AS(task_identity(local), doctest::Contains("local rank 7 is not below the node's task count 2"), ddl::UsageError);
+  ddl::Environment node{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_NODEID", "9"}, {"SLURM_STEP_NUM_NODES", "1"}};
+  CHECK_THROWS_WITH_AS(task_identity(node), doctest::Contains("node rank 9 is not below the node count 1"), ddl::UsageError);
+}
