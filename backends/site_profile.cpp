@@ -154,6 +154,23 @@ std::optional<std::string> builtin_text(const std::string& name) {
   return std::nullopt;
 }
 
+// Every "{{" in a text a script is filled from opens {{option}}, an option of `ddl submit` or one
+// the script derives (tasks_per_node, cpus_per_node): an unclosed one was written into the script
+// as it was, and an unknown one asked the user for a flag that does not exist.
+void check_placeholders(const std::string& source, const std::string& field, const std::string& text) {
+  static const std::regex placeholder(R"(\{\{([a-z_]+)\}\})");
+  std::vector<std::string> known = {"tasks_per_node", "cpus_per_node"};
+  for (const BatchOption& option : batch_options()) known.emplace_back(option.key);
+  for (size_t at = text.find("{{"); at != std::string::npos; at = text.find("{{", at + 2)) {
+    std::smatch m;
+    const std::string rest = text.substr(at);
+    if (!std::regex_search(rest, m, placeholder, std::regex_constants::match_continuous))
+      profile_error(source, field, fmt::format("has '{{{{' without an option name and '}}}}' after it: '{}'", text));
+    if (std::find(known.begin(), known.end(), m[1].str()) == known.end())
+      profile_error(source, field, fmt::format("names {{{{{}}}}}, which is no option (known: {})", m[1].str(), fmt::join(known, ", ")));
+  }
+}
+
 // `ddl jupyter`'s defaults: the two it reads, of the kinds it reads (a number there was an uncaught
 // type error; "program": "emacs" ran `jupyter emacs`).
 void check_jupyter_defaults(const json& jupyter, const std::string& source) {
@@ -270,7 +287,9 @@ SiteProfile parse_site(const json& j, const std::string& source, const std::stri
     }
   }
   p.gpu_request = string_field(j, source, "gpu_request");
+  check_placeholders(source, "gpu_request", p.gpu_request);
   p.directives = string_list(j, source, "directives");
+  for (size_t i = 0; i < p.directives.size(); ++i) check_placeholders(source, fmt::format("directives[{}]", i), p.directives[i]);
   p.module_use = string_list(j, source, "module_use");
   p.modules = string_list(j, source, "modules");
   p.setup = string_list(j, source, "setup");
@@ -290,7 +309,9 @@ SiteProfile parse_site(const json& j, const std::string& source, const std::stri
     support.kind = one_of(c, source + " container", "kind", {"shifter", "apptainer", "singularity"}, "");
     if (support.kind.empty()) profile_error(source, "container.kind", "is missing; it must be shifter, apptainer or singularity");
     support.image_directive = string_field(c, source, "image_directive");
+    check_placeholders(source, "container.image_directive", support.image_directive);
     support.wrap = string_list(c, source, "wrap");
+    for (size_t i = 0; i < support.wrap.size(); ++i) check_placeholders(source, fmt::format("container.wrap[{}]", i), support.wrap[i]);
     p.container = support;
   }
   if (j.contains("match")) {

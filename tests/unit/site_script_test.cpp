@@ -279,7 +279,9 @@ TEST_CASE("a broken profile names the file and the field") {
                    {"badtype", R"({"scheduler": "slurm", "gpus_per_node": "four"})"},
                    {"badjson", R"({"scheduler": )"},
                    {"badregex", R"({"scheduler": "slurm", "patterns": {"account": {"regex": "(["}}})"},
-                   {"badoption", R"({"scheduler": "pbs", "defaults": {"walltime": "1:00:00"}})"}});
+                   {"badoption", R"({"scheduler": "pbs", "defaults": {"walltime": "1:00:00"}})"},
+                   {"unclosed", R"({"scheduler": "slurm", "gpu_request": "--gpus-per-node={{gpus_per_node"})"},
+                   {"unknown", R"({"scheduler": "slurm", "directives": ["--x={{nosuch}}"]})"}});
   const std::string dir = (sites.dir / "ddl" / "sites").string();
   CHECK_THROWS_WITH_AS(load_site("typo"),
                        doctest::Contains(("site profile " + dir + "/typo.json: field 'gpu_per_node' is not a profile field").c_str()),
@@ -289,6 +291,10 @@ TEST_CASE("a broken profile names the file and the field") {
   CHECK_THROWS_WITH_AS(load_site("badregex"), doctest::Contains("field 'patterns.account.regex' is not a valid regular expression"),
                        ddl::UsageError);
   CHECK_THROWS_WITH_AS(load_site("badoption"), doctest::Contains("field 'defaults.walltime' names no option"), ddl::UsageError);
+  CHECK_THROWS_WITH_AS(load_site("unclosed"), doctest::Contains("field 'gpu_request' has '{{' without an option name and '}}' after it"),
+                       ddl::UsageError);
+  CHECK_THROWS_WITH_AS(load_site("unknown"), doctest::Contains("field 'directives[0]' names {{nosuch}}, which is no option"),
+                       ddl::UsageError);
   CHECK_THROWS_WITH_AS(load_site("nosuchsite"), doctest::Contains("no site profile named 'nosuchsite' (known: alliance"), ddl::UsageError);
 }
 
