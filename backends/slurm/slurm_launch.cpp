@@ -52,9 +52,14 @@ int count_in_gpu_spec(const std::string& spec) {
 std::vector<std::string> expand_hostlist(const std::string& nodelist) {
   if (nodelist.find_first_of("[,") == std::string::npos) return {nodelist};
   CommandResult r = run_command({"scontrol", "show", "hostnames", nodelist});
-  if (!r.ok())
-    throw Error(fmt::format("cannot expand the Slurm node list {}: {}", nodelist, r.err.empty() ? "scontrol failed" : r.err),
-                "check that scontrol is on PATH inside the allocation");
+  if (!r.ok()) {
+    std::string said;  // scontrol's lines, on one line
+    std::stringstream lines(r.err);
+    for (std::string line; std::getline(lines, line);)
+      if (!line.empty()) said += (said.empty() ? "" : "; ") + line;
+    throw Error(fmt::format("cannot expand the Slurm node list {}: {}", nodelist, said.empty() ? "scontrol failed" : said),
+                "check SLURM_JOB_NODELIST (Slurm sets it inside a job) and that scontrol is on PATH there");
+  }
   std::vector<std::string> hosts;
   std::stringstream lines(r.out);
   for (std::string line; std::getline(lines, line);)
