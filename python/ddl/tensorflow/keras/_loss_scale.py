@@ -31,6 +31,18 @@ def agreed_finite(optimizer, finite):
     return tf.cast(everywhere, tf.bool)
 
 
+def _wrap_method(cls, name, make_wrapper):
+    """Replaces cls.<name> with make_wrapper(the original), once: a wrapper is marked, and a class
+    whose method is already one is left as it is."""
+    original = getattr(cls, name)
+    if getattr(original, _PATCHED, False):
+        return
+    wrapper = make_wrapper(original)
+    setattr(wrapper, _PATCHED, True)
+    wrapper.__doc__ = original.__doc__
+    setattr(cls, name, wrapper)
+
+
 def _patch_keras3():
     """Keras 3: LossScaleOptimizer.check_finite(grads), on the optimizer that wraps ours."""
     try:
@@ -38,17 +50,17 @@ def _patch_keras3():
     except ImportError:
         return
     cls = getattr(module, "LossScaleOptimizer", None)
-    if cls is None or getattr(cls.check_finite, _PATCHED, False):
+    if cls is None:
         return
-    local_check = cls.check_finite
 
-    def check_finite(self, grads):
-        finite = local_check(self, grads)
-        inner = _ddl_optimizer(getattr(self, "inner_optimizer", None))
-        return agreed_finite(inner, finite) if inner is not None else finite
+    def agreed_check(local_check):
+        def check_finite(self, grads):
+            finite = local_check(self, grads)
+            inner = _ddl_optimizer(getattr(self, "inner_optimizer", None))
+            return agreed_finite(inner, finite) if inner is not None else finite
+        return check_finite
 
-    setattr(check_finite, _PATCHED, True)
-    cls.check_finite = check_finite
+    _wrap_method(cls, "check_finite", agreed_check)
 
 
 def _patch_keras2(module_name):
@@ -59,45 +71,37 @@ def _patch_keras2(module_name):
     except ImportError:
         return
     state = getattr(module, "_DynamicLossScaleState", None)
-    if state is None or getattr(state.update, _PATCHED, False):
+    if state is None:
         return
-    local_update = state.update
 
-    def update(self, grads):
-        inner = getattr(self, "_ddl_optimizer", None)
-        if inner is None:
-            return local_update(self, grads)
-        grads = tf.nest.flatten(grads)
-        finite = agreed_finite(inner, module._is_all_finite(grads))
-        # A NaN where another rank's gradients were not finite: update() then finds what it would
-        # find in reduced gradients, and skips the step (the NaN is only looked at, never applied).
-        verdict = tf.where(finite, tf.constant(0.0), tf.constant(float("nan")))
-        return local_update(self, grads + [verdict])
+    def agreed_update(local_update):
+        def update(self, grads):
+            inner = getattr(self, "_ddl_optimizer", None)
+            if inner is None:
+                return local_update(self, grads)
+            grads = tf.nest.flatten(grads)
+            finite = agreed_finite(inner, module._is_all_finite(grads))
+            # A NaN where another rank's gradients were not finite: update() then finds what it would
+            # find in reduced gradients, and skips the step (the NaN is only looked at, never applied).
+            verdict = tf.where(finite, tf.constant(0.0), tf.constant(float("nan")))
+            return local_update(self, grads + [verdict])
+        return update
 
-    setattr(update, _PATCHED, True)
-    state.update = update
+    _wrap_method(state, "update", agreed_update)
     for name in ("LossScaleOptimizer", "LossScaleOptimizerV3"):
         cls = getattr(module, name, None)
-        if cls is None or "apply_gradients" not in cls.__dict__:
-            continue
-        _tell_the_state_its_optimizer(cls)
+        if cls is not None and "apply_gradients" in cls.__dict__:
+            _wrap_method(cls, "apply_gradients", _telling_the_state_its_optimizer)
 
 
-def _tell_the_state_its_optimizer(cls):
-    apply_gradients = cls.__dict__["apply_gradients"]
-    if getattr(apply_gradients, _PATCHED, False):
-        return
-
+def _telling_the_state_its_optimizer(apply_gradients):
     def patched(self, *args, **kwargs):
         inner = _ddl_optimizer(getattr(self, "_optimizer", None))
         loss_scale = getattr(self, "_loss_scale", None)
         if inner is not None and loss_scale is not None and not isinstance(loss_scale, float):
             loss_scale._ddl_optimizer = inner
         return apply_gradients(self, *args, **kwargs)
-
-    setattr(patched, _PATCHED, True)
-    patched.__doc__ = apply_gradients.__doc__
-    cls.apply_gradients = patched
+    return patched
 
 
 def agree_on_finite_gradients():
