@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <regex>
 
 #include <fmt/format.h>
@@ -11,6 +10,7 @@
 #include "backends/batch_options.hpp"
 #include "backends/builtin_sites.hpp"
 #include "common/error.hpp"
+#include "common/text_file.hpp"
 
 namespace ddl::backends {
 
@@ -197,12 +197,7 @@ std::string read_profile_file(const fs::path& path) {
                                  : fs::is_fifo(st)    ? "a FIFO"
                                                       : "a device or socket"),
                      "remove it, or put the profile's JSON in a file of that name");
-  if (fs::file_size(path, ec) > kLargestProfileBytes)
-    throw UsageError(fmt::format("site profile {}: is larger than {} bytes", path.string(), kLargestProfileBytes),
-                     "fix the file, or remove it");
-  std::ifstream in(path);
-  if (!in) throw UsageError(fmt::format("site profile {}: cannot be read", path.string()), "check its permissions");
-  return std::string(std::istreambuf_iterator<char>(in), {});
+  return read_text_file(path.string(), "site profile", kLargestProfileBytes);
 }
 
 json parse_json(const std::string& text, const std::string& source) {

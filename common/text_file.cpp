@@ -22,7 +22,9 @@ std::string read_text_file(const std::string& path, const std::string& what, siz
   std::string text(most + 1, '\0');
   in.read(text.data(), static_cast<std::streamsize>(text.size()));
   text.resize(static_cast<size_t>(in.gcount()));
-  if (text.size() > most) throw UsageError(fmt::format("{} {}: is larger than {} bytes", what, path, most), "give a file of host names");
+  if (text.size() > most)
+    throw UsageError(fmt::format("{} {}: is larger than {} bytes", what, path, most),
+                     fmt::format("check that {} names the file you meant", what));
   return text;
 }
 

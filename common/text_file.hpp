@@ -1,4 +1,4 @@
-// Reading a small text file that a user or a scheduler names (a hostfile, PBS_NODEFILE).
+// Reading a small text file that a user or a scheduler names (a hostfile, PBS_NODEFILE, a site profile).
 #pragma once
 
 #include <cstddef>
