@@ -22,6 +22,7 @@
 
 #include "common/error.hpp"
 #include "launcher/line_splitter.hpp"
+#include "launcher/orphan_guard.hpp"
 #include "launcher/pending_output.hpp"
 #include "launcher/relayed_output.hpp"
 #include "launcher/terminal_lines.hpp"
@@ -175,14 +176,17 @@ class Run {
       kill_everything();
       throw;
     }
+    OrphanGuard guard(own_process_groups(), options_.grace_period);
     try {
       while (running_workers() > 0) step();
     } catch (...) {
       // ddl itself failed mid-run (an output file, poll): no worker may outlive it.
+      guard.stand_down();
       signal_all(SIGKILL);
       kill_everything();
       throw;
     }
+    guard.stand_down();  // before kill_everything(), which would take the guard for a leftover
     kill_everything();
     if (drain_streams(std::chrono::seconds(2), std::chrono::seconds(60))) {
       end_open_lines();
@@ -272,6 +276,16 @@ class Run {
     // is killed (its launch then fails like any other).
     if (!write_to_pipe(w.control_fd, *launch.control_input)) signal_unreaped_worker(process.pid, SIGKILL);
     return process;
+  }
+
+  // The workers whose process group is their own (not a remote shell's, which its host's agent
+  // guards, nor one in ddl's session under a task launcher, which cleans up itself).
+  std::vector<pid_t> own_process_groups() const {
+    std::vector<pid_t> groups;
+    if (options_.parent_signals_workers) return groups;
+    for (const auto& w : workers_)
+      if (w.process.pid > 0 && w.control_fd < 0) groups.push_back(w.process.pid);
+    return groups;
   }
 
   int running_workers() const {

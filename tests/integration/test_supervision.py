@@ -162,6 +162,25 @@ class Signals(unittest.TestCase):
         proc.communicate(timeout=15)
         self.assertTrue(wait_until(lambda: processes_with(self.marker) == [], 30))
 
+    def test_what_the_workers_forked_dies_with_a_killed_launcher_too(self):
+        # `sh -c 'sleep; true'` forks its sleep: the shell dies with ddl (PR_SET_PDEATHSIG), the
+        # sleep must not be left to init.
+        proc = start_ddl("-np", "2", "--", "sh", "-c", self.script)
+        self.wait_for_workers(4)
+        proc.kill()
+        proc.communicate(timeout=15)
+        self.assertTrue(wait_until(lambda: processes_with(self.marker) == [], 15), processes_with(self.marker))
+
+    def test_after_a_killed_launcher_what_ignores_sigterm_gets_sigkill_after_the_grace_period(self):
+        stubborn = f'trap "" TERM; sleep {self.marker}; true'  # the sleep inherits SIGTERM ignored
+        proc = start_ddl("-np", "2", "--grace-period", "3", "--", "sh", "-c", stubborn)
+        self.wait_for_workers(2)
+        proc.kill()
+        proc.communicate(timeout=15)
+        time.sleep(0.5)
+        self.assertEqual(len(sleeps_with(self.marker)), 2, "SIGKILL came before the grace period")
+        self.assertTrue(wait_until(lambda: processes_with(self.marker) == [], 20), processes_with(self.marker))
+
 
 class PassedOnSignals(unittest.TestCase):
     def test_sigusr1_reaches_every_worker_and_the_run_goes_on(self):
