@@ -1,6 +1,7 @@
 #include "cli/batch_flags.hpp"
 
 #include "backends/batch_options.hpp"
+#include "cli/validators.hpp"
 
 namespace ddl::cli {
 
@@ -8,8 +9,9 @@ void add_job_options(CLI::App& app, std::map<std::string, std::string>& options,
   for (const backends::BatchOption& option : backends::batch_options()) {
     if (option.workers_only && !workers) continue;
     app.add_option_function<std::string>(
-        std::string(option.flags), [&options, key = std::string(option.key)](const std::string& v) { options[key] = v; },
-        std::string(option.help));
+           std::string(option.flags), [&options, key = std::string(option.key)](const std::string& v) { options[key] = v; },
+           std::string(option.help))
+        ->check(not_empty());  // an empty -J or -A was taken as none given
   }
 }
 

@@ -112,7 +112,8 @@ RunCommand::RunCommand(CLI::App& app) : flags_(std::make_shared<RunFlags>()) {
       ->capture_default_str();
   app_->add_option("--mpi", f.mpi,
                    "srun's --mpi: auto (pmix when Slurm offers it), none (faster start; libddl and torch need no PMIx), or a plugin")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(not_empty());
   auto* hosts =
       app_->add_option("-H,--hosts", f.hosts, "Run on these hosts over ssh: host1:4,host2:4 (host:slots; a host named N times has N slots)")
           ->check(not_empty());
@@ -120,13 +121,15 @@ RunCommand::RunCommand(CLI::App& app) : flags_(std::make_shared<RunFlags>()) {
       ->check(not_empty())
       ->excludes(hosts);
   app_->add_option("--rsh", f.rsh,
-                   fmt::format("Remote shell for -H/--hostfile, split at blanks (default: {})", launcher::kDefaultRemoteShell));
+                   fmt::format("Remote shell for -H/--hostfile, split at blanks (default: {})", launcher::kDefaultRemoteShell))
+      ->check(not_empty());
   app_->add_option("--gpu-order", f.gpu_order, "as-listed, or reverse: local rank 0 gets the node's last GPU (Polaris)")
       ->check(CLI::IsMember({"as-listed", "reverse"}))
       ->capture_default_str();
   app_->add_option("--torch-backend", f.torch_backend,
                    "Run the program's torch.distributed world group, and the groups that name no backend, on this "
-                   "backend (ddl: libddl), whatever the script names");
+                   "backend (ddl: libddl), whatever the script names")
+      ->check(not_empty());
   // Everything from the program name on belongs to the program, with or without "--".
   app_->prefix_command();
   show_program_in_usage(*app_);

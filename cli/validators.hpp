@@ -10,6 +10,16 @@
 
 namespace ddl::cli {
 
+// Plain decimal digits, with a fraction when `fraction` (strtol and strtod also take blanks, a sign,
+// hex and exponents: "-np +2", "--grace-period 0x10" meant nothing a user wrote on purpose).
+inline bool plain_decimal(const std::string& text, bool fraction) {
+  const size_t point = fraction ? text.find('.') : std::string::npos;
+  const std::string whole = text.substr(0, point);
+  const std::string part = point == std::string::npos ? std::string() : text.substr(point + 1);
+  const auto digits_only = [](const std::string& s) { return s.find_first_not_of("0123456789") == std::string::npos; };
+  return !(whole.empty() && part.empty()) && digits_only(whole) && digits_only(part);
+}
+
 // Counts of workers, nodes, GPUs and cores: whole numbers from 1 to 2^20 ("-np abc" is not "out of range").
 inline CLI::Validator whole_count(int minimum = 1) {
   constexpr long long most = 1 << 20;
@@ -17,7 +27,7 @@ inline CLI::Validator whole_count(int minimum = 1) {
       [minimum](std::string& text) -> std::string {
         char* end = nullptr;
         const long long count = std::strtoll(text.c_str(), &end, 10);
-        if (text.empty() || *end != '\0' || count < minimum || count > most)
+        if (!plain_decimal(text, false) || *end != '\0' || count < minimum || count > most)
           return "must be a whole number from " + std::to_string(minimum) + " to " + std::to_string(most) + ", not " + text;
         return {};
       },
@@ -30,7 +40,7 @@ inline CLI::Validator seconds_at_most(double most) {
       [most](std::string& text) -> std::string {
         char* end = nullptr;
         const double seconds = std::strtod(text.c_str(), &end);
-        if (text.empty() || *end != '\0' || !std::isfinite(seconds) || seconds < 0 || seconds > most)
+        if (!plain_decimal(text, true) || *end != '\0' || !std::isfinite(seconds) || seconds < 0 || seconds > most)
           return "must be a number of seconds from 0 to " + std::to_string(static_cast<long long>(most)) + ", not " + text;
         return {};
       },

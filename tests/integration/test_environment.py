@@ -183,13 +183,29 @@ class UsageErrors(unittest.TestCase):
             self.assertTrue(result.stderr.startswith("ddl: error:"), result.stderr)
             self.assertIn(needle, result.stderr.splitlines()[0])
 
+    def test_a_decimal_grace_period_is_taken(self):
+        for seconds in ("0.5", ".5", "5.", "0"):
+            self.assertEqual(ddl("run", "--grace-period", seconds, "-np", "1", "--", "true").returncode, 0, seconds)
+
+    def test_empty_values_are_refused_not_taken_as_the_default(self):
+        for args, flag in ((["run", "--rsh", "", "-H", "localhost:1"], "--rsh"), (["run", "--torch-backend", "", "-np", "1"], "--torch-backend"),
+                           (["run", "--mpi", "", "-np", "1"], "--mpi"),
+                           (["submit", "--site", "perlmutter", "--dry-run", "-J", "", "-A", "m1_g", "-N", "1", "-t", "10"], "--job-name")):
+            result = ddl_raw(*args, "--", "true")
+            self.assertEqual(result.returncode, 2, args)
+            self.assertEqual(result.stderr.splitlines()[0], f"ddl: error: {flag}: must not be empty", args)
+
     def test_numbers_that_are_not_numbers_are_refused_with_the_range(self):
         for args, says in ((["-np", "0"], "--np: must be a whole number from 1 to 1048576, not 0"),
                            (["-np", "abc"], "--np: must be a whole number from 1 to 1048576, not abc"),
                            (["-np", "2.5"], "not 2.5"),
                            (["--grace-period", "nan", "-np", "1"], "--grace-period: must be a number of seconds from 0 to 86400, not nan"),
                            (["--grace-period", "1e300", "-np", "1"], "not 1e300"),
-                           (["--grace-period", "inf", "-np", "1"], "not inf")):
+                           (["--grace-period", "inf", "-np", "1"], "not inf"),
+                           # strtol's and strtod's extras: a sign, blanks, hex
+                           (["-np", "+2"], "--np: must be a whole number from 1 to 1048576, not +2"),
+                           (["-np", " 2"], "not  2"),
+                           (["--grace-period", "0x10", "-np", "1"], "--grace-period: must be a number of seconds from 0 to 86400, not 0x10")):
             result = ddl("run", *args, "--", "true")
             self.assertEqual(result.returncode, 2, args)
             self.assertIn(says, result.stderr.splitlines()[0])
