@@ -171,6 +171,15 @@ void check_placeholders(const std::string& source, const std::string& field, con
   }
 }
 
+// A key the profile format does not have in object `j` (the profile itself when `field` is empty):
+// a misspelt one ("cpus_per_node" in a partition) was ignored, and the script silently lacked it.
+void refuse_unknown_keys(const json& j, const std::string& source, const std::string& field, const std::vector<std::string>& known) {
+  for (const auto& [key, value] : j.items())
+    if (std::find(known.begin(), known.end(), key) == known.end())
+      profile_error(source, field.empty() ? key : field + "." + key,
+                    fmt::format("is not a {} field (known: {})", field.empty() ? "profile" : field, fmt::join(known, ", ")));
+}
+
 // `ddl jupyter`'s defaults: the two it reads, of the kinds it reads (a number there was an uncaught
 // type error; "program": "emacs" ran `jupyter emacs`).
 void check_jupyter_defaults(const json& jupyter, const std::string& source) {
@@ -236,9 +245,7 @@ std::vector<std::string> site_names() {
 }
 
 SiteProfile parse_site(const json& j, const std::string& source, const std::string& name) {
-  for (const auto& [key, value] : j.items())
-    if (std::find(kFields.begin(), kFields.end(), key) == kFields.end())
-      profile_error(source, key, fmt::format("is not a profile field (known: {})", fmt::join(kFields, ", ")));
+  refuse_unknown_keys(j, source, "", kFields);
   SiteProfile p;
   p.name = name;
   p.description = string_field(j, source, "description");
@@ -260,6 +267,7 @@ SiteProfile parse_site(const json& j, const std::string& source, const std::stri
       const std::string field = "patterns." + option_key(source, "patterns", option);
       if (!rule.is_object() || !rule.contains("regex") || !rule["regex"].is_string())
         profile_error(source, field, "must be an object with a string 'regex' (and 'why', 'fix')");
+      refuse_unknown_keys(rule, source, field, {"regex", "why", "fix"});
       OptionRule r{rule["regex"].get<std::string>(), string_field(rule, source + " " + field, "why"),
                    string_field(rule, source + " " + field, "fix")};
       try {
@@ -277,6 +285,7 @@ SiteProfile parse_site(const json& j, const std::string& source, const std::stri
     for (const auto& [partition, shape] : j["partitions"].items()) {
       const std::string field = "partitions." + partition;
       if (!shape.is_object()) profile_error(source, field, "must be an object {gpus_per_node, cores_per_node}");
+      refuse_unknown_keys(shape, source, field, {"gpus_per_node", "cores_per_node"});
       p.partitions[partition] = {int_field(shape, source + " " + field, "gpus_per_node", p.gpus_per_node, 0),
                                  int_field(shape, source + " " + field, "cores_per_node", p.cores_per_node, 0)};
     }
@@ -300,6 +309,7 @@ SiteProfile parse_site(const json& j, const std::string& source, const std::stri
   if (j.contains("container")) {
     const json& c = j["container"];
     if (!c.is_object()) profile_error(source, "container", "must be an object {kind, image_directive, wrap}");
+    refuse_unknown_keys(c, source, "container", {"kind", "image_directive", "wrap"});
     ContainerSupport support;
     support.kind = one_of(c, source + " container", "kind", {"shifter", "apptainer", "singularity"}, "");
     if (support.kind.empty()) profile_error(source, "container.kind", "is missing; it must be shifter, apptainer or singularity");
@@ -312,6 +322,7 @@ SiteProfile parse_site(const json& j, const std::string& source, const std::stri
   if (j.contains("match")) {
     const json& m = j["match"];
     if (!m.is_object()) profile_error(source, "match", "must be an object {hostname, environment}");
+    refuse_unknown_keys(m, source, "match", {"hostname", "environment"});
     SiteMatch match;
     match.hostname = string_field(m, source + " match", "hostname");
     if (m.contains("environment")) {

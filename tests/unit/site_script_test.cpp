@@ -298,6 +298,27 @@ TEST_CASE("a broken profile names the file and the field") {
   CHECK_THROWS_WITH_AS(load_site("nosuchsite"), doctest::Contains("no site profile named 'nosuchsite' (known: alliance"), ddl::UsageError);
 }
 
+TEST_CASE("a misspelt key inside a profile's objects is refused, not ignored") {
+  UserSites sites({{"partition", R"({"scheduler": "slurm", "partitions": {"gpu": {"gpus_per_node": 4, "cpus_per_node": 64}}})"},
+                   {"container", R"({"scheduler": "slurm", "container": {"kind": "apptainer", "wrapper": ["apptainer exec"]}})"},
+                   {"match", R"({"scheduler": "slurm", "match": {"host": "^login"}})"},
+                   {"pattern", R"({"scheduler": "slurm", "patterns": {"account": {"regex": "^a", "hint": "x"}}})"},
+                   {"fine", R"({"scheduler": "slurm", "partitions": {"gpu": {"gpus_per_node": 4, "cores_per_node": 64}},
+                               "container": {"kind": "apptainer", "image_directive": "", "wrap": []},
+                               "match": {"hostname": "^login", "environment": {"CLUSTER": "x"}},
+                               "patterns": {"account": {"regex": "^a", "why": "w", "fix": "f"}}})"}});
+  CHECK_THROWS_WITH_AS(
+      load_site("partition"),
+      doctest::Contains("field 'partitions.gpu.cpus_per_node' is not a partitions.gpu field (known: gpus_per_node, cores_per_node)"),
+      ddl::UsageError);
+  CHECK_THROWS_WITH_AS(load_site("container"), doctest::Contains("field 'container.wrapper' is not a container field"), ddl::UsageError);
+  CHECK_THROWS_WITH_AS(load_site("match"), doctest::Contains("field 'match.host' is not a match field (known: hostname, environment)"),
+                       ddl::UsageError);
+  CHECK_THROWS_WITH_AS(load_site("pattern"), doctest::Contains("field 'patterns.account.hint' is not a patterns.account field"),
+                       ddl::UsageError);
+  CHECK_NOTHROW(load_site("fine"));
+}
+
 TEST_CASE("hostile profiles are usage errors naming the file and field, never a crash or a shell line") {
   std::string deep = R"({"scheduler": "slurm", "notes": )" + std::string(100000, '[') + std::string(100000, ']') + "}";
   UserSites sites({{"huge", R"({"scheduler": "slurm", "gpus_per_node": 4294967295})"},
