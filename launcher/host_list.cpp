@@ -92,6 +92,7 @@ std::vector<HostSlots> parse_hostfile_text(const std::string& text, const std::s
     std::string first;
     words >> first;
     HostSlots h = host_and_slots(first, where, "'host1 slots=4' or 'host1:4'");
+    std::optional<int> max_slots;  // ddl never places more than `slots` on a host; OpenMPI's cap may not be lower
     for (std::string word; words >> word;) {
       const auto eq = word.find('=');
       const std::string key = word.substr(0, eq);
@@ -101,8 +102,14 @@ std::vector<HostSlots> parse_hostfile_text(const std::string& text, const std::s
       if (!n)
         throw UsageError(fmt::format("{}: '{}' needs a whole number from 1 to {}", where, word, kMostSlots),
                          "write each line as 'host1 slots=4'");
-      if (key == "slots") h.slots = *n;
+      if (key == "slots")
+        h.slots = *n;
+      else
+        max_slots = *n;
     }
+    if (max_slots && *max_slots < h.slots)
+      throw UsageError(fmt::format("{}: max_slots={} is fewer than its {} slots", where, *max_slots, h.slots),
+                       "give max_slots at least slots, or fewer slots");
     add(hosts, h.name, h.slots);
   }
   if (hosts.empty()) throw UsageError(fmt::format("--hostfile {} names no host", path), "write one host per line: 'host1 slots=4'");

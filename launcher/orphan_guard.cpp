@@ -45,8 +45,7 @@ void signal_groups(const pid_t* groups, size_t count, int sig) {
   }
   char byte = 0;
   ssize_t n = 0;
-  while ((n = ::read(STDIN_FILENO, &byte, 1)) < 0 && errno == EINTR) {
-  }
+  while ((n = ::read(STDIN_FILENO, &byte, 1)) < 0 && errno == EINTR) {}
   if (n == 1) ::_exit(0);  // stood down
   // ddl is gone without cleaning up: what the workers left goes as a failed run's would.
   signal_groups(groups, count, SIGTERM);
@@ -82,12 +81,10 @@ OrphanGuard::~OrphanGuard() { stand_down(); }
 void OrphanGuard::stand_down() {
   if (pipe_ < 0) return;
   const char byte = 'd';
-  while (::write(pipe_, &byte, 1) < 0 && errno == EINTR) {
-  }
+  while (::write(pipe_, &byte, 1) < 0 && errno == EINTR) {}
   ::close(pipe_);
   pipe_ = -1;
-  while (::waitpid(pid_, nullptr, 0) < 0 && errno == EINTR) {
-  }
+  while (::waitpid(pid_, nullptr, 0) < 0 && errno == EINTR) {}
   pid_ = -1;
 }
 

@@ -45,6 +45,9 @@ TEST_CASE("host files in the mpirun, deepspeed and horovodrun forms, errors by l
   CHECK(usage_error_of([] { parse_hostfile_text("n1 slots=x\n", "hf"); }).find("hf line 1: 'slots=x' needs a whole number") !=
         std::string::npos);
   CHECK(usage_error_of([] { parse_hostfile_text("# nothing\n", "hf"); }) == "--hostfile hf names no host");
+  CHECK(usage_error_of([] { parse_hostfile_text("n1 max_slots=2 slots=4\n", "hf"); }) ==
+        "--hostfile hf line 1: max_slots=2 is fewer than its 4 slots");  // OpenMPI refuses it too
+  CHECK(pairs(parse_hostfile_text("n1 max_slots=4 slots=4\nn2 max_slots=2\n", "hf")) == Pairs{{"n1", 4}, {"n2", 1}});
   CHECK(usage_error_of([] { read_hostfile("/nonexistent/hosts"); }) == "--hostfile /nonexistent/hosts: No such file or directory");
   CHECK(usage_error_of([] { read_hostfile("/dev/zero"); }) == "--hostfile /dev/zero: is larger than 16777216 bytes");  // it never ended
   CHECK(usage_error_of([] { read_hostfile("/tmp"); }) == "--hostfile /tmp: is a directory, not a file");
