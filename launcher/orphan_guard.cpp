@@ -1,17 +1,50 @@
 #include "launcher/orphan_guard.hpp"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <iterator>
 
 namespace ddl::launcher {
 
 namespace {
+
+constexpr char kName[] = "worker-guard";
+constexpr size_t kLongestMarker = 512;
+
+// One message to the guard: 8 bytes, so that each write to the pipe is atomic and each read whole.
+struct Message {
+  int32_t what;  // '+' watch, '-' forget, 'd' stand down
+  int32_t group;
+};
+
+// Everything the guard needs, made ready before fork: a forked child of a process with threads may
+// make only async-signal-safe calls, so the guard allocates nothing and reads /proc with syscalls.
+struct Plan {
+  int watch_fd = -1;
+  int write_fd = -1;
+  pid_t* groups = nullptr;  // capacity entries; 0: free
+  size_t capacity = 0;
+  pid_t* terminated = nullptr;  // what got SIGTERM already (up to terminated_capacity): once is enough
+  size_t terminated_capacity = 0;
+  const char* marker = nullptr;  // "\0NAME=value\0": how the line appears in /proc/PID/environ
+  size_t marker_length = 0;
+  long long grace_ms = 0;
+  int highest_fd = 0;
+  char* command_line = nullptr;  // ddl's argv area, to be overwritten with kName; null: leave it
+  size_t command_line_length = 0;
+};
 
 long long monotonic_ms() {
   timespec now{};
@@ -19,54 +52,212 @@ long long monotonic_ms() {
   return static_cast<long long>(now.tv_sec) * 1000 + now.tv_nsec / 1'000'000;
 }
 
-bool any_group_left(const pid_t* groups, size_t count) {
+void pause_ms(long ms) {
+  timespec pause{0, ms * 1'000'000};
+  while (::nanosleep(&pause, &pause) != 0 && errno == EINTR) {}
+}
+
+bool holds(const pid_t* groups, size_t count, pid_t id) {
+  if (id <= 0) return false;  // kernel threads are in group and session 0; a free entry is 0
   for (size_t i = 0; i < count; ++i)
-    if (::kill(-groups[i], 0) == 0) return true;
+    if (groups[i] == id) return true;
   return false;
 }
 
-void signal_groups(const pid_t* groups, size_t count, int sig) {
-  for (size_t i = 0; i < count; ++i) ::kill(-groups[i], sig);
+// "/proc/<pid>/<leaf>" into `out`, from the directory entry's name.
+void proc_path(char* out, const char* pid, const char* leaf) {
+  std::memcpy(out, "/proc/", 6);
+  size_t at = 6;
+  for (const char* c = pid; *c != '\0' && at < 40; ++c) out[at++] = *c;
+  out[at++] = '/';
+  for (const char* c = leaf; *c != '\0'; ++c) out[at++] = *c;
+  out[at] = '\0';
 }
 
-// The guard's whole life, in the forked child of a process that may have threads: only
-// async-signal-safe calls. A group id cannot name another group meanwhile: Linux does not reuse a
-// process id while a group of that id has members.
-[[noreturn]] void guard(int watch_fd, const pid_t* groups, size_t count, long long grace_ms) {
+// From /proc/PID/stat, "pid (comm) state ppid pgrp session ...": false when it is gone or unreadable.
+bool read_stat(const char* pid, char& state, long& group, long& session) {
+  char path[64];
+  proc_path(path, pid, "stat");
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char text[512];
+  const ssize_t n = ::read(fd, text, sizeof text - 1);
+  ::close(fd);
+  if (n <= 0) return false;
+  text[n] = '\0';
+  const char* at = nullptr;
+  for (ssize_t i = n - 1; i >= 0 && at == nullptr; --i)  // the name may hold ')': the last one ends it
+    if (text[i] == ')') at = text + i + 1;
+  if (at == nullptr) return false;
+  long fields[3] = {0, 0, 0};  // ppid, pgrp, session
+  while (*at == ' ') ++at;
+  state = *at++;
+  for (long& field : fields) {
+    while (*at == ' ') ++at;
+    bool negative = *at == '-';
+    if (negative) ++at;
+    if (*at < '0' || *at > '9') return false;
+    while (*at >= '0' && *at <= '9') field = field * 10 + (*at++ - '0');
+    if (negative) field = -field;
+  }
+  group = fields[1];
+  session = fields[2];
+  return true;
+}
+
+// Whether the environment of process `pid` (one of this user's: others' cannot be read) has the line.
+bool environment_holds(const char* pid, const char* marker, size_t length) {
+  char path[64];
+  proc_path(path, pid, "environ");
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char window[8192 + kLongestMarker + 2];
+  size_t have = 1;
+  window[0] = '\0';  // the first line has no '\0' before it
+  bool found = false;
+  for (ssize_t n = 0; !found && (n = ::read(fd, window + have, 8192)) > 0;) {
+    have += static_cast<size_t>(n);
+    for (size_t i = 0; !found && i + length <= have; ++i) found = std::memcmp(window + i, marker, length) == 0;
+    const size_t keep = have < length - 1 ? have : length - 1;
+    std::memmove(window, window + have - keep, keep);
+    have = keep;
+  }
+  ::close(fd);
+  return found;
+}
+
+// Sends `sig` to every live process of the run: in a watched group or session, or with the run's
+// line in its environment. SIGTERM goes once to each (a process forked meanwhile gets it on a later
+// sweep). Returns how many there were.
+int sweep(const Plan& plan, int sig) {
+  size_t terminated = 0;
+  while (terminated < plan.terminated_capacity && plan.terminated[terminated] != 0) ++terminated;
+  const int proc = ::open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (proc < 0) return 0;
+  const pid_t self = ::getpid();
+  int found = 0;
+  alignas(8) char entries[16384];
+  for (long n = 0; (n = ::syscall(SYS_getdents64, proc, entries, sizeof entries)) > 0;) {
+    for (long at = 0; at < n;) {
+      // struct linux_dirent64: inode (8), offset (8), record length (2), type (1), name
+      unsigned short record = 0;
+      std::memcpy(&record, entries + at + 16, sizeof record);
+      const char* name = entries + at + 19;
+      at += record;
+      if (name[0] < '1' || name[0] > '9') continue;
+      pid_t pid = 0;
+      for (const char* c = name; *c >= '0' && *c <= '9'; ++c) pid = pid * 10 + (*c - '0');
+      char state = 0;
+      long group = 0, session = 0;
+      if (pid == self || !read_stat(name, state, group, session) || state == 'Z') continue;
+      const bool ours = holds(plan.groups, plan.capacity, static_cast<pid_t>(group)) ||
+                        holds(plan.groups, plan.capacity, static_cast<pid_t>(session)) ||
+                        (plan.marker_length > 0 && environment_holds(name, plan.marker, plan.marker_length));
+      if (!ours) continue;
+      ++found;
+      if (sig == SIGTERM) {
+        if (holds(plan.terminated, terminated, pid)) continue;
+        if (terminated < plan.terminated_capacity) plan.terminated[terminated++] = pid;
+        ::kill(pid, SIGTERM);
+        ::kill(pid, SIGCONT);  // a stopped process acts on SIGTERM only when continued
+        continue;
+      }
+      ::kill(pid, sig);
+    }
+  }
+  ::close(proc);
+  return found;
+}
+
+// Reads ddl's messages until it stands the guard down, or ends without doing so.
+bool ddl_died(const Plan& plan) {
+  for (;;) {
+    Message m{};
+    const ssize_t n = ::read(STDIN_FILENO, &m, sizeof m);
+    if (n < 0 && errno == EINTR) continue;
+    if (n != static_cast<ssize_t>(sizeof m)) return true;  // the end of the pipe: ddl is gone
+    if (m.what == 'd') return false;
+    for (size_t i = 0; i < plan.capacity; ++i) {
+      if (m.what == '+' && plan.groups[i] == 0) {
+        plan.groups[i] = m.group;
+        break;
+      }
+      if (m.what == '-' && plan.groups[i] == m.group) {
+        plan.groups[i] = 0;
+        break;
+      }
+    }
+  }
+}
+
+[[noreturn]] void guard(const Plan& plan) {
   sigset_t all;
   ::sigfillset(&all);
   ::sigprocmask(SIG_SETMASK, &all, nullptr);  // Ctrl-C and the like are for ddl, not for the guard
   ::setsid();
-  ::prctl(PR_SET_NAME, "ddl-guard");  // in ps and top: not a second ddl
-  ::dup2(watch_fd, STDIN_FILENO);
-  ::close_range(STDOUT_FILENO, ~0U, 0);  // ddl's output, the workers' pipes, the store's socket: not the guard's to hold
+  ::prctl(PR_SET_NAME, kName);
+  if (plan.command_line != nullptr) {
+    std::memset(plan.command_line, 0, plan.command_line_length);
+    std::memcpy(plan.command_line, kName, sizeof kName - 1);
+  }
+  ::close(plan.write_fd);  // else the guard would hold the pipe open itself and never see ddl's end
+  ::dup2(plan.watch_fd, STDIN_FILENO);
+  // ddl's output, the workers' pipes, the store's socket are not the guard's to hold open.
+  if (::close_range(STDOUT_FILENO, ~0U, 0) != 0)  // ENOSYS before Linux 5.9, EPERM under some seccomp filters
+    for (int fd = STDOUT_FILENO; fd <= plan.highest_fd; ++fd) ::close(fd);
   if (::chdir("/") != 0) {
     // no matter: it only keeps the directory busy
   }
-  char byte = 0;
-  ssize_t n = 0;
-  while ((n = ::read(STDIN_FILENO, &byte, 1)) < 0 && errno == EINTR) {}
-  if (n == 1) ::_exit(0);  // stood down
-  // ddl is gone without cleaning up: what the workers left goes as a failed run's would.
-  signal_groups(groups, count, SIGTERM);
-  signal_groups(groups, count, SIGCONT);  // a stopped process acts on SIGTERM only when continued
-  const long long deadline = monotonic_ms() + grace_ms;
-  while (any_group_left(groups, count) && monotonic_ms() < deadline) {
-    timespec pause{0, 20'000'000};
-    ::nanosleep(&pause, nullptr);
+  if (!ddl_died(plan)) ::_exit(0);
+  if (sweep(plan, SIGTERM) == 0) ::_exit(0);
+  const long long deadline = monotonic_ms() + plan.grace_ms;
+  while (monotonic_ms() < deadline) {
+    pause_ms(20);
+    if (sweep(plan, SIGTERM) == 0) ::_exit(0);
   }
-  signal_groups(groups, count, SIGKILL);
+  sweep(plan, SIGKILL);
   ::_exit(0);
+}
+
+int highest_fd_limit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY || limit.rlim_cur > (1U << 20)) return 1 << 20;
+  return static_cast<int>(limit.rlim_cur);
+}
+
+// ddl's own command line as the kernel shows it, if it starts where glibc's argv[0] does (it
+// does, unless something rewrote argv): the guard overwrites it there.
+size_t own_command_line_length() {
+  std::ifstream file("/proc/self/cmdline", std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  if (text.size() < sizeof kName || std::memcmp(text.data(), program_invocation_name, text.size()) != 0) return 0;
+  return text.size();
 }
 
 }  // namespace
 
-OrphanGuard::OrphanGuard(const std::vector<pid_t>& groups, std::chrono::milliseconds grace_period) {
-  if (groups.empty()) return;
+OrphanGuard::OrphanGuard(size_t most_workers, const std::string& marker, std::chrono::milliseconds grace_period) : capacity_(most_workers) {
+  if (most_workers == 0) return;
+  std::vector<pid_t> groups(most_workers, 0);
+  std::vector<pid_t> terminated(4 * most_workers + 1024, 0);
+  const std::string marker_line = marker.empty() || marker.size() > kLongestMarker ? std::string() : '\0' + marker + '\0';
   int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) return;  // no guard: ddl still cleans up whenever it can
+  if (::pipe2(fds, O_CLOEXEC) != 0) return;  // no guard: ddl still cleans up whenever it lives to
+  Plan plan;
+  plan.watch_fd = fds[0];
+  plan.write_fd = fds[1];
+  plan.groups = groups.data();
+  plan.capacity = groups.size();
+  plan.terminated = terminated.data();
+  plan.terminated_capacity = terminated.size();
+  plan.marker = marker_line.data();
+  plan.marker_length = marker_line.size();
+  plan.grace_ms = grace_period.count();
+  plan.highest_fd = highest_fd_limit();
+  plan.command_line_length = own_command_line_length();
+  plan.command_line = plan.command_line_length > 0 ? program_invocation_name : nullptr;
   const pid_t pid = ::fork();
-  if (pid == 0) guard(fds[0], groups.data(), groups.size(), grace_period.count());
+  if (pid == 0) guard(plan);
   ::close(fds[0]);
   if (pid < 0) {
     ::close(fds[1]);
@@ -74,18 +265,62 @@ OrphanGuard::OrphanGuard(const std::vector<pid_t>& groups, std::chrono::millisec
   }
   pid_ = pid;
   pipe_ = fds[1];
+  ::fcntl(pipe_, F_SETFL, O_NONBLOCK);  // a guard that stopped reading must not stop ddl
 }
 
 OrphanGuard::~OrphanGuard() { stand_down(); }
 
+void OrphanGuard::watch(pid_t group) {
+  if (watched_ >= capacity_) return;
+  ++watched_;
+  send('+', group);
+}
+
+void OrphanGuard::forget(pid_t group) { send('-', group); }
+
+// A guard that does not take a message within a second (stopped, frozen) is of no more use: it is
+// killed (it is ddl's unreaped child, so its pid is still its own), and ddl cleans up alone.
+void OrphanGuard::send(char what, pid_t group) {
+  if (pipe_ < 0) return;
+  const Message m{what, static_cast<int32_t>(group)};
+  for (int waited = 0; waited < 1000; ++waited) {
+    if (::write(pipe_, &m, sizeof m) == static_cast<ssize_t>(sizeof m)) return;
+    if (errno != EAGAIN && errno != EINTR) break;
+    pollfd writable{pipe_, POLLOUT, 0};
+    ::poll(&writable, 1, 1);
+  }
+  ::kill(pid_, SIGKILL);
+  stand_down();
+}
+
 void OrphanGuard::stand_down() {
   if (pipe_ < 0) return;
-  const char byte = 'd';
-  while (::write(pipe_, &byte, 1) < 0 && errno == EINTR) {}
+  const Message m{'d', 0};
+  const bool told = ::write(pipe_, &m, sizeof m) == static_cast<ssize_t>(sizeof m);
   ::close(pipe_);
   pipe_ = -1;
+  if (pid_ < 0) return;
+  if (!told) ::kill(pid_, SIGKILL);  // else it would take the closed pipe for ddl's death
+  // Bounded: a guard that is stopped or frozen must not keep ddl from ending.
+  for (int waited = 0; waited < 10'000; ++waited) {
+    const pid_t done = ::waitpid(pid_, nullptr, WNOHANG);
+    if (done == pid_ || (done < 0 && errno != EINTR)) {
+      pid_ = -1;
+      return;
+    }
+    timespec pause{0, 100'000};
+    ::nanosleep(&pause, nullptr);
+  }
+  ::kill(pid_, SIGKILL);
   while (::waitpid(pid_, nullptr, 0) < 0 && errno == EINTR) {}
   pid_ = -1;
+}
+
+void OrphanGuard::reaped(pid_t pid) {
+  if (pid_ < 0 || pid != pid_) return;
+  pid_ = -1;
+  if (pipe_ >= 0) ::close(pipe_);
+  pipe_ = -1;
 }
 
 }  // namespace ddl::launcher

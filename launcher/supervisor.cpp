@@ -116,7 +116,8 @@ struct Worker {
   std::deque<std::string> stderr_tail;
   LineLabeller labeller;
   int interrupt_signal = 0;
-  int control_fd = -1;  // write end of a remote shell's stdin, or -1
+  int control_fd = -1;       // write end of a remote shell's stdin, or -1
+  bool group_alive = false;  // its process group (its pid) is its own and not yet found empty
 };
 
 // A remote shell still running this long after it was sent SIGKILL for its workers is killed.
@@ -170,23 +171,26 @@ class Run {
     std::vector<std::pair<int, int>> files = open_output_files(launches);  // all before any worker runs
     workers_.reserve(launches.size());
     streams_.reserve(2 * launches.size());
+    // Under a task launcher (parent_signals_workers) the workers share ddl's session and the
+    // launcher cleans up; elsewhere each worker's group and session is its own, for the guard to know.
+    guard_.emplace(options_.parent_signals_workers ? 0 : launches.size(), run_marker(launches), options_.grace_period);
     try {
       for (size_t i = 0; i < launches.size(); ++i) start(launches[i], files[i]);
     } catch (...) {
+      guard_->stand_down();
       kill_everything();
       throw;
     }
-    OrphanGuard guard(own_process_groups(), options_.grace_period);
     try {
       while (running_workers() > 0) step();
     } catch (...) {
       // ddl itself failed mid-run (an output file, poll): no worker may outlive it.
-      guard.stand_down();
+      guard_->stand_down();
       signal_all(SIGKILL);
       kill_everything();
       throw;
     }
-    guard.stand_down();  // before kill_everything(), which would take the guard for a leftover
+    guard_->stand_down();  // before kill_everything(), which would take the guard for a leftover
     kill_everything();
     if (drain_streams(std::chrono::seconds(2), std::chrono::seconds(60))) {
       end_open_lines();
@@ -232,6 +236,8 @@ class Run {
     w.process = launch.control_input
                     ? spawn_with_control(launch, w)
                     : spawn_worker(launch.program, launch.argv, launch.env, child_mask_, -1, !options_.parent_signals_workers);
+    w.group_alive = launch.control_input || !options_.parent_signals_workers;  // a remote shell's session is its own
+    if (w.group_alive) guard_->watch(w.process.pid);
     const std::string prefix = options_.prefix_output ? rank_prefix(launch.rank) : std::string();
     const LineLabeller* labeller = launch.labeller ? &w.labeller : nullptr;
     Stream& out = streams_.emplace_back();
@@ -278,14 +284,11 @@ class Run {
     return process;
   }
 
-  // The workers whose process group is their own (not a remote shell's, which its host's agent
-  // guards, nor one in ddl's session under a task launcher, which cleans up itself).
-  std::vector<pid_t> own_process_groups() const {
-    std::vector<pid_t> groups;
-    if (options_.parent_signals_workers) return groups;
-    for (const auto& w : workers_)
-      if (w.process.pid > 0 && w.control_fd < 0) groups.push_back(w.process.pid);
-    return groups;
+  // The line of the workers' environment that only this run's processes have: its store's token.
+  static std::string run_marker(const std::vector<WorkerLaunch>& launches) {
+    if (launches.empty()) return {};
+    const auto token = lookup(launches.front().env, "DDL_STORE_TOKEN");
+    return token && !token->empty() ? "DDL_STORE_TOKEN=" + *token : std::string();
   }
 
   int running_workers() const {
@@ -540,6 +543,7 @@ class Run {
     int status = 0;
     pid_t pid = 0;
     while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
+      if (guard_) guard_->reaped(pid);
       for (auto& w : workers_) {
         if (w.process.pid != pid || !w.running) continue;
         w.running = false;
@@ -548,8 +552,21 @@ class Run {
         break;
       }
     }
+    note_groups_gone();
     std::stable_partition(failed.begin(), failed.end(), [](const auto& f) { return WIFSIGNALED(f.second); });
     for (const auto& [w, st] : failed) on_worker_failed(*w, st);
+  }
+
+  // A reaped worker's group lives on while anything it forked stays in it. Once it is empty its id
+  // may become another process's group (pid reuse): ddl must not signal it again, nor the guard.
+  // What empties it is nearly always ddl reaping its last member (they are re-parented to ddl),
+  // so checking after each reaping is in time.
+  void note_groups_gone() {
+    for (auto& w : workers_) {
+      if (w.running || !w.group_alive || ::kill(-w.process.pid, 0) == 0 || errno != ESRCH) continue;
+      w.group_alive = false;
+      if (guard_) guard_->forget(w.process.pid);
+    }
   }
 
   void on_worker_failed(const Worker& w, int status) {
@@ -627,7 +644,8 @@ class Run {
   // signal_unreaped_worker). A reaped one's group may live on (what it forked).
   static bool signal_worker(const Worker& w, int sig) {
     if (w.process.pid <= 0) return false;  // its start failed: there is nothing to signal
-    return w.running ? signal_unreaped_worker(w.process.pid, sig) : ::kill(-w.process.pid, sig) == 0;
+    if (w.running) return signal_unreaped_worker(w.process.pid, sig);
+    return w.group_alive && ::kill(-w.process.pid, sig) == 0;
   }
 
   void signal_running(int sig) {
@@ -754,6 +772,7 @@ class Run {
   std::optional<Clock::time_point> remote_kill_deadline_;
   const sigset_t& child_mask_;
   std::vector<Worker> workers_;
+  std::optional<OrphanGuard> guard_;
   std::vector<Stream> streams_;
   PendingOutput output_;                                   // for ddl's stdout and stderr, written as their readers take it
   TerminalLines stdout_lines_;                             // what ddl's stdout shows

@@ -182,6 +182,97 @@ class Signals(unittest.TestCase):
         self.assertTrue(wait_until(lambda: processes_with(self.marker) == [], 20), processes_with(self.marker))
 
 
+    def test_the_guard_is_not_found_by_pkill_ddl(self):
+        # `pkill -9 ddl` or `pkill -9 -f "ddl run"` must leave the guard to clean up after ddl.
+        proc = start_ddl("-np", "2", "--", "sh", "-c", self.script)
+        self.wait_for_workers(4)
+        children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        guards = [pid for pid in children if open(f"/proc/{pid}/comm").read().strip() == "worker-guard"]
+        self.assertEqual(len(guards), 1, children)
+        self.assertEqual(open(f"/proc/{guards[0]}/cmdline", "rb").read().rstrip(b"\0"), b"worker-guard")
+        proc.kill()
+        proc.communicate(timeout=15)
+        self.assertTrue(wait_until(lambda: guards[0] not in map(str, processes_named("worker-guard")), 15), "the guard did not end")
+
+    def test_after_a_killed_launcher_what_left_the_workers_group_is_stopped_too(self):
+        # coreutils `timeout` moves itself into a group of its own, its program with it.
+        proc = start_ddl("-np", "2", "--", "sh", "-c", f"timeout 600 sleep {self.marker}")
+        self.wait_for_workers(2)
+        proc.kill()
+        proc.communicate(timeout=15)
+        self.assertTrue(wait_until(lambda: processes_with(self.marker) == [], 15), processes_with(self.marker))
+
+
+def processes_named(name):
+    """Live (non-zombie) processes whose command name is `name`."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if stat[stat.index("(") + 1:stat.rindex(")")] == name and stat[stat.rindex(")") + 2] != "Z":
+            found.append(int(pid))
+    return found
+
+
+def process_with_pid(pid, attempts=200):
+    """Forks a process that gets `pid` (forced through ns_last_pid, as a busy node's pid wrap-around
+    would give it) and leads its own session, as a daemon, a login shell or another run's worker
+    does; returns its pid, or None when another process took the pid first every time."""
+    for _ in range(attempts):
+        with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+            f.write(str(pid - 1))
+        child = subprocess.Popen(["sleep", "600"], start_new_session=True)
+        if child.pid == pid:
+            return child
+        child.kill()
+        child.wait()
+    return None
+
+
+@unittest.skipUnless(os.geteuid() == 0, "needs root to choose the next pid (/proc/sys/kernel/ns_last_pid)")
+class ReusedPids(unittest.TestCase):
+    """A worker that ended early leaves its pid free; on a busy node another process may get it,
+    with a group and session of the same number. Neither ddl's clean-up at the end nor the guard
+    after a `kill -9` of ddl may signal that group."""
+
+    def setUp(self):
+        self.marker = unique_marker()
+        self.tmp = tempfile.mkdtemp()
+        self.addCleanup(kill_leftovers, self.marker)
+        # Rank 1 writes its pid and ends at once; rank 0 runs until told to end.
+        script = (f'if [ "$RANK" = 1 ]; then echo $$ > {self.tmp}/rank1; exit 0; fi; '
+                  f'while [ ! -e {self.tmp}/end ]; do sleep 0.05; done; sleep {self.marker} & wait')
+        self.proc = start_ddl("-np", "2", "--grace-period", "1", "--", "sh", "-c", script)
+        self.assertTrue(wait_until(lambda: os.path.exists(f"{self.tmp}/rank1") and os.path.getsize(f"{self.tmp}/rank1") > 0, 30))
+        rank1 = int(open(f"{self.tmp}/rank1").read())
+        self.assertTrue(wait_until(lambda: not os.path.exists(f"/proc/{rank1}"), 30), "rank 1 was not reaped")
+        self.victim = process_with_pid(rank1)
+        if self.victim is None:
+            self.proc.kill()
+            self.skipTest(f"pid {rank1} could not be had again")
+        self.addCleanup(self.victim.wait)
+        self.addCleanup(self.victim.kill)
+
+    def assert_victim_lives(self):
+        time.sleep(1.5)  # past the 1 s grace period: a SIGKILL would have come
+        self.assertIsNone(self.victim.poll(), f"the unrelated process got signal {-(self.victim.returncode or 0)}")
+
+    def test_a_normal_end_leaves_another_process_with_an_ended_worker_s_pid_alone(self):
+        open(f"{self.tmp}/end", "w").close()
+        self.assertTrue(wait_until(lambda: sleeps_with(self.marker) != [], 30))
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.communicate(timeout=30)
+        self.assert_victim_lives()
+
+    def test_the_guard_leaves_another_process_with_an_ended_worker_s_pid_alone(self):
+        self.proc.kill()
+        self.proc.communicate(timeout=30)
+        self.assert_victim_lives()
+
+
 class PassedOnSignals(unittest.TestCase):
     def test_sigusr1_reaches_every_worker_and_the_run_goes_on(self):
         # Slurm's --signal=B:USR1@300 asks for a checkpoint before the time limit; it must not kill ddl.
