@@ -20,6 +20,7 @@ import os
 import queue
 import sys
 import threading
+import time
 import weakref
 
 import torch
@@ -267,8 +268,26 @@ class _RaisingWork(torch._C._distributed_c10d.Work):
             _unqueued_ops[op] = completer
 
     def wait(self, timeout=None):
+        """Waits for the op and raises its error. With a `timeout` (torch's timedelta; 0, its
+        default, is none) an op still running then raises RuntimeError; a later wait() can still
+        complete it."""
+        seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else 0.0
+        if seconds > 0 and not self._completes_within(seconds):
+            raise RuntimeError(f"ddl: Work.wait timed out after {seconds * 1000:.0f} ms; the op is still running "
+                               "(its peers have not all joined it)")
         self._op.settle()
         self._op.future.wait()  # raises the op's error
+        return True
+
+    def _completes_within(self, seconds):
+        deadline = time.monotonic() + seconds
+        pause = 5e-5
+        while not self.is_completed():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 0.01)
         return True
 
     def get_future(self):

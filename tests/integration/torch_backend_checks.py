@@ -3,6 +3,7 @@ test_torch_backend.py under `ddl run -np N`. Prints "ok NAME" per check and "che
 
 import datetime
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -194,6 +195,20 @@ def asynchronous(rank):
     check("get_future().then", future.wait(), t * 2)
     dist.barrier(group=DDL)
     check("barrier", torch.ones(1), torch.ones(1))
+    if SIZE > 1:  # rank 1's op waits for the others, which join only after its wait(timeout) gave up
+        t = torch.full((3,), float(rank + 1))
+        if rank == 1:
+            work = dist.all_reduce(t, async_op=True, group=DDL)
+            start = time.monotonic()
+            expect_error(RuntimeError, "timed out after 200 ms", work.wait, timeout=datetime.timedelta(milliseconds=200))
+            assert time.monotonic() - start < 30, "wait(timeout) waited for the group's timeout instead"
+            dist.barrier(group=GLOO)
+            work.wait()
+        else:
+            dist.barrier(group=GLOO)
+            dist.all_reduce(t, group=DDL)
+        check("Work.wait(timeout) raises while the op runs; a later wait completes it", t,
+              torch.full((3,), float(SIZE * (SIZE + 1) // 2)))
 
 
 def subgroups(rank):
