@@ -15,6 +15,11 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <memory>
+#include <random>
+#include <sstream>
+
+#include <fmt/format.h>
 
 namespace ddl::launcher {
 
@@ -42,8 +47,14 @@ struct Plan {
   size_t marker_length = 0;
   long long grace_ms = 0;
   int highest_fd = 0;
-  char* command_line = nullptr;  // ddl's argv area, to be overwritten with kName; null: leave it
-  size_t command_line_length = 0;
+  bool* seen = nullptr;  // capacity entries: a member of groups[i]'s group or session found in this sweep
+  // ddl's argv and environment areas (/proc/self/stat's arg_start..env_end), which the guard blanks:
+  // its command line then reads kName, and its environment no longer holds an outer run's marker
+  // (under a nested `ddl run`, the outer guard would take this guard for a process of its run).
+  char* arguments = nullptr;
+  size_t arguments_length = 0;
+  char* environment = nullptr;
+  size_t environment_length = 0;
 };
 
 long long monotonic_ms() {
@@ -61,6 +72,17 @@ bool holds(const pid_t* groups, size_t count, pid_t id) {
   if (id <= 0) return false;  // kernel threads are in group and session 0; a free entry is 0
   for (size_t i = 0; i < count; ++i)
     if (groups[i] == id) return true;
+  return false;
+}
+
+// Whether `id` is a watched group (as a process's group or session id); marks it seen.
+bool mark_seen(const Plan& plan, pid_t id) {
+  if (id <= 0) return false;
+  for (size_t i = 0; i < plan.capacity; ++i) {
+    if (plan.groups[i] != id) continue;
+    plan.seen[i] = true;
+    return true;
+  }
   return false;
 }
 
@@ -130,6 +152,7 @@ bool environment_holds(const char* pid, const char* marker, size_t length) {
 // line in its environment. SIGTERM goes once to each (a process forked meanwhile gets it on a later
 // sweep). Returns how many there were.
 int sweep(const Plan& plan, int sig) {
+  for (size_t i = 0; i < plan.capacity; ++i) plan.seen[i] = false;
   size_t terminated = 0;
   while (terminated < plan.terminated_capacity && plan.terminated[terminated] != 0) ++terminated;
   const int proc = ::open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -149,10 +172,12 @@ int sweep(const Plan& plan, int sig) {
       for (const char* c = name; *c >= '0' && *c <= '9'; ++c) pid = pid * 10 + (*c - '0');
       char state = 0;
       long group = 0, session = 0;
-      if (pid == self || !read_stat(name, state, group, session) || state == 'Z') continue;
-      const bool ours = holds(plan.groups, plan.capacity, static_cast<pid_t>(group)) ||
-                        holds(plan.groups, plan.capacity, static_cast<pid_t>(session)) ||
-                        (plan.marker_length > 0 && environment_holds(name, plan.marker, plan.marker_length));
+      if (pid == self || !read_stat(name, state, group, session)) continue;
+      const bool in_group = mark_seen(plan, static_cast<pid_t>(group)) | mark_seen(plan, static_cast<pid_t>(session));
+      if (state == 'Z') continue;
+      // Reading the environment of a process in uninterruptible sleep (a hung NFS mount) could
+      // block the guard: such a process is left to its group, if it is in one.
+      const bool ours = in_group || (state != 'D' && plan.marker_length > 0 && environment_holds(name, plan.marker, plan.marker_length));
       if (!ours) continue;
       ++found;
       if (sig == SIGTERM) {
@@ -166,6 +191,10 @@ int sweep(const Plan& plan, int sig) {
     }
   }
   ::close(proc);
+  // A watched group with no member left (not even a zombie) is gone, and its id may be another
+  // process's from now on (pid reuse): it is watched no more.
+  for (size_t i = 0; i < plan.capacity; ++i)
+    if (!plan.seen[i]) plan.groups[i] = 0;
   return found;
 }
 
@@ -196,9 +225,11 @@ bool ddl_died(const Plan& plan) {
   ::sigprocmask(SIG_SETMASK, &all, nullptr);  // Ctrl-C and the like are for ddl, not for the guard
   ::setsid();
   ::prctl(PR_SET_NAME, kName);
-  if (plan.command_line != nullptr) {
-    std::memset(plan.command_line, 0, plan.command_line_length);
-    std::memcpy(plan.command_line, kName, sizeof kName - 1);
+  if (plan.environment != nullptr) std::memset(plan.environment, 0, plan.environment_length);
+  if (plan.arguments != nullptr) {
+    std::memset(plan.arguments, 0, plan.arguments_length);
+    const size_t name_length = sizeof kName - 1 < plan.arguments_length ? sizeof kName - 1 : plan.arguments_length - 1;
+    std::memcpy(plan.arguments, kName, name_length);
   }
   ::close(plan.write_fd);  // else the guard would hold the pipe open itself and never see ddl's end
   ::dup2(plan.watch_fd, STDIN_FILENO);
@@ -225,22 +256,36 @@ int highest_fd_limit() {
   return static_cast<int>(limit.rlim_cur);
 }
 
-// ddl's own command line as the kernel shows it, if it starts where glibc's argv[0] does (it
-// does, unless something rewrote argv): the guard overwrites it there.
-size_t own_command_line_length() {
-  std::ifstream file("/proc/self/cmdline", std::ios::binary);
-  const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-  if (text.size() < sizeof kName || std::memcmp(text.data(), program_invocation_name, text.size()) != 0) return 0;
-  return text.size();
+// Where the kernel finds this process's command line and environment: /proc/self/stat's fields
+// 48-51 (arg_start, arg_end, env_start, env_end). False when they cannot be read.
+bool own_argument_areas(Plan& plan) {
+  std::ifstream file("/proc/self/stat");
+  std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  const auto name_end = text.rfind(')');
+  if (name_end == std::string::npos) return false;
+  std::istringstream fields(text.substr(name_end + 2));  // from field 3, the state
+  std::string field;
+  unsigned long long value[4] = {0, 0, 0, 0};
+  for (int number = 3; number <= 51 && fields >> field; ++number)
+    if (number >= 48) value[number - 48] = std::strtoull(field.c_str(), nullptr, 10);
+  if (value[0] == 0 || value[1] <= value[0] || value[3] < value[2]) return false;
+  plan.arguments = reinterpret_cast<char*>(static_cast<uintptr_t>(value[0]));
+  plan.arguments_length = value[1] - value[0];
+  plan.environment = value[3] > value[2] ? reinterpret_cast<char*>(static_cast<uintptr_t>(value[2])) : nullptr;
+  plan.environment_length = value[3] - value[2];
+  return true;
 }
 
 }  // namespace
 
-OrphanGuard::OrphanGuard(size_t most_workers, const std::string& marker, std::chrono::milliseconds grace_period) : capacity_(most_workers) {
+OrphanGuard::OrphanGuard(size_t most_workers, std::chrono::milliseconds grace_period) : capacity_(most_workers) {
   if (most_workers == 0) return;
+  std::random_device random;
+  marker_ = fmt::format("{}.{:08x}{:08x}", ::getpid(), random(), random());
+  const std::string marker = std::string(kMarkerVariable) + "=" + marker_;
   std::vector<pid_t> groups(most_workers, 0);
   std::vector<pid_t> terminated(4 * most_workers + 1024, 0);
-  const std::string marker_line = marker.empty() || marker.size() > kLongestMarker ? std::string() : '\0' + marker + '\0';
+  const std::string marker_line = '\0' + marker + '\0';
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return;  // no guard: ddl still cleans up whenever it lives to
   Plan plan;
@@ -254,8 +299,9 @@ OrphanGuard::OrphanGuard(size_t most_workers, const std::string& marker, std::ch
   plan.marker_length = marker_line.size();
   plan.grace_ms = grace_period.count();
   plan.highest_fd = highest_fd_limit();
-  plan.command_line_length = own_command_line_length();
-  plan.command_line = plan.command_line_length > 0 ? program_invocation_name : nullptr;
+  std::unique_ptr<bool[]> seen(new bool[most_workers]());
+  plan.seen = seen.get();
+  own_argument_areas(plan);
   const pid_t pid = ::fork();
   if (pid == 0) guard(plan);
   ::close(fds[0]);
@@ -300,9 +346,11 @@ void OrphanGuard::stand_down() {
   ::close(pipe_);
   pipe_ = -1;
   if (pid_ < 0) return;
-  if (!told) ::kill(pid_, SIGKILL);  // else it would take the closed pipe for ddl's death
-  // Bounded: a guard that is stopped or frozen must not keep ddl from ending.
-  for (int waited = 0; waited < 10'000; ++waited) {
+  // Else it would take the closed pipe for ddl's death. A stopped guard (SIGSTOP) is continued, to
+  // read the message; one that still does not end within a second (frozen) must not keep ddl.
+  ::kill(pid_, told ? SIGCONT : SIGKILL);
+  const long long deadline = monotonic_ms() + 1000;
+  while (monotonic_ms() < deadline) {
     const pid_t done = ::waitpid(pid_, nullptr, WNOHANG);
     if (done == pid_ || (done < 0 && errno != EINTR)) {
       pid_ = -1;

@@ -16,13 +16,16 @@ namespace ddl::launcher {
 
 class OrphanGuard {
  public:
-  // Forks the guard, for up to `most_workers` workers. What it stops when ddl dies: the processes of
-  // every group it was told of (watch()) and not told is gone (forget()), and every process whose
-  // environment holds `marker` (a NAME=value line only this run's workers get; empty: none), which
-  // finds what left the workers' groups too. The guard has a session of its own, so a signal to
-  // ddl's process group does not take it away, and another name ("worker-guard" in ps and its
-  // command line), so that `pkill -9 ddl` does not either.
-  OrphanGuard(size_t most_workers, const std::string& marker, std::chrono::milliseconds grace_period);
+  // The variable each worker gets (its value unique to this guard), by which the guard finds what
+  // the workers forked even when it left their groups and sessions.
+  static constexpr const char* kMarkerVariable = "DDL_WORKER_GUARD";
+
+  // Forks the guard, for up to `most_workers` workers (none: no guard). What it stops when ddl dies:
+  // the processes of every group or session it was told of (watch()) and not told is gone
+  // (forget()), and every process with kMarkerVariable=marker() in its environment. The guard has a
+  // session of its own, so a signal to ddl's process group does not take it away, and another name
+  // ("worker-guard" in ps and its command line), so that `pkill -9 ddl` does not either.
+  OrphanGuard(size_t most_workers, std::chrono::milliseconds grace_period);
   ~OrphanGuard();  // stands down
   OrphanGuard(const OrphanGuard&) = delete;
   OrphanGuard& operator=(const OrphanGuard&) = delete;
@@ -32,6 +35,10 @@ class OrphanGuard {
   void forget(pid_t group);
   // ddl cleans up itself: the guard exits touching nothing. Idempotent.
   void stand_down();
+  // This guard's value of kMarkerVariable.
+  const std::string& marker() const { return marker_; }
+  // The guard's pid while it runs, else -1 (ddl's sweep for leftovers must spare it).
+  pid_t pid() const { return pid_; }
   // ddl's reaping of any child found the guard: it is gone (killed by someone), and its pid may be reused.
   void reaped(pid_t pid);
 
@@ -42,6 +49,7 @@ class OrphanGuard {
   int pipe_ = -1;  // write end; its closing without a stand-down means ddl died
   size_t capacity_ = 0;
   size_t watched_ = 0;
+  std::string marker_;
 };
 
 }  // namespace ddl::launcher

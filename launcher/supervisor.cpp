@@ -173,25 +173,25 @@ class Run {
     streams_.reserve(2 * launches.size());
     // Under a task launcher (parent_signals_workers) the workers share ddl's session and the
     // launcher cleans up; elsewhere each worker's group and session is its own, for the guard to know.
-    guard_.emplace(options_.parent_signals_workers ? 0 : launches.size(), run_marker(launches), options_.grace_period);
+    guard_.emplace(options_.parent_signals_workers ? 0 : launches.size(), options_.grace_period);
     try {
       for (size_t i = 0; i < launches.size(); ++i) start(launches[i], files[i]);
     } catch (...) {
-      guard_->stand_down();
       kill_everything();
+      guard_->stand_down();
       throw;
     }
     try {
       while (running_workers() > 0) step();
     } catch (...) {
       // ddl itself failed mid-run (an output file, poll): no worker may outlive it.
-      guard_->stand_down();
       signal_all(SIGKILL);
       kill_everything();
+      guard_->stand_down();
       throw;
     }
-    guard_->stand_down();  // before kill_everything(), which would take the guard for a leftover
     kill_everything();
+    guard_->stand_down();
     if (drain_streams(std::chrono::seconds(2), std::chrono::seconds(60))) {
       end_open_lines();
       flush_output();
@@ -235,7 +235,7 @@ class Run {
     w.interrupt_signal = launch.interrupt_signal;
     w.process = launch.control_input
                     ? spawn_with_control(launch, w)
-                    : spawn_worker(launch.program, launch.argv, launch.env, child_mask_, -1, !options_.parent_signals_workers);
+                    : spawn_worker(launch.program, launch.argv, guarded(launch.env), child_mask_, -1, !options_.parent_signals_workers);
     w.group_alive = launch.control_input || !options_.parent_signals_workers;  // a remote shell's session is its own
     if (w.group_alive) guard_->watch(w.process.pid);
     const std::string prefix = options_.prefix_output ? rank_prefix(launch.rank) : std::string();
@@ -263,6 +263,14 @@ class Run {
     err.file_suffix = "err";
   }
 
+  // A worker's environment with the guard's mark, by which the guard finds what it forked.
+  Environment guarded(const Environment& env) const {
+    if (guard_->marker().empty()) return env;
+    Environment marked = env;
+    marked[OrphanGuard::kMarkerVariable] = guard_->marker();
+    return marked;
+  }
+
   // A remote shell: its stdin is a pipe that carries the job first, then signals.
   WorkerProcess spawn_with_control(const WorkerLaunch& launch, Worker& w) {
     int fds[2];
@@ -282,13 +290,6 @@ class Run {
     // is killed (its launch then fails like any other).
     if (!write_to_pipe(w.control_fd, *launch.control_input)) signal_unreaped_worker(process.pid, SIGKILL);
     return process;
-  }
-
-  // The line of the workers' environment that only this run's processes have: its store's token.
-  static std::string run_marker(const std::vector<WorkerLaunch>& launches) {
-    if (launches.empty()) return {};
-    const auto token = lookup(launches.front().env, "DDL_STORE_TOKEN");
-    return token && !token->empty() ? "DDL_STORE_TOKEN=" + *token : std::string();
   }
 
   int running_workers() const {
@@ -664,6 +665,7 @@ class Run {
       bool any = false;
       for (const auto& w : workers_) any |= signal_worker(w, SIGKILL);
       for (pid_t child : children_of(::getpid())) {
+        if (guard_ && child == guard_->pid()) continue;  // it stands down after this
         any = true;
         ::kill(-child, SIGKILL);
         ::kill(child, SIGKILL);

@@ -203,6 +203,39 @@ class Signals(unittest.TestCase):
         self.assertTrue(wait_until(lambda: processes_with(self.marker) == [], 15), processes_with(self.marker))
 
 
+class KilledInsideALauncher(unittest.TestCase):
+    """Each ddl of a bigger run (a rank's `ddl exec --relay` under mpirun, a `ddl run` inside a
+    worker) has a guard of its own, which must stop what its own workers forked and nothing else."""
+
+    def setUp(self):
+        self.marker = unique_marker()
+        self.addCleanup(kill_leftovers, self.marker)
+
+    def test_a_rank_s_killed_ddl_exec_leaves_mpirun_and_the_other_ranks_to_mpirun(self):
+        # Every rank of the run shares the store's token: a guard that went by it stopped mpirun too.
+        proc = subprocess.Popen(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", DDL, "exec", "--relay", "--cpu",
+                                 "--", "sh", "-c", f"sleep {self.marker}; true"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True, env={**os.environ, "DDL_STORE_TOKEN": "0123456789abcdef" * 2})
+        self.assertTrue(wait_until(lambda: len(sleeps_with(self.marker)) == 2, 60), "the ranks did not start")
+        relays = [pid for pid in processes_with(self.marker) if open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[1:3] == [b"exec", b"--relay"]]
+        self.assertEqual(len(relays), 2, relays)
+        os.kill(relays[0], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=60)
+        self.assertEqual(proc.returncode, 137, out)  # mpirun's own report of a rank killed by SIGKILL
+        self.assertIn("exited on signal 9", out)
+        self.assertTrue(wait_until(lambda: processes_with(self.marker) == [], 20), processes_with(self.marker))
+
+    def test_a_killed_ddl_run_s_inner_ddl_run_still_cleans_up_after_its_workers(self):
+        # The inner run's worker ignores SIGTERM: the outer guard kills the inner ddl after its grace
+        # period; the inner guard must still be there then to stop the worker's sleep.
+        inner = f'trap "" TERM; sleep {self.marker} & wait'
+        proc = start_ddl("-np", "1", "--grace-period", "1", "--", DDL, "run", "-np", "1", "--grace-period", "1", "--", "sh", "-c", inner)
+        self.assertTrue(wait_until(lambda: len(sleeps_with(self.marker)) == 1, 30), "the inner run did not start")
+        proc.kill()
+        proc.communicate(timeout=15)
+        self.assertTrue(wait_until(lambda: processes_with(self.marker) == [], 20), processes_with(self.marker))
+
+
 def processes_named(name):
     """Live (non-zombie) processes whose command name is `name`."""
     found = []
