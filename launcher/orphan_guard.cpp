@@ -165,6 +165,7 @@ int sweep(const Plan& plan, int sig) {
       // struct linux_dirent64: inode (8), offset (8), record length (2), type (1), name
       unsigned short record = 0;
       std::memcpy(&record, entries + at + 16, sizeof record);
+      if (record == 0) break;  // never from a sane kernel; it would loop here for good
       const char* name = entries + at + 19;
       at += record;
       if (name[0] < '1' || name[0] > '9') continue;
