@@ -250,6 +250,14 @@ def _():
     assert torch.allclose(avg, total[start:start + counts[R]].double() / N)
 
 
+@check("reducescatter: fewer rows than ranks, the last ranks get none")
+def _():
+    # The empty output's storage is NULL: refused on those ranks, it left the others waiting.
+    out = hvd.reducescatter(torch.full((1, 2), float(R + 1)), op=hvd.Sum)
+    expected = torch.full((1, 2), float(N * (N + 1) // 2)) if R == 0 else torch.zeros((0, 2))
+    assert torch.equal(out, expected), out
+
+
 @check("process sets: ops within a set, membership and duplicate errors")
 def _():
     evens = hvd.add_process_set([r for r in range(N) if r % 2 == 0])

@@ -842,7 +842,7 @@ ddl_status ddl_alltoallv_ex(const char* name, const void* send, const size_t* se
     Target t;
     if (auto s = resolve(rt, o.process_set, t); s != DDL_SUCCESS) return s;
     const auto n = static_cast<size_t>(t.size);
-    if (auto s = check_buffers(send, recv, sum_of(recv_counts, t.size), dtype); s != DDL_SUCCESS) return s;
+    if (auto s = check_common(recv, sum_of(recv_counts, t.size), dtype); s != DDL_SUCCESS) return s;
     if (sum_of(send_counts, t.size) > 0 && send == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "alltoallv: the send buffer is NULL");
     OpSpec spec{OpKind::Alltoallv, dtype, DDL_SUM, 0, 0, {}, false, false, shape};
     return handle_of(t.engine->submit_with_counts(name ? name : "", spec, send, recv, std::vector<size_t>(send_counts, send_counts + n),
@@ -913,7 +913,10 @@ ddl_status ddl_reducescatter_ex(const char* name, const void* send, void* recv, 
     if (auto s = resolve(rt, o.process_set, t); s != DDL_SUCCESS) return s;
     std::vector<uint64_t> counts(recv_counts, recv_counts + t.size);
     const uint64_t total = sum_of(recv_counts, t.size);
-    if (auto s = check_buffers(send, recv, total, dtype); s != DDL_SUCCESS) return s;
+    // The output holds this rank's share only: none (fewer rows than ranks) may come as NULL, as
+    // an empty tensor's storage does; refusing it here left the other ranks waiting for this one.
+    if (auto s = check_common(recv, counts[static_cast<size_t>(t.rank)], dtype); s != DDL_SUCCESS) return s;
+    if (send == nullptr && total > 0) return fail(DDL_ERROR_INVALID_ARGUMENT, "the send buffer is NULL");
     OpSpec spec{OpKind::Reducescatter, dtype, op, 0, total, counts, false, false, shape, o.prescale, o.postscale};
     return submit_to(t, name, spec, send, recv, handle, nullptr, o.flags);
   });
