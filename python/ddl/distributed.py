@@ -18,6 +18,7 @@ import ctypes
 import datetime
 import os
 import queue
+import secrets
 import sys
 import threading
 import time
@@ -730,16 +731,24 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
 # ---- creating groups ----
 
-_keys_made = {}  # a group id -> how many groups of that id this process made (init/destroy cycles)
+_keys_made = {}  # a group id -> how many groups of that id this process made (when torch gives no store)
+_KEY_IN_STORE = "ddl_set_key"
 
 
-def _key_for(group_id):
-    """A libddl set key every member derives alike: torch's group id (the same on every member),
-    and how many times this process has made a group of that id."""
-    n = _keys_made.get(group_id, 0)
-    _keys_made[group_id] = n + 1
-    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in str(group_id))[:150]
-    return f"torch.{safe}.{n}"
+def _key_for(options, rank):
+    """A libddl set key every member of the new group derives alike: torch's group id and a nonce
+    the group's rank 0 puts into the group's store (torch gives each group a store of its own over
+    the world's). torch's group ids start again after destroy_process_group(), and it never calls
+    the backend on non-members, so nothing a process counts itself would agree across ranks."""
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in str(options.group_id))[:150]
+    store = getattr(options, "store", None)
+    if store is None:  # a torch without a store for the backend: this process's count of the id
+        n = _keys_made.get(options.group_id, 0)
+        _keys_made[options.group_id] = n + 1
+        return f"torch.{safe}.{n}"
+    if rank == 0:
+        store.set(_KEY_IN_STORE, secrets.token_hex(8))
+    return f"torch.{safe}.{store.get(_KEY_IN_STORE).decode()}"
 
 
 def _ensure_libddl(world_size):
@@ -765,7 +774,7 @@ def _create_process_group(options, pg_options=None):
                          "ddl run (or srun --mpi=pmix, mpirun) and let init_process_group take rank and "
                          "world_size from the environment")
     timeout = options.timeout if isinstance(options.timeout, datetime.timedelta) else datetime.timedelta(minutes=30)
-    return ProcessGroupDDL(rank, size, world_ranks, _key_for(options.group_id), timeout)
+    return ProcessGroupDDL(rank, size, world_ranks, _key_for(options, rank), timeout)
 
 
 def _register():

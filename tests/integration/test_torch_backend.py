@@ -68,6 +68,31 @@ class Training(unittest.TestCase):
         self.assertEqual(len(hashes), 1, f"the ranks' weights differ: {hashes}")
 
 
+class Groups(unittest.TestCase):
+    def test_a_subgroup_after_the_world_is_made_again_forms_on_its_members(self):
+        # torch's group ids start again after destroy_process_group(), and a non-member never sees
+        # a group: rank 0 made no group "1" the first time, ranks 1 and 2 did.
+        with tempfile.TemporaryDirectory() as tmp:
+            result = run_python(3, f"""
+                import datetime, torch, torch.distributed as dist, ddl.distributed
+                timeout = datetime.timedelta(seconds=20)
+                dist.init_process_group("ddl", timeout=timeout)
+                rank = dist.get_rank()
+                dist.new_group([1, 2])
+                dist.barrier()
+                dist.destroy_process_group()
+                dist.init_process_group("ddl", init_method="file://{tmp}/store", rank=rank, world_size=3, timeout=timeout)
+                group = dist.new_group([0, 1], timeout=timeout)
+                t = torch.full((2,), float(rank + 1))
+                if rank < 2:
+                    dist.all_reduce(t, group=group)
+                print(t.tolist(), flush=True)
+                dist.destroy_process_group()
+            """, env={"DDL_TIMEOUT": "60"}, timeout=180)
+        self.assertEqual(result.returncode, 0, result.stdout[-2000:] + result.stderr[-3000:])
+        self.assertEqual([lines_by_rank(result.stdout)[r] for r in range(3)], [["[3.0, 3.0]"], ["[3.0, 3.0]"], ["[3.0, 3.0]"]])
+
+
 class TorchBackendFlag(unittest.TestCase):
     """`ddl run --torch-backend ddl`: scripts that name gloo (or nothing) run on the ddl backend unchanged."""
 
