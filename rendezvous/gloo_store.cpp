@@ -38,11 +38,18 @@ class OwningPrefixStore final : private OwnedStore, public gloo::rendezvous::Pre
 // the set; the world store (PMIx in particular) needs the owner's world rank there.
 class SubgroupStore final : public gloo::rendezvous::Store {
  public:
-  SubgroupStore(std::unique_ptr<gloo::rendezvous::Store> prefixed_world, std::vector<int> world_ranks, bool forward_wait)
-      : world_(std::move(prefixed_world)), world_ranks_(std::move(world_ranks)), forward_wait_(forward_wait) {}
+  SubgroupStore(std::unique_ptr<gloo::rendezvous::Store> prefixed_world, std::vector<int> world_ranks, bool forward_wait,
+                std::chrono::milliseconds timeout)
+      : world_(std::move(prefixed_world)), world_ranks_(std::move(world_ranks)), forward_wait_(forward_wait), timeout_(timeout) {}
 
   void set(const std::string& key, const std::vector<char>& data) override { world_->set(mapped(key), data); }
-  std::vector<char> get(const std::string& key) override { return world_->get(mapped(key)); }
+  // Within the set's timeout: a bare get waits for the world store's own, much longer one (a member
+  // that never comes, or looks under another set's key, held the others well past the caller's timeout).
+  std::vector<char> get(const std::string& key) override {
+    const std::string world_key = mapped(key);
+    if (forward_wait_) world_->wait({world_key}, timeout_);
+    return world_->get(world_key);
+  }
   void wait(const std::vector<std::string>& keys) override {
     if (forward_wait_) world_->wait(mapped(keys));
   }
@@ -69,6 +76,7 @@ class SubgroupStore final : public gloo::rendezvous::Store {
   std::unique_ptr<gloo::rendezvous::Store> world_;
   std::vector<int> world_ranks_;
   bool forward_wait_;
+  std::chrono::milliseconds timeout_;
 };
 
 }  // namespace
@@ -82,9 +90,10 @@ std::unique_ptr<gloo::rendezvous::Store> make_tcp_gloo_store(store::TcpStoreClie
 }
 
 std::unique_ptr<gloo::rendezvous::Store> make_subgroup_store(gloo::rendezvous::Store& world, const std::string& prefix,
-                                                             std::vector<int> world_ranks, bool forward_wait) {
+                                                             std::vector<int> world_ranks, bool forward_wait,
+                                                             std::chrono::milliseconds timeout) {
   return std::make_unique<SubgroupStore>(std::make_unique<gloo::rendezvous::PrefixStore>(prefix, world), std::move(world_ranks),
-                                         forward_wait);
+                                         forward_wait, timeout);
 }
 
 }  // namespace ddl::runtime

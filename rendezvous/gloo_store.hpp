@@ -4,6 +4,7 @@
 // never meet another's.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,8 +26,10 @@ std::unique_ptr<gloo::rendezvous::Store> make_tcp_gloo_store(store::TcpStoreClie
 // The store a process set rendezvouses through: `world` under `prefix`, keys ending in a rank of
 // the set renamed after that rank's world rank (world_ranks[set rank]), which is what the PMIx
 // store looks a key's owner up by. forward_wait=false for a store whose wait() would be a
-// world-wide fence (PMIx) and whose get() already blocks. `world` must outlive it.
+// world-wide fence (PMIx) and whose get() already blocks; else a get() waits at most `timeout`
+// for its key. `world` must outlive it.
 std::unique_ptr<gloo::rendezvous::Store> make_subgroup_store(gloo::rendezvous::Store& world, const std::string& prefix,
-                                                             std::vector<int> world_ranks, bool forward_wait);
+                                                             std::vector<int> world_ranks, bool forward_wait,
+                                                             std::chrono::milliseconds timeout);
 
 }  // namespace ddl::runtime

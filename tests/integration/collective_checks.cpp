@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -361,6 +362,20 @@ int run_die(int victim, int signal) {
   }
 }
 
+// Each rank makes a set of all ranks under a key of its own, so none ever meets another: every
+// rank must get an error after the set's 2 s, not the store's own time-out.
+int run_lonely_set() {
+  std::vector<int> ranks(static_cast<size_t>(g_size));
+  for (int r = 0; r < g_size; ++r) ranks[static_cast<size_t>(r)] = r;
+  const std::string key = "lonely." + std::to_string(g_rank);
+  const auto start = std::chrono::steady_clock::now();
+  ddl_process_set set = nullptr;
+  const ddl_status s = ddl_process_set_create_among(ranks.data(), g_size, key.c_str(), 2.0, &set);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("lonely set status %s after %.0f s: %s\n", ddl_status_string(s), took, ddl_last_error());
+  return s != DDL_SUCCESS ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -383,6 +398,8 @@ int main(int argc, char** argv) {
     rc = run_die(argc > 2 ? std::atoi(argv[2]) : 1, SIGKILL);
   else if (mode == "freeze")
     rc = run_die(argc > 2 ? std::atoi(argv[2]) : 1, SIGSTOP);
+  else if (mode == "lonely_set")
+    rc = run_lonely_set();
   else {
     check_allreduces();
     check_fp16_compression();

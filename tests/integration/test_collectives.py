@@ -84,6 +84,17 @@ class Collectives(unittest.TestCase):
         for rank in range(3):
             self.assertEqual(by_rank[rank][0], expected)
 
+    def test_a_set_whose_members_never_meet_is_an_error_within_its_own_timeout(self):
+        for shm in ("1", "0"):
+            with self.subTest(shm=shm):
+                result, by_rank = self.run_checks(2, "lonely_set", env={"DDL_SHM": shm, "DDL_TIMEOUT": "600"}, timeout=120)
+                self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-2000:])
+                for rank in range(2):
+                    said = [line for line in by_rank[rank] if line.startswith("lonely set status")]
+                    self.assertEqual(len(said), 1, by_rank[rank])
+                    self.assertRegex(said[0], rf"^lonely set status bootstrap failed after [2-9] s: ddl_process_set_create_among: "
+                                              rf"connecting ranks 0,1 \(key lonely\.{rank}\) failed")
+
     def test_a_rank_killed_mid_allreduce_becomes_an_error_on_every_survivor(self):
         for shm in ("1", "0"):
             with self.subTest(shm=shm):

@@ -211,7 +211,7 @@ std::unique_ptr<ddl::runtime::Collectives> process_set_collectives(Runtime& rt, 
     pmix_store = rt.pmix->gloo_store(std::to_string(rt.generation), /*fence_on_wait=*/false);
     world = pmix_store.get();
   }
-  auto store = ddl::runtime::make_subgroup_store(*world, prefix, set.ranks, /*forward_wait=*/!rt.pmix);
+  auto store = ddl::runtime::make_subgroup_store(*world, prefix, set.ranks, /*forward_wait=*/!rt.pmix, config.timeout);
   std::unique_ptr<ddl::runtime::Collectives> collectives;
   if (rt.shared_memory) collectives = ddl::runtime::make_shared_memory_collectives(set.rank, size, *store, config.timeout);
   if (!collectives)

@@ -149,7 +149,7 @@ std::unique_ptr<Collectives> make_hierarchical_collectives(int rank, int size, i
   if (local_size == 1) {
     local = make_single_process_collectives();
   } else {
-    auto host_store = make_subgroup_store(store, fmt::format("host{}", host), host_ranks, /*forward_wait=*/true);
+    auto host_store = make_subgroup_store(store, fmt::format("host{}", host), host_ranks, /*forward_wait=*/true, timeout);
     local = make_shared_memory_collectives(local_rank, local_size, *host_store, timeout);
   }
   // Every host must have its shared memory, or no host uses it: ask the whole world.
@@ -159,7 +159,7 @@ std::unique_ptr<Collectives> make_hierarchical_collectives(int rank, int size, i
   if (local_rank < layout->fewest()) {
     std::vector<int> peer_ranks;
     for (int h = 0; h < hosts; ++h) peer_ranks.push_back(layout->first_of[static_cast<size_t>(h)] + local_rank);
-    auto peer_store = make_subgroup_store(store, fmt::format("peers{}/", local_rank), peer_ranks, /*forward_wait=*/true);
+    auto peer_store = make_subgroup_store(store, fmt::format("peers{}/", local_rank), peer_ranks, /*forward_wait=*/true, timeout);
     cross = make_gloo_collectives(host, hosts, *peer_store, interface_host, timeout);
   }
   return std::make_unique<HierarchicalCollectives>(*layout, std::move(world), std::move(local), std::move(cross));
