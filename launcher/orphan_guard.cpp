@@ -174,7 +174,9 @@ int sweep(const Plan& plan, int sig) {
       char state = 0;
       long group = 0, session = 0;
       if (pid == self || !read_stat(name, state, group, session)) continue;
-      const bool in_group = mark_seen(plan, static_cast<pid_t>(group)) | mark_seen(plan, static_cast<pid_t>(session));
+      const bool by_group = mark_seen(plan, static_cast<pid_t>(group));  // both marked: each is seen
+      const bool by_session = mark_seen(plan, static_cast<pid_t>(session));
+      const bool in_group = by_group || by_session;
       if (state == 'Z') continue;
       // Reading the environment of a process in uninterruptible sleep (a hung NFS mount) could
       // block the guard: such a process is left to its group, if it is in one.
@@ -251,6 +253,16 @@ bool ddl_died(const Plan& plan) {
   ::_exit(0);
 }
 
+// For the mark: unpredictable where the system has a random source, else at least this moment's.
+uint64_t random_64_bits() {
+  try {
+    std::random_device random;
+    return (uint64_t{random()} << 32) ^ random();
+  } catch (const std::exception&) {
+    return static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  }
+}
+
 int highest_fd_limit() {
   rlimit limit{};
   if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY || limit.rlim_cur > (1U << 20)) return 1 << 20;
@@ -281,8 +293,7 @@ bool own_argument_areas(Plan& plan) {
 
 OrphanGuard::OrphanGuard(size_t most_workers, std::chrono::milliseconds grace_period) : capacity_(most_workers) {
   if (most_workers == 0) return;
-  std::random_device random;
-  marker_ = fmt::format("{}.{:08x}{:08x}", ::getpid(), random(), random());
+  marker_ = fmt::format("{}.{:016x}", ::getpid(), random_64_bits());
   const std::string marker = std::string(kMarkerVariable) + "=" + marker_;
   std::vector<pid_t> groups(most_workers, 0);
   std::vector<pid_t> terminated(4 * most_workers + 1024, 0);
@@ -336,7 +347,7 @@ void OrphanGuard::send(char what, pid_t group) {
     pollfd writable{pipe_, POLLOUT, 0};
     ::poll(&writable, 1, 1);
   }
-  ::kill(pid_, SIGKILL);
+  if (pid_ > 0) ::kill(pid_, SIGKILL);  // never kill(-1): that would reach every process
   stand_down();
 }
 
@@ -346,7 +357,7 @@ void OrphanGuard::stand_down() {
   const bool told = ::write(pipe_, &m, sizeof m) == static_cast<ssize_t>(sizeof m);
   ::close(pipe_);
   pipe_ = -1;
-  if (pid_ < 0) return;
+  if (pid_ <= 0) return;
   // Else it would take the closed pipe for ddl's death. A stopped guard (SIGSTOP) is continued, to
   // read the message; one that still does not end within a second (frozen) must not keep ddl.
   ::kill(pid_, told ? SIGCONT : SIGKILL);
