@@ -30,7 +30,7 @@ constexpr size_t kLongestMarker = 512;
 
 // One message to the guard: 8 bytes, so that each write to the pipe is atomic and each read whole.
 struct Message {
-  int32_t what;  // '+' watch, '-' forget, 'd' stand down
+  int32_t what;  // '+' watch, 'r' its worker was reaped, 'd' stand down
   int32_t group;
 };
 
@@ -40,6 +40,7 @@ struct Plan {
   int watch_fd = -1;
   int write_fd = -1;
   pid_t* groups = nullptr;  // capacity entries; 0: free
+  bool* reaped = nullptr;   // capacity entries: groups[i]'s worker was reaped by ddl
   size_t capacity = 0;
   pid_t* terminated = nullptr;  // what got SIGTERM already (up to terminated_capacity): once is enough
   size_t terminated_capacity = 0;
@@ -152,7 +153,12 @@ bool environment_holds(const char* pid, const char* marker, size_t length) {
 // line in its environment. SIGTERM goes once to each (a process forked meanwhile gets it on a later
 // sweep). Returns how many there were.
 int sweep(const Plan& plan, int sig) {
-  for (size_t i = 0; i < plan.capacity; ++i) plan.seen[i] = false;
+  for (size_t i = 0; i < plan.capacity; ++i) {
+    plan.seen[i] = false;
+    // A reaped worker's pid in use again is another process's: its group and session were empty
+    // when the pid was freed, so whatever has that id now is not of this run.
+    if (plan.groups[i] != 0 && plan.reaped[i] && (::kill(plan.groups[i], 0) == 0 || errno == EPERM)) plan.groups[i] = 0;
+  }
   size_t terminated = 0;
   while (terminated < plan.terminated_capacity && plan.terminated[terminated] != 0) ++terminated;
   const int proc = ::open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -212,10 +218,11 @@ bool ddl_died(const Plan& plan) {
     for (size_t i = 0; i < plan.capacity; ++i) {
       if (m.what == '+' && plan.groups[i] == 0) {
         plan.groups[i] = m.group;
+        plan.reaped[i] = false;
         break;
       }
-      if (m.what == '-' && plan.groups[i] == m.group) {
-        plan.groups[i] = 0;
+      if (m.what == 'r' && plan.groups[i] == m.group) {
+        plan.reaped[i] = true;
         break;
       }
     }
@@ -313,6 +320,8 @@ OrphanGuard::OrphanGuard(size_t most_workers, std::chrono::milliseconds grace_pe
   plan.highest_fd = highest_fd_limit();
   std::unique_ptr<bool[]> seen(new bool[most_workers]());
   plan.seen = seen.get();
+  std::unique_ptr<bool[]> reaped(new bool[most_workers]());
+  plan.reaped = reaped.get();
   own_argument_areas(plan);
   const pid_t pid = ::fork();
   if (pid == 0) guard(plan);
@@ -334,7 +343,7 @@ void OrphanGuard::watch(pid_t group) {
   send('+', group);
 }
 
-void OrphanGuard::forget(pid_t group) { send('-', group); }
+void OrphanGuard::worker_reaped(pid_t group) { send('r', group); }
 
 // A guard that does not take a message within a second (stopped, frozen) is of no more use: it is
 // killed (it is ddl's unreaped child, so its pid is still its own), and ddl cleans up alone.

@@ -21,8 +21,8 @@ class OrphanGuard {
   static constexpr const char* kMarkerVariable = "DDL_WORKER_GUARD";
 
   // Forks the guard, for up to `most_workers` workers (none: no guard). What it stops when ddl dies:
-  // the processes of every group or session it was told of (watch()) and not told is gone
-  // (forget()), and every process with kMarkerVariable=marker() in its environment. The guard has a
+  // the processes of every group or session it was told of (watch()) while that id is not another
+  // process's (see worker_reaped()), and every process with kMarkerVariable=marker() in its environment. The guard has a
   // session of its own, so a signal to ddl's process group does not take it away, and another name
   // ("worker-guard" in ps and its command line), so that `pkill -9 ddl` does not either.
   OrphanGuard(size_t most_workers, std::chrono::milliseconds grace_period);
@@ -31,8 +31,10 @@ class OrphanGuard {
   OrphanGuard& operator=(const OrphanGuard&) = delete;
 
   void watch(pid_t group);
-  // The group is gone: its id may be another process's from now on.
-  void forget(pid_t group);
+  // ddl reaped the worker that led this group and session. From then on a process with its pid is
+  // another's (pid reuse: Linux frees the id only once the group and session are empty too), and
+  // the guard no longer goes by that id.
+  void worker_reaped(pid_t group);
   // ddl cleans up itself: the guard exits touching nothing. Idempotent.
   void stand_down();
   // This guard's value of kMarkerVariable.

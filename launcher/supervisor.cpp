@@ -548,6 +548,7 @@ class Run {
       for (auto& w : workers_) {
         if (w.process.pid != pid || !w.running) continue;
         w.running = false;
+        if (guard_ && w.group_alive) guard_->worker_reaped(pid);
         wait_status_[w.rank] = status;
         if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) failed.emplace_back(&w, status);
         break;
@@ -559,14 +560,14 @@ class Run {
   }
 
   // A reaped worker's group lives on while anything it forked stays in it. Once it is empty its id
-  // may become another process's group (pid reuse): ddl must not signal it again, nor the guard.
-  // What empties it is nearly always ddl reaping its last member (they are re-parented to ddl),
-  // so checking after each reaping is in time.
+  // may become another process's group (pid reuse): ddl must not signal it again. What empties it
+  // is nearly always ddl reaping its last member (they are re-parented to ddl), so checking after
+  // each reaping is in time. (The guard goes by the worker's session too, which can outlive the
+  // group; it is told of the reaping and checks for reuse itself.)
   void note_groups_gone() {
     for (auto& w : workers_) {
       if (w.running || !w.group_alive || ::kill(-w.process.pid, 0) == 0 || errno != ESRCH) continue;
       w.group_alive = false;
-      if (guard_) guard_->forget(w.process.pid);
     }
   }
 

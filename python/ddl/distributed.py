@@ -746,9 +746,15 @@ def _key_for(options, rank):
         n = _keys_made.get(options.group_id, 0)
         _keys_made[options.group_id] = n + 1
         return f"torch.{safe}.{n}"
+    # A store can outlive a group of its name (a store passed to init_process_group again, a group
+    # made again under the same name): each making has its own slot, counted by arrivals, so that
+    # no member reads the nonce of an earlier one. No member makes the next before all of this one
+    # have arrived (making the set waits for all of them).
+    making = (store.add(_KEY_IN_STORE + ".arrivals", 1) - 1) // options.group_size
+    slot = f"{_KEY_IN_STORE}.{making}"
     if rank == 0:
-        store.set(_KEY_IN_STORE, secrets.token_hex(8))
-    return f"torch.{safe}.{store.get(_KEY_IN_STORE).decode()}"
+        store.set(slot, secrets.token_hex(8))
+    return f"torch.{safe}.{store.get(slot).decode()}"
 
 
 def _ensure_libddl(world_size):

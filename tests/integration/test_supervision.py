@@ -6,7 +6,7 @@ import tempfile
 import time
 import unittest
 
-from ddl_testing import DDL, ddl, kill_leftovers, processes_with, sleeps_with, unique_marker, wait_until
+from ddl_testing import DDL, comm, ddl, kill_leftovers, processes_with, sleeps_with, unique_marker, wait_until
 
 
 def start_ddl(*args):
@@ -181,6 +181,19 @@ class Signals(unittest.TestCase):
         self.assertEqual(len(sleeps_with(self.marker)), 2, "SIGKILL came before the grace period")
         self.assertTrue(wait_until(lambda: processes_with(self.marker) == [], 20), processes_with(self.marker))
 
+
+    def test_after_a_killed_launcher_what_left_an_ended_worker_s_group_and_environment_is_stopped(self):
+        # Rank 0 starts a process that leaves its group and clears its environment (env -i), then
+        # ends: the process is still in rank 0's session, which the guard goes by.
+        script = (f'if [ "$RANK" = 0 ]; then env -i /usr/bin/python3 -c "import os, time; os.setpgid(0, 0); time.sleep(600)" '
+                  f'{self.marker} & sleep 0.5; exit 0; fi; sleep {self.marker}')
+        proc = start_ddl("-np", "2", "--", "sh", "-c", script)
+        self.assertTrue(wait_until(lambda: len(sleeps_with(self.marker)) == 1 and
+                                   any(comm(pid) == "python3" for pid in processes_with(self.marker)), 30))
+        time.sleep(1)  # rank 0 has ended by now
+        proc.kill()
+        proc.communicate(timeout=15)
+        self.assertTrue(wait_until(lambda: processes_with(self.marker) == [], 15), processes_with(self.marker))
 
     def test_the_guard_is_not_found_by_pkill_ddl(self):
         # `pkill -9 ddl` or `pkill -9 -f "ddl run"` must leave the guard to clean up after ddl.
