@@ -731,7 +731,6 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
 # ---- creating groups ----
 
-_keys_made = {}  # a group id -> how many groups of that id this process made (when torch gives no store)
 _KEY_IN_STORE = "ddl_set_key"
 
 
@@ -741,11 +740,7 @@ def _key_for(options, rank):
     the world's). torch's group ids start again after destroy_process_group(), and it never calls
     the backend on non-members, so nothing a process counts itself would agree across ranks."""
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in str(options.group_id))[:150]
-    store = getattr(options, "store", None)
-    if store is None:  # a torch without a store for the backend: this process's count of the id
-        n = _keys_made.get(options.group_id, 0)
-        _keys_made[options.group_id] = n + 1
-        return f"torch.{safe}.{n}"
+    store = options.store  # torch 1.13 and 2.x give every backend the group's prefix store
     # A store can outlive a group of its name (a store passed to init_process_group again, a group
     # made again under the same name): each making has its own slot, counted by arrivals, so that
     # no member reads the nonce of an earlier one. No member makes the next before all of this one
