@@ -99,8 +99,10 @@ std::vector<int> tasks_per_node(const Environment& env, int num_nodes) {
     }
     return counts;
   }
-  if (auto per_node = lookup(env, "SLURM_NTASKS_PER_NODE"); per_node && slurm_count("SLURM_NTASKS_PER_NODE", *per_node) > 0)
-    counts.assign(static_cast<size_t>(std::max(num_nodes, 1)), slurm_count("SLURM_NTASKS_PER_NODE", *per_node));
+  if (auto per_node = lookup(env, "SLURM_NTASKS_PER_NODE")) {
+    const int count = slurm_count("SLURM_NTASKS_PER_NODE", *per_node);
+    if (count > 0) counts.assign(static_cast<size_t>(std::max(num_nodes, 1)), count);
+  }
   return counts;
 }
 
