@@ -69,10 +69,9 @@ void pause_ms(long ms) {
   while (::nanosleep(&pause, &pause) != 0 && errno == EINTR) {}
 }
 
-bool holds(const pid_t* groups, size_t count, pid_t id) {
-  if (id <= 0) return false;  // kernel threads are in group and session 0; a free entry is 0
+bool holds(const pid_t* ids, size_t count, pid_t id) {
   for (size_t i = 0; i < count; ++i)
-    if (groups[i] == id) return true;
+    if (ids[i] == id) return true;
   return false;
 }
 
@@ -385,7 +384,7 @@ void OrphanGuard::stand_down() {
   pid_ = -1;
 }
 
-void OrphanGuard::reaped(pid_t pid) {
+void OrphanGuard::child_reaped(pid_t pid) {
   if (pid_ < 0 || pid != pid_) return;
   pid_ = -1;
   if (pipe_ >= 0) ::close(pipe_);

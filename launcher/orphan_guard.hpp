@@ -41,8 +41,9 @@ class OrphanGuard {
   const std::string& marker() const { return marker_; }
   // The guard's pid while it runs, else -1 (ddl's sweep for leftovers must spare it).
   pid_t pid() const { return pid_; }
-  // ddl's reaping of any child found the guard: it is gone (killed by someone), and its pid may be reused.
-  void reaped(pid_t pid);
+  // ddl reaped its child `pid` (any child): if that was the guard, it is gone (killed by someone),
+  // and its pid may be reused.
+  void child_reaped(pid_t pid);
 
  private:
   void send(char what, pid_t group);

@@ -544,7 +544,7 @@ class Run {
     int status = 0;
     pid_t pid = 0;
     while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
-      if (guard_) guard_->reaped(pid);
+      if (guard_) guard_->child_reaped(pid);
       for (auto& w : workers_) {
         if (w.process.pid != pid || !w.running) continue;
         w.running = false;

@@ -205,7 +205,7 @@ class Signals(unittest.TestCase):
         self.assertEqual(open(f"/proc/{guards[0]}/cmdline", "rb").read().rstrip(b"\0"), b"worker-guard")
         proc.kill()
         proc.communicate(timeout=15)
-        self.assertTrue(wait_until(lambda: guards[0] not in map(str, processes_named("worker-guard")), 15), "the guard did not end")
+        self.assertTrue(wait_until(lambda: int(guards[0]) not in processes_with("worker-guard"), 15), "the guard did not end")
 
     def test_after_a_killed_launcher_what_left_the_workers_group_is_stopped_too(self):
         # coreutils `timeout` moves itself into a group of its own, its program with it.
@@ -247,20 +247,6 @@ class KilledInsideALauncher(unittest.TestCase):
         proc.kill()
         proc.communicate(timeout=15)
         self.assertTrue(wait_until(lambda: processes_with(self.marker) == [], 20), processes_with(self.marker))
-
-
-def processes_named(name):
-    """Live (non-zombie) processes whose command name is `name`."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        if stat[stat.index("(") + 1:stat.rindex(")")] == name and stat[stat.rindex(")") + 2] != "Z":
-            found.append(int(pid))
-    return found
 
 
 def process_with_pid(pid, attempts=200):
