@@ -73,7 +73,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       return 0;  // an unknown cache id: the engine stops negotiating
     }
     round.clear();
-    for (const auto& op : decision.ready) (void)op.spec.describe();
+    for (const auto& op : decision.ready) (void)op.spec().describe();
     now += std::chrono::seconds(1);
     (void)negotiator.stalled(now, std::chrono::milliseconds(1500));
     (void)negotiator.pending_names();

@@ -17,7 +17,7 @@ Announcement announce(std::vector<std::pair<std::string, OpSpec>> ops, bool fina
 }
 std::vector<std::string> names(const RoundDecision& d) {
   std::vector<std::string> out;
-  for (const auto& r : d.ready) out.push_back(r.name);
+  for (const auto& r : d.ready) out.push_back(r.name());
   return out;
 }
 }  // namespace
@@ -176,7 +176,7 @@ TEST_CASE("a name agreed with a new spec keeps its cache id, which then stands f
   REQUIRE(n.cached_id("a", allreduce(9)) == id[0]);
   auto d = n.merge({by_ids({id[0]}), by_ids({id[0]})}, now);
   REQUIRE(d.ready.size() == 1);
-  CHECK(d.ready[0].spec == allreduce(9));
+  CHECK(d.ready[0].spec() == allreduce(9));
 }
 
 TEST_CASE("cached and fully announced ops that complete in one round keep rank 0's order") {
@@ -241,7 +241,7 @@ TEST_CASE("while a rank waits in join, others' allreduces complete without it an
   // Rank 1 joins; ranks 0 and 2 allreduce "g": ready with rank 1 standing in.
   auto d1 = n.merge({announce({{"g", allreduce(4)}}), joined, announce({{"g", allreduce(4)}})}, now);
   REQUIRE(d1.ready.size() == 1);
-  CHECK(d1.ready[0].name == "g");
+  CHECK(d1.ready[0].name() == "g");
   CHECK(d1.ready[0].some_joined);
   Announcement still = announce({});
   still.joined = true;
@@ -255,7 +255,7 @@ TEST_CASE("while a rank waits in join, others' allreduces complete without it an
   CHECK(d3.ready.empty());
   auto d4 = n.merge({joined2, still, still}, now);
   REQUIRE(d4.ready.size() == 1);
-  CHECK(d4.ready[0].spec.kind == OpKind::Join);
+  CHECK(d4.ready[0].spec().kind == OpKind::Join);
   CHECK(d4.ready[0].last_joined == 0);
 }
 

@@ -270,9 +270,9 @@ ddl_status check_root(int root) {
 }
 
 // Runs the op on the calling thread until it is done (Engine::run).
-ddl_status run_to_completion(Engine& engine, const char* name, const OpSpec& spec, const void* send, void* recv) {
+ddl_status run_to_completion(Engine& engine, const char* name, OpSpec spec, const void* send, void* recv) {
   std::string message;
-  const ddl_status status = engine.run(name ? name : "", spec, send, recv, message);
+  const ddl_status status = engine.run(name ? name : "", std::move(spec), send, recv, message);
   return status == DDL_SUCCESS ? status : fail(status, message);
 }
 
@@ -296,11 +296,11 @@ ddl_status handle_of(std::shared_ptr<ddl::runtime::OpState> state, ddl_handle* h
   return DDL_SUCCESS;
 }
 
-ddl_status submit(const char* name, const OpSpec& spec, const void* send, void* recv, ddl_handle* handle, void* stream = nullptr) {
+ddl_status submit(const char* name, OpSpec spec, const void* send, void* recv, ddl_handle* handle, void* stream = nullptr) {
   if (handle == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "handle is NULL");
   return with_runtime([&](Runtime& rt) {
-    if (handle == kRunToCompletion) return run_to_completion(*rt.engine, name, spec, send, recv);
-    return handle_of(rt.engine->submit(name ? name : "", spec, send, recv, stream), handle);
+    if (handle == kRunToCompletion) return run_to_completion(*rt.engine, name, std::move(spec), send, recv);
+    return handle_of(rt.engine->submit(name ? name : "", std::move(spec), send, recv, stream), handle);
   });
 }
 
@@ -694,14 +694,14 @@ ddl_status read_options(const ddl_op_options* given, ddl_op_options& o, std::vec
   return DDL_SUCCESS;
 }
 
-ddl_status submit_to(Target& t, const char* name, const OpSpec& spec, const void* send, void* recv, ddl_handle* handle, void* stream,
+ddl_status submit_to(Target& t, const char* name, OpSpec spec, const void* send, void* recv, ddl_handle* handle, void* stream,
                      unsigned flags = 0) {
   if (flags & DDL_BLOCKING) {
     if (handle != nullptr) *handle = nullptr;
-    return run_to_completion(*t.engine, name, spec, send, recv);
+    return run_to_completion(*t.engine, name, std::move(spec), send, recv);
   }
   if (handle == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "handle is NULL");
-  return handle_of(t.engine->submit(name ? name : "", spec, send, recv, stream), handle);
+  return handle_of(t.engine->submit(name ? name : "", std::move(spec), send, recv, stream), handle);
 }
 
 uint64_t sum_of(const size_t* counts, int n) { return std::accumulate(counts, counts + n, uint64_t{0}); }
@@ -781,8 +781,9 @@ ddl_status ddl_allreduce_ex(const char* name, const void* send, void* recv, size
   return with_runtime([&](Runtime& rt) {
     Target t;
     if (auto s = resolve(rt, o.process_set, t); s != DDL_SUCCESS) return s;
-    OpSpec spec{OpKind::Allreduce, dtype, op, 0, count, {}, (o.flags & DDL_CUDA_BUFFERS) != 0, compress, shape, o.prescale, o.postscale};
-    return submit_to(t, name, spec, send, recv, handle, o.stream, o.flags);
+    OpSpec spec{OpKind::Allreduce, dtype,      op,         0, count, {}, (o.flags & DDL_CUDA_BUFFERS) != 0, compress,
+                std::move(shape),  o.prescale, o.postscale};
+    return submit_to(t, name, std::move(spec), send, recv, handle, o.stream, o.flags);
   });
 }
 
@@ -797,8 +798,8 @@ ddl_status ddl_broadcast_ex(const char* name, void* buffer, size_t count, ddl_dt
     if (auto s = resolve(rt, o.process_set, t); s != DDL_SUCCESS) return s;
     if (root < 0 || root >= t.size)
       return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("broadcast root {} is not a rank of a set of {}", root, t.size));
-    OpSpec spec{OpKind::Broadcast, dtype, DDL_SUM, root, count, {}, (o.flags & DDL_CUDA_BUFFERS) != 0, false, shape};
-    return submit_to(t, name, spec, buffer, buffer, handle, o.stream, o.flags);
+    OpSpec spec{OpKind::Broadcast, dtype, DDL_SUM, root, count, {}, (o.flags & DDL_CUDA_BUFFERS) != 0, false, std::move(shape)};
+    return submit_to(t, name, std::move(spec), buffer, buffer, handle, o.stream, o.flags);
   });
 }
 
@@ -820,11 +821,11 @@ ddl_status ddl_allgatherv_ex(const char* name, const void* send, void* recv, con
     if (cuda) {  // NCCL gathers equal blocks only
       if (std::any_of(counts.begin(), counts.end(), [&](uint64_t c) { return c != counts[0]; }))
         return fail(DDL_ERROR_UNSUPPORTED, "allgatherv of CUDA buffers needs equal counts on every rank");
-      return submit_to(t, name, {OpKind::Allgather, dtype, DDL_SUM, 0, counts[0], {}, true, false, shape}, send, recv, handle, o.stream,
-                       o.flags);
+      return submit_to(t, name, {OpKind::Allgather, dtype, DDL_SUM, 0, counts[0], {}, true, false, std::move(shape)}, send, recv, handle,
+                       o.stream, o.flags);
     }
-    return submit_to(t, name, {OpKind::Allgatherv, dtype, DDL_SUM, 0, total, counts, false, false, shape}, send, recv, handle, nullptr,
-                     o.flags);
+    return submit_to(t, name, {OpKind::Allgatherv, dtype, DDL_SUM, 0, total, counts, false, false, std::move(shape)}, send, recv, handle,
+                     nullptr, o.flags);
   });
 }
 
@@ -844,7 +845,7 @@ ddl_status ddl_alltoallv_ex(const char* name, const void* send, const size_t* se
     const auto n = static_cast<size_t>(t.size);
     if (auto s = check_common(recv, sum_of(recv_counts, t.size), dtype); s != DDL_SUCCESS) return s;
     if (sum_of(send_counts, t.size) > 0 && send == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "alltoallv: the send buffer is NULL");
-    OpSpec spec{OpKind::Alltoallv, dtype, DDL_SUM, 0, 0, {}, false, false, shape};
+    OpSpec spec{OpKind::Alltoallv, dtype, DDL_SUM, 0, 0, {}, false, false, std::move(shape)};
     return handle_of(t.engine->submit_with_counts(name ? name : "", spec, send, recv, std::vector<size_t>(send_counts, send_counts + n),
                                                   std::vector<size_t>(recv_counts, recv_counts + n)),
                      handle);
@@ -863,7 +864,7 @@ ddl_status ddl_allgather_any_ex(const char* name, const void* send, size_t send_
   return with_runtime([&](Runtime& rt) {
     Target t;
     if (auto s = resolve(rt, o.process_set, t); s != DDL_SUCCESS) return s;
-    OpSpec spec{OpKind::AllgatherAny, dtype, DDL_SUM, 0, 0, {}, false, false, shape};
+    OpSpec spec{OpKind::AllgatherAny, dtype, DDL_SUM, 0, 0, {}, false, false, std::move(shape)};
     return handle_of(t.engine->submit_with_counts(name ? name : "", spec, send, nullptr, {send_count}, {}), handle);
   });
 }
@@ -881,7 +882,7 @@ ddl_status ddl_alltoall_any_ex(const char* name, const void* send, const size_t*
     Target t;
     if (auto s = resolve(rt, o.process_set, t); s != DDL_SUCCESS) return s;
     if (auto s = check_common(send, sum_of(send_counts, t.size), dtype); s != DDL_SUCCESS) return s;
-    OpSpec spec{OpKind::AlltoallAny, dtype, DDL_SUM, 0, 0, {}, false, false, shape};
+    OpSpec spec{OpKind::AlltoallAny, dtype, DDL_SUM, 0, 0, {}, false, false, std::move(shape)};
     return handle_of(
         t.engine->submit_with_counts(name ? name : "", spec, send, nullptr, std::vector<size_t>(send_counts, send_counts + t.size), {}),
         handle);
@@ -917,8 +918,8 @@ ddl_status ddl_reducescatter_ex(const char* name, const void* send, void* recv, 
     // an empty tensor's storage does; refusing it here left the other ranks waiting for this one.
     if (auto s = check_common(recv, counts[static_cast<size_t>(t.rank)], dtype); s != DDL_SUCCESS) return s;
     if (send == nullptr && total > 0) return fail(DDL_ERROR_INVALID_ARGUMENT, "the send buffer is NULL");
-    OpSpec spec{OpKind::Reducescatter, dtype, op, 0, total, counts, false, false, shape, o.prescale, o.postscale};
-    return submit_to(t, name, spec, send, recv, handle, nullptr, o.flags);
+    OpSpec spec{OpKind::Reducescatter, dtype, op, 0, total, counts, false, false, std::move(shape), o.prescale, o.postscale};
+    return submit_to(t, name, std::move(spec), send, recv, handle, nullptr, o.flags);
   });
 }
 

@@ -74,13 +74,13 @@ Engine::Engine(std::unique_ptr<Collectives> collectives, EngineConfig config)
 
 Engine::~Engine() { finalize(); }
 
-std::shared_ptr<OpState> Engine::submit(std::string name, const OpSpec& spec, const void* send, void* recv, void* stream) {
-  return enqueue({std::move(name), spec, send, recv, nullptr, Clock::now(), stream});
+std::shared_ptr<OpState> Engine::submit(std::string name, OpSpec spec, const void* send, void* recv, void* stream) {
+  return enqueue({std::move(name), std::move(spec), send, recv, nullptr, Clock::now(), stream});
 }
 
-std::shared_ptr<OpState> Engine::submit_with_counts(std::string name, const OpSpec& spec, const void* send, void* recv,
+std::shared_ptr<OpState> Engine::submit_with_counts(std::string name, OpSpec spec, const void* send, void* recv,
                                                     std::vector<size_t> send_counts, std::vector<size_t> recv_counts) {
-  PendingOp op{std::move(name), spec, send, recv, nullptr, Clock::now(), nullptr};
+  PendingOp op{std::move(name), std::move(spec), send, recv, nullptr, Clock::now(), nullptr};
   op.send_counts = std::move(send_counts);
   op.recv_counts = std::move(recv_counts);
   return enqueue(std::move(op));
@@ -95,11 +95,15 @@ std::shared_ptr<OpState> Engine::enqueue(PendingOp op) {
     state->refuse(refusal->first, std::move(refusal->second));
     return state;
   }
-  inbox_names_.insert(op.name);
-  inbox_.push_back(std::move(op));
+  add_to_inbox(std::move(op));
   lock.unlock();
   wake_.notify_all();  // the engine thread, or a caller in run() pausing between its rounds
   return state;
+}
+
+void Engine::add_to_inbox(PendingOp op) {
+  std::string name = op.name;
+  inbox_order_.push_back(&inbox_.try_emplace(std::move(name), std::move(op)).first->second);
 }
 
 std::string Engine::unnamed_name(uint64_t index) { return fmt::format("unnamed.{}", index); }
@@ -108,7 +112,7 @@ std::string Engine::next_unnamed_name() { return unnamed_name(unnamed_counter_++
 std::optional<std::pair<ddl_status, std::string>> Engine::refusal_of(const std::string& name) const {
   if (broken_) return std::pair{broken_status_, broken_message_};
   if (finalize_requested_) return std::pair{DDL_ERROR_NOT_INITIALIZED, fmt::format("op '{}' submitted after ddl_finalize", name)};
-  if (in_flight_.count(name) || inbox_names_.count(name))
+  if (in_flight_.count(name) || inbox_.count(name))
     return std::pair{DDL_ERROR_INVALID_ARGUMENT,
                      fmt::format("op '{}' is already in flight on rank {}: names must be unique until the op finishes", name, rank_)};
   return std::nullopt;
@@ -213,19 +217,17 @@ bool Engine::round() {
   Announcement mine;
   {
     std::lock_guard lock(mutex_);
-    for (auto& op : inbox_) {
-      if (op.spec.kind == OpKind::Join) joined_ = true;
-      if (auto id = negotiator_.cached_id(op.name, op.spec))
+    for (PendingOp* op : inbox_order_) {
+      if (op->spec.kind == OpKind::Join) joined_ = true;
+      if (auto id = negotiator_.cached_id(op->name, op->spec))
         mine.cached.push_back(*id);
       else
-        mine.submitted.emplace_back(op.name, op.spec);
-      std::string name = op.name;
-      in_flight_.emplace(std::move(name), std::move(op));
+        mine.submitted.emplace_back(op->name, op->spec);
+      in_flight_.insert(inbox_.extract(op->name));  // a name is in one table at most (refusal_of)
     }
     // in_flight_ changes only here, in run() and in finish(), all under the lock; the thread running
     // rounds reads it freely.
-    inbox_.clear();
-    inbox_names_.clear();
+    inbox_order_.clear();
     // A rank with CUDA ops still running is not done yet; announcing that (rather than each rank
     // checking its own) keeps every rank leaving the loop in the same round.
     mine.finalizing = finalize_requested_ && gpu_in_flight_.empty();
@@ -264,12 +266,12 @@ bool Engine::proposable(const OpSpec& spec) {
   return spec.kind == OpKind::Allreduce || spec.kind == OpKind::Broadcast || spec.kind == OpKind::Barrier;
 }
 
-ddl_status Engine::run(std::string name, const OpSpec& spec, const void* send, void* recv, std::string& message) {
-  if (spec.cuda) return submit(std::move(name), spec, send, recv)->wait(message);
+ddl_status Engine::run(std::string name, OpSpec spec, const void* send, void* recv, std::string& message) {
+  if (spec.cuda) return submit(std::move(name), std::move(spec), send, recv)->wait(message);
   std::unique_lock round_lock = take_round_for_caller();
-  if (!round_lock.owns_lock()) return submit(std::move(name), spec, send, recv)->wait(message);
+  if (!round_lock.owns_lock()) return submit(std::move(name), std::move(spec), send, recv)->wait(message);
   const RoundHolderMark holder(round_holder_, RoundHolder::Caller);
-  PendingOp op{std::move(name), spec, send, recv, nullptr, Clock::now(), nullptr};
+  PendingOp op{std::move(name), std::move(spec), send, recv, nullptr, Clock::now(), nullptr};
   Offer offer;  // the op, proposed to run in its own round
   std::shared_ptr<OpState> state;
   {
@@ -280,11 +282,11 @@ ddl_status Engine::run(std::string name, const OpSpec& spec, const void* send, v
     // ranks' negotiators are idle and stay alike when the op runs without them). Its name cannot be
     // in flight then, so only a broken or finalizing engine refuses it: that one proposes nothing.
     if (!broken_ && !finalize_requested_ && !stopped_ && inbox_.empty() && in_flight_.empty() && gpu_in_flight_.empty() && !joined_ &&
-        negotiator_.idle() && proposable(spec)) {
+        negotiator_.idle() && proposable(op.spec)) {
       if (offer.unnamed_index) {
-        offer.proposal = Proposal::for_unnamed(spec, *offer.unnamed_index);
-      } else if (auto id = negotiator_.cached_id(op.name, spec)) {
-        offer.proposal = Proposal::for_cached(spec, *id);
+        offer.proposal = Proposal::for_unnamed(op.spec, *offer.unnamed_index);
+      } else if (auto id = negotiator_.cached_id(op.name, op.spec)) {
+        offer.proposal = Proposal::for_cached(op.spec, *id);
         offer.cache_id = *id;
       }
     }
@@ -295,8 +297,7 @@ ddl_status Engine::run(std::string name, const OpSpec& spec, const void* send, v
         return refusal->first;
       }
       state = op.state = std::make_shared<OpState>();
-      inbox_names_.insert(op.name);
-      inbox_.push_back(std::move(op));
+      add_to_inbox(std::move(op));
     }
   }
   if (!offer.proposal.empty()) {
@@ -445,10 +446,10 @@ void Engine::execute(const std::vector<ReadyOp>& ready) {
   std::vector<PendingOp*> ops;
   stand_ins_.clear();
   for (const auto& r : ready) {
-    auto found = in_flight_.find(r.name);
+    auto found = in_flight_.find(r.name());
     // Every rank submitted it, this one included, unless this rank waits in join.
     PendingOp& op = found != in_flight_.end() ? found->second : stand_in_for(r);
-    if (r.spec.kind == OpKind::Join) op.join_result = r.last_joined;
+    if (r.spec().kind == OpKind::Join) op.join_result = r.last_joined;
     timeline_.record(op.name, "NEGOTIATE", op.submitted, negotiated);
     op.agreed = negotiated;
     ops.push_back(&op);
@@ -758,10 +759,10 @@ void Engine::run_allgather_any(PendingOp& op) {
 }
 
 Engine::PendingOp& Engine::stand_in_for(const ReadyOp& ready) {
-  if (!joined_) throw std::runtime_error(fmt::format("op '{}' was agreed but never submitted on rank {}", ready.name, rank_));
+  if (!joined_) throw std::runtime_error(fmt::format("op '{}' was agreed but never submitted on rank {}", ready.name(), rank_));
   auto& [op, buffer] = stand_ins_.emplace_back();
-  op = PendingOp{ready.name, ready.spec, nullptr, nullptr, std::make_shared<OpState>(), Clock::now(), nullptr};
-  const OpSpec& s = ready.spec;
+  op = PendingOp{ready.name(), ready.spec(), nullptr, nullptr, std::make_shared<OpState>(), Clock::now(), nullptr};
+  const OpSpec& s = ready.spec();
   const size_t element = dtype_size(s.dtype);
   if (s.kind == OpKind::Allreduce) {
     buffer.assign(s.count * element, 0);
@@ -789,8 +790,7 @@ void Engine::finish(const std::vector<PendingOp*>& ops, ddl_status status, const
     for (PendingOp* op : ops) {
       if (op->spec.kind == OpKind::Join) joined_ = false;  // however it ended: this rank stands in no more
       states.push_back(std::move(op->state));
-      std::string name = op->name;
-      in_flight_.erase(name);  // `op` is gone after this line
+      if (auto it = in_flight_.find(op->name); it != in_flight_.end()) in_flight_.erase(it);  // `op` is gone after this line
     }
   }
   std::vector<OpState*> settled;
@@ -805,10 +805,10 @@ void Engine::fail_everything(ddl_status status, const std::string& message) {
   broken_status_ = status;
   broken_message_ = message;
   for (auto& [name, op] : in_flight_) op.state->complete(status, message);
-  for (auto& op : inbox_) op.state->complete(status, message);
+  for (auto& [name, op] : inbox_) op.state->complete(status, message);
   in_flight_.clear();
   inbox_.clear();
-  inbox_names_.clear();
+  inbox_order_.clear();
 }
 
 }  // namespace ddl::runtime

@@ -14,7 +14,6 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "runtime/src/engine/negotiator.hpp"
@@ -84,11 +83,11 @@ class Engine {
 
   // Queues an op. An empty name takes the next "unnamed.N". Never blocks on peers. `stream` is the
   // CUDA stream of a CUDA op.
-  std::shared_ptr<OpState> submit(std::string name, const OpSpec& spec, const void* send, void* recv, void* stream = nullptr);
+  std::shared_ptr<OpState> submit(std::string name, OpSpec spec, const void* send, void* recv, void* stream = nullptr);
   // An op with counts of this rank alone, in elements, not part of the agreed spec: an alltoallv's
   // blocks, or {send count} of an allgather-any.
-  std::shared_ptr<OpState> submit_with_counts(std::string name, const OpSpec& spec, const void* send, void* recv,
-                                              std::vector<size_t> send_counts, std::vector<size_t> recv_counts);
+  std::shared_ptr<OpState> submit_with_counts(std::string name, OpSpec spec, const void* send, void* recv, std::vector<size_t> send_counts,
+                                              std::vector<size_t> recv_counts);
   // Runs an op to completion on the calling thread, as submit() + wait would, but without handing
   // it to the engine thread: the caller runs the negotiation rounds itself until its op is done.
   // When nothing else is in flight and the op is a host allreduce, broadcast or barrier that every
@@ -97,7 +96,7 @@ class Engine {
   // there, without waiting for the negotiation (on shared memory, the round and a small op are one
   // barrier). CUDA ops, and ops while another thread runs rounds, are submitted and waited for.
   // Returns the op's status, `message` the error.
-  ddl_status run(std::string name, const OpSpec& spec, const void* send, void* recv, std::string& message);
+  ddl_status run(std::string name, OpSpec spec, const void* send, void* recv, std::string& message);
   Timeline& timeline() { return timeline_; }
   // Tells the other ranks this one is done and waits until all are; ops still pending then fail.
   void finalize();
@@ -170,6 +169,7 @@ class Engine {
   // zeros for a reduction, nothing for a gather.
   PendingOp& stand_in_for(const ReadyOp& ready);
   std::shared_ptr<OpState> enqueue(PendingOp op);
+  void add_to_inbox(PendingOp op);  // mutex_ held; the name is not in use (refusal_of)
   void enqueue_gpu_ops(const std::vector<PendingOp*>& ops);
   void poll_gpu_ops();
   void finish(PendingOp& op, ddl_status status, const std::string& message = {});
@@ -197,9 +197,12 @@ class Engine {
 
   std::mutex mutex_;  // guards what submit() and finalize() share with the engine thread
   std::condition_variable wake_;
-  std::vector<PendingOp> inbox_;  // cleared each round, it keeps its room: a deque allocated and freed blocks as ops came and went
-  std::unordered_set<std::string> inbox_names_;           // the names in inbox_, for the duplicate check
-  std::unordered_map<std::string, PendingOp> in_flight_;  // submitted on this rank, not yet finished
+  // Ops by name. An op's node moves from inbox_ to in_flight_ when its round takes it (extract and
+  // insert: no copy, no allocation), and keeps its address until it finishes.
+  using OpTable = std::unordered_map<std::string, PendingOp>;
+  OpTable inbox_;                        // submitted since the last round
+  std::vector<PendingOp*> inbox_order_;  // inbox_'s ops in the order they came, which is the order they are announced in
+  OpTable in_flight_;                    // submitted on this rank, announced, not yet finished
   bool finalize_requested_ = false;
   bool broken_ = false;
   ddl_status broken_status_ = DDL_SUCCESS;

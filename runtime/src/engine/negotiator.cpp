@@ -45,10 +45,10 @@ void Negotiator::remember(const std::string& name, const OpSpec& spec) {
   cached_waits_.emplace_back();
 }
 
-Negotiator::Entry& Negotiator::entry_for(const std::string& name, TimePoint now) {
+std::unordered_map<std::string, Negotiator::Entry>::iterator Negotiator::entry_for(const std::string& name, TimePoint now) {
   auto [it, inserted] = table_.try_emplace(name);
   Entry& e = it->second;
-  if (!inserted) return e;
+  if (!inserted) return it;
   e.specs.resize(static_cast<size_t>(size_));
   e.first_seen = now;
   // Ranks that announced this name by cache id before one announced it in full join the entry.
@@ -63,17 +63,18 @@ Negotiator::Entry& Negotiator::entry_for(const std::string& name, TimePoint now)
       clear_wait(w);
     }
   }
-  return e;
+  return it;
 }
 
 void Negotiator::announce_full(int rank, const std::string& name, const OpSpec& spec, TimePoint now, std::vector<Completed>& completed) {
-  Entry& e = entry_for(name, now);
+  const auto entry = entry_for(name, now);
+  Entry& e = entry->second;
   // A rank never has one name pending twice (the engine refuses that at submit): a message that
   // does is corrupt, and counting it would complete the op without some rank, or twice.
   if (e.specs[static_cast<size_t>(rank)]) throw std::runtime_error(fmt::format("rank {} announced op '{}' twice", rank, name));
   e.specs[static_cast<size_t>(rank)] = spec;
   if (rank == 0) e.order = next_order_++;
-  if (++e.announced == size_) completed.push_back({e.order, false, name, std::nullopt});
+  if (++e.announced == size_) completed.push_back({e.order, false, &entry->first, std::nullopt});
 }
 
 void Negotiator::announce_cached(int rank, uint32_t id, TimePoint now, std::vector<Completed>& completed) {
@@ -92,7 +93,7 @@ void Negotiator::announce_cached(int rank, uint32_t id, TimePoint now, std::vect
   if (w.ranks[static_cast<size_t>(rank)]) throw std::runtime_error(fmt::format("rank {} announced op '{}' twice", rank, name));
   w.ranks[static_cast<size_t>(rank)] = true;
   if (rank == 0) w.order = next_order_++;
-  if (++w.announced == size_) completed.push_back({w.order, false, cache_[id].first, id});
+  if (++w.announced == size_) completed.push_back({w.order, false, &cache_[id].first, id});
 }
 
 void Negotiator::update_joined(const std::vector<Announcement>& announcements) {
@@ -117,13 +118,13 @@ void Negotiator::complete_for_joined(std::vector<Completed>& completed) const {
   for (const auto& entry : table_) {
     const Entry& e = entry.second;  // not a structured binding: clang before 16 cannot capture one (scripts/fuzz.sh uses clang 14)
     if (e.announced > 0 && e.announced < size_ && all_missing_joined([&](int r) { return e.specs[static_cast<size_t>(r)].has_value(); }))
-      completed.push_back({e.order, true, entry.first, std::nullopt});
+      completed.push_back({e.order, true, &entry.first, std::nullopt});
   }
   for (size_t id = 0; cached_waiting_ > 0 && id < cached_waits_.size(); ++id) {
     const CachedWait& w = cached_waits_[id];
     if (w.announced > 0 && w.announced < size_ &&
         all_missing_joined([&](int r) { return static_cast<bool>(w.ranks[static_cast<size_t>(r)]); }))
-      completed.push_back({w.order, true, cache_[id].first, static_cast<uint32_t>(id)});
+      completed.push_back({w.order, true, &cache_[id].first, static_cast<uint32_t>(id)});
   }
 }
 
@@ -137,6 +138,7 @@ bool Negotiator::runs_with_joined(const OpSpec& spec) const {
 RoundDecision Negotiator::merge(const std::vector<Announcement>& announcements, TimePoint now) {
   RoundDecision decision;
   decision.all_finalizing = true;
+  agreed_in_full_.clear();  // the last decision's ready ops pointed here: they are done
   std::vector<Completed> completed;
   update_joined(announcements);
   for (int rank = 0; rank < size_; ++rank) {
@@ -162,7 +164,7 @@ RoundDecision Negotiator::merge(const std::vector<Announcement>& announcements, 
   complete_for_joined(completed);
   // Ops rank 0 never announced (it joined) come last, by name: the same order on every rank.
   std::sort(completed.begin(), completed.end(),
-            [](const Completed& a, const Completed& b) { return a.order != b.order ? a.order < b.order : a.name < b.name; });
+            [](const Completed& a, const Completed& b) { return a.order != b.order ? a.order < b.order : *a.name < *b.name; });
   auto joined_failure = [&](const std::string& name, const OpSpec& spec) {
     decision.failed.push_back({name, DDL_ERROR_UNSUPPORTED,
                                fmt::format("op '{}' ({}) cannot run while ranks wait in join: only host allreduce, "
@@ -174,24 +176,25 @@ RoundDecision Negotiator::merge(const std::vector<Announcement>& announcements, 
       clear_wait(cached_waits_[*c.cached_id]);
       const OpSpec& spec = cache_[*c.cached_id].second;
       if (c.with_joined && !runs_with_joined(spec))
-        joined_failure(c.name, spec);
+        joined_failure(*c.name, spec);
       else
-        decision.ready.push_back({c.name, spec, c.with_joined, spec.kind == OpKind::Join ? last_joined_ : -1});
+        decision.ready.emplace_back(*c.name, spec, c.with_joined, spec.kind == OpKind::Join ? last_joined_ : -1);
       continue;
     }
-    auto it = table_.find(c.name);
+    auto it = table_.find(*c.name);
     Entry& e = it->second;
     const OpSpec& first = **std::find_if(e.specs.begin(), e.specs.end(), [](const auto& s) { return s.has_value(); });
     bool same = std::all_of(e.specs.begin(), e.specs.end(), [&](const auto& s) { return !s || *s == first; });
     if (same && c.with_joined && !runs_with_joined(first)) {
-      joined_failure(c.name, first);
+      joined_failure(*c.name, first);
     } else if (same) {
-      decision.ready.push_back({c.name, first, c.with_joined, first.kind == OpKind::Join ? last_joined_ : -1});
-      remember(c.name, first);
+      const auto& [name, spec] = agreed_in_full_.emplace_back(*c.name, first);  // the entry goes below
+      decision.ready.emplace_back(name, spec, c.with_joined, spec.kind == OpKind::Join ? last_joined_ : -1);
+      remember(name, spec);
     } else {
-      decision.failed.push_back({c.name, DDL_ERROR_MISMATCH, mismatch_message(c.name, e)});
+      decision.failed.push_back({*c.name, DDL_ERROR_MISMATCH, mismatch_message(*c.name, e)});
     }
-    table_.erase(it);
+    table_.erase(it);  // c.name pointed to its key
   }
   if (!decision.ready.empty()) last_progress_ = now;
   return decision;

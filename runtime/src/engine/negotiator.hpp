@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -13,9 +14,20 @@
 
 namespace ddl::runtime {
 
-struct ReadyOp {
-  std::string name;
-  OpSpec spec;
+// An op every rank agreed on. Its name and spec are the negotiator's, not copies (a step of a
+// thousand ops would otherwise copy a thousand names and shapes): valid until its next merge.
+class ReadyOp {
+ public:
+  ReadyOp(const std::string& name, const OpSpec& spec, bool some_joined, int last_joined)
+      : name_(&name), spec_(&spec), some_joined(some_joined), last_joined(last_joined) {}
+  const std::string& name() const { return *name_; }
+  const OpSpec& spec() const { return *spec_; }
+
+ private:
+  const std::string* name_;
+  const OpSpec* spec_;
+
+ public:
   bool some_joined = false;  // ranks in ddl_join stand in for this op
   int last_joined = -1;      // a join: the last rank to join
 };
@@ -27,7 +39,7 @@ struct FailedOp {
 };
 
 struct RoundDecision {
-  std::vector<ReadyOp> ready;    // submitted by every rank with the same spec, in rank 0's order
+  std::vector<ReadyOp> ready;    // submitted by every rank with the same spec, in rank 0's order (valid until the next merge)
   std::vector<FailedOp> failed;  // to fail on every rank
   bool all_finalizing = false;   // every rank has called finalize
 };
@@ -42,7 +54,8 @@ class Negotiator {
   // The id under which this rank may announce (name, spec), if the cache holds exactly that.
   std::optional<uint32_t> cached_id(const std::string& name, const OpSpec& spec) const;
 
-  // Merges one round: announcements[r] is what rank r announced.
+  // Merges one round: announcements[r] is what rank r announced. The decision's ready ops point
+  // into this negotiator: they are valid until the next merge.
   RoundDecision merge(const std::vector<Announcement>& announcements, std::chrono::steady_clock::time_point now);
 
   // Ops some ranks submitted more than `timeout` ago that others have not (rank 0 announces these).
@@ -78,8 +91,8 @@ class Negotiator {
   struct Completed {
     uint64_t order;
     bool with_joined = false;           // some ranks never announced it: they joined
-    std::string name;                   // announced in full by some rank (in table_), or
-    std::optional<uint32_t> cached_id;  // by id by every rank (in cached_waits_)
+    const std::string* name;            // announced in full by some rank (a key of table_), or
+    std::optional<uint32_t> cached_id;  // by id by every rank (in cached_waits_; the name is cache_'s)
   };
   std::string mismatch_message(const std::string& name, const Entry& e) const;
   std::string stall_message(const std::string& name, const std::vector<int>& missing) const;
@@ -88,7 +101,8 @@ class Negotiator {
 
   void announce_cached(int rank, uint32_t id, TimePoint now, std::vector<Completed>& completed);
   void announce_full(int rank, const std::string& name, const OpSpec& spec, TimePoint now, std::vector<Completed>& completed);
-  Entry& entry_for(const std::string& name, TimePoint now);
+  // The table's entry for `name`, made if new: its key is the name completed ops point to.
+  std::unordered_map<std::string, Entry>::iterator entry_for(const std::string& name, TimePoint now);
   void remember(const std::string& name, const OpSpec& spec);
 
   void clear_wait(CachedWait& w);
@@ -102,12 +116,13 @@ class Negotiator {
   int last_joined_ = -1;
   TimePoint last_progress_{};  // when an op last became ready (a waiting join stalls only without progress)
   size_t cache_capacity_;
-  std::vector<std::pair<std::string, OpSpec>> cache_;  // by id
+  std::deque<std::pair<std::string, OpSpec>> cache_;  // by id; a deque, so that ready ops may point into it as it grows
   std::unordered_map<std::string, uint32_t> cache_ids_;
   std::vector<CachedWait> cached_waits_;  // by id
   size_t cached_waiting_ = 0;             // entries of cached_waits_ with announced > 0
   uint64_t next_order_ = 0;
   std::unordered_map<std::string, Entry> table_;
+  std::deque<std::pair<std::string, OpSpec>> agreed_in_full_;  // the last merge's ready ops that were announced in full
 };
 
 }  // namespace ddl::runtime
