@@ -115,7 +115,7 @@ static PyObject* wait(PyObject* self, PyObject* handle_object) {
  * world's set, without scaling. For those, allreduce_tensor does in C what ddl.torch's Python path
  * does: read the tensor, find the options of its shape, name the op, submit it and register its
  * handle. It reads the tensor through its public Python API (dtype, is_cpu, is_contiguous(), shape,
- * data_ptr(), numel()), so it is built against no framework. Any other case returns None before it
+ * data_ptr()), so it is built against no framework. Any other case returns None before it
  * changes anything, and the caller takes its general path, which also raises every error (an op
  * libddl refuses is refused there again, with its message). */
 
@@ -127,9 +127,14 @@ static struct {
   PyObject* taken;          /* the set of op names in flight in the world's set (ddl/common/names.py) */
   PyObject* handle_map;     /* handle -> (c handle, output, input, full name): what synchronize() finds */
   PyObject* handle_numbers; /* an iterator of handle numbers, shared with the general path */
+  PyObject* full_names;     /* name -> "allreduce." + name: a step names the same gradients again (made here) */
 } tensor_path;
 
-static PyObject *s_dtype, *s_is_cpu, *s_is_contiguous, *s_shape, *s_data_ptr, *s_numel, *s_allreduce_prefix, *s_c_handles;
+/* Names kept in full_names at most: a program that names each op anew (a step counter in the name)
+ * would otherwise grow it without end; past this, new names are made per op. */
+#define FULL_NAMES_KEPT 65536
+
+static PyObject *s_dtype, *s_is_cpu, *s_is_contiguous, *s_shape, *s_data_ptr, *s_allreduce_prefix, *s_c_handles;
 
 /* bind_tensor_path(dtypes, ops, world_options, world_set, taken, handle_map, handle_numbers) */
 static PyObject* bind_tensor_path(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
@@ -143,12 +148,17 @@ static PyObject* bind_tensor_path(PyObject* self, PyObject* const* args, Py_ssiz
   }
   PyObject** slots[] = {&tensor_path.dtypes, &tensor_path.ops,        &tensor_path.world_options, &tensor_path.world_set,
                         &tensor_path.taken,  &tensor_path.handle_map, &tensor_path.handle_numbers};
+  PyObject* full_names = PyDict_New();
+  if (full_names == NULL) return NULL;
   for (Py_ssize_t i = 0; i < 7; ++i) {
     PyObject* old = *slots[i];
     Py_INCREF(args[i]);
     *slots[i] = args[i];
     Py_XDECREF(old);
   }
+  PyObject* old_names = tensor_path.full_names;
+  tensor_path.full_names = full_names;
+  Py_XDECREF(old_names);
   Py_RETURN_NONE;
 }
 
@@ -183,7 +193,7 @@ static int is_contiguous_host_tensor(PyObject* tensor) {
 
 static int is_one(PyObject* factor) { return PyFloat_Check(factor) && PyFloat_AsDouble(factor) == 1.0; }
 
-/* An int method of the tensor with no argument (data_ptr(), numel()) as a size_t; (size_t)-1 with an error set on failure. */
+/* An int method of the tensor with no argument (data_ptr()) as a size_t; (size_t)-1 with an error set on failure. */
 static size_t call_for_size(PyObject* tensor, PyObject* method) {
   PyObject* value = PyObject_CallMethodObjArgs(tensor, method, NULL);
   if (value == NULL) return (size_t)-1;
@@ -192,10 +202,51 @@ static size_t call_for_size(PyObject* tensor, PyObject* method) {
   return result;
 }
 
+/* The number of elements of a tensor of this shape (a tuple of ints, as torch.Size is): numel()
+ * without another call into the framework. (size_t)-1 for anything else. */
+static size_t elements_of(PyObject* shape) {
+  if (!PyTuple_Check(shape)) return (size_t)-1;
+  size_t count = 1;
+  for (Py_ssize_t i = 0, n = PyTuple_Size(shape); i < n; ++i) {
+    Py_ssize_t dim = PyLong_AsSsize_t(PyTuple_GetItem(shape, i));
+    if (dim < 0) { /* an error (set), or no dimension at all */
+      PyErr_Clear();
+      return (size_t)-1;
+    }
+    count *= (size_t)dim;
+  }
+  return count;
+}
+
+/* "allreduce." + name (a new reference), NULL with an error set, or NULL without one where the name
+ * holds a NUL (the general path refuses it). Kept in full_names: the next step finds it there, with
+ * its hash already computed, and its UTF-8 form (the string's own bytes when it is ASCII). */
+static PyObject* full_name_of(PyObject* name) {
+  PyObject* full = PyDict_GetItemWithError(tensor_path.full_names, name); /* borrowed */
+  if (full != NULL) {
+    Py_INCREF(full);
+    return full;
+  }
+  if (PyErr_Occurred()) return NULL;
+  full = PyUnicode_Concat(s_allreduce_prefix, name);
+  if (full == NULL) return NULL;
+  Py_ssize_t size = 0;
+  const char* utf8 = PyUnicode_AsUTF8AndSize(full, &size);
+  if (utf8 == NULL || strlen(utf8) != (size_t)size) {
+    Py_DECREF(full);
+    return NULL;
+  }
+  if (PyDict_Size(tensor_path.full_names) < FULL_NAMES_KEPT && PyDict_SetItem(tensor_path.full_names, name, full) < 0) {
+    Py_DECREF(full);
+    return NULL;
+  }
+  return full;
+}
+
 /* "allreduce." + name, claimed in the world's taken names as the Python path claims it (a name stays
  * taken until its op is synchronized); NULL where it is taken already, or on an error. */
 static PyObject* claim_name(PyObject* name) {
-  PyObject* full = PyUnicode_Concat(s_allreduce_prefix, name);
+  PyObject* full = full_name_of(name);
   if (full == NULL) return NULL;
   int taken = PySet_Contains(tensor_path.taken, full);
   if (taken != 0 || PySet_Add(tensor_path.taken, full) < 0) {
@@ -257,10 +308,13 @@ static PyObject* allreduce_tensor(PyObject* self, PyObject* const* args, Py_ssiz
   if (PyErr_Occurred()) goto not_common;
   void* recv = output == tensor ? send : (void*)call_for_size(output, s_data_ptr);
   if (PyErr_Occurred()) goto not_common;
-  size_t count = call_for_size(tensor, s_numel);
-  if (PyErr_Occurred()) goto not_common;
   PyObject* shape = PyObject_GetAttr(tensor, s_shape);
   if (shape == NULL) goto not_common;
+  size_t count = elements_of(shape);
+  if (count == (size_t)-1) {
+    Py_DECREF(shape);
+    goto not_common;
+  }
   /* (address, the options object): held until the submit, so that the options stay alive whatever
    * Python code runs meanwhile (a collection's finalizers could empty the cache). */
   PyObject* options_entry = PyDict_GetItemWithError(tensor_path.world_options, shape); /* borrowed */
@@ -274,15 +328,8 @@ static PyObject* allreduce_tensor(PyObject* self, PyObject* const* args, Py_ssiz
     goto not_common;
   }
 
-  PyObject* full_name = claim_name(name);
-  Py_ssize_t utf8_size = 0;
-  const char* utf8 = full_name == NULL ? NULL : PyUnicode_AsUTF8AndSize(full_name, &utf8_size);
-  if (utf8 != NULL && strlen(utf8) != (size_t)utf8_size) { /* a NUL inside: the general path refuses the name */
-    release_name(full_name);
-    Py_DECREF(full_name);
-    Py_DECREF(options_entry);
-    goto not_common;
-  }
+  PyObject* full_name = claim_name(name); /* a name with a NUL inside is none: the general path refuses it */
+  const char* utf8 = full_name == NULL ? NULL : PyUnicode_AsUTF8AndSize(full_name, NULL);
   ddl_handle handle = NULL;
   ddl_status status =
       utf8 == NULL ? DDL_ERROR_INVALID_ARGUMENT
@@ -402,8 +449,9 @@ static int intern_names(void) {
   struct {
     PyObject** slot;
     const char* text;
-  } names[] = {{&s_dtype, "dtype"},       {&s_is_cpu, "is_cpu"}, {&s_is_contiguous, "is_contiguous"}, {&s_shape, "shape"},
-               {&s_data_ptr, "data_ptr"}, {&s_numel, "numel"},   {&s_allreduce_prefix, "allreduce."}, {&s_c_handles, "c_handles"}};
+  } names[] = {{&s_dtype, "dtype"},        {&s_is_cpu, "is_cpu"},     {&s_is_contiguous, "is_contiguous"},
+               {&s_shape, "shape"},        {&s_data_ptr, "data_ptr"}, {&s_allreduce_prefix, "allreduce."},
+               {&s_c_handles, "c_handles"}};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i)
     if (*names[i].slot == NULL && (*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL) return -1;
   return 0;

@@ -187,6 +187,35 @@ def _():
     expect_error(ValueError, hvd.synchronize, h)
 
 
+@check("the compiled call's element count (from the shape) and full names (kept between steps): shapes of "
+       "0 and 3 dimensions and with no elements, a non-ASCII name, a NUL refused, 70,000 distinct names")
+def _():
+    from ddl.common import fastpath
+    from ddl.torch import mpi_ops
+    total = sum(range(1, N + 1))
+    for shape in [(2, 3, 4), (), (0, 5)]:
+        hvd.synchronize(hvd.allreduce_async_(torch.ones(shape), name=f"count.first.{shape}", op=hvd.Sum))
+        t = torch.full(shape, float(R + 1))
+        h = hvd.allreduce_async_(t, name=f"count.{shape}", op=hvd.Sum)
+        assert (type(mpi_ops._handle_map[h]) is tuple) == fastpath.compiled, shape
+        assert hvd.synchronize(h) is t and torch.equal(t, torch.full(shape, float(total))), (shape, t)
+    for step in range(2):  # the second step finds the name made in the first
+        t = torch.full((2, 3, 4), float(R + 1))
+        h = hvd.allreduce_async_(t, name="count.ünïcode", op=hvd.Sum)
+        assert (type(mpi_ops._handle_map[h]) is tuple) == fastpath.compiled
+        assert torch.equal(hvd.synchronize(h), torch.full((2, 3, 4), float(total)))
+    e = expect_error(ValueError, hvd.allreduce_async_, torch.ones(3), name="count.nul\x00name", op=hvd.Sum)
+    assert "NUL" in str(e), e
+    # More distinct names than the compiled call keeps: each still reduces right and is free afterwards.
+    x = torch.ones(2)
+    for batch in range(70):
+        handles = [hvd.allreduce_async_(x, name=f"count.many.{batch}.{i}", op=hvd.Max) for i in range(1000)]
+        assert all(torch.equal(hvd.synchronize(h), x) for h in handles), batch
+    assert not mpi_ops._names.taken_in(hvd.global_process_set.process_set_id), "names still taken after synchronize"
+    y = torch.full((2,), float(R + 1))
+    assert torch.equal(hvd.synchronize(hvd.allreduce_async_(y, name="count.many.0.0", op=hvd.Sum)), torch.full((2,), float(total)))
+
+
 @check("allgather: first dimensions differing by rank, bool, grouped")
 def _():
     x = torch.full((R + 1, 2), R, dtype=torch.int16)
