@@ -102,8 +102,16 @@ std::shared_ptr<OpState> Engine::enqueue(PendingOp op) {
 }
 
 void Engine::add_to_inbox(PendingOp op) {
-  std::string name = op.name;
-  inbox_order_.push_back(&inbox_.try_emplace(std::move(name), std::move(op)).first->second);
+  if (spare_nodes_.empty()) {
+    std::string name = op.name;
+    inbox_order_.push_back(&inbox_.try_emplace(std::move(name), std::move(op)).first->second);
+    return;
+  }
+  OpTable::node_type node = std::move(spare_nodes_.back());
+  spare_nodes_.pop_back();
+  node.key() = op.name;  // a copy into the key's room
+  node.mapped() = std::move(op);
+  inbox_order_.push_back(&inbox_.insert(std::move(node)).position->second);
 }
 
 std::string Engine::unnamed_name(uint64_t index) { return fmt::format("unnamed.{}", index); }
@@ -790,7 +798,10 @@ void Engine::finish(const std::vector<PendingOp*>& ops, ddl_status status, const
     for (PendingOp* op : ops) {
       if (op->spec.kind == OpKind::Join) joined_ = false;  // however it ended: this rank stands in no more
       states.push_back(std::move(op->state));
-      if (auto it = in_flight_.find(op->name); it != in_flight_.end()) in_flight_.erase(it);  // `op` is gone after this line
+      if (auto it = in_flight_.find(op->name); it != in_flight_.end()) {  // `op` is gone after this
+        OpTable::node_type node = in_flight_.extract(it);
+        if (spare_nodes_.size() < kSpareNodes) spare_nodes_.push_back(std::move(node));
+      }
     }
   }
   std::vector<OpState*> settled;

@@ -203,6 +203,11 @@ class Engine {
   OpTable inbox_;                        // submitted since the last round
   std::vector<PendingOp*> inbox_order_;  // inbox_'s ops in the order they came, which is the order they are announced in
   OpTable in_flight_;                    // submitted on this rank, announced, not yet finished
+  // Nodes of finished ops, which add_to_inbox fills again: a node (and its name's and shape's room)
+  // is then made and freed by the submitting thread. Freed by the engine thread instead, the memory
+  // of every op crossed threads, and malloc's arenas and their locks made submitting twice as dear.
+  std::vector<OpTable::node_type> spare_nodes_;
+  static constexpr size_t kSpareNodes = 4096;
   bool finalize_requested_ = false;
   bool broken_ = false;
   ddl_status broken_status_ = DDL_SUCCESS;
