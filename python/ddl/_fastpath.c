@@ -354,30 +354,165 @@ not_common:
   Py_RETURN_NONE;
 }
 
-/* finish_tensor(handle) -> output, or None where `handle` is no op of allreduce_tensor's (the caller
- * then looks for it itself). Waits for the op, forgets its handle, and returns its output; raises
- * Refused(status) when the op failed (ddl_last_error() says why). */
-static PyObject* finish_tensor(PyObject* self, PyObject* number) {
-  (void)self;
-  if (tensor_path.handle_map == NULL) Py_RETURN_NONE;
+/* allreduce_tensor's record under handle `number` (borrowed), or NULL (no error set) where there is
+ * none: another kind of op's handle, or none at all (the caller's lookup says so in its words). */
+static PyObject* tensor_record(PyObject* number) {
+  if (tensor_path.handle_map == NULL) return NULL;
   PyObject* record = PyDict_GetItemWithError(tensor_path.handle_map, number); /* borrowed */
-  if (record == NULL) {
-    PyErr_Clear(); /* an unhashable handle: the caller's lookup says it in its words */
-    Py_RETURN_NONE;
-  }
-  if (!PyTuple_Check(record)) Py_RETURN_NONE;
+  if (record == NULL) PyErr_Clear();                                          /* an unhashable handle */
+  return record != NULL && PyTuple_Check(record) ? record : NULL;
+}
+
+/* Waits for the op of `record` (under handle `number`), forgets its handle and releases its name.
+ * Returns its output, or NULL: with an error set (out of memory), or without one and `*status` the
+ * op's failure (ddl_last_error() says why). */
+static PyObject* finish_record(PyObject* number, PyObject* record, ddl_status* status) {
   Py_INCREF(record);
   ddl_handle handle = PyLong_AsVoidPtr(PyTuple_GetItem(record, 0));
   if (PyDict_DelItem(tensor_path.handle_map, number) < 0 || PyErr_Occurred()) {
     Py_DECREF(record);
     return NULL;
   }
-  ddl_status status = wait_for(handle);
+  *status = wait_for(handle);
   release_name(PyTuple_GetItem(record, 3));
-  PyObject* output = status == DDL_SUCCESS ? PyTuple_GetItem(record, 1) : NULL;
+  PyObject* output = *status == DDL_SUCCESS ? PyTuple_GetItem(record, 1) : NULL;
   Py_XINCREF(output);
   Py_DECREF(record);
-  return output != NULL ? output : raise_refused(status);
+  return output;
+}
+
+/* finish_tensor(handle) -> output, or None where `handle` is no op of allreduce_tensor's (the caller
+ * then looks for it itself). Waits for the op, forgets its handle, and returns its output; raises
+ * Refused(status) when the op failed (ddl_last_error() says why). */
+static PyObject* finish_tensor(PyObject* self, PyObject* number) {
+  (void)self;
+  PyObject* record = tensor_record(number);
+  if (record == NULL) Py_RETURN_NONE;
+  ddl_status status = DDL_SUCCESS;
+  PyObject* output = finish_record(number, record, &status);
+  return output != NULL || PyErr_Occurred() ? output : raise_refused(status);
+}
+
+/* ---- allreduce_async_ and synchronize themselves (issue 21) ----
+ *
+ * A Python function around allreduce_tensor and finish_tensor costs a frame and its argument binding
+ * per op, a fifth of what is left of a gradient's path. So the face's allreduce_async_ and
+ * synchronize are these two compiled functions: each takes the common case itself and hands every
+ * other call, with its arguments as given, to the face's Python function of the same name (its
+ * "general" path), which binds them, raises for what is wrong, and runs everything else. */
+
+static struct {
+  PyObject* allreduce_async_; /* the face's Python allreduce_async_, for what is not the common case */
+  PyObject* synchronize;      /* the face's Python synchronize, for the handles of other ops */
+  PyObject* raise_for;        /* raise_for(status): raises the face's exception for a failed op */
+  PyObject* one;              /* 1.0: the scale factors' default */
+} general;
+
+/* allreduce_async_'s parameters, in order (Horovod's). */
+enum { kTensor, kAverage, kName, kOp, kPrescale, kPostscale, kProcessSet, kParameters };
+static PyObject* s_parameters[kParameters];
+
+/* Calls `fn` with a vectorcall's arguments (the stable ABI of 3.10 has no PyObject_Vectorcall). */
+static PyObject* call_with(PyObject* fn, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  Py_ssize_t keywords = kwnames == NULL ? 0 : PyTuple_Size(kwnames);
+  PyObject* positional = PyTuple_New(nargs);
+  if (positional == NULL) return NULL;
+  for (Py_ssize_t i = 0; i < nargs; ++i) {
+    Py_INCREF(args[i]);
+    PyTuple_SetItem(positional, i, args[i]); /* steals the reference */
+  }
+  PyObject* named = keywords > 0 ? PyDict_New() : NULL;
+  for (Py_ssize_t i = 0; named != NULL && i < keywords; ++i)
+    if (PyDict_SetItem(named, PyTuple_GetItem(kwnames, i), args[nargs + i]) < 0) Py_CLEAR(named);
+  PyObject* result = keywords > 0 && named == NULL ? NULL : PyObject_Call(fn, positional, named);
+  Py_DECREF(positional);
+  Py_XDECREF(named);
+  return result;
+}
+
+/* The index of parameter `keyword`, or -1. */
+static int parameter_index(PyObject* keyword) {
+  for (int i = 0; i < kParameters; ++i)
+    if (keyword == s_parameters[i]) return i; /* interned: how a call's keywords usually arrive */
+  for (int i = 0; i < kParameters; ++i) {
+    int equal = PyUnicode_Compare(keyword, s_parameters[i]) == 0;
+    if (PyErr_Occurred()) PyErr_Clear();
+    if (equal) return i;
+  }
+  return -1;
+}
+
+/* allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+ * process_set=global_process_set) -> handle */
+static PyObject* allreduce_async_inplace(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  (void)self;
+  if (general.allreduce_async_ == NULL) {
+    PyErr_SetString(PyExc_RuntimeError, "ddl._fastpath: bind_entries() was not called");
+    return NULL;
+  }
+  PyObject* given[kParameters] = {NULL};
+  Py_ssize_t keywords = kwnames == NULL ? 0 : PyTuple_Size(kwnames);
+  int plain = nargs <= kParameters;
+  for (Py_ssize_t i = 0; plain && i < nargs; ++i) given[i] = args[i];
+  for (Py_ssize_t i = 0; plain && i < keywords; ++i) {
+    int index = parameter_index(PyTuple_GetItem(kwnames, i));
+    plain = index >= 0 && given[index] == NULL; /* else: unknown or twice, which the general path says */
+    if (plain) given[index] = args[nargs + i];
+  }
+  if (plain && given[kTensor] != NULL) {
+    PyObject* tensor = given[kTensor];
+    PyObject* call[8] = {tensor,
+                         tensor,
+                         given[kAverage] ? given[kAverage] : Py_None,
+                         given[kName] ? given[kName] : Py_None,
+                         given[kOp] ? given[kOp] : Py_None,
+                         given[kPrescale] ? given[kPrescale] : general.one,
+                         given[kPostscale] ? given[kPostscale] : general.one,
+                         given[kProcessSet] ? given[kProcessSet] : tensor_path.world_set};
+    PyObject* handle = call[7] == NULL ? Py_NewRef(Py_None) : allreduce_tensor(NULL, call, 8);
+    if (handle != Py_None) return handle; /* the op's handle, or NULL: out of memory */
+    Py_DECREF(handle);
+  }
+  return call_with(general.allreduce_async_, args, nargs, kwnames);
+}
+
+/* synchronize(handle) -> the op's output */
+static PyObject* synchronize(PyObject* self, PyObject* number) {
+  (void)self;
+  if (general.synchronize == NULL) {
+    PyErr_SetString(PyExc_RuntimeError, "ddl._fastpath: bind_entries() was not called");
+    return NULL;
+  }
+  PyObject* record = tensor_record(number);
+  if (record == NULL) return PyObject_CallFunctionObjArgs(general.synchronize, number, NULL);
+  ddl_status status = DDL_SUCCESS;
+  PyObject* output = finish_record(number, record, &status);
+  if (output != NULL || PyErr_Occurred()) return output;
+  PyObject* code = PyLong_FromLong(status);
+  PyObject* raised = code == NULL ? NULL : PyObject_CallFunctionObjArgs(general.raise_for, code, NULL);
+  Py_XDECREF(code);
+  if (raised != NULL) { /* raise_for raises for every failure: this is a mistake of the caller's */
+    Py_DECREF(raised);
+    PyErr_Format(PyExc_RuntimeError, "ddl._fastpath: raise_for(%d) did not raise", (int)status);
+  }
+  return NULL;
+}
+
+/* bind_entries(allreduce_async_, synchronize, raise_for): the face's Python functions they fall back on. */
+static PyObject* bind_entries(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  (void)self;
+  if (nargs != 3 || !PyCallable_Check(args[0]) || !PyCallable_Check(args[1]) || !PyCallable_Check(args[2])) {
+    PyErr_SetString(PyExc_TypeError, "bind_entries(allreduce_async_, synchronize, raise_for) takes 3 callables");
+    return NULL;
+  }
+  PyObject** slots[] = {&general.allreduce_async_, &general.synchronize, &general.raise_for};
+  for (Py_ssize_t i = 0; i < 3; ++i) {
+    PyObject* old = *slots[i];
+    Py_INCREF(args[i]);
+    *slots[i] = args[i];
+    Py_XDECREF(old);
+  }
+  Py_RETURN_NONE;
 }
 
 /* 1 when the libddl handle behind `handle_object` (an int) has finished, 0 when not, -1 on an error. */
@@ -440,6 +575,12 @@ static PyMethodDef methods[] = {
     {"allreduce_tensor", (PyCFunction)(void (*)(void))allreduce_tensor, METH_FASTCALL,
      "allreduce_tensor(tensor, output, average, name, op, prescale, postscale, process_set) -> handle or None"},
     {"finish_tensor", finish_tensor, METH_O, "finish_tensor(handle) -> output, or None: synchronize() of allreduce_tensor's ops"},
+    {"allreduce_async_", (PyCFunction)(void (*)(void))allreduce_async_inplace, METH_FASTCALL | METH_KEYWORDS,
+     "allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0, "
+     "process_set=global_process_set)\n\nStarts an in-place allreduce of `tensor`; returns a handle for poll()/synchronize()."},
+    {"synchronize", synchronize, METH_O, "synchronize(handle)\n\nWaits for the operation behind `handle` and returns its output."},
+    {"bind_entries", (PyCFunction)(void (*)(void))bind_entries, METH_FASTCALL,
+     "bind_entries(allreduce_async_, synchronize, raise_for): the face's Python functions for all but the common case"},
     {"poll", (PyCFunction)(void (*)(void))poll, METH_FASTCALL,
      "poll(handle_map, number) -> True, False, or None for no record: the record's handles tested under the GIL"},
     {NULL, NULL, 0, NULL},
@@ -459,6 +600,10 @@ static int intern_names(void) {
 
 static int exec_module(PyObject* module) {
   if (intern_names() < 0) return -1;
+  static const char* parameters[kParameters] = {"tensor", "average", "name", "op", "prescale_factor", "postscale_factor", "process_set"};
+  for (int i = 0; i < kParameters; ++i)
+    if (s_parameters[i] == NULL && (s_parameters[i] = PyUnicode_InternFromString(parameters[i])) == NULL) return -1;
+  if (general.one == NULL && (general.one = PyFloat_FromDouble(1.0)) == NULL) return -1;
   refused = PyErr_NewException("ddl._fastpath.Refused", NULL, NULL);
   if (refused == NULL) return -1;
   Py_INCREF(refused);

@@ -127,9 +127,9 @@ def _():
     total = sum(range(1, N + 1))
     hvd.synchronize(hvd.allreduce_async_(torch.ones(7), name="shape.seen", op=hvd.Sum))  # the shape's options now exist
 
-    def async_(tensor, **kwargs):
-        """allreduce_async_(tensor, **kwargs) and whether it took the compiled path."""
-        handle = hvd.allreduce_async_(tensor, **kwargs)
+    def async_(*args, **kwargs):
+        """allreduce_async_(*args, **kwargs) and whether it took the compiled path."""
+        handle = hvd.allreduce_async_(*args, **kwargs)
         return handle, type(mpi_ops._handle_map[handle]) is tuple
 
     t = torch.full((7,), float(R + 1))
@@ -175,6 +175,17 @@ def _():
             assert not compiled and torch.equal(hvd.synchronize(h), torch.full((7,), float(N)))
         else:
             expect_error(ValueError, hvd.allreduce_async_, odd, name="general.dtype")
+    # Arguments bind as a Python function's would, positional or by keyword, whichever path runs.
+    y = torch.full((7,), float(R + 1))
+    h, compiled = async_(y, None, "bind.positional", hvd.Sum, 1.0, 1.0, hvd.global_process_set)
+    assert compiled == fastpath.compiled and torch.equal(hvd.synchronize(h), torch.full((7,), float(total)))
+    h, compiled = async_(tensor=y, process_set=hvd.global_process_set, op=hvd.Sum, name="bind.keywords")
+    assert compiled == fastpath.compiled and torch.equal(hvd.synchronize(h), torch.full((7,), float(total * N)))
+    for args, kwargs in [((), {}), ((y,), {"nmae": "bind.typo"}), ((y, None), {"average": None, "name": "bind.twice"}),
+                         ((y, None, "bind.many", hvd.Sum, 1.0, 1.0, hvd.global_process_set, None), {})]:
+        e = expect_error(TypeError, hvd.allreduce_async_, *args, **kwargs)
+        assert "allreduce_async_" in str(e), e
+    expect_error(ValueError, hvd.synchronize, [])  # unhashable: no handle, on either path
     expect_error(NotImplementedError, hvd.allreduce_async_, torch.ones(7), name="general.adasum", op=hvd.Adasum)
     expect_error(ValueError, hvd.allreduce_async_, torch.ones(7), name="general.op", op=17)
     # An op that fails (shapes differ between ranks) raises at synchronize on every rank, on this path too.

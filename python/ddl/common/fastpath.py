@@ -8,6 +8,9 @@
     output = finish_tensor(handle)   # synchronize() of such a handle, or None for any other handle
     done = poll(handle_map, handle)  # True/False, None for no record: lookup and tests as one step
 
+    allreduce_async_, synchronize = tensor_entries(allreduce_async_, synchronize, raise_for)
+                                     # the face's own two, compiled around its Python ones (tensor_entries)
+
 `allreduce` raises Refused(status) when libddl refuses the op (ddl_last_error() says why). Handles are
 ints, which the ctypes prototypes of ddl_wait and ddl_test take as well.
 
@@ -102,3 +105,15 @@ def bind_tensor_path(dtypes, ops, world_options, world_set, taken, handle_map, h
         return _not_common, _not_common
     _compiled.bind_tensor_path(dtypes, ops, world_options, world_set, taken, handle_map, handle_numbers)
     return _compiled.allreduce_tensor, _compiled.finish_tensor
+
+
+def tensor_entries(allreduce_async_, synchronize, raise_for):
+    """The face's allreduce_async_ and synchronize: compiled functions that take the common case
+    (allreduce_tensor's, finish_tensor's) themselves and call the given Python functions, with the
+    arguments as given, for everything else; or the given functions themselves where the module is
+    not compiled. raise_for(status) raises the face's exception for an op that failed. Bind the
+    tensor path first."""
+    if not compiled:
+        return allreduce_async_, synchronize
+    _compiled.bind_entries(allreduce_async_, synchronize, raise_for)
+    return _compiled.allreduce_async_, _compiled.synchronize

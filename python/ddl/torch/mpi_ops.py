@@ -167,15 +167,8 @@ def poll(handle):
 
 def synchronize(handle):
     """Waits for the operation behind `handle` and returns its output."""
-    failed = None
-    try:
-        output = _finish_tensor(handle)  # an op of the compiled tensor path (allreduce_async_ of a gradient)
-        if output is not None:
-            return output
-    except _fast.Refused as refused:
-        failed = refused.args[0]  # raised below, outside this handler: the Refused is no part of the story
-    if failed is not None:
-        L.raise_for(failed)
+    # Where ddl/_fastpath is compiled, synchronize is its function, which finishes the ops of the
+    # compiled tensor path itself and calls this for every other handle (see the end of this file).
     with _fast.registry_lock:
         pending = _handle_map.pop(handle, None)
     if pending is None:
@@ -332,7 +325,7 @@ def _allreduce_one_async(tensor, output, name, op, prescale, postscale, process_
 
 # A whole allreduce_async(_) in one compiled call where it is the common case (a named, contiguous host
 # tensor in the world's set, no scaling: every gradient of a DistributedOptimizer step); None otherwise.
-_allreduce_tensor, _finish_tensor = _fast.bind_tensor_path(_DTYPES, {None: L.AVERAGE, **_REDUCE}, _host.world_plain_addresses,
+_allreduce_tensor, _ = _fast.bind_tensor_path(_DTYPES, {None: L.AVERAGE, **_REDUCE}, _host.world_plain_addresses,
                                            global_process_set, _names.taken_in(global_process_set.process_set_id),
                                            _handle_map, _handle_numbers)
 
@@ -351,11 +344,15 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                      process_set=global_process_set):
     """Starts an in-place allreduce of `tensor`; returns a handle."""
-    handle = _allreduce_tensor(tensor, tensor, average, name, op, prescale_factor, postscale_factor, process_set)
-    if handle is not None:
-        return handle
+    # Where ddl/_fastpath is compiled, allreduce_async_ is its function, which takes the compiled
+    # tensor path's case itself and calls this for every other (see the end of this file).
     op = _reduce_op(op, average)
     return _allreduce_one_async(tensor, tensor, name, op, prescale_factor, postscale_factor, process_set)
+
+
+# A gradient's allreduce_async_ and its synchronize, each one compiled call without a Python frame
+# around it (issue 21), where ddl/_fastpath is built; the Python functions above otherwise.
+allreduce_async_, synchronize = _fast.tensor_entries(allreduce_async_, synchronize, L.raise_for)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
