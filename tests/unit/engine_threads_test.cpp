@@ -992,6 +992,39 @@ TEST_SUITE("engine_threads") {
     });
   }
 
+  TEST_CASE("an op queued under a name that a blocking op of another thread puts in flight meanwhile is refused; the rest run") {
+    for_each_world(callers_only(), [](RankContext& ctx) {
+      blocking_steps(ctx, "dup", 1);  // every rank can now propose "dup" by its cache id
+      std::vector<float> a(5), b(5, 1.0f), other(1, static_cast<float>(ctx.rank + 1));
+      for (size_t j = 0; j < a.size(); ++j) a[j] = input(ctx.rank, 0, j);
+      std::shared_ptr<OpState> queued, others;
+      Outcome proposed;
+      if (ctx.rank == 0) {
+        // Thread `proposer` proposes "dup" and waits in that round for the other ranks; meanwhile this
+        // thread queues its own "dup", which is in neither table yet. The others come with an op in
+        // flight, so the proposal does not run and "dup" goes in flight: the queued one must be refused.
+        std::thread proposer([&] { proposed = run_op(ctx, "dup", allreduce_spec(DDL_FLOAT32, a.size()), a.data(), a.data()); });
+        std::this_thread::sleep_for(50ms);
+        queued = ctx.engine->submit("dup", allreduce_spec(DDL_FLOAT32, b.size()), b.data(), b.data());
+        Outcome refused = outcome(queued);
+        CHECK(refused.status == DDL_ERROR_INVALID_ARGUMENT);
+        CHECK_MESSAGE(refused.message.find("already in flight") != std::string::npos, refused.message);
+        ctx.sync();  // the other ranks submit their "dup" only now: until then the proposer's stays in flight
+        others = ctx.engine->submit("others", allreduce_spec(DDL_FLOAT32, 1), other.data(), other.data());
+        proposer.join();
+      } else {
+        std::this_thread::sleep_for(250ms);
+        others = ctx.engine->submit("others", allreduce_spec(DDL_FLOAT32, 1), other.data(), other.data());
+        ctx.sync();
+        proposed = run_op(ctx, "dup", allreduce_spec(DDL_FLOAT32, a.size()), a.data(), a.data());
+      }
+      CHECK_MESSAGE(proposed.status == DDL_SUCCESS, proposed.message);
+      for (size_t j = 0; j < a.size(); ++j) CHECK(a[j] == expected_sum(ctx.size, 0, j));
+      succeeded(others, "others");
+      CHECK(other[0] == static_cast<float>(ctx.size * (ctx.size + 1) / 2));
+    });
+  }
+
   TEST_CASE("the fast path: a rank whose transport breaks poisons every rank's blocking ops") {
     WorldOptions options = callers_only();
     options.transport_timeout = 1500ms;

@@ -101,6 +101,13 @@ std::shared_ptr<OpState> Engine::enqueue(PendingOp op) {
   return state;
 }
 
+// A spare node keeps its last op's name and vectors until it is filled again: only small ones are kept
+// (a gradient's), not an alltoallv's counts for a thousand ranks.
+bool Engine::worth_keeping(const PendingOp& op) {
+  const size_t elements = op.spec.counts.capacity() + op.spec.shape.capacity() + op.send_counts.capacity() + op.recv_counts.capacity();
+  return elements <= 64 && op.name.capacity() <= 256;
+}
+
 void Engine::add_to_inbox(PendingOp op) {
   if (spare_nodes_.empty()) {
     std::string name = op.name;
@@ -120,10 +127,12 @@ std::string Engine::next_unnamed_name() { return unnamed_name(unnamed_counter_++
 std::optional<std::pair<ddl_status, std::string>> Engine::refusal_of(const std::string& name) const {
   if (broken_) return std::pair{broken_status_, broken_message_};
   if (finalize_requested_) return std::pair{DDL_ERROR_NOT_INITIALIZED, fmt::format("op '{}' submitted after ddl_finalize", name)};
-  if (in_flight_.count(name) || inbox_.count(name))
-    return std::pair{DDL_ERROR_INVALID_ARGUMENT,
-                     fmt::format("op '{}' is already in flight on rank {}: names must be unique until the op finishes", name, rank_)};
+  if (in_flight_.count(name) || inbox_.count(name)) return std::pair{DDL_ERROR_INVALID_ARGUMENT, in_flight_message(name)};
   return std::nullopt;
+}
+
+std::string Engine::in_flight_message(const std::string& name) const {
+  return fmt::format("op '{}' is already in flight on rank {}: names must be unique until the op finishes", name, rank_);
 }
 
 void Engine::finalize() {
@@ -226,12 +235,19 @@ bool Engine::round() {
   {
     std::lock_guard lock(mutex_);
     for (PendingOp* op : inbox_order_) {
+      OpTable::node_type node = inbox_.extract(op->name);
+      // A blocking op of another thread can take the name after this op was queued: run() proposes
+      // its op outside both tables and puts it in flight only when the proposal does not run.
+      if (in_flight_.count(op->name)) {
+        op->state->complete(DDL_ERROR_INVALID_ARGUMENT, in_flight_message(op->name));
+        continue;
+      }
       if (op->spec.kind == OpKind::Join) joined_ = true;
       if (auto id = negotiator_.cached_id(op->name, op->spec))
         mine.cached.push_back(*id);
       else
         mine.submitted.emplace_back(op->name, op->spec);
-      in_flight_.insert(inbox_.extract(op->name));  // a name is in one table at most (refusal_of)
+      in_flight_.insert(std::move(node));
     }
     // in_flight_ changes only here, in run() and in finish(), all under the lock; the thread running
     // rounds reads it freely.
@@ -800,7 +816,7 @@ void Engine::finish(const std::vector<PendingOp*>& ops, ddl_status status, const
       states.push_back(std::move(op->state));
       if (auto it = in_flight_.find(op->name); it != in_flight_.end()) {  // `op` is gone after this
         OpTable::node_type node = in_flight_.extract(it);
-        if (spare_nodes_.size() < kSpareNodes) spare_nodes_.push_back(std::move(node));
+        if (spare_nodes_.size() < kSpareNodes && worth_keeping(node.mapped())) spare_nodes_.push_back(std::move(node));
       }
     }
   }

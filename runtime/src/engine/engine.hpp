@@ -169,7 +169,9 @@ class Engine {
   // zeros for a reduction, nothing for a gather.
   PendingOp& stand_in_for(const ReadyOp& ready);
   std::shared_ptr<OpState> enqueue(PendingOp op);
-  void add_to_inbox(PendingOp op);  // mutex_ held; the name is not in use (refusal_of)
+  void add_to_inbox(PendingOp op);                 // mutex_ held; the name is not in use (refusal_of)
+  static bool worth_keeping(const PendingOp& op);  // whether a finished op's node goes to spare_nodes_
+  std::string in_flight_message(const std::string& name) const;
   void enqueue_gpu_ops(const std::vector<PendingOp*>& ops);
   void poll_gpu_ops();
   void finish(PendingOp& op, ddl_status status, const std::string& message = {});
