@@ -134,7 +134,7 @@ static struct {
  * would otherwise grow it without end; past this, new names are made per op. */
 #define FULL_NAMES_KEPT 65536
 
-static PyObject *s_dtype, *s_is_cpu, *s_is_contiguous, *s_shape, *s_data_ptr, *s_allreduce_prefix, *s_c_handles;
+static PyObject *s_handle, *s_dtype, *s_is_cpu, *s_is_contiguous, *s_shape, *s_data_ptr, *s_allreduce_prefix, *s_c_handles;
 
 /* bind_tensor_path(dtypes, ops, world_options, world_set, taken, handle_map, handle_numbers) */
 static PyObject* bind_tensor_path(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
@@ -477,14 +477,19 @@ static PyObject* allreduce_async_inplace(PyObject* self, PyObject* const* args, 
 }
 
 /* synchronize(handle) -> the op's output */
-static PyObject* synchronize(PyObject* self, PyObject* number) {
+static PyObject* synchronize(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   (void)self;
   if (general.synchronize == NULL) {
     PyErr_SetString(PyExc_RuntimeError, "ddl._fastpath: bind_entries() was not called");
     return NULL;
   }
-  PyObject* record = tensor_record(number);
-  if (record == NULL) return PyObject_CallFunctionObjArgs(general.synchronize, number, NULL);
+  /* synchronize(h) or synchronize(handle=h); anything else goes as given, and the general path says what is wrong. */
+  Py_ssize_t keywords = kwnames == NULL ? 0 : PyTuple_Size(kwnames);
+  int bound = nargs + keywords == 1 && (keywords == 0 || PyUnicode_Compare(PyTuple_GetItem(kwnames, 0), s_handle) == 0);
+  if (PyErr_Occurred()) PyErr_Clear();
+  PyObject* number = bound ? args[0] : NULL;
+  PyObject* record = number == NULL ? NULL : tensor_record(number);
+  if (record == NULL) return call_with(general.synchronize, args, nargs, kwnames);
   ddl_status status = DDL_SUCCESS;
   PyObject* output = finish_record(number, record, &status);
   if (output != NULL || PyErr_Occurred()) return output;
@@ -575,10 +580,12 @@ static PyMethodDef methods[] = {
     {"allreduce_tensor", (PyCFunction)(void (*)(void))allreduce_tensor, METH_FASTCALL,
      "allreduce_tensor(tensor, output, average, name, op, prescale, postscale, process_set) -> handle or None"},
     {"finish_tensor", finish_tensor, METH_O, "finish_tensor(handle) -> output, or None: synchronize() of allreduce_tensor's ops"},
+    /* No text signature for inspect: its defaults may only be constants, and process_set's is an object. */
     {"allreduce_async_", (PyCFunction)(void (*)(void))allreduce_async_inplace, METH_FASTCALL | METH_KEYWORDS,
      "allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0, "
      "process_set=global_process_set)\n\nStarts an in-place allreduce of `tensor`; returns a handle for poll()/synchronize()."},
-    {"synchronize", synchronize, METH_O, "synchronize(handle)\n\nWaits for the operation behind `handle` and returns its output."},
+    {"synchronize", (PyCFunction)(void (*)(void))synchronize, METH_FASTCALL | METH_KEYWORDS,
+     "synchronize($module, /, handle)\n--\n\nWaits for the operation behind `handle` and returns its output."},
     {"bind_entries", (PyCFunction)(void (*)(void))bind_entries, METH_FASTCALL,
      "bind_entries(allreduce_async_, synchronize, raise_for): the face's Python functions for all but the common case"},
     {"poll", (PyCFunction)(void (*)(void))poll, METH_FASTCALL,
@@ -590,8 +597,13 @@ static int intern_names(void) {
   struct {
     PyObject** slot;
     const char* text;
-  } names[] = {{&s_dtype, "dtype"},        {&s_is_cpu, "is_cpu"},     {&s_is_contiguous, "is_contiguous"},
-               {&s_shape, "shape"},        {&s_data_ptr, "data_ptr"}, {&s_allreduce_prefix, "allreduce."},
+  } names[] = {{&s_handle, "handle"},
+               {&s_dtype, "dtype"},
+               {&s_is_cpu, "is_cpu"},
+               {&s_is_contiguous, "is_contiguous"},
+               {&s_shape, "shape"},
+               {&s_data_ptr, "data_ptr"},
+               {&s_allreduce_prefix, "allreduce."},
                {&s_c_handles, "c_handles"}};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i)
     if (*names[i].slot == NULL && (*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL) return -1;

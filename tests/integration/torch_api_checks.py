@@ -185,7 +185,19 @@ def _():
                          ((y, None, "bind.many", hvd.Sum, 1.0, 1.0, hvd.global_process_set, None), {})]:
         e = expect_error(TypeError, hvd.allreduce_async_, *args, **kwargs)
         assert "allreduce_async_" in str(e), e
-    expect_error(ValueError, hvd.synchronize, [])  # unhashable: no handle, on either path
+    for by_keyword in (False, True):  # synchronize(handle=h) is Horovod's too, on every kind of handle
+        h = hvd.allreduce_async_(torch.full((7,), float(R + 1)), name="bind.sync", op=hvd.Sum)
+        h2 = hvd.allreduce_async(torch.full((7,), float(R + 1)), name="bind.sync.copy", op=hvd.Sum)
+        for handle in (h, h2):
+            out = hvd.synchronize(handle=handle) if by_keyword else hvd.synchronize(handle)
+            assert torch.equal(out, torch.full((7,), float(total))), (by_keyword, out)
+    for args, kwargs in [((), {}), ((1, 2), {}), ((), {"hdl": 1})]:
+        e = expect_error(TypeError, hvd.synchronize, *args, **kwargs)
+        assert "synchronize" in str(e), e
+    # The Python synchronize finishes the compiled call's records as well, should one reach it.
+    h = hvd.allreduce_async_(torch.full((7,), float(R + 1)), name="bind.general", op=hvd.Sum)
+    assert torch.equal(mpi_ops._synchronize_general(h), torch.full((7,), float(total)))
+    assert "allreduce.bind.general" not in mpi_ops._names.taken_in(hvd.global_process_set.process_set_id)
     expect_error(NotImplementedError, hvd.allreduce_async_, torch.ones(7), name="general.adasum", op=hvd.Adasum)
     expect_error(ValueError, hvd.allreduce_async_, torch.ones(7), name="general.op", op=17)
     # An op that fails (shapes differ between ranks) raises at synchronize on every rank, on this path too.

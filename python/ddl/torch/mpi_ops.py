@@ -173,6 +173,12 @@ def synchronize(handle):
         pending = _handle_map.pop(handle, None)
     if pending is None:
         raise ValueError(f"handle {handle} was not returned by an async op, or was already synchronized")
+    if type(pending) is tuple:  # the compiled tensor path's record: (c handle, output, input, full name)
+        status = _fast.wait(pending[0])
+        _names.release(global_process_set.process_set_id, pending[3])
+        if status != L.SUCCESS:
+            L.raise_for(status)
+        return pending[1]
     if pending.collect is None and len(pending.c_handles) == 1:  # one op, as each gradient's: the short way
         status = _fast.wait(pending.c_handles[0])
         _release_claims(pending.claims)
@@ -352,6 +358,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
 
 # A gradient's allreduce_async_ and its synchronize, each one compiled call without a Python frame
 # around it (issue 21), where ddl/_fastpath is built; the Python functions above otherwise.
+_synchronize_general = synchronize  # the Python one, which also finishes the compiled path's records
 allreduce_async_, synchronize = _fast.tensor_entries(allreduce_async_, synchronize, L.raise_for)
 
 
