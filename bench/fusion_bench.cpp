@@ -5,7 +5,9 @@
 //   DDL_FUSION_THRESHOLD=0 ddl run -np 2 -- build/bench/ddl_fusion_bench # every tensor alone
 //
 // A step: ddl_allreduce_async of --tensors float32 tensors of --floats elements each (in place, sum,
-// tensor t named "grad.<t>"), then ddl_wait on every handle. --warmup steps, then --steps timed
+// tensor t named "grad.<t>"), then ddl_wait on every handle. With --as-ddl-torch each op is what
+// ddl.torch submits for a gradient: named "allreduce.grad.<t>" (Horovod's names, past std::string's
+// inline room) and with its shape, through ddl_allreduce_ex. --warmup steps, then --steps timed
 // steps, each timed on every rank from its first submit to its last wait (one barrier precedes
 // the timed loop, none separates the steps). Reported: step time in ms, the mean over the timed steps (max over ranks), and the
 // fastest step (max over ranks of each rank's fastest). #wrong: after the timed steps every tensor
@@ -33,18 +35,24 @@ void check(ddl_status status, const char* what) {
 }
 
 void usage() {
-  std::fprintf(stderr, "usage: ddl run -np N -- ddl_fusion_bench [--tensors 1000] [--floats 1024] [--warmup 3] [--steps 20]\n");
+  std::fprintf(stderr,
+               "usage: ddl run -np N -- ddl_fusion_bench [--tensors 1000] [--floats 1024] [--warmup 3] [--steps 20] [--as-ddl-torch]\n");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   int tensors = 1000, floats = 1024, warmup = 3, steps = 20;
+  bool as_ddl_torch = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "-h" || a == "--help") {
       usage();
       return 0;
+    }
+    if (a == "--as-ddl-torch") {
+      as_ddl_torch = true;
+      continue;
     }
     if (i + 1 >= argc) {
       usage();
@@ -77,7 +85,11 @@ int main(int argc, char** argv) {
   std::vector<std::vector<float>> grads(tensors, std::vector<float>(floats));
   std::vector<std::string> names;
   names.reserve(tensors);
-  for (int t = 0; t < tensors; ++t) names.push_back("grad." + std::to_string(t));
+  for (int t = 0; t < tensors; ++t) names.push_back((as_ddl_torch ? "allreduce.grad." : "grad.") + std::to_string(t));
+  const long long shape[1] = {floats};
+  ddl_op_options options = DDL_OP_OPTIONS_INIT;
+  options.shape = shape;
+  options.ndim = 1;
   auto fill = [&] {
     for (int t = 0; t < tensors; ++t)
       for (int j = 0; j < floats; ++j) grads[t][j] = static_cast<float>(rank + 1 + (t + j) % 8);
@@ -85,16 +97,18 @@ int main(int argc, char** argv) {
   std::vector<ddl_handle> handles(tensors);
   auto step = [&] {
     for (int t = 0; t < tensors; ++t)
-      check(ddl_allreduce_async(names[t].c_str(), grads[t].data(), grads[t].data(), floats, DDL_FLOAT32, DDL_SUM, &handles[t]),
-            "ddl_allreduce_async");
+      check(ddl_allreduce_ex(names[t].c_str(), grads[t].data(), grads[t].data(), floats, DDL_FLOAT32, DDL_SUM,
+                             as_ddl_torch ? &options : nullptr, &handles[t]),
+            "ddl_allreduce_ex");
     for (int t = 0; t < tensors; ++t) check(ddl_wait(handles[t]), "ddl_wait");
   };
 
   const char* threshold = std::getenv("DDL_FUSION_THRESHOLD");
   const char* cycle = std::getenv("DDL_CYCLE_TIME_MS");
   if (rank == 0) {
-    std::printf("# impl libddl, ranks %d, %d tensors x %d float32, DDL_FUSION_THRESHOLD=%s, DDL_CYCLE_TIME_MS=%s, warmup %d\n", size,
-                tensors, floats, threshold && *threshold ? threshold : "(default 64 MiB)", cycle && *cycle ? cycle : "(default 1)", warmup);
+    std::printf("# impl libddl, ranks %d, %d tensors x %d float32, DDL_FUSION_THRESHOLD=%s, DDL_CYCLE_TIME_MS=%s, warmup %d%s\n", size,
+                tensors, floats, threshold && *threshold ? threshold : "(default 64 MiB)", cycle && *cycle ? cycle : "(default 1)", warmup,
+                as_ddl_torch ? ", ops as ddl.torch submits them (long names, shapes)" : "");
     std::printf("# %9s %9s %6s %12s %12s %8s\n", "tensors", "floats", "steps", "step(ms)", "min(ms)", "#wrong");
     std::fflush(stdout);
   }

@@ -7,6 +7,8 @@ Each run starts, under `ddl run --no-prefix -np N`:
 
   c-blocking   build/bench/ddl_allreduce_bench -b 4 -e 4: blocking ddl_allreduce of one float32, µs/call
   c-fused      build/bench/ddl_fusion_bench: a step of 1000 ddl_allreduce_async of 4 KiB, then ddl_wait each
+  c-as-torch   the same with --as-ddl-torch: each op as ddl.torch submits it (named "allreduce.grad.N", with
+               its shape), so that python / c-as-torch is what the Python layer adds to the very same ops
   python       this file with --worker: the same two through ddl.torch (hvd.allreduce_ of one float,
                and 1000 hvd.allreduce_async_ of 4 KiB plus hvd.synchronize of each), and, on rank 0,
                where a call's time goes (--breakdown: each piece of the Python path timed alone)
@@ -133,9 +135,10 @@ def c_blocking(a):
     return float(row.split()[3])
 
 
-def c_fused(a):
+def c_fused(a, as_ddl_torch=False):
     out = run([a.ddl, "run", "--no-prefix", "-np", str(a.np), "--", os.path.join(a.build, "bench", "ddl_fusion_bench"),
-               "--tensors", str(a.tensors), "--floats", str(a.floats), "--steps", str(a.steps)])
+               "--tensors", str(a.tensors), "--floats", str(a.floats), "--steps", str(a.steps)]
+              + (["--as-ddl-torch"] if as_ddl_torch else []))
     row = next(line for line in out.splitlines() if re.match(rf"\s+{a.tensors}\s", line))
     return float(row.split()[3]), float(row.split()[4])
 
@@ -171,18 +174,20 @@ def main():
         return worker(a)
 
     has_compiled = glob.glob(os.path.join(a.build, "python", "ddl", "_fastpath*.so"))
-    runs = {"c_blocking": [], "c_step": [], "py_blocking": [], "py_step": []}
+    runs = {"c_blocking": [], "c_step": [], "c_step_as_torch": [], "py_blocking": [], "py_step": []}
     if has_compiled:
         runs.update(ctypes_blocking=[], ctypes_step=[])
     pieces = None
     for i in range(a.repeat):
         runs["c_blocking"].append(c_blocking(a))
         runs["c_step"].append(c_fused(a)[0])
+        runs["c_step_as_torch"].append(c_fused(a, as_ddl_torch=True)[0])
         py = python(a, breakdown=(i == 0))
         runs["py_blocking"].append(py["blocking_us"])
         runs["py_step"].append(py["step_ms"])
         pieces = pieces or py.get("breakdown")
-        line = (f"# run {i + 1}/{a.repeat}: C {runs['c_blocking'][-1]:.2f} us, {runs['c_step'][-1]:.3f} ms; "
+        line = (f"# run {i + 1}/{a.repeat}: C {runs['c_blocking'][-1]:.2f} us, {runs['c_step'][-1]:.3f} ms "
+                f"({runs['c_step_as_torch'][-1]:.3f} ms as ddl.torch's ops); "
                 f"python {runs['py_blocking'][-1]:.2f} us, {runs['py_step'][-1]:.3f} ms")
         if has_compiled:
             py = python(a, breakdown=False, compiled=False)
@@ -200,6 +205,8 @@ def main():
     print(f"step of {a.tensors} x {a.floats * 4 // 1024} KiB async + wait, ms (median step):  "
           f"C API {best['c_step']:.3f} (x{spread['c_step']:.2f})  ddl.torch {best['py_step']:.3f} "
           f"(x{spread['py_step']:.2f})  python / C: {best['py_step'] / best['c_step']:.2f} (target <= 2)")
+    print(f"the C step with ddl.torch's very ops (names 'allreduce.grad.N', shapes): {best['c_step_as_torch']:.3f} ms "
+          f"(x{spread['c_step_as_torch']:.2f}); python / that: {best['py_step'] / best['c_step_as_torch']:.2f}")
     if has_compiled:
         print(f"the same through ctypes only (DDL_PYTHON_FASTPATH=0): {best['ctypes_blocking']:.2f} us "
               f"(x{spread['ctypes_blocking']:.2f}), step {best['ctypes_step']:.3f} ms (x{spread['ctypes_step']:.2f}), "
@@ -207,7 +214,8 @@ def main():
     else:
         print("(ddl's compiled per-op path is not in this build: the python figures are ctypes')")
     if pieces:
-        print("\nwhere a call's time goes (rank 0, each piece alone, us per call):")
+        print("\nthe general (Python) path's pieces, each alone (rank 0, us per call; a gradient's op takes the\n"
+              "compiled path where ddl/_fastpath is built, the others and every op through ctypes take these):")
         for name, us in pieces.items():
             print(f"  {us:7.3f}  {name}")
     if a.json:
