@@ -125,8 +125,17 @@ class Probe final : public Collectives {
   // round's announcement; returns false if it never got there. Ops submitted until resume() are
   // all in the announcement after it.
   bool pause() {
-    std::unique_lock lock(mutex_);
+    hold();
+    return wait_parked();
+  }
+  // pause() in two halves: whichever round runs next (the engine thread's, or a caller's proposal)
+  // parks once it has built its announcement, and wait_parked() says when one has.
+  void hold() {
+    std::lock_guard lock(mutex_);
     hold_ = true;
+  }
+  bool wait_parked() {
+    std::unique_lock lock(mutex_);
     return cv_.wait_for(lock, 20s, [&] { return parked_; });
   }
   void resume() {
@@ -992,36 +1001,38 @@ TEST_SUITE("engine_threads") {
     });
   }
 
-  TEST_CASE("an op queued under a name that a blocking op of another thread puts in flight meanwhile is refused; the rest run") {
+  TEST_CASE("an op submitted under the name of a blocking op that another thread is proposing is refused at once; the rest run") {
     for_each_world(callers_only(), [](RankContext& ctx) {
       blocking_steps(ctx, "dup", 1);  // every rank can now propose "dup" by its cache id
       std::vector<float> a(5), b(5, 1.0f), other(1, static_cast<float>(ctx.rank + 1));
       for (size_t j = 0; j < a.size(); ++j) a[j] = input(ctx.rank, 0, j);
-      std::shared_ptr<OpState> queued, others;
+      std::shared_ptr<OpState> others;
       Outcome proposed;
       if (ctx.rank == 0) {
-        // Thread `proposer` proposes "dup" and waits in that round for the other ranks; meanwhile this
-        // thread queues its own "dup", which is in neither table yet. The others come with an op in
-        // flight, so the proposal does not run and "dup" goes in flight: the queued one must be refused.
+        // Thread `proposer` proposes "dup" and is parked in that round, its op in neither the inbox
+        // nor in flight: another "dup" must be refused in the submitting call all the same (it was
+        // queued, then announced twice or left waiting for a second "dup" of the other ranks).
+        ctx.probe.hold();
         std::thread proposer([&] { proposed = run_op(ctx, "dup", allreduce_spec(DDL_FLOAT32, a.size()), a.data(), a.data()); });
-        std::this_thread::sleep_for(50ms);
-        queued = ctx.engine->submit("dup", allreduce_spec(DDL_FLOAT32, b.size()), b.data(), b.data());
+        const auto join = std::shared_ptr<void>(nullptr, [&](void*) { proposer.join(); });  // even when a check throws
+        REQUIRE(ctx.probe.wait_parked());
+        std::shared_ptr<OpState> queued = ctx.engine->submit("dup", allreduce_spec(DDL_FLOAT32, b.size()), b.data(), b.data());
+        ctx.probe.resume();
+        CHECK(queued->refused());
         Outcome refused = outcome(queued);
         CHECK(refused.status == DDL_ERROR_INVALID_ARGUMENT);
         CHECK_MESSAGE(refused.message.find("already in flight") != std::string::npos, refused.message);
-        ctx.sync();  // the other ranks submit their "dup" only now: until then the proposer's stays in flight
-        others = ctx.engine->submit("others", allreduce_spec(DDL_FLOAT32, 1), other.data(), other.data());
-        proposer.join();
-      } else {
-        std::this_thread::sleep_for(250ms);
-        others = ctx.engine->submit("others", allreduce_spec(DDL_FLOAT32, 1), other.data(), other.data());
         ctx.sync();
+        others = ctx.engine->submit("others", allreduce_spec(DDL_FLOAT32, 1), other.data(), other.data());
+      } else {
+        ctx.sync();  // the other ranks come with an op in flight: the proposal does not run, "dup" goes in flight
+        others = ctx.engine->submit("others", allreduce_spec(DDL_FLOAT32, 1), other.data(), other.data());
         proposed = run_op(ctx, "dup", allreduce_spec(DDL_FLOAT32, a.size()), a.data(), a.data());
       }
-      CHECK_MESSAGE(proposed.status == DDL_SUCCESS, proposed.message);
-      for (size_t j = 0; j < a.size(); ++j) CHECK(a[j] == expected_sum(ctx.size, 0, j));
       succeeded(others, "others");
       CHECK(other[0] == static_cast<float>(ctx.size * (ctx.size + 1) / 2));
+      CHECK_MESSAGE(proposed.status == DDL_SUCCESS, proposed.message);  // rank 0's proposer has been joined
+      for (size_t j = 0; j < a.size(); ++j) CHECK(a[j] == expected_sum(ctx.size, 0, j));
     });
   }
 

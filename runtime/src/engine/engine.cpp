@@ -127,8 +127,17 @@ std::string Engine::next_unnamed_name() { return unnamed_name(unnamed_counter_++
 std::optional<std::pair<ddl_status, std::string>> Engine::refusal_of(const std::string& name) const {
   if (broken_) return std::pair{broken_status_, broken_message_};
   if (finalize_requested_) return std::pair{DDL_ERROR_NOT_INITIALIZED, fmt::format("op '{}' submitted after ddl_finalize", name)};
-  if (in_flight_.count(name) || inbox_.count(name)) return std::pair{DDL_ERROR_INVALID_ARGUMENT, in_flight_message(name)};
+  if (in_flight_.count(name) || inbox_.count(name) || is_proposed(name))
+    return std::pair{DDL_ERROR_INVALID_ARGUMENT, in_flight_message(name)};
   return std::nullopt;
+}
+
+bool Engine::is_proposed(const std::string& name) const {
+  if (!proposing_) return false;
+  if (!proposing_->unnamed_index) return name == *proposing_->name;
+  // "unnamed.N" without making the string (a caller may pass that name explicitly)
+  constexpr std::string_view prefix = "unnamed.";
+  return name.starts_with(prefix) && name.compare(prefix.size(), std::string::npos, std::to_string(*proposing_->unnamed_index)) == 0;
 }
 
 std::string Engine::in_flight_message(const std::string& name) const {
@@ -235,10 +244,10 @@ bool Engine::round() {
   {
     std::lock_guard lock(mutex_);
     for (PendingOp* op : inbox_order_) {
-      OpTable::node_type node = inbox_.extract(op->name);
-      // A blocking op of another thread can take the name after this op was queued: run() proposes
-      // its op outside both tables and puts it in flight only when the proposal does not run.
-      if (in_flight_.count(op->name)) {
+      // refusal_of keeps a name in one place at a time (inbox, proposal or in flight), so this
+      // insert always takes the node; should it not, the op fails rather than vanish.
+      auto placed = in_flight_.insert(inbox_.extract(op->name));
+      if (!placed.inserted) {
         op->state->complete(DDL_ERROR_INVALID_ARGUMENT, in_flight_message(op->name));
         continue;
       }
@@ -247,7 +256,6 @@ bool Engine::round() {
         mine.cached.push_back(*id);
       else
         mine.submitted.emplace_back(op->name, op->spec);
-      in_flight_.insert(std::move(node));
     }
     // in_flight_ changes only here, in run() and in finish(), all under the lock; the thread running
     // rounds reads it freely.
@@ -322,10 +330,17 @@ ddl_status Engine::run(std::string name, OpSpec spec, const void* send, void* re
       }
       state = op.state = std::make_shared<OpState>();
       add_to_inbox(std::move(op));
+    } else {
+      proposing_ = Proposing{&op.name, offer.unnamed_index};  // its name is taken from now on (refusal_of)
     }
   }
   if (!offer.proposal.empty()) {
-    if (auto status = run_proposed(op, offer, message)) return *status;
+    std::optional<ddl_status> ran = run_proposed(op, offer, message);
+    {
+      std::lock_guard lock(mutex_);
+      proposing_.reset();  // done, or in flight now: in_flight_ holds the name
+    }
+    if (ran) return *ran;
     state = op.state;  // announced in that round like any op; the rounds below run it
   }
   while (!state->done() && !stopped_) {

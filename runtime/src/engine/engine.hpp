@@ -172,6 +172,14 @@ class Engine {
   void add_to_inbox(PendingOp op);                 // mutex_ held; the name is not in use (refusal_of)
   static bool worth_keeping(const PendingOp& op);  // whether a finished op's node goes to spare_nodes_
   std::string in_flight_message(const std::string& name) const;
+  // The op a caller of run() proposes (mutex_): outside inbox_ and in_flight_ while its proposal
+  // runs, so its name is checked here. unnamed_index: the op is "unnamed.N", named only if needed.
+  struct Proposing {
+    const std::string* name;
+    std::optional<uint64_t> unnamed_index;
+  };
+  std::optional<Proposing> proposing_;
+  bool is_proposed(const std::string& name) const;  // mutex_ held
   void enqueue_gpu_ops(const std::vector<PendingOp*>& ops);
   void poll_gpu_ops();
   void finish(PendingOp& op, ddl_status status, const std::string& message = {});
