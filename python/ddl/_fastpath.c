@@ -136,6 +136,16 @@ static struct {
 
 static PyObject *s_handle, *s_dtype, *s_is_cpu, *s_is_contiguous, *s_shape, *s_data_ptr, *s_allreduce_prefix, *s_c_handles;
 
+/* Each *slots[i] = values[i], holding a reference to the new value and dropping the old one's. */
+static void hold_all(PyObject** const* slots, PyObject* const* values, Py_ssize_t count) {
+  for (Py_ssize_t i = 0; i < count; ++i) {
+    PyObject* old = *slots[i];
+    Py_INCREF(values[i]);
+    *slots[i] = values[i];
+    Py_XDECREF(old);
+  }
+}
+
 /* bind_tensor_path(dtypes, ops, world_options, world_set, taken, handle_map, handle_numbers) */
 static PyObject* bind_tensor_path(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   (void)self;
@@ -150,12 +160,7 @@ static PyObject* bind_tensor_path(PyObject* self, PyObject* const* args, Py_ssiz
                         &tensor_path.taken,  &tensor_path.handle_map, &tensor_path.handle_numbers};
   PyObject* full_names = PyDict_New();
   if (full_names == NULL) return NULL;
-  for (Py_ssize_t i = 0; i < 7; ++i) {
-    PyObject* old = *slots[i];
-    Py_INCREF(args[i]);
-    *slots[i] = args[i];
-    Py_XDECREF(old);
-  }
+  hold_all(slots, args, 7);
   PyObject* old_names = tensor_path.full_names;
   tensor_path.full_names = full_names;
   Py_XDECREF(old_names);
@@ -381,21 +386,9 @@ static PyObject* finish_record(PyObject* number, PyObject* record, ddl_status* s
   return output;
 }
 
-/* finish_tensor(handle) -> output, or None where `handle` is no op of allreduce_tensor's (the caller
- * then looks for it itself). Waits for the op, forgets its handle, and returns its output; raises
- * Refused(status) when the op failed (ddl_last_error() says why). */
-static PyObject* finish_tensor(PyObject* self, PyObject* number) {
-  (void)self;
-  PyObject* record = tensor_record(number);
-  if (record == NULL) Py_RETURN_NONE;
-  ddl_status status = DDL_SUCCESS;
-  PyObject* output = finish_record(number, record, &status);
-  return output != NULL || PyErr_Occurred() ? output : raise_refused(status);
-}
-
 /* ---- allreduce_async_ and synchronize themselves (issue 21) ----
  *
- * A Python function around allreduce_tensor and finish_tensor costs a frame and its argument binding
+ * A Python function around allreduce_tensor and the finishing of its ops costs a frame and its argument binding
  * per op, a fifth of what is left of a gradient's path. So the face's allreduce_async_ and
  * synchronize are these two compiled functions: each takes the common case itself and hands every
  * other call, with its arguments as given, to the face's Python function of the same name (its
@@ -469,8 +462,8 @@ static PyObject* allreduce_async_inplace(PyObject* self, PyObject* const* args, 
                          given[kPrescale] ? given[kPrescale] : general.one,
                          given[kPostscale] ? given[kPostscale] : general.one,
                          given[kProcessSet] ? given[kProcessSet] : tensor_path.world_set};
-    PyObject* handle = call[7] == NULL ? Py_NewRef(Py_None) : allreduce_tensor(NULL, call, 8);
-    if (handle != Py_None) return handle; /* the op's handle, or NULL: out of memory */
+    PyObject* handle = allreduce_tensor(NULL, call, 8); /* None too where bind_tensor_path was not called */
+    if (handle != Py_None) return handle;               /* the op's handle, or NULL: out of memory */
     Py_DECREF(handle);
   }
   return call_with(general.allreduce_async_, args, nargs, kwnames);
@@ -511,12 +504,7 @@ static PyObject* bind_entries(PyObject* self, PyObject* const* args, Py_ssize_t 
     return NULL;
   }
   PyObject** slots[] = {&general.allreduce_async_, &general.synchronize, &general.raise_for};
-  for (Py_ssize_t i = 0; i < 3; ++i) {
-    PyObject* old = *slots[i];
-    Py_INCREF(args[i]);
-    *slots[i] = args[i];
-    Py_XDECREF(old);
-  }
+  hold_all(slots, args, 3);
   Py_RETURN_NONE;
 }
 
@@ -579,7 +567,6 @@ static PyMethodDef methods[] = {
      "bind_tensor_path(dtypes, ops, world_options, world_set, taken, handle_map, handle_numbers): what allreduce_tensor uses"},
     {"allreduce_tensor", (PyCFunction)(void (*)(void))allreduce_tensor, METH_FASTCALL,
      "allreduce_tensor(tensor, output, average, name, op, prescale, postscale, process_set) -> handle or None"},
-    {"finish_tensor", finish_tensor, METH_O, "finish_tensor(handle) -> output, or None: synchronize() of allreduce_tensor's ops"},
     /* No text signature for inspect: its defaults may only be constants, and process_set's is an object. */
     {"allreduce_async_", (PyCFunction)(void (*)(void))allreduce_async_inplace, METH_FASTCALL | METH_KEYWORDS,
      "allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0, "

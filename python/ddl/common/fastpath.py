@@ -5,7 +5,6 @@
 
     handle = allreduce_tensor(tensor, output, average, name, op, prescale, postscale, process_set)
                                  # a whole allreduce_async(_) of the common case, or None (bind_tensor_path)
-    output = finish_tensor(handle)   # synchronize() of such a handle, or None for any other handle
     done = poll(handle_map, handle)  # True/False, None for no record: lookup and tests as one step
 
     allreduce_async_, synchronize = tensor_entries(allreduce_async_, synchronize, raise_for)
@@ -93,8 +92,9 @@ def _not_common(*args):
 
 
 def bind_tensor_path(dtypes, ops, world_options, world_set, taken, handle_map, handle_numbers):
-    """(allreduce_tensor, finish_tensor) compiled and bound to a face's tables, or two functions that
-    always answer None (take the general path) where the module is not compiled.
+    """allreduce_tensor compiled and bound to a face's tables, or a function that always answers None
+    (take the general path) where the module is not compiled. The ops it starts are finished by the
+    compiled synchronize (tensor_entries).
 
     dtypes: the face's dtype -> ddl_dtype; ops: Horovod's op (None: the default) -> ddl_reduce_op;
     world_options: shape -> (address, object) of the world's plain options (host_ops.world_plain_addresses);
@@ -102,16 +102,16 @@ def bind_tensor_path(dtypes, ops, world_options, world_set, taken, handle_map, h
     handle_map, handle_numbers: the face's handle registry, where each op goes as (c handle, output,
     input, full name). One face binds it: ddl.torch."""
     if not compiled:
-        return _not_common, _not_common
+        return _not_common
     _compiled.bind_tensor_path(dtypes, ops, world_options, world_set, taken, handle_map, handle_numbers)
-    return _compiled.allreduce_tensor, _compiled.finish_tensor
+    return _compiled.allreduce_tensor
 
 
 def tensor_entries(allreduce_async_, synchronize, raise_for):
     """The face's allreduce_async_ and synchronize: compiled functions that take the common case
-    (allreduce_tensor's, finish_tensor's) themselves and call the given Python functions, with the
-    arguments as given, for everything else; or the given functions themselves where the module is
-    not compiled. raise_for(status) raises the face's exception for an op that failed. Bind the
+    (allreduce_tensor's, and the finishing of its ops) themselves and call the given Python
+    functions, with the arguments as given, for everything else; or the given functions themselves
+    where the module is not compiled. raise_for(status) raises the face's exception for an op that failed. Bind the
     tensor path first."""
     if not compiled:
         return allreduce_async_, synchronize

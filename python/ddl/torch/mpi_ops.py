@@ -331,9 +331,9 @@ def _allreduce_one_async(tensor, output, name, op, prescale, postscale, process_
 
 # A whole allreduce_async(_) in one compiled call where it is the common case (a named, contiguous host
 # tensor in the world's set, no scaling: every gradient of a DistributedOptimizer step); None otherwise.
-_allreduce_tensor, _ = _fast.bind_tensor_path(_DTYPES, {None: L.AVERAGE, **_REDUCE}, _host.world_plain_addresses,
-                                           global_process_set, _names.taken_in(global_process_set.process_set_id),
-                                           _handle_map, _handle_numbers)
+_allreduce_tensor = _fast.bind_tensor_path(_DTYPES, {None: L.AVERAGE, **_REDUCE}, _host.world_plain_addresses,
+                                       global_process_set, _names.taken_in(global_process_set.process_set_id),
+                                       _handle_map, _handle_numbers)
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
