@@ -209,6 +209,21 @@ void check_blocking_flag() {
         "DDL_BLOCKING on ddl_alltoallv_ex is refused, naming the functions it applies to");
 }
 
+// What NCCL cannot do is refused at submit, before any GPU is looked for (so this runs on any host):
+// a CUDA reducescatter of unequal blocks. On every rank alike, so no rank waits for the others.
+void check_cuda_refusals() {
+  if (g_size < 2) return;  // one rank's blocks are always equal
+  ddl_op_options cuda = DDL_OP_OPTIONS_INIT;
+  cuda.flags = DDL_CUDA_BUFFERS;
+  std::vector<size_t> counts(static_cast<size_t>(g_size), 2);
+  counts[0] = 3;
+  float send[64] = {}, recv[4] = {};
+  ddl_handle h = nullptr;
+  check(ddl_reducescatter_ex("cuda.rs.unequal", send, recv, counts.data(), DDL_FLOAT32, DDL_SUM, &cuda, &h) == DDL_ERROR_UNSUPPORTED &&
+            h == nullptr && std::string(ddl_last_error()).find("needs the same count for every rank") != std::string::npos,
+        "a CUDA reducescatter of unequal blocks is refused at submit, saying why");
+}
+
 // An async op whose name is still in flight on this rank is refused by the call that submits it,
 // with no handle, for ops with their counts known up front and for those exchanging them
 // (allgather-any). Rank 0's first op cannot finish before the barrier, since the other ranks submit
@@ -404,6 +419,7 @@ int main(int argc, char** argv) {
     check_allreduces();
     check_fp16_compression();
     check_blocking_flag();
+    check_cuda_refusals();
     check_refused_at_submit();
     check_broadcast_gather_alltoall();
     check_submission_order();

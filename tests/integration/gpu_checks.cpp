@@ -1,11 +1,13 @@
 // libddl on CUDA buffers (NCCL). Run alone or under `ddl run` (one GPU per rank).
-//   gpu_checks          allreduce, broadcast and allgather of device buffers on a stream, checked on
-//                       the host; exits 77 (ctest: skipped) with a message when no GPU is visible
+//   gpu_checks          allreduce, broadcast, allgather, reducescatter and alltoallv of device buffers
+//                       on a stream, checked on the host; exits 77 (ctest: skipped) with a message
+//                       when no GPU is visible
 //   gpu_checks no-gpu   without a GPU: CUDA ops fail with DDL_ERROR_UNSUPPORTED, host ops still work
 //   gpu_checks shared   ranks that share one GPU: a CUDA op fails on every rank naming the shared
 //                       GPU (NCCL allows one rank per GPU), and host ops still work
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -44,6 +46,111 @@ void check(bool ok, const std::string& what) {
 // cudaMemcpy that reads the result would not wait for unfinished work either.
 void check_stream_idle(cudaStream_t stream, const char* op) {
   check(cudaStreamQuery(stream) == cudaSuccess, std::string(op) + ": work still on the stream after ddl_wait returned");
+}
+
+template <typename T>
+T* device_copy_of(const std::vector<T>& host) {
+  T* d = nullptr;
+  require_cuda(cudaMalloc(&d, sizeof(T) * std::max<size_t>(host.size(), 1)), "cudaMalloc");
+  require_cuda(cudaMemcpy(d, host.data(), sizeof(T) * host.size(), cudaMemcpyHostToDevice), "copy in");
+  require_cuda(cudaDeviceSynchronize(), "copy in done");
+  return d;
+}
+
+template <typename T>
+std::vector<T> host_copy_of(const T* d, size_t n) {
+  std::vector<T> host(n);
+  require_cuda(cudaMemcpy(host.data(), d, sizeof(T) * n, cudaMemcpyDeviceToHost), "copy out");
+  return host;
+}
+
+// Rank r's input element i is r + i; rank r receives block r of the sum (3 elements per rank); then
+// unequal blocks, which ncclReduceScatter cannot do, are refused on every rank (with 2 ranks or more).
+void check_reducescatter(cudaStream_t stream) {
+  const size_t per_rank = 3, n = per_rank * static_cast<size_t>(g_size);
+  std::vector<float> in(n);
+  for (size_t i = 0; i < n; ++i) in[i] = static_cast<float>(g_rank) + static_cast<float>(i);
+  float* dsend = device_copy_of(in);
+  float* drecv = device_copy_of(std::vector<float>(per_rank, -1.0f));
+  std::vector<size_t> counts(static_cast<size_t>(g_size), per_rank);
+  ddl_op_options o = DDL_OP_OPTIONS_INIT;
+  o.flags = DDL_CUDA_BUFFERS;
+  o.stream = stream;
+  ddl_handle h = nullptr;
+  require(ddl_reducescatter_ex("gpu.rs", dsend, drecv, counts.data(), DDL_FLOAT32, DDL_SUM, &o, &h), "reducescatter_ex CUDA");
+  require(ddl_wait(h), "wait reducescatter");
+  check_stream_idle(stream, "reducescatter");
+  const std::vector<float> got = host_copy_of(drecv, per_rank);
+  const float rank_sum = static_cast<float>(g_size * (g_size - 1) / 2);
+  bool ok = true;
+  for (size_t i = 0; i < per_rank; ++i) {
+    const size_t global = static_cast<size_t>(g_rank) * per_rank + i;
+    ok = ok && got[i] == rank_sum + static_cast<float>(g_size) * static_cast<float>(global);
+  }
+  check(ok, "CUDA reducescatter sum");
+  if (g_size > 1) {  // one rank's blocks are always equal
+    counts[0] += 1;
+    const ddl_status s = ddl_reducescatter_ex("gpu.rs.unequal", dsend, drecv, counts.data(), DDL_FLOAT32, DDL_SUM, &o, &h);
+    check(s == DDL_ERROR_UNSUPPORTED && std::string(ddl_last_error()).find("same count") != std::string::npos,
+          "a CUDA reducescatter of unequal blocks is refused, saying why");
+  }
+  cudaFree(dsend);
+  cudaFree(drecv);
+}
+
+// Rank r sends d + 1 elements to rank d, each 100 * r + d; then a rank that expects another count
+// than its peer sends fails the op on every rank (DDL_ERROR_MISMATCH), and the next op still works.
+void check_alltoallv(cudaStream_t stream) {
+  const auto ranks = static_cast<size_t>(g_size);
+  std::vector<size_t> send_counts(ranks), recv_counts(ranks, static_cast<size_t>(g_rank) + 1);
+  std::vector<int32_t> out;
+  for (size_t d = 0; d < ranks; ++d) {
+    send_counts[d] = d + 1;
+    out.insert(out.end(), d + 1, 100 * g_rank + static_cast<int32_t>(d));
+  }
+  int32_t* dsend = device_copy_of(out);
+  int32_t* drecv = device_copy_of(std::vector<int32_t>(ranks * (static_cast<size_t>(g_rank) + 1), -1));
+  ddl_op_options o = DDL_OP_OPTIONS_INIT;
+  o.flags = DDL_CUDA_BUFFERS;
+  o.stream = stream;
+  ddl_handle h = nullptr;
+  require(ddl_alltoallv_ex("gpu.a2av", dsend, send_counts.data(), drecv, recv_counts.data(), DDL_INT32, &o, &h), "alltoallv_ex CUDA");
+  require(ddl_wait(h), "wait alltoallv");
+  check_stream_idle(stream, "alltoallv");
+  std::vector<int32_t> expected;
+  for (size_t r = 0; r < ranks; ++r)
+    expected.insert(expected.end(), static_cast<size_t>(g_rank) + 1, 100 * static_cast<int32_t>(r) + g_rank);
+  check(host_copy_of(drecv, expected.size()) == expected, "CUDA alltoallv with counts that differ by rank");
+
+  if (g_rank == 0) recv_counts[0] += 1;  // rank 0 expects one more element from itself than it sends
+  const ddl_status s = ddl_alltoallv_ex("gpu.a2av.mismatch", dsend, send_counts.data(), drecv, recv_counts.data(), DDL_INT32, &o, &h);
+  check(s == DDL_SUCCESS && ddl_wait(h) == DDL_ERROR_MISMATCH, "a CUDA alltoallv with mismatched counts fails on every rank");
+  float x = 1.0f;
+  require(ddl_allreduce("gpu.after.mismatch", &x, &x, 1, DDL_FLOAT32, DDL_SUM), "host allreduce after the mismatch");
+  check(x == static_cast<float>(g_size), "host allreduce after the CUDA alltoallv mismatch");
+  cudaFree(dsend);
+  cudaFree(drecv);
+}
+
+// DDL_BLOCKING with CUDA buffers: this thread enqueues the op on `stream` and returns once the GPU
+// has finished it (no handle), twenty times in a row, behind a copy still queued on the stream.
+void check_blocking(cudaStream_t stream) {
+  const size_t n = 1000;
+  std::vector<double> host(n, static_cast<double>(g_rank + 1));
+  double* dev = device_copy_of(std::vector<double>(n, 0.0));
+  ddl_op_options o = DDL_OP_OPTIONS_INIT;
+  o.flags = DDL_CUDA_BUFFERS | DDL_BLOCKING;
+  o.stream = stream;
+  bool ok = true;
+  for (int step = 0; step < 20 && ok; ++step) {
+    require_cuda(cudaMemcpyAsync(dev, host.data(), n * sizeof(double), cudaMemcpyHostToDevice, stream), "copy in");
+    ddl_handle h = reinterpret_cast<ddl_handle>(1);
+    require(ddl_allreduce_ex(nullptr, dev, dev, n, DDL_FLOAT64, DDL_SUM, &o, &h), "blocking CUDA allreduce_ex");
+    ok = h == nullptr && cudaStreamQuery(stream) == cudaSuccess;
+    ok = ok && host_copy_of(dev, n) == std::vector<double>(n, static_cast<double>(g_size * (g_size + 1) / 2));
+  }
+  check(ok, "DDL_BLOCKING CUDA allreduce: done on the GPU at return, handle NULL, right sums");
+  cudaFree(dev);
 }
 
 int run_on_gpu() {
@@ -109,6 +216,9 @@ int run_on_gpu() {
   std::vector<double> all(static_cast<size_t>(g_size));
   require_cuda(cudaMemcpy(all.data(), drecv, sizeof(double) * all.size(), cudaMemcpyDeviceToHost), "copy out");
   for (int r = 0; r < g_size; ++r) check(all[static_cast<size_t>(r)] == r * 10.0, "CUDA allgather");
+  check_reducescatter(stream);
+  check_alltoallv(stream);
+  check_blocking(stream);
   return g_failures == 0 ? 0 : 1;
 }
 
@@ -119,6 +229,10 @@ int run_without_gpu() {
   ddl_status s = ddl_wait(h);
   std::printf("cuda op without a GPU: %s: %s\n", ddl_status_string(s), ddl_last_error());
   check(s == DDL_ERROR_UNSUPPORTED, "a CUDA op without a GPU is DDL_ERROR_UNSUPPORTED");
+  ddl_op_options blocking = DDL_OP_OPTIONS_INIT;  // run by this thread's own rounds: fails the same, no hang
+  blocking.flags = DDL_CUDA_BUFFERS | DDL_BLOCKING;
+  s = ddl_allreduce_ex("gpu.sum.blocking", &x, &x, 1, DDL_FLOAT32, DDL_SUM, &blocking, nullptr);
+  check(s == DDL_ERROR_UNSUPPORTED, "a blocking CUDA op without a GPU is DDL_ERROR_UNSUPPORTED");
   require(ddl_allreduce("host.after", &x, &x, 1, DDL_FLOAT32, DDL_SUM), "host allreduce after the CUDA failure");
   check(x == static_cast<float>(g_size), "host allreduce after the CUDA failure");
   return g_failures == 0 ? 0 : 1;

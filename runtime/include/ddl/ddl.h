@@ -208,7 +208,8 @@ DDL_API ddl_status ddl_process_set_ranks(ddl_process_set set, int* ranks);
 #define DDL_CUDA_BUFFERS 2u /* flag: the buffers are CUDA device memory, enqueued on `stream` */
 /* flag: the op is done when the call returns, run on the calling thread as the blocking forms are;
  * `handle` may be NULL and is set to NULL. For ddl_allreduce_ex, ddl_broadcast_ex,
- * ddl_allgatherv_ex and ddl_reducescatter_ex. */
+ * ddl_allgatherv_ex and ddl_reducescatter_ex. With DDL_CUDA_BUFFERS the calling thread enqueues
+ * the op on `stream` and returns once the GPU has finished it. */
 #define DDL_BLOCKING 4u
 typedef struct {
   ddl_process_set process_set; /* NULL: the world */

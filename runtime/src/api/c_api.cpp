@@ -270,9 +270,9 @@ ddl_status check_root(int root) {
 }
 
 // Runs the op on the calling thread until it is done (Engine::run).
-ddl_status run_to_completion(Engine& engine, const char* name, OpSpec spec, const void* send, void* recv) {
+ddl_status run_to_completion(Engine& engine, const char* name, OpSpec spec, const void* send, void* recv, void* stream = nullptr) {
   std::string message;
-  const ddl_status status = engine.run(name ? name : "", std::move(spec), send, recv, message);
+  const ddl_status status = engine.run(name ? name : "", std::move(spec), send, recv, message, stream);
   return status == DDL_SUCCESS ? status : fail(status, message);
 }
 
@@ -698,7 +698,7 @@ ddl_status submit_to(Target& t, const char* name, OpSpec spec, const void* send,
                      unsigned flags = 0) {
   if (flags & DDL_BLOCKING) {
     if (handle != nullptr) *handle = nullptr;
-    return run_to_completion(*t.engine, name, std::move(spec), send, recv);
+    return run_to_completion(*t.engine, name, std::move(spec), send, recv, stream);
   }
   if (handle == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "handle is NULL");
   return handle_of(t.engine->submit(name ? name : "", std::move(spec), send, recv, stream), handle);
@@ -834,7 +834,6 @@ ddl_status ddl_alltoallv_ex(const char* name, const void* send, const size_t* se
   ddl_op_options o;
   std::vector<int64_t> shape;
   if (auto s = read_options(options, o, shape); s != DDL_SUCCESS) return s;
-  if (o.flags & DDL_CUDA_BUFFERS) return fail(DDL_ERROR_UNSUPPORTED, "alltoallv takes host buffers");
   if (o.flags & DDL_BLOCKING) return refuse_blocking("ddl_alltoallv_ex");
   if (send_counts == nullptr || recv_counts == nullptr)
     return fail(DDL_ERROR_INVALID_ARGUMENT, "alltoallv: send_counts or recv_counts is NULL");
@@ -845,9 +844,10 @@ ddl_status ddl_alltoallv_ex(const char* name, const void* send, const size_t* se
     const auto n = static_cast<size_t>(t.size);
     if (auto s = check_common(recv, sum_of(recv_counts, t.size), dtype); s != DDL_SUCCESS) return s;
     if (sum_of(send_counts, t.size) > 0 && send == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "alltoallv: the send buffer is NULL");
-    OpSpec spec{OpKind::Alltoallv, dtype, DDL_SUM, 0, 0, {}, false, false, std::move(shape)};
+    const bool cuda = (o.flags & DDL_CUDA_BUFFERS) != 0;  // NCCL sends and receives, on o.stream
+    OpSpec spec{OpKind::Alltoallv, dtype, DDL_SUM, 0, 0, {}, cuda, false, std::move(shape)};
     return handle_of(t.engine->submit_with_counts(name ? name : "", spec, send, recv, std::vector<size_t>(send_counts, send_counts + n),
-                                                  std::vector<size_t>(recv_counts, recv_counts + n)),
+                                                  std::vector<size_t>(recv_counts, recv_counts + n), cuda ? o.stream : nullptr),
                      handle);
   });
 }
@@ -906,9 +906,10 @@ ddl_status ddl_reducescatter_ex(const char* name, const void* send, void* recv, 
   ddl_op_options o;
   std::vector<int64_t> shape;
   if (auto s = read_options(options, o, shape); s != DDL_SUCCESS) return s;
-  if (o.flags & DDL_CUDA_BUFFERS) return fail(DDL_ERROR_UNSUPPORTED, "reducescatter takes host buffers");
+  const bool cuda = (o.flags & DDL_CUDA_BUFFERS) != 0;
   if (recv_counts == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "reducescatter: recv_counts is NULL");
   if (auto s = check_reduce_op(op); s != DDL_SUCCESS) return s;
+  if (cuda && dtype == DDL_INT16) return fail(DDL_ERROR_UNSUPPORTED, "NCCL cannot reduce int16 CUDA buffers");
   return with_runtime([&](Runtime& rt) {
     Target t;
     if (auto s = resolve(rt, o.process_set, t); s != DDL_SUCCESS) return s;
@@ -918,8 +919,10 @@ ddl_status ddl_reducescatter_ex(const char* name, const void* send, void* recv, 
     // an empty tensor's storage does; refusing it here left the other ranks waiting for this one.
     if (auto s = check_common(recv, counts[static_cast<size_t>(t.rank)], dtype); s != DDL_SUCCESS) return s;
     if (send == nullptr && total > 0) return fail(DDL_ERROR_INVALID_ARGUMENT, "the send buffer is NULL");
-    OpSpec spec{OpKind::Reducescatter, dtype, op, 0, total, counts, false, false, std::move(shape), o.prescale, o.postscale};
-    return submit_to(t, name, std::move(spec), send, recv, handle, nullptr, o.flags);
+    if (cuda && std::any_of(counts.begin(), counts.end(), [&](uint64_t c) { return c != counts[0]; }))  // ncclReduceScatter's blocks
+      return fail(DDL_ERROR_UNSUPPORTED, "reducescatter of CUDA buffers needs the same count for every rank");
+    OpSpec spec{OpKind::Reducescatter, dtype, op, 0, total, counts, cuda, false, std::move(shape), o.prescale, o.postscale};
+    return submit_to(t, name, std::move(spec), send, recv, handle, cuda ? o.stream : nullptr, o.flags);
   });
 }
 

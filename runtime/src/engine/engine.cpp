@@ -79,8 +79,8 @@ std::shared_ptr<OpState> Engine::submit(std::string name, OpSpec spec, const voi
 }
 
 std::shared_ptr<OpState> Engine::submit_with_counts(std::string name, OpSpec spec, const void* send, void* recv,
-                                                    std::vector<size_t> send_counts, std::vector<size_t> recv_counts) {
-  PendingOp op{std::move(name), std::move(spec), send, recv, nullptr, Clock::now(), nullptr};
+                                                    std::vector<size_t> send_counts, std::vector<size_t> recv_counts, void* stream) {
+  PendingOp op{std::move(name), std::move(spec), send, recv, nullptr, Clock::now(), stream};
   op.send_counts = std::move(send_counts);
   op.recv_counts = std::move(recv_counts);
   return enqueue(std::move(op));
@@ -298,12 +298,11 @@ bool Engine::proposable(const OpSpec& spec) {
   return spec.kind == OpKind::Allreduce || spec.kind == OpKind::Broadcast || spec.kind == OpKind::Barrier;
 }
 
-ddl_status Engine::run(std::string name, OpSpec spec, const void* send, void* recv, std::string& message) {
-  if (spec.cuda) return submit(std::move(name), std::move(spec), send, recv)->wait(message);
+ddl_status Engine::run(std::string name, OpSpec spec, const void* send, void* recv, std::string& message, void* stream) {
   std::unique_lock round_lock = take_round_for_caller();
-  if (!round_lock.owns_lock()) return submit(std::move(name), std::move(spec), send, recv)->wait(message);
+  if (!round_lock.owns_lock()) return submit(std::move(name), std::move(spec), send, recv, stream)->wait(message);
   const RoundHolderMark holder(round_holder_, RoundHolder::Caller);
-  PendingOp op{std::move(name), std::move(spec), send, recv, nullptr, Clock::now(), nullptr};
+  PendingOp op{std::move(name), std::move(spec), send, recv, nullptr, Clock::now(), stream};
   Offer offer;  // the op, proposed to run in its own round
   std::shared_ptr<OpState> state;
   {
@@ -506,10 +505,10 @@ void Engine::execute(const std::vector<ReadyOp>& ready) {
       run_single(*op);
   }
   run_allreduces(allreduces);
-  enqueue_gpu_ops(gpu_ops);
+  enqueue_gpu_ops(std::move(gpu_ops));
 }
 
-void Engine::enqueue_gpu_ops(const std::vector<PendingOp*>& ops) {
+void Engine::enqueue_gpu_ops(std::vector<PendingOp*> ops) {
   if (ops.empty()) return;
   if (!gpu_) {
     try {
@@ -519,6 +518,9 @@ void Engine::enqueue_gpu_ops(const std::vector<PendingOp*>& ops) {
       return;
     }
   }
+  // Every rank checks the same alltoallvs in the same order (host collectives); a failed one is gone.
+  std::erase_if(ops, [&](PendingOp* op) { return op->spec.kind == OpKind::Alltoallv && !gpu_alltoallv_counts_agree(*op); });
+  if (ops.empty()) return;
   gpu_->group_start();
   for (PendingOp* op : ops) {
     record_wait(*op, Clock::now());
@@ -527,6 +529,10 @@ void Engine::enqueue_gpu_ops(const std::vector<PendingOp*>& ops) {
       case OpKind::Allreduce: gpu_->allreduce(op->send, op->recv, s.count, s.dtype, s.reduce, op->stream); break;
       case OpKind::Broadcast: gpu_->broadcast(op->recv, s.count, s.dtype, s.root, op->stream); break;
       case OpKind::Allgather: gpu_->allgather(op->send, op->recv, s.count, s.dtype, op->stream); break;
+      case OpKind::Reducescatter:  // equal blocks (the C API checks)
+        gpu_->reduce_scatter(op->send, op->recv, s.counts[static_cast<size_t>(rank_)], s.dtype, s.reduce, op->stream);
+        break;
+      case OpKind::Alltoallv: gpu_->alltoallv(op->send, op->send_counts, op->recv, op->recv_counts, s.dtype, op->stream); break;
       default: break;  // the C API offers no other CUDA op
     }
   }
@@ -743,22 +749,43 @@ void Engine::unpack_blocks(size_t block, const std::vector<size_t>& counts, ddl_
 // another count from a peer would otherwise get a block cut short, or padding and stale bytes.
 // If any rank's counts differ, every rank fails the op (the collectives ran, so ranks stay in step).
 bool Engine::run_alltoallv(PendingOp& op) {
-  const auto ranks = static_cast<size_t>(size_);
   const std::vector<uint64_t> sent_to_me = counts_sent_to_me(op);
-  size_t differing = 0;
-  while (differing < ranks && sent_to_me[differing] == op.recv_counts[differing]) ++differing;
-  bool mismatch = differing < ranks;
-  const bool mine = mismatch;
+  const std::optional<size_t> differing = first_unexpected_count(op, sent_to_me);
+  bool mismatch = differing.has_value();
   const size_t block = exchange_blocks(op, mismatch);
   if (mismatch) {
-    finish(op, DDL_ERROR_MISMATCH,
-           mine ? fmt::format("alltoallv '{}': rank {} expected {} elements from rank {}, which sent it {}", op.name, rank_,
-                              op.recv_counts[differing], differing, sent_to_me[differing])
-                : fmt::format("alltoallv '{}': another rank expected other counts than its peers sent it (its error names them)", op.name));
+    finish(op, DDL_ERROR_MISMATCH, alltoallv_mismatch(op, sent_to_me, differing));
     return false;
   }
   unpack_blocks(block, op.recv_counts, op.spec.dtype, static_cast<char*>(op.recv));
   return true;
+}
+
+// NCCL's sends and receives must pair up in size (a receive of another count hangs or cuts a block
+// short), so a CUDA alltoallv's counts are checked on the host first, as a host one's are.
+bool Engine::gpu_alltoallv_counts_agree(PendingOp& op) {
+  const std::vector<uint64_t> sent_to_me = counts_sent_to_me(op);
+  const std::optional<size_t> differing = first_unexpected_count(op, sent_to_me);
+  int64_t any_mismatch = differing.has_value() ? 1 : 0;
+  collectives_->allreduce(&any_mismatch, 1, sizeof any_mismatch, reduce_function(DDL_INT64, DDL_MAX));
+  if (any_mismatch == 0) return true;
+  finish(op, DDL_ERROR_MISMATCH, alltoallv_mismatch(op, sent_to_me, differing));
+  return false;
+}
+
+// The first rank whose block to this one differs from what this one expects from it, if any.
+std::optional<size_t> Engine::first_unexpected_count(const PendingOp& op, const std::vector<uint64_t>& sent_to_me) const {
+  for (size_t r = 0; r < sent_to_me.size(); ++r)
+    if (sent_to_me[r] != op.recv_counts[r]) return r;
+  return std::nullopt;
+}
+
+std::string Engine::alltoallv_mismatch(const PendingOp& op, const std::vector<uint64_t>& sent_to_me,
+                                       std::optional<size_t> differing) const {
+  if (!differing)
+    return fmt::format("alltoallv '{}': another rank expected other counts than its peers sent it (its error names them)", op.name);
+  return fmt::format("alltoallv '{}': rank {} expected {} elements from rank {}, which sent it {}", op.name, rank_,
+                     op.recv_counts[*differing], *differing, sent_to_me[*differing]);
 }
 
 // How many elements each rank sends this one in `op` (one small alltoall of every rank's send counts).

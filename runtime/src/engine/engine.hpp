@@ -87,16 +87,18 @@ class Engine {
   // An op with counts of this rank alone, in elements, not part of the agreed spec: an alltoallv's
   // blocks, or {send count} of an allgather-any.
   std::shared_ptr<OpState> submit_with_counts(std::string name, OpSpec spec, const void* send, void* recv, std::vector<size_t> send_counts,
-                                              std::vector<size_t> recv_counts);
+                                              std::vector<size_t> recv_counts, void* stream = nullptr);
   // Runs an op to completion on the calling thread, as submit() + wait would, but without handing
   // it to the engine thread: the caller runs the negotiation rounds itself until its op is done.
   // When nothing else is in flight and the op is a host allreduce, broadcast or barrier that every
   // rank can name alike (a named op that ran before, so in the response cache, or an unnamed one),
   // the caller proposes it in its round; if every rank proposed the same op in that round it runs
   // there, without waiting for the negotiation (on shared memory, the round and a small op are one
-  // barrier). CUDA ops, and ops while another thread runs rounds, are submitted and waited for.
+  // barrier). A CUDA op (on `stream`) is never proposed: the caller's rounds negotiate it, enqueue
+  // it and see its event complete, with no hand-over to the engine thread and back. Ops while
+  // another thread runs rounds are submitted and waited for.
   // Returns the op's status, `message` the error.
-  ddl_status run(std::string name, OpSpec spec, const void* send, void* recv, std::string& message);
+  ddl_status run(std::string name, OpSpec spec, const void* send, void* recv, std::string& message, void* stream = nullptr);
   Timeline& timeline() { return timeline_; }
   // Tells the other ranks this one is done and waits until all are; ops still pending then fail.
   void finalize();
@@ -162,6 +164,9 @@ class Engine {
   bool run_alltoallv(PendingOp& op);  // false: finished with an error
   void run_alltoall_any(PendingOp& op);
   std::vector<uint64_t> counts_sent_to_me(const PendingOp& op);
+  std::optional<size_t> first_unexpected_count(const PendingOp& op, const std::vector<uint64_t>& sent_to_me) const;
+  std::string alltoallv_mismatch(const PendingOp& op, const std::vector<uint64_t>& sent_to_me, std::optional<size_t> differing) const;
+  bool gpu_alltoallv_counts_agree(PendingOp& op);  // false: finished with DDL_ERROR_MISMATCH
   size_t exchange_blocks(const PendingOp& op, bool& mismatch);
   void unpack_blocks(size_t block, const std::vector<size_t>& counts, ddl_dtype dtype, char* to);
   void run_allgather_any(PendingOp& op);
@@ -180,7 +185,7 @@ class Engine {
   };
   std::optional<Proposing> proposing_;
   bool is_proposed(const std::string& name) const;  // mutex_ held
-  void enqueue_gpu_ops(const std::vector<PendingOp*>& ops);
+  void enqueue_gpu_ops(std::vector<PendingOp*> ops);
   void poll_gpu_ops();
   void finish(PendingOp& op, ddl_status status, const std::string& message = {});
   // A batch takes one lock, and its waiters are woken only once all of its ops are settled.

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "runtime/src/transports/collectives.hpp"
 
@@ -21,6 +22,12 @@ class GpuCollectives {
   virtual void allreduce(const void* send, void* recv, size_t count, ddl_dtype dtype, ddl_reduce_op op, void* stream) = 0;
   virtual void broadcast(void* data, size_t count, ddl_dtype dtype, int root, void* stream) = 0;
   virtual void allgather(const void* send, void* recv, size_t count, ddl_dtype dtype, void* stream) = 0;
+  // Each rank's block of `recv_count` elements of the reduced `send` (size() blocks, rank order).
+  virtual void reduce_scatter(const void* send, void* recv, size_t recv_count, ddl_dtype dtype, ddl_reduce_op op, void* stream) = 0;
+  // Block r of `send` (send_counts[r] elements) goes to rank r; rank r's block lands in `recv` at
+  // the sum of recv_counts before r. Counts in elements, one per rank.
+  virtual void alltoallv(const void* send, const std::vector<size_t>& send_counts, void* recv, const std::vector<size_t>& recv_counts,
+                         ddl_dtype dtype, void* stream) = 0;
   // After group_end(): a token that completes once everything enqueued on `stream` so far has.
   virtual Token mark(void* stream) = 0;
   // Whether the op of `token` finished; throws ddl::Error on an asynchronous NCCL error.

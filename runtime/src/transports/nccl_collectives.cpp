@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "common/error.hpp"
+#include "runtime/src/engine/dtype.hpp"
 #include "runtime/src/transports/nccl_library.hpp"
 
 #if DDL_WITH_NCCL
@@ -56,15 +57,32 @@ void require_a_gpu() {
                 "check CUDA_VISIBLE_DEVICES and nvidia-smi; host buffers use the non-CUDA functions");
 }
 
-// The GPU that holds `pointer` becomes this thread's device; throws if it is not GPU memory.
-int select_device_of(const void* pointer) {
+// The GPU that holds `pointer`; throws if it is not GPU memory.
+int device_of(const void* pointer) {
   cudaPointerAttributes attributes{};
   check_cuda(cudaPointerGetAttributes(&attributes, pointer), "cannot inspect the GPU buffer");
   if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged)
     throw Error("a CUDA collective was given a buffer that is not CUDA device memory", "use the host functions for host buffers");
-  check_cuda(cudaSetDevice(attributes.device), "cannot select the buffer's GPU");
   return attributes.device;
 }
+
+// Makes `device` the calling thread's GPU until restore(). Rounds run on the engine thread or on
+// the thread of a caller of a blocking op, whose own current GPU must stay as it was.
+class CurrentDevice {
+ public:
+  void select(int device) {
+    check_cuda(cudaGetDevice(&previous_), "cannot read the current GPU");
+    if (previous_ != device) check_cuda(cudaSetDevice(device), "cannot select the communicator's GPU");
+    selected_ = device;
+  }
+  void restore() {
+    if (previous_ != selected_) cudaSetDevice(previous_);  // nothing selected: both -1
+    previous_ = selected_ = -1;
+  }
+
+ private:
+  int previous_ = -1, selected_ = -1;
+};
 
 // "host/PCI bus id" of a GPU: equal on two ranks only when they would share one GPU.
 std::string gpu_identity(int device) {
@@ -106,7 +124,7 @@ class NcclCollectives final : public GpuCollectives {
     try {
       nccl();  // loads NCCL, or says what to set or load: before the GPU, which a machine without NCCL may lack too
       require_a_gpu();
-      device_ = select_device_of(sample_pointer);
+      device_ = device_of(sample_pointer);
       if (host.rank() == 0) check_nccl(nccl().GetUniqueId(&id), "ncclGetUniqueId");
     } catch (const Error& e) {
       local_error = e.what();
@@ -118,7 +136,10 @@ class NcclCollectives final : public GpuCollectives {
     if (std::find(gpus.begin(), gpus.end(), std::string()) != gpus.end())
       throw Error("another rank could not set up NCCL for this op; its own error says why");
     refuse_shared_gpus(gpus);
-    check_nccl(nccl().CommInitRank(&comm_, host.size(), id, host.rank()), "ncclCommInitRank");
+    current_.select(device_);  // ncclCommInitRank binds the communicator to the current GPU
+    const ncclResult_t rc = nccl().CommInitRank(&comm_, host.size(), id, host.rank());
+    current_.restore();
+    check_nccl(rc, "ncclCommInitRank");
     size_ = host.size();
   }
 
@@ -139,14 +160,49 @@ class NcclCollectives final : public GpuCollectives {
   void allgather(const void* send, void* recv, size_t count, ddl_dtype dtype, void* stream) override {
     check_nccl(nccl().AllGather(send, recv, count, nccl_type(dtype), comm_, static_cast<cudaStream_t>(stream)), "ncclAllGather");
   }
+  void reduce_scatter(const void* send, void* recv, size_t recv_count, ddl_dtype dtype, ddl_reduce_op op, void* stream) override {
+    if (op == DDL_AVERAGE && size_ == 1) op = DDL_SUM;  // as allreduce: one rank's average is its sum
+    check_nccl(nccl().ReduceScatter(send, recv, recv_count, nccl_type(dtype), nccl_op(op), comm_, static_cast<cudaStream_t>(stream)),
+               "ncclReduceScatter");
+  }
+  // NCCL has no alltoallv: one send and one receive per peer, inside the caller's group (group_start),
+  // which NCCL runs as one launch without deadlock whatever the order.
+  void alltoallv(const void* send, const std::vector<size_t>& send_counts, void* recv, const std::vector<size_t>& recv_counts,
+                 ddl_dtype dtype, void* stream) override {
+    const size_t element = dtype_size(dtype);
+    const auto* from = static_cast<const char*>(send);
+    auto* to = static_cast<char*>(recv);
+    auto* s = static_cast<cudaStream_t>(stream);
+    for (int peer = 0; peer < size_; ++peer) {
+      const auto p = static_cast<size_t>(peer);
+      if (send_counts[p] > 0) check_nccl(nccl().Send(from, send_counts[p], nccl_type(dtype), peer, comm_, s), "ncclSend");
+      if (recv_counts[p] > 0) check_nccl(nccl().Recv(to, recv_counts[p], nccl_type(dtype), peer, comm_, s), "ncclRecv");
+      from += send_counts[p] * element;
+      to += recv_counts[p] * element;
+    }
+  }
   Token mark(void* stream) override {
     cudaEvent_t event = nullptr;
-    check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
-    check_cuda(cudaEventRecord(event, static_cast<cudaStream_t>(stream)), "cudaEventRecord");
+    current_.select(device_);  // an event is made on the current GPU, and must be the stream's
+    cudaError_t rc = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+    if (rc == cudaSuccess) rc = cudaEventRecord(event, static_cast<cudaStream_t>(stream));
+    current_.restore();
+    if (rc != cudaSuccess && event != nullptr) cudaEventDestroy(event);
+    check_cuda(rc, "cannot mark the end of a GPU collective on its stream");
     return event;
   }
-  void group_start() override { check_nccl(nccl().GroupStart(), "ncclGroupStart"); }
-  void group_end() override { check_nccl(nccl().GroupEnd(), "ncclGroupEnd"); }
+  // The group runs on the communicator's GPU, whichever thread's round enqueues it.
+  void group_start() override {
+    current_.select(device_);
+    const ncclResult_t rc = nccl().GroupStart();
+    if (rc != ncclSuccess && rc != ncclInProgress) current_.restore();
+    check_nccl(rc, "ncclGroupStart");
+  }
+  void group_end() override {
+    const ncclResult_t rc = nccl().GroupEnd();
+    current_.restore();
+    check_nccl(rc, "ncclGroupEnd");
+  }
 
   bool done(Token token) override {
     ncclResult_t async_error = ncclSuccess;
@@ -162,11 +218,13 @@ class NcclCollectives final : public GpuCollectives {
   void abort() override {
     if (comm_ != nullptr) nccl().CommAbort(comm_);
     comm_ = nullptr;
+    current_.restore();  // an op that threw inside its group left the communicator's GPU selected
   }
 
  private:
   int device_ = 0;
   int size_ = 0;
+  CurrentDevice current_;  // only one thread at a time runs rounds
   ncclComm_t comm_ = nullptr;
 };
 

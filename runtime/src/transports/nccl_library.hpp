@@ -26,7 +26,8 @@ struct NcclLibrary {
 // clang-format off
 #define DDL_NCCL_ENTRY_POINTS(X) \
   X(GetVersion) X(GetErrorString) X(GetUniqueId) X(CommInitRank) X(CommDestroy) X(CommAbort) \
-  X(CommGetAsyncError) X(AllReduce) X(Broadcast) X(AllGather) X(GroupStart) X(GroupEnd)
+  X(CommGetAsyncError) X(AllReduce) X(Broadcast) X(AllGather) X(ReduceScatter) X(Send) X(Recv) \
+  X(GroupStart) X(GroupEnd)
   // clang-format on
   struct Api {
 #define DDL_NCCL_FIELD(name) decltype(&::nccl##name) name = nullptr;
