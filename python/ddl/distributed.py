@@ -375,6 +375,19 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
     group_name = property(getGroupName)
 
+    # torch 2.x asks a group made by a creator for its backend of a device when the group is bound
+    # to one (init_process_group(device_id=...), which Lightning passes on GPUs, and new_group under
+    # such a default group). A group made in Python has no C++ backends registered: this group
+    # serves both devices itself, and cannot be split (torch then makes subgroups with new_group).
+    supports_splitting = False
+
+    def _get_backend(self, device):
+        device_type = torch.device(device).type
+        if device_type not in ("cpu", "cuda"):
+            raise RuntimeError(f"No backend type associated with device type {device_type}: backend '{BACKEND_NAME}' "
+                               "serves cpu and cuda tensors")
+        return self
+
     def shutdown(self):
         """torch 2.8+'s destroy_process_group calls this: the group's thread ends after its ops."""
         self._completer.stop()
@@ -394,14 +407,16 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
     def _options(self, tensor, may_block=False):
         """libddl's options of an op on `tensor`. `may_block`: the op is one libddl can run on this
-        thread at once (DDL_BLOCKING), which it does for a host tensor when the caller waits at once."""
+        thread at once (DDL_BLOCKING), which it does when the caller waits at once: a CUDA op is then
+        enqueued by this thread and done on the GPU when the call returns, with no hand-over to
+        libddl's thread and back."""
         options = L.OpOptions(self._set, 1.0, 1.0, 0, None, None, 0)
         if tensor.is_cuda:
             stream = torch.cuda.current_stream(tensor.device)
             options.flags |= L.CUDA_BUFFERS
             options.stream = stream.cuda_stream
             self._calling.stream = stream
-        elif may_block and getattr(self._calling, "waits", False):
+        if may_block and getattr(self._calling, "waits", False):
             options.flags |= L.BLOCKING
         return options
 

@@ -384,12 +384,17 @@ def _run_now(kind, fn, name, target, *args):
 
 
 def allreduce_now(tensor, output, name, op, prescale, postscale, process_set):
-    """A blocking allreduce of `tensor` into `output` (which may be `tensor`); returns `output`."""
+    """A blocking allreduce of `tensor` into `output` (which may be `tensor`); returns `output`.
+    Host tensors, and CUDA tensors that NCCL reduces as they are (no scaling, no int16, which the
+    asynchronous path stages), run on this thread (DDL_BLOCKING); a CUDA one is done on the GPU when
+    this returns, as synchronize() would have it."""
     dtype = _DTYPES.get(tensor.dtype)
-    if dtype is None or not tensor.is_cpu or not tensor.is_contiguous() or not output.is_contiguous():
+    runs_here = tensor.is_cpu or (tensor.is_cuda and prescale == 1.0 and postscale == 1.0 and dtype != L.INT16
+                                  and output.device == tensor.device)
+    if dtype is None or not runs_here or not tensor.is_contiguous() or not output.is_contiguous():
         return synchronize(_allreduce_one_async(tensor, output, name, op, prescale, postscale, process_set))
     target = _process_set_target(process_set)
-    opts = _host.options(target, tensor.shape, prescale, postscale, L.BLOCKING)
+    opts = _options(target, tensor, tuple(tensor.shape), prescale, postscale, L.BLOCKING)
     _run_now("allreduce", _allreduce_ex, name, target, tensor.data_ptr(), output.data_ptr(), tensor.numel(), dtype,
              _REDUCE[op], opts._ref)
     return output
