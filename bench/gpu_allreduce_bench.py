@@ -1,15 +1,18 @@
-"""Allreduce of CUDA tensors: ddl.torch (libddl over NCCL) beside torch.distributed's own NCCL
-backend, in one run, on the same GPUs and tensors. One worker per GPU:
+"""Allreduce of CUDA tensors: ddl.torch (libddl over NCCL) and torch.distributed's `ddl` backend
+beside torch.distributed's own NCCL backend, in one run, on the same GPUs and tensors. One worker
+per GPU:
 
     ddl run -np <GPUs> -- /usr/bin/python3 bench/gpu_allreduce_bench.py [-b 4] [-e 256M]
 
 ddl run sets torchrun's variables, so init_process_group("nccl") joins through env://. For every
 size from -b to -e (bytes, float32, doubling), each peer in turn: warm-up iterations, then timed
 iterations of a blocking in-place sum (ddl: hvd.allreduce_, which returns once the result is in the
-tensor; torch: dist.all_reduce then torch.cuda.synchronize()), timed on the host. Iterations per size
+tensor; ddl-backend and torch: dist.all_reduce on a `ddl` group or the default `nccl` one, then
+torch.cuda.synchronize()), timed on the host. Iterations per size
 = clamp(--budget / size, --min-iters, -n). time = mean per op, max over ranks. After timing, each peer
 reduces a known pattern and rank 0 checks it; a wrong element exits 1. Rank 0 prints the table:
-size, ddl us, torch-nccl us, ddl/torch (below 1: ddl faster)."""
+size, ddl.torch us (hvd.allreduce_, blocking), async us (hvd.allreduce_async_ + hvd.synchronize),
+ddl-backend us, torch-nccl us, and ddl.torch's and the backend's over torch's (below 1: ddl faster)."""
 import argparse
 import sys
 import time
@@ -17,6 +20,7 @@ import time
 import torch
 import torch.distributed as dist
 
+import ddl.distributed  # noqa: F401  (registers the torch.distributed backend "ddl")
 import ddl.torch as hvd
 
 
@@ -66,11 +70,19 @@ def main():
     torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
     dist.init_process_group("nccl", device_id=torch.device("cuda", torch.cuda.current_device()))
     rank, size = dist.get_rank(), dist.get_world_size()
+    ddl_group = dist.new_group(backend="ddl")
     device = torch.device("cuda", torch.cuda.current_device())
     buffer = torch.zeros(max(args.e // 4, 1), device=device)
 
     def with_ddl(t):
         hvd.allreduce_(t, op=hvd.Sum, name=f"bench.{t.numel()}")
+
+    def with_ddl_async(t):
+        hvd.synchronize(hvd.allreduce_async_(t, op=hvd.Sum, name=f"bench.async.{t.numel()}"))
+
+    def with_ddl_backend(t):
+        dist.all_reduce(t, group=ddl_group)
+        torch.cuda.synchronize()
 
     def with_torch(t):
         dist.all_reduce(t)
@@ -79,7 +91,8 @@ def main():
     if rank == 0:
         print(f"# ddl.torch vs torch.distributed nccl, {size} ranks, float32 sum in place, "
               f"{torch.cuda.get_device_name()}, torch {torch.__version__}, NCCL {torch.cuda.nccl.version()}")
-        print(f"{'bytes':>12} {'iters':>6} {'ddl_us':>10} {'torch_us':>10} {'ddl/torch':>9}")
+        print(f"{'bytes':>12} {'iters':>6} {'ddl_us':>10} {'async_us':>10} {'backend_us':>10} {'torch_us':>10} "
+              f"{'ddl/torch':>9} {'backend/torch':>13}")
     wrong = 0
     nbytes = args.b
     while nbytes <= args.e:
@@ -88,10 +101,15 @@ def main():
         iters = max(args.min_iters, min(args.n, args.budget // max(nbytes, 1)))
         warmup = min(args.w, iters)
         ddl_s = timed(lambda: with_ddl(t), iters, warmup)
+        async_s = timed(lambda: with_ddl_async(t), iters, warmup)
+        backend_s = timed(lambda: with_ddl_backend(t), iters, warmup)
         torch_s = timed(lambda: with_torch(t), iters, warmup)
-        wrong += wrong_elements(with_ddl, n, rank, size, device) + wrong_elements(with_torch, n, rank, size, device)
+        wrong += sum(wrong_elements(reduce, n, rank, size, device)
+                     for reduce in (with_ddl, with_ddl_async, with_ddl_backend, with_torch))
         if rank == 0:
-            print(f"{n * 4:>12} {iters:>6} {ddl_s * 1e6:>10.1f} {torch_s * 1e6:>10.1f} {ddl_s / torch_s:>9.2f}", flush=True)
+            print(f"{n * 4:>12} {iters:>6} {ddl_s * 1e6:>10.1f} {async_s * 1e6:>10.1f} {backend_s * 1e6:>10.1f} "
+                  f"{torch_s * 1e6:>10.1f} "
+                  f"{ddl_s / torch_s:>9.2f} {backend_s / torch_s:>13.2f}", flush=True)
         nbytes *= 2
     dist.destroy_process_group()
     hvd.shutdown()

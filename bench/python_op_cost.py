@@ -129,14 +129,14 @@ def run(cmd, env=None, timeout=600):
 
 
 def c_blocking(a):
-    out = run([a.ddl, "run", "--no-prefix", "-np", str(a.np), "--", os.path.join(a.build, "bench", "ddl_allreduce_bench"),
+    out = run([a.ddl, "run", "--no-prefix", "--cpu", "-np", str(a.np), "--", os.path.join(a.build, "bench", "ddl_allreduce_bench"),
                "-b", "4", "-e", "4", "-w", str(a.warmup), "-n", str(a.calls), "--min-iters", str(a.calls)])
     row = next(line for line in out.splitlines() if re.match(r"\s+4\s", line))
     return float(row.split()[3])
 
 
 def c_fused(a, as_ddl_torch=False):
-    out = run([a.ddl, "run", "--no-prefix", "-np", str(a.np), "--", os.path.join(a.build, "bench", "ddl_fusion_bench"),
+    out = run([a.ddl, "run", "--no-prefix", "--cpu", "-np", str(a.np), "--", os.path.join(a.build, "bench", "ddl_fusion_bench"),
                "--tensors", str(a.tensors), "--floats", str(a.floats), "--steps", str(a.steps)]
               + (["--as-ddl-torch"] if as_ddl_torch else []))
     row = next(line for line in out.splitlines() if re.match(rf"\s+{a.tensors}\s", line))
@@ -145,7 +145,7 @@ def c_fused(a, as_ddl_torch=False):
 
 def python(a, breakdown, compiled=True):
     """The worker's figures; compiled=False makes ddl's faces call libddl through ctypes only."""
-    cmd = [a.ddl, "run", "--no-prefix", "-np", str(a.np), "--", a.python, os.path.abspath(__file__), "--worker",
+    cmd = [a.ddl, "run", "--no-prefix", "--cpu", "-np", str(a.np), "--", a.python, os.path.abspath(__file__), "--worker",
            "--calls", str(a.calls), "--warmup", str(a.warmup), "--tensors", str(a.tensors), "--floats", str(a.floats),
            "--steps", str(a.steps)] + (["--breakdown"] if breakdown else [])
     env = {"PYTHONPATH": os.path.join(a.build, "python"), "DDL_PYTHON_FASTPATH": "1" if compiled else "0"}

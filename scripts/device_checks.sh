@@ -6,8 +6,10 @@
 #                                             # the shared libraries they need, into build/device
 #                                             # (the build must have NCCL)
 #   then, with the run tool, carrying "build/device":
-#   bash scripts/device_checks.sh run         # there: every gpu check, then the allreduce benchmark;
-#                                             # logs into $OUT (or ./device-out)
+#   bash scripts/device_checks.sh run         # there: every gpu check, the CPU checks on its torch
+#                                             # 2.x, Lightning on the GPU, then the allreduce benchmark
+#                                             # and the Python per-op cost benchmark (CPU);
+#                                             # logs into $OUT/device-logs.tgz (or ./device-out)
 #
 # Each check skips loudly (exit 77) where no GPU is visible, so `run` can be tried here too.
 set -uo pipefail
@@ -16,50 +18,79 @@ cd "$(dirname "$0")/.."
 # What is carried (the run tool carries at most 64 MiB): build/device, stripped.
 bundle() {
   [ -x build/tests/gpu_checks ] || { echo "device_checks: build/tests/gpu_checks is missing: build with NCCL (cmake -DDDL_WITH_NCCL=ON, BUILD_TESTING=1)" >&2; exit 1; }
-  rm -rf build/device && mkdir -p build/device/lib
-  cp build/cli/ddl build/tests/gpu_checks build/device/
+  # bin/ and python/ side by side, as an installed ddl has them: `ddl run --torch-backend` finds the
+  # package beside the command.
+  rm -rf build/device && mkdir -p build/device/lib build/device/bin
+  cp build/cli/ddl build/tests/gpu_checks build/device/bin/
   cp -L build/runtime/libddl.so.0 build/device/lib/
   cp -r build/python build/device/python
+  mkdir -p build/device/bench  # python_op_cost.py --build build/device finds them there
+  cp build/bench/ddl_allreduce_bench build/bench/ddl_fusion_bench build/device/bench/
   # Everything the binaries link that is not the C library's own or CUDA's (torch's wheels bring those).
-  ldd build/cli/ddl build/runtime/libddl.so.0 build/tests/gpu_checks |
+  ldd build/cli/ddl build/runtime/libddl.so.0 build/tests/gpu_checks build/bench/ddl_allreduce_bench build/bench/ddl_fusion_bench |
     awk '/=> \// {print $3}' | sort -u |
     grep -v -E '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcudart|libnccl|libddl)\.so' |
     while read -r lib; do cp -L "$lib" build/device/lib/; done
   # The C++ runtime only where the device's own is older than the one ddl was built with (see run).
   mkdir -p build/device/lib/fallback
   mv build/device/lib/libstdc++.so.6 build/device/lib/libgcc_s.so.1 build/device/lib/fallback/ 2>/dev/null
-  strip --strip-debug build/device/ddl build/device/gpu_checks build/device/lib/*.so* build/device/lib/fallback/*
+  strip --strip-debug build/device/bin/* build/device/bench/* build/device/lib/*.so* build/device/lib/fallback/*
   du -sh build/device | sed 's/^/device_checks: carry /'
 }
 
 run_checks() {
+  # The tool brings back at most 8 files from $OUT: every log goes into one archive, the summary
+  # and the benchmark's table also to stdout.
   local out="${OUT:-$PWD/device-out}" python="${DDL_DEVICE_PYTHON:-python3}" failed=0
+  local logs
+  logs=$(mktemp -d)
   mkdir -p "$out"
   local device="$PWD/build/device"
   export LD_LIBRARY_PATH="$device/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" DDL_LIBRARY="$device/lib/libddl.so.0"
-  export PYTHONPATH="$device/python" PYTHONDONTWRITEBYTECODE=1 DDL_BIN="$device/ddl"
+  export PYTHONPATH="$device/python" PYTHONDONTWRITEBYTECODE=1 DDL_BIN="$device/bin/ddl"
   if ! "$DDL_BIN" --version > /dev/null 2>&1; then  # the device's libstdc++ is older than the build's
     export LD_LIBRARY_PATH="$device/lib/fallback:$LD_LIBRARY_PATH"
     "$DDL_BIN" --version || { echo "device_checks: the carried ddl does not run here" >&2; exit 1; }
   fi
-  nvidia-smi -L > "$out/gpus.txt" 2>&1
-  "$python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())' > "$out/torch.txt" 2>&1
-  one() {  # name, command...: its log in $out/NAME.log; 0 passed, 77 skipped, else failed
-    local name=$1 rc
+  nvidia-smi -L | tee "$logs/gpus.txt"
+  "$python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())' 2>&1 | tee "$logs/torch.txt"
+  one() {  # name, command...: its log in $logs/NAME.log; 0 passed, 77 skipped, else failed
+    local name=$1 rc started=$SECONDS
     shift
-    (cd tests/integration && "$@") > "$out/$name.log" 2>&1
+    (cd tests/integration && timeout 180 "$@") > "$logs/$name.log" 2>&1
     rc=$?
-    case $rc in 0) echo "device_checks: $name passed" ;; 77) echo "device_checks: $name SKIPPED (no GPU)" ;; *) echo "device_checks: $name FAILED ($rc): $out/$name.log"; failed=1 ;; esac
+    case $rc in
+      0) echo "device_checks: $name passed ($((SECONDS - started)) s)" ;;
+      77) echo "device_checks: $name SKIPPED (no GPU)" ;;
+      *) echo "device_checks: $name FAILED ($rc); its log's end:"; tail -n 15 "$logs/$name.log"; failed=1 ;;
+    esac
     return 0
   }
-  one nccl_collectives "$device/gpu_checks"
-  one ddl_torch "$python" torch_gpu_checks.py
-  one torch_backend "$python" torch_backend_gpu_checks.py
+  # The gpu checks.
+  one nccl_collectives "$device/bin/gpu_checks"
+  one ddl_torch_gpu "$python" torch_gpu_checks.py
+  one torch_backend_gpu "$python" torch_backend_gpu_checks.py
+  # The CPU checks again on this machine's torch 2.x (CI has Debian's 1.13 only), as CPU workers
+  # (--cpu: ddl run would otherwise start one worker per GPU, and refuse more).
+  one ddl_torch_cpu "$DDL_BIN" run --cpu -np 2 -- "$python" torch_api_checks.py
+  one ddl_torch_cpu_fallback env DDL_PYTHON_FASTPATH=0 "$DDL_BIN" run --cpu -np 2 -- "$python" torch_api_checks.py
+  one torch_backend_cpu "$DDL_BIN" run --cpu -np 3 -- "$python" torch_backend_checks.py
+  one ddp_example_cpu "$DDL_BIN" run --cpu -np 4 --torch-backend ddl -- "$python" ../../examples/pytorch_ddp.py --epochs 2
+  one lightning_cpu "$DDL_BIN" run --cpu -np 2 -- "$python" lightning_train.py --backend ddl
   if "$python" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-    "$DDL_BIN" run -np "$("$python" -c 'import torch; print(torch.cuda.device_count())')" -- \
-      "$python" bench/gpu_allreduce_bench.py -e 64M > "$out/gpu_allreduce_bench.txt" 2>&1 || failed=1
-    echo "device_checks: benchmark: $out/gpu_allreduce_bench.txt"
+    local gpus
+    gpus=$("$python" -c 'import torch; print(torch.cuda.device_count())')
+    one lightning_gpu "$DDL_BIN" run -np "$gpus" -- "$python" lightning_train.py --backend ddl --accelerator gpu
+    grep -h "^lightning" "$logs"/lightning_*.log
+    timeout 300 "$DDL_BIN" run -np "$gpus" -- "$python" bench/gpu_allreduce_bench.py -e 64M > "$logs/gpu_allreduce_bench.txt" 2>&1 || failed=1
+    cat "$logs/gpu_allreduce_bench.txt"
   fi
+  # The Python layer's cost per op (issue 21) on this machine's many idle cores, CPU tensors.
+  timeout 240 "$python" bench/python_op_cost.py --ddl "$DDL_BIN" --build "$device" --python "$python" --repeat 3 \
+    > "$logs/python_op_cost.txt" 2>&1 || failed=1
+  cat "$logs/python_op_cost.txt"
+  tar -czf "$out/device-logs.tgz" -C "$logs" .
+  echo "device_checks: logs in $out/device-logs.tgz"
   exit $failed
 }
 

@@ -1,4 +1,6 @@
 """A real PyTorch Lightning DDP fit (CPU, gloo) for one worker of `ddl run`; test_lightning.py runs it.
+`--backend ddl` fits on libddl's torch.distributed backend instead (test_torch_backend.py), and
+`--accelerator gpu` on the GPUs, one per rank (scripts/device_checks.sh, where a GPU is lent).
 
 Lightning must take ddl's ranks (TORCHELASTIC_RUN_ID makes it pick TorchElasticEnvironment,
 which reads RANK, WORLD_SIZE, LOCAL_RANK, GROUP_RANK) and must not start processes of its own:
@@ -9,7 +11,8 @@ prints
 
 (SHA256 of the parameters' bytes; DDP keeps the replicas identical, so every rank prints the same
 hash). Nothing is written to disk outside a temporary directory. Exits non-zero when anything is off.
-Needs the venv of scripts/lightning_venv.sh (Lightning on Debian's torch 1.13).
+Needs the venv of scripts/lightning_venv.sh (Lightning on Debian's torch 1.13), or any Python with
+`pytorch_lightning` or the unified `lightning` package.
 """
 import hashlib
 import os
@@ -18,9 +21,14 @@ import tempfile
 import warnings
 
 import torch
-import pytorch_lightning as pl
-from lightning_fabric.plugins.environments import TorchElasticEnvironment
 from torch.utils.data import DataLoader, TensorDataset
+
+try:
+    import pytorch_lightning as pl
+    from lightning_fabric.plugins.environments import TorchElasticEnvironment
+except ImportError:  # only the unified package: its trainer takes its own environment classes
+    import lightning.pytorch as pl
+    from lightning.fabric.plugins.environments import TorchElasticEnvironment
 
 # Only the one hint a tiny CPU data set always earns; every other warning (an srun one above all) shows.
 warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
@@ -93,16 +101,23 @@ def strategy():
     return pl.strategies.DDPStrategy(process_group_backend=backend)
 
 
+def accelerator():
+    """"cpu", or what `--accelerator` names ("gpu": one GPU per rank)."""
+    return sys.argv[sys.argv.index("--accelerator") + 1] if "--accelerator" in sys.argv else "cpu"
+
+
 def main():
     for name in ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                  "MASTER_PORT"):
         if name not in os.environ:
             fail(f"{name} is not set: run me under `ddl run`")
     devices = int(os.environ["LOCAL_WORLD_SIZE"])
+    if accelerator() == "gpu":  # cuBLAS refuses deterministic=True without it
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     num_nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
     pl.seed_everything(1234, workers=True)
     with tempfile.TemporaryDirectory(prefix="ddl-lightning-") as root:
-        trainer = pl.Trainer(strategy=strategy(), accelerator="cpu", devices=devices, num_nodes=num_nodes, max_epochs=2,
+        trainer = pl.Trainer(strategy=strategy(), accelerator=accelerator(), devices=devices, num_nodes=num_nodes, max_epochs=2,
                              logger=False, enable_checkpointing=False, enable_progress_bar=False,
                              enable_model_summary=False, deterministic=True, default_root_dir=root)
         environment = trainer.strategy.cluster_environment
