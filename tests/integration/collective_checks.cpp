@@ -209,8 +209,8 @@ void check_blocking_flag() {
         "DDL_BLOCKING on ddl_alltoallv_ex is refused, naming the functions it applies to");
 }
 
-// What NCCL cannot do is refused at submit, before any GPU is looked for (so this runs on any host):
-// a CUDA reducescatter of unequal blocks. On every rank alike, so no rank waits for the others.
+// What NCCL cannot do fails on every rank, before any GPU is looked for (so this runs on any host):
+// a CUDA reducescatter of unequal blocks; then the host ops go on.
 void check_cuda_refusals() {
   if (g_size < 2) return;  // one rank's blocks are always equal
   ddl_op_options cuda = DDL_OP_OPTIONS_INIT;
@@ -219,9 +219,14 @@ void check_cuda_refusals() {
   counts[0] = 3;
   float send[64] = {}, recv[4] = {};
   ddl_handle h = nullptr;
-  check(ddl_reducescatter_ex("cuda.rs.unequal", send, recv, counts.data(), DDL_FLOAT32, DDL_SUM, &cuda, &h) == DDL_ERROR_UNSUPPORTED &&
-            h == nullptr && std::string(ddl_last_error()).find("needs the same count for every rank") != std::string::npos,
-        "a CUDA reducescatter of unequal blocks is refused at submit, saying why");
+  require(ddl_reducescatter_ex("cuda.rs.unequal", send, recv, counts.data(), DDL_FLOAT32, DDL_SUM, &cuda, &h),
+          "unequal CUDA reducescatter");
+  check(ddl_wait(h) == DDL_ERROR_UNSUPPORTED &&
+            std::string(ddl_last_error()).find("needs the same count for every rank") != std::string::npos,
+        "a CUDA reducescatter of unequal blocks fails on every rank, saying why");
+  float x = 1.0f;
+  require(ddl_allreduce("after.cuda.refusal", &x, &x, 1, DDL_FLOAT32, DDL_SUM), "host allreduce after the refusal");
+  check(x == static_cast<float>(g_size), "host ops go on after the refused CUDA reducescatter");
 }
 
 // An async op whose name is still in flight on this rank is refused by the call that submits it,

@@ -90,9 +90,9 @@ void check_reducescatter(cudaStream_t stream) {
   check(ok, "CUDA reducescatter sum");
   if (g_size > 1) {  // one rank's blocks are always equal
     counts[0] += 1;
-    const ddl_status s = ddl_reducescatter_ex("gpu.rs.unequal", dsend, drecv, counts.data(), DDL_FLOAT32, DDL_SUM, &o, &h);
-    check(s == DDL_ERROR_UNSUPPORTED && std::string(ddl_last_error()).find("same count") != std::string::npos,
-          "a CUDA reducescatter of unequal blocks is refused, saying why");
+    require(ddl_reducescatter_ex("gpu.rs.unequal", dsend, drecv, counts.data(), DDL_FLOAT32, DDL_SUM, &o, &h), "submit");
+    check(ddl_wait(h) == DDL_ERROR_UNSUPPORTED && std::string(ddl_last_error()).find("same count") != std::string::npos,
+          "a CUDA reducescatter of unequal blocks fails on every rank, saying why");
   }
   cudaFree(dsend);
   cudaFree(drecv);

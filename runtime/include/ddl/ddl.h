@@ -208,8 +208,9 @@ DDL_API ddl_status ddl_process_set_ranks(ddl_process_set set, int* ranks);
 #define DDL_CUDA_BUFFERS 2u /* flag: the buffers are CUDA device memory, enqueued on `stream` */
 /* flag: the op is done when the call returns, run on the calling thread as the blocking forms are;
  * `handle` may be NULL and is set to NULL. For ddl_allreduce_ex, ddl_broadcast_ex,
- * ddl_allgatherv_ex and ddl_reducescatter_ex. With DDL_CUDA_BUFFERS the calling thread enqueues
- * the op on `stream` and returns once the GPU has finished it. */
+ * ddl_allgatherv_ex and ddl_reducescatter_ex. With DDL_CUDA_BUFFERS the op is enqueued on `stream`
+ * (by the calling thread, unless another thread is running libddl's rounds just then) and the call
+ * returns once the GPU has finished it. */
 #define DDL_BLOCKING 4u
 typedef struct {
   ddl_process_set process_set; /* NULL: the world */
@@ -251,11 +252,14 @@ DDL_API ddl_status ddl_alltoall_any_ex(const char* name, const void* send, const
 /* send_counts[j] elements go to rank j (blocks in rank order); recv_counts[j] come from rank j.
  * Each rank passes its own counts, which must match its peers' (ranks learn them beforehand, e.g.
  * with an alltoall of the counts): when any rank's recv_counts[j] differs from what rank j sends it,
- * the op fails on every rank with DDL_ERROR_MISMATCH and writes nothing to recv. */
+ * the op fails on every rank with DDL_ERROR_MISMATCH and writes nothing to recv. CUDA buffers
+ * (DDL_CUDA_BUFFERS) go as NCCL sends and receives, after the same check of the counts on the host. */
 DDL_API ddl_status ddl_alltoallv_ex(const char* name, const void* send, const size_t* send_counts, void* recv, const size_t* recv_counts,
                                     ddl_dtype dtype, const ddl_op_options* options, ddl_handle* handle);
 /* send holds the sum of recv_counts elements on every rank; rank r receives the reduction of block r
- * (recv_counts[r] elements, blocks in rank order). Every rank passes the same recv_counts. */
+ * (recv_counts[r] elements, blocks in rank order). Every rank passes the same recv_counts. CUDA
+ * buffers go through ncclReduceScatter: equal blocks only (otherwise the op fails on every rank with
+ * DDL_ERROR_UNSUPPORTED), no int16. */
 DDL_API ddl_status ddl_reducescatter_ex(const char* name, const void* send, void* recv, const size_t* recv_counts, ddl_dtype dtype,
                                         ddl_reduce_op op, const ddl_op_options* options, ddl_handle* handle);
 /* Horovod's join: returns once every rank of the set (NULL: the world) has called it, and meanwhile

@@ -919,8 +919,6 @@ ddl_status ddl_reducescatter_ex(const char* name, const void* send, void* recv, 
     // an empty tensor's storage does; refusing it here left the other ranks waiting for this one.
     if (auto s = check_common(recv, counts[static_cast<size_t>(t.rank)], dtype); s != DDL_SUCCESS) return s;
     if (send == nullptr && total > 0) return fail(DDL_ERROR_INVALID_ARGUMENT, "the send buffer is NULL");
-    if (cuda && std::any_of(counts.begin(), counts.end(), [&](uint64_t c) { return c != counts[0]; }))  // ncclReduceScatter's blocks
-      return fail(DDL_ERROR_UNSUPPORTED, "reducescatter of CUDA buffers needs the same count for every rank");
     OpSpec spec{OpKind::Reducescatter, dtype, op, 0, total, counts, cuda, false, std::move(shape), o.prescale, o.postscale};
     return submit_to(t, name, std::move(spec), send, recv, handle, cuda ? o.stream : nullptr, o.flags);
   });

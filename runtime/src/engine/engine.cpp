@@ -509,10 +509,17 @@ void Engine::execute(const std::vector<ReadyOp>& ready) {
 }
 
 void Engine::enqueue_gpu_ops(std::vector<PendingOp*> ops) {
+  // What NCCL cannot do fails here, where every rank has the same agreed spec: refused at submit,
+  // a rank whose counts differed from its peers' would leave them waiting.
+  std::erase_if(ops, [&](PendingOp* op) {
+    if (op->spec.kind != OpKind::Reducescatter || blocks_equal(op->spec.counts)) return false;
+    finish(*op, DDL_ERROR_UNSUPPORTED, fmt::format("reducescatter '{}' of CUDA buffers needs the same count for every rank", op->name));
+    return true;
+  });
   if (ops.empty()) return;
   if (!gpu_) {
     try {
-      gpu_ = make_nccl_collectives(*collectives_, ops[0]->recv);
+      gpu_ = make_nccl_collectives(*collectives_, gpu_buffer_of(ops));
     } catch (const std::exception& e) {
       for (PendingOp* op : ops) finish(*op, DDL_ERROR_UNSUPPORTED, fmt::format("op '{}': {}", op->name, e.what()));
       return;
@@ -759,6 +766,19 @@ bool Engine::run_alltoallv(PendingOp& op) {
   }
   unpack_blocks(block, op.recv_counts, op.spec.dtype, static_cast<char*>(op.recv));
   return true;
+}
+
+bool Engine::blocks_equal(const std::vector<uint64_t>& counts) {
+  return std::all_of(counts.begin(), counts.end(), [&](uint64_t c) { return c == counts.front(); });
+}
+
+// A buffer of the round's CUDA ops, whose GPU the communicator is made on: an empty one may be NULL.
+const void* Engine::gpu_buffer_of(const std::vector<PendingOp*>& ops) {
+  for (const PendingOp* op : ops) {
+    if (op->recv != nullptr) return op->recv;
+    if (op->send != nullptr) return op->send;
+  }
+  return nullptr;  // the current GPU
 }
 
 // NCCL's sends and receives must pair up in size (a receive of another count hangs or cuts a block

@@ -167,6 +167,8 @@ class Engine {
   std::optional<size_t> first_unexpected_count(const PendingOp& op, const std::vector<uint64_t>& sent_to_me) const;
   std::string alltoallv_mismatch(const PendingOp& op, const std::vector<uint64_t>& sent_to_me, std::optional<size_t> differing) const;
   bool gpu_alltoallv_counts_agree(PendingOp& op);  // false: finished with DDL_ERROR_MISMATCH
+  static bool blocks_equal(const std::vector<uint64_t>& counts);
+  static const void* gpu_buffer_of(const std::vector<PendingOp*>& ops);
   size_t exchange_blocks(const PendingOp& op, bool& mismatch);
   void unpack_blocks(size_t block, const std::vector<size_t>& counts, ddl_dtype dtype, char* to);
   void run_allgather_any(PendingOp& op);

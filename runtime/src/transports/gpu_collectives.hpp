@@ -1,5 +1,6 @@
 // Collectives on CUDA device memory (NCCL), enqueued on the caller's stream and completed
-// asynchronously. Only the engine thread calls them, in the same order on every rank.
+// asynchronously. Only the thread running the engine's round calls them (the engine thread, or the
+// caller of a blocking op running rounds itself), one at a time, in the same order on every rank.
 #pragma once
 
 #include <cstddef>

@@ -14,6 +14,7 @@
 #include "runtime/src/transports/nccl_library.hpp"
 
 #if DDL_WITH_NCCL
+#include <cuda.h>  // the driver API's types only: its one function here is looked up through the runtime
 #include <cuda_runtime.h>
 #endif
 
@@ -57,8 +58,14 @@ void require_a_gpu() {
                 "check CUDA_VISIBLE_DEVICES and nvidia-smi; host buffers use the non-CUDA functions");
 }
 
-// The GPU that holds `pointer`; throws if it is not GPU memory.
+// The GPU that holds `pointer` (NULL: the current one; an empty buffer may come as NULL); throws if
+// it is not GPU memory.
 int device_of(const void* pointer) {
+  if (pointer == nullptr) {
+    int current = 0;
+    check_cuda(cudaGetDevice(&current), "cannot read the current GPU");
+    return current;
+  }
   cudaPointerAttributes attributes{};
   check_cuda(cudaPointerGetAttributes(&attributes, pointer), "cannot inspect the GPU buffer");
   if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged)
@@ -66,8 +73,41 @@ int device_of(const void* pointer) {
   return attributes.device;
 }
 
+// Whether `device`'s primary context exists. Selecting a device creates its context (hundreds of MiB
+// on a GPU this rank may not use), so a thread is only switched back to a device already in use, as
+// torch's own device guards do. The driver's function is looked up through the runtime: libddl does
+// not link libcuda. Unknown (no such entry point): true.
+bool has_primary_context(int device) {
+  using GetState = CUresult (*)(CUdevice, unsigned int*, int*);
+  using GetDevice = CUresult (*)(CUdevice*, int);
+  static const auto [get_state, get_device] = [] {
+    void* state = nullptr;
+    void* device_of_ordinal = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+#if CUDART_VERSION >= 12050
+    if (cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &state, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess ||
+        cudaGetDriverEntryPointByVersion("cuDeviceGet", &device_of_ordinal, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+#else
+    if (cudaGetDriverEntryPoint("cuDevicePrimaryCtxGetState", &state, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess ||
+        cudaGetDriverEntryPoint("cuDeviceGet", &device_of_ordinal, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+#endif
+      return std::pair<GetState, GetDevice>{nullptr, nullptr};
+    return std::pair{reinterpret_cast<GetState>(state), reinterpret_cast<GetDevice>(device_of_ordinal)};
+  }();
+  if (get_state == nullptr) return true;
+  CUdevice handle = 0;
+  unsigned int flags = 0;
+  int active = 0;
+  return get_device(&handle, device) == CUDA_SUCCESS && get_state(handle, &flags, &active) == CUDA_SUCCESS && active != 0;
+}
+
 // Makes `device` the calling thread's GPU until restore(). Rounds run on the engine thread or on
-// the thread of a caller of a blocking op, whose own current GPU must stay as it was.
+// the thread of a caller of a blocking op, whose own current GPU stays as it was where that GPU is in
+// use; a thread that never chose one (the engine thread) simply stays on the communicator's.
 class CurrentDevice {
  public:
   void select(int device) {
@@ -76,7 +116,7 @@ class CurrentDevice {
     selected_ = device;
   }
   void restore() {
-    if (previous_ != selected_) cudaSetDevice(previous_);  // nothing selected: both -1
+    if (previous_ != selected_ && has_primary_context(previous_)) cudaSetDevice(previous_);  // none selected: both -1
     previous_ = selected_ = -1;
   }
 
@@ -139,7 +179,16 @@ class NcclCollectives final : public GpuCollectives {
     current_.select(device_);  // ncclCommInitRank binds the communicator to the current GPU
     const ncclResult_t rc = nccl().CommInitRank(&comm_, host.size(), id, host.rank());
     current_.restore();
-    check_nccl(rc, "ncclCommInitRank");
+    // Every rank has a communicator or none has: a rank whose init failed alone would leave the
+    // others running the next CUDA ops' host steps (alltoallv's count check) without it.
+    const bool made = rc == ncclSuccess || rc == ncclInProgress;
+    const std::vector<std::string> made_by = host.allgather_bytes(made ? "1" : "0");
+    if (std::find(made_by.begin(), made_by.end(), "0") != made_by.end()) {
+      if (made) nccl().CommAbort(comm_);
+      comm_ = nullptr;
+      if (!made) check_nccl(rc, "ncclCommInitRank");
+      throw Error("another rank could not create its NCCL communicator; its own error says why");
+    }
     size_ = host.size();
   }
 
@@ -197,8 +246,10 @@ class NcclCollectives final : public GpuCollectives {
     const ncclResult_t rc = nccl().GroupStart();
     if (rc != ncclSuccess && rc != ncclInProgress) current_.restore();
     check_nccl(rc, "ncclGroupStart");
+    in_group_ = true;
   }
   void group_end() override {
+    in_group_ = false;
     const ncclResult_t rc = nccl().GroupEnd();
     current_.restore();
     check_nccl(rc, "ncclGroupEnd");
@@ -216,15 +267,20 @@ class NcclCollectives final : public GpuCollectives {
   }
   void release(Token token) override { cudaEventDestroy(static_cast<cudaEvent_t>(token)); }
   void abort() override {
+    // An op that threw inside its group left the group open on this thread, which may be a caller's:
+    // NCCL's group depth is per thread, and its next NCCL call (torch's too) would wait in it.
+    if (in_group_) nccl().GroupEnd();
+    in_group_ = false;
     if (comm_ != nullptr) nccl().CommAbort(comm_);
     comm_ = nullptr;
-    current_.restore();  // an op that threw inside its group left the communicator's GPU selected
+    current_.restore();  // and left the communicator's GPU selected
   }
 
  private:
   int device_ = 0;
   int size_ = 0;
   CurrentDevice current_;  // only one thread at a time runs rounds
+  bool in_group_ = false;  // between group_start() and group_end()
   ncclComm_t comm_ = nullptr;
 };
 
