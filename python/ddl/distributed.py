@@ -211,18 +211,25 @@ class _Op:
         except BaseException as failure:  # the op's caller gets it from Work.wait()
             value, error = None, failure
         with self.lock:
-            self.value, self.error, self.done = value, error, True
+            self.value, self.error = value, error
             future = self._future
+            if future is None:
+                self.done = True  # a future made later is completed as it is made
         if future is not None:
-            _set_outcome(future, value, error)
+            # `done` only once the future is complete: whoever sees it may read the future at once
+            # (wait() then get_future().value(), as with torch's own backends).
+            try:
+                _set_outcome(future, value, error)
+            finally:
+                self.done = True
         self.keep = None
 
 
 def _set_outcome(future, value, error):
-    if error is not None:
-        future.set_exception(error)
-    else:
+    if error is None:
         future.set_result(value)
+    else:  # torch's futures take Exceptions only: a KeyboardInterrupt and the like goes as its repr
+        future.set_exception(error if isinstance(error, Exception) else RuntimeError(repr(error)))
 
 
 _raw_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -772,17 +779,21 @@ class ProcessGroupDDL(dist.ProcessGroup):
         return result
 
     def _after_all(self, works, finish):
-        """A Work that completes, with `finish()`, after every one of `works` (raising the first error)."""
+        """A Work that completes, with `finish()`, after every one of `works` (raising the first error).
+        `finish()` often runs on the group's thread: a CUDA op's copies go on its caller's stream."""
         future = torch.futures.Future()
+        stream = next((w._op.stream for w in works if getattr(getattr(w, "_op", None), "stream", None) is not None), None)
 
         def chain(done):
             try:
                 for each in done.value():
                     each.value()
-                with torch.no_grad():
-                    future.set_result(finish())
+                with torch.no_grad(), _on_stream(stream):
+                    value = finish()
             except BaseException as error:
-                future.set_exception(error)
+                _set_outcome(future, None, error)
+            else:
+                future.set_result(value)
 
         torch.futures.collect_all([work.get_future() for work in works]).then(chain)
         chained = _Op((), None, None, future=future)

@@ -150,6 +150,22 @@ def _():
     inputs = [data(r, shape=(2 * N, 3)) for r in range(N)]
     total = torch.stack(inputs).sum(0)
     on_gpu(hvd.reducescatter(inputs[R].to(GPU), op=hvd.Sum, name="rs"), total[2 * R:2 * R + 2])
+    # Equal blocks go through NCCL: Average, scaled, and several at once.
+    got = hvd.reducescatter(inputs[R].to(GPU), op=hvd.Average, name="rs.avg", prescale_factor=2.0,
+                            postscale_factor=0.5)
+    assert got.device == GPU and got.dtype == torch.float32, (got.device, got.dtype)
+    assert torch.allclose(got.cpu(), (total / N)[2 * R:2 * R + 2]), (got.cpu(), total / N)
+    many = hvd.grouped_reducescatter([inputs[R].to(GPU), (inputs[R] * 3).to(GPU)], op=hvd.Sum, name="rs.group")
+    on_gpu(many[0], total[2 * R:2 * R + 2])
+    on_gpu(many[1], (total * 3)[2 * R:2 * R + 2])
+    # Rows not a multiple of the ranks (with 2 ranks or more), and int16, reduce through the host.
+    odd = [data(r, shape=(2 * N + 1, 3)) for r in range(N)]
+    rows = [2 + (1 if r == 0 else 0) for r in range(N)]
+    start = sum(rows[:R])
+    on_gpu(hvd.reducescatter(odd[R].to(GPU), op=hvd.Sum, name="rs.odd"), torch.stack(odd).sum(0)[start:start + rows[R]])
+    small = [data(r, shape=(2 * N, 3)).to(torch.int16) for r in range(N)]
+    on_gpu(hvd.reducescatter(small[R].to(GPU), op=hvd.Sum, name="rs.int16"),
+           torch.stack(small).sum(0).to(torch.int16)[2 * R:2 * R + 2])
 
 
 @check("DistributedOptimizer on a CUDA model keeps the replicas identical")

@@ -641,17 +641,23 @@ def _reducescatter_group_async(kind, tensors, name, op, prescale, postscale, pro
             for i, t in enumerate(tensors):
                 src = t.contiguous()
                 cuda = _is_cuda(src)
-                # CUDA tensors reduce through the host; they are scaled on the GPU, as Horovod does.
-                data = _scale_like_horovod(src, prescale).cpu() if cuda else src
                 rows = _scatter_rows(src.shape[0], n)
                 row = _row_elements(src)
+                # CUDA tensors are scaled on the GPU, as Horovod does. Equal blocks go through NCCL
+                # (ncclReduceScatter) on the current stream; the rest (rows not a multiple of the
+                # ranks, int16, which NCCL lacks) reduce through the host.
+                on_gpu = cuda and rows[0] == rows[-1] and _ddl_dtype(src) != L.INT16
+                data = _scale_like_horovod(src, prescale) if cuda else src
+                if cuda and not on_gpu:
+                    data = data.cpu()
                 out = data.new_empty((rows[me],) + tuple(src.shape[1:]))
-                opts = _options(target, None, tuple(src.shape), 1.0 if cuda else prescale, 1.0 if cuda else postscale)
+                opts = _options(target, data if on_gpu else None, tuple(src.shape), 1.0 if cuda else prescale,
+                                1.0 if cuda else postscale)
                 sub = full_name if kind == "reducescatter" else full_name + f".{i}".encode()
                 h = _submit(L.lib.ddl_reducescatter_ex, sub, data.data_ptr(), out.data_ptr(),
                             _sizes([r * row for r in rows]), _ddl_dtype(data), _REDUCE[op], ctypes.byref(opts))
                 c_handles.append(h)
-                keep.append((src, data, out))
+                keep.append((src, data, out, opts))
                 results.append((out, src.device if cuda else None))
         except BaseException:
             _wait_quietly(c_handles)
