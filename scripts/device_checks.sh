@@ -71,12 +71,15 @@ run_checks() {
   one ddl_torch_gpu "$python" torch_gpu_checks.py
   one torch_backend_gpu "$python" torch_backend_gpu_checks.py
   # The CPU checks again on this machine's torch 2.x (CI has Debian's 1.13 only), as CPU workers
-  # (--cpu: ddl run would otherwise start one worker per GPU, and refuse more).
-  one ddl_torch_cpu "$DDL_BIN" run --cpu -np 2 -- "$python" torch_api_checks.py
-  one ddl_torch_cpu_fallback env DDL_PYTHON_FASTPATH=0 "$DDL_BIN" run --cpu -np 2 -- "$python" torch_api_checks.py
-  one torch_backend_cpu "$DDL_BIN" run --cpu -np 3 -- "$python" torch_backend_checks.py
-  one ddp_example_cpu "$DDL_BIN" run --cpu -np 4 --torch-backend ddl -- "$python" ../../examples/pytorch_ddp.py --epochs 2
-  one lightning_cpu "$DDL_BIN" run --cpu -np 2 -- "$python" lightning_train.py --backend ddl
+  # (--cpu: ddl run would otherwise start one worker per GPU, and refuse more). DDL_DEVICE_GPU_ONLY=1
+  # skips them and the CPU benchmark, for a session with little device time left.
+  local cpu=1
+  [ "${DDL_DEVICE_GPU_ONLY:-0}" = 1 ] && cpu=0
+  [ $cpu = 1 ] && one ddl_torch_cpu "$DDL_BIN" run --cpu -np 2 -- "$python" torch_api_checks.py
+  [ $cpu = 1 ] && one ddl_torch_cpu_fallback env DDL_PYTHON_FASTPATH=0 "$DDL_BIN" run --cpu -np 2 -- "$python" torch_api_checks.py
+  [ $cpu = 1 ] && one torch_backend_cpu "$DDL_BIN" run --cpu -np 3 -- "$python" torch_backend_checks.py
+  [ $cpu = 1 ] && one ddp_example_cpu "$DDL_BIN" run --cpu -np 4 --torch-backend ddl -- "$python" ../../examples/pytorch_ddp.py --epochs 2
+  [ $cpu = 1 ] && one lightning_cpu "$DDL_BIN" run --cpu -np 2 -- "$python" lightning_train.py --backend ddl
   if "$python" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
     local gpus
     gpus=$("$python" -c 'import torch; print(torch.cuda.device_count())')
@@ -86,9 +89,11 @@ run_checks() {
     cat "$logs/gpu_allreduce_bench.txt"
   fi
   # The Python layer's cost per op (issue 21) on this machine's many idle cores, CPU tensors.
-  timeout 240 "$python" bench/python_op_cost.py --ddl "$DDL_BIN" --build "$device" --python "$python" --repeat 3 \
-    > "$logs/python_op_cost.txt" 2>&1 || failed=1
-  cat "$logs/python_op_cost.txt"
+  if [ $cpu = 1 ]; then
+    timeout 240 "$python" bench/python_op_cost.py --ddl "$DDL_BIN" --build "$device" --python "$python" --repeat 3 \
+      > "$logs/python_op_cost.txt" 2>&1 || failed=1
+    cat "$logs/python_op_cost.txt"
+  fi
   tar -czf "$out/device-logs.tgz" -C "$logs" .
   echo "device_checks: logs in $out/device-logs.tgz"
   exit $failed
