@@ -536,7 +536,7 @@ void Engine::enqueue_gpu_ops(std::vector<PendingOp*> ops) {
       case OpKind::Allreduce: gpu_->allreduce(op->send, op->recv, s.count, s.dtype, s.reduce, op->stream); break;
       case OpKind::Broadcast: gpu_->broadcast(op->recv, s.count, s.dtype, s.root, op->stream); break;
       case OpKind::Allgather: gpu_->allgather(op->send, op->recv, s.count, s.dtype, op->stream); break;
-      case OpKind::Reducescatter:  // equal blocks (the C API checks)
+      case OpKind::Reducescatter:  // equal blocks (checked above)
         gpu_->reduce_scatter(op->send, op->recv, s.counts[static_cast<size_t>(rank_)], s.dtype, s.reduce, op->stream);
         break;
       case OpKind::Alltoallv: gpu_->alltoallv(op->send, op->send_counts, op->recv, op->recv_counts, s.dtype, op->stream); break;
