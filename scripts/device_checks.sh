@@ -75,11 +75,13 @@ run_checks() {
   # skips them and the CPU benchmark, for a session with little device time left.
   local cpu=1
   [ "${DDL_DEVICE_GPU_ONLY:-0}" = 1 ] && cpu=0
-  [ $cpu = 1 ] && one ddl_torch_cpu "$DDL_BIN" run --cpu -np 2 -- "$python" torch_api_checks.py
-  [ $cpu = 1 ] && one ddl_torch_cpu_fallback env DDL_PYTHON_FASTPATH=0 "$DDL_BIN" run --cpu -np 2 -- "$python" torch_api_checks.py
-  [ $cpu = 1 ] && one torch_backend_cpu "$DDL_BIN" run --cpu -np 3 -- "$python" torch_backend_checks.py
-  [ $cpu = 1 ] && one ddp_example_cpu "$DDL_BIN" run --cpu -np 4 --torch-backend ddl -- "$python" ../../examples/pytorch_ddp.py --epochs 2
-  [ $cpu = 1 ] && one lightning_cpu "$DDL_BIN" run --cpu -np 2 -- "$python" lightning_train.py --backend ddl
+  if [ $cpu = 1 ]; then
+    one ddl_torch_cpu "$DDL_BIN" run --cpu -np 2 -- "$python" torch_api_checks.py
+    one ddl_torch_cpu_fallback env DDL_PYTHON_FASTPATH=0 "$DDL_BIN" run --cpu -np 2 -- "$python" torch_api_checks.py
+    one torch_backend_cpu "$DDL_BIN" run --cpu -np 3 -- "$python" torch_backend_checks.py
+    one ddp_example_cpu "$DDL_BIN" run --cpu -np 4 --torch-backend ddl -- "$python" ../../examples/pytorch_ddp.py --epochs 2
+    one lightning_cpu "$DDL_BIN" run --cpu -np 2 -- "$python" lightning_train.py --backend ddl
+  fi
   if "$python" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
     local gpus
     gpus=$("$python" -c 'import torch; print(torch.cuda.device_count())')

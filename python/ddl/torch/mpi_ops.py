@@ -643,10 +643,11 @@ def _reducescatter_group_async(kind, tensors, name, op, prescale, postscale, pro
                 cuda = _is_cuda(src)
                 rows = _scatter_rows(src.shape[0], n)
                 row = _row_elements(src)
+                dtype = _ddl_dtype(src)  # scaling and staging keep the dtype
                 # CUDA tensors are scaled on the GPU, as Horovod does. Equal blocks go through NCCL
                 # (ncclReduceScatter) on the current stream; the rest (rows not a multiple of the
                 # ranks, int16, which NCCL lacks) reduce through the host.
-                on_gpu = cuda and rows[0] == rows[-1] and _ddl_dtype(src) != L.INT16
+                on_gpu = cuda and rows[0] == rows[-1] and dtype != L.INT16
                 data = _scale_like_horovod(src, prescale) if cuda else src
                 if cuda and not on_gpu:
                     data = data.cpu()
@@ -655,7 +656,7 @@ def _reducescatter_group_async(kind, tensors, name, op, prescale, postscale, pro
                                 1.0 if cuda else postscale)
                 sub = full_name if kind == "reducescatter" else full_name + f".{i}".encode()
                 h = _submit(L.lib.ddl_reducescatter_ex, sub, data.data_ptr(), out.data_ptr(),
-                            _sizes([r * row for r in rows]), _ddl_dtype(data), _REDUCE[op], ctypes.byref(opts))
+                            _sizes([r * row for r in rows]), dtype, _REDUCE[op], ctypes.byref(opts))
                 c_handles.append(h)
                 keep.append((src, data, out, opts))
                 results.append((out, src.device if cuda else None))
