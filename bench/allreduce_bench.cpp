@@ -13,6 +13,9 @@
 // more allreduce and counts elements that differ from the exact sum n(n+1)/2 + n(i % 8); the
 // column is the total over ranks. Any wrong element makes the program exit 1. The timed loop
 // reduces a buffer of zeros, so that in-place sums stay finite however many iterations run.
+// With --async every timed and warm-up iteration is ddl_allreduce_async followed at once by ddl_wait
+// of its handle instead: the cost of an async op waited for at once (a Python face's async op and
+// synchronize), against the blocking call's.
 //
 // Each size uses one fixed op name ("allreduce_bench.<bytes>"): the blocking calls finish before
 // the next is submitted, so a name is never in flight twice. The table (printed by rank 0) has
@@ -59,7 +62,7 @@ bool parse_size(const char* text, uint64_t& out) {
 void usage() {
   std::fprintf(stderr,
                "usage: ddl run -np N -- ddl_allreduce_bench [-b MINBYTES] [-e MAXBYTES] [-w WARMUP] [-n MAXITERS]\n"
-               "                 [--min-iters N] [--budget BYTES]\n"
+               "                 [--min-iters N] [--budget BYTES] [--async]\n"
                "  defaults: -b 4 -e 64M -w 10 -n 200 --min-iters 5 --budget 1G\n"
                "  timed iterations per size = clamp(budget / size, min-iters, MAXITERS)\n");
 }
@@ -69,6 +72,7 @@ void usage() {
 int main(int argc, char** argv) {
   uint64_t min_bytes = 4, max_bytes = 64ull << 20, budget = 1ull << 30;
   int warmup = 10, max_iters = 200, min_iters = 5;
+  bool async = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> const char* {
@@ -91,6 +95,8 @@ int main(int argc, char** argv) {
       min_iters = std::atoi(next());
     else if (a == "--budget")
       ok = parse_size(next(), budget);
+    else if (a == "--async")
+      async = true;
     else if (a == "-h" || a == "--help") {
       usage();
       return 0;
@@ -116,8 +122,9 @@ int main(int argc, char** argv) {
   std::vector<float> buf(max_count);
   const double bus_factor = size > 1 ? 2.0 * (size - 1) / size : 1.0;
   if (rank == 0) {
-    std::printf("# impl libddl, ranks %d, float32 sum, in place, warmup min(%d, iters), iters clamp(%llu/size, %d, %d)\n", size, warmup,
-                static_cast<unsigned long long>(budget), min_iters, max_iters);
+    std::printf("# impl libddl%s, ranks %d, float32 sum, in place, warmup min(%d, iters), iters clamp(%llu/size, %d, %d)\n",
+                async ? " (ddl_allreduce_async + ddl_wait)" : "", size, warmup, static_cast<unsigned long long>(budget), min_iters,
+                max_iters);
     std::printf("# %12s %12s %6s %12s %12s %12s %8s\n", "size(B)", "count", "iters", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
     std::fflush(stdout);
   }
@@ -132,12 +139,17 @@ int main(int argc, char** argv) {
     const int iters = static_cast<int>(std::min<uint64_t>(max_iters, std::max<uint64_t>(min_iters, by_budget)));
     std::fill(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(count), 0.0f);  // stays finite in place
 
+    auto allreduce = [&](const char* what) {
+      if (!async) return check(ddl_allreduce(name.c_str(), buf.data(), buf.data(), count, DDL_FLOAT32, DDL_SUM), what);
+      ddl_handle handle = nullptr;
+      check(ddl_allreduce_async(name.c_str(), buf.data(), buf.data(), count, DDL_FLOAT32, DDL_SUM, &handle), what);
+      check(ddl_wait(handle), what);
+    };
     check(ddl_barrier(), "ddl_barrier");
-    for (int it = 0; it < std::min(warmup, iters); ++it)
-      check(ddl_allreduce(name.c_str(), buf.data(), buf.data(), count, DDL_FLOAT32, DDL_SUM), "warm-up allreduce");
+    for (int it = 0; it < std::min(warmup, iters); ++it) allreduce("warm-up allreduce");
     check(ddl_barrier(), "ddl_barrier");
     const auto t0 = std::chrono::steady_clock::now();
-    for (int it = 0; it < iters; ++it) check(ddl_allreduce(name.c_str(), buf.data(), buf.data(), count, DDL_FLOAT32, DDL_SUM), "allreduce");
+    for (int it = 0; it < iters; ++it) allreduce("allreduce");
     const auto t1 = std::chrono::steady_clock::now();
     double us = std::chrono::duration<double, std::micro>(t1 - t0).count() / iters;
     check(ddl_allreduce("allreduce_bench.time", &us, &us, 1, DDL_FLOAT64, DDL_MAX), "time max-allreduce");

@@ -6,11 +6,13 @@
 Each run starts, under `ddl run --no-prefix -np N`:
 
   c-blocking   build/bench/ddl_allreduce_bench -b 4 -e 4: blocking ddl_allreduce of one float32, µs/call
+  c-async      the same with --async: ddl_allreduce_async and at once ddl_wait, µs/call
   c-fused      build/bench/ddl_fusion_bench: a step of 1000 ddl_allreduce_async of 4 KiB, then ddl_wait each
   c-as-torch   the same with --as-ddl-torch: each op as ddl.torch submits it (named "allreduce.grad.N", with
                its shape), so that python / c-as-torch is what the Python layer adds to the very same ops
   python       this file with --worker: the same two through ddl.torch (hvd.allreduce_ of one float,
-               and 1000 hvd.allreduce_async_ of 4 KiB plus hvd.synchronize of each), and, on rank 0,
+               and 1000 hvd.allreduce_async_ of 4 KiB plus hvd.synchronize of each; and
+               hvd.synchronize(hvd.allreduce_async_(one float)) at once), and, on rank 0,
                where a call's time goes (--breakdown: each piece of the Python path timed alone)
 
 Reported: the fastest run of each, the Python layer's cost over the C API (blocking: python - C,
@@ -54,6 +56,13 @@ def worker(args):
     for _ in range(args.calls):
         hvd.allreduce_(one, op=hvd.Sum)
     blocking_us = (time.perf_counter() - start) / args.calls * 1e6
+    for _ in range(args.warmup):
+        hvd.synchronize(hvd.allreduce_async_(one, name="op_cost.async", op=hvd.Sum))
+    hvd.barrier()
+    start = time.perf_counter()
+    for _ in range(args.calls):
+        hvd.synchronize(hvd.allreduce_async_(one, name="op_cost.async", op=hvd.Sum))
+    async_us = (time.perf_counter() - start) / args.calls * 1e6
 
     grads = [torch.ones(args.floats) for _ in range(args.tensors)]
     step_names = [f"grad.{i}" for i in range(args.tensors)]
@@ -76,7 +85,7 @@ def worker(args):
         submits.append(step())
         steps.append((time.perf_counter() - start) * 1e3)
     median = sorted(range(len(steps)), key=steps.__getitem__)[len(steps) // 2]
-    result = {"blocking_us": blocking_us, "step_ms": steps[median], "step_min_ms": min(steps),
+    result = {"blocking_us": blocking_us, "async_us": async_us, "step_ms": steps[median], "step_min_ms": min(steps),
               "submit_ms": submits[median]}
 
     if args.breakdown and hvd.rank() == 0:
@@ -128,9 +137,10 @@ def run(cmd, env=None, timeout=600):
     return r.stdout
 
 
-def c_blocking(a):
+def c_blocking(a, async_wait=False):
     out = run([a.ddl, "run", "--no-prefix", "--cpu", "-np", str(a.np), "--", os.path.join(a.build, "bench", "ddl_allreduce_bench"),
-               "-b", "4", "-e", "4", "-w", str(a.warmup), "-n", str(a.calls), "--min-iters", str(a.calls)])
+               "-b", "4", "-e", "4", "-w", str(a.warmup), "-n", str(a.calls), "--min-iters", str(a.calls)]
+              + (["--async"] if async_wait else []))
     row = next(line for line in out.splitlines() if re.match(r"\s+4\s", line))
     return float(row.split()[3])
 
@@ -174,21 +184,23 @@ def main():
         return worker(a)
 
     has_compiled = glob.glob(os.path.join(a.build, "python", "ddl", "_fastpath*.so"))
-    runs = {"c_blocking": [], "c_step": [], "c_step_as_torch": [], "py_blocking": [], "py_step": []}
+    runs = {"c_blocking": [], "c_async": [], "c_step": [], "c_step_as_torch": [], "py_blocking": [], "py_async": [], "py_step": []}
     if has_compiled:
         runs.update(ctypes_blocking=[], ctypes_step=[])
     pieces = None
     for i in range(a.repeat):
         runs["c_blocking"].append(c_blocking(a))
+        runs["c_async"].append(c_blocking(a, async_wait=True))
         runs["c_step"].append(c_fused(a)[0])
         runs["c_step_as_torch"].append(c_fused(a, as_ddl_torch=True)[0])
         py = python(a, breakdown=(i == 0))
         runs["py_blocking"].append(py["blocking_us"])
+        runs["py_async"].append(py["async_us"])
         runs["py_step"].append(py["step_ms"])
         pieces = pieces or py.get("breakdown")
-        line = (f"# run {i + 1}/{a.repeat}: C {runs['c_blocking'][-1]:.2f} us, {runs['c_step'][-1]:.3f} ms "
-                f"({runs['c_step_as_torch'][-1]:.3f} ms as ddl.torch's ops); "
-                f"python {runs['py_blocking'][-1]:.2f} us, {runs['py_step'][-1]:.3f} ms")
+        line = (f"# run {i + 1}/{a.repeat}: C {runs['c_blocking'][-1]:.2f} us (async {runs['c_async'][-1]:.2f}), "
+                f"{runs['c_step'][-1]:.3f} ms ({runs['c_step_as_torch'][-1]:.3f} ms as ddl.torch's ops); "
+                f"python {runs['py_blocking'][-1]:.2f} us (async {runs['py_async'][-1]:.2f}), {runs['py_step'][-1]:.3f} ms")
         if has_compiled:
             py = python(a, breakdown=False, compiled=False)
             runs["ctypes_blocking"].append(py["blocking_us"])
@@ -202,6 +214,9 @@ def main():
     print(f"blocking 4 B allreduce, us/call:  C API {best['c_blocking']:.2f} (x{spread['c_blocking']:.2f})  "
           f"ddl.torch allreduce_ {best['py_blocking']:.2f} (x{spread['py_blocking']:.2f})  "
           f"python over C: {best['py_blocking'] - best['c_blocking']:.2f} us (target <= 3)")
+    print(f"async 4 B allreduce waited for at once, us/call:  C API {best['c_async']:.2f} (x{spread['c_async']:.2f})  "
+          f"ddl.torch synchronize(allreduce_async_) {best['py_async']:.2f} (x{spread['py_async']:.2f})  "
+          f"python over C: {best['py_async'] - best['c_async']:.2f} us")
     print(f"step of {a.tensors} x {a.floats * 4 // 1024} KiB async + wait, ms (median step):  "
           f"C API {best['c_step']:.3f} (x{spread['c_step']:.2f})  ddl.torch {best['py_step']:.3f} "
           f"(x{spread['py_step']:.2f})  python / C: {best['py_step'] / best['c_step']:.2f} (target <= 2)")

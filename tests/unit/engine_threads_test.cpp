@@ -404,6 +404,79 @@ void blocking_steps(RankContext& ctx, const std::string& name, int steps, size_t
   }
 }
 
+// An async op submitted and waited for with Engine::wait (the waiter runs rounds where it can).
+Outcome submit_and_wait(RankContext& ctx, const std::string& name, const OpSpec& spec, const void* send, void* recv) {
+  Outcome o;
+  std::shared_ptr<OpState> op = ctx.engine->submit(name, spec, send, recv);
+  o.status = ctx.engine->wait(*op, o.message);
+  return o;
+}
+
+// callers_only(), with a short timeout: a deadlock ends as timeouts rather than hanging the test.
+WorldOptions callers_only_with_timeout() {
+  WorldOptions options;
+  options.config = [](int) {
+    EngineConfig c;
+    c.cycle_time = 30s;
+    c.timeout = 5s;
+    return c;
+  };
+  return options;
+}
+
+using CompleteOp = Outcome (*)(RankContext&, const std::string&, const OpSpec&, const void*, void*);
+
+// Two threads of this rank complete "first.R" and "second.R" (one float each) with `complete`:
+// even ranks start "first" and 20 ms later "second", odd ranks the other way round, so each
+// thread's op can only complete once the other ranks' other thread has submitted it. Checks both.
+void two_threads_in_crossed_orders(RankContext& ctx, int round, CompleteOp complete) {
+  std::vector<float> a{static_cast<float>(ctx.rank + 1)}, b{static_cast<float>(10 * (ctx.rank + 1))};
+  Outcome first, second;
+  std::function<void()> run_first = [&] {
+    first = complete(ctx, fmt::format("first.{}", round), allreduce_spec(DDL_FLOAT32, 1), a.data(), a.data());
+  };
+  std::function<void()> run_second = [&] {
+    second = complete(ctx, fmt::format("second.{}", round), allreduce_spec(DDL_FLOAT32, 1), b.data(), b.data());
+  };
+  const bool even = ctx.rank % 2 == 0;
+  std::thread early(even ? run_first : run_second);
+  std::this_thread::sleep_for(20ms);  // the early thread holds the round, waiting for the others
+  std::thread late(even ? run_second : run_first);
+  early.join();
+  late.join();
+  CHECK_MESSAGE(first.status == DDL_SUCCESS, first.message);
+  CHECK_MESSAGE(second.status == DDL_SUCCESS, second.message);
+  CHECK(a[0] == static_cast<float>(ctx.size * (ctx.size + 1) / 2));
+  CHECK(b[0] == static_cast<float>(10 * ctx.size * (ctx.size + 1) / 2));
+}
+
+// Three ops "metric" completed with `complete`; then the last rank's transport breaks, and the
+// next "metric" fails on every rank (the broken one: its own error; the others: a lost peer or a
+// timeout), as does every later one, with the same error.
+void broken_transport_fails_every_rank(RankContext& ctx, CompleteOp complete) {
+  const int broken = ctx.size - 1;
+  for (int step = 0; step < 3; ++step) {
+    float x = 1;
+    Outcome o = complete(ctx, "metric", allreduce_spec(DDL_FLOAT32, 1), &x, &x);
+    CHECK_MESSAGE(o.status == DDL_SUCCESS, o.message);
+    CHECK(x == static_cast<float>(ctx.size));
+  }
+  if (ctx.rank == broken) ctx.probe.sever();
+  float x = 1;
+  Outcome failed = complete(ctx, "metric", allreduce_spec(DDL_FLOAT32, 1), &x, &x);
+  if (ctx.rank == broken) {
+    CHECK(failed.status == DDL_ERROR_PEER_FAILED);
+    CHECK(failed.message == fmt::format("rank {}: lost a peer talking to the other ranks: transport torn down by the test", ctx.rank));
+  } else {
+    CHECK((failed.status == DDL_ERROR_PEER_FAILED || failed.status == DDL_ERROR_TIMEOUT));
+    CHECK(failed.message.rfind(fmt::format("rank {}: ", ctx.rank), 0) == 0);
+  }
+  Outcome later = complete(ctx, "metric", allreduce_spec(DDL_FLOAT32, 1), &x, &x);
+  CHECK(later.status == failed.status);
+  CHECK(later.message == failed.message);
+  ctx.engine.reset();
+}
+
 bool proposed_by_id(const Announcement& a) { return a.submitted.empty() && a.cached.size() == 1 && !a.proposal.empty(); }
 
 }  // namespace
@@ -968,35 +1041,34 @@ TEST_SUITE("engine_threads") {
   }
 
   TEST_CASE("blocking ops from two threads of each rank, started in different orders on different ranks, all complete") {
-    WorldOptions options = callers_only();
-    options.config = [](int) {
-      EngineConfig c;
-      c.cycle_time = 30s;
-      c.timeout = 5s;  // a deadlock would end as timeouts here rather than hang the test
-      return c;
-    };
-    for_each_world(options, [](RankContext& ctx) {
+    for_each_world(callers_only_with_timeout(), [](RankContext& ctx) {
+      for (int round = 0; round < 5; ++round) two_threads_in_crossed_orders(ctx, round, run_op);
+    });
+  }
+
+  TEST_CASE(
+      "async ops waited for from two threads of each rank, in different orders on different ranks, between blocking ops, all complete") {
+    for_each_world(callers_only_with_timeout(), [](RankContext& ctx) {
+      // Whichever thread waits first runs the rounds; the late thread's op completes through those
+      // rounds, or the engine thread's once the early waiter is done.
       for (int round = 0; round < 5; ++round) {
-        // Even ranks start "first" before "second", odd ranks the other way round; each thread's op
-        // can only complete once the other ranks' other thread has submitted it.
-        std::vector<float> a{static_cast<float>(ctx.rank + 1)}, b{static_cast<float>(10 * (ctx.rank + 1))};
-        Outcome first, second;
-        std::function<void()> run_first = [&] {
-          first = run_op(ctx, fmt::format("first.{}", round), allreduce_spec(DDL_FLOAT32, 1), a.data(), a.data());
-        };
-        std::function<void()> run_second = [&] {
-          second = run_op(ctx, fmt::format("second.{}", round), allreduce_spec(DDL_FLOAT32, 1), b.data(), b.data());
-        };
-        const bool even = ctx.rank % 2 == 0;
-        std::thread early(even ? run_first : run_second);
-        std::this_thread::sleep_for(20ms);  // the early thread holds the round, waiting for the others
-        std::thread late(even ? run_second : run_first);
-        early.join();
-        late.join();
-        CHECK_MESSAGE(first.status == DDL_SUCCESS, first.message);
-        CHECK_MESSAGE(second.status == DDL_SUCCESS, second.message);
-        CHECK(a[0] == static_cast<float>(ctx.size * (ctx.size + 1) / 2));
-        CHECK(b[0] == static_cast<float>(10 * ctx.size * (ctx.size + 1) / 2));
+        two_threads_in_crossed_orders(ctx, round, submit_and_wait);
+        blocking_steps(ctx, "metric", 1);
+      }
+      // Many ops in flight, waited for in the reverse order: each wait runs rounds until its own
+      // op is done, and the ones finished meanwhile are found done.
+      constexpr int kOps = 32;
+      std::vector<std::vector<float>> in(kOps), out(kOps);
+      std::vector<std::shared_ptr<OpState>> ops;
+      for (int i = 0; i < kOps; ++i) {
+        for (size_t j = 0; j < 8; ++j) in[i].push_back(input(ctx.rank, i, j));
+        out[i].assign(8, -1);
+        ops.push_back(ctx.engine->submit(fmt::format("many.{}", i), allreduce_spec(DDL_FLOAT32, 8), in[i].data(), out[i].data()));
+      }
+      for (int i = kOps - 1; i >= 0; --i) {
+        std::string message;
+        CHECK_MESSAGE(ctx.engine->wait(*ops[i], message) == DDL_SUCCESS, message);
+        for (size_t j = 0; j < 8; ++j) CHECK(out[i][j] == expected_sum(ctx.size, i, j));
       }
     });
   }
@@ -1039,24 +1111,13 @@ TEST_SUITE("engine_threads") {
   TEST_CASE("the fast path: a rank whose transport breaks poisons every rank's blocking ops") {
     WorldOptions options = callers_only();
     options.transport_timeout = 1500ms;
-    for_each_world(options, [](RankContext& ctx) {
-      const int broken = ctx.size - 1;
-      blocking_steps(ctx, "metric", 3);
-      if (ctx.rank == broken) ctx.probe.sever();
-      float x = 1;
-      Outcome failed = run_op(ctx, "metric", allreduce_spec(DDL_FLOAT32, 1), &x, &x);
-      if (ctx.rank == broken) {
-        CHECK(failed.status == DDL_ERROR_PEER_FAILED);
-        CHECK(failed.message == fmt::format("rank {}: lost a peer talking to the other ranks: transport torn down by the test", ctx.rank));
-      } else {
-        CHECK((failed.status == DDL_ERROR_PEER_FAILED || failed.status == DDL_ERROR_TIMEOUT));
-        CHECK(failed.message.rfind(fmt::format("rank {}: ", ctx.rank), 0) == 0);
-      }
-      Outcome later = run_op(ctx, "metric", allreduce_spec(DDL_FLOAT32, 1), &x, &x);
-      CHECK(later.status == failed.status);
-      CHECK(later.message == failed.message);
-      ctx.engine.reset();
-    });
+    for_each_world(options, [](RankContext& ctx) { broken_transport_fails_every_rank(ctx, run_op); });
+  }
+
+  TEST_CASE("a waiter running the rounds when the transport breaks gets the error from its wait, on every rank") {
+    WorldOptions options = callers_only();
+    options.transport_timeout = 1500ms;
+    for_each_world(options, [](RankContext& ctx) { broken_transport_fails_every_rank(ctx, submit_and_wait); });
   }
 
 }  // TEST_SUITE

@@ -277,7 +277,10 @@ DDL_API ddl_status ddl_barrier_ex(ddl_process_set set, ddl_handle* handle);
 DDL_API ddl_status ddl_timeline_start(const char* path);
 DDL_API ddl_status ddl_timeline_stop(void);
 
-/* Waits for the operation, releases the handle and returns its status. */
+/* Waits for the operation, releases the handle and returns its status. While no other thread is
+ * running the runtime's negotiation rounds, the waiting thread runs them itself until its op is
+ * done (as the blocking forms do), so the op completes without a hand-over from libddl's
+ * background thread; ddl_gathered() waits the same way. */
 DDL_API ddl_status ddl_wait(ddl_handle handle);
 /* *done = 1 when the operation has finished (then ddl_wait returns at once), else 0. */
 DDL_API ddl_status ddl_test(ddl_handle handle, int* done);

@@ -32,6 +32,7 @@
 
 struct ddl_handle_s {
   std::shared_ptr<ddl::runtime::OpState> state;
+  std::weak_ptr<ddl::runtime::Engine> engine;  // the op's, which a wait runs rounds on; gone after finalize
 };
 
 // A process set. The ddl_process_set handed out is its id (1, 2, ...), not this object's address,
@@ -286,21 +287,29 @@ ddl_handle* const kRunToCompletion = &g_no_handle_slot;
 // Horovod refuses it at enqueue rather than at the wait. An op that was taken but has already run
 // and failed by now (a mismatch found in a quick round) still gets its handle: only the wait
 // reports how an op ran, whatever the timing.
-ddl_status handle_of(std::shared_ptr<ddl::runtime::OpState> state, ddl_handle* handle) {
+ddl_status handle_of(Engine& engine, std::shared_ptr<ddl::runtime::OpState> state, ddl_handle* handle) {
   if (state->refused()) {
     std::string message;
     const ddl_status status = state->wait(message);  // before `message` is read: fail()'s arguments have no order
     return fail(status, message);
   }
-  *handle = new ddl_handle_s{std::move(state)};
+  *handle = new ddl_handle_s{std::move(state), engine.weak_from_this()};
   return DDL_SUCCESS;
+}
+
+// An op's status once it is done. The waiting thread runs the engine's rounds itself where it can
+// (Engine::wait); after finalize the engine is gone and the op long done.
+ddl_status wait_for(ddl_handle_s& handle, std::string& message) {
+  if (!handle.state->done())
+    if (std::shared_ptr<Engine> engine = handle.engine.lock()) return engine->wait(*handle.state, message);
+  return handle.state->wait(message);
 }
 
 ddl_status submit(const char* name, OpSpec spec, const void* send, void* recv, ddl_handle* handle, void* stream = nullptr) {
   if (handle == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "handle is NULL");
   return with_runtime([&](Runtime& rt) {
     if (handle == kRunToCompletion) return run_to_completion(*rt.engine, name, std::move(spec), send, recv);
-    return handle_of(rt.engine->submit(name ? name : "", std::move(spec), send, recv, stream), handle);
+    return handle_of(*rt.engine, rt.engine->submit(name ? name : "", std::move(spec), send, recv, stream), handle);
   });
 }
 
@@ -701,7 +710,7 @@ ddl_status submit_to(Target& t, const char* name, OpSpec spec, const void* send,
     return run_to_completion(*t.engine, name, std::move(spec), send, recv, stream);
   }
   if (handle == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "handle is NULL");
-  return handle_of(t.engine->submit(name ? name : "", std::move(spec), send, recv, stream), handle);
+  return handle_of(*t.engine, t.engine->submit(name ? name : "", std::move(spec), send, recv, stream), handle);
 }
 
 uint64_t sum_of(const size_t* counts, int n) { return std::accumulate(counts, counts + n, uint64_t{0}); }
@@ -846,7 +855,8 @@ ddl_status ddl_alltoallv_ex(const char* name, const void* send, const size_t* se
     if (sum_of(send_counts, t.size) > 0 && send == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "alltoallv: the send buffer is NULL");
     const bool cuda = (o.flags & DDL_CUDA_BUFFERS) != 0;  // NCCL sends and receives, on o.stream
     OpSpec spec{OpKind::Alltoallv, dtype, DDL_SUM, 0, 0, {}, cuda, false, std::move(shape)};
-    return handle_of(t.engine->submit_with_counts(name ? name : "", spec, send, recv, std::vector<size_t>(send_counts, send_counts + n),
+    return handle_of(*t.engine,
+                     t.engine->submit_with_counts(name ? name : "", spec, send, recv, std::vector<size_t>(send_counts, send_counts + n),
                                                   std::vector<size_t>(recv_counts, recv_counts + n), cuda ? o.stream : nullptr),
                      handle);
   });
@@ -865,7 +875,7 @@ ddl_status ddl_allgather_any_ex(const char* name, const void* send, size_t send_
     Target t;
     if (auto s = resolve(rt, o.process_set, t); s != DDL_SUCCESS) return s;
     OpSpec spec{OpKind::AllgatherAny, dtype, DDL_SUM, 0, 0, {}, false, false, std::move(shape)};
-    return handle_of(t.engine->submit_with_counts(name ? name : "", spec, send, nullptr, {send_count}, {}), handle);
+    return handle_of(*t.engine, t.engine->submit_with_counts(name ? name : "", spec, send, nullptr, {send_count}, {}), handle);
   });
 }
 
@@ -884,6 +894,7 @@ ddl_status ddl_alltoall_any_ex(const char* name, const void* send, const size_t*
     if (auto s = check_common(send, sum_of(send_counts, t.size), dtype); s != DDL_SUCCESS) return s;
     OpSpec spec{OpKind::AlltoallAny, dtype, DDL_SUM, 0, 0, {}, false, false, std::move(shape)};
     return handle_of(
+        *t.engine,
         t.engine->submit_with_counts(name ? name : "", spec, send, nullptr, std::vector<size_t>(send_counts, send_counts + t.size), {}),
         handle);
   });
@@ -892,7 +903,7 @@ ddl_status ddl_alltoall_any_ex(const char* name, const void* send, const size_t*
 ddl_status ddl_gathered(ddl_handle handle, size_t* counts, const void** data) {
   if (handle == nullptr || counts == nullptr || data == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "ddl_gathered: NULL argument");
   std::string message;
-  ddl_status status = handle->state->wait(message);
+  ddl_status status = wait_for(*handle, message);
   if (status != DDL_SUCCESS) return fail(status, message);
   const auto& c = handle->state->gathered_counts();
   if (c.empty()) return fail(DDL_ERROR_INVALID_ARGUMENT, "ddl_gathered: the handle is not a ddl_allgather_any_ex or ddl_alltoall_any_ex");
@@ -969,7 +980,7 @@ ddl_status ddl_wait(ddl_handle handle) {
   if (handle == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "ddl_wait: NULL handle");
   std::unique_ptr<ddl_handle_s> owned(handle);
   std::string message;
-  ddl_status status = owned->state->wait(message);
+  ddl_status status = wait_for(*owned, message);
   return status == DDL_SUCCESS ? status : fail(status, message);
 }
 

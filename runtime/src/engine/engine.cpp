@@ -349,6 +349,20 @@ ddl_status Engine::run(std::string name, OpSpec spec, const void* send, void* re
   return state->wait(message);
 }
 
+ddl_status Engine::wait(OpState& state, std::string& message) {
+  if (!state.done()) {
+    std::unique_lock round_lock = take_round_for_caller(&state);
+    if (round_lock.owns_lock()) {
+      const RoundHolderMark holder(round_holder_, RoundHolder::Caller);
+      while (!state.done() && !stopped_) {
+        pause_between_rounds();
+        run_guarded([this] { return round(); });
+      }
+    }
+  }
+  return state.wait(message);
+}
+
 void Engine::name_if_unnamed(PendingOp& op, const Offer& offer) {
   if (op.name.empty() && offer.unnamed_index) op.name = unnamed_name(*offer.unnamed_index);
 }
@@ -360,12 +374,16 @@ void Engine::name_if_unnamed(PendingOp& op, const Offer& offer) {
 // finishes would make the caller's next op miss the fast path (the caller wakes while the engine
 // thread still closes the round). Should the engine thread go straight on to another round (ops
 // of its own waiting for peers), the op is handed to that one.
-std::unique_lock<std::mutex> Engine::take_round_for_caller() {
+//
+// A waiting caller (wait()) stops as soon as its op is done, and polls by yielding only: should the
+// engine thread's round last (a peer not there yet), the op is left to it and waited for.
+std::unique_lock<std::mutex> Engine::take_round_for_caller(OpState* awaited) {
   std::unique_lock lock(round_mutex_, std::try_to_lock);
   std::optional<uint64_t> engine_round;  // the engine thread's round being waited for
   // Polled (a round usually ends within microseconds): a timed lock would do, but ThreadSanitizer
   // 14 does not see pthread_mutex_clocklock, under std::timed_mutex.
   for (int polls = 0; !lock.owns_lock(); ++polls) {
+    if (awaited != nullptr && (polls >= 64 || awaited->done())) break;
     const RoundHolder holder = round_holder_.load(std::memory_order_acquire);
     if (holder == RoundHolder::Caller) break;
     if (holder == RoundHolder::EngineThread) {

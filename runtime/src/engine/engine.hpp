@@ -71,7 +71,7 @@ struct EngineConfig {
   std::string timeline_path;                   // DDL_TIMELINE for this rank; empty = none
 };
 
-class Engine {
+class Engine : public std::enable_shared_from_this<Engine> {
  public:
   Engine(std::unique_ptr<Collectives> collectives, EngineConfig config);
   ~Engine();  // finalizes if finalize() was not called
@@ -99,6 +99,11 @@ class Engine {
   // another thread runs rounds are submitted and waited for.
   // Returns the op's status, `message` the error.
   ddl_status run(std::string name, OpSpec spec, const void* send, void* recv, std::string& message, void* stream = nullptr);
+  // Waits for an op submitted here and returns its status (`message` the error). While no other
+  // thread runs rounds, the caller runs them itself until the op is done, as run() does: the op
+  // then completes on the waiting thread, not on the engine thread, which would have to wake it
+  // (a thread hand-over per op: most of an async op's cost when it is waited for at once).
+  ddl_status wait(OpState& state, std::string& message);
   Timeline& timeline() { return timeline_; }
   // Tells the other ranks this one is done and waits until all are; ops still pending then fail.
   void finalize();
@@ -130,7 +135,8 @@ class Engine {
   bool round_due();                // whether the engine thread has a round to run (takes mutex_)
   bool has_news() const;           // ops to announce, or ddl_finalize called (mutex_ held)
   bool waiting_for_peers() const;  // ops in flight, host or CUDA (mutex_ held)
-  std::unique_lock<std::mutex> take_round_for_caller();
+  // `awaited`: the op a waiting caller wants; the search ends once it is done.
+  std::unique_lock<std::mutex> take_round_for_caller(OpState* awaited = nullptr);
   Clock::time_point idle_round_due() const;  // when an idle round is due (mutex_ held)
   void pause_between_rounds();               // a caller in run(), between rounds
   bool round();                              // false once every rank finalized
