@@ -1,7 +1,8 @@
 // libddl on CUDA buffers (NCCL). Run alone or under `ddl run` (one GPU per rank).
 //   gpu_checks          allreduce, broadcast, allgather, reducescatter and alltoallv of device buffers
-//                       on a stream, checked on the host; exits 77 (ctest: skipped) with a message
-//                       when no GPU is visible
+//                       on a stream, checked on the host (also a blocking allreduce, and one waited
+//                       for by another thread); exits 77 (ctest: skipped) with a message when no GPU
+//                       is visible
 //   gpu_checks no-gpu   without a GPU: CUDA ops fail with DDL_ERROR_UNSUPPORTED, host ops still work
 //   gpu_checks shared   ranks that share one GPU: a CUDA op fails on every rank naming the shared
 //                       GPU (NCCL allows one rank per GPU), and host ops still work
@@ -12,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ddl/ddl.h"
@@ -153,6 +155,26 @@ void check_blocking(cudaStream_t stream) {
   cudaFree(dev);
 }
 
+// An async CUDA op waited for by another thread, one that never chose a GPU (the torch.distributed
+// backend's completer thread waits so): ddl_wait runs the rounds there, which see the op's event
+// complete; the result must be in place and the stream idle when it returns.
+void check_wait_from_another_thread(cudaStream_t stream) {
+  const size_t n = 4096;
+  float* dev = device_copy_of(std::vector<float>(n, static_cast<float>(g_rank + 1)));
+  bool ok = true;
+  for (int step = 0; step < 20 && ok; ++step) {
+    ddl_handle h = nullptr;
+    require(ddl_allreduce_cuda_async("gpu.waited.elsewhere", dev, dev, n, DDL_FLOAT32, DDL_MAX, stream, &h), "allreduce_cuda_async");
+    ddl_status waited = DDL_ERROR_INTERNAL;
+    std::thread waiter([&] { waited = ddl_wait(h); });
+    waiter.join();
+    require(waited, "ddl_wait from another thread");
+    ok = cudaStreamQuery(stream) == cudaSuccess && host_copy_of(dev, n) == std::vector<float>(n, static_cast<float>(g_size));
+  }
+  check(ok, "async CUDA allreduce waited for by another thread: done on the GPU at return, right results");
+  cudaFree(dev);
+}
+
 int run_on_gpu() {
   cudaStream_t stream = nullptr;
   require_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -219,6 +241,7 @@ int run_on_gpu() {
   check_reducescatter(stream);
   check_alltoallv(stream);
   check_blocking(stream);
+  check_wait_from_another_thread(stream);
   return g_failures == 0 ? 0 : 1;
 }
 

@@ -877,6 +877,27 @@ TEST_SUITE("engine_threads") {
     });
   }
 
+  TEST_CASE("finalize closes the timeline: the document is whole while the engine object lives on") {
+    const std::string timeline = temp_path("finalized");
+    // Whichever thread drops the engine last (a ddl_wait's, after ddl_finalize returned) may destroy
+    // it later; the file must not wait for that.
+    run_world(Transport::SharedMemory, 2, callers_only(timeline), [&timeline](RankContext& ctx) {
+      float x = 1;
+      Outcome o = submit_and_wait(ctx, "logged", allreduce_spec(DDL_FLOAT32, 1), &x, &x);
+      CHECK_MESSAGE(o.status == DDL_SUCCESS, o.message);
+      ctx.engine->finalize();
+      if (ctx.rank != 0) return;
+      std::ifstream file(timeline);
+      REQUIRE(file.good());
+      const auto doc = nlohmann::json::parse(file, nullptr, /*allow_exceptions=*/false);
+      REQUIRE_MESSAGE(!doc.is_discarded(), "the timeline is not a whole JSON document after finalize()");
+      int logged = 0;
+      for (const auto& e : doc.at("traceEvents")) logged += e.at("ph") == "X" && e.at("args").at("op") == "logged" ? 1 : 0;
+      CHECK(logged > 0);
+    });
+    std::filesystem::remove(timeline);
+  }
+
   TEST_CASE("the fast path: a blocking op every rank ran before runs in the round that announces it") {
     for (Transport t : kTransports) {
       for (int size : kSizes) {

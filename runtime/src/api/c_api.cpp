@@ -298,11 +298,15 @@ ddl_status handle_of(Engine& engine, std::shared_ptr<ddl::runtime::OpState> stat
 }
 
 // An op's status once it is done. The waiting thread runs the engine's rounds itself where it can
-// (Engine::wait); after finalize the engine is gone and the op long done.
+// (Engine::run_rounds_until_done), holding the engine only meanwhile: were it held while sleeping,
+// a ddl_finalize on another thread would leave the engine to be destroyed on this one. After
+// finalize the engine is gone and the op long done.
 ddl_status wait_for(ddl_handle_s& handle, std::string& message) {
-  if (!handle.state->done())
-    if (std::shared_ptr<Engine> engine = handle.engine.lock()) return engine->wait(*handle.state, message);
-  return handle.state->wait(message);
+  return guarded("ddl_wait", [&] {
+    if (!handle.state->done())
+      if (std::shared_ptr<Engine> engine = handle.engine.lock()) engine->run_rounds_until_done(*handle.state);
+    return handle.state->wait(message);
+  });
 }
 
 ddl_status submit(const char* name, OpSpec spec, const void* send, void* recv, ddl_handle* handle, void* stream = nullptr) {

@@ -151,6 +151,8 @@ void Engine::finalize() {
   }
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
+  // The engine thread leaves only once the rounds have stopped, so nothing records any more.
+  timeline_.close();
 }
 
 void Engine::run_loop() {
@@ -349,18 +351,15 @@ ddl_status Engine::run(std::string name, OpSpec spec, const void* send, void* re
   return state->wait(message);
 }
 
-ddl_status Engine::wait(OpState& state, std::string& message) {
-  if (!state.done()) {
-    std::unique_lock round_lock = take_round_for_caller(&state);
-    if (round_lock.owns_lock()) {
-      const RoundHolderMark holder(round_holder_, RoundHolder::Caller);
-      while (!state.done() && !stopped_) {
-        pause_between_rounds();
-        run_guarded([this] { return round(); });
-      }
-    }
+void Engine::run_rounds_until_done(OpState& state) {
+  if (state.done()) return;
+  std::unique_lock round_lock = take_round_for_caller(&state);
+  if (!round_lock.owns_lock()) return;
+  const RoundHolderMark holder(round_holder_, RoundHolder::Caller);
+  while (!state.done() && !stopped_) {
+    pause_between_rounds();
+    run_guarded([this] { return round(); });
   }
-  return state.wait(message);
 }
 
 void Engine::name_if_unnamed(PendingOp& op, const Offer& offer) {

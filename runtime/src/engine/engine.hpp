@@ -99,13 +99,20 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // another thread runs rounds are submitted and waited for.
   // Returns the op's status, `message` the error.
   ddl_status run(std::string name, OpSpec spec, const void* send, void* recv, std::string& message, void* stream = nullptr);
-  // Waits for an op submitted here and returns its status (`message` the error). While no other
-  // thread runs rounds, the caller runs them itself until the op is done, as run() does: the op
-  // then completes on the waiting thread, not on the engine thread, which would have to wake it
-  // (a thread hand-over per op: most of an async op's cost when it is waited for at once).
-  ddl_status wait(OpState& state, std::string& message);
+  // Runs the rounds on the calling thread until the op of `state` (submitted here) is done, as
+  // run() does, while no other thread runs them; returns at once where one does (the op is then
+  // theirs to finish: wait on `state`). The op then completes on the waiting thread, not on the
+  // engine thread, which would have to wake it (a thread hand-over per op: most of an async op's
+  // cost when it is waited for at once).
+  void run_rounds_until_done(OpState& state);
+  // run_rounds_until_done, then the op's status (`message` the error).
+  ddl_status wait(OpState& state, std::string& message) {
+    run_rounds_until_done(state);
+    return state.wait(message);
+  }
   Timeline& timeline() { return timeline_; }
   // Tells the other ranks this one is done and waits until all are; ops still pending then fail.
+  // The timeline is closed when it returns (whichever thread destroys the engine later).
   void finalize();
 
  private:

@@ -255,17 +255,25 @@ class NcclCollectives final : public GpuCollectives {
     check_nccl(rc, "ncclGroupEnd");
   }
 
+  // Queried and destroyed on the event's GPU, as it was made: the thread running the round may be a
+  // waiter (ddl_wait) that never chose a GPU, and a CUDA call there would make a context on GPU 0.
   bool done(Token token) override {
     ncclResult_t async_error = ncclSuccess;
     check_nccl(nccl().CommGetAsyncError(comm_, &async_error), "ncclCommGetAsyncError");
     if (async_error != ncclSuccess && async_error != ncclInProgress)
       throw Error(fmt::format("NCCL reported an asynchronous error: {}", nccl().GetErrorString(async_error)));
+    current_.select(device_);
     cudaError_t rc = cudaEventQuery(static_cast<cudaEvent_t>(token));
+    current_.restore();
     if (rc == cudaErrorNotReady) return false;
     check_cuda(rc, "waiting for a GPU collective");
     return true;
   }
-  void release(Token token) override { cudaEventDestroy(static_cast<cudaEvent_t>(token)); }
+  void release(Token token) override {
+    current_.select(device_);
+    cudaEventDestroy(static_cast<cudaEvent_t>(token));
+    current_.restore();
+  }
   void abort() override {
     // An op that threw inside its group left the group open on this thread, which may be a caller's:
     // NCCL's group depth is per thread, and its next NCCL call (torch's too) would wait in it.
