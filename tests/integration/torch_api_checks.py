@@ -599,6 +599,43 @@ def _():
     assert not unexpected, unexpected[:3]
 
 
+@check("waits that run libddl's rounds: synchronize on another thread; two threads at once, in crossed orders")
+def _():
+    import threading
+    # A waiter runs the negotiation rounds itself (ddl_wait); here it is not the submitting thread,
+    # and two waiters of one rank run at once, each op completing only with the other ranks' other thread.
+    expected = float(N * (N + 1) // 2)
+    outputs, errors = {}, []
+
+    def run(target):
+        try:
+            target()
+        except Exception as error:  # noqa: BLE001 (reported below)
+            errors.append(repr(error))
+
+    handles = [hvd.allreduce_async_(torch.full((16,), float(R + 1)), name=f"elsewhere.{i}", op=hvd.Sum) for i in range(50)]
+    waiter = threading.Thread(target=run, args=(lambda: outputs.update(elsewhere=[hvd.synchronize(h) for h in handles]),))
+    waiter.start()
+    waiter.join()
+    assert not errors, errors
+    assert all(torch.equal(out, torch.full((16,), expected)) for out in outputs["elsewhere"])
+
+    def steps(prefix):
+        def body():
+            outputs[prefix] = [hvd.synchronize(hvd.allreduce_async_(torch.full((4,), float(R + 1)), name=f"{prefix}.{i}", op=hvd.Sum))
+                               for i in range(200)]
+        return body
+    order = ["first", "second"] if R % 2 == 0 else ["second", "first"]
+    threads = [threading.Thread(target=run, args=(steps(prefix),)) for prefix in order]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for prefix in order:
+        assert all(torch.equal(out, torch.full((4,), expected)) for out in outputs[prefix]), prefix
+
+
 @check("shutdown with an op only some ranks submitted fails it at once, and init works again")
 def _():
     import time
