@@ -344,11 +344,15 @@ ddl_status Engine::run(std::string name, OpSpec spec, const void* send, void* re
     if (ran) return *ran;
     state = op.state;  // announced in that round like any op; the rounds below run it
   }
-  while (!state->done() && !stopped_) {
+  rounds_until_done(*state);
+  return state->wait(message);
+}
+
+void Engine::rounds_until_done(OpState& state) {
+  while (!state.done() && !stopped_) {
     pause_between_rounds();
     run_guarded([this] { return round(); });
   }
-  return state->wait(message);
 }
 
 void Engine::run_rounds_until_done(OpState& state) {
@@ -356,10 +360,7 @@ void Engine::run_rounds_until_done(OpState& state) {
   std::unique_lock round_lock = take_round_for_caller(&state);
   if (!round_lock.owns_lock()) return;
   const RoundHolderMark holder(round_holder_, RoundHolder::Caller);
-  while (!state.done() && !stopped_) {
-    pause_between_rounds();
-    run_guarded([this] { return round(); });
-  }
+  rounds_until_done(state);
 }
 
 void Engine::name_if_unnamed(PendingOp& op, const Offer& offer) {
@@ -382,7 +383,7 @@ std::unique_lock<std::mutex> Engine::take_round_for_caller(OpState* awaited) {
   // Polled (a round usually ends within microseconds): a timed lock would do, but ThreadSanitizer
   // 14 does not see pthread_mutex_clocklock, under std::timed_mutex.
   for (int polls = 0; !lock.owns_lock(); ++polls) {
-    if (awaited != nullptr && (polls >= 64 || awaited->done())) break;
+    if (awaited != nullptr && (polls >= kYieldingPolls || awaited->done())) break;
     const RoundHolder holder = round_holder_.load(std::memory_order_acquire);
     if (holder == RoundHolder::Caller) break;
     if (holder == RoundHolder::EngineThread) {
@@ -390,7 +391,7 @@ std::unique_lock<std::mutex> Engine::take_round_for_caller(OpState* awaited) {
       if (engine_round && *engine_round != takes) break;
       engine_round = takes;
     }
-    if (polls < 64)
+    if (polls < kYieldingPolls)
       std::this_thread::yield();
     else
       std::this_thread::sleep_for(std::chrono::microseconds(50));

@@ -144,6 +144,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   bool waiting_for_peers() const;  // ops in flight, host or CUDA (mutex_ held)
   // `awaited`: the op a waiting caller wants; the search ends once it is done.
   std::unique_lock<std::mutex> take_round_for_caller(OpState* awaited = nullptr);
+  static constexpr int kYieldingPolls = 64;  // take_round_for_caller's polls that yield (later ones sleep)
+  void rounds_until_done(OpState& state);    // round_mutex_ held: rounds until the op is done or the rounds stop
   Clock::time_point idle_round_due() const;  // when an idle round is due (mutex_ held)
   void pause_between_rounds();               // a caller in run(), between rounds
   bool round();                              // false once every rank finalized
