@@ -102,8 +102,17 @@ bool scheduler_unreachable(const std::string& said) {
 }
 
 bool looks_like_job_id(const std::string& id) {
+  // Longer is no job id, and std::regex would recurse once per character (a stack overflow).
+  constexpr size_t kLongestJobId = 256;
+  if (id.size() > kLongestJobId) return false;
   static const std::regex job_id(R"([0-9]+(_[0-9]+)?(\.[A-Za-z0-9_.-]+)?|[0-9]+\[[0-9]*\](\.[A-Za-z0-9_.-]+)?)");
   return std::regex_match(id, job_id);
+}
+
+std::string not_a_job_id(const std::string& id) {
+  constexpr size_t kShown = 64;
+  if (id.size() <= kShown) return fmt::format("'{}' is not a job id", id);
+  return fmt::format("'{}...' ({} characters) is not a job id", id.substr(0, kShown), id.size());
 }
 
 Scheduler local_scheduler() {
@@ -130,7 +139,7 @@ std::string submit_job(Scheduler scheduler, const std::string& script) {
 }
 
 std::optional<JobState> job_state(Scheduler scheduler, const std::string& id) {
-  if (!looks_like_job_id(id)) throw UsageError(fmt::format("'{}' is not a job id", id), "give the number sbatch or qsub printed");
+  if (!looks_like_job_id(id)) throw UsageError(not_a_job_id(id), "give the number sbatch or qsub printed");
   return scheduler == Scheduler::Slurm ? slurm_job_state(id) : pbs_job_state(id);
 }
 
@@ -164,7 +173,7 @@ std::vector<JobState> my_jobs(Scheduler scheduler) {
 }
 
 void cancel_job(Scheduler scheduler, const std::string& id) {
-  if (!looks_like_job_id(id)) throw UsageError(fmt::format("'{}' is not a job id", id), "give the number sbatch or qsub printed");
+  if (!looks_like_job_id(id)) throw UsageError(not_a_job_id(id), "give the number sbatch or qsub printed");
   std::vector<std::string> argv =
       scheduler == Scheduler::Slurm ? std::vector<std::string>{"scancel", id} : std::vector<std::string>{"qdel", id};
   CommandResult r = run_command(argv);

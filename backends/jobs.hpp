@@ -54,5 +54,7 @@ std::optional<JobState> follow_job(Scheduler scheduler, const std::string& id, s
 // A job id as the scheduler writes one ("123", "123_4", "123.pbs01"); anything else is refused
 // before it reaches a command line.
 bool looks_like_job_id(const std::string& id);
+// "'<id>' is not a job id", with an id of over 64 characters cut short (and its length said).
+std::string not_a_job_id(const std::string& id);
 
 }  // namespace ddl::backends

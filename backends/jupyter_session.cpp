@@ -141,7 +141,7 @@ void save_jupyter_session(const JupyterSession& s) {
 }
 
 JupyterSession load_jupyter_session(const std::string& job) {
-  if (!looks_like_job_id(job)) throw UsageError(fmt::format("'{}' is not a job id", job), "give the id ddl jupyter start printed");
+  if (!looks_like_job_id(job)) throw UsageError(not_a_job_id(job), "give the id ddl jupyter start printed");
   const std::string dir = jupyter_sessions_dir();
   std::ifstream in(dir + "/" + job + ".json");
   if (!in) throw UsageError(fmt::format("no ddl jupyter session for job {} in {}", job, dir), "ddl jupyter start prints the job id");

@@ -9,6 +9,7 @@
 
 #include "backends/batch_options.hpp"
 #include "backends/builtin_sites.hpp"
+#include "common/environment.hpp"
 #include "common/error.hpp"
 #include "common/text_file.hpp"
 
@@ -21,6 +22,22 @@ namespace {
 
 // A profile is a page of JSON; anything far larger is not one.
 constexpr uintmax_t kLargestProfileBytes = 1 << 20;
+// libstdc++'s std::regex recurses once per character it matches and once per nesting level it
+// parses: a long subject or pattern overflows the stack. A profile's patterns are short, and what
+// a match rule reads (a hostname, a site's variable such as NERSC_HOST) is too.
+constexpr size_t kLongestPattern = 512;
+constexpr size_t kLongestMatched = 1024;
+
+// Whether all of `text` matches `pattern` (checked by check_pattern); a longer text than
+// kLongestMatched matches nothing.
+bool matches_whole(const std::string& text, const std::string& pattern) {
+  if (text.size() > kLongestMatched) return false;
+  try {
+    return std::regex_match(text, std::regex(pattern));
+  } catch (const std::regex_error&) {  // complexity or stack limits std::regex itself detects
+    return false;
+  }
+}
 
 [[noreturn]] void profile_error(const std::string& source, const std::string& field, const std::string& problem) {
   throw UsageError(fmt::format("site profile {}: field '{}' {}", source, field, problem),
@@ -157,17 +174,35 @@ std::optional<std::string> builtin_text(const std::string& name) {
 // Every "{{" in a text a script is filled from opens {{option}}, an option of `ddl submit` or one
 // the script derives (tasks_per_node, cpus_per_node): an unclosed one was written into the script
 // as it was, and an unknown one asked the user for a flag that does not exist.
+// Scanned by hand, in one pass: std::regex recursed once per character of a long name.
 void check_placeholders(const std::string& source, const std::string& field, const std::string& text) {
-  static const std::regex placeholder(R"(\{\{([a-z_]+)\}\})");
   std::vector<std::string> known = {"tasks_per_node", "cpus_per_node"};
   for (const BatchOption& option : batch_options()) known.emplace_back(option.key);
+  const auto name_char = [](char c) { return (c >= 'a' && c <= 'z') || c == '_'; };
   for (size_t at = text.find("{{"); at != std::string::npos; at = text.find("{{", at + 2)) {
-    std::smatch m;
-    const std::string rest = text.substr(at);
-    if (!std::regex_search(rest, m, placeholder, std::regex_constants::match_continuous))
+    const size_t start = at + 2;
+    size_t end = start;
+    while (end < text.size() && name_char(text[end])) ++end;
+    if (end == start || text.compare(end, 2, "}}") != 0)
       profile_error(source, field, fmt::format("has '{{{{' without an option name and '}}}}' after it: '{}'", text));
-    if (std::find(known.begin(), known.end(), m[1].str()) == known.end())
-      profile_error(source, field, fmt::format("names {{{{{}}}}}, which is no option (known: {})", m[1].str(), fmt::join(known, ", ")));
+    const std::string name = text.substr(start, end - start);
+    if (std::find(known.begin(), known.end(), name) == known.end())
+      profile_error(source, field, fmt::format("names {{{{{}}}}}, which is no option (known: {})", name, fmt::join(known, ", ")));
+    at = end;
+  }
+}
+
+// A regular expression of the profile (an option's pattern, a match rule): at most kLongestPattern
+// characters (std::regex's parser recurses once per nesting level, so "((((...": a stack overflow),
+// and valid.
+void check_pattern(const std::string& source, const std::string& field, const std::string& pattern) {
+  if (pattern.size() > kLongestPattern)
+    profile_error(source, field,
+                  fmt::format("is a regular expression of {} characters; at most {} are allowed", pattern.size(), kLongestPattern));
+  try {
+    std::regex check(pattern);
+  } catch (const std::regex_error& e) {
+    profile_error(source, field, fmt::format("is not a valid regular expression: {}", e.what()));
   }
 }
 
@@ -270,11 +305,7 @@ SiteProfile parse_site(const json& j, const std::string& source, const std::stri
       refuse_unknown_keys(rule, source, field, {"regex", "why", "fix"});
       OptionRule r{rule["regex"].get<std::string>(), string_field(rule, source + " " + field, "why"),
                    string_field(rule, source + " " + field, "fix")};
-      try {
-        std::regex check(r.regex);
-      } catch (const std::regex_error& e) {
-        profile_error(source, field + ".regex", fmt::format("is not a valid regular expression: {}", e.what()));
-      }
+      check_pattern(source, field + ".regex", r.regex);
       p.patterns[option] = r;
     }
   }
@@ -299,9 +330,8 @@ SiteProfile parse_site(const json& j, const std::string& source, const std::stri
   p.setup = string_list(j, source, "setup");
   if (j.contains("environment")) {
     if (!j["environment"].is_object()) profile_error(source, "environment", "must be an object of NAME: value");
-    static const std::regex variable_name("[A-Za-z_][A-Za-z0-9_]*");
     for (const auto& [var, value] : j["environment"].items()) {
-      if (!std::regex_match(var, variable_name)) profile_error(source, "environment." + var, "is not a shell variable name");
+      if (!is_variable_name(var)) profile_error(source, "environment." + var, "is not a shell variable name");
       if (!value.is_string()) profile_error(source, "environment." + var, "must be a string");
       p.environment.emplace_back(var, value.get<std::string>());
     }
@@ -330,15 +360,10 @@ SiteProfile parse_site(const json& j, const std::string& source, const std::stri
       for (const auto& [var, pattern] : m["environment"].items()) {
         if (!pattern.is_string()) profile_error(source, "match.environment." + var, "must be a string");
         match.environment[var] = pattern.get<std::string>();
+        check_pattern(source, "match.environment." + var, match.environment[var]);
       }
     }
-    for (const auto& [field, pattern] : std::map<std::string, std::string>{{"match.hostname", match.hostname}}) {
-      try {
-        std::regex check(pattern);
-      } catch (const std::regex_error& e) {
-        profile_error(source, field, fmt::format("is not a valid regular expression: {}", e.what()));
-      }
-    }
+    check_pattern(source, "match.hostname", match.hostname);
     p.match = match;
   }
   p.jupyter = j.value("jupyter", json::object());
@@ -369,15 +394,11 @@ std::vector<std::string> matching_sites(const std::vector<ListedSite>& sites, co
     if (!listed.profile || !listed.profile->match) continue;  // a broken profile matches nothing
     const SiteProfile& site = *listed.profile;
     const std::string& name = listed.name;
-    bool by_host = !site.match->hostname.empty() && std::regex_match(hostname, std::regex(site.match->hostname));
+    bool by_host = !site.match->hostname.empty() && matches_whole(hostname, site.match->hostname);
     bool by_env = !site.match->environment.empty();
     for (const auto& [var, pattern] : site.match->environment) {
       auto it = environment.find(var);
-      try {
-        by_env = by_env && it != environment.end() && std::regex_match(it->second, std::regex(pattern));
-      } catch (const std::regex_error&) {
-        by_env = false;
-      }
+      by_env = by_env && it != environment.end() && matches_whole(it->second, pattern);
     }
     if (by_host || by_env) found.push_back(name);
   }

@@ -1,5 +1,6 @@
 #include "common/environment.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 
@@ -25,6 +26,12 @@ std::vector<std::string> to_envp(const Environment& env) {
   out.reserve(env.size());
   for (const auto& [name, value] : env) out.push_back(name + "=" + value);
   return out;
+}
+
+bool is_variable_name(std::string_view name) {
+  const auto letter = [](char c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_'; };
+  const auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  return !name.empty() && letter(name.front()) && std::all_of(name.begin(), name.end(), [&](char c) { return letter(c) || digit(c); });
 }
 
 std::optional<std::string> lookup(const Environment& env, const std::string& name) {

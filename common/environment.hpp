@@ -5,6 +5,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace ddl {
@@ -13,6 +14,10 @@ using Environment = std::map<std::string, std::string>;
 
 // The environment of this process.
 Environment current_environment();
+// Whether `name` is a shell variable name: [A-Za-z_][A-Za-z0-9_]*. Checked by hand, in linear
+// time: libstdc++'s std::regex recurses once per character matched, and a name of 100,000
+// characters (the kernel allows 128 KiB) overflowed the stack.
+bool is_variable_name(std::string_view name);
 // "NAME=value" strings, in the form execve() takes.
 std::vector<std::string> to_envp(const Environment& env);
 // The value of `name`, or nullopt when unset (an empty value counts as set).

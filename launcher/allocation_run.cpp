@@ -13,6 +13,7 @@
 #include "backends/command.hpp"
 #include "backends/pbs/pbs_launch.hpp"
 #include "backends/slurm/slurm_launch.hpp"
+#include "common/environment.hpp"
 #include "common/error.hpp"
 #include "common/random_hex.hpp"
 #include "launcher/gpu_inventory.hpp"
@@ -97,6 +98,9 @@ TaskLauncher choose_launcher(const RunRequest& request, Scheduler scheduler) {
 }
 
 // The run-wide values every task needs; the launcher passes them on (`-x` for mpirun).
+// mpirun's "Process name: [[job,vpid],rank]" lines are short; longer ones are not searched.
+constexpr size_t kLongestSearchedLine = 4096;
+
 const char* const kExportedToTasks[] = {
     "DDL_STORE_ADDR",           "DDL_STORE_TOKEN",   "DDL_RUN_ID",  "DDL_SIZE",    "DDL_LOCAL_SIZE", "DDL_NUM_NODES",
     "DDL_GPU_WORKERS",          "DDL_CPUS_PER_TASK", "MASTER_ADDR", "MASTER_PORT", "PATH",           "TORCHELASTIC_RESTART_COUNT",
@@ -109,10 +113,9 @@ const char* const kExportedWhenSet[] = {"LD_LIBRARY_PATH", "PYTHONPATH", "DDL_TO
 // goes by name, less what belongs to this host and session (forwarded_environment), mpirun's own
 // (OMPI_*, PMIX_*: per task) and names that are not identifiers (mpirun's -x would misread them).
 std::vector<std::string> user_variables_for_other_nodes(const Environment& env) {
-  static const std::regex kIdentifier("[A-Za-z_][A-Za-z0-9_]*");
   std::vector<std::string> names;
   for (const auto& [name, value] : forwarded_environment(env))
-    if (!name.starts_with("OMPI_") && !name.starts_with("PMIX_") && !name.starts_with("PRTE_") && std::regex_match(name, kIdentifier))
+    if (!name.starts_with("OMPI_") && !name.starts_with("PMIX_") && !name.starts_with("PRTE_") && is_variable_name(name))
       names.push_back(name);
   return names;
 }
@@ -208,10 +211,12 @@ void explain_failure(RunOutcome& outcome, TaskLauncher launcher, const Allocatio
       outcome.exit_code = task->exit_code;
     }
   } else {
-    static const std::regex process_name(R"(Process name:\s*\[\[\d+,\d+\],(\d+)\])");
+    // The counts are bounded, and so is the line searched: std::regex recurses once per
+    // character it matches, and a task's stderr may pass through here.
+    static const std::regex process_name(R"(Process name:\s{0,16}\[\[\d{1,9},\d{1,9}\],(\d{1,9})\])");
     for (const auto& line : said) {
       std::smatch m;
-      if (std::regex_search(line, m, process_name)) rank = std::stoi(m[1]);
+      if (line.size() <= kLongestSearchedLine && std::regex_search(line, m, process_name)) rank = std::stoi(m[1]);
     }
   }
   if (!rank) {  // the launcher did not say which task (PALS), or failed itself

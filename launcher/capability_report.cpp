@@ -35,11 +35,14 @@ using std::chrono::seconds;
 using backends::first_line;
 using backends::last_line;
 
-// The first "N.N[.N]" in `text`.
+// The first "N.N[.N]" in the start of `text` (a tool's --version). Only the start is searched, and
+// the numbers are bounded: std::regex recurses once per character it matches.
 std::string version_in(const std::string& text) {
-  static const std::regex version(R"((\d+\.\d+(\.\d+)?))");
+  constexpr size_t kSearched = 1024;
+  static const std::regex version(R"((\d{1,9}\.\d{1,9}(\.\d{1,9})?))");
+  const std::string start = text.substr(0, kSearched);
   std::smatch m;
-  return std::regex_search(text, m, version) ? m[1].str() : std::string();
+  return std::regex_search(start, m, version) ? m[1].str() : std::string();
 }
 
 CapabilityItem item(bool ok, std::string name, std::string version, std::string detail) {
@@ -140,9 +143,12 @@ const std::vector<std::pair<std::string, std::string>> kFrameworkProbes = {
 
 // The module a Python "No module named 'x.y'" error names, or "" for another error.
 std::string missing_module(const std::string& error_text) {
-  static const std::regex no_module(R"(No module named '([^']+)')");
-  std::smatch m;
-  return std::regex_search(error_text, m, no_module) ? m[1].str() : std::string();
+  const std::string sign = "No module named '";
+  const size_t from = error_text.find(sign);
+  if (from == std::string::npos) return {};
+  const size_t start = from + sign.size();
+  const size_t end = error_text.find('\'', start);
+  return end == std::string::npos || end == start ? std::string() : error_text.substr(start, end - start);
 }
 
 std::string top_level(const std::string& module) { return module.substr(0, module.find('.')); }
@@ -235,7 +241,7 @@ CapabilityItem slurm_item() {
   std::istringstream lines(mpi.out + mpi.err);
   for (std::string line; std::getline(lines, line);) {
     std::smatch m;
-    if (std::regex_match(line, m, plugin)) plugins.push_back(m[1]);
+    if (line.size() <= 256 && std::regex_match(line, m, plugin)) plugins.push_back(m[1]);  // plugin names are short
   }
   return item(true, "Slurm", version_in(v.out), plugins.empty() ? "srun" : fmt::format("srun --mpi: {}", fmt::join(plugins, ", ")));
 }

@@ -72,7 +72,9 @@ std::vector<std::string> openmpi_command(const TaskLayout& layout, const std::st
 }
 
 std::optional<std::vector<TaskLine>> OpenMpiOutput::feed(std::string_view line) {
-  static const std::regex tag(R"(\[\d+,(\d{1,9})\]<std(out|err)>:)");
+  // Bounded counts: std::regex recurses once per character it matches, and a task's own text
+  // ("[" and 100,000 digits) is searched too.
+  static const std::regex tag(R"(\[\d{1,9},(\d{1,9})\]<std(out|err)>:)");
   using Iterator = std::regex_iterator<std::string_view::const_iterator>;
   std::vector<std::match_results<std::string_view::const_iterator>> tags;
   for (Iterator it(line.begin(), line.end(), tag), end; it != end; ++it) tags.push_back(*it);

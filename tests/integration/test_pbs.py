@@ -26,8 +26,8 @@ def render(*args, program_args=()):
     return result.stdout
 
 
-def run_as_pbs_job(script, workdir, gpus="0,1,2,3"):
-    """Runs `script` with bash as PBS would on the job's first node (this host)."""
+def run_as_pbs_job(script, workdir, gpus="0,1,2,3", extra_env=None):
+    """Runs `script` with bash as PBS would on the job's first node (this host), with `extra_env` too."""
     nodefile = os.path.join(workdir, "nodefile")
     with open(nodefile, "w") as f:
         f.write(socket.gethostname() + "\n")
@@ -36,6 +36,7 @@ def run_as_pbs_job(script, workdir, gpus="0,1,2,3"):
         f.write(script)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PBS_", "DDL_", "OMPI_"))}
     env.update({"PBS_JOBID": "4242.pbs-test", "PBS_NODEFILE": nodefile, "PBS_O_WORKDIR": workdir, "CUDA_VISIBLE_DEVICES": gpus})
+    env.update(extra_env or {})
     return subprocess.run(["bash", path], env=env, cwd="/", capture_output=True, text=True, timeout=300)
 
 
@@ -77,6 +78,22 @@ class PbsScriptsWithoutPbs(unittest.TestCase):
             for w in found.values():
                 self.assertEqual(w["argv"], words)
             self.assertFalse(os.path.exists(pwned))
+
+    def test_a_variable_with_a_100000_character_name_reaches_the_workers(self):
+        # ddl run names every variable to mpirun (-x NAME); checking the name with std::regex
+        # recursed once per character and overflowed the stack (a segfault before any worker).
+        name = "V" * 100000
+        script = render("--site", "pbs", "-N", "1", "--gpus-per-node", "2", "-c", "1")
+        *setup, exec_line = script.strip().splitlines()
+        program = f"{PYTHON} -c \"import os; print('LONG', os.environ.get('V' * 100000))\""
+        job = "\n".join(setup + [exec_line.split(" -- ")[0] + " -- " + program]) + "\n"
+        with tempfile.TemporaryDirectory() as tmp:
+            result = run_as_pbs_job(job, tmp, gpus="0,1", extra_env={name: "kept"})
+            self.assertEqual(result.returncode, 0, (result.stdout + result.stderr)[-2000:])
+            said = {rank: lines for rank, lines in lines_by_rank(result.stdout).items() if rank is not None}
+            self.assertEqual(sorted(said), [0, 1])
+            for lines in said.values():
+                self.assertIn("LONG kept", lines)
 
     def test_a_failing_worker_ends_the_generic_pbs_job_with_its_code(self):
         script = render("--site", "pbs", "-N", "1", "--gpus-per-node", "2", "-c", "1")

@@ -5,7 +5,19 @@
 #include "backends/jobs.hpp"
 #include "backends/slurm/slurm_jobs.hpp"
 
+using ddl::backends::looks_like_job_id;
 using ddl::backends::scheduler_unreachable;
+
+// std::regex recurses once per character it matches: `ddl cancel` of 100,000 digits was a segfault.
+TEST_CASE("a job id of 100,000 digits is no job id, not a crash") {
+  CHECK(looks_like_job_id("4242"));
+  CHECK(looks_like_job_id("4242.pbs01"));
+  CHECK(looks_like_job_id("17_3"));
+  CHECK_FALSE(looks_like_job_id(std::string(100000, '1')));
+  CHECK_FALSE(looks_like_job_id("4242;rm"));
+  CHECK(ddl::backends::not_a_job_id("x;y") == "'x;y' is not a job id");
+  CHECK(ddl::backends::not_a_job_id(std::string(100000, '1')) == "'" + std::string(64, '1') + "...' (100000 characters) is not a job id");
+}
 
 TEST_CASE("sbatch and qsub saying they reached no scheduler is told apart from a refusal") {
   CHECK(scheduler_unreachable("sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)\n"));

@@ -111,6 +111,17 @@ TEST_CASE("mpirun --tag-output: pieces of several tasks' lines are put back toge
   CHECK_FALSE(out.feed("Primary job terminated normally"));
 }
 
+TEST_CASE("mpirun --tag-output: a task's own text of 100,000 digits after '[' is its text, not a crash") {
+  pbs::OpenMpiOutput out;
+  const std::string digits = "[" + std::string(100000, '7') + ",1]<stdout>:x";
+  auto lines = out.feed("[1,3]<stdout>:" + digits);
+  REQUIRE(lines);
+  REQUIRE(lines->size() == 1);
+  CHECK((*lines)[0].rank == 3);
+  CHECK((*lines)[0].text == digits);
+  CHECK_FALSE(out.feed(digits));  // untagged: not a task's line
+}
+
 TEST_CASE("srun's report of the failed task: rank, host, exit code or signal") {
   std::deque<std::string> said{"srun: launch/slurm: _step_signal: Terminating StepId=2.0",
                                "srun: error: nid004: task 5: Exited with exit code 7", "srun: error: nid001: tasks 0-4,6-7: Terminated"};

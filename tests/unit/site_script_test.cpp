@@ -15,6 +15,7 @@
 #include "backends/job_script.hpp"
 #include "backends/jupyter_session.hpp"
 #include "backends/site_profile.hpp"
+#include "common/environment.hpp"
 #include "common/error.hpp"
 
 using namespace ddl::backends;
@@ -337,6 +338,47 @@ TEST_CASE("hostile profiles are usage errors naming the file and field, never a 
   CHECK(load_site("noted").notes.find("line two") != std::string::npos);  // notes are printed, never scripted
   CHECK_THROWS_WITH_AS(load_site("badcount"), doctest::Contains("field 'defaults.gpus_per_node' is 'four'; it must be a whole number"),
                        ddl::UsageError);
+}
+
+// libstdc++'s std::regex recurses once per character it matches and per level it parses: each of
+// these was a segfault.
+TEST_CASE("profiles and values long enough to overflow std::regex are refused or unmatched, never a crash") {
+  const std::string letters(100000, 'a');
+  const std::string nested = std::string(300, '(') + "a" + std::string(300, ')');
+  UserSites sites({{"longkey", R"({"scheduler": "slurm", "environment": {")" + letters + R"(": "1"}})"},
+                   {"badkey", R"({"scheduler": "slurm", "environment": {"1)" + letters + R"(": "1"}})"},
+                   {"longname", R"({"scheduler": "slurm", "gpu_request": "{{)" + letters + R"(}}"})"},
+                   {"nested", R"({"scheduler": "slurm", "patterns": {"account": {"regex": ")" + nested + R"("}}})"},
+                   {"matchnested", R"({"scheduler": "slurm", "match": {"environment": {"SITE": ")" + nested + R"("}}})"},
+                   {"bysite", R"({"scheduler": "slurm", "match": {"environment": {"SITE": "[a-z]*"}}})"}});
+  CHECK(load_site("longkey").environment.at(0).first == letters);
+  CHECK_THROWS_WITH_AS(load_site("badkey"), doctest::Contains("is not a shell variable name"), ddl::UsageError);
+  CHECK_THROWS_WITH_AS(load_site("longname"), doctest::Contains("field 'gpu_request' names {{aaaa"), ddl::UsageError);
+  CHECK_THROWS_WITH_AS(
+      load_site("nested"),
+      doctest::Contains("field 'patterns.account.regex' is a regular expression of 601 characters; at most 512 are allowed"),
+      ddl::UsageError);
+  CHECK_THROWS_WITH_AS(load_site("matchnested"), doctest::Contains("field 'match.environment.SITE' is a regular expression of 601"),
+                       ddl::UsageError);
+  const auto listed = list_sites();
+  const auto matched = [&](const std::string& value) {
+    const auto found = matching_sites(listed, "login01", {{"SITE", value}});
+    return std::find(found.begin(), found.end(), "bysite") != found.end();
+  };
+  CHECK(matched("neuron"));
+  CHECK_FALSE(matched(letters));  // longer than any site variable: matches nothing
+  CHECK_FALSE(matched("Neuron"));
+}
+
+TEST_CASE("shell variable names are checked in linear time") {
+  CHECK(ddl::is_variable_name("A"));
+  CHECK(ddl::is_variable_name("_x1"));
+  CHECK(ddl::is_variable_name(std::string(100000, 'Z')));
+  CHECK_FALSE(ddl::is_variable_name(""));
+  CHECK_FALSE(ddl::is_variable_name("1A"));
+  CHECK_FALSE(ddl::is_variable_name("A-B"));
+  CHECK_FALSE(ddl::is_variable_name("A B"));
+  CHECK_FALSE(ddl::is_variable_name(std::string(100000, 'Z') + "."));
 }
 
 TEST_CASE("a profile path that is no regular file is a usage error naming it; the other sites still list") {
