@@ -69,26 +69,27 @@ std::optional<JobState> pbs_job_state(const std::string& id) {
     if ((r.err + r.out).find("Unknown Job Id") != std::string::npos) return std::nullopt;
     throw Error(fmt::format("qstat -f {} failed: {}", id, tool_error(r)), "check that PBS's tools work here (qstat -B)");
   }
-  auto doc = nlohmann::json::parse(r.out, nullptr, false);
-  if (doc.is_discarded() || !doc.contains("Jobs") || doc["Jobs"].empty())
-    throw Error(fmt::format("qstat -f -F json {} printed no job", id), "check the job id");
-  const auto& [full_id, job] = *doc["Jobs"].items().begin();
-  JobState s;
-  s.id = full_id;
-  s.name = job.value("Job_Name", "");
-  s.state = job.value("job_state", "");
-  s.reason = job.value("comment", "");
-  s.nodes = job.value("exec_host", "");
-  s.output = job.value("Output_Path", "");
-  if (auto colon = s.output.find(':'); colon != std::string::npos) s.output = s.output.substr(colon + 1);  // host:path
-  s.finished = s.state == "F" || s.state == "X";
-  if (job.contains("Exit_status") && job["Exit_status"].is_number_integer()) {
-    // PBS writes 256 + signal for a job killed by a signal, and negative codes for jobs it could
-    // not start; as a process exit status those become 128 + signal and 1.
-    const int status = job["Exit_status"].get<int>();
-    s.exit_code = status > 256 ? 128 + (status - 256) : status < 0 ? 1 : status;
-  }
-  return s;
+  std::vector<JobState> jobs = pbs_jobs_from_qstat_json(r.out);
+  if (jobs.empty()) throw Error(fmt::format("qstat -f -F json {} printed no job", id), "check the job id");
+  return jobs.front();
+}
+
+// A field of qstat's JSON as text: a string as it is, a number as its digits, anything else "".
+std::string qstat_text(const nlohmann::json& job, const char* field) {
+  if (!job.contains(field)) return {};
+  const nlohmann::json& value = job[field];
+  if (value.is_string()) return value.get<std::string>();
+  return value.is_number() ? value.dump() : std::string();
+}
+
+// PBS's Exit_status as a process exit status: 0-255 as it is, 256 + signal (a job killed by a
+// signal) as 128 + signal; negative (a job PBS could not start) and anything else as 1.
+int pbs_exit_code(const nlohmann::json& status) {
+  if (!status.is_number_integer()) return 1;
+  const auto code = status.get<long long>();  // a number past int's range is no code
+  if (code >= 0 && code <= 255) return static_cast<int>(code);
+  if (code > 256 && code < 256 + 128) return static_cast<int>(128 + (code - 256));
+  return 1;
 }
 
 }  // namespace
@@ -107,6 +108,27 @@ bool looks_like_job_id(const std::string& id) {
   if (id.size() > kLongestJobId) return false;
   static const std::regex job_id(R"([0-9]+(_[0-9]+)?(\.[A-Za-z0-9_.-]+)?|[0-9]+\[[0-9]*\](\.[A-Za-z0-9_.-]+)?)");
   return std::regex_match(id, job_id);
+}
+
+std::vector<JobState> pbs_jobs_from_qstat_json(const std::string& qstat_json) {
+  std::vector<JobState> jobs;
+  auto doc = nlohmann::json::parse(qstat_json, nullptr, false);
+  if (doc.is_discarded() || !doc.is_object() || !doc.contains("Jobs") || !doc["Jobs"].is_object()) return jobs;
+  for (const auto& [full_id, job] : doc["Jobs"].items()) {
+    if (!job.is_object()) continue;
+    JobState s;
+    s.id = full_id;
+    s.name = qstat_text(job, "Job_Name");
+    s.state = qstat_text(job, "job_state");
+    s.reason = qstat_text(job, "comment");
+    s.nodes = qstat_text(job, "exec_host");
+    s.output = qstat_text(job, "Output_Path");
+    if (auto colon = s.output.find(':'); colon != std::string::npos) s.output = s.output.substr(colon + 1);  // host:path
+    s.finished = s.state == "F" || s.state == "X";
+    if (job.contains("Exit_status")) s.exit_code = pbs_exit_code(job["Exit_status"]);
+    jobs.push_back(std::move(s));
+  }
+  return jobs;
 }
 
 std::string not_a_job_id(const std::string& id) {
@@ -163,11 +185,12 @@ std::vector<JobState> my_jobs(Scheduler scheduler) {
   } else {
     CommandResult r = run_command({"qstat", "-f", "-F", "json", "-u", user});
     if (!r.ok()) throw Error("qstat failed: " + tool_error(r), "check that PBS's tools work here (qstat -B)");
-    auto doc = nlohmann::json::parse(r.out, nullptr, false);
-    if (!doc.is_discarded() && doc.contains("Jobs"))
-      for (const auto& [id, job] : doc["Jobs"].items())
-        jobs.push_back({id, job.value("Job_Name", ""), job.value("job_state", ""), job.value("comment", ""), job.value("exec_host", ""), "",
-                        std::nullopt, false});
+    for (JobState& s : pbs_jobs_from_qstat_json(r.out)) {  // the list shows what squeue's does
+      s.output.clear();
+      s.exit_code.reset();
+      s.finished = false;
+      jobs.push_back(std::move(s));
+    }
   }
   return jobs;
 }

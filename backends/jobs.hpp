@@ -34,6 +34,11 @@ std::string submit_job(Scheduler scheduler, const std::string& script);
 // Whether sbatch's or qsub's output `said` means it reached no controller/server.
 bool scheduler_unreachable(const std::string& said);
 
+// The jobs in `qstat -f -F json`'s output; none where it is not such a document. OpenPBS writes a
+// value of digits alone as a JSON number (a job named 42), so fields are read as text whatever
+// their JSON type, and an entry that is no object is skipped.
+std::vector<JobState> pbs_jobs_from_qstat_json(const std::string& qstat_json);
+
 // How job `id` is now; nullopt when the scheduler no longer knows it.
 std::optional<JobState> job_state(Scheduler scheduler, const std::string& id);
 

@@ -34,6 +34,17 @@ bool is_variable_name(std::string_view name) {
   return !name.empty() && letter(name.front()) && std::all_of(name.begin(), name.end(), [&](char c) { return letter(c) || digit(c); });
 }
 
+std::optional<long long> whole_number(std::string_view text, long long maximum) {
+  if (text.empty()) return std::nullopt;
+  long long n = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;
+    n = n * 10 + (c - '0');
+    if (n > maximum) return std::nullopt;  // before it can overflow
+  }
+  return n;
+}
+
 std::optional<std::string> lookup(const Environment& env, const std::string& name) {
   auto it = env.find(name);
   if (it == env.end()) return std::nullopt;

@@ -18,6 +18,9 @@ Environment current_environment();
 // time: libstdc++'s std::regex recurses once per character matched, and a name of 100,000
 // characters (the kernel allows 128 KiB) overflowed the stack.
 bool is_variable_name(std::string_view name);
+// `text` as a whole number from 0 to `maximum` (digits only), or nullopt: atoi read "99999999999"
+// as 1215752191 or a negative number, and "4x" as 4.
+std::optional<long long> whole_number(std::string_view text, long long maximum);
 // "NAME=value" strings, in the form execve() takes.
 std::vector<std::string> to_envp(const Environment& env);
 // The value of `name`, or nullopt when unset (an empty value counts as set).

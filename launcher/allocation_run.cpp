@@ -29,6 +29,20 @@ namespace ddl::launcher {
 
 namespace {
 
+// NCPUS, the cores PBS gave each node (this one's, taken for every node); this machine's cores when
+// unset or 0 (a chunk asked for ncpus=0). Anything but a count is an error naming it: read with
+// atoi, 99999999999 gave every worker 607876095 OpenMP threads.
+int pbs_cpus_per_node(const Environment& env) {
+  constexpr long long kMostCpus = 1 << 20;
+  const auto ncpus = lookup(env, "NCPUS");
+  if (!ncpus || ncpus->empty()) return available_cpus();
+  const auto count = whole_number(*ncpus, kMostCpus);
+  if (!count)
+    throw Error(fmt::format("NCPUS='{}' is not a count of cores PBS sets (0 to {})", *ncpus, kMostCpus),
+                "unset NCPUS if you set it yourself: inside a PBS job PBS sets it");
+  return *count > 0 ? static_cast<int>(*count) : available_cpus();
+}
+
 using backends::Scheduler;
 
 // What the allocation holds, per node.
@@ -53,8 +67,7 @@ AllocationShape shape_of(const backends::Allocation& allocation, const Environme
   } else {
     shape.hosts = backends::pbs::nodefile_hosts(lookup(env, "PBS_NODEFILE").value_or(""));
     shape.gpus_per_node = discover_gpus(env).count();  // this node's, taken for every node
-    auto ncpus = lookup(env, "NCPUS");
-    shape.cpus_per_node = ncpus && std::atoi(ncpus->c_str()) > 0 ? std::atoi(ncpus->c_str()) : available_cpus();
+    shape.cpus_per_node = pbs_cpus_per_node(env);
   }
   return shape;
 }

@@ -173,8 +173,13 @@ CapabilityItem probe_framework(const std::string& python, const std::string& nam
     return item(false, name, "", "import failed: " + (last.empty() ? "exit " + std::to_string(r.exit_code) : last));
   }
   auto j = nlohmann::json::parse(first_line(r.out), nullptr, false);
-  if (j.is_discarded()) return item(false, name, "", "the probe printed no answer");
-  return item(true, name, j.value("version", ""), j.value("detail", ""));
+  if (j.is_discarded() || !j.is_object()) return item(false, name, "", "the probe printed no answer");
+  // A module may carry any __version__ (a number, None): shown as text, never a type error.
+  const auto text = [&](const char* field) {
+    if (!j.contains(field) || j[field].is_null()) return std::string();
+    return j[field].is_string() ? j[field].get<std::string>() : j[field].dump();
+  };
+  return item(true, name, text("version"), text("detail"));
 }
 
 // ddl's own Python package, looked up beside this ddl: BUILD/python (build tree) or
@@ -209,15 +214,20 @@ std::string ddl_tensorflow_probe() {
 }
 
 CapabilitySection frameworks_section(const CapabilityOptions& options) {
-  CommandResult py = run_command({options.python, "-c", "import sys; print(sys.executable, sys.version.split()[0])"}, seconds(30));
+  // As JSON: the executable's path may hold blanks (a venv under "My Projects").
+  CommandResult py =
+      run_command({options.python, "-c", "import json, sys; print(json.dumps([sys.executable, sys.version.split()[0]]))"}, seconds(30));
   CapabilitySection s{fmt::format("Frameworks ({})", options.python), {}};
   if (!py.ok()) {
     s.items.push_back(item(false, "Python", "", fmt::format("{} does not run: {}", options.python, first_line(py.err))));
     return s;
   }
-  std::istringstream said(py.out);
-  std::string executable, version;
-  said >> executable >> version;
+  std::string executable = options.python, version = "?";
+  const auto said = nlohmann::json::parse(first_line(py.out), nullptr, false);
+  if (said.is_array() && said.size() == 2 && said[0].is_string() && said[1].is_string()) {
+    if (!said[0].get<std::string>().empty()) executable = said[0].get<std::string>();  // empty where Python cannot tell
+    version = said[1].get<std::string>();
+  }
   s.title = fmt::format("Frameworks ({}, Python {})", executable, version);
   std::vector<std::future<CapabilityItem>> probes;  // imports are slow: all at once
   probes.reserve(kFrameworkProbes.size());

@@ -5,7 +5,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <numeric>
 #include <optional>
@@ -32,9 +34,11 @@ bool planned_gpu_workers(const Environment& env, const ExecRequest& request, con
 
 // The cores this node gives the run: what the launcher gave each task times the tasks here.
 int cpus_for_node(const Environment& env, int local_size) {
+  constexpr long long kMostCpus = 1 << 20;
   for (const char* per_task : {"DDL_CPUS_PER_TASK", "SLURM_CPUS_PER_TASK", "PALS_DEPTH"}) {
-    auto value = lookup(env, per_task);
-    if (value && std::atoi(value->c_str()) > 0) return std::atoi(value->c_str()) * local_size;
+    // Not a count (read with atoi, "99999999999" wrapped around): as if unset.
+    const auto count = whole_number(lookup(env, per_task).value_or(""), kMostCpus);
+    if (count && *count > 0) return static_cast<int>(std::min(*count * local_size, kMostCpus));
   }
   return available_cpus();
 }
@@ -116,8 +120,9 @@ Environment task_environment(const Environment& env, const TaskIdentity& id, con
   run.store_token = lookup(env, "DDL_STORE_TOKEN").value_or("");
   run.master_addr = lookup(env, "MASTER_ADDR").value_or("");
   run.cpus_on_node = cpus_for_node(env, id.local_size);
-  run.restart_count = std::atoi(lookup(env, "TORCHELASTIC_RESTART_COUNT").value_or("0").c_str());
-  run.max_restarts = std::atoi(lookup(env, "TORCHELASTIC_MAX_RESTARTS").value_or("0").c_str());
+  // torchrun's counts, as ddl run set them; anything else (99999999999 became -1 with atoi) is 0.
+  run.restart_count = static_cast<int>(whole_number(lookup(env, "TORCHELASTIC_RESTART_COUNT").value_or("0"), INT_MAX).value_or(0));
+  run.max_restarts = static_cast<int>(whole_number(lookup(env, "TORCHELASTIC_MAX_RESTARTS").value_or("0"), INT_MAX).value_or(0));
   const WorkerSlot slot{id.rank, id.local_rank, id.node_rank};
   Environment result = worker_environment(env, plan, slot, run, order);
   // What only ddl run knows is passed through as it came, or left unset.

@@ -235,8 +235,19 @@ RunOutcome run_on_hosts(const RunRequest& request, const Environment& env, const
   const std::vector<std::string> shell = words_of(request.remote_shell.empty() ? kDefaultRemoteShell : request.remote_shell);
   Supervisor supervisor(request.supervision);  // before any thread (the store) starts
 
+  // Each name is looked up (a DNS timeout can take seconds): a signal meanwhile ends the run
+  // between two lookups, before anything started.
+  const auto stopped_before_start = [](int sig) {
+    RunOutcome outcome;
+    outcome.exit_code = 128 + sig;
+    outcome.interrupted_by = sig;
+    return outcome;
+  };
   std::vector<bool> local;
-  for (const auto& h : request.hosts) local.push_back(is_this_host(h.name));
+  for (const auto& h : request.hosts) {
+    if (const int sig = supervisor.signal_before_run()) return stopped_before_start(sig);
+    local.push_back(is_this_host(h.name));
+  }
   const bool any_local = std::find(local.begin(), local.end(), true) != local.end();
   // GPUs of this host decide for the plan when it runs workers; else --gpus-per-node is trusted
   // and each host's agent checks its own.
@@ -253,6 +264,7 @@ RunOutcome run_on_hosts(const RunRequest& request, const Environment& env, const
   std::optional<std::string> here;  // this host's address as the other hosts reach it
   for (size_t i = 0; i < hosts.hosts.size(); ++i)
     if (!local[i]) {
+      if (const int sig = supervisor.signal_before_run()) return stopped_before_start(sig);
       try {
         std::string towards = address_towards(hosts.hosts[i].name);
         if (!here) here = towards;

@@ -825,6 +825,15 @@ Supervisor::~Supervisor() {
   ::pthread_sigmask(SIG_SETMASK, &original_mask_, nullptr);
 }
 
+int Supervisor::signal_before_run() {
+  signalfd_siginfo info{};
+  while (::read(signal_fd_, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
+    const int sig = static_cast<int>(info.ssi_signo);
+    if (sig != SIGCHLD && !passed_on_only(sig)) return sig;
+  }
+  return 0;
+}
+
 RunOutcome Supervisor::run(const std::vector<WorkerLaunch>& workers) {
   Run run(options_, signal_fd_, original_mask_);
   return run.execute(workers);

@@ -96,6 +96,11 @@ class Supervisor {
   Supervisor& operator=(const Supervisor&) = delete;
 
   RunOutcome run(const std::vector<WorkerLaunch>& workers);
+  // A signal that would stop a run (SIGINT, SIGTERM, ...) and came before run(), or 0; those that
+  // only ask workers for something (SIGUSR1/2) are dropped, as there are none yet. For work between
+  // the Supervisor's making and its run that may take long (looking up a thousand host names):
+  // the signals are blocked meanwhile, and without this Ctrl-C waited for all of it.
+  int signal_before_run();
 
  private:
   SupervisorOptions options_;

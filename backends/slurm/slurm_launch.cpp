@@ -139,11 +139,14 @@ int signal_named(const std::string& how) {
 }  // namespace
 
 std::optional<FailedTask> failed_task(const std::deque<std::string>& srun_stderr) {
-  static const std::regex report(R"(^srun: error: ([^:\s]+): tasks? (\d+)[^:]*: (.*)$)");
-  static const std::regex exited(R"(^Exited with exit code (\d+)$)");
+  // srun's reports are short: longer lines are not read, and the numbers are bounded, since
+  // std::regex recurses once per character it matches (a 40,000-character line was a segfault).
+  constexpr size_t kLongestReport = 4096;
+  static const std::regex report(R"(^srun: error: ([^:\s]+): tasks? (\d{1,9})(?![0-9])[^:]*: (.*)$)");
+  static const std::regex exited(R"(^Exited with exit code (\d{1,9})$)");
   for (const auto& line : srun_stderr) {
     std::smatch m, code;
-    if (!std::regex_match(line, m, report)) continue;
+    if (line.size() > kLongestReport || !std::regex_match(line, m, report)) continue;
     FailedTask task{std::stoi(m[2]), m[1], m[3]};
     if (std::regex_match(task.how, code, exited)) {
       task.exit_code = std::stoi(code[1]);

@@ -84,7 +84,9 @@ class CheckBuild(unittest.TestCase):
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertIn("  [ ] Python (/nonexistent/python3 does not run: ", result.stdout)
         with tempfile.TemporaryDirectory() as fake:
-            for name, body in (("tensorflow", "import time\ntime.sleep(600)\n"), ("horovod", "raise RuntimeError('broken build')\n")):
+            # A module's __version__ may be anything: a number was a JSON type error ("this is a bug").
+            for name, body in (("tensorflow", "import time\ntime.sleep(600)\n"), ("horovod", "raise RuntimeError('broken build')\n"),
+                               ("lightning", "__version__ = 2\n")):
                 os.makedirs(os.path.join(fake, name))
                 with open(os.path.join(fake, name, "__init__.py"), "w") as f:
                     f.write(body)
@@ -96,13 +98,16 @@ class CheckBuild(unittest.TestCase):
             self.assertLess(time.monotonic() - start, 110)
             self.assertIn("  [ ] tensorflow (importing it took more than 30 s; not probed further)", result.stdout)
             self.assertIn("  [ ] horovod (import failed: RuntimeError: broken build)", result.stdout)
+            self.assertIn("  [X] lightning 2 (lightning)", result.stdout)
 
     def test_ddl_faces_name_the_framework_a_python_lacks_rather_than_say_not_installed(self):
-        with tempfile.TemporaryDirectory() as tmp:
+        # In a folder with a blank in its name: the path was cut at the blank, and every probe failed.
+        with tempfile.TemporaryDirectory(prefix="a venv ") as tmp:
             subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", tmp], check=True)  # no torch, no TensorFlow
             python = os.path.join(tmp, "bin", "python")
             result = subprocess.run([DDL, "check-build", "--python", python], capture_output=True, text=True, timeout=300)
         self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn(f"Frameworks ({python}, Python 3.", result.stdout)
         self.assertIn("  [ ] torch (not installed)", result.stdout)
         self.assertIn(f"  [ ] ddl.torch (installed, but needs torch, which {python} cannot import "
                       "(No module named 'torch'))", result.stdout)

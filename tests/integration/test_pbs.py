@@ -95,6 +95,17 @@ class PbsScriptsWithoutPbs(unittest.TestCase):
             for lines in said.values():
                 self.assertIn("LONG kept", lines)
 
+    def test_ncpus_that_is_no_count_is_an_error_naming_it_not_threads_by_the_million(self):
+        # Read with atoi, NCPUS=99999999999 gave each worker OMP_NUM_THREADS=607876095.
+        script = render("--site", "pbs", "-N", "1", "--gpus-per-node", "2", "-c", "1")
+        job = script.replace("cd \"$PBS_O_WORKDIR\"", "cd \"$PBS_O_WORKDIR\"\nexport NCPUS=99999999999", 1)
+        self.assertNotEqual(job, script)
+        with tempfile.TemporaryDirectory() as tmp:
+            result = run_as_pbs_job(job, tmp, gpus="0,1")
+        self.assertNotEqual(result.returncode, 0, result.stdout)
+        self.assertIn("ddl: error: NCPUS='99999999999' is not a count of cores PBS sets (0 to 1048576)", result.stderr)
+        self.assertNotIn("WORKER ", result.stdout)
+
     def test_a_failing_worker_ends_the_generic_pbs_job_with_its_code(self):
         script = render("--site", "pbs", "-N", "1", "--gpus-per-node", "2", "-c", "1")
         with tempfile.TemporaryDirectory() as tmp:

@@ -8,6 +8,33 @@
 using ddl::backends::looks_like_job_id;
 using ddl::backends::scheduler_unreachable;
 
+// OpenPBS writes a value of digits alone unquoted (openpbs#1255): `ddl submit -J 42` then made
+// `ddl status` stop with a JSON type error ("this is a bug").
+TEST_CASE("qstat's JSON: numbers where text was expected, entries that are no objects, exit codes of every range") {
+  const auto jobs = ddl::backends::pbs_jobs_from_qstat_json(R"({"Jobs": {
+    "12.pbs": {"Job_Name": 42, "job_state": "F", "Output_Path": "login1:/home/a/42.o12", "Exit_status": 271},
+    "13.pbs": {"Job_Name": "b", "job_state": "F", "Exit_status": 99999999999},
+    "14.pbs": {"Job_Name": ["odd"], "job_state": "F", "Exit_status": -3},
+    "15.pbs": {"Job_Name": "d", "job_state": "F", "Exit_status": 256},
+    "16.pbs": "not an object",
+    "17.pbs": {"Job_Name": "e", "job_state": "R", "Exit_status": "7"}}})");
+  REQUIRE(jobs.size() == 5);
+  CHECK(jobs[0].id == "12.pbs");
+  CHECK(jobs[0].name == "42");
+  CHECK(jobs[0].output == "/home/a/42.o12");
+  CHECK(jobs[0].finished);
+  CHECK(jobs[0].exit_code == 143);  // 256 + SIGTERM
+  CHECK(jobs[1].exit_code == 1);    // past int's range: no code, a failure
+  CHECK(jobs[2].name == "");
+  CHECK(jobs[2].exit_code == 1);  // PBS could not start it
+  CHECK(jobs[3].exit_code == 1);  // 256 would read as 0, a success
+  CHECK(jobs[4].id == "17.pbs");
+  CHECK(jobs[4].exit_code == 1);
+  CHECK_FALSE(jobs[4].finished);
+  for (const char* not_qstat : {"", "[]", "5", R"({"Jobs": []})", R"({"Jobs": 5})", "{\"Jobs\": {"})
+    CHECK(ddl::backends::pbs_jobs_from_qstat_json(not_qstat).empty());
+}
+
 // std::regex recurses once per character it matches: `ddl cancel` of 100,000 digits was a segfault.
 TEST_CASE("a job id of 100,000 digits is no job id, not a crash") {
   CHECK(looks_like_job_id("4242"));

@@ -138,6 +138,19 @@ TEST_CASE("srun's report of the failed task: rank, host, exit code or signal") {
   CHECK_FALSE(slurm::failed_task({"srun: error: Unable to allocate resources: Invalid account"}));
 }
 
+// A task's words pass through srun's stderr: std::regex recursed once per character (a segfault at
+// 40,000), and std::stoi threw on a number past int's range ("this is a bug").
+TEST_CASE("srun's report: a line of 40,000 characters or a number past int's range is not read as one") {
+  CHECK_FALSE(slurm::failed_task({"srun: error: nid001: task 0: " + std::string(40000, 'x')}));
+  CHECK_FALSE(slurm::failed_task({"srun: error: nid001: task 99999999999: Exited with exit code 3"}));
+  CHECK_FALSE(slurm::failed_task({"srun: error: nid001: task 1: Exited with exit code 99999999999"}));
+  auto task = slurm::failed_task(
+      {"srun: error: nid001: task 99999999999: Exited with exit code 3", "srun: error: nid002: task 999999999: Exited with exit code 4"});
+  REQUIRE(task);
+  CHECK(task->rank == 999999999);
+  CHECK(task->exit_code == 4);
+}
+
 TEST_CASE("Slurm allocation facts: GPUs and CPUs per node in every form Slurm writes them") {
   CHECK(slurm::gpus_per_node({{"SLURM_GPUS_ON_NODE", "4"}}) == 4);
   CHECK(slurm::gpus_per_node({{"SLURM_GPUS_PER_NODE", "a100:4"}}) == 4);
@@ -182,4 +195,21 @@ TEST_CASE("the PBS node file: distinct hosts in order; a missing file names it")
   CHECK(pbs::nodefile_hosts(path) == std::vector<std::string>{"x3102c0s13b0n0", "x3102c0s13b1n0"});
   std::remove(path.c_str());
   CHECK_THROWS_WITH_AS(pbs::nodefile_hosts(path), doctest::Contains("/tmp/ddl_unit_nodefile"), ddl::Error);
+}
+
+// Each line was searched for among the hosts before it: 300,000 lines took minutes, with signals
+// blocked (ddl run could not be stopped).
+TEST_CASE("the PBS node file: 300,000 distinct hosts are read in one pass") {
+  const std::string path = "/tmp/ddl_unit_nodefile_large";
+  {
+    std::ofstream f(path);
+    for (int i = 0; i < 300000; ++i)
+      f << "n" << i << "\n"
+        << "n" << i << "\n";
+  }
+  const auto hosts = pbs::nodefile_hosts(path);
+  std::remove(path.c_str());
+  REQUIRE(hosts.size() == 300000);
+  CHECK(hosts.front() == "n0");
+  CHECK(hosts.back() == "n299999");
 }

@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include "common/environment.hpp"
 #include "launcher/worker_environment.hpp"
 
 using namespace ddl::launcher;
@@ -16,6 +17,19 @@ RunContext sample_run() {
   return run;
 }
 }  // namespace
+
+// atoi read "99999999999" as 1215752191 (NCPUS: that many OpenMP threads per worker) or -1.
+TEST_CASE("counts from the environment are whole numbers within range, or nothing") {
+  CHECK(ddl::whole_number("0", 10) == 0);
+  CHECK(ddl::whole_number("16", 1 << 20) == 16);
+  CHECK(ddl::whole_number("1048576", 1 << 20) == 1048576);
+  CHECK_FALSE(ddl::whole_number("1048577", 1 << 20));
+  CHECK_FALSE(ddl::whole_number("99999999999999999999999", 1 << 20));
+  CHECK_FALSE(ddl::whole_number("", 10));
+  CHECK_FALSE(ddl::whole_number("4x", 10));
+  CHECK_FALSE(ddl::whole_number("-1", 10));
+  CHECK_FALSE(ddl::whole_number(" 4", 10));
+}
 
 TEST_CASE("every contract variable has the value of the worker's rank") {
   WorldPlan plan{2, 4, true};

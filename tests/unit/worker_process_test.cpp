@@ -5,6 +5,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "launcher/supervisor.hpp"
 #include "launcher/worker_process.hpp"
 
 using ddl::launcher::signal_unreaped_worker;
@@ -68,5 +69,17 @@ TEST_SUITE("worker_process") {
     REQUIRE(::waitpid(pid, &status, 0) == pid);
     CHECK(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == 42);  // the grandchild died of SIGTERM
+  }
+
+  // ddl run -H looks up every host name with the signals already blocked: Ctrl-C waited for all
+  // the lookups (minutes for thousands of names); now each lookup is followed by this check.
+  TEST_CASE("a stopping signal that comes before the run is seen; one meant for workers is dropped") {
+    ddl::launcher::Supervisor supervisor({});
+    CHECK(supervisor.signal_before_run() == 0);
+    REQUIRE(::raise(SIGUSR1) == 0);  // blocked: pending, not doctest's handler
+    CHECK(supervisor.signal_before_run() == 0);
+    REQUIRE(::raise(SIGTERM) == 0);
+    CHECK(supervisor.signal_before_run() == SIGTERM);
+    CHECK(supervisor.signal_before_run() == 0);
   }
 }
