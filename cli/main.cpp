@@ -152,9 +152,18 @@ void print_parse_error(const CLI::App& app, const CLI::ParseError& e) {
   print_error(e.what(), help);
 }
 
+// A message that quotes a huge value (a 100,000-character name) cut to its start and end: the
+// line stays readable, and a log is not flooded.
+std::string shown(const std::string& text) {
+  constexpr size_t kLongest = 4096, kHead = 1500, kTail = 500;
+  if (text.size() <= kLongest) return text;
+  return fmt::format("{} [... {} characters cut ...] {}", text.substr(0, kHead), text.size() - kHead - kTail,
+                     text.substr(text.size() - kTail));
+}
+
 void print_error(const std::string& message, const std::string& hint) {
-  std::fprintf(stderr, "ddl: error: %s\n", message.c_str());
-  if (!hint.empty()) std::fprintf(stderr, "hint: %s\n", hint.c_str());
+  std::fprintf(stderr, "ddl: error: %s\n", shown(message).c_str());
+  if (!hint.empty()) std::fprintf(stderr, "hint: %s\n", shown(hint).c_str());
 }
 
 // ddl's exit status for an error: 2 for a usage mistake, 127 for a program that cannot be run (as

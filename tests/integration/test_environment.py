@@ -183,6 +183,15 @@ class UsageErrors(unittest.TestCase):
             self.assertTrue(result.stderr.startswith("ddl: error:"), result.stderr)
             self.assertIn(needle, result.stderr.splitlines()[0])
 
+    def test_an_error_quoting_a_100000_character_value_is_cut_to_a_readable_line(self):
+        huge = "a" * 100000
+        for args in (["sites", "show", huge], ["cancel", "1" * 100000], ["run", "-np", "1", "--", huge]):
+            result = ddl_raw(*args)
+            self.assertNotEqual(result.returncode, 0, args[:2])
+            first = result.stderr.splitlines()[0]
+            self.assertTrue(first.startswith("ddl: error: "), first[:200])
+            self.assertLess(len(result.stderr), 10000, args[:2])
+
     def test_a_decimal_grace_period_is_taken(self):
         for seconds in ("0.5", ".5", "5.", "0"):
             self.assertEqual(ddl("run", "--grace-period", seconds, "-np", "1", "--", "true").returncode, 0, seconds)
