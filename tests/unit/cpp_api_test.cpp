@@ -53,6 +53,24 @@ TEST_CASE("bad arguments are errors with a message, not crashes") {
   ::unsetenv("DDL_BOOTSTRAP");
 }
 
+// Cast to int, DDL_RANK=4294967296 was rank 0: a second rank 0 that no check saw.
+TEST_CASE("rank and placement variables out of range fail ddl_init, naming them") {
+  ::setenv("DDL_BOOTSTRAP", "store", 1);
+  ::setenv("DDL_STORE_ADDR", "127.0.0.1:1", 1);  // never reached: the variables are checked first
+  ::setenv("DDL_SIZE", "2", 1);
+  ::setenv("DDL_RANK", "4294967296", 1);
+  CHECK(ddl_init() != DDL_SUCCESS);
+  CHECK(std::string(ddl_last_error()).find("DDL_RANK='4294967296' is out of range") != std::string::npos);
+  ::setenv("DDL_RANK", "1", 1);
+  ::setenv("DDL_LOCAL_RANK", "2", 1);
+  ::setenv("DDL_LOCAL_SIZE", "2", 1);
+  CHECK(ddl_init() != DDL_SUCCESS);
+  CHECK(std::string(ddl_last_error()).find("DDL_LOCAL_RANK, DDL_LOCAL_SIZE, DDL_NODE_RANK and DDL_NUM_NODES are out of range") !=
+        std::string::npos);
+  CHECK_FALSE(ddl_is_initialized());
+  for (const char* name : {"DDL_BOOTSTRAP", "DDL_STORE_ADDR", "DDL_SIZE", "DDL_RANK", "DDL_LOCAL_RANK", "DDL_LOCAL_SIZE"}) ::unsetenv(name);
+}
+
 TEST_CASE("the library's version is the header's") {
   CHECK(std::string(ddl_version()) ==
         std::to_string(DDL_VERSION_MAJOR) + "." + std::to_string(DDL_VERSION_MINOR) + "." + std::to_string(DDL_VERSION_PATCH));

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -51,6 +52,9 @@ using ddl::runtime::OpSpec;
 
 struct Placement {
   int local_rank = 0, local_size = 1, node_rank = 0, num_nodes = 1;
+  bool consistent() const {
+    return local_size >= 1 && local_rank >= 0 && local_rank < local_size && num_nodes >= 1 && node_rank >= 0 && node_rank < num_nodes;
+  }
 };
 
 struct Runtime {
@@ -95,8 +99,11 @@ int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return fallback;
   char* end = nullptr;
+  errno = 0;
   long n = std::strtol(v, &end, 10);
   if (*end != '\0') throw ddl::Error(fmt::format("{}='{}' is not a whole number", name, v));
+  // Cast to int, 4294967296 became rank 0: a second rank 0, silently.
+  if (errno == ERANGE || n < INT_MIN || n > INT_MAX) throw ddl::Error(fmt::format("{}='{}' is out of range", name, v));
   return static_cast<int>(n);
 }
 
@@ -172,6 +179,9 @@ std::shared_ptr<Runtime> start_runtime(int generation) {
     if (rank < 0 || size < 1 || rank >= size)
       throw ddl::Error("DDL_RANK and DDL_SIZE are missing or out of range: start the program with `ddl run`");
     rt->placement = {env_int("DDL_LOCAL_RANK", 0), env_int("DDL_LOCAL_SIZE", 1), env_int("DDL_NODE_RANK", 0), env_int("DDL_NUM_NODES", 1)};
+    if (!rt->placement.consistent())
+      throw ddl::Error(
+          "DDL_LOCAL_RANK, DDL_LOCAL_SIZE, DDL_NODE_RANK and DDL_NUM_NODES are out of range: start the program with `ddl run`");
     rt->store = ddl::runtime::make_tcp_gloo_store(ddl::store::TcpStoreClient::from_environment(), fmt::format("ddl/{}/gloo", generation));
   } else {
     rt->pmix = std::make_unique<ddl::runtime::PmixSession>(engine_config(0).timeout);
