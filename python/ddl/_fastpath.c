@@ -72,7 +72,7 @@ static PyObject* allreduce(PyObject* self, PyObject* const* args, Py_ssize_t nar
     PyErr_SetString(PyExc_RuntimeError, "ddl._fastpath: bind() was not called");
     return NULL;
   }
-  const char* name = PyBytes_AsString(args[0]);
+  const char* name = args[0] == Py_None ? NULL : PyBytes_AsString(args[0]); /* None: unnamed, libddl numbers it */
   void* send = PyLong_AsVoidPtr(args[1]);
   void* recv = PyLong_AsVoidPtr(args[2]);
   size_t count = PyLong_AsSize_t(args[3]);

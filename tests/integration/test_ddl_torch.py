@@ -206,6 +206,34 @@ class Join(unittest.TestCase):
         self.assertEqual([by_rank[0][-1], by_rank[1][-1]], ["total 2.0", "total 2.0"])
 
 
+    def test_an_unnamed_op_is_one_op_whichever_path_each_rank_takes(self):
+        # Blocking calls on contiguous host tensors run on the caller's thread and leave an unnamed op
+        # to libddl's count; the rest (a tensor that requires grad, a transposed one, the async form)
+        # were counted in Python: one op, two names, and both ranks waited until DDL_TIMEOUT.
+        code = """
+            import torch, ddl.torch as hvd
+            hvd.init(); r = hvd.rank()
+            loss = (torch.ones(3, requires_grad=True) * 2).sum() if r == 0 else torch.tensor(6.)
+            a = hvd.allreduce(loss, op=hvd.Sum).item()
+            x = torch.arange(6.).reshape(2, 3)
+            b = hvd.allreduce(x.t() if r == 0 else x.t().contiguous(), op=hvd.Sum).sum().item()
+            one = torch.ones(2)
+            c = (hvd.synchronize(hvd.allreduce_async(one, op=hvd.Sum)) if r == 1 else hvd.allreduce(one, op=hvd.Sum)).sum().item()
+            if r == 1:  # async unnamed ops while rank 0 waits in join: counted afresh after it
+                hvd.synchronize(hvd.allreduce_async(one, op=hvd.Sum))
+                hvd.synchronize(hvd.allreduce_async(one, op=hvd.Sum))
+            hvd.join()
+            d = (hvd.allreduce(one, op=hvd.Sum) if r == 1 else hvd.synchronize(hvd.allreduce_async(one, op=hvd.Sum))).sum().item()
+            print("sums", a, b, c, d, flush=True)
+            hvd.shutdown()
+        """
+        for env in ({}, {"DDL_PYTHON_FASTPATH": "0"}):
+            result = run_python(2, code, env={"DDL_TIMEOUT": "20", **env}, timeout=120)
+            self.assertEqual(result.returncode, 0, result.stdout[-2000:] + result.stderr[-2000:])
+            by_rank = lines_by_rank(result.stdout)
+            self.assertEqual([by_rank[0][-1], by_rank[1][-1]], ["sums 12.0 30.0 4.0 4.0"] * 2, env)
+
+
 class ProcessSets(unittest.TestCase):
     def test_a_set_one_rank_gets_wrong_fails_on_every_rank_and_later_sets_still_agree(self):
         result = run_python(3, """

@@ -1,6 +1,6 @@
 """libddl's per-op calls on the faces' hot paths (issue 21, docs/python-overhead.md).
 
-    handle = allreduce(name, send, recv, count, dtype, op, options_address)   # ddl_allreduce_ex
+    handle = allreduce(name, send, recv, count, dtype, op, options_address)   # ddl_allreduce_ex (name: bytes or None)
     status = wait(handle)                                                     # ddl_wait, GIL released
 
     handle = allreduce_tensor(tensor, output, average, name, op, prescale, postscale, process_set)

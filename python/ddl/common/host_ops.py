@@ -165,10 +165,11 @@ def _contiguous(array):
 
 
 def _sub_names(full, count, grouped):
-    """One libddl name per array: a group's arrays are NAME.0, NAME.1, ..."""
+    """One libddl name per array: a group's arrays are NAME.0, NAME.1, ...; all None for an unnamed
+    op (libddl numbers each)."""
     if count == 1 and not grouped:
-        return [full.encode()]
-    return [f"{full}.{i}".encode() for i in range(count)]
+        return [names.encoded(full)]
+    return [names.encoded(names.part(full, i)) for i in range(count)]
 
 
 def _run(kind, name, process_set, submit_all):
@@ -356,7 +357,7 @@ def alltoall(array, splits=None, name=None, process_set=None):
 
     def submit_all(full, handles):
         opts = options(ps, src.shape[1:])
-        handles.append(_submit(L.lib.ddl_alltoall_any_ex, full.encode(), _ptr(data), _sizes([s * row for s in send]),
+        handles.append(_submit(L.lib.ddl_alltoall_any_ex, names.encoded(full), _ptr(data), _sizes([s * row for s in send]),
                                dtype, ctypes.byref(opts)))
         box.append(_gathered(handles[0], n, row, data, src.shape[1:]))
 

@@ -1,8 +1,10 @@
 """Horovod's collective operations on PyTorch tensors, over libddl.
 
 Host tensors go through libddl's host path (shared memory within a node, Gloo between nodes); CUDA
-tensors through its NCCL path on PyTorch's current stream. Every op has a name ("allreduce.NAME", or
-"allreduce.noname.N" counted per process set), which ranks agree on in any order, as in Horovod.
+tensors through its NCCL path on PyTorch's current stream. A named op is "allreduce.NAME", which
+ranks agree on in any order, as in Horovod; an unnamed one goes to libddl without a name, and
+libddl numbers it ("unnamed.N", counted per process set alike on every rank, whichever path an op
+takes on each rank: common/names.py).
 """
 
 import ctypes
@@ -138,12 +140,18 @@ def _release_claims(claims):
         _names.release(key, full)
 
 
+def _part(full_name, i):
+    """libddl's name of part `i` of a grouped op (b"NAME.i"); None for an unnamed op, whose parts
+    libddl numbers one by one."""
+    return None if full_name is None else full_name + f".{i}".encode()
+
+
 def _start(kind, name, process_set, launch):
     """Claims a name, runs `launch(full_name)` -> (c_handles, finish, keep), registers the handle."""
     target = _process_set_target(process_set)
     claim = _names.claim(kind, name, target)
     try:
-        launched = launch(claim[1].encode())
+        launched = launch(_names.encoded(claim[1]))
     except BaseException:
         _names.release(*claim)
         raise
@@ -263,7 +271,7 @@ def _allreduce_group_async(kind, tensors, outputs, name, op, prescale, postscale
             for i, (t, out) in enumerate(zip(tensors, outputs)):
                 src = t.contiguous()
                 dst = out if out.is_contiguous() else out.contiguous()
-                sub = full_name if len(tensors) == 1 and kind != "grouped_allreduce" else full_name + f".{i}".encode()
+                sub = full_name if len(tensors) == 1 and kind != "grouped_allreduce" else _part(full_name, i)
                 h, after, temporaries = _launch_allreduce(src, dst, sub, op, prescale, postscale, process_set, flags)
                 c_handles.append(h)
                 keep.append((src, dst, temporaries))
@@ -316,7 +324,7 @@ def _allreduce_one_async(tensor, output, name, op, prescale, postscale, process_
         opts = _host.options(target, tensor.shape, prescale, postscale)
     claim = _names.claim("allreduce", name, target)
     try:
-        h = _fast.allreduce(claim[1].encode(), tensor.data_ptr(), output.data_ptr(), tensor.numel(), dtype,
+        h = _fast.allreduce(_names.encoded(claim[1]), tensor.data_ptr(), output.data_ptr(), tensor.numel(), dtype,
                             _REDUCE[op], opts._address)
         return _register(_Pending((h,), output, (claim,), (tensor, opts)))
     except _fast.Refused as refused:
@@ -466,7 +474,7 @@ def _allgather_group_async(kind, tensors, name, process_set):
         c_handles, collects, results, keep = [], [], [], []
         try:
             for i, t in enumerate(tensors):
-                sub = full_name if kind == "allgather" else full_name + f".{i}".encode()
+                sub = full_name if kind == "allgather" else _part(full_name, i)
                 h, collect, result, k = _launch_allgather(t, sub, process_set)
                 c_handles.append(h)
                 collects.append(collect)
@@ -654,7 +662,7 @@ def _reducescatter_group_async(kind, tensors, name, op, prescale, postscale, pro
                 out = data.new_empty((rows[me],) + tuple(src.shape[1:]))
                 opts = _options(target, data if on_gpu else None, tuple(src.shape), 1.0 if cuda else prescale,
                                 1.0 if cuda else postscale)
-                sub = full_name if kind == "reducescatter" else full_name + f".{i}".encode()
+                sub = full_name if kind == "reducescatter" else _part(full_name, i)
                 h = _submit(L.lib.ddl_reducescatter_ex, sub, data.data_ptr(), out.data_ptr(),
                             _sizes([r * row for r in rows]), dtype, _REDUCE[op], ctypes.byref(opts))
                 c_handles.append(h)
