@@ -537,13 +537,21 @@ class ProcessGroupDDL(dist.ProcessGroup):
         # libddl fuses ops submitted together, so the tensors go as separate ops.
         return self.allreduce(tensors, opts)
 
+    def _root(self, opts, what):
+        """opts.rootRank, a rank of this group; otherwise no rank would be the root, and the op a
+        silent no-op (gloo refuses it too)."""
+        root = opts.rootRank
+        if not 0 <= root < self.size():
+            raise ValueError(f"{what}: invalid root rank {root} for a group of {self.size()}")
+        return root
+
     def reduce(self, tensors, opts):
         tensor = _single(tensors, "reduce")
+        root = self._root(opts, "reduce")
         op = _libddl_op(opts.reduceOp)
         dense = _dense(tensor)
         view, dtype = _reducible(dense, op)
         result = torch.empty_like(view)
-        root = opts.rootRank
 
         def submit(handles):
             view_op, options = self._reduction(view, op)
@@ -693,7 +701,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
     def gather(self, output_tensors, input_tensors, opts):
         input = _single(input_tensors, "gather")
-        root = opts.rootRank
+        root = self._root(opts, "gather")
         size = self.size()
         outputs = output_tensors[0] if self.rank() == root else []
         if self.rank() == root and len(outputs) != size:
@@ -719,7 +727,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
     def scatter(self, output_tensors, input_tensors, opts):
         output = _single(output_tensors, "scatter")
-        root = opts.rootRank
+        root = self._root(opts, "scatter")
         size = self.size()
         dense = _dense(output)
         recv, dtype = _movable(dense)

@@ -335,7 +335,8 @@ def _():
     # Ranks from any iterable of integers, as Horovod takes them; nothing else.
     assert hvd.ProcessSet(reversed(range(N))).ranks == list(range(N))
     assert hvd.ProcessSet(iter([N - 1, 0])).ranks == sorted({0, N - 1})
-    for bad in ([0.5], ["0"], "01", 3, [True]):
+    expect_error(ValueError, hvd.start_timeline, "/tmp/timeline\0.json")  # would have written /tmp/timeline
+    for bad in ([0.5], ["0"], "01", 3, [True], [0, 2**32 + 1], [-1]):  # 2**32 + 1 was passed on to libddl as rank 1
         expect_error(ValueError, hvd.ProcessSet, bad)
     if N > 1:  # init(process_sets=) with a duplicate adds none of them, so a corrected call works
         expect_error(ValueError, hvd.init, process_sets=[hvd.ProcessSet([0]), hvd.ProcessSet([0])])

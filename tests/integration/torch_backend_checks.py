@@ -310,6 +310,9 @@ def errors(rank):
     reduce_scatter = getattr(dist, "reduce_scatter_tensor", None) or dist._reduce_scatter_base
     expect_error(ValueError, "dtype", reduce_scatter, torch.zeros(2, dtype=torch.float64), torch.ones(2 * SIZE), group=DDL)
     check("reduce_scatter_tensor into another dtype refused", torch.ones(1), torch.ones(1))
+    # A root outside the group was a silent no-op: nobody was the root.
+    expect_error(ValueError, "invalid root rank", dist.reduce, torch.ones(2), SIZE + 5, group=DDL)
+    check("reduce to a rank outside the group refused", torch.ones(1), torch.ones(1))
     if rank == 0:  # the root's list is checked before anything is sent; the others send nothing then
         expect_error(ValueError, "gather_list", dist.gather, torch.ones(4), [torch.zeros(2) for _ in range(SIZE)], dst=0,
                      group=DDL)

@@ -225,7 +225,10 @@ def start_timeline(file_path, mark_cycles=False):
     """Starts writing a Chrome-trace timeline of the ops to `file_path`: rank 0 writes it, or every rank
     its own when the path holds "%r" (replaced by the rank)."""
     require("rank")
-    status = L.lib.ddl_timeline_start(os.fsencode(file_path))
+    path = os.fsencode(file_path)
+    if b"\0" in path:  # a C string would end there: another file, silently
+        raise ValueError(f"a timeline path cannot hold a NUL character: {file_path!r}")
+    status = L.lib.ddl_timeline_start(path)
     if status != L.SUCCESS:
         L.raise_for(status)
 
