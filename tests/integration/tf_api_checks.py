@@ -110,6 +110,8 @@ def _():
                                                               tf.constant([R % 2 == 0])])).items():
         assert np.array_equal(outs[0].numpy(), ref) and outs[1].dtype == tf.bool, mode
         assert outs[1].numpy().tolist() == [r % 2 == 0 for r in range(N)], mode
+    empty_rows = hvd.allgather(tf.ones((R + 2, 0)))  # rows of no elements: the result was (0, 0)
+    assert tuple(empty_rows.shape) == (sum(r + 2 for r in range(N)), 0), empty_rows.shape
 
 
 @check("broadcast (and bool), broadcast_ into variables, broadcast_variables")
@@ -152,6 +154,8 @@ def _():
     for mode, (out, received) in in_modes(lambda: hvd.alltoall(rows[:N], splits=splits)).items():
         assert out.numpy().ravel().tolist() == [100 * r + R for r in range(N)], mode
         assert received.numpy().tolist() == [1] * N, mode
+    out, received = hvd.alltoall(tf.ones((2 * N, 0)), splits=[2] * N)  # rows of no elements: splits still arrive
+    assert tuple(out.shape) == (2 * N, 0) and received.numpy().tolist() == [2] * N, (out.shape, received)
 
 
 @check("a bad argument found while an op runs is InvalidArgumentError (and a ValueError), as Horovod's kernels")

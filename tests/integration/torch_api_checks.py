@@ -248,6 +248,8 @@ def _():
     assert b.dtype == torch.bool and b.tolist() == [r % 2 == 0 for r in range(N)]
     outs = hvd.grouped_allgather([torch.full((1,), R), torch.full((2,), 10 * R)])
     assert outs[0].tolist() == list(range(N)) and outs[1].tolist() == [10 * r for r in range(N) for _ in (0, 1)]
+    # Rows of no elements: the rows still add up (the result was (0, 0) whatever the ranks had).
+    assert hvd.allgather(torch.ones(R + 2, 0)).shape == (sum(r + 2 for r in range(N)), 0)
 
 
 @check("broadcast: every root, in place and copying")
@@ -270,6 +272,8 @@ def _():
     out, received = hvd.alltoall(rows, splits)
     assert received.tolist() == [R + 1] * N
     assert torch.equal(out, torch.cat([torch.full((R + 1, 2), 10 * r + R) for r in range(N)]))
+    out, received = hvd.alltoall(rows[:, :0], splits)  # rows of no elements: the splits still arrive
+    assert received.tolist() == [R + 1] * N and out.shape == (N * (R + 1), 0)
 
 
 @check("alltoall_async and allgather_async submitted in opposite orders on different ranks")

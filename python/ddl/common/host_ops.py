@@ -250,13 +250,23 @@ def _row_elements(shape):
     return n
 
 
+# Rows of no elements (an array of shape (k, 0)): counts of elements, all 0, cannot say how many rows
+# each rank has, so such an op sends row counts instead, one int64 per destination (the result's
+# shape came back as (0, 0)).
+def _row_counts_payload(rows_per_destination):
+    return np.asarray(rows_per_destination, dtype=np.int64)
+
+
 def _gathered(handle, n, row, data, trailing):
     counts = (ctypes.c_size_t * n)()
     ptr = ctypes.c_void_p()
     status = L.lib.ddl_gathered(handle, counts, ctypes.byref(ptr))
     if status != L.SUCCESS:
         L.raise_for(status)
-    rows = [c // row if row else 0 for c in counts]
+    if row:
+        rows = [c // row for c in counts]
+    else:  # counts of the int64 row counts each rank sent (_row_counts_payload)
+        rows = list((ctypes.c_int64 * sum(counts)).from_address(ptr.value)) if sum(counts) else []
     out = np.empty((sum(rows),) + tuple(trailing), dtype=data.dtype)
     if out.size:
         ctypes.memmove(_ptr(out), ptr, out.nbytes)
@@ -280,8 +290,9 @@ def grouped_allgather(arrays, name=None, process_set=None, kind="grouped_allgath
     def submit_all(full, handles):
         for i, (sub, src, data) in enumerate(zip(_sub_names(full, len(inputs), kind != "allgather"), inputs, datas)):
             opts = options(ps, src.shape[1:])
-            keep.append(opts)
-            handles.append(_submit(L.lib.ddl_allgather_any_ex, sub, _ptr(data), data.size, ddl_dtype(data),
+            payload = data if _row_elements(src.shape) else _row_counts_payload([src.shape[0]])
+            keep.append((opts, payload))
+            handles.append(_submit(L.lib.ddl_allgather_any_ex, sub, _ptr(payload), payload.size, ddl_dtype(payload),
                                    ctypes.byref(opts)))
         # The gathered rows live with their handles: read them (ddl_gathered waits) before _run
         # releases the handles.
@@ -355,10 +366,13 @@ def alltoall(array, splits=None, name=None, process_set=None):
     row = _row_elements(src.shape)
     box = []
 
+    payload = data if row else _row_counts_payload(send)
+    sizes = [s * row for s in send] if row else [1] * n
+
     def submit_all(full, handles):
         opts = options(ps, src.shape[1:])
-        handles.append(_submit(L.lib.ddl_alltoall_any_ex, names.encoded(full), _ptr(data), _sizes([s * row for s in send]),
-                               dtype, ctypes.byref(opts)))
+        handles.append(_submit(L.lib.ddl_alltoall_any_ex, names.encoded(full), _ptr(payload), _sizes(sizes),
+                               dtype if row else ddl_dtype(payload), ctypes.byref(opts)))
         box.append(_gathered(handles[0], n, row, data, src.shape[1:]))
 
     _run("alltoall", name, ps, submit_all)

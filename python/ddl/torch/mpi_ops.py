@@ -90,6 +90,17 @@ def _row_elements(tensor):
     return n
 
 
+# Rows of no elements (a tensor of shape (k, 0)): counts of elements, all 0, cannot say how many rows
+# each rank has, so such an op sends row counts instead, one int64 per destination, and its result
+# is an empty tensor of the gathered rows (the shape came back as (0, 0)).
+def _row_counts_payload(rows_per_destination):
+    return torch.tensor(rows_per_destination, dtype=torch.int64)
+
+
+def _row_counts_received(ptr, total):
+    return list((ctypes.c_int64 * total).from_address(ptr.value)) if total else []
+
+
 # ---- names and handles ----
 
 class _Pending:
@@ -444,8 +455,10 @@ def _launch_allgather(tensor, full_name, process_set):
     if device is not None:
         data = data.cpu()  # gathered through the host: NCCL needs every rank's count up front
     row = _row_elements(src)
+    payload = data if row else _row_counts_payload([src.shape[0]])
     opts = _options(process_set, None, tuple(src.shape[1:]))
-    h = _submit(L.lib.ddl_allgather_any_ex, full_name, data.data_ptr(), data.numel(), dtype, ctypes.byref(opts))
+    h = _submit(L.lib.ddl_allgather_any_ex, full_name, payload.data_ptr(), payload.numel(),
+                dtype if row else _ddl_dtype(payload), ctypes.byref(opts))
     box = []
 
     def collect():
@@ -455,7 +468,7 @@ def _launch_allgather(tensor, full_name, process_set):
         status = L.lib.ddl_gathered(h, counts, ctypes.byref(ptr))
         if status != L.SUCCESS:
             L.raise_for(status)
-        rows = sum(counts) // row if row else 0
+        rows = sum(counts) // row if row else sum(_row_counts_received(ptr, sum(counts)))
         out = data.new_empty((rows,) + tuple(src.shape[1:]))
         if out.numel():
             ctypes.memmove(out.data_ptr(), ptr, out.numel() * out.element_size())
@@ -463,7 +476,7 @@ def _launch_allgather(tensor, full_name, process_set):
             out = out.view(torch.bool)
         box.append(out.to(device) if device is not None else out)
 
-    return h, collect, lambda: box[0], (src, data)
+    return h, collect, lambda: box[0], (src, data, payload)
 
 
 def _allgather_group_async(kind, tensors, name, process_set):
@@ -595,10 +608,12 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
         if cuda:
             data = data.cpu()  # through the host: what arrives is learnt when the op runs
         row = _row_elements(src)
+        payload = data if row else _row_counts_payload(send_splits)
+        sizes = [s * row for s in send_splits] if row else [1] * n
         opts = _options(target, None, tuple(src.shape[1:]))
         # libddl exchanges the counts when the op runs, so submitting never waits for the peers.
-        h = _submit(L.lib.ddl_alltoall_any_ex, full_name, data.data_ptr(), _sizes([s * row for s in send_splits]),
-                    dtype, ctypes.byref(opts))
+        h = _submit(L.lib.ddl_alltoall_any_ex, full_name, payload.data_ptr(), _sizes(sizes),
+                    dtype if row else _ddl_dtype(payload), ctypes.byref(opts))
         box = []
 
         def collect():
@@ -607,7 +622,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
             status = L.lib.ddl_gathered(h, counts, ctypes.byref(ptr))
             if status != L.SUCCESS:
                 L.raise_for(status)
-            recv_splits = [c // row if row else 0 for c in counts]
+            recv_splits = [c // row for c in counts] if row else _row_counts_received(ptr, sum(counts))
             out = data.new_empty((sum(recv_splits),) + tuple(src.shape[1:]))
             if out.numel():
                 ctypes.memmove(out.data_ptr(), ptr, out.numel() * out.element_size())
@@ -622,7 +637,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
             if splits_device is not None:
                 received = received.to(splits_device)
             return result, received
-        return [h], finish, (src, data, opts), collect
+        return [h], finish, (src, data, payload, opts), collect
 
     return _start("alltoall", name, target, launch)
 
