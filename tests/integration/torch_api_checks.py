@@ -332,7 +332,11 @@ def _():
         expect_error(ValueError, hvd.allreduce, torch.ones(1), process_set=other)
     expect_error(ValueError, hvd.add_process_set, list(evens.ranks))
     hvd.barrier(process_set=mine)
+    # An allgather synchronized after its set was removed: its size was read at synchronize (a TypeError).
+    gathering = hvd.allgather_async(torch.tensor([R]), process_set=evens) if mine is evens else None
     assert hvd.remove_process_set(evens)
+    if gathering is not None:
+        assert hvd.synchronize(gathering).tolist() == list(range(0, N, 2))
     if odds is not None:
         assert hvd.remove_process_set(odds)
     assert not hvd.remove_process_set(evens)

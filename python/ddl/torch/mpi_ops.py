@@ -460,9 +460,9 @@ def _launch_allgather(tensor, full_name, process_set):
     h = _submit(L.lib.ddl_allgather_any_ex, full_name, payload.data_ptr(), payload.numel(),
                 dtype if row else _ddl_dtype(payload), ctypes.byref(opts))
     box = []
+    n = process_set.size()  # now: the set may be removed before the op is synchronized
 
     def collect():
-        n = process_set.size()
         counts = (ctypes.c_size_t * n)()
         ptr = ctypes.c_void_p()
         status = L.lib.ddl_gathered(h, counts, ctypes.byref(ptr))
