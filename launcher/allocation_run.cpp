@@ -110,10 +110,10 @@ TaskLauncher choose_launcher(const RunRequest& request, Scheduler scheduler) {
   return backends::pbs::detect_mpi_launcher() == backends::pbs::MpiLauncher::Pals ? TaskLauncher::Pals : TaskLauncher::OpenMpi;
 }
 
-// The run-wide values every task needs; the launcher passes them on (`-x` for mpirun).
 // mpirun's "Process name: [[job,vpid],rank]" lines are short; longer ones are not searched.
 constexpr size_t kLongestSearchedLine = 4096;
 
+// The run-wide values every task needs; the launcher passes them on (`-x` for mpirun).
 const char* const kExportedToTasks[] = {
     "DDL_STORE_ADDR",           "DDL_STORE_TOKEN",   "DDL_RUN_ID",  "DDL_SIZE",    "DDL_LOCAL_SIZE", "DDL_NUM_NODES",
     "DDL_GPU_WORKERS",          "DDL_CPUS_PER_TASK", "MASTER_ADDR", "MASTER_PORT", "PATH",           "TORCHELASTIC_RESTART_COUNT",

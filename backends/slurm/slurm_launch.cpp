@@ -25,14 +25,13 @@ constexpr long long kMostCount = 1 << 20;
 // one of `may_follow` ("4(x2),2" for SLURM_JOB_CPUS_PER_NODE). Anything else (a value set by hand:
 // "abc", 99999999999) is an error naming the variable; read with atoi it wrapped around or became 0.
 int slurm_count(const char* var, std::string_view text, std::string_view may_follow = "") {
-  size_t digits = 0;
-  long long n = 0;
-  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9' && n <= kMostCount) n = n * 10 + (text[digits++] - '0');
+  const size_t digits = std::min(text.find_first_not_of("0123456789"), text.size());
   const bool ends_well = digits == text.size() || may_follow.find(text[digits]) != std::string_view::npos;
-  if (digits == 0 || !ends_well || n > kMostCount)
+  const std::optional<long long> n = whole_number(text.substr(0, digits), kMostCount);
+  if (!n || !ends_well)
     throw Error(fmt::format("{}='{}' is not a count Slurm sets (at most {})", var, text, kMostCount),
                 fmt::format("unset {} if you set it yourself: inside a Slurm job Slurm sets it", var));
-  return static_cast<int>(n);
+  return static_cast<int>(*n);
 }
 
 // SLURM_GPUS_PER_NODE: "a100:4" or "4" -> 4; "a100:2,v100:1" -> 3.

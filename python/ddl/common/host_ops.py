@@ -257,6 +257,11 @@ def _row_counts_payload(rows_per_destination):
     return np.asarray(rows_per_destination, dtype=np.int64)
 
 
+def row_counts_received(ptr, total):
+    """The `total` int64 row counts at `ptr` (ddl_gathered's data) that ranks sent as such a payload."""
+    return list((ctypes.c_int64 * total).from_address(ptr.value)) if total else []
+
+
 def _gathered(handle, n, row, data, trailing):
     counts = (ctypes.c_size_t * n)()
     ptr = ctypes.c_void_p()
@@ -265,8 +270,8 @@ def _gathered(handle, n, row, data, trailing):
         L.raise_for(status)
     if row:
         rows = [c // row for c in counts]
-    else:  # counts of the int64 row counts each rank sent (_row_counts_payload)
-        rows = list((ctypes.c_int64 * sum(counts)).from_address(ptr.value)) if sum(counts) else []
+    else:
+        rows = row_counts_received(ptr, sum(counts))
     out = np.empty((sum(rows),) + tuple(trailing), dtype=data.dtype)
     if out.size:
         ctypes.memmove(_ptr(out), ptr, out.nbytes)

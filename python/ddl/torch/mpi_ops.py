@@ -97,10 +97,6 @@ def _row_counts_payload(rows_per_destination):
     return torch.tensor(rows_per_destination, dtype=torch.int64)
 
 
-def _row_counts_received(ptr, total):
-    return list((ctypes.c_int64 * total).from_address(ptr.value)) if total else []
-
-
 # ---- names and handles ----
 
 class _Pending:
@@ -468,7 +464,7 @@ def _launch_allgather(tensor, full_name, process_set):
         status = L.lib.ddl_gathered(h, counts, ctypes.byref(ptr))
         if status != L.SUCCESS:
             L.raise_for(status)
-        rows = sum(counts) // row if row else sum(_row_counts_received(ptr, sum(counts)))
+        rows = sum(counts) // row if row else sum(_host.row_counts_received(ptr, sum(counts)))
         out = data.new_empty((rows,) + tuple(src.shape[1:]))
         if out.numel():
             ctypes.memmove(out.data_ptr(), ptr, out.numel() * out.element_size())
@@ -622,7 +618,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
             status = L.lib.ddl_gathered(h, counts, ctypes.byref(ptr))
             if status != L.SUCCESS:
                 L.raise_for(status)
-            recv_splits = [c // row for c in counts] if row else _row_counts_received(ptr, sum(counts))
+            recv_splits = [c // row for c in counts] if row else _host.row_counts_received(ptr, sum(counts))
             out = data.new_empty((sum(recv_splits),) + tuple(src.shape[1:]))
             if out.numel():
                 ctypes.memmove(out.data_ptr(), ptr, out.numel() * out.element_size())
