@@ -32,6 +32,7 @@ test_packages=(
   openssh-server openssh-client iproute2 util-linux  # integration tests: hosts of scripts/testbed.sh, ddl run -H over ssh
   git                             # the pip-install test copies the checkout's files
   python3-tqdm                    # integration tests: a real tqdm progress bar under ddl run
+  python3-cloudpickle             # integration tests: broadcast_object of a lambda (Horovod sends objects with cloudpickle)
 )
 ((for_tests)) && packages+=("${test_packages[@]}")
 

@@ -300,6 +300,21 @@ def _():
     assert hvd.allgather_object(("rank", R)) == [("rank", r) for r in range(N)]
 
 
+@check("object collectives: a rank whose object does not pickle fails every rank, and the next call pairs right")
+def _():
+    import threading
+    from ddl.common import objects
+    last = N - 1
+    # Without cloudpickle (the test venvs have none) a lambda does not pickle either.
+    for unpicklable in [threading.Lock()] + ([lambda x: x] if objects.pickler.__name__ == "pickle" else []):
+        e = expect_error(Exception, hvd.broadcast_object, unpicklable if R == last else None, root_rank=last)
+        assert R == last or (isinstance(e, RuntimeError) and f"rank {last} could not serialize" in str(e)), e
+        assert hvd.broadcast_object(("second", R), root_rank=last) == ("second", last)
+        e = expect_error(Exception, hvd.allgather_object, unpicklable if R == 0 else ("first", R))
+        assert R == 0 or (isinstance(e, RuntimeError) and "rank 0 could not serialize" in str(e)), e
+        assert hvd.allgather_object(("second", R)) == [("second", r) for r in range(N)]
+
+
 @check("process sets: ops on a subset, ranks outside refused")
 def _():
     evens = hvd.add_process_set(list(range(0, N, 2)))

@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from ddl.common import basics as _basics
 from ddl.common import host_ops as H
+from ddl.common import objects
 from ddl.common.process_sets import global_process_set
 from ddl.tensorflow import mpi_ops as ops
 
@@ -31,19 +32,16 @@ def broadcast_global_variables(root_rank):
     return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
 
 
-def _payload(obj):
-    return np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
-
-
 def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
-    """root_rank's `obj` (any picklable object) on every rank."""
+    """root_rank's `obj` (any object cloudpickle, or else pickle, can serialize) on every rank."""
     name = name or "broadcast_object"  # the same on every rank, whatever each passes
     me = _basics.world_rank()
+    payload, error = objects.serialized(obj, objects.dumps) if me == root_rank else (b"", None)
     with ops._tf_errors():
-        data = _payload(obj) if me == root_rank else np.zeros(0, np.uint8)
-        length = H.broadcast(np.array([data.size], np.int64), root_rank, f"{name}.length", process_set)
-        if me != root_rank:
-            data = np.zeros(int(length[0]), np.uint8)
+        length = H.broadcast(np.array([objects.length_of(payload)], np.int64), root_rank, f"{name}.length", process_set)
+    objects.raise_if_not_serialized("broadcast_object", [int(length[0])], [root_rank], error)
+    data = np.frombuffer(payload, np.uint8) if me == root_rank else np.zeros(int(length[0]), np.uint8)
+    with ops._tf_errors():
         data = H.broadcast(data, root_rank, f"{name}.data", process_set)
     return obj if me == root_rank else pickle.loads(data.tobytes())
 
@@ -56,12 +54,14 @@ def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global
 def allgather_object(obj, session=None, name=None, process_set=global_process_set):
     """The list of every rank's `obj`, in rank order."""
     name = name or "allgather_object"
+    payload, error = objects.serialized(obj, objects.dumps)
     with ops._tf_errors():
-        data = _payload(obj)
-        lengths = H.allgather(np.array([data.size], np.int64), f"{name}.lengths", process_set)
-        gathered = H.allgather(data, f"{name}.data", process_set)
+        lengths = H.allgather(np.array([objects.length_of(payload)], np.int64), f"{name}.lengths", process_set).tolist()
+    objects.raise_if_not_serialized("allgather_object", lengths, process_set.ranks, error)
+    with ops._tf_errors():
+        gathered = H.allgather(np.frombuffer(payload, np.uint8), f"{name}.data", process_set)
     out, offset = [], 0
-    for n in lengths.tolist():
+    for n in lengths:
         out.append(pickle.loads(gathered[offset:offset + n].tobytes()))
         offset += n
     return out

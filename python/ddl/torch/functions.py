@@ -6,6 +6,7 @@ import pickle
 
 import torch
 
+from ddl.common import objects
 from ddl.torch import mpi_ops as ops
 from ddl.torch.process_sets import global_process_set
 
@@ -67,42 +68,45 @@ def _create_state(optimizer):
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
-    """Returns root_rank's `obj` (any picklable object) on every rank."""
+    """Returns root_rank's `obj` (any object cloudpickle, or else pickle, can serialize) on every rank."""
     name = name or "broadcast_object"  # the same on every rank, whatever each passes
-    if ops._world_rank() == root_rank:
-        payload = torch.frombuffer(bytearray(_dumps(obj)), dtype=torch.uint8)
-        length = torch.tensor([payload.numel()], dtype=torch.int64)
-    else:
-        length = torch.zeros(1, dtype=torch.int64)
+    me = ops._world_rank()
+    payload, error = objects.serialized(obj, _dumps) if me == root_rank else (b"", None)
+    length = torch.tensor([objects.length_of(payload)], dtype=torch.int64)
     ops.broadcast_(length, root_rank, name=f"{name}.length", process_set=process_set)
-    if ops._world_rank() != root_rank:
-        payload = torch.empty(int(length.item()), dtype=torch.uint8)
-    ops.broadcast_(payload, root_rank, name=f"{name}.data", process_set=process_set)
-    return obj if ops._world_rank() == root_rank else _loads(payload)
+    objects.raise_if_not_serialized("broadcast_object", [int(length.item())], [root_rank], error)
+    data = _as_tensor(payload) if me == root_rank else torch.empty(int(length.item()), dtype=torch.uint8)
+    ops.broadcast_(data, root_rank, name=f"{name}.data", process_set=process_set)
+    return obj if me == root_rank else _loads(data)
 
 
 def allgather_object(obj, name=None, process_set=global_process_set):
     """Returns the list of every rank's `obj`, in rank order."""
     name = name or "allgather_object"
-    payload = torch.frombuffer(bytearray(_dumps(obj)), dtype=torch.uint8)
-    lengths = ops.synchronize(ops.allgather_async(torch.tensor([payload.numel()], dtype=torch.int64),
-                                                  name=f"{name}.lengths", process_set=process_set))
-    data = ops.synchronize(ops.allgather_async(payload, name=f"{name}.data", process_set=process_set))
+    payload, error = objects.serialized(obj, _dumps)
+    lengths = ops.synchronize(ops.allgather_async(torch.tensor([objects.length_of(payload)], dtype=torch.int64),
+                                                  name=f"{name}.lengths", process_set=process_set)).tolist()
+    objects.raise_if_not_serialized("allgather_object", lengths, process_set.ranks, error)
+    data = ops.synchronize(ops.allgather_async(_as_tensor(payload), name=f"{name}.data", process_set=process_set))
     out, offset = [], 0
-    for n in lengths.tolist():
+    for n in lengths:
         out.append(_loads(data[offset:offset + n]))
         offset += n
     return out
 
 
+def _as_tensor(payload):
+    return torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+
+
 def _dumps(obj):
     buf = io.BytesIO()
-    torch.save(obj, buf, pickle_protocol=pickle.HIGHEST_PROTOCOL)
+    torch.save(obj, buf, pickle_module=objects.pickler, pickle_protocol=pickle.HIGHEST_PROTOCOL)
     return buf.getvalue() or b"\0"
 
 
 def _loads(tensor):
-    # Any picklable object travels, as with Horovod's cloudpickle, so not only weights: PyTorch 2.6
+    # Any object travels, as with Horovod's cloudpickle, so not only weights: PyTorch 2.6
     # made weights_only=True the default, which refuses most objects.
     return torch.load(io.BytesIO(tensor.numpy().tobytes()), **_LOAD_ANY_OBJECT)
 
