@@ -4,17 +4,25 @@
 
 namespace ddl::launcher {
 
-// Passes partial_ + tail as one line (less what pass_unfinished passed of it). An empty redraw
-// ('\r' right after a line end) is dropped.
+// Passes partial_ + tail as the end of the line (the part passed before not again). An empty
+// redraw ('\r' right after a line end) is dropped.
 void LineSplitter::complete(std::string_view tail, char end, const LineSink& sink) {
-  if (partial_.empty()) {
-    if (!(end == '\r' && tail.empty())) sink(tail, end);
+  if (partial_.empty() && !line_open_) {
+    if (!(end == '\r' && tail.empty())) pass(tail, end, sink);
     return;
   }
   partial_.append(tail);
-  sink(unpassed(), end);
+  pass(partial_, end, sink);
   partial_.clear();
-  passed_ = 0;
+  line_open_ = false;
+}
+
+void LineSplitter::pass(std::string_view text, char end, const LineSink& sink) const {
+  while (text.size() > longest_piece_) {
+    sink(text.substr(0, longest_piece_), kNoEnd);
+    text.remove_prefix(longest_piece_);
+  }
+  sink(text, end);
 }
 
 void LineSplitter::feed(std::string_view data, const LineSink& sink) {
@@ -28,7 +36,7 @@ void LineSplitter::feed(std::string_view data, const LineSink& sink) {
     auto at = data.find_first_of("\r\n");
     if (at == std::string_view::npos) {
       partial_.append(data);
-      if (partial_.size() >= kLongestLine) complete({}, '\n', sink);
+      if (partial_.size() >= longest_piece_) pass_unfinished(sink);
       return;
     }
     if (data[at] == '\r' && at + 1 == data.size()) {  // "\r\n" cut between reads, or a redraw: the next read tells
@@ -43,17 +51,18 @@ void LineSplitter::feed(std::string_view data, const LineSink& sink) {
 }
 
 void LineSplitter::pass_unfinished(const LineSink& sink) {
-  if (!has_unpassed_text()) return;
-  sink(unpassed(), kNoEnd);
-  passed_ = partial_.size();
+  if (partial_.empty()) return;
+  pass(partial_, kNoEnd, sink);
+  partial_.clear();
+  line_open_ = true;
 }
 
 void LineSplitter::finish(const LineSink& sink) {
   carriage_return_pending_ = false;
-  if (partial_.empty()) return;
-  sink(unpassed(), '\n');
+  if (partial_.empty() && !line_open_) return;
+  pass(partial_, '\n', sink);
   partial_.clear();
-  passed_ = 0;
+  line_open_ = false;
 }
 
 std::string rank_prefix(int rank) { return fmt::format("[{}] ", rank); }

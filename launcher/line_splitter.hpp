@@ -19,13 +19,17 @@ class LineSplitter {
   // The line, without the part passed before, and its end: '\n', '\r' for a line redrawn in
   // place, or kNoEnd.
   using LineSink = std::function<void(std::string_view text, char end)>;
-  // An unfinished line this long goes out as a line of its own, so none is held without limit.
+  // The longest piece passed at once by default: an unfinished line this long is passed (kNoEnd)
+  // rather than held without limit, and a longer line goes in pieces of this size, all but the last
+  // unfinished, so that the bytes arrive as they were, with no line end added.
   static constexpr size_t kLongestLine = size_t{64} * 1024;
+
+  explicit LineSplitter(size_t longest_piece = kLongestLine) : longest_piece_(longest_piece) {}
 
   // Passes every line completed by `data` to `sink`; keeps an unfinished last line for later.
   void feed(std::string_view data, const LineSink& sink);
   // Whether the unfinished line has text that has not been passed yet.
-  bool has_unpassed_text() const { return partial_.size() > passed_; }
+  bool has_unpassed_text() const { return !partial_.empty(); }
   // Passes that text, ending kNoEnd.
   void pass_unfinished(const LineSink& sink);
   // At end of stream: passes the unfinished last line, if any.
@@ -33,10 +37,11 @@ class LineSplitter {
 
  private:
   void complete(std::string_view tail, char end, const LineSink& sink);
-  std::string_view unpassed() const { return std::string_view(partial_).substr(passed_); }
+  void pass(std::string_view text, char end, const LineSink& sink) const;
 
-  std::string partial_;
-  size_t passed_ = 0;                     // bytes of partial_ already passed by pass_unfinished
+  size_t longest_piece_;
+  std::string partial_;                   // the unfinished line's text not passed yet
+  bool line_open_ = false;                // part of the unfinished line has been passed (kNoEnd)
   bool carriage_return_pending_ = false;  // the last read ended with '\r': "\r\n" or a redraw?
 };
 

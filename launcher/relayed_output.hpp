@@ -17,6 +17,12 @@
 
 namespace ddl::launcher {
 
+// The most text one relayed line carries: a longer line goes in several pieces ("rank+ "). srun
+// --label cuts a task's output into messages of at most 1024 bytes and labels each as a line of its
+// own, so a longer relayed line would arrive cut, with line ends added; "rank+ " (at most 11 bytes)
+// + this + "\n" stays within one message.
+constexpr size_t kLongestRelayedText = 1000;
+
 // The relayed form of `text` of `rank` with `end` ('\n', '\r' or LineSplitter::kNoEnd).
 std::string relayed_piece(int rank, std::string_view text, char end);
 

@@ -240,7 +240,9 @@ class Run {
     if (w.group_alive) guard_->watch(w.process.pid);
     const std::string prefix = options_.prefix_output ? rank_prefix(launch.rank) : std::string();
     const LineLabeller* labeller = launch.labeller ? &w.labeller : nullptr;
+    const size_t longest_piece = options_.relay_with_rank_labels ? kLongestRelayedText : LineSplitter::kLongestLine;
     Stream& out = streams_.emplace_back();
+    out.splitter = LineSplitter(longest_piece);
     out.index = static_cast<int>(streams_.size()) - 1;
     out.rank = launch.rank;
     out.fd = w.process.stdout_fd;
@@ -251,6 +253,7 @@ class Run {
     out.labeller = labeller;
     out.file_suffix = "out";
     Stream& err = streams_.emplace_back();
+    err.splitter = LineSplitter(longest_piece);
     err.index = static_cast<int>(streams_.size()) - 1;
     err.rank = launch.rank;
     err.fd = w.process.stderr_fd;

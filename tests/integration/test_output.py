@@ -79,6 +79,16 @@ class Output(unittest.TestCase):
                     self.assertEqual(f.read(), f"err {rank}\n")
             self.assertIn("[1] out 1", result.stdout)
 
+    def test_a_line_longer_than_64_kib_arrives_whole_with_no_line_end_added(self):
+        script = "import sys; sys.stdout.write('c' * 200000 + '\\n' + 'd' * 70000); sys.stdout.flush()"
+        with tempfile.TemporaryDirectory() as tmp:
+            result = ddl("-np", "1", "--output-dir", tmp, "--", PYTHON, "-c", script)
+            self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+            with open(os.path.join(tmp, "rank.0.out")) as f:
+                # (an unfinished last line is ended in the file as on the terminal)
+                self.assertEqual(f.read(), "c" * 200000 + "\n" + "d" * 70000 + "\n")
+        self.assertEqual(result.stdout, "[0] " + "c" * 200000 + "\n[0] " + "d" * 70000 + "\n")
+
     def test_an_unwritable_output_dir_is_an_error_naming_the_flag(self):
         with tempfile.NamedTemporaryFile() as f:
             result = ddl("-np", "1", "--output-dir", os.path.join(f.name, "sub"), "--", "true")

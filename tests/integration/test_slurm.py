@@ -160,6 +160,24 @@ class Slurm(unittest.TestCase):
                 if not shown.startswith(("salloc: ", "srun: ")):
                     self.assertRegex(shown, r"^\[(\d)\] rank\1: +\d+%\|[#0-9 ]*\| \d/4 \[", err)
 
+    def test_lines_longer_than_srun_s_messages_arrive_whole_and_exact(self):
+        # srun --label cuts a task's output into labelled lines of at most 1024 bytes: ddl exec
+        # --relay sends a long line in pieces shorter than that, and ddl run joins them again.
+        script = ("import sys\n"
+                  "sys.stdout.write('a' * 3000 + '\\n' + 'b' * 10 + '\\n' + 'c' * 200000 + '\\n' + '\u00e9' * 2000 + '\\n')\n"
+                  "sys.stderr.write('e' * 5000 + '\\n')\n")
+        expected_out = "a" * 3000 + "\n" + "b" * 10 + "\n" + "c" * 200000 + "\n" + "\u00e9" * 2000 + "\n"
+        with tempfile.TemporaryDirectory() as tmp:
+            result = run(["salloc", "-N1", "-n1", DDL, "run", "--cpu", "--output-dir", tmp, "--", PYTHON, "-c", script])
+            self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+            with open(os.path.join(tmp, "rank.0.out"), encoding="utf-8") as f:
+                self.assertEqual(f.read(), expected_out)
+            with open(os.path.join(tmp, "rank.0.err"), encoding="utf-8") as f:
+                self.assertEqual(f.read(), "e" * 5000 + "\n")
+        # One task: nothing comes between a line's pieces, so ddl's own output shows each line whole.
+        self.assertEqual(result.stdout, "".join("[0] " + line + "\n" for line in expected_out.splitlines()))
+        self.assertIn("[0] " + "e" * 5000 + "\n", result.stderr)
+
     def test_a_signal_slurm_sends_reaches_each_worker_once(self):
         # slurmstepd signals every process of the step, the worker too: ddl exec, between srun and
         # the worker, must not pass it on again (a checkpoint handler would run twice).

@@ -41,11 +41,38 @@ TEST_CASE("a progress bar's carriage-return redraws go out as they come, and CRL
   CHECK(split_all({"tail\r"}, true) == std::vector<std::string>{"tail"});
 }
 
-TEST_CASE("an endless unfinished line goes out every 64 KiB instead of piling up") {
+TEST_CASE("an endless unfinished line goes out every 64 KiB instead of piling up, with no line end added") {
   const std::string chunk(size_t{40} * 1024, 'x');
-  auto lines = split_all({chunk, chunk, chunk}, false);
-  REQUIRE(lines.size() == 1);
-  CHECK(lines[0].size() == 80 * 1024);
+  LineSplitter splitter;
+  std::vector<std::pair<size_t, char>> pieces;
+  auto sink = [&](std::string_view text, char end) { pieces.emplace_back(text.size(), end); };
+  for (int i = 0; i < 3; ++i) splitter.feed(chunk, sink);
+  REQUIRE(pieces.size() == 2);  // 80 KiB held: one full piece, the rest of it unfinished too
+  CHECK(pieces[0] == std::pair<size_t, char>{64 * 1024, LineSplitter::kNoEnd});
+  CHECK(pieces[1] == std::pair<size_t, char>{16 * 1024, LineSplitter::kNoEnd});
+  splitter.feed("y\n", sink);
+  CHECK(pieces.back() == std::pair<size_t, char>{40 * 1024 + 1, '\n'});
+}
+
+TEST_CASE("a line longer than the longest piece goes in pieces that make it up exactly, only the last with its end") {
+  LineSplitter splitter(10);
+  std::string joined;
+  std::vector<char> ends;
+  auto sink = [&](std::string_view text, char end) {
+    CHECK(text.size() <= 10);
+    joined.append(text);
+    if (end != LineSplitter::kNoEnd) joined.push_back(end);
+    ends.push_back(end);
+  };
+  const std::string line = "0123456789abcdefghijKLMNO";
+  splitter.feed(line + "\nshort\n" + line.substr(0, 7), sink);
+  splitter.feed(line, sink);  // an unfinished line that passes the limit: out in pieces too
+  splitter.feed("\r", sink);
+  splitter.feed("z", sink);
+  splitter.finish(sink);
+  CHECK(joined == line + "\nshort\n" + line.substr(0, 7) + line + "\rz\n");
+  CHECK(ends == std::vector<char>{LineSplitter::kNoEnd, LineSplitter::kNoEnd, '\n', '\n', LineSplitter::kNoEnd, LineSplitter::kNoEnd,
+                                  LineSplitter::kNoEnd, LineSplitter::kNoEnd, '\r', '\n'});
 }
 
 namespace {
@@ -98,7 +125,7 @@ TEST_CASE("a progress bar's current state passed early: its redraw keeps the '\\
   CHECK(pieces_of({"a\r", "|", "b\n"}) == std::vector<std::string>{"a<...>", "<CR>", "b"});
 }
 
-TEST_CASE("an endless unfinished line passed early still goes out every 64 KiB, the passed part once") {
+TEST_CASE("an endless unfinished line passed early: what follows goes out every 64 KiB, the passed part once") {
   LineSplitter splitter;
   size_t total = 0;
   auto sink = [&](std::string_view text, char) { total += text.size(); };
@@ -106,7 +133,10 @@ TEST_CASE("an endless unfinished line passed early still goes out every 64 KiB, 
   splitter.pass_unfinished(sink);
   CHECK(total == 40 * 1024);
   splitter.feed(std::string(size_t{40} * 1024, 'x'), sink);
-  CHECK(total == 80 * 1024);
+  CHECK(total == 40 * 1024);  // held: under 64 KiB not passed yet
+  CHECK(splitter.has_unpassed_text());
+  splitter.feed(std::string(size_t{30} * 1024, 'x'), sink);
+  CHECK(total == 110 * 1024);
   CHECK_FALSE(splitter.has_unpassed_text());
 }
 
