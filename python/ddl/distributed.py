@@ -280,6 +280,16 @@ class _Completer:
                 print(f"ddl: the ddl backend's thread for a group failed completing an op: {error!r}",
                       file=sys.stderr, flush=True)
 
+    def drain(self):
+        """Ends the thread after every op of its group not waited for yet, and waits for that (unless
+        called on the thread itself)."""
+        for op, op_completer in list(_unqueued_ops.items()):
+            if op_completer is self:
+                self.add(op)
+        self.stop()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
     def stop(self):
         """Asks the thread to end after the ops already queued; idempotent."""
         if not self._stopping:
@@ -389,15 +399,31 @@ def _torch_caller():
     return None
 
 
-def _work(op, completer, caller):
+def _work(op, completer, caller, overlaps=False):
     """A Work for the op's caller (`caller`: the frame of _torch_caller()). torch's Python functions
-    (all_reduce, ...) get one whose wait() raises; C++ callers (DDP's reducer, its parameter checks) get
-    torch's own, the only kind torch 1.13's C++ can wait on; they read errors from its future, which
-    carries them, and the group's thread completes it."""
+    (all_reduce, ...) get one whose wait() raises. C++ callers get torch's own, the only kind torch
+    1.13's C++ can wait on; but its wait() returns as if the op had succeeded when it failed, so an op
+    a C++ caller waits for (DDP's parameter broadcast and checks) is done here first, raising its error
+    to that caller. Only an op whose caller reads its future (`overlaps`: DDP's gradient allreduce,
+    which overlaps backward) goes on, with a future that fails in C++ terms (_failing_in_cpp)."""
     if caller is not None:
         return _RaisingWork(op, completer)
+    if not overlaps:
+        op.settle()
+        op.outcome()  # raises the op's error
     completer.add(op)
-    return torch._C._distributed_c10d._create_work_from_future(op.future)
+    return torch._C._distributed_c10d._create_work_from_future(_failing_in_cpp(op.future))
+
+
+def _failing_in_cpp(future):
+    """`future` as torch's C++ is to read it. torch.futures.Future.set_exception keeps the error as the
+    future's value (Python's wait() raises it), which DDP's reducer would take for the result and
+    crash on; a `then` callback that raises fails the future it makes in C++ terms (value() throws)."""
+    return future.then(_result_or_raise)
+
+
+def _result_or_raise(future):
+    return future.wait()
 
 
 class ProcessGroupDDL(dist.ProcessGroup):
@@ -446,15 +472,20 @@ class ProcessGroupDDL(dist.ProcessGroup):
         return self
 
     def shutdown(self):
-        """torch 2.8+'s destroy_process_group calls this: the group's thread ends after its ops."""
-        self._completer.stop()
+        """Ends the group as gloo's does: its ops still in flight finish first (their peers arrive, or
+        DDL_TIMEOUT fails them), so that a rank does not go on to leave, and take torch's store with
+        it, while a peer still needs it. torch 2.8+'s destroy_process_group calls this; a dropped
+        group (torch 1.13's destroy_process_group) does it too."""
+        self._completer.drain()
 
-    abort = shutdown
+    def abort(self):
+        """torch's abort: the group's thread ends after the ops already handed to it; nothing waits."""
+        self._completer.stop()
 
     def __del__(self):
         completer = getattr(self, "_completer", None)
         if completer is not None:
-            completer.stop()
+            completer.drain()
 
     # ---- the machinery every op shares ----
 
@@ -487,7 +518,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
             op, options.prescale = L.SUM, 1.0 / self.size()
         return op, options
 
-    def _launch(self, submit_all, finish, *keep):
+    def _launch(self, submit_all, finish, *keep, overlaps=False):
         """Runs `submit_all(handles)`, which appends each libddl op's handle it starts; returns the
         Work whose future `finish()` completes once they all have finished. `keep`: the buffers the
         ops use, held until then. When the caller is one of torch's functions called with
@@ -506,7 +537,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
         finally:
             self._calling.waits = False
         stream, self._calling.stream = self._calling.stream, None
-        return _work(_Op(handles, finish, keep, stream), self._completer, caller)
+        return _work(_Op(handles, finish, keep, stream), self._completer, caller, overlaps)
 
     @staticmethod
     def _submit(handles, fn, *args):
@@ -531,11 +562,17 @@ class ProcessGroupDDL(dist.ProcessGroup):
                 self._submit(handles, L.lib.ddl_allreduce_ex, self._name("allreduce"), _pointer(view), _pointer(view),
                              view.numel(), dtype, view_op, ctypes.byref(options))
 
-        return self._launch(submit, lambda: _write_back(tensors, dense) or tensors, views)
+        return self._launch(submit, lambda: _write_back(tensors, dense) or tensors, views, overlaps=True)
 
     def allreduce_coalesced(self, tensors, opts=None):
-        # libddl fuses ops submitted together, so the tensors go as separate ops.
-        return self.allreduce(tensors, opts)
+        # libddl fuses ops submitted together, so the tensors go as separate ops, unless two of them
+        # share memory ([t, t]): each op would then add into the other's result. gloo reduces them as
+        # one flat buffer, which each gets back.
+        if len({t.data_ptr() for t in tensors}) == len(tensors):
+            return self.allreduce(tensors, opts)
+        flat = torch._utils._flatten_dense_tensors([t.detach() for t in tensors])
+        work = self.allreduce([flat], opts)
+        return self._then(work, lambda: self._unflatten_into(flat, tensors))
 
     def _root(self, opts, what):
         """opts.rootRank, a rank of this group; otherwise no rank would be the root, and the op a
@@ -638,7 +675,8 @@ class ProcessGroupDDL(dist.ProcessGroup):
             raise ValueError("all_gather: every output must have the input's size and dtype")
         gathered = torch.empty((self.size() * input.numel(),), dtype=input.dtype, device=input.device)
         work = self._allgather_base(gathered, input.contiguous())
-        return self._then(work, lambda: self._split_into(gathered, outputs, output_tensors))
+        # The future's value is the list of outputs, as gloo's (not the list holding it).
+        return self._then(work, lambda: self._split_into(gathered, outputs, outputs))
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         raise ValueError("the ddl backend has no allgather_coalesced: gather each tensor with all_gather")
@@ -721,7 +759,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
             if self.rank() == root:
                 gathered = recv.view(input.dtype) if recv.dtype != input.dtype else recv
                 self._split_into(gathered, outputs, None)
-            return output_tensors
+            return outputs  # the root's outputs, none elsewhere: gloo's future value
 
         return self._launch(submit, finish, send, recv)
 
@@ -785,6 +823,13 @@ class ProcessGroupDDL(dist.ProcessGroup):
             out.copy_(flat[offset:offset + n].view(out.shape))
             offset += n
         return result
+
+    @staticmethod
+    def _unflatten_into(flat, tensors):
+        with torch.no_grad():
+            for tensor, value in zip(tensors, torch._utils._unflatten_dense_tensors(flat, tensors)):
+                tensor.copy_(value)
+        return list(tensors)
 
     def _after_all(self, works, finish):
         """A Work that completes, with `finish()`, after every one of `works` (raising the first error).

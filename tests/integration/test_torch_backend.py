@@ -192,5 +192,43 @@ class Failures(unittest.TestCase):
         self.assertIn("allreduce", line)
 
 
+    def test_ddp_s_gradient_allreduce_that_fails_raises_in_backward(self):
+        # Rank 1 skips a backward: rank 0's bucket allreduce times out. torch's reducer reads the
+        # op's future in C++; a failure stored as a Python exception crashed it (SIGSEGV).
+        result = run_python(2, """
+            import datetime, time, torch, torch.distributed as dist, ddl.distributed
+            dist.init_process_group("ddl", timeout=datetime.timedelta(seconds=3))
+            model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(10, 10))
+            model(torch.ones(2, 10)).sum().backward()
+            if dist.get_rank() == 1:
+                time.sleep(8)
+            else:
+                try:
+                    model(torch.ones(2, 10)).sum().backward()
+                    print("no error", flush=True)
+                except RuntimeError as error:
+                    print("raised:", " ".join(str(error).split())[:300], flush=True)
+        """, env={"DDL_TIMEOUT": "600"}, timeout=120)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr[-3000:])
+        line = lines_by_rank(result.stdout)[0][0]
+        self.assertRegex(line, r"^raised: .*timed out", line)
+
+    def test_destroy_process_group_waits_for_the_group_s_ops_in_flight_as_gloo_s_does(self):
+        result = run_python(2, """
+            import time, torch, torch.distributed as dist, ddl.distributed
+            dist.init_process_group("ddl")
+            t = torch.full((4,), float(dist.get_rank() + 1))
+            if dist.get_rank() == 1:
+                time.sleep(1)  # rank 0's op is still in flight when it destroys the group
+            work = dist.all_reduce(t, async_op=True)
+            dist.destroy_process_group()
+            print("after destroy:", t.tolist(), flush=True)
+            work.wait()
+        """, timeout=120)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr[-3000:])
+        for rank in (0, 1):
+            self.assertEqual(lines_by_rank(result.stdout)[rank], ["after destroy: [3.0, 3.0, 3.0, 3.0]"])
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -4,6 +4,7 @@ test_torch_backend.py under `ddl run -np N`. Prints "ok NAME" per check and "che
 import datetime
 import sys
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -328,6 +329,40 @@ def errors(rank):
         after = torch.ones(2)
         dist.all_reduce(after, group=DDL)
         check("the op after the failed one works", after, torch.full((2,), float(SIZE)))
+        # A collective torch's C++ runs and waits for (DDP's parameter and buffer broadcast): torch
+        # 1.13's C++ Work.wait() ignores a failure, so it must reach the caller another way.
+        mismatched = torch.full((8 + rank,), float(rank + 1))
+        expect_error(RuntimeError, "differs between ranks", dist._broadcast_coalesced, DDL, [mismatched], 1 << 20, 0)
+        check("a failed broadcast torch's C++ waits for raises there", mismatched, torch.full((8 + rank,), float(rank + 1)))
+        matched = torch.full((8,), float(rank + 1))
+        dist._broadcast_coalesced(DDL, [matched], 1 << 20, 0)
+        check("and one that works broadcasts", matched, torch.ones(8))
+
+
+def futures_and_aliases(rank):
+    # The values of Work futures are gloo's: all_gather's and gather's the list of outputs.
+    def gathered_future(group):
+        outs = [torch.zeros(2) for _ in range(SIZE)]
+        work = dist.all_gather(outs, torch.full((2,), float(rank)), group=group, async_op=True)
+        work.wait()
+        return work.get_future().value()
+    check("all_gather's future value", *both(gathered_future))
+
+    def gather_future(group):
+        outs = [torch.zeros(2) for _ in range(SIZE)] if rank == 0 else None
+        work = dist.gather(torch.full((2,), float(rank)), outs, dst=0, group=group, async_op=True)
+        work.wait()
+        return work.get_future().value()
+    check("gather's future value", *both(gather_future))
+
+    # all_reduce_coalesced of one tensor twice reduces it once (gloo reduces the list as one buffer).
+    def twice(group):
+        t = torch.arange(3.0) * (rank + 1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # all_reduce_coalesced is deprecated
+            dist.all_reduce_coalesced([t, t], group=group)
+        return t
+    check("all_reduce_coalesced of a tensor listed twice", *both(twice))
 
 
 if __name__ == "__main__":
@@ -336,7 +371,7 @@ if __name__ == "__main__":
     DDL = dist.group.WORLD
     GLOO = dist.new_group(list(range(SIZE)), backend="gloo")
     assert dist.get_backend() == "ddl", dist.get_backend()
-    for part in (reductions, moves, asynchronous, subgroups, torch2, strided, errors):
+    for part in (reductions, moves, asynchronous, subgroups, torch2, strided, errors, futures_and_aliases):
         part(RANK)
     print(f"checks passed: {passed}", flush=True)
     dist.destroy_process_group()
