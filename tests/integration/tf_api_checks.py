@@ -400,6 +400,14 @@ def _():
         e = epoch + (steps - 1) / steps + 1.0 / steps  # the last batch's epoch, as Horovod computes it
         expected = lr / N * (e * (N - 1) / 2 + 1)
         assert np.isclose(logs["lr"], expected, rtol=1e-5), (epoch, logs["lr"], expected)
+    # An optimizer whose learning rate is a schedule: the callback cannot set it (Keras 3 would ignore
+    # the value, Keras 2 replace the schedule for good), and says so rather than do either silently.
+    scheduled = small_model()
+    decay = tf.keras.optimizers.schedules.ExponentialDecay(lr, 1000, 0.99)
+    scheduled.compile(optimizer=khvd.DistributedOptimizer(tf.keras.optimizers.SGD(decay)), loss="mse")
+    e = expect_error(ValueError, scheduled.fit, x, y, batch_size=16, epochs=1, verbose=0,
+                     callbacks=[khvd.callbacks.LearningRateWarmupCallback(initial_lr=lr, warmup_epochs=2)])
+    assert "ExponentialDecay" in str(e), e
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "m.keras")
         model.save(path)

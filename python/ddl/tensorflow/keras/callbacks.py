@@ -80,6 +80,23 @@ def _get_lr(optimizer):
     return float(lr.numpy() if hasattr(lr, "numpy") else tf.keras.backend.get_value(lr))
 
 
+def _learning_rate_schedule(optimizer):
+    """The optimizer's LearningRateSchedule, or None where its learning rate is a number or variable."""
+    schedule_type = tf.keras.optimizers.schedules.LearningRateSchedule
+    for where in ("_learning_rate", "learning_rate"):  # Keras 3 keeps the schedule in _learning_rate
+        value = getattr(optimizer, where, None)
+        if isinstance(value, schedule_type):
+            return value
+    if hasattr(optimizer, "_get_hyper"):  # Keras 2's optimizers keep it among their hyper-parameters
+        try:
+            value = optimizer._get_hyper("learning_rate")
+        except (KeyError, AttributeError):
+            return None
+        if isinstance(value, schedule_type):
+            return value
+    return None
+
+
 def _set_variable(optimizer, attribute, value):
     """Sets a hyper-parameter the optimizer reads each step; False where it is a plain number that a
     traced step has already baked in (then it is not changed)."""
@@ -144,6 +161,13 @@ class LearningRateScheduleCallback(tf.keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         if self.initial_lr is None:
             raise ValueError("initial_lr must be given to the learning rate callbacks")
+        schedule = _learning_rate_schedule(self.model.optimizer)
+        if schedule is not None:
+            # Keras 3 would keep the schedule and ignore what is set; Keras 2 would replace it by a
+            # constant for good: either silently. Horovod's callbacks cannot set a schedule either.
+            raise ValueError(f"{type(self).__name__} sets the optimizer's learning rate, which is a schedule here "
+                             f"({type(schedule).__name__}): give the optimizer a number as its "
+                             "learning rate, or build the warmup into the schedule and drop this callback")
         if not self.staircase and not self.steps_per_epoch:
             self.steps_per_epoch = self._autodetect_steps_per_epoch()
 
