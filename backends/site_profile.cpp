@@ -1,6 +1,7 @@
 #include "backends/site_profile.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <regex>
@@ -405,7 +406,25 @@ std::vector<std::string> matching_sites(const std::vector<ListedSite>& sites, co
   return found;
 }
 
+namespace {
+
+// A site's name names its file in the sites folder and is written into job scripts (a comment):
+// letters, digits, '.', '_' and '-', not starting with '.', so it can neither reach outside that
+// folder nor end the comment's line.
+void check_site_name(const std::string& name) {
+  const bool fine = !name.empty() && name.size() <= 128 && name.front() != '.' && std::all_of(name.begin(), name.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+  });
+  if (!fine)
+    throw UsageError(fmt::format("--site {:?}: a site name has letters, digits, '.', '_' and '-' only (at most 128, not starting with '.')",
+                                 name.substr(0, 200)),
+                     fmt::format("name the profile file NAME.json in {} with such a NAME, and pass --site NAME", user_sites_dir()));
+}
+
+}  // namespace
+
 SiteProfile load_site(const std::string& name) {
+  check_site_name(name);
   const fs::path user_file = fs::path(user_sites_dir()) / (name + ".json");
   std::optional<std::string> builtin = builtin_text(name);
   std::optional<std::string> user;

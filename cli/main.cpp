@@ -36,7 +36,16 @@ struct SplitArguments {
 
 // Splits at the first "--": what follows is the program and its arguments, untouched. mpirun
 // users type "-np 4"; CLI11 reads single-dash names as one letter, so ddl's "-np" becomes "--np".
-SplitArguments split_arguments(int argc, char** argv) {
+// Whether `word` names an option of ddl (any command's) that takes a value, as the next word.
+bool takes_next_word(const CLI::App& app, const std::string& word) {
+  if (!word.starts_with('-') || word.find('=') != std::string::npos) return false;
+  if (const CLI::Option* option = app.get_option_no_throw(word)) return option->get_expected_min() > 0;
+  for (const CLI::App* sub : app.get_subcommands({}))
+    if (takes_next_word(*sub, word)) return true;
+  return false;
+}
+
+SplitArguments split_arguments(const CLI::App& app, int argc, char** argv) {
   SplitArguments split;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -45,9 +54,11 @@ SplitArguments split_arguments(int argc, char** argv) {
       break;
     }
     split.as_typed.push_back(a);
-    if (a == "-np")
+    // Only the flag: a value that reads "-np" (`-J -np`, `--comment -np=3`) stays as typed.
+    const bool is_a_value = i > 1 && takes_next_word(app, argv[i - 1]);
+    if (!is_a_value && a == "-np")
       a = "--np";
-    else if (a.rfind("-np=", 0) == 0)
+    else if (!is_a_value && a.rfind("-np=", 0) == 0)
       a = "-" + a;
     split.ddl_args.push_back(a);
   }
@@ -207,7 +218,7 @@ int run_ddl(int argc, char** argv) {
   ddl::cli::CheckBuildCommand check_build(app);
   ddl::cli::AgentCommand agent(app);
 
-  const SplitArguments split = split_arguments(argc, argv);
+  const SplitArguments split = split_arguments(app, argc, argv);
   std::optional<std::vector<std::string>> program;
   try {
     check_command_word(app, split.as_typed);

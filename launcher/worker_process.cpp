@@ -61,7 +61,8 @@ void write_all(int fd, const char* data, size_t size) {
 }  // namespace
 
 std::string resolve_program(const std::string& name, const std::string& path) {
-  if (name.empty()) throw ProgramNotRunnable("no program to run", "put the program after --: ddl run -np 4 -- python train.py");
+  // An empty name is no program at all: a usage error (exit 2), as a missing one is, not "cannot run" (127).
+  if (name.empty()) throw UsageError("no program to run", "put the program after --: ddl run -np 4 -- python train.py");
   if (name.find('/') != std::string::npos) {
     if (is_executable_file(name)) {
       require_executable_format(name, name);

@@ -106,8 +106,26 @@ class ProgramArguments(unittest.TestCase):
         self.assertIn(" -- python3 train.py -np 7\n", result.stdout)
 
 
+    def test_an_option_value_that_reads_np_stays_as_typed(self):
+        # Only ddl's own -np flag is respelled for CLI11, not a value that happens to read "-np".
+        result = ddl_raw("submit", "--site", "perlmutter", "-N", "1", "-t", "00:10:00", "-A", "m1234_g", "-q", "regular",
+                         "--dry-run", "-J", "-np", "--comment", "-np=3", "--", "python3", "train.py")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("#SBATCH --job-name=-np\n", result.stdout)
+        self.assertIn("#SBATCH --comment=-np=3\n", result.stdout)
+        with tempfile.TemporaryDirectory() as tmp:
+            result = ddl("-np", "1", "--output-dir", "-np", "--", "true", cwd=tmp)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertEqual(os.listdir(tmp), ["-np"])
+
 class ProgramsThatCannotRun(unittest.TestCase):
     """A program that cannot run is one clear error before any worker starts (docs/run.md)."""
+
+    def test_an_empty_program_name_is_a_usage_error_as_no_program_is(self):
+        for program in ([""], []):
+            result = ddl("-np", "1", "--", *program)
+            self.assertEqual(result.returncode, 2, result.stderr)
+            self.assertEqual(result.stderr.splitlines()[0], "ddl: error: no program to run")
 
     def test_a_script_without_a_shebang_line_is_refused_with_its_interpreter(self):
         with tempfile.TemporaryDirectory() as tmp:

@@ -453,3 +453,12 @@ TEST_CASE("ddl jupyter --env that starts with '-' is refused: source or conda ac
   CHECK_NOTHROW(check_jupyter_environment("./-odd/venv"));
   CHECK_NOTHROW(check_jupyter_environment("pytorch-2.3"));
 }
+
+TEST_CASE("a site name is a plain file name: no path, no line break into the script's comment") {
+  UserSites files({{"x\ntouch PWNED #", "{\"scheduler\": \"slurm\"}"}, {"ok-site_1.2", "{\"scheduler\": \"slurm\"}"}});
+  for (const std::string& name :
+       std::vector<std::string>{"x\ntouch PWNED #", "../slurm", "/etc/passwd", ".hidden", "", "a/b", std::string(200, 'a')})
+    CHECK_THROWS_WITH_AS(load_site(name), doctest::Contains("a site name has letters, digits"), ddl::UsageError);
+  CHECK(load_site("ok-site_1.2").name == "ok-site_1.2");
+  CHECK(load_site("slurm").name == "slurm");
+}
