@@ -22,7 +22,8 @@ const std::vector<BatchOption>& batch_options() {
       {"dependency", "-d,--dependency", "Start after another job: afterok:ID", false, Always, "dependency", "-W depend="},
       {"comment", "--comment", "Slurm --comment (Neuron: the application, e.g. pytorch)", false, SlurmOnly, "comment", ""},
       {"mem", "--mem", "Memory per node", false, SlurmOnly, "mem", ""},
-      {"image", "--image", "Container image (Shifter/Apptainer/Singularity, as the site has)", false, ProfileOnly, "", ""},
+      // Workers' only: `ddl jupyter start` runs Jupyter from the site's modules or --env, not in a container.
+      {"image", "--image", "Container image (Shifter/Apptainer/Singularity, as the site has)", true, ProfileOnly, "", ""},
       {"filesystems", "--filesystems", "PBS -l filesystems= (Polaris: home:eagle)", false, ProfileOnly, "", ""},
       {"gpu_type", "--gpu-type", "GPU model where the site asks for one (Alliance: a100, h100)", false, ProfileOnly, "", ""},
   };

@@ -23,6 +23,9 @@ struct JobRequest {
   // Lines ddl itself wrote (values already quoted) that end the script instead of `ddl run`:
   // `ddl jupyter` runs one server, not workers.
   std::vector<std::string> body;
+  // The flag the user gave the GPUs per node with, for errors: `ddl jupyter start` calls it --gpus
+  // (its one node is not to be multiplied).
+  std::string gpus_flag = "--gpus-per-node";
 };
 
 struct JobScript {

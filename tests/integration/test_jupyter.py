@@ -133,6 +133,16 @@ class Jupyter(unittest.TestCase):
         self.assertFalse(os.path.exists(os.path.join(self.env["XDG_STATE_HOME"], "ddl", "jupyter")) and
                          os.listdir(os.path.join(self.env["XDG_STATE_HOME"], "ddl", "jupyter")))
 
+    def test_flags_it_cannot_honour_are_refused_in_its_own_words(self):
+        # Jupyter does not run in a container: --image would be asked of the scheduler for nothing.
+        image = self.ddl("jupyter", "start", "--site", "perlmutter", "-A", "m1234_g", "--image", "docker:x", "--dry-run")
+        self.assertEqual(image.returncode, 2)
+        self.assertIn("ddl jupyter start has no option --image", image.stderr)
+        gpus = self.ddl("jupyter", "start", "--site", "perlmutter", "-A", "m1234_g", "--gpus", "8", "--dry-run")
+        self.assertEqual(gpus.returncode, 2)
+        self.assertEqual(gpus.stderr.splitlines(), ["ddl: error: --gpus 8: site 'perlmutter' has 4 GPUs per node",
+                                                    "hint: use --gpus 4 or fewer: the job has one node"])
+
 
 if __name__ == "__main__":
     unittest.main()
