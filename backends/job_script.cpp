@@ -67,12 +67,29 @@ std::vector<Placeholder> placeholders(const std::string& text) {
   return found;
 }
 
-void require_whole_number(const std::map<std::string, std::string>& values, const std::string& option, int minimum) {
+// `shown`: how the error names the value's source (default: the option's flag).
+void require_whole_number(const std::map<std::string, std::string>& values, const std::string& option, int minimum,
+                          const std::string& shown = "") {
   auto it = values.find(option);
   if (it == values.end()) return;
   static const std::regex digits("[0-9]{1,6}");
   if (!std::regex_match(it->second, digits) || std::stoi(it->second) < minimum)
-    throw UsageError(fmt::format("{} {}: must be a whole number of at least {}", flag_for(option), it->second, minimum), "");
+    throw UsageError(
+        fmt::format("{} {}: must be a whole number of at least {}", shown.empty() ? flag_for(option) : shown, it->second, minimum), "");
+}
+
+// How an error names where `option`'s value came from: the flag the user gave, or the site
+// profile's default (its field, and the file or built-in profile that set it).
+std::string default_source(const SiteProfile& site, const std::string& option) {
+  auto origin = site.origin.find("defaults." + option);
+  const std::string where = origin == site.origin.end() || origin->second == "built-in"
+                                ? fmt::format("the built-in site profile '{}'", site.name)
+                                : origin->second;
+  return fmt::format("{} (defaults.{} in {})", flag_for(option), option, where);
+}
+
+std::string value_source(const SiteProfile& site, const JobRequest& job, const std::string& option) {
+  return job.options.count(option) || !site.defaults.count(option) ? flag_for(option) : default_source(site, option);
 }
 
 std::string directive_word(Scheduler scheduler, const std::string& option, const std::string& value);
@@ -295,13 +312,13 @@ void check_site_rules(const SiteProfile& site, const JobRequest& job) {
   require_whole_number(job.options, "nodes", 1);
   require_whole_number(job.options, "gpus_per_node", 0);
   require_whole_number(job.options, "cpus_per_task", 1);
-  require_whole_number(site.defaults, "cpus_per_task", 1);
+  require_whole_number(site.defaults, "cpus_per_task", 1, default_source(site, "cpus_per_task"));
   const auto v = effective_values(site, job);
   for (const auto& [option, value] : v)  // profile defaults too
     if (value.size() > kLongestValue)
-      throw UsageError(fmt::format("{} is {} characters long; a batch directive value may have at most {}", flag_for(option), value.size(),
-                                   kLongestValue),
-                       "shorten it (in the site profile, if it comes from there)");
+      throw UsageError(fmt::format("{} is {} characters long; a batch directive value may have at most {}", value_source(site, job, option),
+                                   value.size(), kLongestValue),
+                       "shorten it");
   for (const auto& option : site.required)
     if (!v.count(option) || v.at(option).empty())
       throw UsageError(fmt::format("site '{}' requires {}", site.name, flag_for(option)),
@@ -310,17 +327,20 @@ void check_site_rules(const SiteProfile& site, const JobRequest& job) {
   for (const auto& [option, rule] : site.patterns) {
     auto it = v.find(option);
     if (it != v.end() && !std::regex_match(it->second, std::regex(rule.regex)))
-      throw UsageError(fmt::format("{} {}: {}", flag_for(option), it->second, rule.why.empty() ? "does not match " + rule.regex : rule.why),
-                       rule.fix);
+      throw UsageError(fmt::format("{} {}: {}", value_source(site, job, option), it->second,
+                                   rule.why.empty() ? "does not match " + rule.regex : rule.why),
+                       !rule.fix.empty() ? rule.fix : fmt::format("give a value that matches {}", rule.regex));
   }
   static const std::regex walltime(R"((\d{1,4}-)?\d{1,3}(:\d{2}){0,2})");
   if (auto t = v.find("time"); t != v.end() && !std::regex_match(t->second, walltime))
-    throw UsageError(fmt::format("-t/--time {}: not a time limit", t->second), "write it as HH:MM:SS, MM or D-HH:MM:SS");
+    throw UsageError(fmt::format("{} {}: not a time limit", value_source(site, job, "time"), t->second),
+                     "write it as HH:MM:SS, MM or D-HH:MM:SS");
   // Slurm reads a zero time limit as "no limit"; PBS has no such request, and walltime=00:00:00
   // would ask for a job that may run no time at all.
   if (auto t = v.find("time"); t != v.end() && site.scheduler == Scheduler::Pbs && time_limit_seconds(t->second) == 0)
-    throw UsageError(fmt::format("-t/--time {}: PBS has no \"no time limit\" (Slurm's meaning of 0) to ask for", t->second),
-                     "give the walltime the job needs, e.g. -t 02:00:00, or leave -t out for the queue's default");
+    throw UsageError(
+        fmt::format("{} {}: PBS has no \"no time limit\" (Slurm's meaning of 0) to ask for", value_source(site, job, "time"), t->second),
+        "give the walltime the job needs, e.g. -t 02:00:00, or leave -t out for the queue's default");
   refuse_option_like_words(site, v);
   const NodeShape shape = node_shape(site, v);
   const int gpus = std::stoi(v.at("gpus_per_node"));

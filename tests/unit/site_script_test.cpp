@@ -462,3 +462,18 @@ TEST_CASE("a site name is a plain file name: no path, no line break into the scr
   CHECK(load_site("ok-site_1.2").name == "ok-site_1.2");
   CHECK(load_site("slurm").name == "slurm");
 }
+
+TEST_CASE("a bad value from a profile's defaults names the profile's field and file, not only the flag") {
+  UserSites files(std::map<std::string, std::string>{{"late", R"({"scheduler": "slurm", "defaults": {"time": "soon"}})"},
+                                                     {"none", R"({"scheduler": "slurm", "defaults": {"cpus_per_task": "0"}})"}});
+  const fs::path dir = fs::temp_directory_path() / "ddl_unit_user_sites" / "ddl" / "sites";
+  CHECK_THROWS_WITH_AS(
+      render_job_script(load_site("late"), job({})),
+      doctest::Contains(("-t/--time (defaults.time in " + (dir / "late.json").string() + ") soon: not a time limit").c_str()),
+      ddl::UsageError);
+  CHECK_THROWS_WITH_AS(render_job_script(load_site("none"), job({{"cpus_per_task", "2"}})),
+                       doctest::Contains(("defaults.cpus_per_task in " + (dir / "none.json").string() + ") 0:").c_str()), ddl::UsageError);
+  // A value the user typed is named by its flag alone.
+  CHECK_THROWS_WITH_AS(render_job_script(load_site("late"), job({{"time", "later"}})), "-t/--time later: not a time limit",
+                       ddl::UsageError);
+}
