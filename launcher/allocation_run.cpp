@@ -191,7 +191,7 @@ PreparedLaunch launch_command(const RunRequest& request, TaskLauncher launcher, 
     }
     return std::vector<backends::TaskLine>{unwrapped(std::move(*task))};
   };
-  auto openmpi = std::make_shared<backends::pbs::OpenMpiOutput>();
+  auto openmpi = std::make_shared<backends::pbs::OpenMpiOutput>(starts_relayed_line);
   LineLabeller openmpi_tags = [openmpi](std::string_view line) { return unwrapped_all(openmpi->feed(line)); };
   switch (launcher) {
     case TaskLauncher::Srun: return {backends::slurm::srun_command(layout, srun_mpi_plugin(request.srun_mpi)), rank_colon};
@@ -244,7 +244,7 @@ void explain_failure(RunOutcome& outcome, TaskLauncher launcher, const Allocatio
   if (launcher != TaskLauncher::Srun && f.rank / plan.workers_per_node < static_cast<int>(shape.hosts.size()))
     f.host = shape.hosts[static_cast<size_t>(f.rank / plan.workers_per_node)];
   std::vector<backends::TaskLine> tasks;
-  backends::pbs::OpenMpiOutput openmpi;
+  backends::pbs::OpenMpiOutput openmpi(starts_relayed_line);
   for (const auto& line : said) {
     std::optional<std::vector<backends::TaskLine>> labelled;
     if (launcher == TaskLauncher::OpenMpi)

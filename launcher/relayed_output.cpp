@@ -32,6 +32,12 @@ std::optional<backends::TaskLine> relayed_line(std::string_view line) {
   }
 }
 
+bool starts_relayed_line(int rank, std::string_view text) {
+  auto inner = relayed_line(text);
+  if (!inner && text.starts_with(' ')) inner = relayed_line(text.substr(1));
+  return inner && inner->rank == rank;
+}
+
 backends::TaskLine unwrapped(backends::TaskLine task) {
   auto inner = relayed_line(task.text);
   // OpenMPI 5 tags "[1,0]<stdout>: " with a blank after the colon, 4.1 without.

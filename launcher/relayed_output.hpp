@@ -29,6 +29,10 @@ std::string relayed_piece(int rank, std::string_view text, char end);
 // The task line a relayed line carries (without its '\n'); nullopt for a line of any other form.
 std::optional<backends::TaskLine> relayed_line(std::string_view line);
 
+// Whether `text` (what follows a task launcher's label) begins a line that ddl exec --relay relayed
+// for `rank` ("rank: ...", after one blank where OpenMPI 5 puts it).
+bool starts_relayed_line(int rank, std::string_view text);
+
 // A task launcher's line of `ddl exec --relay`'s output: the relayed line inside it when it is one
 // of the same rank, else `task` as it is (a line of ddl exec's own).
 backends::TaskLine unwrapped(backends::TaskLine task);

@@ -82,19 +82,23 @@ std::optional<std::vector<TaskLine>> OpenMpiOutput::feed(std::string_view line) 
   for (Iterator it(line.begin(), line.end(), tag), end; it != end; ++it) tags.push_back(*it);
   if (tags.empty() || tags.front().position() != 0) return std::nullopt;
 
-  std::vector<TaskLine> complete;
-  for (size_t i = 0; i < tags.size(); ++i) {
-    const auto key = std::make_pair(std::stoi(tags[i][1].str()), tags[i][2].str() == "err");
-    const size_t from = static_cast<size_t>(tags[i].position() + tags[i].length());
-    const size_t to = i + 1 < tags.size() ? static_cast<size_t>(tags[i + 1].position()) : line.size();
-    std::string& text = unfinished_[key];
-    text.append(line.substr(from, to - from));
-    if (i + 1 == tags.size()) {  // the piece the line's newline ends
-      complete.push_back({key.first, std::move(text)});
-      unfinished_.erase(key);
-    }
+  auto key_of = [&](size_t i) { return std::make_pair(std::stoi(tags[i][1].str()), tags[i][2].str() == "err"); };
+  auto end_of = [&](size_t i) { return static_cast<size_t>(tags[i].position() + tags[i].length()); };
+  size_t open = 0;  // the tag of the piece being read
+  for (size_t i = 1; i < tags.size(); ++i) {
+    const auto key = key_of(i);
+    const bool continues = key == key_of(open) || unfinished_.count(key) != 0;
+    if (starts_task_text_ && !continues && !starts_task_text_(key.first, line.substr(end_of(i)))) continue;  // the task's text
+    const size_t from = end_of(open);
+    unfinished_[key_of(open)].append(line.substr(from, static_cast<size_t>(tags[i].position()) - from));
+    open = i;
   }
-  return complete;
+  // The piece the line's newline ends completes its task's line.
+  const auto key = key_of(open);
+  std::string text = std::move(unfinished_[key]);
+  unfinished_.erase(key);
+  text.append(line.substr(end_of(open)));
+  return std::vector<TaskLine>{{key.first, std::move(text)}};
 }
 
 }  // namespace ddl::backends::pbs

@@ -2,6 +2,7 @@
 // Cray PALS mpiexec (Polaris) or OpenMPI mpirun with the job's node file (Sockeye-style sites).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -30,12 +31,21 @@ std::vector<std::string> openmpi_command(const TaskLayout& layout, const std::st
 // Reads mpirun --tag-output. mpirun tags each chunk a task writes, not each line, so one line of
 // its output may hold pieces of several tasks' lines: "[1,0]<stdout>:a[1,1]<stdout>:b" then
 // "[1,0]<stdout>:" completes rank 0's line "a". Pieces are kept per task and stream until done.
+//
+// A tag inside a line may also be a task's own text ("[1,1]<stdout>:" printed by rank 0). Where the
+// tasks' text has a known form (ddl exec --relay's labelled lines), `starts_task_text(rank, text)`
+// says whether `text` can begin a piece of that task: a tag inside a line counts only when it does,
+// or when that task has a piece waiting for its end; otherwise the tag is text of the piece it is in.
 class OpenMpiOutput {
  public:
+  using TextCheck = std::function<bool(int rank, std::string_view text)>;
+  explicit OpenMpiOutput(TextCheck starts_task_text = nullptr) : starts_task_text_(std::move(starts_task_text)) {}
+
   // The task lines `line` completes (maybe none), or nullopt for a line of mpirun's own.
   std::optional<std::vector<TaskLine>> feed(std::string_view line);
 
  private:
+  TextCheck starts_task_text_;
   std::map<std::pair<int, bool>, std::string> unfinished_;  // (rank, is stderr) -> text so far
 };
 

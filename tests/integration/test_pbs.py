@@ -95,6 +95,21 @@ class PbsScriptsWithoutPbs(unittest.TestCase):
             for lines in said.values():
                 self.assertIn("LONG kept", lines)
 
+    def test_a_worker_that_prints_an_mpirun_tag_keeps_its_line_and_its_rank(self):
+        # mpirun --tag-output tags pieces inside lines too; text of rank 0 that reads like rank 1's
+        # tag went to rank 1, and rank 0's next line was glued to it.
+        script = render("--site", "pbs", "-N", "1", "--gpus-per-node", "2", "-c", "1")
+        *setup, exec_line = script.strip().splitlines()
+        program = (f"{PYTHON} -c \"import os, time; r = os.environ['RANK']; "
+                   "print('rank0 says [1,1]<stdout>:FAKE' if r == '0' else 'quiet', flush=True); time.sleep(0.3); "
+                   "print('normal from ' + r, flush=True)\"")
+        job = "\n".join(setup + [exec_line.split(" -- ")[0] + " -- " + program]) + "\n"
+        with tempfile.TemporaryDirectory() as tmp:
+            result = run_as_pbs_job(job, tmp, gpus="0,1")
+            self.assertEqual(result.returncode, 0, (result.stdout + result.stderr)[-2000:])
+            said = {rank: lines for rank, lines in lines_by_rank(result.stdout).items() if rank is not None}
+            self.assertEqual(said, {0: ["rank0 says [1,1]<stdout>:FAKE", "normal from 0"], 1: ["quiet", "normal from 1"]})
+
     def test_ncpus_that_is_no_count_is_an_error_naming_it_not_threads_by_the_million(self):
         # Read with atoi, NCPUS=99999999999 gave each worker OMP_NUM_THREADS=607876095.
         script = render("--site", "pbs", "-N", "1", "--gpus-per-node", "2", "-c", "1")

@@ -111,6 +111,31 @@ TEST_CASE("mpirun --tag-output: pieces of several tasks' lines are put back toge
   CHECK_FALSE(out.feed("Primary job terminated normally"));
 }
 
+TEST_CASE("mpirun --tag-output: a tag printed by a task is its text where the tasks' lines have a known form") {
+  // As ddl exec --relay's lines: "rank: text". A real tag inside a line starts such a line, or
+  // continues its task's piece that waits for its end.
+  auto relayed = [](int rank, std::string_view text) { return text.starts_with(std::to_string(rank) + ": "); };
+  pbs::OpenMpiOutput out(relayed);
+  auto spoof = out.feed("[1,0]<stdout>:0: says [1,1]<stdout>:FAKE from 1");
+  REQUIRE(spoof);
+  REQUIRE(spoof->size() == 1);
+  CHECK((*spoof)[0].rank == 0);
+  CHECK((*spoof)[0].text == "0: says [1,1]<stdout>:FAKE from 1");
+  auto mixed = out.feed("[1,0]<stdout>:0: a[1,1]<stdout>:1: b");  // a real piece of rank 1 in rank 0's line
+  REQUIRE(mixed);
+  REQUIRE(mixed->size() == 1);
+  CHECK((*mixed)[0].rank == 1);
+  CHECK((*mixed)[0].text == "1: b");
+  auto rest = out.feed("[1,2]<stdout>:2: c[1,0]<stdout>: and the rest");  // rank 0's piece waits: its tag is real
+  REQUIRE(rest);
+  REQUIRE(rest->size() == 1);
+  CHECK((*rest)[0].rank == 0);
+  CHECK((*rest)[0].text == "0: a and the rest");
+  auto third = out.feed("[1,2]<stdout>:");
+  REQUIRE(third);
+  CHECK((*third)[0].text == "2: c");
+}
+
 TEST_CASE("mpirun --tag-output: a task's own text of 100,000 digits after '[' is its text, not a crash") {
   pbs::OpenMpiOutput out;
   const std::string digits = "[" + std::string(100000, '7') + ",1]<stdout>:x";
