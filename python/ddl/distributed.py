@@ -78,7 +78,18 @@ def _dense(tensor):
 def _write_back(tensors, dense):
     for tensor, copy in zip(tensors, dense):
         if copy is not tensor:
+            tensor, copy = _one_of_each_alias(tensor, copy)
             tensor.copy_(copy)
+
+
+def _one_of_each_alias(tensor, value):
+    """An expanded tensor (a dimension of stride 0) holds each of its elements once however often it
+    shows it, and the results for the aliases are alike (they reduced the same input): one of them
+    is written, as gloo writes it, where copy_ refuses to write one place several times."""
+    for dim in range(tensor.dim()):
+        if tensor.stride(dim) == 0 and tensor.size(dim) > 1:
+            tensor, value = tensor.narrow(dim, 0, 1), value.narrow(dim, 0, 1)
+    return tensor, value
 
 
 def _reducible(tensor, op):

@@ -340,6 +340,12 @@ def errors(rank):
 
 
 def futures_and_aliases(rank):
+    def expanded(group):  # one element shown three times: each shows the sum
+        t = torch.tensor([float(rank + 1)]).expand(3)
+        dist.all_reduce(t, group=group)
+        return t.clone()
+    check("all_reduce of an expanded tensor", *both(expanded))
+
     # The values of Work futures are gloo's: all_gather's and gather's the list of outputs.
     def gathered_future(group):
         outs = [torch.zeros(2) for _ in range(SIZE)]
