@@ -164,6 +164,11 @@ def _():
         e = expect_error(tf.errors.InvalidArgumentError, hvd.alltoall, tf.ones([N + 1]))  # rows not a multiple of N
         assert isinstance(e, ValueError) and "multiple" in str(e), e
         # (Inside tf.function TensorFlow's py_func reports any ValueError as InvalidArgumentError already.)
+    # XLA has no kernel for the host call: ddl says so when the function is traced, not XLA's
+    # "No registered 'PyFunc' OpKernel" when it runs.
+    compiled = tf.function(lambda x: hvd.allreduce(x), jit_compile=True)
+    e = expect_error(RuntimeError, compiled, tf.ones([2]))
+    assert "cannot run inside an XLA-compiled function" in str(e), e
 
 
 @check("reducescatter: uneven rows (the first rows % size ranks get one more), grouped")

@@ -143,6 +143,15 @@ def _after_previous_node():
     return tf.control_dependencies([previous] if previous is not None and not tf.inside_function() else [])
 
 
+def _in_xla_context():
+    """Whether the graph being built is compiled by XLA, which has no kernel for tf.numpy_function."""
+    try:
+        from tensorflow.python.ops import control_flow_util
+        return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+    except Exception:  # noqa: BLE001 — a TensorFlow without this internal: let XLA say it
+        return False
+
+
 def _to_numpy(t):
     return t.numpy() if hasattr(t, "numpy") else np.asarray(t)
 
@@ -157,6 +166,10 @@ def _run(fn, tensors, out_dtypes, out_shapes):
             outs = fn(*[_to_numpy(t) for t in tensors])
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, out_dtypes)]
 
+    if _in_xla_context():
+        raise RuntimeError("ddl's collectives cannot run inside an XLA-compiled function (tf.function(jit_compile="
+                           "True), or a Keras step compiled with jit_compile=True): they are host calls XLA cannot "
+                           "compile; call them outside it, or drop jit_compile")
     hint = "" if tf.inside_function() else _SESSION_GRAPH_HINT
 
     def body(*arrays):

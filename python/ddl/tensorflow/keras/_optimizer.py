@@ -39,14 +39,6 @@ def _is_keras3(optimizer_class):
     return any(c.__module__.startswith("keras.src.optimizers.base_optimizer") for c in optimizer_class.__mro__)
 
 
-def _in_xla_context():
-    try:
-        from tensorflow.python.ops import control_flow_util
-        return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
-    except Exception:
-        return False
-
-
 class _DistributedMixin:
     """What the wrapped optimizer adds; its attributes are set by create_distributed_optimizer."""
 
@@ -60,6 +52,7 @@ class _DistributedMixin:
 
     def _ddl_reduce(self, grads, variables):
         from ddl.tensorflow import _allreduce_gradients, _ref
+        from ddl.tensorflow.mpi_ops import _in_xla_context
         if _in_xla_context():
             raise RuntimeError("ddl's DistributedOptimizer cannot run inside an XLA-compiled step: compile the "
                                "model with jit_compile=False (ddl's collectives are host calls XLA cannot compile)")
