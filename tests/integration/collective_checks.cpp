@@ -5,9 +5,11 @@
 //   collective_checks die K      rank K kills itself mid-allreduce: survivors must get an error
 //   collective_checks world      prints what ddl_init found (rank, size, local rank/size, node), then allreduces
 //   collective_checks reinit     the same, then ddl_finalize, ddl_init and the allreduces again
+//   collective_checks edges PATH edges of the C API (a name not UTF-8, NULL sends, huge counts, a local set release, fork)
 // Prints "PASS n checks" (or what failed) and exits 0 when every check held.
 #include <math.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -396,6 +398,58 @@ int run_lonely_set() {
   return s != DDL_SUCCESS ? 0 : 1;
 }
 
+// Edges of the C API that hostile programs found (run with DDL_TIMELINE set, 2+ ranks):
+int run_edges(const char* second_timeline) {
+  // An op name that is not UTF-8 is the program's bytes: the timeline writes it replaced, and the
+  // world goes on (it broke, reported as a lost peer).
+  float x = 1;
+  require(ddl_allreduce("grad/\xff\xfe", &x, &x, 1, DDL_FLOAT32, DDL_SUM), "a name that is not UTF-8");
+  check(x == static_cast<float>(g_size), "its allreduce is right");
+  // A rank whose own count is 0 may give NULL as its send buffer (refused, the others waited).
+  std::vector<size_t> counts(static_cast<size_t>(g_size), 1);
+  counts[0] = 0;
+  std::vector<int32_t> gathered(static_cast<size_t>(g_size - 1), -1);
+  int32_t mine = g_rank;
+  ddl_handle agv = nullptr;
+  require(ddl_allgatherv_ex("edges.agv", g_rank == 0 ? nullptr : &mine, gathered.data(), counts.data(), DDL_INT32, nullptr, &agv),
+          "allgatherv_ex with a NULL send of 0 elements");
+  require(ddl_wait(agv), "its wait");
+  for (int r = 1; r < g_size; ++r) check(gathered[static_cast<size_t>(r - 1)] == r, "allgatherv_ex gathers the others");
+  // Counts whose bytes do not fit in a size_t are refused, not wrapped to a few bytes and "done".
+  std::vector<float> small(8, 1.0f);
+  const size_t huge = (size_t{1} << 62) + 4;
+  check(ddl_allreduce("edges.huge", small.data(), small.data(), huge, DDL_FLOAT32, DDL_SUM) == DDL_ERROR_INVALID_ARGUMENT &&
+            std::string(ddl_last_error()).find("more bytes than memory can hold") != std::string::npos,
+        "an allreduce of 2^62+4 floats is refused");
+  check(ddl_allgather("edges.huge", small.data(), small.data(), (size_t{1} << 61), DDL_FLOAT32) == DDL_ERROR_INVALID_ARGUMENT,
+        "an allgather whose output would be 2^61 floats per rank is refused");
+  check(small == std::vector<float>(8, 1.0f), "and nothing was written");
+  // A set made by its members is released locally: rank 0 releases it and goes on to a world op
+  // that the others join only before they release it (waiting for them deadlocked).
+  std::vector<int> all(static_cast<size_t>(g_size));
+  for (int r = 0; r < g_size; ++r) all[static_cast<size_t>(r)] = r;
+  ddl_process_set set = nullptr;
+  require(ddl_process_set_create_among(all.data(), g_size, "edges.members", 0.0, &set), "create_among");
+  float y = 1;
+  if (g_rank == 0) {
+    require(ddl_process_set_destroy(set), "destroy the members' set first");
+    require(ddl_allreduce("edges.after", &y, &y, 1, DDL_FLOAT32, DDL_SUM), "the world op after");
+  } else {
+    require(ddl_allreduce("edges.after", &y, &y, 1, DDL_FLOAT32, DDL_SUM), "the world op before");
+    require(ddl_process_set_destroy(set), "destroy the members' set after");
+  }
+  check(y == static_cast<float>(g_size), "the world op after a local release is right");
+  // A fork()ed child that exits runs the exit handlers: it must leave the timeline alone.
+  const pid_t child = ::fork();
+  if (child == 0) std::exit(0);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  // Restarting the timeline at a path for rank 0 only ends this rank's own file too.
+  require(ddl_timeline_start(second_timeline), "ddl_timeline_start");
+  require(ddl_allreduce("edges.last", &x, &x, 1, DDL_FLOAT32, DDL_SUM), "the last op");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -420,6 +474,8 @@ int main(int argc, char** argv) {
     rc = run_die(argc > 2 ? std::atoi(argv[2]) : 1, SIGSTOP);
   else if (mode == "lonely_set")
     rc = run_lonely_set();
+  else if (mode == "edges")
+    rc = run_edges(argc > 2 ? argv[2] : "edges.json");
   else {
     check_allreduces();
     check_fp16_compression();

@@ -127,6 +127,20 @@ class Collectives(unittest.TestCase):
                     for line in lines:
                         self.assertTrue(line.startswith(f"survivor rank {rank}: timed out: "), line)
 
+    def test_edges_of_the_c_api_that_broke_the_world_hung_or_wrapped_around(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            first, second = os.path.join(tmp, "first.%r.json"), os.path.join(tmp, "second.json")
+            result, by_rank = self.run_checks(3, "edges", second, env={"DDL_TIMELINE": first, "DDL_TIMEOUT": "20"}, timeout=120)
+            self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-2000:])
+            for rank in range(3):
+                self.assertTrue(by_rank[rank][-1].startswith("PASS"), by_rank[rank])
+                with open(first.replace("%r", str(rank))) as f:  # whole, though a child exited, and ended by the restart
+                    ops = {e["args"]["op"] for e in json.load(f)["traceEvents"] if e["ph"] == "X"}
+                self.assertIn("grad/\ufffd\ufffd", ops)
+                self.assertNotIn("edges.last", ops)
+            with open(second) as f:
+                self.assertIn("edges.last", {e["args"]["op"] for e in json.load(f)["traceEvents"] if e["ph"] == "X"})
+
     def test_the_timeline_is_chrome_trace_json_with_every_phase(self):
         # A fused allreduce over Gloo is copied into a fusion buffer and out again; shared memory
         # reduces it straight from the ops' buffers (one ALLREDUCE phase), but for fp16-compressed

@@ -171,8 +171,9 @@ DDL_API const char* ddl_nccl_error(void);
 DDL_API int ddl_has_pmix(void);
 
 /* Flags of ddl_allreduce_flags_async. DDL_COMPRESS_FP16: a float32 allreduce travels as float16
- * (half the bytes; about 3 significant digits, values beyond +-65504 saturate), like Horovod's
- * Compression.fp16. Every rank must give the same flags for a name. */
+ * (half the bytes; about 3 significant digits; values that round beyond +-65504 become +-inf, as a
+ * cast to float16 makes them), like Horovod's Compression.fp16. Every rank must give the same flags
+ * for a name. */
 #define DDL_COMPRESS_FP16 1u
 DDL_API ddl_status ddl_allreduce_flags_async(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype,
                                              ddl_reduce_op op, unsigned flags, ddl_handle* handle);

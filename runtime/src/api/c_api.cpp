@@ -8,6 +8,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -42,6 +43,7 @@ struct ProcessSet {
   std::vector<int> ranks;                        // world ranks, ascending
   int rank = -1;                                 // this rank within the set; -1 if not a member
   std::shared_ptr<ddl::runtime::Engine> engine;  // members only
+  bool members_only = false;                     // made by ddl_process_set_create_among: released locally
 };
 
 namespace {
@@ -67,12 +69,16 @@ struct Runtime {
   std::shared_ptr<Engine> engine;                   // destroyed before pmix
   std::mutex sets_mutex;
   std::map<uintptr_t, std::shared_ptr<ProcessSet>> sets;
+  // Engines of members-only sets this rank released: they take part in rounds until every member
+  // has, so that releasing one never waits for the others; ddl_finalize waits for them.
+  std::vector<std::shared_ptr<Engine>> retiring;
   uintptr_t next_set_id = 1;  // every rank creates sets in the same order, so ids agree
   // Sets made by their members only (ddl_process_set_create_among) take handles of their own
   // range: the world's sets must keep numbering alike on every rank.
   uintptr_t next_member_set_id = uintptr_t{1} << 40;
   ~Runtime() {
     sets.clear();  // their engines go before the store and PMIx they rendezvoused through
+    retiring.clear();
     engine.reset();
     store.reset();
   }
@@ -253,8 +259,30 @@ ddl_status with_runtime(Body body) {
   });
 }
 
+// Whether `count` elements of `dtype`, `times` over, are more bytes than a size_t counts: such an op
+// would wrap around, touch a few bytes and report success.
+bool too_many_bytes(uint64_t count, ddl_dtype dtype, uint64_t times = 1) {
+  const uint64_t element = ddl::runtime::dtype_size(dtype);
+  return element != 0 && times != 0 && count > std::numeric_limits<size_t>::max() / element / times;
+}
+
+// The sum of `counts`, or the largest uint64_t where it wraps around (which the size checks refuse).
+uint64_t sum_of(const size_t* counts, int n) {
+  uint64_t total = 0;
+  for (int i = 0; i < n; ++i)
+    if (__builtin_add_overflow(total, counts[i], &total)) return std::numeric_limits<uint64_t>::max();
+  return total;
+}
+
+ddl_status refuse_byte_count(uint64_t count, ddl_dtype dtype) {
+  return fail(DDL_ERROR_INVALID_ARGUMENT,
+              fmt::format("{} {} elements are more bytes than memory can hold (a count or a sum of counts that wrapped around?)", count,
+                          ddl::runtime::dtype_name(dtype)));
+}
+
 ddl_status check_common(const void* recv, size_t count, ddl_dtype dtype) {
   if (!ddl::runtime::valid_dtype(dtype)) return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("unknown dtype {}", static_cast<int>(dtype)));
+  if (too_many_bytes(count, dtype)) return refuse_byte_count(count, dtype);
   if (recv == nullptr && count > 0) return fail(DDL_ERROR_INVALID_ARGUMENT, "the buffer is NULL");
   return DDL_SUCCESS;
 }
@@ -322,6 +350,9 @@ ddl_status wait_for(ddl_handle_s& handle, std::string& message) {
 ddl_status submit(const char* name, OpSpec spec, const void* send, void* recv, ddl_handle* handle, void* stream = nullptr) {
   if (handle == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "handle is NULL");
   return with_runtime([&](Runtime& rt) {
+    // An allgather's output holds every rank's count.
+    if (spec.kind == OpKind::Allgather && too_many_bytes(spec.count, spec.dtype, static_cast<uint64_t>(rt.engine->size())))
+      return refuse_byte_count(spec.count * static_cast<uint64_t>(rt.engine->size()), spec.dtype);
     if (handle == kRunToCompletion) return run_to_completion(*rt.engine, name, std::move(spec), send, recv);
     return handle_of(*rt.engine, rt.engine->submit(name ? name : "", std::move(spec), send, recv, stream), handle);
   });
@@ -362,6 +393,7 @@ ddl_status ddl_finalize(void) {
     std::lock_guard lock(rt->sets_mutex);
     for (auto& [id, set] : rt->sets)
       if (set->engine) set->engine->finalize();
+    for (auto& engine : rt->retiring) engine->finalize();
   }
   rt->engine->finalize();
   return DDL_SUCCESS;
@@ -441,8 +473,7 @@ ddl_status ddl_allgatherv_async(const char* name, const void* send, size_t send_
   if (recv_counts == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "recv_counts is NULL");
   if (send == nullptr && send_count > 0) return fail(DDL_ERROR_INVALID_ARGUMENT, "allgatherv: the send buffer is NULL");
   std::vector<uint64_t> counts(recv_counts, recv_counts + size);
-  uint64_t total = 0;
-  for (uint64_t c : counts) total += c;
+  const uint64_t total = sum_of(recv_counts, size);
   if (auto s = check_common(recv, total, dtype); s != DDL_SUCCESS) return s;
   if (counts[static_cast<size_t>(rank)] != send_count)
     return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("allgatherv: send_count {} differs from recv_counts[{}] = {}", send_count, rank,
@@ -638,6 +669,7 @@ ddl_status ddl_process_set_create_among(const int* ranks, int count, const char*
     auto set = std::make_shared<ProcessSet>();
     set->ranks = sorted;
     set->rank = static_cast<int>(me - sorted.begin());
+    set->members_only = true;
     auto config = engine_config(rt.engine->rank());
     config.timeline_path.clear();  // the world's engine owns the timeline file
     if (timeout_seconds > 0.0) config.timeout = std::chrono::milliseconds(static_cast<long long>(timeout_seconds * 1000.0));
@@ -719,6 +751,8 @@ ddl_status read_options(const ddl_op_options* given, ddl_op_options& o, std::vec
 
 ddl_status submit_to(Target& t, const char* name, OpSpec spec, const void* send, void* recv, ddl_handle* handle, void* stream,
                      unsigned flags = 0) {
+  if (spec.kind == OpKind::Allgather && too_many_bytes(spec.count, spec.dtype, static_cast<uint64_t>(t.size)))
+    return refuse_byte_count(spec.count * static_cast<uint64_t>(t.size), spec.dtype);
   if (flags & DDL_BLOCKING) {
     if (handle != nullptr) *handle = nullptr;
     return run_to_completion(*t.engine, name, std::move(spec), send, recv, stream);
@@ -726,8 +760,6 @@ ddl_status submit_to(Target& t, const char* name, OpSpec spec, const void* send,
   if (handle == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "handle is NULL");
   return handle_of(*t.engine, t.engine->submit(name ? name : "", std::move(spec), send, recv, stream), handle);
 }
-
-uint64_t sum_of(const size_t* counts, int n) { return std::accumulate(counts, counts + n, uint64_t{0}); }
 
 }  // namespace
 
@@ -737,11 +769,15 @@ ddl_status ddl_process_set_destroy(ddl_process_set handle) {
   return with_runtime([&](Runtime& rt) {
     auto set = find_set(rt, handle);
     if (!set) return DDL_ERROR_INVALID_ARGUMENT;
-    {
-      std::lock_guard lock(rt.sets_mutex);
-      rt.sets.erase(reinterpret_cast<uintptr_t>(handle));
+    std::lock_guard lock(rt.sets_mutex);
+    rt.sets.erase(reinterpret_cast<uintptr_t>(handle));
+    if (!set->engine) return DDL_SUCCESS;
+    if (set->members_only) {  // local: the other members may release it later, or never
+      set->engine->request_finalize();
+      rt.retiring.push_back(set->engine);
+      return DDL_SUCCESS;
     }
-    if (set->engine) set->engine->finalize();
+    set->engine->finalize();
     return DDL_SUCCESS;
   });
 }
@@ -837,7 +873,9 @@ ddl_status ddl_allgatherv_ex(const char* name, const void* send, void* recv, con
     if (auto s = resolve(rt, o.process_set, t); s != DDL_SUCCESS) return s;
     std::vector<uint64_t> counts(recv_counts, recv_counts + t.size);
     const uint64_t total = sum_of(recv_counts, t.size);
-    if (auto s = check_buffers(send, recv, total, dtype); s != DDL_SUCCESS) return s;
+    // The send buffer holds this rank's count only: none may come as NULL (refusing it left the
+    // other ranks waiting for this one).
+    if (auto s = check_common(recv, total, dtype); s != DDL_SUCCESS) return s;
     if (counts[static_cast<size_t>(t.rank)] > 0 && send == nullptr)
       return fail(DDL_ERROR_INVALID_ARGUMENT, "allgatherv: the send buffer is NULL");
     const bool cuda = (o.flags & DDL_CUDA_BUFFERS) != 0;
@@ -943,6 +981,7 @@ ddl_status ddl_reducescatter_ex(const char* name, const void* send, void* recv, 
     // The output holds this rank's share only: none (fewer rows than ranks) may come as NULL, as
     // an empty tensor's storage does; refusing it here left the other ranks waiting for this one.
     if (auto s = check_common(recv, counts[static_cast<size_t>(t.rank)], dtype); s != DDL_SUCCESS) return s;
+    if (too_many_bytes(total, dtype)) return refuse_byte_count(total, dtype);
     if (send == nullptr && total > 0) return fail(DDL_ERROR_INVALID_ARGUMENT, "the send buffer is NULL");
     OpSpec spec{OpKind::Reducescatter, dtype, op, 0, total, counts, cuda, false, std::move(shape), o.prescale, o.postscale};
     return submit_to(t, name, std::move(spec), send, recv, handle, cuda ? o.stream : nullptr, o.flags);
@@ -976,7 +1015,10 @@ ddl_status ddl_timeline_start(const char* path) {
   if (path == nullptr || *path == '\0') return fail(DDL_ERROR_INVALID_ARGUMENT, "ddl_timeline_start: empty path");
   return with_runtime([&](Runtime& rt) {
     const std::string mine = timeline_path_for(path, rt.engine->rank());
-    if (mine.empty()) return DDL_SUCCESS;  // another rank writes it
+    if (mine.empty()) {  // another rank writes it; this one's earlier file (a %r path) ends here
+      rt.engine->timeline().close();
+      return DDL_SUCCESS;
+    }
     if (!rt.engine->timeline().open(mine))
       return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("ddl_timeline_start: cannot write '{}': {}", mine, std::strerror(errno)));
     return DDL_SUCCESS;

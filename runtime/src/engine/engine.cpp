@@ -144,12 +144,16 @@ std::string Engine::in_flight_message(const std::string& name) const {
   return fmt::format("op '{}' is already in flight on rank {}: names must be unique until the op finishes", name, rank_);
 }
 
-void Engine::finalize() {
+void Engine::request_finalize() {
   {
     std::lock_guard lock(mutex_);
     finalize_requested_ = true;
   }
   wake_.notify_all();
+}
+
+void Engine::finalize() {
+  request_finalize();
   if (thread_.joinable()) thread_.join();
   // The engine thread leaves only once the rounds have stopped, so nothing records any more.
   timeline_.close();

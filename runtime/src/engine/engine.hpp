@@ -114,6 +114,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // Tells the other ranks this one is done and waits until all are; ops still pending then fail.
   // The timeline is closed when it returns (whichever thread destroys the engine later).
   void finalize();
+  // finalize() without the wait: the engine thread tells the others and goes on taking part in
+  // rounds until all are done; finalize() then only waits for that. New ops are refused at once.
+  void request_finalize();
 
  private:
   using Clock = std::chrono::steady_clock;

@@ -1,8 +1,19 @@
 #include "runtime/src/engine/timeline.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+
 #include <nlohmann/json.hpp>
 
 namespace ddl::runtime {
+
+namespace {
+constexpr size_t kWriteBlock = size_t{64} * 1024;
+
+std::string dumped(const nlohmann::json& j) { return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
+}  // namespace
 
 Timeline::Timeline(const std::string& path, int rank) : rank_(rank) {
   if (!path.empty()) open(path);
@@ -13,9 +24,10 @@ Timeline::~Timeline() { close(); }
 bool Timeline::open(const std::string& path) {
   std::lock_guard lock(mutex_);
   close_locked();
-  file_ = std::fopen(path.c_str(), "w");
-  if (file_ == nullptr) return false;
-  std::fputs("{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n", file_);
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  if (fd_ < 0) return false;
+  owner_ = ::getpid();
+  pending_ = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
   rows_.clear();
   first_ = true;
   enabled_ = true;
@@ -29,17 +41,35 @@ void Timeline::close() {
 
 void Timeline::close_locked() {
   enabled_ = false;
-  if (file_ == nullptr) return;
-  std::fputs("\n]}\n", file_);
-  std::fclose(file_);
-  file_ = nullptr;
+  if (fd_ < 0) return;
+  pending_ += "\n]}\n";
+  flush_locked();
+  ::close(fd_);  // in a fork()ed child: its own copy of the descriptor only
+  fd_ = -1;
+}
+
+void Timeline::add(const std::string& text) {
+  pending_ += text;
+  if (pending_.size() >= kWriteBlock) flush_locked();
+}
+
+void Timeline::flush_locked() {
+  if (::getpid() == owner_) {
+    for (size_t done = 0; done < pending_.size();) {
+      const ssize_t n = ::write(fd_, pending_.data() + done, pending_.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;  // a full disk: the trace ends short, the training goes on
+      done += static_cast<size_t>(n);
+    }
+  }
+  pending_.clear();
 }
 
 int Timeline::row_of(const std::string& op_name) {
   auto [it, added] = rows_.emplace(op_name, static_cast<int>(rows_.size()) + 1);
   if (added) {  // name the row after the op
     nlohmann::json meta = {{"name", "thread_name"}, {"ph", "M"}, {"pid", rank_}, {"tid", it->second}, {"args", {{"name", op_name}}}};
-    std::fprintf(file_, "%s%s", first_ ? "" : ",\n", meta.dump().c_str());
+    add((first_ ? "" : ",\n") + dumped(meta));
     first_ = false;
   }
   return it->second;
@@ -48,7 +78,7 @@ int Timeline::row_of(const std::string& op_name) {
 void Timeline::record(const std::string& op_name, const char* phase, Clock::time_point start, Clock::time_point end) {
   if (!enabled()) return;
   std::lock_guard lock(mutex_);
-  if (file_ == nullptr) return;
+  if (fd_ < 0) return;
   using us = std::chrono::duration<double, std::micro>;
   int row = row_of(op_name);
   nlohmann::json event = {{"name", phase},
@@ -59,7 +89,7 @@ void Timeline::record(const std::string& op_name, const char* phase, Clock::time
                           {"ts", us(start - origin_).count()},
                           {"dur", us(end - start).count()},
                           {"args", {{"op", op_name}}}};
-  std::fprintf(file_, ",\n%s", event.dump().c_str());
+  add(",\n" + dumped(event));
 }
 
 }  // namespace ddl::runtime
