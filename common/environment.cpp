@@ -69,8 +69,9 @@ double number_from_environment(const char* name, double fallback, double minimum
 std::chrono::milliseconds timeout_setting(const std::string& value) {
   constexpr double kYear = 365.0 * 24 * 3600;
   const double seconds = number_setting("DDL_TIMEOUT", value, 0, kYear);
-  if (seconds <= 0)
-    throw Error("DDL_TIMEOUT=0 would fail every wait at once: it is in seconds and must be more than 0", "set e.g. DDL_TIMEOUT=300");
+  if (seconds < 0.001)  // counted in milliseconds: less would be 0, failing every wait at once
+    throw Error(fmt::format("DDL_TIMEOUT={} would fail every wait at once: it is in seconds and must be at least 0.001", value),
+                "set e.g. DDL_TIMEOUT=300");
   return std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
 }
 

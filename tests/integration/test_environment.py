@@ -242,6 +242,7 @@ class UsageErrors(unittest.TestCase):
         for name, value, says in (("DDL_TIMEOUT", "nan", "DDL_TIMEOUT='nan' is not a number from 0 to 31536000"),
                                   ("DDL_TIMEOUT", "inf", "DDL_TIMEOUT='inf' is not a number"),
                                   ("DDL_TIMEOUT", "0", "DDL_TIMEOUT=0 would fail every wait at once"),
+                                  ("DDL_TIMEOUT", "0.0001", "DDL_TIMEOUT=0.0001 would fail every wait at once"),
                                   ("DDL_TIMEOUT", "10s", "DDL_TIMEOUT='10s' is not a number"),
                                   ("DDL_CYCLE_TIME_MS", "-1", "DDL_CYCLE_TIME_MS='-1' is not a number from 0 to 60000"),
                                   ("DDL_FUSION_THRESHOLD", "1e99", "DDL_FUSION_THRESHOLD='1e99' is not a number")):

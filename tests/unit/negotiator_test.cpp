@@ -298,3 +298,19 @@ TEST_CASE("a message announcing one cache id twice is an error, not a second ran
   again.cached = {id, id};
   CHECK_THROWS_WITH_AS(n.merge({again, announce({})}, now), "rank 0 announced op 'g' twice", std::runtime_error);
 }
+
+TEST_CASE("a process set's negotiator names its members by world rank") {
+  Negotiator n(2);
+  n.name_ranks_by({3, 7});  // set ranks 0 and 1 are world ranks 3 and 7
+  auto t0 = Clock::now();
+  auto d = n.merge({announce({{"g", allreduce(4)}}), announce({{"g", allreduce(5)}})}, t0);
+  REQUIRE(d.failed.size() == 1);
+  CHECK(d.failed[0].message.find("world rank 3: allreduce") != std::string::npos);
+  CHECK(d.failed[0].message.find("world rank 7: allreduce") != std::string::npos);
+  n.merge({announce({{"h", allreduce(1)}}), announce({})}, t0);
+  Announcement rank0;
+  rank0.expired = n.stalled(t0 + std::chrono::seconds(6), std::chrono::seconds(5));
+  auto stalled = n.merge({rank0, announce({})}, t0);
+  REQUIRE(stalled.failed.size() == 1);
+  CHECK(stalled.failed[0].message.find("world rank(s) 7 never submitted it") != std::string::npos);
+}

@@ -607,6 +607,7 @@ ddl_status ddl_process_set_create(const int* ranks, int count, ddl_process_set* 
       try {
         auto config = engine_config(rt.engine->rank());
         config.timeline_path.clear();  // the world's engine owns the timeline file
+        config.world_ranks = set->ranks;
         set->engine = std::make_shared<Engine>(process_set_collectives(rt, fmt::format("set{}", id), *set, config), config);
       } catch (const std::exception& e) {
         return fail(DDL_ERROR_BOOTSTRAP,
@@ -672,6 +673,7 @@ ddl_status ddl_process_set_create_among(const int* ranks, int count, const char*
     set->members_only = true;
     auto config = engine_config(rt.engine->rank());
     config.timeline_path.clear();  // the world's engine owns the timeline file
+    config.world_ranks = sorted;
     if (timeout_seconds > 0.0) config.timeout = std::chrono::milliseconds(static_cast<long long>(timeout_seconds * 1000.0));
     try {
       set->engine = std::make_shared<Engine>(process_set_collectives(rt, fmt::format("among.{}/", key), *set, config), config);

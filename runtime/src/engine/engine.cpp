@@ -63,6 +63,7 @@ Engine::Engine(std::unique_ptr<Collectives> collectives, EngineConfig config)
       size_(collectives_->size()),
       negotiator_(size_),
       timeline_(config_.timeline_path, rank_) {
+  if (!config_.world_ranks.empty()) negotiator_.name_ranks_by(config_.world_ranks);
   // Which ops fuse decides which collectives run, so every rank must use the same threshold: rank
   // 0's, like its clock for stalls.
   uint64_t threshold = config_.fusion_threshold;

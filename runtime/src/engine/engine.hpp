@@ -69,6 +69,7 @@ struct EngineConfig {
   size_t fusion_threshold = 64u << 20;         // DDL_FUSION_THRESHOLD; 0 = no fusion
   std::chrono::milliseconds timeout{300'000};  // DDL_TIMEOUT: an op waiting longer for a rank fails
   std::string timeline_path;                   // DDL_TIMELINE for this rank; empty = none
+  std::vector<int> world_ranks;                // a process set's members, which errors name; empty: the world
 };
 
 class Engine : public std::enable_shared_from_this<Engine> {

@@ -218,7 +218,7 @@ std::string Negotiator::mismatch_message(const std::string& name, const Entry& e
       it->second.push_back(r);
   }
   std::string parts;
-  for (const auto& [d, ranks] : groups) parts += fmt::format("{}rank {}: {}", parts.empty() ? "" : "; ", rank_list(ranks), d);
+  for (const auto& [d, ranks] : groups) parts += fmt::format("{}{}: {}", parts.empty() ? "" : "; ", ranks_named(ranks, "rank"), d);
   return fmt::format("op '{}' differs between ranks: {}", name, parts);
 }
 
@@ -237,8 +237,15 @@ std::vector<int> Negotiator::missing_ranks(const CachedWait& w) const {
 }
 
 std::string Negotiator::stall_message(const std::string& name, const std::vector<int>& missing) const {
-  return fmt::format("op '{}' timed out: rank(s) {} never submitted it (raise DDL_TIMEOUT if they are only slow)", name,
-                     rank_list(missing));
+  return fmt::format("op '{}' timed out: {} never submitted it (raise DDL_TIMEOUT if they are only slow)", name,
+                     ranks_named(missing, "rank(s)"));
+}
+
+std::string Negotiator::ranks_named(const std::vector<int>& ranks, const char* word) const {
+  if (world_ranks_.empty()) return fmt::format("{} {}", word, rank_list(ranks));
+  std::vector<int> world;
+  for (int r : ranks) world.push_back(r >= 0 && static_cast<size_t>(r) < world_ranks_.size() ? world_ranks_[static_cast<size_t>(r)] : r);
+  return fmt::format("world {} {}", word, rank_list(world));
 }
 
 // A join waits for ranks that still train, which may take longer than DDL_TIMEOUT: it stalls only

@@ -50,6 +50,8 @@ struct RoundDecision {
 class Negotiator {
  public:
   explicit Negotiator(int world_size, size_t cache_capacity = 4096) : size_(world_size), cache_capacity_(cache_capacity) {}
+  // A process set's negotiator: its errors name its members by world rank.
+  void name_ranks_by(std::vector<int> world_ranks) { world_ranks_ = std::move(world_ranks); }
 
   // The id under which this rank may announce (name, spec), if the cache holds exactly that.
   std::optional<uint32_t> cached_id(const std::string& name, const OpSpec& spec) const;
@@ -111,6 +113,9 @@ class Negotiator {
   bool runs_with_joined(const OpSpec& spec) const;
 
   int size_;
+  std::vector<int> world_ranks_;  // set rank -> world rank, for messages; empty: the world's own
+  // "rank 0,2", or a set's "world rank 3,5" (`word`: "rank" or "rank(s)")
+  std::string ranks_named(const std::vector<int>& ranks, const char* word) const;
   std::vector<bool> joined_;  // ranks whose last announcement said they wait in ddl_join
   int joined_count_ = 0;
   int last_joined_ = -1;
