@@ -15,6 +15,7 @@
 #include "cli/validators.hpp"
 #include "common/environment.hpp"
 #include "common/error.hpp"
+#include "launcher/failure_hints.hpp"
 #include "launcher/host.hpp"
 #include "launcher/host_list.hpp"
 #include "launcher/pending_output.hpp"
@@ -46,6 +47,8 @@ std::string outcome_text(const launcher::RunOutcome& o) {
       text += fmt::format("ddl: last lines of rank {}'s stderr:\n", f.rank);
       for (const auto& line : f.stderr_tail) text += fmt::format("  | {}\n", line);
     }
+    if (const std::string hint = launcher::failure_hint(f.stderr_tail, launcher::this_executable()); !hint.empty())
+      text += fmt::format("hint: {}\n", hint);
   } else if (o.interrupted_by) {
     text = fmt::format("ddl: interrupted by {}; stopped {} worker(s)\n", signal_name(o.interrupted_by), o.workers_stopped);
   }

@@ -29,31 +29,64 @@ class OpOptions(ctypes.Structure):
 
 
 def _candidates():
-    """Where libddl may be: $DDL_LIBRARY, beside an installed package (PREFIX/lib), the build tree."""
+    """Where this package's libddl is: $DDL_LIBRARY, beside an installed package (PREFIX/lib), the build
+    tree, then the loader's path. A place is tried only where the package's own layout puts it, so a
+    package copied elsewhere (pip install --target) never pairs with some other libddl nearby."""
     explicit = os.environ.get("DDL_LIBRARY")
     if explicit:
         return [explicit]
     here = os.path.dirname(os.path.abspath(__file__))
-    return [
-        # PREFIX/lib/python3/dist-packages/ddl (cmake --install), or a pip install's
-        # ENV/lib/python3.X/site-packages/ddl: both keep libddl in PREFIX/lib.
-        os.path.join(here, "..", "..", "..", "libddl.so.0"),
-        os.path.join(here, "..", "..", "runtime", "libddl.so.0"),  # BUILD/python/ddl
-        os.path.join(sys.prefix, "lib", "libddl.so.0"),  # a pip install elsewhere (--user, --target)
-        "libddl.so.0",  # the loader's search path
-    ]
+    packages = os.path.dirname(here)
+    found = []
+    # PREFIX/lib/python3.X/site-packages/ddl (pip: a venv, conda env, --user or --prefix) or
+    # PREFIX/lib/python3/dist-packages/ddl (cmake --install): libddl is in PREFIX/lib.
+    if os.path.basename(packages) in ("site-packages", "dist-packages") and \
+            os.path.basename(os.path.dirname(packages)).startswith("python3"):
+        found.append(os.path.join(packages, "..", "..", "libddl.so.0"))
+    if os.path.basename(packages) == "python":  # BUILD/python/ddl: BUILD/runtime
+        found.append(os.path.join(packages, "..", "runtime", "libddl.so.0"))
+    found.append("libddl.so.0")  # the loader's path: LD_LIBRARY_PATH (module load ddl)
+    return found
+
+
+def _why_not_loaded(errors):
+    """The hint for a libddl that did not load, from what the loader said."""
+    said = " ".join(errors)
+    if "libcudart" in said:
+        return ("this libddl was built with CUDA and needs the CUDA runtime (libcudart) it was built against: "
+                "load your site's CUDA module (module load cuda) or put its lib folder on LD_LIBRARY_PATH; "
+                "for CPU-only nodes without CUDA, install ddl built with -DDDL_WITH_NCCL=OFF")
+    if os.environ.get("DDL_LIBRARY"):
+        return "DDL_LIBRARY does not name a libddl that loads: point it at a libddl.so.0, or unset it"
+    if not any(os.sep in path and os.path.exists(path.split(":")[0]) for path in errors):
+        return ("no libddl is installed with this package (pip install --target leaves a wheel's library out): "
+                "install ddl into a venv or conda env, with pip install --prefix, or with cmake --install; "
+                "or set DDL_LIBRARY to the path of its libddl.so.0")
+    return "set DDL_LIBRARY to the path of libddl.so.0, or reinstall ddl"
 
 
 def _load():
     errors = []
     for path in _candidates():
         try:
-            return ctypes.CDLL(os.path.normpath(path) if os.sep in path else path, mode=ctypes.RTLD_GLOBAL)
+            library = ctypes.CDLL(os.path.normpath(path) if os.sep in path else path, mode=ctypes.RTLD_GLOBAL)
         except OSError as e:
             errors.append(f"{path}: {e}")
-    raise ImportError("ddl: cannot load libddl (set DDL_LIBRARY to the path of libddl.so.0, or install ddl "
-                      "with `cmake --install build --prefix P` and use P/lib/python3/dist-packages): "
-                      + "; ".join(errors))
+            continue
+        _check_version(library, path)
+        return library
+    raise ImportError(f"ddl: cannot load libddl: {_why_not_loaded(errors)} (tried: {'; '.join(errors)})")
+
+
+def _check_version(library, path):
+    """A libddl of another version than this package's (an older install on LD_LIBRARY_PATH, another
+    prefix's) has other prototypes and behaviour: refused, naming both."""
+    from ddl import __version__
+    library.ddl_version.restype = ctypes.c_char_p
+    theirs = library.ddl_version().decode()
+    if theirs != __version__:
+        raise ImportError(f"ddl: the libddl loaded from {path} is version {theirs}, this package {__version__}: "
+                          "reinstall ddl so that both match, or set DDL_LIBRARY to this version's libddl.so.0")
 
 
 lib = _load()

@@ -73,3 +73,24 @@ class Install(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class PackageWithoutItsLibrary(unittest.TestCase):
+    """The Python package finds its libddl only where its own layout puts it: copied elsewhere (what
+    `pip install --target` leaves: the package without the wheel's library), it loads no other
+    libddl lying nearby, and says what to do."""
+
+    def test_a_copied_package_loads_no_stray_libddl_and_says_how_to_install(self):
+        import shutil
+        with tempfile.TemporaryDirectory() as tmp:
+            target = os.path.join(tmp, "a", "b", "target")
+            shutil.copytree(os.path.join(BUILD_DIR, "python", "ddl"), os.path.join(target, "ddl"))
+            shutil.copy(os.path.join(BUILD_DIR, "runtime", "libddl.so.0"), os.path.join(tmp, "a", "libddl.so.0"))  # a stray one
+            env = {k: v for k, v in os.environ.items() if k not in ("DDL_LIBRARY", "LD_LIBRARY_PATH")}
+            env["PYTHONPATH"] = target
+            result = subprocess.run(["/usr/bin/python3", "-c", "import ddl.torch"], capture_output=True, text=True, env=env,
+                                    timeout=120)
+        self.assertNotEqual(result.returncode, 0)
+        last = result.stderr.strip().splitlines()[-1]
+        self.assertIn("ddl: cannot load libddl: no libddl is installed with this package", last)
+        self.assertNotIn(os.path.join(tmp, "a", "libddl.so.0"), last)  # never tried

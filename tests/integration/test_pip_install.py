@@ -75,5 +75,18 @@ class PipInstall(unittest.TestCase):
         self.install_and_train(f"{self.tmp}/venv-sdist", f"{self.tmp}/dist/{sdists[0]}")
 
 
+    def test_an_editable_install_is_refused_saying_what_to_do_instead(self):
+        # It succeeded and still served a copy: edits in the checkout changed nothing.
+        venv = f"{self.tmp}/venv-editable"
+        env = {"HOME": self.user.pw_dir, "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "USER": USER}
+        script = (f"/usr/bin/python3 -m venv --system-site-packages {venv} && {venv}/bin/python -m pip install "
+                  f"--disable-pip-version-check --no-input --config-settings=cmake.define.FETCHCONTENT_FULLY_DISCONNECTED=ON "
+                  f"-e {self.source}")
+        result = subprocess.run(["/usr/sbin/runuser", "-u", USER, "--", "bash", "-c", script], cwd=self.tmp, env=env,
+                                capture_output=True, text=True, timeout=1800)
+        self.assertNotEqual(result.returncode, 0, result.stdout[-2000:])
+        self.assertIn("ddl has no editable install (pip install -e)", result.stdout + result.stderr)
+        self.assertFalse(os.path.exists(f"{venv}/bin/ddl"))
+
 if __name__ == "__main__":
     unittest.main()
