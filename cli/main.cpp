@@ -34,8 +34,6 @@ struct SplitArguments {
   std::optional<std::vector<std::string>> program;  // everything after the first "--"
 };
 
-// Splits at the first "--": what follows is the program and its arguments, untouched. mpirun
-// users type "-np 4"; CLI11 reads single-dash names as one letter, so ddl's "-np" becomes "--np".
 // Whether `word` names an option of ddl (any command's) that takes a value, as the next word.
 bool takes_next_word(const CLI::App& app, const std::string& word) {
   if (!word.starts_with('-') || word.find('=') != std::string::npos) return false;
@@ -45,6 +43,8 @@ bool takes_next_word(const CLI::App& app, const std::string& word) {
   return false;
 }
 
+// Splits at the first "--": what follows is the program and its arguments, untouched. mpirun
+// users type "-np 4"; CLI11 reads single-dash names as one letter, so ddl's "-np" becomes "--np".
 SplitArguments split_arguments(const CLI::App& app, int argc, char** argv) {
   SplitArguments split;
   for (int i = 1; i < argc; ++i) {

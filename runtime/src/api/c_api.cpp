@@ -280,6 +280,12 @@ ddl_status refuse_byte_count(uint64_t count, ddl_dtype dtype) {
                           ddl::runtime::dtype_name(dtype)));
 }
 
+// An allgather's output holds every rank's count: refused where its bytes do not fit in a size_t.
+ddl_status check_gathered_size(const OpSpec& spec, int ranks) {
+  if (spec.kind != OpKind::Allgather || !too_many_bytes(spec.count, spec.dtype, static_cast<uint64_t>(ranks))) return DDL_SUCCESS;
+  return refuse_byte_count(spec.count * static_cast<uint64_t>(ranks), spec.dtype);
+}
+
 ddl_status check_common(const void* recv, size_t count, ddl_dtype dtype) {
   if (!ddl::runtime::valid_dtype(dtype)) return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("unknown dtype {}", static_cast<int>(dtype)));
   if (too_many_bytes(count, dtype)) return refuse_byte_count(count, dtype);
@@ -350,9 +356,7 @@ ddl_status wait_for(ddl_handle_s& handle, std::string& message) {
 ddl_status submit(const char* name, OpSpec spec, const void* send, void* recv, ddl_handle* handle, void* stream = nullptr) {
   if (handle == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "handle is NULL");
   return with_runtime([&](Runtime& rt) {
-    // An allgather's output holds every rank's count.
-    if (spec.kind == OpKind::Allgather && too_many_bytes(spec.count, spec.dtype, static_cast<uint64_t>(rt.engine->size())))
-      return refuse_byte_count(spec.count * static_cast<uint64_t>(rt.engine->size()), spec.dtype);
+    if (auto s = check_gathered_size(spec, rt.engine->size()); s != DDL_SUCCESS) return s;
     if (handle == kRunToCompletion) return run_to_completion(*rt.engine, name, std::move(spec), send, recv);
     return handle_of(*rt.engine, rt.engine->submit(name ? name : "", std::move(spec), send, recv, stream), handle);
   });
@@ -753,8 +757,7 @@ ddl_status read_options(const ddl_op_options* given, ddl_op_options& o, std::vec
 
 ddl_status submit_to(Target& t, const char* name, OpSpec spec, const void* send, void* recv, ddl_handle* handle, void* stream,
                      unsigned flags = 0) {
-  if (spec.kind == OpKind::Allgather && too_many_bytes(spec.count, spec.dtype, static_cast<uint64_t>(t.size)))
-    return refuse_byte_count(spec.count * static_cast<uint64_t>(t.size), spec.dtype);
+  if (auto s = check_gathered_size(spec, t.size); s != DDL_SUCCESS) return s;
   if (flags & DDL_BLOCKING) {
     if (handle != nullptr) *handle = nullptr;
     return run_to_completion(*t.engine, name, std::move(spec), send, recv, stream);
@@ -771,15 +774,18 @@ ddl_status ddl_process_set_destroy(ddl_process_set handle) {
   return with_runtime([&](Runtime& rt) {
     auto set = find_set(rt, handle);
     if (!set) return DDL_ERROR_INVALID_ARGUMENT;
-    std::lock_guard lock(rt.sets_mutex);
-    rt.sets.erase(reinterpret_cast<uintptr_t>(handle));
-    if (!set->engine) return DDL_SUCCESS;
-    if (set->members_only) {  // local: the other members may release it later, or never
-      set->engine->request_finalize();
-      rt.retiring.push_back(set->engine);
-      return DDL_SUCCESS;
+    {
+      std::lock_guard lock(rt.sets_mutex);
+      rt.sets.erase(reinterpret_cast<uintptr_t>(handle));
+      if (set->engine && set->members_only) {  // local: the other members may release it later, or never
+        set->engine->request_finalize();
+        rt.retiring.push_back(set->engine);
+        return DDL_SUCCESS;
+      }
     }
-    set->engine->finalize();
+    // Not under the lock: finalize waits for every member, and this rank's other threads may need
+    // the sets meanwhile (an op on another set that those members wait for).
+    if (set->engine) set->engine->finalize();
     return DDL_SUCCESS;
   });
 }
