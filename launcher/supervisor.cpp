@@ -21,6 +21,7 @@
 #include <fmt/format.h>
 
 #include "common/error.hpp"
+#include "common/write_all.hpp"
 #include "launcher/line_splitter.hpp"
 #include "launcher/orphan_guard.hpp"
 #include "launcher/pending_output.hpp"
@@ -43,18 +44,6 @@ constexpr int kHandledSignals[] = {SIGCHLD, SIGINT,  SIGTERM,   SIGHUP,  SIGUSR1
 // Signals that ask the workers for something (a checkpoint before the time limit: Slurm's
 // --signal=B:USR1@300) rather than to stop: passed on, and the run goes on.
 bool passed_on_only(int sig) { return sig == SIGUSR1 || sig == SIGUSR2; }
-
-// False when the output has nowhere to go (a closed terminal, a pipe whose reader has gone: errno
-// says which).
-bool write_all(int fd, std::string_view data) {
-  while (!data.empty()) {
-    ssize_t n = ::write(fd, data.data(), data.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-  return true;
-}
 
 int open_output_file(const std::string& dir, int rank, const char* stream) {
   std::string path = fmt::format("{}/rank.{}.{}", dir, rank, stream);

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "common/error.hpp"
+#include "common/write_all.hpp"
 
 namespace ddl::launcher {
 
@@ -46,16 +47,6 @@ void require_executable_format(const std::string& name, const std::string& path)
                            fmt::format("add a first line such as #!/usr/bin/env python3, or run it through its interpreter: "
                                        "ddl run ... -- {}",
                                        through_interpreter(name)));
-}
-
-void write_all(int fd, const char* data, size_t size) {
-  while (size > 0) {
-    ssize_t n = ::write(fd, data, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    data += n;
-    size -= static_cast<size_t>(n);
-  }
 }
 
 }  // namespace
@@ -133,9 +124,9 @@ WorkerProcess spawn_worker(const std::string& program, const std::vector<std::st
     ::sigprocmask(SIG_SETMASK, &child_signal_mask, nullptr);
     ::execve(program.c_str(), c_argv.data(), c_env.data());
     const char* reason = std::strerror(errno);
-    write_all(STDERR_FILENO, exec_failed.data(), exec_failed.size());
-    write_all(STDERR_FILENO, reason, std::strlen(reason));
-    write_all(STDERR_FILENO, "\n", 1);
+    (void)write_all(STDERR_FILENO, exec_failed);  // the child's last words: nothing to do if they fail
+    (void)write_all(STDERR_FILENO, reason);
+    (void)write_all(STDERR_FILENO, "\n");
     ::_exit(127);
   }
   ::close(out_pipe[1]);

@@ -3,9 +3,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <cerrno>
-
 #include <nlohmann/json.hpp>
+
+#include "common/write_all.hpp"
 
 namespace ddl::runtime {
 
@@ -54,14 +54,8 @@ void Timeline::add(const std::string& text) {
 }
 
 void Timeline::flush_locked() {
-  if (::getpid() == owner_) {
-    for (size_t done = 0; done < pending_.size();) {
-      const ssize_t n = ::write(fd_, pending_.data() + done, pending_.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;  // a full disk: the trace ends short, the training goes on
-      done += static_cast<size_t>(n);
-    }
-  }
+  // A write that fails (a full disk) leaves the trace short; the training goes on.
+  if (::getpid() == owner_) (void)write_all(fd_, pending_);
   pending_.clear();
 }
 
