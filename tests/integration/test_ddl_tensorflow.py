@@ -171,11 +171,60 @@ class FailuresReachEveryRank(unittest.TestCase):
                         session.run(y)
                     print("no error", flush=True)
                 except tf.errors.OpError as e:
-                    print("error:", "timed out" in str(e), "tf.control_dependencies" in str(e), flush=True)
+                    print("error:", "timed out" in str(e), "tf.control_dependencies" in str(e), "TF_NUM_INTEROP_THREADS" in str(e),
+                          flush=True)
         """, env={"DDL_TIMEOUT": "3"}, timeout=300)
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr[-3000:])
         by_rank = lines_by_rank(result.stdout)
-        self.assertIn("error: True True", by_rank[0] + by_rank[1], result.stdout)
+        self.assertIn("error: True True True", by_rank[0] + by_rank[1], result.stdout)
+
+    # Many independent collectives in one Session graph, whose inputs are ready in opposite orders on
+    # the two ranks (rank 0 first computes the input of op 0, rank 1 that of the last op): each rank
+    # starts the collectives it has inputs for, and each waits for its peers on an inter-op thread.
+    # With one thread per core (the default, 2 here) the ranks filled their threads with different
+    # ops and every run stalled until DDL_TIMEOUT (Horovod's own test_tensorflow.py met this in its
+    # "fused" tests: one stall after another, for minutes). ddl.tensorflow gives the pool 64 threads
+    # unless the user chose a size, and keeps the user's choice.
+    INDEPENDENT = """
+        import os, sys, time, numpy as np, tensorflow as tf, ddl.tensorflow as hvd
+        hvd.init()
+        r, n, ops = hvd.rank(), hvd.size(), 24
+        print("inter-op threads", os.environ["TF_NUM_INTEROP_THREADS"], flush=True)
+        if len(sys.argv) > 1:
+            sys.exit(0)  # only the pool's size was asked
+        g = tf.Graph()
+        with g.as_default():
+            outs = []
+            for k in range(ops):
+                wait = (k if r == 0 else ops - 1 - k) * 0.02
+                x = tf.numpy_function(lambda w=wait, k=k: (time.sleep(w), np.full([3], float(r + k), np.float32))[1],
+                                      [], tf.float32, stateful=True)
+                if k % 2:
+                    outs.append(hvd.allgather(x, name=f"gather.{k}"))
+                else:
+                    outs.append(hvd.allreduce(x, name=f"reduce.{k}", op=hvd.Sum))
+            with tf.compat.v1.Session(graph=g) as session:
+                for step in range(3):
+                    values = session.run(outs)
+        right = all((values[k] == (np.concatenate([np.full([3], q + k) for q in range(n)]) if k % 2 else
+                                   np.full([3], sum(q + k for q in range(n))))).all() for k in range(ops))
+        print("results right", right, flush=True)
+    """
+
+    def test_a_session_graph_with_more_independent_collectives_than_cores_runs_without_a_stall(self):
+        for flavour, np_ in (("keras2", 2), ("keras3", 3)):
+            with self.subTest(flavour=flavour, ranks=np_):
+                result = run_python(self, flavour, np_, self.INDEPENDENT, env={"DDL_TIMEOUT": "15", "TF_NUM_INTEROP_THREADS": None},
+                                    timeout=300)
+                self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
+                threads = max(os.cpu_count(), 64)
+                for r in range(np_):
+                    self.assertEqual(lines_by_rank(result.stdout)[r], [f"inter-op threads {threads}", "results right True"])
+
+    def test_a_users_own_inter_op_thread_count_is_kept(self):
+        result = run_python(self, "keras2", 2, self.INDEPENDENT, "size-only", env={"TF_NUM_INTEROP_THREADS": "3"})
+        self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
+        self.assertEqual(lines_by_rank(result.stdout)[1], ["inter-op threads 3"])
 
     def test_a_session_graph_runs_the_nodes_of_one_grouped_allreduce_in_build_order(self):
         # IndexedSlices are allgathered (values, indices) beside the dense group: five nodes built by one

@@ -479,6 +479,99 @@ void broken_transport_fails_every_rank(RankContext& ctx, CompleteOp complete) {
 
 bool proposed_by_id(const Announcement& a) { return a.submitted.empty() && a.cached.size() == 1 && !a.proposal.empty(); }
 
+// The worlds of the crossed-order tests below: 2 and 3 ranks (an odd count leaves one rank without a
+// partner in a pairing), over both transports.
+void for_each_small_world(const WorldOptions& options, const std::function<void(RankContext&)>& body) {
+  for (Transport t : kTransports)
+    for (int size : {2, 3}) run_world(t, size, options, body);
+}
+
+// The engine's own thread as in production (a 1 ms cycle) and a short DDL_TIMEOUT.
+WorldOptions default_cycle_with_timeout(std::chrono::milliseconds timeout) {
+  WorldOptions options;
+  options.config = [timeout](int) {
+    EngineConfig c;
+    c.timeout = timeout;
+    return c;
+  };
+  return options;
+}
+
+OpSpec allgather_any_spec(ddl_dtype dtype) {
+  OpSpec s;
+  s.kind = OpKind::AllgatherAny;
+  s.dtype = dtype;
+  return s;
+}
+
+// One thread's share of a crossed-order step: `job` names what it runs, under names of step `step`.
+//   0: an allgather of rows that differ in number by rank, submitted and waited for (ddl_gathered's way)
+//   1: a blocking allreduce (Engine::run: the caller proposes it or runs the rounds itself)
+//   2: a group of four allreduces submitted together and waited for in reverse (a fused group)
+// Every result is checked; returns the failures' messages.
+std::vector<std::string> crossed_job(RankContext& ctx, int step, int job) {
+  std::vector<std::string> failures;
+  auto expect = [&](bool ok, const std::string& what) {
+    if (!ok) failures.push_back(what);
+  };
+  if (job == 0) {
+    const std::string name = fmt::format("gather.{}", step);
+    std::vector<int32_t> rows(static_cast<size_t>(ctx.rank + 1) * 3, ctx.rank);
+    std::shared_ptr<OpState> op =
+        ctx.engine->submit_with_counts(name, allgather_any_spec(DDL_INT32), rows.data(), nullptr, {rows.size()}, {});
+    std::string message;
+    const ddl_status status = ctx.engine->wait(*op, message);
+    expect(status == DDL_SUCCESS, name + ": " + message);
+    if (status != DDL_SUCCESS) return failures;
+    std::vector<int32_t> want;
+    for (int r = 0; r < ctx.size; ++r) want.insert(want.end(), static_cast<size_t>(r + 1) * 3, r);
+    std::vector<int32_t> got(op->gathered().size() / sizeof(int32_t));
+    std::memcpy(got.data(), op->gathered().data(), got.size() * sizeof(int32_t));
+    expect(got == want, name + " gathered the wrong rows");
+  } else if (job == 1) {
+    const std::string name = fmt::format("blocking.{}", step);
+    std::vector<float> x(7, static_cast<float>(ctx.rank + 1));
+    Outcome o = run_op(ctx, name, allreduce_spec(DDL_FLOAT32, x.size()), x.data(), x.data());
+    expect(o.status == DDL_SUCCESS, name + ": " + o.message);
+    expect(o.status != DDL_SUCCESS || x[6] == static_cast<float>(ctx.size * (ctx.size + 1) / 2), name + " has a wrong sum");
+  } else {
+    constexpr int kParts = 4;
+    std::vector<std::vector<float>> in(kParts), out(kParts);
+    std::vector<std::shared_ptr<OpState>> ops;
+    for (int i = 0; i < kParts; ++i) {
+      for (size_t j = 0; j < 16; ++j) in[i].push_back(input(ctx.rank, i, j));
+      out[i].assign(16, -1);
+      ops.push_back(ctx.engine->submit(fmt::format("group.{}.{}", step, i), allreduce_spec(DDL_FLOAT32, 16), in[i].data(), out[i].data()));
+    }
+    for (int i = kParts - 1; i >= 0; --i) {
+      std::string message;
+      const ddl_status status = ctx.engine->wait(*ops[i], message);
+      expect(status == DDL_SUCCESS, fmt::format("group.{}.{}: {}", step, i, message));
+      bool right = status == DDL_SUCCESS;
+      for (size_t j = 0; j < 16 && right; ++j) right = out[i][j] == expected_sum(ctx.size, i, j);
+      expect(status != DDL_SUCCESS || right, fmt::format("group.{}.{} has a wrong sum", step, i));
+    }
+  }
+  return failures;
+}
+
+// Three threads of this rank run the three jobs of `step`, thread t job t on even ranks and job 2 - t
+// on odd ones, started 5 ms apart: each rank's first waiter waits for an op its peers start last.
+void three_threads_in_crossed_orders(RankContext& ctx, int step) {
+  std::vector<std::vector<std::string>> failures(3);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 3; ++t) {
+    const int job = ctx.rank % 2 == 0 ? t : 2 - t;
+    threads.emplace_back([&, t, job] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5 * t));
+      failures[static_cast<size_t>(t)] = crossed_job(ctx, step, job);
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (const auto& f : failures)
+    for (const auto& message : f) FAIL_CHECK(message);
+}
+
 }  // namespace
 
 TEST_SUITE("engine_threads") {
@@ -1091,6 +1184,44 @@ TEST_SUITE("engine_threads") {
         CHECK_MESSAGE(ctx.engine->wait(*ops[i], message) == DDL_SUCCESS, message);
         for (size_t j = 0; j < 8; ++j) CHECK(out[i][j] == expected_sum(ctx.size, i, j));
       }
+    });
+  }
+
+  TEST_CASE("three threads per rank in crossed orders: allgathers, blocking, async and grouped allreduces all complete, on 2 and 3 ranks") {
+    for_each_small_world(default_cycle_with_timeout(10s), [](RankContext& ctx) {
+      for (int step = 0; step < 4; ++step) three_threads_in_crossed_orders(ctx, step);
+    });
+    for_each_small_world(callers_only_with_timeout(), [](RankContext& ctx) {
+      for (int step = 0; step < 4; ++step) three_threads_in_crossed_orders(ctx, step);
+    });
+  }
+
+  TEST_CASE("an op one rank never submits fails on every rank within DDL_TIMEOUT while other threads' crossed ops complete") {
+    constexpr auto kTimeout = 1500ms;
+    for_each_small_world(default_cycle_with_timeout(kTimeout), [&](RankContext& ctx) {
+      // Every rank but the last waits on "lonely" from a thread of its own, as a TensorFlow executor
+      // thread would, while three threads per rank run crossed steps; the last never submits it.
+      const bool submits = ctx.rank != ctx.size - 1;
+      // No timed check: the world's watchdog (60 s) is the bound, and a hang aborts the test program.
+      Outcome lonely;
+      std::thread waiter([&] {
+        if (!submits) return;
+        float x = 1;
+        lonely = submit_and_wait(ctx, "lonely", allreduce_spec(DDL_FLOAT32, 1), &x, &x);
+      });
+      for (int step = 0; step < 3; ++step) three_threads_in_crossed_orders(ctx, step);
+      waiter.join();
+      if (submits) {
+        CHECK(lonely.status == DDL_ERROR_TIMEOUT);
+        CHECK_MESSAGE(
+            lonely.message.find(fmt::format("op 'lonely' timed out: rank(s) {} never submitted it", ctx.size - 1)) != std::string::npos,
+            lonely.message);
+      }
+      // The world goes on after the timeout: a later op runs on every rank.
+      std::vector<float> y(1, 1.0f);
+      Outcome after = submit_and_wait(ctx, "after_lonely", allreduce_spec(DDL_FLOAT32, 1), y.data(), y.data());
+      CHECK_MESSAGE(after.status == DDL_SUCCESS, after.message);
+      CHECK(y[0] == static_cast<float>(ctx.size));
     });
   }
 

@@ -12,7 +12,18 @@ one changed import, on TensorFlow 2.15 (Keras 2) and on 2.16 and later (Keras 3)
 not run. Nothing is compiled against TensorFlow. Start the program with `ddl run` (or mpirun / srun).
 """
 
-import tensorflow as tf
+import os as _os
+
+# A TensorFlow 1 graph run by a Session runs each collective as a numpy_function node that holds one
+# of TensorFlow's inter-op threads while it waits for the other ranks (Horovod's compiled kernels
+# give the thread back; ours are not compiled against TensorFlow). The default pool has one thread
+# per core, so on a small node a graph with more independent collectives than cores could start
+# different ones on different ranks, fill every thread, and wait for DDL_TIMEOUT, one stall after
+# another. TensorFlow reads this variable when it makes a pool (at the first Session or eager op),
+# so setting it here, unless the user chose a size, gives every pool room for 64 waiting collectives.
+_os.environ.setdefault("TF_NUM_INTEROP_THREADS", str(max(_os.cpu_count() or 1, 64)))
+
+import tensorflow as tf  # noqa: E402
 
 from ddl.common import basics as _basics
 from ddl.common.basics import (init, shutdown, is_initialized, rank, size, local_rank, local_size,  # noqa: F401

@@ -59,8 +59,10 @@ def _tf_error(status, message):
 # thread while it waits for its peers (Horovod's compiled ops are asynchronous; a tf.numpy_function
 # is not). tf.function orders stateful ops, so only Session graphs meet this.
 _SESSION_GRAPH_HINT = (" (in a TensorFlow 1 graph run by a Session, TensorFlow may start independent collectives in "
-                       "different orders on different ranks: order them with tf.control_dependencies, or run the "
-                       "step in a tf.function, which keeps the program's order)")
+                       "different orders on different ranks, each holding an inter-op thread while it waits: order "
+                       "them with tf.control_dependencies, run the step in a tf.function, which keeps the program's "
+                       "order, or give the Session more inter-op threads than the graph has independent collectives "
+                       "(TF_NUM_INTEROP_THREADS, which ddl sets to 64 when unset, or inter_op_parallelism_threads))")
 
 
 @contextlib.contextmanager
