@@ -14,6 +14,7 @@ SUM, AVERAGE, MIN, MAX, PRODUCT = range(5)
 COMPRESS_FP16 = 1
 CUDA_BUFFERS = 2
 BLOCKING = 4  # DDL_BLOCKING: the op runs to completion on the calling thread
+ORDERED = 8  # DDL_ORDERED: the op's name is its place in an order the caller counts (a torch group's ops)
 
 
 class OpOptions(ctypes.Structure):
@@ -25,6 +26,7 @@ class OpOptions(ctypes.Structure):
         ("stream", ctypes.c_void_p),
         ("shape", ctypes.POINTER(ctypes.c_longlong)),
         ("ndim", ctypes.c_int),
+        ("group_size", ctypes.c_uint),  # a part of a grouped call of this many ops (0: not grouped)
     ]
 
 
@@ -128,6 +130,7 @@ _PROTOTYPES = {
     "ddl_alltoall_any_ex": ([_c.c_char_p, _c.c_void_p, _size_p, _c.c_int, _opts_p, _handle_p], _status),
     "ddl_reducescatter_ex": ([_c.c_char_p, _c.c_void_p, _c.c_void_p, _size_p, _c.c_int, _c.c_int, _opts_p, _handle_p], _status),
     "ddl_barrier_ex": ([_c.c_void_p, _handle_p], _status),
+    "ddl_fail_ex": ([_c.c_char_p, _c.c_char_p, _opts_p, _handle_p], _status),
     "ddl_join": ([_c.c_void_p, _c.POINTER(_c.c_int)], _status),
     "ddl_timeline_start": ([_c.c_char_p], _status),
     "ddl_timeline_stop": ([], _status),

@@ -509,7 +509,9 @@ class ProcessGroupDDL(dist.ProcessGroup):
         thread at once (DDL_BLOCKING), which it does when the caller waits at once: a CUDA op is then
         enqueued by this thread and done on the GPU when the call returns, with no hand-over to
         libddl's thread and back."""
-        options = L.OpOptions(self._set, 1.0, 1.0, 0, None, None, 0)
+        # The group's ops are named by their place in the group's sequence: libddl then fails every
+        # later one at once after one fails, rather than let it pair with another call of a peer.
+        options = L.OpOptions(self._set, 1.0, 1.0, L.ORDERED, None, None, 0)
         if tensor.is_cuda:
             stream = torch.cuda.current_stream(tensor.device)
             options.flags |= L.CUDA_BUFFERS
@@ -549,6 +551,16 @@ class ProcessGroupDDL(dist.ProcessGroup):
             self._calling.waits = False
         stream, self._calling.stream = self._calling.stream, None
         return _work(_Op(handles, finish, keep, stream), self._completer, caller, overlaps)
+
+    def _fail_in_step(self, kind, error):
+        """Raises `error`, a check only this rank can make (the root's lists), after taking the op's
+        place in the group's sequence with it (ddl_fail_ex): the other members' op fails with the same
+        reason instead of waiting for the timeout, and the sequence stays in step on every rank."""
+        handle = ctypes.c_void_p()
+        options = L.OpOptions(self._set, 1.0, 1.0, L.ORDERED, None, None, 0)
+        if L.lib.ddl_fail_ex(self._name(kind), str(error).encode(), ctypes.byref(options), ctypes.byref(handle)) == L.SUCCESS:
+            L.lib.ddl_wait(handle)  # fails, as it should, once every member reached the op
+        raise error
 
     @staticmethod
     def _submit(handles, fn, *args):
@@ -754,9 +766,11 @@ class ProcessGroupDDL(dist.ProcessGroup):
         size = self.size()
         outputs = output_tensors[0] if self.rank() == root else []
         if self.rank() == root and len(outputs) != size:
-            raise ValueError(f"gather: the root takes one output per rank of the group ({size}), not {len(outputs)}")
+            self._fail_in_step("gather", ValueError(f"gather: the root takes one output per rank of the group ({size}), "
+                                                    f"not {len(outputs)}"))
         if self.rank() == root and any(t.numel() != input.numel() or t.dtype != input.dtype for t in outputs):
-            raise ValueError("gather: every tensor of the root's gather_list must have the input's size and dtype")
+            self._fail_in_step("gather", ValueError("gather: every tensor of the root's gather_list must have the "
+                                                    "input's size and dtype"))
         send, dtype = _movable(_dense(input))
         recv = torch.empty((size * send.numel() if self.rank() == root else 0,), dtype=send.dtype, device=send.device)
         send_counts = [send.numel() if r == root else 0 for r in range(size)]
@@ -783,7 +797,8 @@ class ProcessGroupDDL(dist.ProcessGroup):
         if self.rank() == root:
             inputs = _single(input_tensors, "scatter")
             if len(inputs) != size or any(t.numel() != output.numel() or t.dtype != output.dtype for t in inputs):
-                raise ValueError(f"scatter: the root takes {size} inputs of the output's size and dtype")
+                self._fail_in_step("scatter", ValueError(f"scatter: the root takes {size} inputs of the output's size "
+                                                         "and dtype"))
             send, _ = _movable(_dense(torch.cat([t.reshape(-1) for t in inputs])))
         else:
             send = torch.empty((0,), dtype=recv.dtype, device=recv.device)

@@ -362,6 +362,12 @@ def _():
         expect_error(RuntimeError, hvd.allreduce, torch.ones(2, 6) if R == 0 else torch.ones(3, 4), name="mismatch.2")
         expect_error(RuntimeError, hvd.allgather, torch.ones(2, R + 1))
         expect_error(RuntimeError, hvd.broadcast, torch.ones(2), R)
+        # Those two were unnamed: unnamed ops are out of step from here on (each fails at once, naming
+        # the first failure) until the world is made again.
+        e = expect_error(RuntimeError, hvd.allreduce, torch.ones(1))
+        assert "out of step" in str(e) and "The first failure: op 'unnamed." in str(e), e
+        hvd.shutdown()
+        hvd.init()
     expect_error(ValueError, hvd.allreduce, torch.ones(2, dtype=torch.complex64))
     expect_error(NotImplementedError, hvd.allreduce, torch.ones(2), op=hvd.Adasum)
     if N > 1:
@@ -666,6 +672,24 @@ def _():
     assert not errors, errors
     for prefix in order:
         assert all(torch.equal(out, torch.full((4,), expected)) for out in outputs[prefix]), prefix
+
+
+@check("unnamed groups of different sizes fail on every rank; later unnamed ops fail at once, named ones run")
+def _():
+    # Rank r groups r + 1 tensors: before, rank 0 got a value paired with another rank's first
+    # tensor and the unnamed numbering stayed apart for good. The checks after this one shut down and
+    # init again, which mends the order.
+    import time
+    inputs = [torch.ones(1) * (R + 1)] * (R + 1)
+    err = expect_error(RuntimeError, hvd.grouped_allreduce, inputs)
+    assert "op 'unnamed." in str(err) and "differs between ranks" in str(err) and "group of" in str(err), str(err)
+    started = time.monotonic()
+    err = expect_error(RuntimeError, hvd.allreduce, torch.ones(2))
+    assert "out of step since an earlier one failed" in str(err), str(err)
+    assert time.monotonic() - started < 30, "the out-of-step op waited instead of failing at once"
+    err = expect_error(RuntimeError, lambda: hvd.synchronize(hvd.allgather_async(torch.ones(1))))
+    assert "out of step" in str(err), str(err)
+    assert torch.equal(hvd.allreduce(torch.ones(2), op=hvd.Sum, name="named.after.broken"), torch.full((2,), float(N)))
 
 
 @check("shutdown with an op only some ranks submitted fails it at once, and init works again")

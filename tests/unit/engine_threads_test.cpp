@@ -1225,6 +1225,38 @@ TEST_SUITE("engine_threads") {
     });
   }
 
+  TEST_CASE("unnamed groups of different sizes fail on every rank, and later unnamed ops fail at once: no wrong value") {
+    for_each_small_world(default_cycle_with_timeout(3s), [](RankContext& ctx) {
+      // Each rank groups rank + 1 unnamed allreduces: every part of every rank fails, none is paired.
+      const int parts = ctx.rank + 1;
+      std::vector<float> x(static_cast<size_t>(parts), static_cast<float>(ctx.rank + 1));
+      std::vector<std::shared_ptr<OpState>> ops;
+      for (int i = 0; i < parts; ++i) {
+        OpSpec s = allreduce_spec(DDL_FLOAT32, 1);
+        s.group_size = static_cast<uint32_t>(parts);
+        ops.push_back(ctx.engine->submit("", s, &x[static_cast<size_t>(i)], &x[static_cast<size_t>(i)]));
+      }
+      for (int i = 0; i < parts; ++i) {
+        Outcome o = outcome(ops[static_cast<size_t>(i)]);
+        CHECK_MESSAGE(o.status != DDL_SUCCESS, "part ", i, " of the group ran");
+        CHECK(x[static_cast<size_t>(i)] == static_cast<float>(ctx.rank + 1));  // untouched
+      }
+      ctx.sync();
+      // The order is broken on every rank: an unnamed op fails at once (blocking or not), naming the first failure.
+      float y = 1;
+      Outcome blocking = run_op(ctx, "", allreduce_spec(DDL_FLOAT32, 1), &y, &y);
+      CHECK(blocking.status == DDL_ERROR_MISMATCH);
+      CHECK_MESSAGE(blocking.message.find("out of step since an earlier one failed") != std::string::npos, blocking.message);
+      CHECK_MESSAGE(blocking.message.find("The first failure: op 'unnamed.0' differs between ranks") != std::string::npos,
+                    blocking.message);
+      CHECK(y == 1.0f);
+      // Named ops go on.
+      Outcome named = run_op(ctx, "named", allreduce_spec(DDL_FLOAT32, 1), &y, &y);
+      CHECK_MESSAGE(named.status == DDL_SUCCESS, named.message);
+      CHECK(y == static_cast<float>(ctx.size));
+    });
+  }
+
   TEST_CASE("an op submitted under the name of a blocking op that another thread is proposing is refused at once; the rest run") {
     for_each_world(callers_only(), [](RankContext& ctx) {
       blocking_steps(ctx, "dup", 1);  // every rank can now propose "dup" by its cache id

@@ -314,3 +314,87 @@ TEST_CASE("a process set's negotiator names its members by world rank") {
   REQUIRE(stalled.failed.size() == 1);
   CHECK(stalled.failed[0].message.find("world rank(s) 7 never submitted it") != std::string::npos);
 }
+
+namespace {
+OpSpec ordered_allreduce(uint64_t count, uint32_t group_size = 0) {
+  OpSpec s = allreduce(count);
+  s.ordered = true;
+  s.group_size = group_size;
+  return s;
+}
+bool failed_with(const RoundDecision& d, const std::string& name, const std::string& part) {
+  return std::any_of(d.failed.begin(), d.failed.end(),
+                     [&](const FailedOp& f) { return f.name == name && f.message.find(part) != std::string::npos; });
+}
+}  // namespace
+
+TEST_CASE("the new spec fields survive serialization: group size, ordered, a local failure") {
+  Announcement a;
+  OpSpec s = ordered_allreduce(3, 2);
+  s.failure = "gather: bad list";
+  a.submitted = {{"unnamed.4", s}, {"plain", allreduce(1)}};
+  Announcement b = Announcement::parse(a.serialize());
+  REQUIRE(b.submitted.size() == 2);
+  CHECK(b.submitted[0].second == s);
+  CHECK(b.submitted[1].second == allreduce(1));
+}
+
+TEST_CASE("grouped calls of different sizes are a mismatch on every rank, and the order of unnamed ops breaks") {
+  // Rank 0 groups one tensor, rank 1 two: unnamed.0 differs in its group's size; unnamed.1, which only
+  // rank 1 submitted, fails at once instead of pairing with rank 0's next call; named ops go on.
+  Negotiator n(2);
+  auto now = Clock::now();
+  auto d1 = n.merge({announce({{"unnamed.0", ordered_allreduce(1, 1)}}),
+                     announce({{"unnamed.0", ordered_allreduce(1, 2)}, {"unnamed.1", ordered_allreduce(1, 2)}})},
+                    now);
+  CHECK(d1.ready.empty());
+  CHECK(failed_with(d1, "unnamed.0",
+                    "op 'unnamed.0' differs between ranks: rank 0: allreduce float32[1] sum (one of a group of 1); "
+                    "rank 1: allreduce float32[1] sum (one of a group of 2)"));
+  CHECK(failed_with(d1, "unnamed.1", "out of step since an earlier one failed"));
+  REQUIRE(n.order_broken());
+  CHECK(n.order_broken()->name == "unnamed.0");
+  // Later: rank 0's next unnamed op and rank 1's fail as they come; a named op runs.
+  auto d2 = n.merge({announce({{"unnamed.1", ordered_allreduce(1)}, {"named", allreduce(1)}}), announce({{"named", allreduce(1)}})}, now);
+  CHECK(names(d2) == std::vector<std::string>{"named"});
+  CHECK(failed_with(d2, "unnamed.1", "The first failure: op 'unnamed.0' differs"));
+  CHECK(n.pending_names().empty());
+}
+
+TEST_CASE("a timed-out ordered op breaks the order: the ordered ops waiting then fail, cached ones too") {
+  Negotiator n(2);
+  auto t0 = Clock::now();
+  // "allreduce.1" is agreed once, so cached; then rank 1 announces it by id while rank 0 waits on "allreduce.2".
+  n.merge({announce({{"allreduce.1", ordered_allreduce(1)}}), announce({{"allreduce.1", ordered_allreduce(1)}})}, t0);
+  const auto id = n.cached_id("allreduce.1", ordered_allreduce(1));
+  REQUIRE(id);
+  Announcement rank1;
+  rank1.cached = {*id};
+  n.merge({announce({{"allreduce.2", ordered_allreduce(1)}}), announce({})}, t0);
+  n.merge({announce({}), rank1}, t0 + std::chrono::seconds(4));  // not stalled yet when allreduce.2 is
+  Announcement rank0;
+  rank0.expired = n.stalled(t0 + std::chrono::seconds(6), std::chrono::seconds(5));
+  auto d = n.merge({rank0, announce({})}, t0);
+  CHECK(failed_with(d, "allreduce.2", "timed out"));
+  CHECK(failed_with(d, "allreduce.1", "out of step"));
+  CHECK(n.idle());
+}
+
+TEST_CASE("a rank's local failure fails the op on every rank with its reason and keeps the order") {
+  Negotiator n(3);
+  auto now = Clock::now();
+  OpSpec failing = ordered_allreduce(0);
+  failing.kind = OpKind::Barrier;
+  failing.failure = "gather: the root takes one output per rank";
+  auto d = n.merge({announce({{"gather.3", failing}}), announce({{"gather.3", ordered_allreduce(4)}}), announce({})}, now);
+  CHECK(d.failed.empty());  // rank 2 has not reached it yet
+  d = n.merge({announce({}), announce({}), announce({{"gather.3", ordered_allreduce(4)}})}, now);
+  REQUIRE(d.failed.size() == 1);
+  CHECK(d.failed[0].status == DDL_ERROR_INVALID_ARGUMENT);
+  CHECK(d.failed[0].message == "op 'gather.3' failed on rank 0: gather: the root takes one output per rank");
+  CHECK_FALSE(n.order_broken());
+  d = n.merge({announce({{"allreduce.4", ordered_allreduce(1)}}), announce({{"allreduce.4", ordered_allreduce(1)}}),
+               announce({{"allreduce.4", ordered_allreduce(1)}})},
+              now);
+  CHECK(names(d) == std::vector<std::string>{"allreduce.4"});
+}

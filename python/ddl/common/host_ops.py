@@ -100,19 +100,20 @@ _options_cache = {}
 _OPTIONS_CACHE_LIMIT = 4096
 
 
-def options(process_set, shape=None, prescale=1.0, postscale=1.0, flags=0, stream=None):
-    """libddl's options of an op (the shape is kept alive with them). Shared: never change one."""
+def options(process_set, shape=None, prescale=1.0, postscale=1.0, flags=0, stream=None, group_size=0):
+    """libddl's options of an op (the shape is kept alive with them). Shared: never change one.
+    `group_size`: the op is one of a grouped call of that many, which every rank must agree on."""
     if stream is not None:
-        return _new_options(process_set, shape, prescale, postscale, flags, stream)
+        return _new_options(process_set, shape, prescale, postscale, flags, stream, group_size)
     if shape is not None and not isinstance(shape, tuple):
         shape = tuple(shape)
     prescale, postscale = float(prescale), float(postscale)  # numpy scalars and the like: hashable, exact
-    key = (process_set._c_handle, shape, prescale, postscale, flags)
+    key = (process_set._c_handle, shape, prescale, postscale, flags, group_size)
     opts = _options_cache.get(key)
     if opts is None:
         if len(_options_cache) >= _OPTIONS_CACHE_LIMIT:
             _options_cache.clear()
-        opts = _options_cache[key] = _new_options(process_set, shape, prescale, postscale, flags, None)
+        opts = _options_cache[key] = _new_options(process_set, shape, prescale, postscale, flags, None, group_size)
     return opts
 
 
@@ -134,8 +135,9 @@ def world_options(shape, prescale=1.0, postscale=1.0):
     return options(global_process_set, shape, prescale, postscale)
 
 
-def _new_options(process_set, shape, prescale, postscale, flags, stream):
+def _new_options(process_set, shape, prescale, postscale, flags, stream, group_size=0):
     opts = L.OpOptions()
+    opts.group_size = group_size
     opts.process_set = process_set._c_handle
     opts.prescale = prescale
     opts.postscale = postscale
@@ -162,6 +164,12 @@ def _ptr(array):
 def _contiguous(array):
     array = np.asarray(array)
     return array if array.flags.c_contiguous else np.ascontiguousarray(array)
+
+
+def group_size(count, grouped):
+    """What a grouped call's ops tell libddl of their group (every rank must agree on it): its size;
+    0 for a single op."""
+    return count if grouped else 0
 
 
 def _sub_names(full, count, grouped):
@@ -211,8 +219,9 @@ def grouped_allreduce(arrays, name=None, op=Average, prescale=1.0, postscale=1.0
     keep = []
 
     def submit_all(full, handles):
+        group = group_size(len(inputs), kind != "allreduce")
         for sub, src, dst in zip(_sub_names(full, len(inputs), kind != "allreduce"), inputs, outputs):
-            opts = options(ps, src.shape, prescale, postscale)
+            opts = options(ps, src.shape, prescale, postscale, group_size=group)
             keep.append(opts)
             handles.append(_submit(L.lib.ddl_allreduce_ex, sub, _ptr(src), _ptr(dst), src.size, ddl_dtype(src),
                                    REDUCE[op], ctypes.byref(opts)))
@@ -293,8 +302,9 @@ def grouped_allgather(arrays, name=None, process_set=None, kind="grouped_allgath
     keep = []
 
     def submit_all(full, handles):
+        group = group_size(len(inputs), kind != "allgather")
         for i, (sub, src, data) in enumerate(zip(_sub_names(full, len(inputs), kind != "allgather"), inputs, datas)):
-            opts = options(ps, src.shape[1:])
+            opts = options(ps, src.shape[1:], group_size=group)
             payload = data if _row_elements(src.shape) else _row_counts_payload([src.shape[0]])
             keep.append((opts, payload))
             handles.append(_submit(L.lib.ddl_allgather_any_ex, sub, _ptr(payload), payload.size, ddl_dtype(payload),
@@ -327,8 +337,9 @@ def grouped_broadcast(arrays, root_rank, name=None, process_set=None, kind="broa
     keep = []
 
     def submit_all(full, handles):
+        group = group_size(len(datas), kind != "broadcast")
         for sub, data in zip(_sub_names(full, len(datas), len(datas) > 1), datas):
-            opts = options(ps, data.shape)
+            opts = options(ps, data.shape, group_size=group)
             keep.append(opts)
             handles.append(_submit(L.lib.ddl_broadcast_ex, sub, _ptr(data), data.size, ddl_dtype(data), root,
                                    ctypes.byref(opts)))
@@ -407,9 +418,10 @@ def grouped_reducescatter(arrays, name=None, op=Average, prescale=1.0, postscale
     keep = []
 
     def submit_all(full, handles):
+        group = group_size(len(inputs), kind != "reducescatter")
         for sub, src, dst in zip(_sub_names(full, len(inputs), kind != "reducescatter"), inputs, outputs):
             row = _row_elements(src.shape)
-            opts = options(ps, src.shape, prescale, postscale)
+            opts = options(ps, src.shape, prescale, postscale, group_size=group)
             keep.append(opts)
             handles.append(_submit(L.lib.ddl_reducescatter_ex, sub, _ptr(src), _ptr(dst),
                                    _sizes([r * row for r in scatter_rows(src.shape[0], n)]), ddl_dtype(src),

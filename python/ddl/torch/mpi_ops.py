@@ -72,11 +72,13 @@ def _stream_of(tensor):
     return ctypes.c_void_p(torch.cuda.current_stream(tensor.device).cuda_stream)
 
 
-def _options(process_set, tensor=None, shape=None, prescale=1.0, postscale=1.0, flags=0):
-    """libddl's options of an op; a CUDA tensor's op runs on PyTorch's current stream."""
+def _options(process_set, tensor=None, shape=None, prescale=1.0, postscale=1.0, flags=0, group_size=0):
+    """libddl's options of an op; a CUDA tensor's op runs on PyTorch's current stream. `group_size`:
+    the op is one of a grouped call of that many (host_ops.group_size)."""
     if tensor is not None and tensor.is_cuda:
-        return _host.options(process_set, shape, prescale, postscale, flags | L.CUDA_BUFFERS, _stream_of(tensor))
-    return _host.options(process_set, shape, prescale, postscale, flags)
+        return _host.options(process_set, shape, prescale, postscale, flags | L.CUDA_BUFFERS, _stream_of(tensor),
+                             group_size)
+    return _host.options(process_set, shape, prescale, postscale, flags, group_size=group_size)
 
 
 def _sizes(values):
@@ -245,7 +247,7 @@ def _scale_like_horovod(tensor, factor):
     return tensor * factor
 
 
-def _launch_allreduce(tensor, output, full_name, op, prescale, postscale, process_set, flags=0):
+def _launch_allreduce(tensor, output, full_name, op, prescale, postscale, process_set, flags=0, group_size=0):
     """Submits one allreduce of `tensor` into `output` (both contiguous).
 
     Returns (c_handle, finish_fn or None, temporaries): the caller keeps the temporaries alive until
@@ -256,12 +258,12 @@ def _launch_allreduce(tensor, output, full_name, op, prescale, postscale, proces
         if dtype == L.INT16:  # NCCL has no int16: reduce a staged int32 copy
             staged = tensor.to(torch.int32)
             scaled = _scale_like_horovod(staged, prescale)
-            h = _launch_allreduce(scaled, staged, full_name, op, 1.0, 1.0, process_set)[0]
+            h = _launch_allreduce(scaled, staged, full_name, op, 1.0, 1.0, process_set, group_size=group_size)[0]
             return h, lambda: output.copy_(_scale_like_horovod(staged, postscale)), (staged, scaled)
         scaled = _scale_like_horovod(tensor, prescale).contiguous()
-        h = _launch_allreduce(scaled, output, full_name, op, 1.0, 1.0, process_set)[0]
+        h = _launch_allreduce(scaled, output, full_name, op, 1.0, 1.0, process_set, group_size=group_size)[0]
         return h, lambda: output.copy_(_scale_like_horovod(output, postscale)), (scaled,)
-    opts = _options(process_set, tensor, tuple(tensor.shape), prescale, postscale, flags)
+    opts = _options(process_set, tensor, tuple(tensor.shape), prescale, postscale, flags, group_size)
     h = _submit(L.lib.ddl_allreduce_ex, full_name, tensor.data_ptr(), output.data_ptr(), tensor.numel(), dtype,
                 _REDUCE[op], ctypes.byref(opts))
     return h, None, (opts,)
@@ -272,6 +274,8 @@ def _allreduce_group_async(kind, tensors, outputs, name, op, prescale, postscale
     if len({t.is_cuda for t in tensors}) > 1:
         raise RuntimeError("grouped ops need every tensor on the same device (all CPU or all CUDA)")
 
+    group = _host.group_size(len(tensors), kind == "grouped_allreduce")
+
     def launch(full_name):
         c_handles, finishers, keep = [], [], []
         try:
@@ -279,7 +283,7 @@ def _allreduce_group_async(kind, tensors, outputs, name, op, prescale, postscale
                 src = t.contiguous()
                 dst = out if out.is_contiguous() else out.contiguous()
                 sub = full_name if len(tensors) == 1 and kind != "grouped_allreduce" else _part(full_name, i)
-                h, after, temporaries = _launch_allreduce(src, dst, sub, op, prescale, postscale, process_set, flags)
+                h, after, temporaries = _launch_allreduce(src, dst, sub, op, prescale, postscale, process_set, flags, group)
                 c_handles.append(h)
                 keep.append((src, dst, temporaries))
                 finishers.append((after, out, dst))
@@ -438,7 +442,7 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 
 # ---- allgather ----
 
-def _launch_allgather(tensor, full_name, process_set):
+def _launch_allgather(tensor, full_name, process_set, group_size=0):
     """Submits an allgather whose first dimensions may differ by rank (libddl exchanges them).
     Returns (c_handle, collect, result, keep): collect() reads the gathered rows before the handle
     is released; result() is the gathered tensor."""
@@ -452,7 +456,7 @@ def _launch_allgather(tensor, full_name, process_set):
         data = data.cpu()  # gathered through the host: NCCL needs every rank's count up front
     row = _row_elements(src)
     payload = data if row else _row_counts_payload([src.shape[0]])
-    opts = _options(process_set, None, tuple(src.shape[1:]))
+    opts = _options(process_set, None, tuple(src.shape[1:]), group_size=group_size)
     h = _submit(L.lib.ddl_allgather_any_ex, full_name, payload.data_ptr(), payload.numel(),
                 dtype if row else _ddl_dtype(payload), ctypes.byref(opts))
     box = []
@@ -479,12 +483,14 @@ def _allgather_group_async(kind, tensors, name, process_set):
     if len({t.is_cuda for t in tensors}) > 1:
         raise RuntimeError("grouped ops need every tensor on the same device (all CPU or all CUDA)")
 
+    group = _host.group_size(len(tensors), kind != "allgather")
+
     def launch(full_name):
         c_handles, collects, results, keep = [], [], [], []
         try:
             for i, t in enumerate(tensors):
                 sub = full_name if kind == "allgather" else _part(full_name, i)
-                h, collect, result, k = _launch_allgather(t, sub, process_set)
+                h, collect, result, k = _launch_allgather(t, sub, process_set, group)
                 c_handles.append(h)
                 collects.append(collect)
                 results.append(result)
@@ -672,7 +678,7 @@ def _reducescatter_group_async(kind, tensors, name, op, prescale, postscale, pro
                     data = data.cpu()
                 out = data.new_empty((rows[me],) + tuple(src.shape[1:]))
                 opts = _options(target, data if on_gpu else None, tuple(src.shape), 1.0 if cuda else prescale,
-                                1.0 if cuda else postscale)
+                                1.0 if cuda else postscale, group_size=_host.group_size(len(tensors), kind != "reducescatter"))
                 sub = full_name if kind == "reducescatter" else _part(full_name, i)
                 h = _submit(L.lib.ddl_reducescatter_ex, sub, data.data_ptr(), out.data_ptr(),
                             _sizes([r * row for r in rows]), dtype, _REDUCE[op], ctypes.byref(opts))

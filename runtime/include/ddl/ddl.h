@@ -213,17 +213,25 @@ DDL_API ddl_status ddl_process_set_ranks(ddl_process_set set, int* ranks);
  * (by the calling thread, unless another thread is running libddl's rounds just then) and the call
  * returns once the GPU has finished it. */
 #define DDL_BLOCKING 4u
+/* flag: the op's name is its place in an order the caller counts alike on every rank (a torch
+ * group's "allreduce.7"), as an unnamed op's number is libddl's. Such ops pair up only while every
+ * rank made the same calls: once one of them fails on every rank (a mismatch, a timeout, a rank's
+ * a rank that never submits it), every later one of the process set fails at once, naming that
+ * failure, until the process set is made again (or ddl_init again). An op every rank reached that
+ * fails by ddl_fail_ex leaves the order in step. Unnamed ops are ordered without the flag. */
+#define DDL_ORDERED 8u
 typedef struct {
   ddl_process_set process_set; /* NULL: the world */
   double prescale;             /* reductions: each rank's input is multiplied by it first (host buffers only) */
   double postscale;            /* reductions: the result is multiplied by it, after AVERAGE's division (host only) */
-  unsigned flags;              /* DDL_COMPRESS_FP16, DDL_CUDA_BUFFERS, DDL_BLOCKING */
+  unsigned flags;              /* DDL_COMPRESS_FP16, DDL_CUDA_BUFFERS, DDL_BLOCKING, DDL_ORDERED */
   void* stream;                /* a cudaStream_t with DDL_CUDA_BUFFERS (NULL: the default stream) */
   const long long* shape;      /* optional (ndim 0): the tensor's shape, which ranks must agree on; */
   int ndim;                    /* for allgatherv and alltoallv every dimension but the first */
+  unsigned group_size;         /* the op is one of a grouped call of this many ops (0: not grouped), which ranks must agree on */
 } ddl_op_options;
 #define DDL_OP_OPTIONS_INIT \
-  { NULL, 1.0, 1.0, 0u, NULL, NULL, 0 }
+  { NULL, 1.0, 1.0, 0u, NULL, NULL, 0, 0u }
 
 /* The general, asynchronous forms (an op refused at once fails in the call, as above). Ranks and
  * roots are ranks within the process set. Scaling
@@ -268,6 +276,14 @@ DDL_API ddl_status ddl_reducescatter_ex(const char* name, const void* send, void
  * ranks with fewer batches need not invent any. Other operations fail on every rank
  * (DDL_ERROR_UNSUPPORTED) while a rank waits here, as in Horovod. *last_rank is the last rank to join (within the set). */
 DDL_API ddl_status ddl_join(ddl_process_set set, int* last_rank);
+
+/* Takes the place of an op this rank found it cannot run (a bad argument only it can see, such as a
+ * root's output list): under `name` (NULL: the next unnamed number) in options->process_set, with
+ * options->flags' DDL_ORDERED and options->group_size as the op would have had, so that the other
+ * ranks' op of that name fails too, with `reason` (non-empty) and this rank named, instead of
+ * waiting for DDL_TIMEOUT or pairing with this rank's next call. Its handle's ddl_wait returns
+ * DDL_ERROR_INVALID_ARGUMENT once every rank reached the op. */
+DDL_API ddl_status ddl_fail_ex(const char* name, const char* reason, const ddl_op_options* options, ddl_handle* handle);
 /* Completes when every rank of the set (NULL: the world) has called it. A NULL handle makes it
  * blocking (as ddl_barrier, on the set). */
 DDL_API ddl_status ddl_barrier_ex(ddl_process_set set, ddl_handle* handle);

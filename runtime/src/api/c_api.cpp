@@ -746,13 +746,21 @@ ddl_status refuse_blocking(const char* function) {
 // The options, checked: known flags, a shape when ndim > 0, scaling only on host buffers.
 ddl_status read_options(const ddl_op_options* given, ddl_op_options& o, std::vector<int64_t>& shape) {
   o = given ? *given : kDefaultOptions;
-  if (o.flags & ~(DDL_COMPRESS_FP16 | DDL_CUDA_BUFFERS | DDL_BLOCKING))
+  if (o.flags & ~(DDL_COMPRESS_FP16 | DDL_CUDA_BUFFERS | DDL_BLOCKING | DDL_ORDERED))
     return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("unknown op flags {:#x}", o.flags));
   if (o.ndim < 0 || (o.ndim > 0 && o.shape == nullptr)) return fail(DDL_ERROR_INVALID_ARGUMENT, "options: ndim > 0 needs a shape");
   shape.assign(o.shape, o.shape + o.ndim);
   if ((o.flags & DDL_CUDA_BUFFERS) && (o.prescale != 1.0 || o.postscale != 1.0))
     return fail(DDL_ERROR_UNSUPPORTED, "prescale and postscale apply to host buffers; scale CUDA buffers on their stream");
   return DDL_SUCCESS;
+}
+
+// What the options add to the spec every rank agrees on: the group the op belongs to, and whether
+// its name is its place in an order (unnamed ops are, whatever the flag says).
+OpSpec agreed(OpSpec spec, const ddl_op_options& o) {
+  spec.group_size = o.group_size;
+  spec.ordered = (o.flags & DDL_ORDERED) != 0;
+  return spec;
 }
 
 ddl_status submit_to(Target& t, const char* name, OpSpec spec, const void* send, void* recv, ddl_handle* handle, void* stream,
@@ -850,7 +858,7 @@ ddl_status ddl_allreduce_ex(const char* name, const void* send, void* recv, size
     if (auto s = resolve(rt, o.process_set, t); s != DDL_SUCCESS) return s;
     OpSpec spec{OpKind::Allreduce, dtype,      op,         0, count, {}, (o.flags & DDL_CUDA_BUFFERS) != 0, compress,
                 std::move(shape),  o.prescale, o.postscale};
-    return submit_to(t, name, std::move(spec), send, recv, handle, o.stream, o.flags);
+    return submit_to(t, name, agreed(std::move(spec), o), send, recv, handle, o.stream, o.flags);
   });
 }
 
@@ -866,7 +874,7 @@ ddl_status ddl_broadcast_ex(const char* name, void* buffer, size_t count, ddl_dt
     if (root < 0 || root >= t.size)
       return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("broadcast root {} is not a rank of a set of {}", root, t.size));
     OpSpec spec{OpKind::Broadcast, dtype, DDL_SUM, root, count, {}, (o.flags & DDL_CUDA_BUFFERS) != 0, false, std::move(shape)};
-    return submit_to(t, name, std::move(spec), buffer, buffer, handle, o.stream, o.flags);
+    return submit_to(t, name, agreed(std::move(spec), o), buffer, buffer, handle, o.stream, o.flags);
   });
 }
 
@@ -890,11 +898,11 @@ ddl_status ddl_allgatherv_ex(const char* name, const void* send, void* recv, con
     if (cuda) {  // NCCL gathers equal blocks only
       if (std::any_of(counts.begin(), counts.end(), [&](uint64_t c) { return c != counts[0]; }))
         return fail(DDL_ERROR_UNSUPPORTED, "allgatherv of CUDA buffers needs equal counts on every rank");
-      return submit_to(t, name, {OpKind::Allgather, dtype, DDL_SUM, 0, counts[0], {}, true, false, std::move(shape)}, send, recv, handle,
-                       o.stream, o.flags);
+      return submit_to(t, name, agreed({OpKind::Allgather, dtype, DDL_SUM, 0, counts[0], {}, true, false, std::move(shape)}, o), send, recv,
+                       handle, o.stream, o.flags);
     }
-    return submit_to(t, name, {OpKind::Allgatherv, dtype, DDL_SUM, 0, total, counts, false, false, std::move(shape)}, send, recv, handle,
-                     nullptr, o.flags);
+    return submit_to(t, name, agreed({OpKind::Allgatherv, dtype, DDL_SUM, 0, total, counts, false, false, std::move(shape)}, o), send, recv,
+                     handle, nullptr, o.flags);
   });
 }
 
@@ -915,10 +923,11 @@ ddl_status ddl_alltoallv_ex(const char* name, const void* send, const size_t* se
     if (sum_of(send_counts, t.size) > 0 && send == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "alltoallv: the send buffer is NULL");
     const bool cuda = (o.flags & DDL_CUDA_BUFFERS) != 0;  // NCCL sends and receives, on o.stream
     OpSpec spec{OpKind::Alltoallv, dtype, DDL_SUM, 0, 0, {}, cuda, false, std::move(shape)};
-    return handle_of(*t.engine,
-                     t.engine->submit_with_counts(name ? name : "", spec, send, recv, std::vector<size_t>(send_counts, send_counts + n),
-                                                  std::vector<size_t>(recv_counts, recv_counts + n), cuda ? o.stream : nullptr),
-                     handle);
+    return handle_of(
+        *t.engine,
+        t.engine->submit_with_counts(name ? name : "", agreed(spec, o), send, recv, std::vector<size_t>(send_counts, send_counts + n),
+                                     std::vector<size_t>(recv_counts, recv_counts + n), cuda ? o.stream : nullptr),
+        handle);
   });
 }
 
@@ -935,7 +944,7 @@ ddl_status ddl_allgather_any_ex(const char* name, const void* send, size_t send_
     Target t;
     if (auto s = resolve(rt, o.process_set, t); s != DDL_SUCCESS) return s;
     OpSpec spec{OpKind::AllgatherAny, dtype, DDL_SUM, 0, 0, {}, false, false, std::move(shape)};
-    return handle_of(*t.engine, t.engine->submit_with_counts(name ? name : "", spec, send, nullptr, {send_count}, {}), handle);
+    return handle_of(*t.engine, t.engine->submit_with_counts(name ? name : "", agreed(spec, o), send, nullptr, {send_count}, {}), handle);
   });
 }
 
@@ -953,10 +962,10 @@ ddl_status ddl_alltoall_any_ex(const char* name, const void* send, const size_t*
     if (auto s = resolve(rt, o.process_set, t); s != DDL_SUCCESS) return s;
     if (auto s = check_common(send, sum_of(send_counts, t.size), dtype); s != DDL_SUCCESS) return s;
     OpSpec spec{OpKind::AlltoallAny, dtype, DDL_SUM, 0, 0, {}, false, false, std::move(shape)};
-    return handle_of(
-        *t.engine,
-        t.engine->submit_with_counts(name ? name : "", spec, send, nullptr, std::vector<size_t>(send_counts, send_counts + t.size), {}),
-        handle);
+    return handle_of(*t.engine,
+                     t.engine->submit_with_counts(name ? name : "", agreed(spec, o), send, nullptr,
+                                                  std::vector<size_t>(send_counts, send_counts + t.size), {}),
+                     handle);
   });
 }
 
@@ -992,7 +1001,7 @@ ddl_status ddl_reducescatter_ex(const char* name, const void* send, void* recv, 
     if (too_many_bytes(total, dtype)) return refuse_byte_count(total, dtype);
     if (send == nullptr && total > 0) return fail(DDL_ERROR_INVALID_ARGUMENT, "the send buffer is NULL");
     OpSpec spec{OpKind::Reducescatter, dtype, op, 0, total, counts, cuda, false, std::move(shape), o.prescale, o.postscale};
-    return submit_to(t, name, std::move(spec), send, recv, handle, cuda ? o.stream : nullptr, o.flags);
+    return submit_to(t, name, agreed(std::move(spec), o), send, recv, handle, cuda ? o.stream : nullptr, o.flags);
   });
 }
 
@@ -1006,6 +1015,23 @@ ddl_status ddl_join(ddl_process_set set, int* last_rank) {
     if (ddl_status s = state->wait(message); s != DDL_SUCCESS) return fail(s, message);
     *last_rank = static_cast<int>(state->gathered_counts().at(0));
     return DDL_SUCCESS;
+  });
+}
+
+ddl_status ddl_fail_ex(const char* name, const char* reason, const ddl_op_options* options, ddl_handle* handle) {
+  ddl_op_options o;
+  std::vector<int64_t> shape;
+  if (auto s = read_options(options, o, shape); s != DDL_SUCCESS) return s;
+  if (reason == nullptr || *reason == '\0') return fail(DDL_ERROR_INVALID_ARGUMENT, "ddl_fail_ex: the reason is NULL or empty");
+  if (o.flags & DDL_BLOCKING) return refuse_blocking("ddl_fail_ex");
+  if (handle == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "handle is NULL");
+  return with_runtime([&](Runtime& rt) {
+    Target t;
+    if (auto s = resolve(rt, o.process_set, t); s != DDL_SUCCESS) return s;
+    // A barrier's spec carries the reason: it is never run (the negotiator fails it on every rank).
+    OpSpec spec = agreed({OpKind::Barrier, DDL_FLOAT32, DDL_SUM, 0, 0, {}}, o);
+    spec.failure = reason;
+    return handle_of(*t.engine, t.engine->submit(name ? name : "", std::move(spec), nullptr, nullptr), handle);
   });
 }
 

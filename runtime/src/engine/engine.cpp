@@ -91,8 +91,11 @@ std::shared_ptr<OpState> Engine::enqueue(PendingOp op) {
   auto state = std::make_shared<OpState>();
   op.state = state;
   std::unique_lock lock(mutex_);
-  if (op.name.empty()) op.name = next_unnamed_name();
-  if (auto refusal = refusal_of(op.name)) {
+  if (op.name.empty()) {
+    op.name = next_unnamed_name();
+    op.spec.ordered = true;
+  }
+  if (auto refusal = refusal_of(op.name, op.spec)) {
     state->refuse(refusal->first, std::move(refusal->second));
     return state;
   }
@@ -125,8 +128,12 @@ void Engine::add_to_inbox(PendingOp op) {
 std::string Engine::unnamed_name(uint64_t index) { return fmt::format("unnamed.{}", index); }
 std::string Engine::next_unnamed_name() { return unnamed_name(unnamed_counter_++); }
 
-std::optional<std::pair<ddl_status, std::string>> Engine::refusal_of(const std::string& name) const {
+std::optional<std::pair<ddl_status, std::string>> Engine::refusal_of(const std::string& name, const OpSpec& spec) const {
   if (broken_) return std::pair{broken_status_, broken_message_};
+  if (spec.ordered && order_broken_) {
+    FailedOp refused = out_of_order_failure(name, *order_broken_);
+    return std::pair{refused.status, std::move(refused.message)};
+  }
   if (finalize_requested_) return std::pair{DDL_ERROR_NOT_INITIALIZED, fmt::format("op '{}' submitted after ddl_finalize", name)};
   if (in_flight_.count(name) || inbox_.count(name) || is_proposed(name))
     return std::pair{DDL_ERROR_INVALID_ARGUMENT, in_flight_message(name)};
@@ -281,6 +288,10 @@ bool Engine::round() {
 
 bool Engine::complete_round(const std::vector<Announcement>& round) {
   RoundDecision decision = negotiator_.merge(round, Clock::now());
+  if (negotiator_.order_broken()) {  // before the failed ops' waiters wake: their next ordered op is refused at submit
+    std::lock_guard lock(mutex_);
+    order_broken_ = negotiator_.order_broken();
+  }
   for (const auto& failed : decision.failed) {
     auto it = in_flight_.find(failed.name);
     if (it != in_flight_.end()) finish(it->second, failed.status, failed.message);
@@ -315,12 +326,15 @@ ddl_status Engine::run(std::string name, OpSpec spec, const void* send, void* re
   {
     std::lock_guard lock(mutex_);
     // An unnamed op is named only when something needs the name: a proposal that runs needs none.
-    if (op.name.empty()) offer.unnamed_index = unnamed_counter_++;
+    if (op.name.empty()) {
+      offer.unnamed_index = unnamed_counter_++;
+      op.spec.ordered = true;
+    }
     // Only a rank with nothing in flight proposes, and only while no op waits anywhere (so all
     // ranks' negotiators are idle and stay alike when the op runs without them). Its name cannot be
     // in flight then, so only a broken or finalizing engine refuses it: that one proposes nothing.
-    if (!broken_ && !finalize_requested_ && !stopped_ && inbox_.empty() && in_flight_.empty() && gpu_in_flight_.empty() && !joined_ &&
-        negotiator_.idle() && proposable(op.spec)) {
+    if (!broken_ && !finalize_requested_ && !stopped_ && !(op.spec.ordered && order_broken_) && inbox_.empty() && in_flight_.empty() &&
+        gpu_in_flight_.empty() && !joined_ && negotiator_.idle() && proposable(op.spec)) {
       if (offer.unnamed_index) {
         offer.proposal = Proposal::for_unnamed(op.spec, *offer.unnamed_index);
       } else if (auto id = negotiator_.cached_id(op.name, op.spec)) {
@@ -330,7 +344,7 @@ ddl_status Engine::run(std::string name, OpSpec spec, const void* send, void* re
     }
     if (offer.proposal.empty()) {  // the caller's first round below takes it from the inbox
       name_if_unnamed(op, offer);
-      if (auto refusal = refusal_of(op.name)) {
+      if (auto refusal = refusal_of(op.name, op.spec)) {
         message = std::move(refusal->second);
         return refusal->first;
       }
@@ -714,6 +728,7 @@ void Engine::run_single(PendingOp& op) {
       // since ranks made different numbers of them while some waited here.
       std::lock_guard lock(mutex_);
       unnamed_counter_ = 0;
+      order_broken_.reset();  // the negotiator's too: numbered afresh, every rank is in step again
       op.state->set_gathered({static_cast<uint64_t>(op.join_result)}, {});
       break;
     }

@@ -172,7 +172,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // "unnamed.N" for the next op submitted without a name: every rank counts alike (mutex_ held).
   std::string next_unnamed_name();
   // Why `name` cannot be submitted now, if it cannot (mutex_ held).
-  std::optional<std::pair<ddl_status, std::string>> refusal_of(const std::string& name) const;
+  std::optional<std::pair<ddl_status, std::string>> refusal_of(const std::string& name, const OpSpec& spec) const;
   void execute(const std::vector<ReadyOp>& ready);
   void run_allreduces(const std::vector<PendingOp*>& ops);
   void run_fused_allreduce(const std::vector<PendingOp*>& ops);
@@ -248,6 +248,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   bool broken_ = false;
   ddl_status broken_status_ = DDL_SUCCESS;
   std::string broken_message_;
+  std::optional<FailedOp> order_broken_;  // mutex_: the negotiator's, once ops numbered by order broke (refused at submit from then on)
   uint64_t unnamed_counter_ = 0;
   static constexpr int kIdleRoundsBeforeBackoff = 100;
   int idle_rounds_ = 0;  // mutex_: consecutive rounds in which no rank did anything

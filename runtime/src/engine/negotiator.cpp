@@ -139,65 +139,137 @@ RoundDecision Negotiator::merge(const std::vector<Announcement>& announcements, 
   RoundDecision decision;
   decision.all_finalizing = true;
   agreed_in_full_.clear();  // the last decision's ready ops pointed here: they are done
+  const bool broken_before = order_broken_.has_value();
   std::vector<Completed> completed;
   update_joined(announcements);
   for (int rank = 0; rank < size_; ++rank) {
     const Announcement& a = announcements[static_cast<size_t>(rank)];
     decision.all_finalizing = decision.all_finalizing && a.finalizing;
-    for (uint32_t id : a.cached) announce_cached(rank, id, now, completed);
-    for (const auto& [name, spec] : a.submitted) announce_full(rank, name, spec, now, completed);
+    for (uint32_t id : a.cached) {
+      if (order_broken_ && id < cache_.size() && cache_[id].second.ordered)
+        decision.failed.push_back(out_of_order(cache_[id].first));
+      else
+        announce_cached(rank, id, now, completed);
+    }
+    for (const auto& [name, spec] : a.submitted) {
+      if (order_broken_ && spec.ordered)
+        decision.failed.push_back(out_of_order(name));
+      else
+        announce_full(rank, name, spec, now, completed);
+    }
   }
   // Rank 0's clock decides stalls, so that every rank fails the same ops in the same round.
   std::set<std::string> expired(announcements[0].expired.begin(), announcements[0].expired.end());
   for (const auto& name : expired) {
     if (auto it = table_.find(name); it != table_.end()) {
       if (it->second.announced == size_) continue;
-      decision.failed.push_back({name, DDL_ERROR_TIMEOUT, stall_message(name, missing_ranks(it->second))});
+      const OpSpec spec = **std::find_if(it->second.specs.begin(), it->second.specs.end(), [](const auto& s) { return s.has_value(); });
+      FailedOp failed{name, DDL_ERROR_TIMEOUT, stall_message(name, missing_ranks(it->second))};
       table_.erase(it);
+      fail(decision, std::move(failed), spec);
     } else if (auto id = cache_ids_.find(name); id != cache_ids_.end()) {
       CachedWait& w = cached_waits_[id->second];
       if (w.announced == 0 || w.announced == size_) continue;
-      decision.failed.push_back({name, DDL_ERROR_TIMEOUT, stall_message(name, missing_ranks(w))});
+      FailedOp failed{name, DDL_ERROR_TIMEOUT, stall_message(name, missing_ranks(w))};
       clear_wait(w);
+      fail(decision, std::move(failed), cache_[id->second].second);
     }
   }
   complete_for_joined(completed);
   // Ops rank 0 never announced (it joined) come last, by name: the same order on every rank.
   std::sort(completed.begin(), completed.end(),
             [](const Completed& a, const Completed& b) { return a.order != b.order ? a.order < b.order : *a.name < *b.name; });
+  // Every rank not in join submitted it (the joined ones never will): the order stays in step.
   auto joined_failure = [&](const std::string& name, const OpSpec& spec) {
-    decision.failed.push_back({name, DDL_ERROR_UNSUPPORTED,
-                               fmt::format("op '{}' ({}) cannot run while ranks wait in join: only host allreduce, "
-                                           "reducescatter and barrier can",
-                                           name, spec.describe())});
+    decision.failed.push_back(
+        {name, DDL_ERROR_UNSUPPORTED,
+         fmt::format("op '{}' ({}) cannot run while ranks wait in join: only host allreduce, reducescatter and barrier can", name,
+                     spec.describe())});
   };
   for (const Completed& c : completed) {
     if (c.cached_id) {  // every rank announced the cached spec: agreed by construction
       clear_wait(cached_waits_[*c.cached_id]);
       const OpSpec& spec = cache_[*c.cached_id].second;
-      if (c.with_joined && !runs_with_joined(spec))
+      if (order_broken_ && spec.ordered)  // broken earlier in this round
+        decision.failed.push_back(out_of_order(*c.name));
+      else if (c.with_joined && !runs_with_joined(spec))
         joined_failure(*c.name, spec);
       else
         decision.ready.emplace_back(*c.name, spec, c.with_joined, spec.kind == OpKind::Join ? last_joined_ : -1);
+      if (spec.kind == OpKind::Join) order_broken_.reset();  // as below
       continue;
     }
     auto it = table_.find(*c.name);
     Entry& e = it->second;
     const OpSpec& first = **std::find_if(e.specs.begin(), e.specs.end(), [](const auto& s) { return s.has_value(); });
+    const bool any_ordered = std::any_of(e.specs.begin(), e.specs.end(), [](const auto& s) { return s && s->ordered; });
+    std::optional<int> failing_rank;
+    const std::string failure = failure_message(*c.name, e, failing_rank);
     bool same = std::all_of(e.specs.begin(), e.specs.end(), [&](const auto& s) { return !s || *s == first; });
-    if (same && c.with_joined && !runs_with_joined(first)) {
+    if (order_broken_ && any_ordered) {
+      decision.failed.push_back(out_of_order(*c.name));
+    } else if (failing_rank) {  // every rank reached this op, so the order is still in step
+      decision.failed.push_back({*c.name, DDL_ERROR_INVALID_ARGUMENT, failure});
+    } else if (same && c.with_joined && !runs_with_joined(first)) {
       joined_failure(*c.name, first);
     } else if (same) {
+      // A join ends with every rank numbering its unnamed ops afresh (Engine::run_single): in step again.
+      if (first.kind == OpKind::Join) order_broken_.reset();
       const auto& [name, spec] = agreed_in_full_.emplace_back(*c.name, first);  // the entry goes below
       decision.ready.emplace_back(name, spec, c.with_joined, spec.kind == OpKind::Join ? last_joined_ : -1);
       remember(name, spec);
     } else {
-      decision.failed.push_back({*c.name, DDL_ERROR_MISMATCH, mismatch_message(*c.name, e)});
+      OpSpec any = first;
+      any.ordered = any_ordered;
+      fail(decision, {*c.name, DDL_ERROR_MISMATCH, mismatch_message(*c.name, e)}, any);
     }
     table_.erase(it);  // c.name pointed to its key
   }
+  if (order_broken_ && !broken_before) fail_waiting_ordered(decision);
   if (!decision.ready.empty()) last_progress_ = now;
   return decision;
+}
+
+void Negotiator::fail(RoundDecision& decision, FailedOp failed, const OpSpec& spec) {
+  if (spec.ordered && !order_broken_) order_broken_ = failed;
+  decision.failed.push_back(std::move(failed));
+}
+
+FailedOp out_of_order_failure(const std::string& name, const FailedOp& first) {
+  return {name, first.status,
+          fmt::format("op '{}' was not run: the ops of this process set that are numbered by their order (unnamed ops, a torch "
+                      "group's ops) are out of step since an earlier one failed, so it could pair with another call of some rank; "
+                      "make the process set again (or init again) to go on. The first failure: {}",
+                      name, first.message)};
+}
+
+void Negotiator::fail_waiting_ordered(RoundDecision& decision) {
+  for (auto it = table_.begin(); it != table_.end();) {
+    const auto& specs = it->second.specs;
+    if (std::any_of(specs.begin(), specs.end(), [](const auto& s) { return s && s->ordered; })) {
+      decision.failed.push_back(out_of_order(it->first));
+      it = table_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (size_t id = 0; cached_waiting_ > 0 && id < cached_waits_.size(); ++id) {
+    if (cached_waits_[id].announced == 0 || !cache_[id].second.ordered) continue;
+    decision.failed.push_back(out_of_order(cache_[id].first));
+    clear_wait(cached_waits_[id]);
+  }
+}
+
+// A rank's local error (OpSpec::failure) of an op every rank announced: the message every rank
+// fails it with, naming the lowest such rank, which `failing_rank` is set to; empty if none.
+std::string Negotiator::failure_message(const std::string& name, const Entry& e, std::optional<int>& failing_rank) const {
+  for (int r = 0; r < size_; ++r) {
+    const auto& spec = e.specs[static_cast<size_t>(r)];
+    if (!spec || spec->failure.empty()) continue;
+    failing_rank = r;
+    return fmt::format("op '{}' failed on {}: {}", name, ranks_named({r}, "rank"), spec->failure);
+  }
+  return {};
 }
 
 void Negotiator::ran_without_round(TimePoint now) {

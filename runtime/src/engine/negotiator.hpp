@@ -34,9 +34,12 @@ class ReadyOp {
 
 struct FailedOp {
   std::string name;
-  ddl_status status;  // DDL_ERROR_MISMATCH or DDL_ERROR_TIMEOUT
+  ddl_status status;  // DDL_ERROR_MISMATCH, DDL_ERROR_TIMEOUT, or a rank's local error (OpSpec::failure)
   std::string message;
 };
+
+// How ordered op `name` fails once the order broke with `first` (see Negotiator::order_broken).
+FailedOp out_of_order_failure(const std::string& name, const FailedOp& first);
 
 struct RoundDecision {
   std::vector<ReadyOp> ready;    // submitted by every rank with the same spec, in rank 0's order (valid until the next merge)
@@ -73,6 +76,15 @@ class Negotiator {
   // Names still waiting for some rank, for messages at shutdown.
   std::vector<std::string> pending_names() const;
 
+  // Ops numbered by their order (OpSpec::ordered) pair up only while every rank made the same
+  // calls. Once one has failed (a mismatch, a timeout, one rank's local error), later ones could
+  // pair with the wrong calls of other ranks: from that round on, every ordered op of this process
+  // set fails at once on every rank, naming the first failure, and the ones still waiting fail with
+  // it. Named ops go on. This is the first failure, once there was one.
+  const std::optional<FailedOp>& order_broken() const { return order_broken_; }
+  // How ordered op `name` fails once the order is broken.
+  FailedOp out_of_order(const std::string& name) const { return out_of_order_failure(name, *order_broken_); }
+
  private:
   using TimePoint = std::chrono::steady_clock::time_point;
   // An op announced in full by some rank: what each rank announced.
@@ -107,6 +119,12 @@ class Negotiator {
   std::unordered_map<std::string, Entry>::iterator entry_for(const std::string& name, TimePoint now);
   void remember(const std::string& name, const OpSpec& spec);
 
+  // Fails `name` on every rank (decision.failed); an ordered op's failure breaks the order.
+  void fail(RoundDecision& decision, FailedOp failed, const OpSpec& spec);
+  // The order broke in this merge: every ordered op still waiting fails with it.
+  void fail_waiting_ordered(RoundDecision& decision);
+  std::string failure_message(const std::string& name, const Entry& e, std::optional<int>& failing_rank) const;
+
   void clear_wait(CachedWait& w);
   void update_joined(const std::vector<Announcement>& announcements);
   void complete_for_joined(std::vector<Completed>& completed) const;
@@ -127,6 +145,7 @@ class Negotiator {
   size_t cached_waiting_ = 0;             // entries of cached_waits_ with announced > 0
   uint64_t next_order_ = 0;
   std::unordered_map<std::string, Entry> table_;
+  std::optional<FailedOp> order_broken_;
   std::deque<std::pair<std::string, OpSpec>> agreed_in_full_;  // the last merge's ready ops that were announced in full
 };
 

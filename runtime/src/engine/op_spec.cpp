@@ -28,6 +28,7 @@ std::string OpSpec::describe() const {
   if (postscale != 1.0) s += fmt::format(" postscaled by {}", postscale);
   s += cuda ? " on cuda" : "";
   s += compress_fp16 ? " compressed to float16" : "";
+  if (group_size > 0) s += fmt::format(" (one of a group of {})", group_size);
   return s;
 }
 
@@ -58,7 +59,8 @@ uint64_t digest_of_rest(const OpSpec& spec) {
   for (uint64_t c : spec.counts) mix(c);
   mix(std::bit_cast<uint64_t>(spec.prescale));
   mix(std::bit_cast<uint64_t>(spec.postscale));
-  mix((spec.cuda ? 1 : 0) | (spec.compress_fp16 ? 2 : 0));
+  mix((spec.cuda ? 1 : 0) | (spec.compress_fp16 ? 2 : 0) | (spec.ordered ? 4 : 0));
+  mix(spec.group_size);
   return h;
 }
 
@@ -76,12 +78,14 @@ std::string Announcement::serialize() const {
       .u32(static_cast<uint32_t>(submitted.size()));
   for (const auto& [name, spec] : submitted) {
     w.str(name).u8(static_cast<uint8_t>(spec.kind)).u8(static_cast<uint8_t>(spec.dtype)).u8(static_cast<uint8_t>(spec.reduce));
-    w.u8(static_cast<uint8_t>((spec.cuda ? 1 : 0) | (spec.compress_fp16 ? 2 : 0)));
+    w.u8(
+        static_cast<uint8_t>((spec.cuda ? 1 : 0) | (spec.compress_fp16 ? 2 : 0) | (spec.ordered ? 4 : 0) | (spec.failure.empty() ? 0 : 8)));
     w.i64(spec.root).i64(static_cast<int64_t>(spec.count)).u32(static_cast<uint32_t>(spec.counts.size()));
     for (uint64_t c : spec.counts) w.i64(static_cast<int64_t>(c));
     w.u32(static_cast<uint32_t>(spec.shape.size()));
     for (int64_t d : spec.shape) w.i64(d);
-    w.i64(std::bit_cast<int64_t>(spec.prescale)).i64(std::bit_cast<int64_t>(spec.postscale));
+    w.i64(std::bit_cast<int64_t>(spec.prescale)).i64(std::bit_cast<int64_t>(spec.postscale)).u32(spec.group_size);
+    if (!spec.failure.empty()) w.str(spec.failure);
   }
   w.u32(static_cast<uint32_t>(expired.size()));
   for (const auto& name : expired) w.str(name);
@@ -137,9 +141,17 @@ Announcement Announcement::parse(const std::string& bytes) {
     }
     auto prescale = r.i64();
     auto postscale = r.i64();
-    if (!prescale || !postscale) throw fail();
+    auto group_size = r.u32();
+    if (!prescale || !postscale || !group_size) throw fail();
     spec.prescale = std::bit_cast<double>(*prescale);
     spec.postscale = std::bit_cast<double>(*postscale);
+    spec.group_size = *group_size;
+    spec.ordered = (*cuda & 4) != 0;
+    if (*cuda & 8) {
+      auto failure = r.str();
+      if (!failure || failure->empty()) throw fail();
+      spec.failure = std::move(*failure);
+    }
     a.submitted.emplace_back(std::move(*name), std::move(spec));
   }
   auto nexpired = r.u32();

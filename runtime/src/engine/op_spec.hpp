@@ -40,12 +40,18 @@ struct OpSpec {
   std::vector<int64_t> shape;      // the caller's tensor shape, when it gave one (ranks must agree)
   double prescale = 1.0;           // allreduce, reducescatter: input *= prescale
   double postscale = 1.0;          // allreduce, reducescatter: result *= postscale
+  uint32_t group_size = 0;         // a part of a grouped call of this many ops (0: not grouped)
+  // The op's name is its place in an order every rank counts alike (an unnamed op's number, a torch
+  // group's sequence): once such an op fails, later ones of the process set could pair with the
+  // wrong calls, so they fail at once (see Negotiator).
+  bool ordered = false;
+  std::string failure;  // a local error of this rank: the op takes its place, and every rank fails it with this
 
   // Scale factors compare by their bits: a NaN factor every rank passes is the same op on every rank.
   bool operator==(const OpSpec& other) const {
-    return std::tie(kind, dtype, reduce, root, count, counts, cuda, compress_fp16, shape) ==
+    return std::tie(kind, dtype, reduce, root, count, counts, cuda, compress_fp16, shape, group_size, ordered, failure) ==
                std::tie(other.kind, other.dtype, other.reduce, other.root, other.count, other.counts, other.cuda, other.compress_fp16,
-                        other.shape) &&
+                        other.shape, other.group_size, other.ordered, other.failure) &&
            std::bit_cast<uint64_t>(prescale) == std::bit_cast<uint64_t>(other.prescale) &&
            std::bit_cast<uint64_t>(postscale) == std::bit_cast<uint64_t>(other.postscale);
   }
