@@ -470,5 +470,18 @@ def _():
     assert weights_identical(model)
 
 
+@check("unnamed grouped allreduces of different sizes fail on every rank; later unnamed ops fail at once; init mends")
+def _():
+    # Rank r groups r + 1 tensors: rank 0's one tensor paired with another rank's first, silently.
+    err = expect_error(tf.errors.FailedPreconditionError, hvd.grouped_allreduce, [tf.ones([1]) * (R + 1)] * (R + 1))
+    assert "differs between ranks" in str(err) and "group of" in str(err), err
+    err = expect_error(tf.errors.FailedPreconditionError, hvd.allreduce, tf.ones([2]))  # the first failure's kind
+    assert "out of step since an earlier one failed" in str(err), err
+    assert np.array_equal(hvd.allreduce(tf.ones([2]), op=hvd.Sum, name="named.after.broken").numpy(), [N, N])
+    hvd.shutdown()
+    hvd.init()
+    assert np.array_equal(hvd.allreduce(tf.ones([2]), op=hvd.Sum).numpy(), [N, N])
+
+
 print(f"checks done, {len(failures)} failed", flush=True)
 hvd.shutdown()

@@ -314,10 +314,17 @@ def errors(rank):
     # A root outside the group was a silent no-op: nobody was the root.
     expect_error(ValueError, "invalid root rank", dist.reduce, torch.ones(2), SIZE + 5, group=DDL)
     check("reduce to a rank outside the group refused", torch.ones(1), torch.ones(1))
-    if rank == 0:  # the root's list is checked before anything is sent; the others send nothing then
-        expect_error(ValueError, "gather_list", dist.gather, torch.ones(4), [torch.zeros(2) for _ in range(SIZE)], dst=0,
-                     group=DDL)
-        check("gather into a list of the wrong size refused", torch.ones(1), torch.ones(1))
+    # Only the root can check its list: it takes the op's place in the group's sequence with the
+    # error, so every rank's gather fails with the root's reason (they waited for the timeout, and the
+    # sequence stayed apart for good), and the next op pairs as it should.
+    gather_list = [torch.zeros(2) for _ in range(SIZE)] if rank == 0 else None
+    expect_error(ValueError, "gather_list", dist.gather, torch.ones(4), gather_list, dst=0, group=DDL)
+    check("gather into a list of the wrong size fails on every rank", torch.ones(1), torch.ones(1))
+    scatter_list = [torch.zeros(3) for _ in range(SIZE + 1)] if rank == 0 else None
+    expect_error(ValueError, "scatter: the root takes", dist.scatter, torch.zeros(3), scatter_list, src=0, group=DDL)
+    in_step = torch.full((2,), float(rank + 1))
+    dist.all_reduce(in_step, group=DDL)
+    check("the group's next op after the root's refusal pairs in step", in_step, torch.full((2,), float(SIZE * (SIZE + 1) / 2)))
     if SIZE > 1:  # ranks that disagree on splits: every rank gets an error, none a half-written result
         out_splits = [1] * SIZE
         if rank == 0:

@@ -215,10 +215,11 @@ DDL_API ddl_status ddl_process_set_ranks(ddl_process_set set, int* ranks);
 #define DDL_BLOCKING 4u
 /* flag: the op's name is its place in an order the caller counts alike on every rank (a torch
  * group's "allreduce.7"), as an unnamed op's number is libddl's. Such ops pair up only while every
- * rank made the same calls: once one of them fails on every rank (a mismatch, a timeout, a rank's
- * a rank that never submits it), every later one of the process set fails at once, naming that
- * failure, until the process set is made again (or ddl_init again). An op every rank reached that
- * fails by ddl_fail_ex leaves the order in step. Unnamed ops are ordered without the flag. */
+ * rank made the same calls: once one of them fails in a way that shows the ranks' counts apart (a
+ * timeout: some rank never submitted it; grouped calls of different sizes), every later one of the
+ * process set fails at once on every rank, naming that failure, until the process set is made again,
+ * ddl_init again, or a ddl_join renumbers them. A mismatch of an op every rank submitted, or a
+ * ddl_fail_ex, leaves the order in step. Unnamed ops are ordered without the flag. */
 #define DDL_ORDERED 8u
 typedef struct {
   ddl_process_set process_set; /* NULL: the world */

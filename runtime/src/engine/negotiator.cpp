@@ -219,9 +219,13 @@ RoundDecision Negotiator::merge(const std::vector<Announcement>& announcements, 
       decision.ready.emplace_back(name, spec, c.with_joined, spec.kind == OpKind::Join ? last_joined_ : -1);
       remember(name, spec);
     } else {
-      OpSpec any = first;
-      any.ordered = any_ordered;
-      fail(decision, {*c.name, DDL_ERROR_MISMATCH, mismatch_message(*c.name, e)}, any);
+      // Every rank submitted this number, so a mismatch leaves the order in step (Horovod's own tests
+      // go on after one); groups of different sizes do not: one rank has parts the others lack.
+      const bool groups_differ =
+          std::any_of(e.specs.begin(), e.specs.end(), [&](const auto& s) { return s && s->group_size != first.group_size; });
+      OpSpec breaks = first;
+      breaks.ordered = any_ordered && groups_differ;
+      fail(decision, {*c.name, DDL_ERROR_MISMATCH, mismatch_message(*c.name, e)}, breaks);
     }
     table_.erase(it);  // c.name pointed to its key
   }

@@ -77,10 +77,12 @@ class Negotiator {
   std::vector<std::string> pending_names() const;
 
   // Ops numbered by their order (OpSpec::ordered) pair up only while every rank made the same
-  // calls. Once one has failed (a mismatch, a timeout, one rank's local error), later ones could
-  // pair with the wrong calls of other ranks: from that round on, every ordered op of this process
-  // set fails at once on every rank, naming the first failure, and the ones still waiting fail with
-  // it. Named ops go on. This is the first failure, once there was one.
+  // calls. Once one fails in a way that shows the ranks' counts apart (a timeout: some rank never
+  // submitted that number; grouped calls of different sizes), later ones could pair with the wrong
+  // calls of other ranks: from that round on, every ordered op of this process set fails at once on
+  // every rank, naming the first failure, and the ones still waiting fail with it, until a join
+  // renumbers them. A mismatch every rank submitted, or a rank's local error (OpSpec::failure),
+  // leaves the counts in step. Named ops go on. This is the first failure, once there was one.
   const std::optional<FailedOp>& order_broken() const { return order_broken_; }
   // How ordered op `name` fails once the order is broken.
   FailedOp out_of_order(const std::string& name) const { return out_of_order_failure(name, *order_broken_); }
