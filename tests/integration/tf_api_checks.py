@@ -20,6 +20,8 @@ def _():
     assert not hvd.is_initialized()
     expect_error(ValueError, hvd.allreduce, tf.ones([2]))
     expect_error(ValueError, hvd.rank)
+    err = expect_error(ValueError, hvd.broadcast_object, {"a": 1})
+    assert "hvd.init()" in str(err), err  # a Horovod script never calls libddl's ddl_init()
 
 
 hvd.init()
@@ -123,6 +125,8 @@ def _():
     v = tf.Variable(data(R))
     hvd.broadcast_([v], 0)
     assert np.array_equal(v.numpy(), data(0).numpy())
+    single = tf.Variable(float(R))  # one variable, not in a list (an AttributeError before)
+    assert float(hvd.broadcast_(single, root).numpy()) == root and float(single.numpy()) == root
     a, b = tf.Variable(float(R)), tf.Variable([R, R])
     hvd.broadcast_variables([a, b], root_rank=root)
     assert float(a.numpy()) == root and b.numpy().tolist() == [root, root]

@@ -19,6 +19,8 @@ def _():
     expect_error(ValueError, hvd.allreduce, torch.ones(2))
     expect_error(ValueError, hvd.allreduce_async_, torch.ones(2), name="before.init")  # the named world path
     expect_error(ValueError, hvd.rank)
+    err = expect_error(ValueError, hvd.broadcast_object, {"a": 1})
+    assert "hvd.init()" in str(err), err  # a Horovod script never calls libddl's ddl_init()
 
 
 hvd.init()
@@ -369,6 +371,11 @@ def _():
     if N > 1:
         expect_error(ValueError, hvd.alltoall, torch.ones(N + 1))
     expect_error(ValueError, hvd.alltoall, torch.ones(N), torch.ones(N))
+    expect_error(ValueError, hvd.reducescatter, torch.ones(N, 2), op=hvd.Max)  # Sum or Average, as Horovod and ddl.tensorflow
+    sparse = hvd.sparse_allreduce_async(torch.ones(2).to_sparse(), name="sparse.handle", op=hvd.Sum)
+    err = expect_error(ValueError, hvd.synchronize, sparse)  # a callable, as Horovod's: it says to call it
+    assert "call it" in str(err), err
+    assert torch.equal(sparse().to_dense(), torch.full((2,), float(N)))
     expect_error(ValueError, hvd.broadcast, torch.ones(1), N)
     x = torch.ones(4)
     h = hvd.allreduce_async(x, name="dup")

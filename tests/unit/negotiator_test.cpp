@@ -398,3 +398,12 @@ TEST_CASE("a rank's local failure fails the op on every rank with its reason and
               now);
   CHECK(names(d) == std::vector<std::string>{"allreduce.4"});
 }
+
+TEST_CASE("an allgather's mismatch says what ranks compared: the element type and the shape of one row") {
+  Negotiator n(2);
+  OpSpec a{OpKind::AllgatherAny, DDL_FLOAT32, DDL_SUM, 0, 0, {}, false, false, {2}};
+  OpSpec b{OpKind::AllgatherAny, DDL_FLOAT32, DDL_SUM, 0, 0, {}, false, false, {}};
+  auto d = n.merge({announce({{"g", a}}), announce({{"g", b}})}, Clock::now());
+  REQUIRE(d.failed.size() == 1);
+  CHECK(d.failed[0].message == "op 'g' differs between ranks: rank 0: allgather of float32 rows of shape (2); rank 1: allgather of float32 elements");
+}

@@ -254,4 +254,5 @@ def join():
 
 
 def world_rank():
+    check_initialized()  # libddl's own error names ddl_init(), which a Horovod script never calls
     return L.int_out(L.lib.ddl_rank)

@@ -36,6 +36,13 @@ def reduce_op(op, average, default=Average):
     return op
 
 
+def reducescatter_op(op):
+    """`op` if a reducescatter may reduce with it: Sum or Average, as Horovod's (one rule for every face)."""
+    if op not in (Average, Sum):
+        raise ValueError("reducescatter reduces with hvd.Sum or hvd.Average only (as Horovod's)")
+    return op
+
+
 # Where data only moves (allgather, broadcast, alltoall), a dtype libddl does not reduce (bool, uint16,
 # uint32, uint64) travels as the signed integer of its size: the bytes are what matter.
 _SAME_SIZE = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}

@@ -383,12 +383,14 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
 
 
 def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
-    """Broadcasts root_rank's values into `variables` (tf.Variables) in place, in one libddl round;
-    returns their new values."""
-    variables = list(variables)
+    """Broadcasts root_rank's values into `variables` (one tf.Variable or a list of them) in place, in
+    one libddl round; returns the new value, or the list of them."""
+    one = isinstance(variables, tf.Variable) or hasattr(variables, "assign")
+    variables = [variables] if one else list(variables)
     values = _broadcast_group([v.read_value() if hasattr(v, "read_value") else v for v in variables], root_rank,
                               name, process_set)
-    return [v.assign(x) for v, x in zip(variables, values)]
+    assigned = [v.assign(x) for v, x in zip(variables, values)]
+    return assigned[0] if one else assigned
 
 
 # ---- alltoall ----
@@ -422,8 +424,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
 # ---- reducescatter ----
 
 def _reducescatter_group(tensors, name, op, prescale, postscale, process_set, grouped, ignore_name_scope=False):
-    if op not in (Average, Sum):
-        raise ValueError("reducescatter reduces with hvd.Sum or hvd.Average only (as Horovod's)")
+    H.reducescatter_op(op)
     ps, tensors, op_name = _prepare(tensors, name, process_set, ignore_name_scope)
     for t in tensors:
         if t.shape.rank == 0:

@@ -12,6 +12,7 @@ one changed import. Start the program with `ddl run` (or mpirun / srun --mpi=pmi
 import torch
 
 from ddl.common import basics as _basics
+from ddl.common import host_ops as _host
 from ddl.common.basics import (init, shutdown, is_initialized, rank, size, local_rank, local_size,  # noqa: F401
                                cross_rank, cross_size, is_homogeneous, mpi_threads_supported, mpi_built, mpi_enabled,
                                gloo_built, gloo_enabled, nccl_built, ddl_built, ccl_built, cuda_built, rocm_built,
@@ -86,7 +87,7 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average, process_set=global_process_set,
                   prescale_factor=1.0, postscale_factor=1.0):
-    op = _ops._reduce_op(op, None)
+    op = _host.reducescatter_op(_ops._reduce_op(op, None))
     compressed, ctx = compression.compress(tensor)
     return compression.decompress(_ag.ReducescatterFn.apply(compressed, name, op, prescale_factor, postscale_factor,
                                                             process_set), ctx)
@@ -94,7 +95,7 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average, p
 
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
                           process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
-    op = _ops._reduce_op(op, None)
+    op = _host.reducescatter_op(_ops._reduce_op(op, None))
     pairs = [compression.compress(t) for t in tensors]
     out = _ag.GroupedReducescatterFn.apply(name, op, prescale_factor, postscale_factor, process_set,
                                            *[p[0] for p in pairs])

@@ -173,12 +173,21 @@ def _c_handles_of(pending):
     return (pending[0],) if type(pending) is tuple else pending.c_handles
 
 
+def _unknown_handle(handle):
+    """The error for a handle synchronize/poll does not know. sparse_allreduce_async (as Horovod's)
+    returns a callable, which is called for its result, not synchronized."""
+    if callable(handle):
+        return ValueError("this handle is sparse_allreduce_async's callable: call it (handle()) for the result "
+                          "instead of passing it to synchronize or poll")
+    return ValueError(f"handle {handle} was not returned by an async op, or was already synchronized")
+
+
 def poll(handle):
     """True when the operation behind `handle` has finished (synchronize() then returns at once).
     Safe against synchronize() of the same handle on another thread (fastpath.poll)."""
     done = _fast.poll(_handle_map, handle)
     if done is None:
-        raise ValueError(f"handle {handle} was not returned by an async op, or was already synchronized")
+        raise _unknown_handle(handle)
     return done
 
 
@@ -189,7 +198,7 @@ def synchronize(handle):
     with _fast.registry_lock:
         pending = _handle_map.pop(handle, None)
     if pending is None:
-        raise ValueError(f"handle {handle} was not returned by an async op, or was already synchronized")
+        raise _unknown_handle(handle)
     if type(pending) is tuple:  # the compiled tensor path's record: (c handle, output, input, full name)
         status = _fast.wait(pending[0])
         _names.release(global_process_set.process_set_id, pending[3])
@@ -697,14 +706,14 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
                         postscale_factor=1.0):
     """Starts reducing `tensor` over ranks and scattering the first dimension: rank r gets rows
     [offset_r, offset_r + n_r), the first (rows % size) ranks one row more than the others."""
-    op = _reduce_op(op, None)
+    op = _host.reducescatter_op(_reduce_op(op, None))
     return _single(_reducescatter_group_async("reducescatter", [tensor], name, op, prescale_factor,
                                               postscale_factor, process_set))
 
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,
                                 postscale_factor=1.0):
-    op = _reduce_op(op, None)
+    op = _host.reducescatter_op(_reduce_op(op, None))
     return _reducescatter_group_async("grouped_reducescatter", list(tensors), name, op, prescale_factor,
                                       postscale_factor, process_set)
 

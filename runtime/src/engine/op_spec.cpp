@@ -19,6 +19,13 @@ const char* op_kind_name(OpKind kind) {
 
 std::string OpSpec::describe() const {
   if (kind == OpKind::Barrier || kind == OpKind::Join) return op_kind_name(kind);
+  if (kind == OpKind::AllgatherAny || kind == OpKind::AlltoallAny) {
+    // Each rank's row count is its own: ranks agree on the type and the shape of one row.
+    std::string s = shape.empty() ? fmt::format("{} of {} elements", op_kind_name(kind), dtype_name(dtype))
+                                  : fmt::format("{} of {} rows of shape ({})", op_kind_name(kind), dtype_name(dtype), fmt::join(shape, ","));
+    if (group_size > 0) s += fmt::format(" (one of a group of {})", group_size);
+    return s;
+  }
   std::string s = fmt::format("{} {}[{}]", op_kind_name(kind), dtype_name(dtype), count);
   if (!shape.empty()) s += fmt::format(" shape ({})", fmt::join(shape, ","));
   if (kind == OpKind::Allreduce || kind == OpKind::Reducescatter) s += fmt::format(" {}", reduce_op_name(reduce));
