@@ -27,6 +27,7 @@ class OpOptions(ctypes.Structure):
         ("shape", ctypes.POINTER(ctypes.c_longlong)),
         ("ndim", ctypes.c_int),
         ("group_size", ctypes.c_uint),  # a part of a grouped call of this many ops (0: not grouped)
+        ("call_site", ctypes.c_char_p),  # "train.py:42" under DDL_CHECK_CALL_SITES=1 (common/call_sites.py)
     ]
 
 

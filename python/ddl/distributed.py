@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from ddl import _lib as L
 from ddl.common import basics as _basics
+from ddl.common import call_sites
 from ddl.common import exceptions as _exceptions  # noqa: F401  (registers the statuses' exception types)
 
 BACKEND_NAME = "ddl"
@@ -512,6 +513,8 @@ class ProcessGroupDDL(dist.ProcessGroup):
         # The group's ops are named by their place in the group's sequence: libddl then fails every
         # later one at once after one fails, rather than let it pair with another call of a peer.
         options = L.OpOptions(self._set, 1.0, 1.0, L.ORDERED, None, None, 0)
+        if call_sites.ENABLED:
+            options.call_site = call_sites.caller()
         if tensor.is_cuda:
             stream = torch.cuda.current_stream(tensor.device)
             options.flags |= L.CUDA_BUFFERS

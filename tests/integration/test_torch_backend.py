@@ -155,6 +155,64 @@ class TorchBackendFlag(unittest.TestCase):
         self.assertIn("--torch-backend nccl: the only backend ddl can put under a script is ddl", result.stderr)
 
 
+class OutOfStep(unittest.TestCase):
+    """A group's ops pair up by their place in its sequence. A call only rank 0 makes, whose tensor
+    equals the next call's, paired with the others' next call: a wrong sum, silently (as gloo). With
+    DDL_CHECK_CALL_SITES=1 the two places differ and the op fails on every rank naming both; the
+    group's sequence is then broken, so the later calls fail at once instead of pairing wrongly or
+    waiting for the timeout. Without it, the partner-less last call times out and breaks it."""
+
+    SKIP = """
+        import datetime, torch, torch.distributed as dist, ddl.distributed
+        dist.init_process_group("ddl", timeout=datetime.timedelta(seconds=5))  # a group's ops wait this long
+        r, n = dist.get_rank(), dist.get_world_size()
+        def attempt(what, f):
+            try:
+                print(what, "->", f(), flush=True)
+            except Exception as e:
+                print(what, "raised", "differs between ranks" in str(e), "out of step" in str(e),
+                      "skip_check.py:" in str(e), "timed out" in str(e), flush=True)
+        # The call sites are the lines that call dist.all_reduce (the innermost frame of the program).
+        if r == 0:
+            attempt("lone", lambda: (dist.all_reduce(t := torch.ones(1)), t.tolist())[1])
+        attempt("both", lambda: (dist.all_reduce(t := torch.ones(1) * (r + 1)), t.tolist())[1])
+        attempt("later", lambda: (dist.all_reduce(t := torch.ones(1) * (r + 1)), t.tolist())[1])
+        # A new group starts its own sequence: in step again.
+        g = dist.new_group(list(range(n)))
+        t = torch.ones(1)
+        dist.all_reduce(t, group=g)
+        print("new group", t.tolist(), flush=True)
+    """
+
+    def run_skip(self, np, env):
+        folder = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, folder)
+        script = os.path.join(folder, "skip_check.py")
+        with open(script, "w") as f:
+            f.write(textwrap.dedent(self.SKIP))
+        result = run_python(np, script, env={"DDL_TIMEOUT": "5", **env}, timeout=300)
+        self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
+        return lines_by_rank(result.stdout)
+
+    def test_with_call_sites_a_skipped_call_fails_on_every_rank_naming_both_places(self):
+        for np in (2, 3):
+            with self.subTest(ranks=np):
+                by_rank = self.run_skip(np, {"DDL_CHECK_CALL_SITES": "1"})
+                # "out of step" errors quote the first failure, the mismatch naming both places.
+                self.assertEqual(by_rank[0], ["lone raised True False True False", "both raised True True True False",
+                                              "later raised True True True False", f"new group [{float(np)}]"])
+                for r in range(1, np):
+                    self.assertEqual(by_rank[r], ["both raised True False True False", "later raised True True True False",
+                                                  f"new group [{float(np)}]"])
+
+    def test_without_call_sites_the_partner_less_call_times_out_and_the_sequence_breaks(self):
+        # What gloo does too: rank 0's lone call pairs with rank 1's "both" (3.0 where rank 0 alone
+        # meant 1 + 2), its "both" with rank 1's "later"; its own "later" has no partner and times out.
+        by_rank = self.run_skip(2, {})
+        self.assertEqual(by_rank[0], ["lone -> [3.0]", "both -> [3.0]", "later raised False False False True", "new group [2.0]"])
+        self.assertEqual(by_rank[1], ["both -> [3.0]", "later -> [3.0]", "new group [2.0]"])
+
+
 class Failures(unittest.TestCase):
     def test_a_rank_that_dies_mid_step_fails_the_run_with_its_code(self):
         started = time.monotonic()

@@ -405,5 +405,6 @@ TEST_CASE("an allgather's mismatch says what ranks compared: the element type an
   OpSpec b{OpKind::AllgatherAny, DDL_FLOAT32, DDL_SUM, 0, 0, {}, false, false, {}};
   auto d = n.merge({announce({{"g", a}}), announce({{"g", b}})}, Clock::now());
   REQUIRE(d.failed.size() == 1);
-  CHECK(d.failed[0].message == "op 'g' differs between ranks: rank 0: allgather of float32 rows of shape (2); rank 1: allgather of float32 elements");
+  CHECK(d.failed[0].message ==
+        "op 'g' differs between ranks: rank 0: allgather of float32 rows of shape (2); rank 1: allgather of float32 elements");
 }

@@ -24,6 +24,7 @@ import os
 import threading
 
 from ddl import _lib as L
+from ddl.common import call_sites
 
 
 class _CtypesRefused(Exception):
@@ -34,6 +35,8 @@ def _load_compiled():
     """(the compiled module, None) or (None, why not)."""
     if os.environ.get("DDL_PYTHON_FASTPATH", "1") == "0":
         return None, "DDL_PYTHON_FASTPATH=0"
+    if call_sites.ENABLED:  # the compiled path's options are shared by every call of a shape
+        return None, "DDL_CHECK_CALL_SITES=1"
     try:
         from ddl import _fastpath
     except ImportError as error:  # not built (no Python headers at build time), or a Python older than 3.10

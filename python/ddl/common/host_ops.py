@@ -10,6 +10,7 @@ import numpy as np
 
 from ddl import _lib as L
 from ddl.common import basics
+from ddl.common import call_sites
 from ddl.common.names import names
 from ddl.common.process_sets import ProcessSet, _registry, global_process_set
 
@@ -109,8 +110,9 @@ _OPTIONS_CACHE_LIMIT = 4096
 
 def options(process_set, shape=None, prescale=1.0, postscale=1.0, flags=0, stream=None, group_size=0):
     """libddl's options of an op (the shape is kept alive with them). Shared: never change one.
-    `group_size`: the op is one of a grouped call of that many, which every rank must agree on."""
-    if stream is not None:
+    `group_size`: the op is one of a grouped call of that many, which every rank must agree on.
+    Under DDL_CHECK_CALL_SITES=1 each op's options are its own, with its caller's place."""
+    if stream is not None or call_sites.ENABLED:
         return _new_options(process_set, shape, prescale, postscale, flags, stream, group_size)
     if shape is not None and not isinstance(shape, tuple):
         shape = tuple(shape)
@@ -130,7 +132,7 @@ world_plain_addresses = {}  # shape -> (address, options), for the compiled tens
 
 def world_options(shape, prescale=1.0, postscale=1.0):
     """options(global_process_set, shape, prescale, postscale) with one dict lookup for the common case."""
-    if prescale == 1.0 and postscale == 1.0:
+    if prescale == 1.0 and postscale == 1.0 and not call_sites.ENABLED:
         opts = _world_plain_options.get(shape)
         if opts is None:
             if len(_world_plain_options) >= _OPTIONS_CACHE_LIMIT:
@@ -145,6 +147,8 @@ def world_options(shape, prescale=1.0, postscale=1.0):
 def _new_options(process_set, shape, prescale, postscale, flags, stream, group_size=0):
     opts = L.OpOptions()
     opts.group_size = group_size
+    if call_sites.ENABLED:
+        opts.call_site = call_sites.caller()
     opts.process_set = process_set._c_handle
     opts.prescale = prescale
     opts.postscale = postscale

@@ -230,9 +230,13 @@ typedef struct {
   const long long* shape;      /* optional (ndim 0): the tensor's shape, which ranks must agree on; */
   int ndim;                    /* for allgatherv and alltoallv every dimension but the first */
   unsigned group_size;         /* the op is one of a grouped call of this many ops (0: not grouped), which ranks must agree on */
+  /* optional (NULL): where the program made the call ("train.py:42"), which ranks must agree on too:
+   * two calls alike from different places are a mismatch naming both (the Python faces pass it under
+   * DDL_CHECK_CALL_SITES=1). Up to 256 bytes are compared. */
+  const char* call_site;
 } ddl_op_options;
 #define DDL_OP_OPTIONS_INIT \
-  { NULL, 1.0, 1.0, 0u, NULL, NULL, 0, 0u }
+  { NULL, 1.0, 1.0, 0u, NULL, NULL, 0, 0u, NULL }
 
 /* The general, asynchronous forms (an op refused at once fails in the call, as above). Ranks and
  * roots are ranks within the process set. Scaling

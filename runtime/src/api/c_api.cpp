@@ -755,11 +755,14 @@ ddl_status read_options(const ddl_op_options* given, ddl_op_options& o, std::vec
   return DDL_SUCCESS;
 }
 
+constexpr size_t kCallSiteBytes = 256;  // of ddl_op_options.call_site: what ranks compare and announce
+
 // What the options add to the spec every rank agrees on: the group the op belongs to, and whether
 // its name is its place in an order (unnamed ops are, whatever the flag says).
 OpSpec agreed(OpSpec spec, const ddl_op_options& o) {
   spec.group_size = o.group_size;
   spec.ordered = (o.flags & DDL_ORDERED) != 0;
+  if (o.call_site != nullptr) spec.call_site.assign(o.call_site, ::strnlen(o.call_site, kCallSiteBytes));
   return spec;
 }
 

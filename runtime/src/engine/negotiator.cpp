@@ -220,11 +220,13 @@ RoundDecision Negotiator::merge(const std::vector<Announcement>& announcements, 
       remember(name, spec);
     } else {
       // Every rank submitted this number, so a mismatch leaves the order in step (Horovod's own tests
-      // go on after one); groups of different sizes do not: one rank has parts the others lack.
-      const bool groups_differ =
-          std::any_of(e.specs.begin(), e.specs.end(), [&](const auto& s) { return s && s->group_size != first.group_size; });
+      // go on after one); groups of different sizes do not (one rank has parts the others lack), nor
+      // calls from different places (DDL_CHECK_CALL_SITES: some rank made a call the others did not).
+      const bool counts_apart = std::any_of(e.specs.begin(), e.specs.end(), [&](const auto& s) {
+        return s && (s->group_size != first.group_size || s->call_site != first.call_site);
+      });
       OpSpec breaks = first;
-      breaks.ordered = any_ordered && groups_differ;
+      breaks.ordered = any_ordered && counts_apart;
       fail(decision, {*c.name, DDL_ERROR_MISMATCH, mismatch_message(*c.name, e)}, breaks);
     }
     table_.erase(it);  // c.name pointed to its key

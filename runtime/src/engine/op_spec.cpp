@@ -21,9 +21,11 @@ std::string OpSpec::describe() const {
   if (kind == OpKind::Barrier || kind == OpKind::Join) return op_kind_name(kind);
   if (kind == OpKind::AllgatherAny || kind == OpKind::AlltoallAny) {
     // Each rank's row count is its own: ranks agree on the type and the shape of one row.
-    std::string s = shape.empty() ? fmt::format("{} of {} elements", op_kind_name(kind), dtype_name(dtype))
-                                  : fmt::format("{} of {} rows of shape ({})", op_kind_name(kind), dtype_name(dtype), fmt::join(shape, ","));
+    std::string s = shape.empty()
+                        ? fmt::format("{} of {} elements", op_kind_name(kind), dtype_name(dtype))
+                        : fmt::format("{} of {} rows of shape ({})", op_kind_name(kind), dtype_name(dtype), fmt::join(shape, ","));
     if (group_size > 0) s += fmt::format(" (one of a group of {})", group_size);
+    if (!call_site.empty()) s += fmt::format(" called at {}", call_site);
     return s;
   }
   std::string s = fmt::format("{} {}[{}]", op_kind_name(kind), dtype_name(dtype), count);
@@ -36,6 +38,7 @@ std::string OpSpec::describe() const {
   s += cuda ? " on cuda" : "";
   s += compress_fp16 ? " compressed to float16" : "";
   if (group_size > 0) s += fmt::format(" (one of a group of {})", group_size);
+  if (!call_site.empty()) s += fmt::format(" called at {}", call_site);
   return s;
 }
 
@@ -68,6 +71,7 @@ uint64_t digest_of_rest(const OpSpec& spec) {
   mix(std::bit_cast<uint64_t>(spec.postscale));
   mix((spec.cuda ? 1 : 0) | (spec.compress_fp16 ? 2 : 0) | (spec.ordered ? 4 : 0));
   mix(spec.group_size);
+  for (char c : spec.call_site) mix(static_cast<unsigned char>(c));
   return h;
 }
 
@@ -85,14 +89,15 @@ std::string Announcement::serialize() const {
       .u32(static_cast<uint32_t>(submitted.size()));
   for (const auto& [name, spec] : submitted) {
     w.str(name).u8(static_cast<uint8_t>(spec.kind)).u8(static_cast<uint8_t>(spec.dtype)).u8(static_cast<uint8_t>(spec.reduce));
-    w.u8(
-        static_cast<uint8_t>((spec.cuda ? 1 : 0) | (spec.compress_fp16 ? 2 : 0) | (spec.ordered ? 4 : 0) | (spec.failure.empty() ? 0 : 8)));
+    w.u8(static_cast<uint8_t>((spec.cuda ? 1 : 0) | (spec.compress_fp16 ? 2 : 0) | (spec.ordered ? 4 : 0) | (spec.failure.empty() ? 0 : 8) |
+                              (spec.call_site.empty() ? 0 : 16)));
     w.i64(spec.root).i64(static_cast<int64_t>(spec.count)).u32(static_cast<uint32_t>(spec.counts.size()));
     for (uint64_t c : spec.counts) w.i64(static_cast<int64_t>(c));
     w.u32(static_cast<uint32_t>(spec.shape.size()));
     for (int64_t d : spec.shape) w.i64(d);
     w.i64(std::bit_cast<int64_t>(spec.prescale)).i64(std::bit_cast<int64_t>(spec.postscale)).u32(spec.group_size);
     if (!spec.failure.empty()) w.str(spec.failure);
+    if (!spec.call_site.empty()) w.str(spec.call_site);
   }
   w.u32(static_cast<uint32_t>(expired.size()));
   for (const auto& name : expired) w.str(name);
@@ -158,6 +163,11 @@ Announcement Announcement::parse(const std::string& bytes) {
       auto failure = r.str();
       if (!failure || failure->empty()) throw fail();
       spec.failure = std::move(*failure);
+    }
+    if (*cuda & 16) {
+      auto call_site = r.str();
+      if (!call_site || call_site->empty()) throw fail();
+      spec.call_site = std::move(*call_site);
     }
     a.submitted.emplace_back(std::move(*name), std::move(spec));
   }

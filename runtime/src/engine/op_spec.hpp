@@ -45,13 +45,14 @@ struct OpSpec {
   // group's sequence): once such an op fails, later ones of the process set could pair with the
   // wrong calls, so they fail at once (see Negotiator).
   bool ordered = false;
-  std::string failure;  // a local error of this rank: the op takes its place, and every rank fails it with this
+  std::string failure;    // a local error of this rank: the op takes its place, and every rank fails it with this
+  std::string call_site;  // where the caller submitted it ("train.py:42"), with DDL_CHECK_CALL_SITES=1; empty: not checked
 
   // Scale factors compare by their bits: a NaN factor every rank passes is the same op on every rank.
   bool operator==(const OpSpec& other) const {
-    return std::tie(kind, dtype, reduce, root, count, counts, cuda, compress_fp16, shape, group_size, ordered, failure) ==
+    return std::tie(kind, dtype, reduce, root, count, counts, cuda, compress_fp16, shape, group_size, ordered, failure, call_site) ==
                std::tie(other.kind, other.dtype, other.reduce, other.root, other.count, other.counts, other.cuda, other.compress_fp16,
-                        other.shape, other.group_size, other.ordered, other.failure) &&
+                        other.shape, other.group_size, other.ordered, other.failure, other.call_site) &&
            std::bit_cast<uint64_t>(prescale) == std::bit_cast<uint64_t>(other.prescale) &&
            std::bit_cast<uint64_t>(postscale) == std::bit_cast<uint64_t>(other.postscale);
   }
