@@ -13,22 +13,21 @@ _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep 
 _FRAMEWORKS = ("torch", "tensorflow", "keras", "tf_keras")
 
 
-_dirs_for = {}  # which frameworks are imported -> their folders and ddl's
+_dirs = (0, ())  # (len(sys.modules) when found, the folders)
 
 
 def _library_dirs():
     """Folders whose frames are not the program's: ddl's own, and the frameworks' (torch.distributed
-    calls the backend, Keras calls the optimizer)."""
-    present = tuple(name in sys.modules for name in _FRAMEWORKS)
-    dirs = _dirs_for.get(present)
-    if dirs is None:
+    calls the backend, Keras calls the optimizer). Found again only when modules were imported since."""
+    global _dirs
+    if _dirs[0] != len(sys.modules):
         found = [_PACKAGE]
         for name in _FRAMEWORKS:
             path = getattr(sys.modules.get(name), "__file__", None)
             if path:
                 found.append(os.path.dirname(os.path.abspath(path)) + os.sep)
-        dirs = _dirs_for[present] = tuple(found)
-    return dirs
+        _dirs = (len(sys.modules), tuple(found))
+    return _dirs[1]
 
 
 def caller():
