@@ -510,9 +510,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
         thread at once (DDL_BLOCKING), which it does when the caller waits at once: a CUDA op is then
         enqueued by this thread and done on the GPU when the call returns, with no hand-over to
         libddl's thread and back."""
-        # The group's ops are named by their place in the group's sequence: libddl then fails every
-        # later one at once after one fails, rather than let it pair with another call of a peer.
-        options = L.OpOptions(self._set, 1.0, 1.0, L.ORDERED, None, None, 0)
+        options = self._sequence_options()
         if call_sites.ENABLED:
             options.call_site = call_sites.caller()
         if tensor.is_cuda:
@@ -555,12 +553,18 @@ class ProcessGroupDDL(dist.ProcessGroup):
         stream, self._calling.stream = self._calling.stream, None
         return _work(_Op(handles, finish, keep, stream), self._completer, caller, overlaps)
 
+    def _sequence_options(self):
+        """Options of an op of this group on host buffers. The group's ops are named by their place in
+        its sequence (DDL_ORDERED): libddl then fails every later one at once after one fails, rather
+        than let it pair with another call of a peer."""
+        return L.OpOptions(self._set, 1.0, 1.0, L.ORDERED, None, None, 0)
+
     def _fail_in_step(self, kind, error):
         """Raises `error`, a check only this rank can make (the root's lists), after taking the op's
         place in the group's sequence with it (ddl_fail_ex): the other members' op fails with the same
         reason instead of waiting for the timeout, and the sequence stays in step on every rank."""
         handle = ctypes.c_void_p()
-        options = L.OpOptions(self._set, 1.0, 1.0, L.ORDERED, None, None, 0)
+        options = self._sequence_options()
         if L.lib.ddl_fail_ex(self._name(kind), str(error).encode(), ctypes.byref(options), ctypes.byref(handle)) == L.SUCCESS:
             L.lib.ddl_wait(handle)  # fails, as it should, once every member reached the op
         raise error

@@ -669,6 +669,8 @@ def _reducescatter_group_async(kind, tensors, name, op, prescale, postscale, pro
     if len({t.is_cuda for t in tensors}) > 1:
         raise RuntimeError("grouped ops need every tensor on the same device (all CPU or all CUDA)")
 
+    group = _host.group_size(len(tensors), kind != "reducescatter")
+
     def launch(full_name):
         c_handles, results, keep = [], [], []
         try:
@@ -687,7 +689,7 @@ def _reducescatter_group_async(kind, tensors, name, op, prescale, postscale, pro
                     data = data.cpu()
                 out = data.new_empty((rows[me],) + tuple(src.shape[1:]))
                 opts = _options(target, data if on_gpu else None, tuple(src.shape), 1.0 if cuda else prescale,
-                                1.0 if cuda else postscale, group_size=_host.group_size(len(tensors), kind != "reducescatter"))
+                                1.0 if cuda else postscale, group_size=group)
                 sub = full_name if kind == "reducescatter" else _part(full_name, i)
                 h = _submit(L.lib.ddl_reducescatter_ex, sub, data.data_ptr(), out.data_ptr(),
                             _sizes([r * row for r in rows]), dtype, _REDUCE[op], ctypes.byref(opts))
