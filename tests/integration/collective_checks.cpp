@@ -323,6 +323,51 @@ void check_broadcast_gather_alltoall() {
   require(ddl_barrier(), "barrier");
 }
 
+// ddl_allgather_ex and ddl_alltoall_ex on a process set of the world's last ranks (all but rank 0,
+// where there are two or more), async and DDL_BLOCKING; the older forms above are calls of them.
+void check_gather_and_alltoall_on_a_set() {
+  std::vector<int> members;
+  for (int r = g_size > 1 ? 1 : 0; r < g_size; ++r) members.push_back(r);
+  ddl_process_set set = nullptr;
+  require(ddl_process_set_create(members.data(), static_cast<int>(members.size()), &set), "set of the last ranks");
+  int set_rank = -1, set_size = 0;
+  require(ddl_process_set_rank(set, &set_rank), "set rank");
+  require(ddl_process_set_size(set, &set_size), "set size");
+  ddl_op_options on_set = DDL_OP_OPTIONS_INIT;
+  on_set.process_set = set;
+  int32_t mine[2] = {g_rank * 10, g_rank * 10 + 1};
+  if (set_rank < 0) {
+    int32_t out[2] = {};
+    ddl_handle h = nullptr;
+    check(ddl_allgather_ex("set.allgather", mine, out, 2, DDL_INT32, &on_set, &h) == DDL_ERROR_INVALID_ARGUMENT,
+          "ddl_allgather_ex on a set this rank is not a member of is refused");
+  } else {
+    std::vector<int32_t> gathered(2 * static_cast<size_t>(set_size), -1);
+    ddl_handle h = nullptr;
+    require(ddl_allgather_ex("set.allgather", mine, gathered.data(), 2, DDL_INT32, &on_set, &h), "set.allgather");
+    require(ddl_wait(h), "set.allgather wait");
+    bool ok = true;
+    for (int i = 0; i < set_size; ++i)
+      ok = ok && gathered[2 * static_cast<size_t>(i)] == members[static_cast<size_t>(i)] * 10 &&
+           gathered[2 * static_cast<size_t>(i) + 1] == members[static_cast<size_t>(i)] * 10 + 1;
+    check(ok, "ddl_allgather_ex on a set: every member's block, in set rank order");
+    ddl_op_options blocking = on_set;
+    blocking.flags = DDL_BLOCKING;
+    std::vector<int64_t> out(static_cast<size_t>(set_size)), in(out.size(), -1);
+    for (int j = 0; j < set_size; ++j) out[static_cast<size_t>(j)] = set_rank * 100 + j;
+    require(ddl_alltoall_ex("set.alltoall", out.data(), in.data(), 1, DDL_INT64, &blocking, nullptr), "set.alltoall");
+    ok = true;
+    for (int j = 0; j < set_size; ++j) ok = ok && in[static_cast<size_t>(j)] == j * 100 + set_rank;
+    check(ok, "DDL_BLOCKING ddl_alltoall_ex on a set: block j comes from set rank j");
+    ddl_op_options cuda = on_set;
+    cuda.flags = DDL_CUDA_BUFFERS;
+    check(ddl_alltoall_ex("set.alltoall.cuda", out.data(), in.data(), 1, DDL_INT64, &cuda, &h) == DDL_ERROR_UNSUPPORTED &&
+              std::string(ddl_last_error()).find("ddl_alltoallv_ex") != std::string::npos,
+          "ddl_alltoall_ex of CUDA buffers is refused at once, naming ddl_alltoallv_ex");
+  }
+  require(ddl_process_set_destroy(set), "destroy the set of the last ranks");
+}
+
 void check_one_step_in_rank_dependent_order(int step);
 
 // Ranks submit the same 50 named ops in different orders (odd ranks backwards), async, for three
@@ -483,6 +528,7 @@ int main(int argc, char** argv) {
     check_cuda_refusals();
     check_refused_at_submit();
     check_broadcast_gather_alltoall();
+    check_gather_and_alltoall_on_a_set();
     check_submission_order();
   }
   require(ddl_finalize(), "ddl_finalize");

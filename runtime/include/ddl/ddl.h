@@ -208,8 +208,8 @@ DDL_API ddl_status ddl_process_set_ranks(ddl_process_set set, int* ranks);
 /* Options of the *_ex operations. Start from DDL_OP_OPTIONS_INIT. */
 #define DDL_CUDA_BUFFERS 2u /* flag: the buffers are CUDA device memory, enqueued on `stream` */
 /* flag: the op is done when the call returns, run on the calling thread as the blocking forms are;
- * `handle` may be NULL and is set to NULL. For ddl_allreduce_ex, ddl_broadcast_ex,
- * ddl_allgatherv_ex and ddl_reducescatter_ex. With DDL_CUDA_BUFFERS the op is enqueued on `stream`
+ * `handle` may be NULL and is set to NULL. For ddl_allreduce_ex, ddl_broadcast_ex, ddl_allgather_ex,
+ * ddl_allgatherv_ex, ddl_alltoall_ex and ddl_reducescatter_ex. With DDL_CUDA_BUFFERS the op is enqueued on `stream`
  * (by the calling thread, unless another thread is running libddl's rounds just then) and the call
  * returns once the GPU has finished it. */
 #define DDL_BLOCKING 4u
@@ -238,13 +238,17 @@ typedef struct {
 #define DDL_OP_OPTIONS_INIT \
   { NULL, 1.0, 1.0, 0u, NULL, NULL, 0, 0u, NULL }
 
-/* The general, asynchronous forms (an op refused at once fails in the call, as above). Ranks and
- * roots are ranks within the process set. Scaling
- * follows Horovod: integers scale in double and truncate, 16-bit floats in float. */
+/* The general forms, asynchronous unless DDL_BLOCKING (an op refused at once fails in the call, as
+ * above). Every other collective above is one of these with the options it stands for. Ranks and
+ * roots are ranks within the process set. Scaling follows Horovod: integers scale in double and
+ * truncate, 16-bit floats in float. */
 DDL_API ddl_status ddl_allreduce_ex(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype, ddl_reduce_op op,
                                     const ddl_op_options* options, ddl_handle* handle);
 DDL_API ddl_status ddl_broadcast_ex(const char* name, void* buffer, size_t count, ddl_dtype dtype, int root, const ddl_op_options* options,
                                     ddl_handle* handle);
+/* recv (set size * count elements) holds every rank's send, in rank order. */
+DDL_API ddl_status ddl_allgather_ex(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype,
+                                    const ddl_op_options* options, ddl_handle* handle);
 /* recv_counts[r] elements come from rank r of the set; this rank sends recv_counts[its rank]. */
 DDL_API ddl_status ddl_allgatherv_ex(const char* name, const void* send, void* recv, const size_t* recv_counts, ddl_dtype dtype,
                                      const ddl_op_options* options, ddl_handle* handle);
@@ -263,6 +267,10 @@ DDL_API ddl_status ddl_gathered(ddl_handle handle, size_t* counts, const void** 
  * Host buffers. */
 DDL_API ddl_status ddl_alltoall_any_ex(const char* name, const void* send, const size_t* send_counts, ddl_dtype dtype,
                                        const ddl_op_options* options, ddl_handle* handle);
+/* Block j of send (count elements) goes to rank j of the set; block j of recv comes from rank j.
+ * Host buffers (for CUDA buffers, ddl_alltoallv_ex with equal counts). */
+DDL_API ddl_status ddl_alltoall_ex(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype,
+                                   const ddl_op_options* options, ddl_handle* handle);
 /* send_counts[j] elements go to rank j (blocks in rank order); recv_counts[j] come from rank j.
  * Each rank passes its own counts, which must match its peers' (ranks learn them beforehand, e.g.
  * with an alltoall of the counts): when any rank's recv_counts[j] differs from what rank j sends it,

@@ -1,0 +1,288 @@
+// The C API's start-up and shutdown (ddl_init, ddl_finalize), what a rank knows of the world it
+// joined, and the calls that describe the library: versions, status strings, NCCL, timelines.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "common/environment.hpp"
+#include "common/error.hpp"
+#include "common/net_address.hpp"
+#include "ddl/ddl.h"
+#include "rendezvous/gloo_store.hpp"
+#include "rendezvous/pmix_store.hpp"
+#include "rendezvous/tcp_store_client.hpp"
+#include "runtime/src/api/api_state.hpp"
+#include "runtime/src/engine/dtype.hpp"
+#include "runtime/src/transports/collectives.hpp"
+#include "runtime/src/transports/nccl_library.hpp"
+
+namespace ddl::api {
+namespace {
+
+std::mutex g_mutex;
+// Never destroyed: a process that exits without ddl_finalize (say, after an error) must not wait
+// at exit for the other ranks to finalize; its connections close and the peers see it leave.
+std::shared_ptr<Runtime>& g_runtime = *new std::shared_ptr<Runtime>;
+int g_generation = 0;  // keeps the store keys of successive ddl_init calls apart
+thread_local std::string t_last_error;
+
+}  // namespace
+
+ddl_status fail(ddl_status status, std::string message) {
+  t_last_error = std::move(message);
+  return status;
+}
+
+const std::string& last_error() { return t_last_error; }
+
+std::shared_ptr<Runtime> current_runtime() {
+  std::lock_guard lock(g_mutex);
+  return g_runtime;
+}
+
+namespace {
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  errno = 0;
+  long n = std::strtol(v, &end, 10);
+  if (*end != '\0') throw ddl::Error(fmt::format("{}='{}' is not a whole number", name, v));
+  // Cast to int, 4294967296 became rank 0: a second rank 0, silently.
+  if (errno == ERANGE || n < INT_MIN || n > INT_MAX) throw ddl::Error(fmt::format("{}='{}' is out of range", name, v));
+  return static_cast<int>(n);
+}
+
+// The file this rank writes a timeline to: "%r" in the path becomes the rank, so every rank can
+// write its own; otherwise rank 0 writes and the others none (empty), as Horovod's coordinator does.
+std::string timeline_path_for(std::string path, int rank) {
+  auto at = path.find("%r");
+  if (at != std::string::npos) return path.replace(at, 2, std::to_string(rank));
+  return rank == 0 ? path : std::string();
+}
+
+}  // namespace
+
+runtime::EngineConfig engine_config(int rank) {
+  runtime::EngineConfig c;
+  c.cycle_time = std::chrono::microseconds(static_cast<long long>(ddl::number_from_environment("DDL_CYCLE_TIME_MS", 1, 0, 60'000) * 1000));
+  c.fusion_threshold = static_cast<size_t>(ddl::number_from_environment("DDL_FUSION_THRESHOLD", 64.0 * 1024 * 1024, 0, 0x1p40));
+  c.timeout = ddl::timeout_from_environment();
+  if (const char* t = std::getenv("DDL_TIMELINE"); t != nullptr && *t != '\0') c.timeline_path = timeline_path_for(t, rank);
+  return c;
+}
+
+namespace {
+
+// store: `ddl run`'s store; pmix: a PMIx launcher; single: this process alone.
+std::string bootstrap_mode() {
+  const char* forced = std::getenv("DDL_BOOTSTRAP");
+  if (forced != nullptr && *forced != '\0') {
+    std::string mode = forced;
+    if (mode != "store" && mode != "pmix" && mode != "single")
+      throw ddl::Error(fmt::format("DDL_BOOTSTRAP='{}' is not one of store, pmix, single", mode));
+    return mode;
+  }
+  if (std::getenv("DDL_STORE_ADDR") != nullptr) return "store";
+  if (std::getenv("PMIX_RANK") != nullptr && ddl::runtime::pmix_compiled_in()) return "pmix";
+  return "single";
+}
+
+}  // namespace
+
+// One node: peers are reached over loopback. Several: at this host's address on the route to the
+// store's host (DDL_GLOO_ADDR overrides it), else (PMIx, or the store's own host) by its name.
+std::string interface_host(int num_nodes) {
+  if (num_nodes <= 1) return "127.0.0.1";
+  if (const char* given = std::getenv("DDL_GLOO_ADDR"); given != nullptr && *given != '\0') return given;
+  if (const char* store = std::getenv("DDL_STORE_ADDR"); store != nullptr) {
+    const std::string addr = store;
+    std::string towards = ddl::address_towards(addr.substr(0, addr.rfind(':')));
+    if (!towards.starts_with("127.")) return towards;  // on the store's own host the route is loopback
+  }
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  return name;
+}
+
+namespace {
+
+// A timeline is valid JSON only once closed, and most programs (Python scripts above all) exit
+// without ddl_finalize: close the world's at exit. try_lock: a thread that holds g_mutex at exit
+// may never let go of it.
+void close_timeline_at_exit() {
+  std::unique_lock lock(g_mutex, std::try_to_lock);
+  if (!lock.owns_lock() || !g_runtime || !g_runtime->engine) return;
+  g_runtime->engine->timeline().close();
+}
+
+std::shared_ptr<Runtime> start_runtime(int generation) {
+  static std::once_flag at_exit_registered;
+  std::call_once(at_exit_registered, [] { std::atexit(close_timeline_at_exit); });
+  auto rt = std::make_shared<Runtime>();
+  rt->mode = bootstrap_mode();
+  rt->generation = generation;
+  if (rt->mode == "single") {
+    rt->engine = std::make_shared<Engine>(ddl::runtime::make_single_process_collectives(), engine_config(0));
+    return rt;
+  }
+  int rank = 0, size = 1;
+  if (rt->mode == "store") {
+    rank = env_int("DDL_RANK", -1);
+    size = env_int("DDL_SIZE", -1);
+    if (rank < 0 || size < 1 || rank >= size)
+      throw ddl::Error("DDL_RANK and DDL_SIZE are missing or out of range: start the program with `ddl run`");
+    rt->placement = {env_int("DDL_LOCAL_RANK", 0), env_int("DDL_LOCAL_SIZE", 1), env_int("DDL_NODE_RANK", 0), env_int("DDL_NUM_NODES", 1)};
+    if (!rt->placement.consistent())
+      throw ddl::Error(
+          "DDL_LOCAL_RANK, DDL_LOCAL_SIZE, DDL_NODE_RANK and DDL_NUM_NODES are out of range: start the program with `ddl run`");
+    rt->store = ddl::runtime::make_tcp_gloo_store(ddl::store::TcpStoreClient::from_environment(), fmt::format("ddl/{}/gloo", generation));
+  } else {
+    rt->pmix = std::make_unique<ddl::runtime::PmixSession>(engine_config(0).timeout);
+    const auto& w = rt->pmix->world();
+    rank = w.rank;
+    size = w.size;
+    // PMIx node ids need not count from 0; a world whose ranks all share this node is one node.
+    rt->placement = {w.local_rank, w.local_size, w.local_size == w.size ? 0 : w.node_rank, w.local_size == w.size ? 1 : 2};
+    rt->store = rt->pmix->gloo_store(std::to_string(generation));
+  }
+  auto config = engine_config(rank);
+  // All ranks on this node: shared memory, unless DDL_SHM=0; else (or if it cannot be set up) Gloo.
+  std::unique_ptr<ddl::runtime::Collectives> collectives;
+  const char* shm = std::getenv("DDL_SHM");
+  if (rt->placement.local_size == size && !(shm != nullptr && std::string(shm) == "0"))
+    collectives = ddl::runtime::make_shared_memory_collectives(rank, size, *rt->store, config.timeout);
+  rt->shared_memory = collectives != nullptr;
+  // Several hosts (ddl run's store: ranks host by host, any number on each): shared memory within
+  // a host and Gloo between hosts, unless DDL_SHM=0.
+  const bool several_hosts = rt->mode == "store" && rt->placement.num_nodes > 1;
+  if (!collectives && several_hosts && !(shm != nullptr && std::string(shm) == "0"))
+    collectives = ddl::runtime::make_hierarchical_collectives(rank, size, rt->placement.node_rank, *rt->store,
+                                                              interface_host(rt->placement.num_nodes), config.timeout);
+  if (!collectives)
+    collectives = ddl::runtime::make_gloo_collectives(rank, size, *rt->store, interface_host(rt->placement.num_nodes), config.timeout);
+  rt->engine = std::make_shared<Engine>(std::move(collectives), config);
+  return rt;
+}
+
+// Gloo writes to its peers with writev(), which cannot ask for MSG_NOSIGNAL: without this a peer
+// that dies mid-collective would kill the survivors with SIGPIPE instead of giving them an error.
+// A handler the program installed itself is left alone.
+void ignore_sigpipe_unless_handled() {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
+}
+
+}  // namespace
+}  // namespace ddl::api
+
+using namespace ddl::api;  // NOLINT(google-build-using-namespace): the C entry points below are this file's face of it
+
+extern "C" {
+
+ddl_status ddl_init(void) {
+  std::lock_guard lock(g_mutex);
+  if (g_runtime) return DDL_SUCCESS;
+  ignore_sigpipe_unless_handled();
+  try {
+    g_runtime = start_runtime(g_generation++);
+    return DDL_SUCCESS;
+  } catch (const std::exception& e) {
+    return fail(DDL_ERROR_BOOTSTRAP, fmt::format("ddl_init failed: {}", e.what()));
+  }
+}
+
+ddl_status ddl_finalize(void) {
+  std::shared_ptr<Runtime> rt;
+  {
+    std::lock_guard lock(g_mutex);
+    rt = std::move(g_runtime);
+  }
+  if (!rt) return fail(DDL_ERROR_NOT_INITIALIZED, "ddl_finalize() without ddl_init()");
+  {
+    std::lock_guard lock(rt->sets_mutex);
+    for (auto& [id, set] : rt->sets)
+      if (set->engine) set->engine->finalize();
+    for (auto& engine : rt->retiring) engine->finalize();
+  }
+  rt->engine->finalize();
+  return DDL_SUCCESS;
+}
+
+int ddl_is_initialized(void) { return current_runtime() != nullptr; }
+
+#define DDL_WORLD_GETTER(fn, expr)                                                    \
+  ddl_status fn(int* out) {                                                           \
+    if (out == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, #fn ": NULL output"); \
+    return with_runtime([&](Runtime& rt) {                                            \
+      *out = (expr);                                                                  \
+      return DDL_SUCCESS;                                                             \
+    });                                                                               \
+  }
+DDL_WORLD_GETTER(ddl_rank, rt.engine->rank())
+DDL_WORLD_GETTER(ddl_size, rt.engine->size())
+DDL_WORLD_GETTER(ddl_local_rank, rt.placement.local_rank)
+DDL_WORLD_GETTER(ddl_local_size, rt.placement.local_size)
+DDL_WORLD_GETTER(ddl_node_rank, rt.placement.node_rank)
+#undef DDL_WORLD_GETTER
+
+const char* ddl_last_error(void) { return t_last_error.c_str(); }
+
+const char* ddl_version(void) { return DDL_VERSION_STRING; }
+
+const char* ddl_status_string(ddl_status status) {
+  switch (status) {
+    case DDL_SUCCESS: return "success";
+    case DDL_ERROR_INVALID_ARGUMENT: return "invalid argument";
+    case DDL_ERROR_NOT_INITIALIZED: return "not initialized";
+    case DDL_ERROR_MISMATCH: return "mismatch between ranks";
+    case DDL_ERROR_TIMEOUT: return "timed out";
+    case DDL_ERROR_PEER_FAILED: return "peer failed";
+    case DDL_ERROR_BOOTSTRAP: return "bootstrap failed";
+    case DDL_ERROR_INTERNAL: return "internal error";
+    case DDL_ERROR_UNSUPPORTED: return "unsupported";
+  }
+  return "unknown status";
+}
+
+size_t ddl_dtype_size(ddl_dtype dtype) { return ddl::runtime::valid_dtype(dtype) ? ddl::runtime::dtype_size(dtype) : 0; }
+
+const char* ddl_nccl_version(void) { return ddl::runtime::nccl_library().version.c_str(); }
+const char* ddl_nccl_path(void) { return ddl::runtime::nccl_library().path.c_str(); }
+const char* ddl_nccl_origin(void) { return ddl::runtime::nccl_library().origin.c_str(); }
+const char* ddl_nccl_error(void) { return ddl::runtime::nccl_library().error.c_str(); }
+
+int ddl_has_pmix(void) { return ddl::runtime::pmix_compiled_in() ? 1 : 0; }
+
+ddl_status ddl_timeline_start(const char* path) {
+  if (path == nullptr || *path == '\0') return fail(DDL_ERROR_INVALID_ARGUMENT, "ddl_timeline_start: empty path");
+  return with_runtime([&](Runtime& rt) {
+    const std::string mine = timeline_path_for(path, rt.engine->rank());
+    if (mine.empty()) {  // another rank writes it; this one's earlier file (a %r path) ends here
+      rt.engine->timeline().close();
+      return DDL_SUCCESS;
+    }
+    if (!rt.engine->timeline().open(mine))
+      return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("ddl_timeline_start: cannot write '{}': {}", mine, std::strerror(errno)));
+    return DDL_SUCCESS;
+  });
+}
+
+ddl_status ddl_timeline_stop(void) {
+  return with_runtime([&](Runtime& rt) {
+    rt.engine->timeline().close();
+    return DDL_SUCCESS;
+  });
+}
+
+}  // extern "C"
