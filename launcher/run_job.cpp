@@ -52,7 +52,7 @@ RunOutcome run_once(const RunRequest& request, const Environment& env, const std
 
 RunOutcome run_job(const RunRequest& request, const Environment& launcher_env, const std::function<void(const std::string&)>& log) {
   check_libddl_settings(launcher_env);
-  const Environment env = with_torch_backend(launcher_env, request.torch_backend, this_executable());
+  const Environment env = with_python_startup_hook(launcher_env, request.torch_backend, this_executable());
   RunRequest attempt = request;
   attempt.run_tag = random_hex(8);  // TORCHELASTIC_RUN_ID stays the same across restarts, as torchrun's
   for (attempt.restart_count = 0;; ++attempt.restart_count) {

@@ -34,24 +34,37 @@ std::vector<std::string> torch_backend_hook_candidates(const std::string& execut
   return found;
 }
 
-Environment with_torch_backend(const Environment& env, const std::string& backend, const std::string& executable) {
-  if (backend.empty()) return env;
-  if (backend != "ddl")
-    throw UsageError(fmt::format("--torch-backend {}: the only backend ddl can put under a script is ddl", backend),
-                     "use --torch-backend ddl, or leave the flag out to run the backend the script names");
+namespace {
+
+// The first candidate folder that holds the hook; "" if none does.
+std::string installed_hook(const std::string& executable) {
   const auto candidates = torch_backend_hook_candidates(executable);
   auto hook = std::find_if(candidates.begin(), candidates.end(), [](const std::string& dir) {
     std::error_code ec;
     return fs::is_regular_file(fs::path(dir) / "sitecustomize.py", ec);
   });
-  if (hook == candidates.end())
-    throw UsageError(
-        fmt::format("--torch-backend ddl: ddl's Python package is not beside this ddl (looked in {})", fmt::join(candidates, ", ")),
-        "install ddl with pip or cmake --install (which install the package beside the command)");
+  return hook == candidates.end() ? std::string() : *hook;
+}
+
+}  // namespace
+
+Environment with_python_startup_hook(const Environment& env, const std::string& backend, const std::string& executable) {
+  if (!backend.empty() && backend != "ddl")
+    throw UsageError(fmt::format("--torch-backend {}: the only backend ddl can put under a script is ddl", backend),
+                     "use --torch-backend ddl, or leave the flag out to run the backend the script names");
+  const std::string hook = installed_hook(executable);
+  if (hook.empty() && !backend.empty())
+    throw UsageError(fmt::format("--torch-backend ddl: ddl's Python package is not beside this ddl (looked in {})",
+                                 fmt::join(torch_backend_hook_candidates(executable), ", ")),
+                     "install ddl with pip or cmake --install (which install the package beside the command)");
   Environment out = env;
-  out["DDL_TORCH_BACKEND"] = backend;
+  if (!backend.empty()) out["DDL_TORCH_BACKEND"] = backend;
+  if (hook.empty()) return out;
   auto old = env.find("PYTHONPATH");
-  out["PYTHONPATH"] = (old == env.end() || old->second.empty()) ? *hook : *hook + ":" + old->second;
+  const std::string before = old == env.end() ? std::string() : old->second;
+  // A ddl run inside a worker of another finds the hook there already.
+  if (before == hook || before.starts_with(hook + ":")) return out;
+  out["PYTHONPATH"] = before.empty() ? hook : hook + ":" + before;
   return out;
 }
 

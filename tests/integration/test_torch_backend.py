@@ -136,8 +136,8 @@ class TorchBackendFlag(unittest.TestCase):
     def test_a_failing_shadowed_sitecustomize_still_leaves_the_hook_installed(self):
         said = self.one_worker_with_a_site_customization(
             "raise RuntimeError('a broken site customization')\n",
-            "import sys; print([type(f).__name__ for f in sys.meta_path if 'Backend' in type(f).__name__])")
-        self.assertEqual(said, ["['_ReplaceBackendOnImport']"])
+            "import sys; print([type(f).__name__ for f in sys.meta_path if 'TorchDistributed' in type(f).__name__])")
+        self.assertEqual(said, ["['_PatchTorchDistributedOnImport']"])
 
     def test_a_group_that_names_its_own_backend_keeps_it(self):
         # Scripts make gloo groups for what ddl does not do (send/recv): those stay gloo.
@@ -148,6 +148,32 @@ class TorchBackendFlag(unittest.TestCase):
                      cwd="/")
         self.assertEqual(result.returncode, 0, result.stdout[-2000:] + result.stderr[-2000:])
         self.assertEqual(lines_by_rank(result.stdout)[0], ["ddl gloo ddl"])
+
+    def under_plain_ddl_run(self, code):
+        """The lines of each of 2 ranks of `python -c code` under `ddl run`, with no flag and no PYTHONPATH."""
+        result = ddl("-np", "2", "--", PYTHON, "-c", code, env={"PYTHONPATH": None}, timeout=180, cwd="/")
+        self.assertEqual(result.returncode, 0, result.stdout[-2000:] + result.stderr[-2000:])
+        return lines_by_rank(result.stdout)
+
+    def test_init_process_group_ddl_needs_no_import_of_ddl_under_plain_ddl_run(self):
+        # No flag, no PYTHONPATH, no `import ddl.distributed`: the hook registers the backend when a
+        # group asks for it (torch 2's "cpu:ddl,cuda:ddl" spelling too; Debian's torch 1.13 has no such).
+        by_rank = self.under_plain_ddl_run(
+            "import torch, torch.distributed as dist; dist.init_process_group(backend='ddl'); "
+            "t = torch.ones(3) * (dist.get_rank() + 1); dist.all_reduce(t); print(dist.get_backend(), t.tolist())")
+        self.assertEqual([by_rank[0], by_rank[1]], [["ddl [3.0, 3.0, 3.0]"]] * 2)
+
+    def test_under_plain_ddl_run_a_gloo_script_imports_nothing_of_ddl(self):
+        by_rank = self.under_plain_ddl_run(
+            "import sys, torch, torch.distributed as dist; dist.init_process_group('gloo'); g = dist.new_group(); "
+            "print(dist.get_backend(), dist.get_backend(g), sorted(m for m in sys.modules if m.split('.')[0] == 'ddl'))")
+        self.assertEqual(by_rank[0], ["gloo gloo []"])
+
+    def test_a_subgroup_on_ddl_under_a_gloo_world_needs_no_import_either(self):
+        by_rank = self.under_plain_ddl_run(
+            "import torch, torch.distributed as dist; dist.init_process_group('gloo'); g = dist.new_group(backend='ddl'); "
+            "t = torch.ones(2); dist.all_reduce(t, group=g); print(dist.get_backend(g), t.tolist())")
+        self.assertEqual(by_rank[1], ["ddl [2.0, 2.0]"])
 
     def test_another_backend_is_one_clear_error(self):
         result = ddl("-np", "1", "--torch-backend", "nccl", "--", "true")
@@ -177,7 +203,10 @@ class OutOfStep(unittest.TestCase):
             attempt("lone", lambda: (dist.all_reduce(t := torch.ones(1)), t.tolist())[1])
         attempt("both", lambda: (dist.all_reduce(t := torch.ones(1) * (r + 1)), t.tolist())[1])
         attempt("later", lambda: (dist.all_reduce(t := torch.ones(1) * (r + 1)), t.tolist())[1])
-        # A new group starts its own sequence: in step again.
+        # A new group starts its own sequence: in step again. Its members meet in the world's store,
+        # whose waits last the 5 s of the world's timeout: rank 0 comes only after its own "later"
+        # timed out, so the store gets longer.
+        dist.distributed_c10d._get_default_store().set_timeout(datetime.timedelta(seconds=60))
         g = dist.new_group(list(range(n)))
         t = torch.ones(1)
         dist.all_reduce(t, group=g)

@@ -10,7 +10,7 @@
 
 namespace fs = std::filesystem;
 using ddl::Environment;
-using ddl::launcher::with_torch_backend;
+using ddl::launcher::with_python_startup_hook;
 
 namespace {
 
@@ -32,30 +32,40 @@ struct ScratchPrefix {
 
 }  // namespace
 
-TEST_CASE("no --torch-backend leaves the workers' environment as it was") {
+TEST_CASE("without ddl's Python package beside it, and no --torch-backend, the workers' environment is as it was") {
   const Environment env{{"PYTHONPATH", "/mine"}};
-  CHECK(with_torch_backend(env, "", "/nowhere/bin/ddl") == env);
+  CHECK(with_python_startup_hook(env, "", "/nowhere/bin/ddl") == env);
+}
+
+TEST_CASE("without --torch-backend the hook goes first on PYTHONPATH, once, and no backend is named") {
+  ScratchPrefix venv("lib/python3.11/site-packages/ddl/_startup");
+  const auto hook = (venv.root / "lib/python3.11/site-packages/ddl/_startup").string();
+  const auto out = with_python_startup_hook({{"PYTHONPATH", "/mine"}}, "", venv.executable());
+  CHECK(out.at("PYTHONPATH") == hook + ":/mine");
+  CHECK(out.count("DDL_TORCH_BACKEND") == 0);
+  CHECK(with_python_startup_hook(out, "", venv.executable()) == out);
+  CHECK(with_python_startup_hook({}, "", venv.executable()).at("PYTHONPATH") == hook);
 }
 
 TEST_CASE("--torch-backend ddl puts the hook first on PYTHONPATH, before the user's, and names the backend") {
   ScratchPrefix venv("lib/python3.11/site-packages/ddl/_startup");
   const auto hook = (venv.root / "lib/python3.11/site-packages/ddl/_startup").string();
-  const auto out = with_torch_backend({{"PYTHONPATH", "/mine"}, {"HOME", "/h"}}, "ddl", venv.executable());
+  const auto out = with_python_startup_hook({{"PYTHONPATH", "/mine"}, {"HOME", "/h"}}, "ddl", venv.executable());
   CHECK(out.at("PYTHONPATH") == hook + ":/mine");
   CHECK(out.at("DDL_TORCH_BACKEND") == "ddl");
   CHECK(out.at("HOME") == "/h");
-  CHECK(with_torch_backend({}, "ddl", venv.executable()).at("PYTHONPATH") == hook);
+  CHECK(with_python_startup_hook({}, "ddl", venv.executable()).at("PYTHONPATH") == hook);
 }
 
 TEST_CASE("--torch-backend ddl finds the hook of a cmake --install prefix") {
   ScratchPrefix prefix("lib/python3/dist-packages/ddl/_startup");
-  CHECK(with_torch_backend({}, "ddl", prefix.executable()).at("PYTHONPATH") ==
+  CHECK(with_python_startup_hook({}, "ddl", prefix.executable()).at("PYTHONPATH") ==
         (prefix.root / "lib/python3/dist-packages/ddl/_startup").string());
 }
 
 TEST_CASE("--torch-backend refuses another backend, and a ddl with no Python package beside it, naming the flag") {
   ScratchPrefix bare("");
-  CHECK_THROWS_WITH_AS(with_torch_backend({}, "nccl", bare.executable()), doctest::Contains("--torch-backend nccl"), ddl::UsageError);
-  CHECK_THROWS_WITH_AS(with_torch_backend({}, "ddl", bare.executable()), doctest::Contains("ddl's Python package is not beside this ddl"),
-                       ddl::UsageError);
+  CHECK_THROWS_WITH_AS(with_python_startup_hook({}, "nccl", bare.executable()), doctest::Contains("--torch-backend nccl"), ddl::UsageError);
+  CHECK_THROWS_WITH_AS(with_python_startup_hook({}, "ddl", bare.executable()),
+                       doctest::Contains("ddl's Python package is not beside this ddl"), ddl::UsageError);
 }

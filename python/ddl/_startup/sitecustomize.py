@@ -1,12 +1,16 @@
-"""Python runs this at start-up in the workers of `ddl run --torch-backend ddl`, which puts this
-folder first on PYTHONPATH and sets DDL_TORCH_BACKEND: torch.distributed's init_process_group then
-makes the world's group on libddl's "ddl" backend, whatever backend the script names (gloo, nccl, or
-none), and so do new_group calls that name no backend; an unmodified DDP or Lightning script trains
-on libddl.
+"""Python runs this at start-up in the workers of `ddl run`, which puts this folder first on
+PYTHONPATH (when ddl's package lies beside the `ddl` command). Nothing of torch is imported here: the
+change is made when the program imports torch.distributed, and only there.
 
-It runs the sitecustomize it shadows (a site's or the distribution's) after installing itself,
-and makes ddl's own package importable when the program's path lacks it. Nothing of torch is imported here: the
-change is made when the program imports torch.distributed.
+- Always: torch.distributed's init_process_group and new_group, asked for the "ddl" backend
+  ("ddl", "cpu:ddl,cuda:ddl", ...), import ddl.distributed first, which registers it, so a script
+  needs no `import ddl.distributed` of its own. Other backends import nothing of ddl.
+- With `ddl run --torch-backend ddl` (DDL_TORCH_BACKEND=ddl): init_process_group makes the world's
+  group on libddl's "ddl" backend, whatever backend the script names (gloo, nccl, or none), and so
+  do new_group calls that name no backend; an unmodified DDP or Lightning script trains on libddl.
+
+It runs the sitecustomize it shadows (a site's or the distribution's) after installing itself, and
+makes ddl's own package importable when the program's path lacks it.
 """
 
 import importlib.machinery
@@ -27,6 +31,40 @@ def _run_shadowed_sitecustomize():
         spec.loader.exec_module(module)
 
 
+def _import_ddl_distributed():
+    """Registers the "ddl" backend (torch.distributed is whole by the time a group is made)."""
+    if importlib.util.find_spec("ddl") is None:
+        sys.path.append(_PACKAGE_ROOT)
+    import ddl.distributed  # noqa: F401
+
+
+def _names_ddl(backend):
+    """Whether a backend argument ("ddl", Backend("ddl"), "cpu:gloo,cuda:ddl") asks for ddl's."""
+    import re
+    if backend is None:
+        return False
+    return any(part.strip() == "ddl" for part in re.split(r"[,:]", str(backend).lower()))
+
+
+def _registering_ddl(function):
+    """`function` (init_process_group or new_group), registering ddl's backend first when asked for it."""
+    import functools
+    import inspect
+    signature = inspect.signature(function)
+
+    @functools.wraps(function)
+    def registering(*args, **kwargs):
+        try:
+            asked = signature.bind(*args, **kwargs).arguments.get("backend")
+        except TypeError:  # torch's own call gives the error
+            asked = None
+        if _names_ddl(asked):
+            _import_ddl_distributed()
+        return function(*args, **kwargs)
+
+    return registering
+
+
 def _with_backend(function, backend):
     """`function` (init_process_group) with its `backend` argument replaced."""
     import functools
@@ -35,7 +73,7 @@ def _with_backend(function, backend):
 
     @functools.wraps(function)
     def replaced(*args, **kwargs):
-        import ddl.distributed  # noqa: F401  (registers the backend; torch.distributed is whole by now)
+        _import_ddl_distributed()
         bound = signature.bind(*args, **kwargs)
         asked = bound.arguments.get("backend")
         bound.arguments["backend"] = backend
@@ -47,32 +85,42 @@ def _with_backend(function, backend):
     return replaced
 
 
-class _PatchingLoader:
-    """The loader of torch.distributed.distributed_c10d, wrapped: after the module has run, its
-    init_process_group is replaced, before torch.distributed copies it. (new_group is left alone: with
-    no backend it takes the default group's, ddl; a backend it names, say gloo for send/recv, stays.)
-    Everything else is the wrapped loader's, which may be shared with other modules."""
+def _replace_backend(module, backend):
+    """--torch-backend: the world's group on `backend` (new_group with no backend takes the default
+    group's; a backend it names, say gloo for send/recv, stays)."""
+    module.init_process_group = _with_backend(module.init_process_group, backend)
 
-    def __init__(self, loader, backend):
+
+def _register_when_named(module):
+    module.init_process_group = _registering_ddl(module.init_process_group)
+    module.new_group = _registering_ddl(module.new_group)
+
+
+class _PatchingLoader:
+    """The loader of torch.distributed.distributed_c10d, wrapped: after the module has run, `patch`
+    changes it, before torch.distributed copies its functions. Everything else is the wrapped
+    loader's, which may be shared with other modules."""
+
+    def __init__(self, loader, patch):
         self._loader = loader
-        self._backend = backend
+        self._patch = patch
 
     def create_module(self, spec):
         return self._loader.create_module(spec)
 
     def exec_module(self, module):
         self._loader.exec_module(module)
-        module.init_process_group = _with_backend(module.init_process_group, self._backend)
+        self._patch(module)
 
     def __getattr__(self, name):
         return getattr(self._loader, name)
 
 
-class _ReplaceBackendOnImport:
+class _PatchTorchDistributedOnImport:
     """Finds torch.distributed.distributed_c10d as Python would, with a loader that patches it."""
 
-    def __init__(self, backend):
-        self.backend = backend
+    def __init__(self, patch):
+        self.patch = patch
 
     def find_spec(self, name, path=None, target=None):
         if name != _C10D:
@@ -81,17 +129,20 @@ class _ReplaceBackendOnImport:
         spec = importlib.util.find_spec(name)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        spec.loader = _PatchingLoader(spec.loader, self.backend)
+        spec.loader = _PatchingLoader(spec.loader, self.patch)
         return spec
 
 
 def _install():
     backend = os.environ.get("DDL_TORCH_BACKEND")
-    if not backend:
-        return
-    if importlib.util.find_spec("ddl") is None:
-        sys.path.append(_PACKAGE_ROOT)
-    sys.meta_path.insert(0, _ReplaceBackendOnImport(backend))
+    if backend:
+        if importlib.util.find_spec("ddl") is None:
+            sys.path.append(_PACKAGE_ROOT)
+        def patch(module):
+            _replace_backend(module, backend)
+    else:
+        patch = _register_when_named
+    sys.meta_path.insert(0, _PatchTorchDistributedOnImport(patch))
 
 
 _install()  # first: a shadowed sitecustomize that fails must not leave the job on the script's backend

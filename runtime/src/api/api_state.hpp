@@ -26,10 +26,10 @@ using runtime::OpSpec;
 // A process set. The ddl_process_set handed out is its id (1, 2, ...), not this object's address,
 // so a handle used after its set was destroyed, or after ddl_finalize, is an error and not a crash.
 struct ProcessSet {
-  std::vector<int> ranks;                  // world ranks, ascending
-  int rank = -1;                           // this rank within the set; -1 if not a member
-  std::shared_ptr<Engine> engine;          // members only
-  bool members_only = false;               // made by ddl_process_set_create_among: released locally
+  std::vector<int> ranks;          // world ranks, ascending
+  int rank = -1;                   // this rank within the set; -1 if not a member
+  std::shared_ptr<Engine> engine;  // members only
+  bool members_only = false;       // made by ddl_process_set_create_among: released locally
 };
 
 // Where this rank sits among the world's nodes.

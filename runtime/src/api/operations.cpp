@@ -136,14 +136,13 @@ OpSpec agreed(OpSpec spec, const ddl_op_options& o) {
   return spec;
 }
 
-
 // An op on its way to an engine: what every rank agrees on (the spec), and this rank's own part.
 struct Submission {
   const char* name = nullptr;  // NULL: the next unnamed op
   OpSpec spec;
   const void* send = nullptr;
   void* recv = nullptr;
-  void* stream = nullptr;                         // a CUDA op's stream
+  void* stream = nullptr;                        // a CUDA op's stream
   std::vector<size_t> send_counts, recv_counts;  // counts only this rank knows (alltoallv, the _any ops)
 };
 
@@ -206,8 +205,8 @@ ddl_status ddl_broadcast_ex(const char* name, void* buffer, size_t count, ddl_dt
   if (auto s = check_common(buffer, count, dtype); s != DDL_SUCCESS) return s;
   return with_target(options, [&](Target& t, const ddl_op_options& o, std::vector<int64_t> shape) {
     if (root < 0 || root >= t.size)
-      return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("broadcast root {} is not a rank of a {} of {}", root,
-                                                          o.process_set == nullptr ? "world" : "set", t.size));
+      return fail(DDL_ERROR_INVALID_ARGUMENT,
+                  fmt::format("broadcast root {} is not a rank of a {} of {}", root, o.process_set == nullptr ? "world" : "set", t.size));
     OpSpec spec{OpKind::Broadcast, dtype, DDL_SUM, root, count, {}, (o.flags & DDL_CUDA_BUFFERS) != 0, false, std::move(shape)};
     return submit(t, {name, agreed(std::move(spec), o), buffer, buffer, o.stream}, o.flags, handle);
   });
@@ -269,15 +268,16 @@ ddl_status ddl_alltoallv_ex(const char* name, const void* send, const size_t* se
     const bool cuda = (o.flags & DDL_CUDA_BUFFERS) != 0;  // NCCL sends and receives, on o.stream
     OpSpec spec{OpKind::Alltoallv, dtype, DDL_SUM, 0, 0, {}, cuda, false, std::move(shape)};
     return submit(t,
-                  {name, agreed(std::move(spec), o), send, recv, cuda ? o.stream : nullptr, std::vector<size_t>(send_counts, send_counts + n),
-                   std::vector<size_t>(recv_counts, recv_counts + n)},
+                  {name, agreed(std::move(spec), o), send, recv, cuda ? o.stream : nullptr,
+                   std::vector<size_t>(send_counts, send_counts + n), std::vector<size_t>(recv_counts, recv_counts + n)},
                   o.flags, handle);
   });
 }
 
 ddl_status ddl_allgather_any_ex(const char* name, const void* send, size_t send_count, ddl_dtype dtype, const ddl_op_options* options,
                                 ddl_handle* handle) {
-  if (options != nullptr && (options->flags & DDL_CUDA_BUFFERS)) return fail(DDL_ERROR_UNSUPPORTED, "ddl_allgather_any_ex takes host buffers");
+  if (options != nullptr && (options->flags & DDL_CUDA_BUFFERS))
+    return fail(DDL_ERROR_UNSUPPORTED, "ddl_allgather_any_ex takes host buffers");
   if (options != nullptr && (options->flags & DDL_BLOCKING)) return refuse_blocking("ddl_allgather_any_ex");
   if (auto s = check_common(send, send_count, dtype); s != DDL_SUCCESS) return s;
   if (handle == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "handle is NULL");
@@ -289,7 +289,8 @@ ddl_status ddl_allgather_any_ex(const char* name, const void* send, size_t send_
 
 ddl_status ddl_alltoall_any_ex(const char* name, const void* send, const size_t* send_counts, ddl_dtype dtype,
                                const ddl_op_options* options, ddl_handle* handle) {
-  if (options != nullptr && (options->flags & DDL_CUDA_BUFFERS)) return fail(DDL_ERROR_UNSUPPORTED, "ddl_alltoall_any_ex takes host buffers");
+  if (options != nullptr && (options->flags & DDL_CUDA_BUFFERS))
+    return fail(DDL_ERROR_UNSUPPORTED, "ddl_alltoall_any_ex takes host buffers");
   if (options != nullptr && (options->flags & DDL_BLOCKING)) return refuse_blocking("ddl_alltoall_any_ex");
   if (send_counts == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "ddl_alltoall_any_ex: send_counts is NULL");
   if (handle == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "handle is NULL");
