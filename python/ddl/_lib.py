@@ -175,3 +175,47 @@ def raise_for(status, message=None):
     error = _raisers.get(status, DdlError)(message)
     error.ddl_status = status
     raise error
+
+
+def size_array(values):
+    """A size_t[] of `values`, as the ddl_*_ex functions take counts."""
+    return (_c.c_size_t * len(values))(*values)
+
+
+def submit(fn, *args):
+    """Calls a ddl_*_ex function whose last argument is the handle it makes; returns the handle (an
+    int, as the compiled path's handles: ddl_wait takes both alike), raising the face's exception for
+    an op refused at once."""
+    h = _c.c_void_p()
+    status = fn(*args, _c.byref(h))
+    if status != SUCCESS:
+        raise_for(status)
+    return h.value
+
+
+def wait_all(handles):
+    """Waits for every handle, so that none stays in flight when one failed, then raises the first failure."""
+    failure = None
+    for h in handles:
+        status = lib.ddl_wait(h)
+        if status != SUCCESS and failure is None:
+            failure = (status, last_error())
+    if failure:
+        raise_for(*failure)
+
+
+def gathered(handle, n):
+    """What ddl_gathered keeps with an allgather-any's or alltoall-any's handle (which stays unreleased):
+    the `n` per-rank element counts and the address of the elements, raising for a failed op."""
+    counts = (_c.c_size_t * n)()
+    data = _c.c_void_p()
+    status = lib.ddl_gathered(handle, counts, _c.byref(data))
+    if status != SUCCESS:
+        raise_for(status)
+    return list(counts), data
+
+
+def wait_quietly(handles):
+    """Waits for every handle, ignoring how the ops ended: the clean-up after a failure of one's own."""
+    for h in handles:
+        lib.ddl_wait(h)

@@ -30,14 +30,12 @@ import torch.distributed as dist
 from ddl import _lib as L
 from ddl.common import basics as _basics
 from ddl.common import call_sites
+from ddl.common import dtypes as _dtypes
 from ddl.common import exceptions as _exceptions  # noqa: F401  (registers the statuses' exception types)
 
 BACKEND_NAME = "ddl"
 
-_DTYPES = {
-    torch.float16: L.FLOAT16, torch.bfloat16: L.BFLOAT16, torch.float32: L.FLOAT32, torch.float64: L.FLOAT64,
-    torch.int32: L.INT32, torch.int64: L.INT64, torch.uint8: L.UINT8, torch.int8: L.INT8, torch.int16: L.INT16,
-}
+_DTYPES = _dtypes.torch_table()
 
 _NAMELESS_REDUCE_OPS = "BAND, BOR, BXOR and PREMUL_SUM"
 
@@ -104,7 +102,7 @@ def _reducible(tensor, op):
         return tensor, _DTYPES[tensor.dtype]
     except KeyError:
         raise ValueError(f"the ddl backend cannot reduce {tensor.dtype} tensors: use one of "
-                         "uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64, complex") from None
+                         f"{_dtypes.SUPPORTED}, complex") from None
 
 
 def _movable(tensor):
@@ -121,10 +119,6 @@ _NOTHING = ctypes.create_string_buffer(16)  # where an empty tensor (data_ptr 0)
 
 def _pointer(tensor):
     return ctypes.c_void_p(tensor.data_ptr() or ctypes.addressof(_NOTHING))
-
-
-def _counts(values):
-    return (ctypes.c_size_t * len(values))(*values)
 
 
 def _same_device(tensors):
@@ -207,14 +201,8 @@ class _Op:
 
     def complete(self):
         """Waits for libddl (the GIL released) and completes the future with the result or error."""
-        failure = None
-        for handle in self.handles:
-            status = L.lib.ddl_wait(handle)
-            if status != L.SUCCESS and failure is None:
-                failure = (status, L.last_error())
         try:
-            if failure is not None:
-                L.raise_for(*failure)
+            L.wait_all(self.handles)
             # Results are written as gloo writes them: unseen by autograd, on any thread. A CUDA op's
             # copies into its outputs go on the stream the caller enqueued it on (this thread's own
             # would be the device's default stream), so that the caller's next kernels follow them.
@@ -545,8 +533,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
         try:
             submit_all(handles)
         except BaseException:
-            for handle in handles:
-                L.lib.ddl_wait(handle)
+            L.wait_quietly(handles)
             raise
         finally:
             self._calling.waits = False
@@ -571,11 +558,8 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
     @staticmethod
     def _submit(handles, fn, *args):
-        handle = ctypes.c_void_p()
-        status = fn(*args, ctypes.byref(handle))
-        if status != L.SUCCESS:
-            L.raise_for(status)
-        if handle.value is not None:  # None: a DDL_BLOCKING op, done already
+        handle = L.submit(fn, *args)
+        if handle is not None:  # None: a DDL_BLOCKING op, done already
             handles.append(handle)
 
     # ---- reductions ----
@@ -644,7 +628,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
         dense = _dense(output)
         send, dtype = _reducible(_dense(input), op)
         recv, _ = _reducible(dense, op)
-        counts = _counts([recv.numel()] * self.size())
+        counts = L.size_array([recv.numel()] * self.size())
 
         def submit(handles):
             send_op, options = self._reduction(send, op)
@@ -688,7 +672,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
         dense = _dense(output)
         send, dtype = _movable(_dense(input))
         recv, _ = _movable(dense)
-        counts = _counts([send.numel()] * self.size())
+        counts = L.size_array([send.numel()] * self.size())
 
         def submit(handles):
             self._submit(handles, L.lib.ddl_allgatherv_ex, self._name("allgather"), _pointer(send), _pointer(recv),
@@ -720,8 +704,8 @@ class ProcessGroupDDL(dist.ProcessGroup):
         recv_counts = self._split_counts(output, recv, output_split_sizes, "output")
 
         def submit(handles):
-            self._submit(handles, L.lib.ddl_alltoallv_ex, self._name("alltoall"), _pointer(send), _counts(send_counts),
-                         _pointer(recv), _counts(recv_counts), dtype, ctypes.byref(self._options(send)))
+            self._submit(handles, L.lib.ddl_alltoallv_ex, self._name("alltoall"), _pointer(send), L.size_array(send_counts),
+                         _pointer(recv), L.size_array(recv_counts), dtype, ctypes.byref(self._options(send)))
 
         return self._launch(submit, lambda: _write_back([output], [dense]) or [output], send, recv)
 
@@ -758,7 +742,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
         def submit(handles):
             self._submit(handles, L.lib.ddl_alltoallv_ex, self._name("alltoall"), _pointer(send_view),
-                         _counts(send_counts), _pointer(recv_view), _counts(recv_counts), dtype,
+                         L.size_array(send_counts), _pointer(recv_view), L.size_array(recv_counts), dtype,
                          ctypes.byref(self._options(send_view)))
 
         def finish():
@@ -784,8 +768,8 @@ class ProcessGroupDDL(dist.ProcessGroup):
         recv_counts = [send.numel() if self.rank() == root else 0 for _ in range(size)]
 
         def submit(handles):
-            self._submit(handles, L.lib.ddl_alltoallv_ex, self._name("gather"), _pointer(send), _counts(send_counts),
-                         _pointer(recv), _counts(recv_counts), dtype, ctypes.byref(self._options(send)))
+            self._submit(handles, L.lib.ddl_alltoallv_ex, self._name("gather"), _pointer(send), L.size_array(send_counts),
+                         _pointer(recv), L.size_array(recv_counts), dtype, ctypes.byref(self._options(send)))
 
         def finish():
             if self.rank() == root:
@@ -813,8 +797,8 @@ class ProcessGroupDDL(dist.ProcessGroup):
         recv_counts = [recv.numel() if r == root else 0 for r in range(size)]
 
         def submit(handles):
-            self._submit(handles, L.lib.ddl_alltoallv_ex, self._name("scatter"), _pointer(send), _counts(send_counts),
-                         _pointer(recv), _counts(recv_counts), dtype, ctypes.byref(self._options(recv)))
+            self._submit(handles, L.lib.ddl_alltoallv_ex, self._name("scatter"), _pointer(send), L.size_array(send_counts),
+                         _pointer(recv), L.size_array(recv_counts), dtype, ctypes.byref(self._options(recv)))
 
         return self._launch(submit, lambda: _write_back([output], [dense]) or [output], send, recv)
 

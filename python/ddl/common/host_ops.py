@@ -11,37 +11,14 @@ import numpy as np
 from ddl import _lib as L
 from ddl.common import basics
 from ddl.common import call_sites
+from ddl.common import dtypes
+from ddl.common.reductions import Average, Sum, Adasum, Min, Max, Product, REDUCE, reduce_op, reducescatter_op  # noqa: F401
+from ddl.common.rows import alltoall_rows, row_elements, rows_of
 from ddl.common.names import names
 from ddl.common.process_sets import ProcessSet, _registry, global_process_set
 
-# Horovod's reduction constants (the same values in every Horovod face).
-Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
-REDUCE = {Average: L.AVERAGE, Sum: L.SUM, Min: L.MIN, Max: L.MAX, Product: L.PRODUCT}
-
-_DTYPES = {"float16": L.FLOAT16, "bfloat16": L.BFLOAT16, "float32": L.FLOAT32, "float64": L.FLOAT64,
-           "int32": L.INT32, "int64": L.INT64, "uint8": L.UINT8, "int8": L.INT8, "int16": L.INT16}
-_SUPPORTED = "uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64"
-
-
-def reduce_op(op, average, default=Average):
-    """Horovod's op from `op` and the deprecated `average` (which may not be given together)."""
-    if average is not None:
-        if op is not None:
-            raise ValueError("The op parameter supersedes average. Please provide only one of them.")
-        return Average if average else Sum
-    op = default if op is None else op
-    if op == Adasum:
-        raise NotImplementedError("Adasum is not supported by ddl: use op=hvd.Average or hvd.Sum")
-    if op not in REDUCE:
-        raise ValueError(f"unknown reduction op {op!r}: use hvd.Average, Sum, Min, Max or Product")
-    return op
-
-
-def reducescatter_op(op):
-    """`op` if a reducescatter may reduce with it: Sum or Average, as Horovod's (one rule for every face)."""
-    if op not in (Average, Sum):
-        raise ValueError("reducescatter reduces with hvd.Sum or hvd.Average only (as Horovod's)")
-    return op
+_DTYPES = dtypes.BY_NAME
+_SUPPORTED = dtypes.SUPPORTED
 
 
 # Where data only moves (allgather, broadcast, alltoall), a dtype libddl does not reduce (bool, uint16,
@@ -164,10 +141,6 @@ def _new_options(process_set, shape, prescale, postscale, flags, stream, group_s
     return opts
 
 
-def _sizes(values):
-    return (ctypes.c_size_t * len(values))(*values)
-
-
 def _ptr(array):
     return array.ctypes.data_as(ctypes.c_void_p)
 
@@ -192,29 +165,24 @@ def _sub_names(full, count, grouped):
 
 
 def _run(kind, name, process_set, submit_all):
-    """Claims the op's name, runs `submit_all(full_name) -> c_handles`, waits for every handle (so
-    nothing stays in flight when one fails) and raises the first failure."""
+    """Claims the op's name, runs `submit_all(full_name, handles)`, which appends a C handle per op it
+    submits, waits for every handle (so nothing stays in flight when one fails) and raises the first
+    failure: the submission's own, else the first op's that failed."""
     claim = names.claim(kind, name, process_set)
     handles = []
     try:
         submit_all(claim[1], handles)
-    finally:
-        failure = None
-        for h in handles:
-            status = L.lib.ddl_wait(h)
-            if status != L.SUCCESS and failure is None:
-                failure = (status, L.last_error())
+    except BaseException:
+        L.wait_quietly(handles)
         names.release(*claim)
-    if failure:
-        L.raise_for(*failure)
+        raise
+    try:
+        L.wait_all(handles)
+    finally:
+        names.release(*claim)
 
 
-def _submit(fn, *args):
-    h = ctypes.c_void_p()
-    status = fn(*args, ctypes.byref(h))
-    if status != L.SUCCESS:
-        L.raise_for(status)
-    return h
+_submit = L.submit
 
 
 # ---- allreduce ----
@@ -263,35 +231,16 @@ def allreduce(array, name=None, op=Average, prescale=1.0, postscale=1.0, process
 
 # ---- allgather ----
 
-def _row_elements(shape):
-    n = 1
-    for d in shape[1:]:
-        n *= d
-    return n
-
-
-# Rows of no elements (an array of shape (k, 0)): counts of elements, all 0, cannot say how many rows
-# each rank has, so such an op sends row counts instead, one int64 per destination (the result's
-# shape came back as (0, 0)).
 def _row_counts_payload(rows_per_destination):
+    """The int64 row counts an op sends in place of rows of no elements (common/rows.py)."""
     return np.asarray(rows_per_destination, dtype=np.int64)
 
 
-def row_counts_received(ptr, total):
-    """The `total` int64 row counts at `ptr` (ddl_gathered's data) that ranks sent as such a payload."""
-    return list((ctypes.c_int64 * total).from_address(ptr.value)) if total else []
-
-
 def _gathered(handle, n, row, data, trailing):
-    counts = (ctypes.c_size_t * n)()
-    ptr = ctypes.c_void_p()
-    status = L.lib.ddl_gathered(handle, counts, ctypes.byref(ptr))
-    if status != L.SUCCESS:
-        L.raise_for(status)
-    if row:
-        rows = [c // row for c in counts]
-    else:
-        rows = row_counts_received(ptr, sum(counts))
+    """The gathered array of an allgather-any's `handle` (rows of `trailing` shape, as `data`'s dtype)
+    and each rank's row count."""
+    counts, ptr = L.gathered(handle, n)
+    rows = rows_of(counts, row, ptr)
     out = np.empty((sum(rows),) + tuple(trailing), dtype=data.dtype)
     if out.size:
         ctypes.memmove(_ptr(out), ptr, out.nbytes)
@@ -316,14 +265,14 @@ def grouped_allgather(arrays, name=None, process_set=None, kind="grouped_allgath
         group = group_size(len(inputs), kind != "allgather")
         for i, (sub, src, data) in enumerate(zip(_sub_names(full, len(inputs), kind != "allgather"), inputs, datas)):
             opts = options(ps, src.shape[1:], group_size=group)
-            payload = data if _row_elements(src.shape) else _row_counts_payload([src.shape[0]])
+            payload = data if row_elements(src.shape) else _row_counts_payload([src.shape[0]])
             keep.append((opts, payload))
             handles.append(_submit(L.lib.ddl_allgather_any_ex, sub, _ptr(payload), payload.size, ddl_dtype(payload),
                                    ctypes.byref(opts)))
         # The gathered rows live with their handles: read them (ddl_gathered waits) before _run
         # releases the handles.
         for i, h in enumerate(handles):
-            out, _ = _gathered(h, n, _row_elements(inputs[i].shape), datas[i], inputs[i].shape[1:])
+            out, _ = _gathered(h, n, row_elements(inputs[i].shape), datas[i], inputs[i].shape[1:])
             results[i] = out.view(inputs[i].dtype)
 
     if inputs:
@@ -373,24 +322,15 @@ def alltoall(array, splits=None, name=None, process_set=None):
     src = _contiguous(array)
     if src.ndim == 0:
         raise ValueError("alltoall needs a tensor of at least one dimension")
-    if splits is None:
-        if src.shape[0] % n != 0:
-            raise ValueError(f"alltoall without splits needs the first dimension ({src.shape[0]}) to be a multiple "
-                             f"of the number of ranks ({n}), or give splits")
-        send = [src.shape[0] // n] * n
-    else:
+    if splits is not None:
         splits = np.asarray(splits)
         if splits.dtype.kind not in "iu":
             raise ValueError(f"splits must hold integers (int32), not {splits.dtype.name}")
-        send = [int(s) for s in splits.reshape(-1)]
-        if len(send) != n or any(s < 0 for s in send):
-            raise ValueError(f"splits must hold {n} non-negative entries, one per rank, not {send}")
-        if sum(send) > src.shape[0]:
-            raise ValueError(f"the sum of splits ({sum(send)}) exceeds the first dimension of the tensor "
-                             f"({src.shape[0]})")
+        splits = [int(s) for s in splits.reshape(-1)]
+    send = alltoall_rows(splits, src.shape[0], n)
     data = movable(src)
     dtype = ddl_dtype(data)
-    row = _row_elements(src.shape)
+    row = row_elements(src.shape)
     box = []
 
     payload = data if row else _row_counts_payload(send)
@@ -398,7 +338,7 @@ def alltoall(array, splits=None, name=None, process_set=None):
 
     def submit_all(full, handles):
         opts = options(ps, src.shape[1:])
-        handles.append(_submit(L.lib.ddl_alltoall_any_ex, names.encoded(full), _ptr(payload), _sizes(sizes),
+        handles.append(_submit(L.lib.ddl_alltoall_any_ex, names.encoded(full), _ptr(payload), L.size_array(sizes),
                                dtype if row else ddl_dtype(payload), ctypes.byref(opts)))
         box.append(_gathered(handles[0], n, row, data, src.shape[1:]))
 
@@ -431,11 +371,11 @@ def grouped_reducescatter(arrays, name=None, op=Average, prescale=1.0, postscale
     def submit_all(full, handles):
         group = group_size(len(inputs), kind != "reducescatter")
         for sub, src, dst in zip(_sub_names(full, len(inputs), kind != "reducescatter"), inputs, outputs):
-            row = _row_elements(src.shape)
+            row = row_elements(src.shape)
             opts = options(ps, src.shape, prescale, postscale, group_size=group)
             keep.append(opts)
             handles.append(_submit(L.lib.ddl_reducescatter_ex, sub, _ptr(src), _ptr(dst),
-                                   _sizes([r * row for r in scatter_rows(src.shape[0], n)]), ddl_dtype(src),
+                                   L.size_array([r * row for r in scatter_rows(src.shape[0], n)]), ddl_dtype(src),
                                    REDUCE[op], ctypes.byref(opts)))
 
     if inputs:
@@ -445,8 +385,8 @@ def grouped_reducescatter(arrays, name=None, op=Average, prescale=1.0, postscale
 
 # ---- barrier ----
 
-def barrier(process_set=None):
-    """Returns when every rank of the process set has called it."""
+def barrier(process_set=global_process_set):
+    """Returns when every rank of the process set has called it (every face's barrier)."""
     ps = target(process_set)
     status = L.lib.ddl_barrier_ex(ps._c_handle, None)  # a NULL handle: blocking, on this thread
     if status != L.SUCCESS:

@@ -16,26 +16,16 @@ import torch
 from ddl import _lib as L
 from ddl.common import basics as _basics
 from ddl.common import fastpath as _fast
+from ddl.common import dtypes as _dtypes
 from ddl.common import host_ops as _host
+from ddl.common.reductions import Average, Sum, Adasum, Min, Max, Product, REDUCE  # noqa: F401
+from ddl.common.rows import alltoall_rows, row_elements, rows_of
 from ddl.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
 from ddl.common.names import names as _names
 from ddl.common.process_sets import ProcessSet, global_process_set, _registry
 
-# Horovod's reduction constants (same values as horovod.torch).
-Average = 0
-Sum = 1
-Adasum = 2
-Min = 3
-Max = 4
-Product = 5
-
-_REDUCE = {Average: L.AVERAGE, Sum: L.SUM, Min: L.MIN, Max: L.MAX, Product: L.PRODUCT}
-
-
-_DTYPES = {
-    torch.float16: L.FLOAT16, torch.bfloat16: L.BFLOAT16, torch.float32: L.FLOAT32, torch.float64: L.FLOAT64,
-    torch.int32: L.INT32, torch.int64: L.INT64, torch.uint8: L.UINT8, torch.int8: L.INT8, torch.int16: L.INT16,
-}
+_REDUCE = REDUCE
+_DTYPES = _dtypes.torch_table()
 
 
 # ---- checks and small helpers ----
@@ -50,8 +40,7 @@ def _ddl_dtype(tensor, moves_only=False):
     try:
         return _DTYPES[dtype]
     except KeyError:
-        raise ValueError(f"Tensor type {tensor.type()} is not supported: use one of "
-                         "uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64") from None
+        raise ValueError(f"Tensor type {tensor.type()} is not supported: use one of {_dtypes.SUPPORTED}") from None
 
 
 def _is_cuda(tensor):
@@ -81,20 +70,7 @@ def _options(process_set, tensor=None, shape=None, prescale=1.0, postscale=1.0, 
     return _host.options(process_set, shape, prescale, postscale, flags, group_size=group_size)
 
 
-def _sizes(values):
-    return (ctypes.c_size_t * len(values))(*values)
-
-
-def _row_elements(tensor):
-    n = 1
-    for d in tensor.shape[1:]:
-        n *= d
-    return n
-
-
-# Rows of no elements (a tensor of shape (k, 0)): counts of elements, all 0, cannot say how many rows
-# each rank has, so such an op sends row counts instead, one int64 per destination, and its result
-# is an empty tensor of the gathered rows (the shape came back as (0, 0)).
+# Rows of no elements: the row counts sent instead (common/rows.py).
 def _row_counts_payload(rows_per_destination):
     return torch.tensor(rows_per_destination, dtype=torch.int64)
 
@@ -124,24 +100,8 @@ def _register(pending):
     return handle
 
 
-def _submit(fn, name_bytes, *args):
-    """Calls a ddl_*_ex function and returns the C handle, raising Horovod's exception on failure."""
-    h = ctypes.c_void_p()
-    status = fn(name_bytes, *args, ctypes.byref(h))
-    if status != L.SUCCESS:
-        L.raise_for(status)
-    return h.value  # an int, as the fast path's handles: synchronize() waits on both alike
-
-
-def _wait_all(c_handles):
-    """Waits for every op (so none stays in flight) and raises the first failure."""
-    failure = None
-    for h in c_handles:
-        status = L.lib.ddl_wait(h)
-        if status != L.SUCCESS and failure is None:
-            failure = (status, L.last_error())
-    if failure:
-        L.raise_for(*failure)
+_submit = L.submit
+_wait_all = L.wait_all
 
 
 def _release_claims(claims):
@@ -314,9 +274,7 @@ def _allreduce_group_async(kind, tensors, outputs, name, op, prescale, postscale
     return _start(kind, name, process_set, launch)
 
 
-def _wait_quietly(c_handles):
-    for h in c_handles:
-        L.lib.ddl_wait(h)
+_wait_quietly = L.wait_quietly
 
 
 def _single(handle_of_group):
@@ -463,7 +421,7 @@ def _launch_allgather(tensor, full_name, process_set, group_size=0):
     dtype = _ddl_dtype(data)
     if device is not None:
         data = data.cpu()  # gathered through the host: NCCL needs every rank's count up front
-    row = _row_elements(src)
+    row = row_elements(src.shape)
     payload = data if row else _row_counts_payload([src.shape[0]])
     opts = _options(process_set, None, tuple(src.shape[1:]), group_size=group_size)
     h = _submit(L.lib.ddl_allgather_any_ex, full_name, payload.data_ptr(), payload.numel(),
@@ -472,13 +430,8 @@ def _launch_allgather(tensor, full_name, process_set, group_size=0):
     n = process_set.size()  # now: the set may be removed before the op is synchronized
 
     def collect():
-        counts = (ctypes.c_size_t * n)()
-        ptr = ctypes.c_void_p()
-        status = L.lib.ddl_gathered(h, counts, ctypes.byref(ptr))
-        if status != L.SUCCESS:
-            L.raise_for(status)
-        rows = sum(counts) // row if row else sum(_host.row_counts_received(ptr, sum(counts)))
-        out = data.new_empty((rows,) + tuple(src.shape[1:]))
+        counts, ptr = L.gathered(h, n)
+        out = data.new_empty((sum(rows_of(counts, row, ptr)),) + tuple(src.shape[1:]))
         if out.numel():
             ctypes.memmove(out.data_ptr(), ptr, out.numel() * out.element_size())
         if src.dtype == torch.bool:
@@ -527,15 +480,7 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
 
 # ---- broadcast ----
 
-def _root_in_set(root_rank, process_set):
-    if not isinstance(root_rank, int) or isinstance(root_rank, bool):
-        raise ValueError(f"root_rank must be an int, not {type(root_rank).__name__}")
-    ranks = process_set.ranks if process_set.process_set_id != 0 else None
-    if ranks is None:
-        return root_rank
-    if root_rank not in ranks:
-        raise ValueError(f"root_rank {root_rank} is not in {process_set}")
-    return ranks.index(root_rank)
+_root_in_set = _host.root_in_set
 
 
 def _broadcast_into_async(kind, tensor, output, root_rank, name, process_set):
@@ -592,24 +537,15 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     n = target.size()
     if tensor.dim() == 0:
         raise ValueError("alltoall needs a tensor of at least one dimension")
-    if splits is None:
-        if tensor.shape[0] % n != 0:
-            raise ValueError(f"alltoall without splits needs the first dimension ({tensor.shape[0]}) to be a "
-                             f"multiple of the number of ranks ({n}), or give splits")
-        send_splits = [tensor.shape[0] // n] * n
-        splits_device = None
-    else:
+    splits_device = None
+    if splits is not None:
         splits_tensor = splits if torch.is_tensor(splits) else torch.tensor(splits, dtype=torch.int32)
         # Horovod takes int32 only; any integer type is taken here (torch.tensor([1, 2]) is int64).
         if splits_tensor.dtype.is_floating_point or splits_tensor.dtype.is_complex or splits_tensor.dtype == torch.bool:
             raise ValueError(f"splits must hold integers (torch.int32), not {splits_tensor.dtype}")
-        send_splits = [int(s) for s in splits_tensor.flatten().tolist()]
+        splits = [int(s) for s in splits_tensor.flatten().tolist()]
         splits_device = splits_tensor.device
-        if len(send_splits) != n or any(s < 0 for s in send_splits):
-            raise ValueError(f"splits must hold {n} non-negative entries, one per rank, not {send_splits}")
-        if sum(send_splits) > tensor.shape[0]:
-            raise ValueError(f"the sum of splits ({sum(send_splits)}) exceeds the first dimension of the tensor "
-                             f"({tensor.shape[0]})")
+    send_splits = alltoall_rows(splits, tensor.shape[0], n)
 
     def launch(full_name):
         src = tensor.contiguous()
@@ -618,22 +554,18 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
         cuda = _is_cuda(src)
         if cuda:
             data = data.cpu()  # through the host: what arrives is learnt when the op runs
-        row = _row_elements(src)
+        row = row_elements(src.shape)
         payload = data if row else _row_counts_payload(send_splits)
         sizes = [s * row for s in send_splits] if row else [1] * n
         opts = _options(target, None, tuple(src.shape[1:]))
         # libddl exchanges the counts when the op runs, so submitting never waits for the peers.
-        h = _submit(L.lib.ddl_alltoall_any_ex, full_name, payload.data_ptr(), _sizes(sizes),
+        h = _submit(L.lib.ddl_alltoall_any_ex, full_name, payload.data_ptr(), L.size_array(sizes),
                     dtype if row else _ddl_dtype(payload), ctypes.byref(opts))
         box = []
 
         def collect():
-            counts = (ctypes.c_size_t * n)()
-            ptr = ctypes.c_void_p()
-            status = L.lib.ddl_gathered(h, counts, ctypes.byref(ptr))
-            if status != L.SUCCESS:
-                L.raise_for(status)
-            recv_splits = [c // row for c in counts] if row else _host.row_counts_received(ptr, sum(counts))
+            counts, ptr = L.gathered(h, n)
+            recv_splits = rows_of(counts, row, ptr)
             out = data.new_empty((sum(recv_splits),) + tuple(src.shape[1:]))
             if out.numel():
                 ctypes.memmove(out.data_ptr(), ptr, out.numel() * out.element_size())
@@ -678,7 +610,7 @@ def _reducescatter_group_async(kind, tensors, name, op, prescale, postscale, pro
                 src = t.contiguous()
                 cuda = _is_cuda(src)
                 rows = _scatter_rows(src.shape[0], n)
-                row = _row_elements(src)
+                row = row_elements(src.shape)
                 dtype = _ddl_dtype(src)  # scaling and staging keep the dtype
                 # CUDA tensors are scaled on the GPU, as Horovod does. Equal blocks go through NCCL
                 # (ncclReduceScatter) on the current stream; the rest (rows not a multiple of the
@@ -692,7 +624,7 @@ def _reducescatter_group_async(kind, tensors, name, op, prescale, postscale, pro
                                 1.0 if cuda else postscale, group_size=group)
                 sub = full_name if kind == "reducescatter" else _part(full_name, i)
                 h = _submit(L.lib.ddl_reducescatter_ex, sub, data.data_ptr(), out.data_ptr(),
-                            _sizes([r * row for r in rows]), dtype, _REDUCE[op], ctypes.byref(opts))
+                            L.size_array([r * row for r in rows]), dtype, _REDUCE[op], ctypes.byref(opts))
                 c_handles.append(h)
                 keep.append((src, data, out, opts))
                 results.append((out, src.device if cuda else None))
@@ -722,12 +654,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
 
 # ---- barrier, sparse ----
 
-def barrier(process_set=global_process_set):
-    """Returns when every rank of the process set has called it."""
-    target = _process_set_target(process_set)
-    status = L.lib.ddl_barrier_ex(target._c_handle, None)  # a NULL handle: blocking, on this thread
-    if status != L.SUCCESS:
-        L.raise_for(status)
+barrier = _host.barrier
 
 
 def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
