@@ -265,6 +265,24 @@ static void release_name(PyObject* full) {
   if (PySet_Discard(tensor_path.taken, full) < 0) PyErr_Clear();
 }
 
+/* The record of an op of the tensor path in the face's handle map: TensorRecord(handle, output, input,
+ * name), a named tuple type that Python knows as ddl._fastpath.TensorRecord. */
+enum { kRecordHandle, kRecordOutput, kRecordInput, kRecordName, kRecordFields };
+static PyStructSequence_Field record_fields[] = {
+    {"handle", "libddl's handle of the op, as an int"},
+    {"output", "the tensor the result goes into"},
+    {"input", "the tensor reduced, kept alive until the op is done"},
+    {"name", "the op's full name, released from the names in flight when it is done"},
+    {NULL, NULL},
+};
+static PyStructSequence_Desc record_description = {
+    "ddl._fastpath.TensorRecord",
+    "An op of the compiled tensor path, as the face's handle map holds it (see ddl/common/fastpath.py).",
+    record_fields,
+    kRecordFields,
+};
+static PyTypeObject* record_type = NULL;
+
 /* The handle number under which the op's record went into handle_map, or NULL with an error set. */
 static PyObject* register_op(ddl_handle handle, PyObject* output, PyObject* input, PyObject* full_name) {
   PyObject* number = PyIter_Next(tensor_path.handle_numbers);
@@ -273,8 +291,17 @@ static PyObject* register_op(ddl_handle handle, PyObject* output, PyObject* inpu
     return NULL;
   }
   PyObject* c_handle = PyLong_FromVoidPtr(handle);
-  PyObject* record = c_handle ? PyTuple_Pack(4, c_handle, output, input, full_name) : NULL;
-  Py_XDECREF(c_handle);
+  PyObject* record = c_handle ? PyStructSequence_New(record_type) : NULL;
+  if (record != NULL) {
+    PyStructSequence_SetItem(record, kRecordHandle, c_handle); /* steals the reference */
+    PyObject* items[] = {output, input, full_name};
+    for (int i = 0; i < 3; ++i) {
+      Py_INCREF(items[i]);
+      PyStructSequence_SetItem(record, kRecordOutput + i, items[i]);
+    }
+  } else {
+    Py_XDECREF(c_handle);
+  }
   if (record == NULL || PyDict_SetItem(tensor_path.handle_map, number, record) < 0) {
     Py_XDECREF(record);
     Py_DECREF(number);
@@ -365,7 +392,7 @@ static PyObject* tensor_record(PyObject* number) {
   if (tensor_path.handle_map == NULL) return NULL;
   PyObject* record = PyDict_GetItemWithError(tensor_path.handle_map, number); /* borrowed */
   if (record == NULL) PyErr_Clear();                                          /* an unhashable handle */
-  return record != NULL && PyTuple_Check(record) ? record : NULL;
+  return record != NULL && Py_IS_TYPE(record, record_type) ? record : NULL;
 }
 
 /* Waits for the op of `record` (under handle `number`), forgets its handle and releases its name.
@@ -373,14 +400,14 @@ static PyObject* tensor_record(PyObject* number) {
  * op's failure (ddl_last_error() says why). */
 static PyObject* finish_record(PyObject* number, PyObject* record, ddl_status* status) {
   Py_INCREF(record);
-  ddl_handle handle = PyLong_AsVoidPtr(PyTuple_GetItem(record, 0));
+  ddl_handle handle = PyLong_AsVoidPtr(PyStructSequence_GetItem(record, kRecordHandle));
   if (PyDict_DelItem(tensor_path.handle_map, number) < 0 || PyErr_Occurred()) {
     Py_DECREF(record);
     return NULL;
   }
   *status = wait_for(handle);
-  release_name(PyTuple_GetItem(record, 3));
-  PyObject* output = *status == DDL_SUCCESS ? PyTuple_GetItem(record, 1) : NULL;
+  release_name(PyStructSequence_GetItem(record, kRecordName));
+  PyObject* output = *status == DDL_SUCCESS ? PyStructSequence_GetItem(record, kRecordOutput) : NULL;
   Py_XINCREF(output);
   Py_DECREF(record);
   return output;
@@ -517,8 +544,8 @@ static int handle_done(PyObject* handle_object) {
 }
 
 /* poll(handle_map, number) -> True or False, or None when `number` has no record: whether every
- * libddl handle of the record has finished. The record is a tuple whose item 0 is the handle (the
- * tensor path's), or an object whose c_handles lists them. The lookup and the tests run in this one
+ * libddl handle of the record has finished. The record is a TensorRecord (the tensor path's), or an
+ * object whose c_handles lists them. The lookup and the tests run in this one
  * call with the GIL held throughout: synchronize() on another thread takes a record out (under the
  * GIL) before it frees its handles, so no handle is tested once freed. */
 static PyObject* poll(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
@@ -536,10 +563,9 @@ static PyObject* poll(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
     if (PyErr_Occurred()) return NULL;
     Py_RETURN_NONE;
   }
-  if (PyTuple_Check(record)) {
-    int done = PyTuple_Size(record) > 0 ? handle_done(PyTuple_GetItem(record, 0)) : -1;
-    if (done < 0) return PyErr_Occurred() ? NULL : (PyErr_SetString(PyExc_ValueError, "poll: an empty record"), NULL);
-    return PyBool_FromLong(done);
+  if (Py_IS_TYPE(record, record_type)) {
+    int done = handle_done(PyStructSequence_GetItem(record, kRecordHandle));
+    return done < 0 ? NULL : PyBool_FromLong(done);
   }
   PyObject* handles = PyObject_GetAttr(record, s_c_handles);
   if (handles == NULL) return NULL;
@@ -603,6 +629,12 @@ static int exec_module(PyObject* module) {
   for (int i = 0; i < kParameters; ++i)
     if (s_parameters[i] == NULL && (s_parameters[i] = PyUnicode_InternFromString(parameters[i])) == NULL) return -1;
   if (general.one == NULL && (general.one = PyFloat_FromDouble(1.0)) == NULL) return -1;
+  if (record_type == NULL && (record_type = PyStructSequence_NewType(&record_description)) == NULL) return -1;
+  Py_INCREF(record_type);
+  if (PyModule_AddObject(module, "TensorRecord", (PyObject*)record_type) < 0) {
+    Py_DECREF(record_type);
+    return -1;
+  }
   refused = PyErr_NewException("ddl._fastpath.Refused", NULL, NULL);
   if (refused == NULL) return -1;
   Py_INCREF(refused);

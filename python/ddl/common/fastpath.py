@@ -76,18 +76,26 @@ def _ctypes_poll(handle_map, number):
         if record is None:
             return None
         done = ctypes.c_int(0)
-        for handle in (record[0],) if type(record) is tuple else record.c_handles:
+        for handle in (record.handle,) if type(record) is TensorRecord else record.c_handles:
             if L.lib.ddl_test(handle, ctypes.byref(done)) != L.SUCCESS or not done.value:
                 return False
         return True
+
+
+class _NoTensorRecord(tuple):
+    """Where the module is not compiled no op is a TensorRecord: this type is never made."""
 
 
 _compiled, why_not_compiled = _load_compiled()
 compiled = _compiled is not None
 if compiled:
     allreduce, wait, Refused, poll = _compiled.allreduce, _compiled.wait, _compiled.Refused, _compiled.poll
+    # The record of an op of the compiled tensor path in a face's handle map: a named tuple
+    # (handle, output, input, name) made in C.
+    TensorRecord = _compiled.TensorRecord
 else:
     allreduce, wait, Refused, poll = _ctypes_allreduce(), L.lib.ddl_wait, _CtypesRefused, _ctypes_poll
+    TensorRecord = _NoTensorRecord
 
 
 def _not_common(*args):
@@ -102,8 +110,8 @@ def bind_tensor_path(dtypes, ops, world_options, world_set, taken, handle_map, h
     dtypes: the face's dtype -> ddl_dtype; ops: Horovod's op (None: the default) -> ddl_reduce_op;
     world_options: shape -> (address, object) of the world's plain options (host_ops.world_plain_addresses);
     world_set: the global process set; taken: the names in flight in it (names.taken_in(0));
-    handle_map, handle_numbers: the face's handle registry, where each op goes as (c handle, output,
-    input, full name). One face binds it: ddl.torch."""
+    handle_map, handle_numbers: the face's handle registry, where each op goes as a TensorRecord.
+    One face binds it: ddl.torch."""
     if not compiled:
         return _not_common
     _compiled.bind_tensor_path(dtypes, ops, world_options, world_set, taken, handle_map, handle_numbers)

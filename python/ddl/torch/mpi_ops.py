@@ -128,9 +128,9 @@ def _start(kind, name, process_set, launch):
 
 
 def _c_handles_of(pending):
-    """The libddl handles of a registered op: a _Pending's, or the compiled tensor path's one (its
-    record is a tuple (c handle, output, input, full name))."""
-    return (pending[0],) if type(pending) is tuple else pending.c_handles
+    """The libddl handles of a registered op: a _Pending's, or the compiled tensor path's one (a
+    fastpath.TensorRecord)."""
+    return (pending.handle,) if type(pending) is _fast.TensorRecord else pending.c_handles
 
 
 def _unknown_handle(handle):
@@ -159,12 +159,12 @@ def synchronize(handle):
         pending = _handle_map.pop(handle, None)
     if pending is None:
         raise _unknown_handle(handle)
-    if type(pending) is tuple:  # the compiled tensor path's record: (c handle, output, input, full name)
-        status = _fast.wait(pending[0])
-        _names.release(global_process_set.process_set_id, pending[3])
+    if type(pending) is _fast.TensorRecord:  # an op of the compiled tensor path
+        status = _fast.wait(pending.handle)
+        _names.release(global_process_set.process_set_id, pending.name)
         if status != L.SUCCESS:
             L.raise_for(status)
-        return pending[1]
+        return pending.output
     if pending.collect is None and len(pending.c_handles) == 1:  # one op, as each gradient's: the short way
         status = _fast.wait(pending.c_handles[0])
         _release_claims(pending.claims)
