@@ -66,9 +66,16 @@ double number_from_environment(const char* name, double fallback, double minimum
   return number_setting(name, value, minimum, maximum);
 }
 
+double number_from_environment(const contract::NumberSetting& setting) {
+  return number_from_environment(setting.name, setting.fallback, setting.minimum, setting.maximum);
+}
+
+double number_setting(const contract::NumberSetting& setting, const std::string& value) {
+  return number_setting(setting.name, value, setting.minimum, setting.maximum);
+}
+
 std::chrono::milliseconds timeout_setting(const std::string& value) {
-  constexpr double kYear = 365.0 * 24 * 3600;
-  const double seconds = number_setting("DDL_TIMEOUT", value, 0, kYear);
+  const double seconds = number_setting(contract::kTimeout, value);
   if (seconds < 0.001)  // counted in milliseconds: less would be 0, failing every wait at once
     throw Error(fmt::format("DDL_TIMEOUT={} would fail every wait at once: it is in seconds and must be at least 0.001", value),
                 "set e.g. DDL_TIMEOUT=300");
@@ -76,8 +83,8 @@ std::chrono::milliseconds timeout_setting(const std::string& value) {
 }
 
 std::chrono::milliseconds timeout_from_environment() {
-  const char* value = std::getenv("DDL_TIMEOUT");
-  if (value == nullptr || *value == '\0') return std::chrono::milliseconds(300'000);
+  const char* value = std::getenv(contract::kTimeout.name);
+  if (value == nullptr || *value == '\0') return std::chrono::milliseconds(static_cast<long long>(contract::kTimeout.fallback * 1000));
   return timeout_setting(value);
 }
 

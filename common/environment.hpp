@@ -8,6 +8,8 @@
 #include <string_view>
 #include <vector>
 
+#include "common/worker_contract.hpp"
+
 namespace ddl {
 
 using Environment = std::map<std::string, std::string>;
@@ -32,6 +34,9 @@ std::optional<std::string> lookup(const Environment& env, const std::string& nam
 double number_from_environment(const char* name, double fallback, double minimum, double maximum);
 // The same check of one value of variable `name`.
 double number_setting(const std::string& name, const std::string& value, double minimum, double maximum);
+// A setting of the worker contract, from the environment (its fallback when unset or empty) or as given.
+double number_from_environment(const contract::NumberSetting& setting);
+double number_setting(const contract::NumberSetting& setting, const std::string& value);
 // DDL_TIMEOUT: seconds, more than 0 and at most a year (default 300).
 std::chrono::milliseconds timeout_from_environment();
 std::chrono::milliseconds timeout_setting(const std::string& value);

@@ -16,6 +16,7 @@
 #include "common/environment.hpp"
 #include "common/error.hpp"
 #include "common/random_hex.hpp"
+#include "common/worker_contract.hpp"
 #include "launcher/gpu_inventory.hpp"
 #include "launcher/host.hpp"
 #include "launcher/port_reservation.hpp"
@@ -114,10 +115,19 @@ TaskLauncher choose_launcher(const RunRequest& request, Scheduler scheduler) {
 constexpr size_t kLongestSearchedLine = 4096;
 
 // The run-wide values every task needs; the launcher passes them on (`-x` for mpirun).
-const char* const kExportedToTasks[] = {
-    "DDL_STORE_ADDR",           "DDL_STORE_TOKEN",   "DDL_RUN_ID",  "DDL_SIZE",    "DDL_LOCAL_SIZE", "DDL_NUM_NODES",
-    "DDL_GPU_WORKERS",          "DDL_CPUS_PER_TASK", "MASTER_ADDR", "MASTER_PORT", "PATH",           "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_MAX_RESTARTS"};
+const char* const kExportedToTasks[] = {contract::kStoreAddr,
+                                        contract::kStoreToken,
+                                        contract::kRunId,
+                                        contract::kSize,
+                                        contract::kLocalSize,
+                                        contract::kNumNodes,
+                                        "DDL_GPU_WORKERS",
+                                        "DDL_CPUS_PER_TASK",
+                                        "MASTER_ADDR",
+                                        "MASTER_PORT",
+                                        "PATH",
+                                        "TORCHELASTIC_RESTART_COUNT",
+                                        "TORCHELASTIC_MAX_RESTARTS"};
 // Passed on where the launcher's environment has them: --torch-backend sets both.
 const char* const kExportedWhenSet[] = {"LD_LIBRARY_PATH", "PYTHONPATH", "DDL_TORCH_BACKEND"};
 
@@ -274,12 +284,12 @@ RunOutcome run_in_allocation(const RunRequest& request, const backends::Allocati
   PortReservation master_port;  // on this node: node 0 when ddl runs in the batch script
 
   Environment launcher_env = env;
-  launcher_env["DDL_STORE_ADDR"] = fmt::format("{}:{}", host_name(), store.port());
-  launcher_env["DDL_STORE_TOKEN"] = token;
-  launcher_env["DDL_RUN_ID"] = fmt::format("{}-{}", allocation.job_id, request.run_tag.substr(0, 4));
-  launcher_env["DDL_SIZE"] = std::to_string(plan.world_size());
-  launcher_env["DDL_LOCAL_SIZE"] = std::to_string(plan.workers_per_node);
-  launcher_env["DDL_NUM_NODES"] = std::to_string(plan.num_nodes);
+  launcher_env[contract::kStoreAddr] = fmt::format("{}:{}", host_name(), store.port());
+  launcher_env[contract::kStoreToken] = token;
+  launcher_env[contract::kRunId] = fmt::format("{}-{}", allocation.job_id, request.run_tag.substr(0, 4));
+  launcher_env[contract::kSize] = std::to_string(plan.world_size());
+  launcher_env[contract::kLocalSize] = std::to_string(plan.workers_per_node);
+  launcher_env[contract::kNumNodes] = std::to_string(plan.num_nodes);
   launcher_env["DDL_GPU_WORKERS"] = plan.gpu_workers ? "1" : "0";
   launcher_env["MASTER_ADDR"] = shape.hosts.front();
   launcher_env["MASTER_PORT"] = std::to_string(master_port.port());

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "common/error.hpp"
+#include "common/worker_contract.hpp"
 #include "launcher/host.hpp"
 #include "launcher/supervisor.hpp"
 #include "launcher/worker_environment.hpp"
@@ -66,7 +67,7 @@ WorldPlan task_plan(const Environment& env, const TaskIdentity& id) {
 
 // The scheduler's name for this run when ddl run did not name it.
 std::string run_id_of(const Environment& env) {
-  if (auto id = lookup(env, "DDL_RUN_ID")) return *id;
+  if (auto id = lookup(env, contract::kRunId)) return *id;
   if (auto job = lookup(env, "SLURM_JOB_ID")) return fmt::format("{}.{}", *job, lookup(env, "SLURM_STEP_ID").value_or("0"));
   if (auto job = lookup(env, "PBS_JOBID")) return *job;
   return "ddl-exec";
@@ -116,8 +117,8 @@ Environment task_environment(const Environment& env, const TaskIdentity& id, con
 
   RunContext run;
   run.run_id = run_id_of(env);
-  run.store_addr = lookup(env, "DDL_STORE_ADDR").value_or("");
-  run.store_token = lookup(env, "DDL_STORE_TOKEN").value_or("");
+  run.store_addr = lookup(env, contract::kStoreAddr).value_or("");
+  run.store_token = lookup(env, contract::kStoreToken).value_or("");
   run.master_addr = lookup(env, "MASTER_ADDR").value_or("");
   run.cpus_on_node = cpus_for_node(env, id.local_size);
   // torchrun's counts, as ddl run set them; anything else (99999999999 became -1 with atoi) is 0.
@@ -126,7 +127,7 @@ Environment task_environment(const Environment& env, const TaskIdentity& id, con
   const WorkerSlot slot{id.rank, id.local_rank, id.node_rank};
   Environment result = worker_environment(env, plan, slot, run, order);
   // What only ddl run knows is passed through as it came, or left unset.
-  for (const char* name : {"DDL_STORE_ADDR", "DDL_STORE_TOKEN", "MASTER_ADDR", "MASTER_PORT"}) {
+  for (const char* name : {contract::kStoreAddr, contract::kStoreToken, "MASTER_ADDR", "MASTER_PORT"}) {
     if (auto inherited = lookup(env, name))
       result[name] = *inherited;
     else
@@ -135,7 +136,7 @@ Environment task_environment(const Environment& env, const TaskIdentity& id, con
   // Nodes of different sizes that the launcher does not list (mpirun -np 5 over 4 + 1 slots): the
   // world's size is still the launcher's; cross ranks stay counted by node.
   if (plan.world_size() != id.size)
-    for (const char* name : {"DDL_SIZE", "WORLD_SIZE", "ROLE_WORLD_SIZE", "HOROVOD_SIZE"}) result[name] = std::to_string(id.size);
+    for (const char* name : {contract::kSize, "WORLD_SIZE", "ROLE_WORLD_SIZE", "HOROVOD_SIZE"}) result[name] = std::to_string(id.size);
   result.erase("DDL_GPU_WORKERS");
   result.erase("DDL_CPUS_PER_TASK");
   return result;

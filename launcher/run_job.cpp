@@ -32,9 +32,9 @@ void require_single_node(const LaunchRequest& launch) {
 // libddl reads these in every worker: a bad value is one error here, not one per worker.
 void check_libddl_settings(const Environment& env) {
   try {
-    if (auto v = lookup(env, "DDL_TIMEOUT"); v && !v->empty()) timeout_setting(*v);
-    if (auto v = lookup(env, "DDL_CYCLE_TIME_MS"); v && !v->empty()) number_setting("DDL_CYCLE_TIME_MS", *v, 0, 60'000);
-    if (auto v = lookup(env, "DDL_FUSION_THRESHOLD"); v && !v->empty()) number_setting("DDL_FUSION_THRESHOLD", *v, 0, 0x1p40);
+    if (auto v = lookup(env, contract::kTimeout.name); v && !v->empty()) timeout_setting(*v);
+    for (const auto& setting : {contract::kCycleTimeMs, contract::kFusionThreshold})
+      if (auto v = lookup(env, setting.name); v && !v->empty()) number_setting(setting, *v);
   } catch (const Error& e) {
     throw UsageError(e.what(), e.hint());
   }

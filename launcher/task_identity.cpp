@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "common/error.hpp"
+#include "common/worker_contract.hpp"
 
 namespace ddl::launcher {
 
@@ -127,9 +128,9 @@ TaskIdentity task_identity(const Environment& env) {
   TaskIdentity id;
   id.source = launcher->source;
   id.rank = *first_number(env, launcher->rank);
-  const auto planned_size = number_in(env, "DDL_SIZE");
-  const auto planned_local_size = number_in(env, "DDL_LOCAL_SIZE");
-  const auto planned_nodes = number_in(env, "DDL_NUM_NODES");
+  const auto planned_size = number_in(env, contract::kSize);
+  const auto planned_local_size = number_in(env, contract::kLocalSize);
+  const auto planned_nodes = number_in(env, contract::kNumNodes);
 
   id.size = first_number(env, launcher->size).value_or(planned_size.value_or(1));
   if (planned_size && *planned_size != id.size)

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "common/worker_contract.hpp"
+
 namespace ddl::launcher {
 
 int threads_per_worker(int cpus_on_node, int workers_per_node) { return std::max(1, cpus_on_node / std::max(1, workers_per_node)); }
@@ -16,15 +18,15 @@ Environment worker_environment(const Environment& base, const WorldPlan& plan, c
     else
       env[name] = std::to_string(value);
   };
-  set("DDL_RANK", worker.rank);
-  set("DDL_SIZE", plan.world_size());
-  set("DDL_LOCAL_RANK", worker.local_rank);
-  set("DDL_LOCAL_SIZE", on_this_node);
-  set("DDL_NODE_RANK", worker.node_rank);
-  set("DDL_NUM_NODES", plan.num_nodes);
-  set("DDL_STORE_ADDR", run.store_addr);
-  set("DDL_STORE_TOKEN", run.store_token);
-  set("DDL_RUN_ID", run.run_id);
+  set(contract::kRank, worker.rank);
+  set(contract::kSize, plan.world_size());
+  set(contract::kLocalRank, worker.local_rank);
+  set(contract::kLocalSize, on_this_node);
+  set(contract::kNodeRank, worker.node_rank);
+  set(contract::kNumNodes, plan.num_nodes);
+  set(contract::kStoreAddr, run.store_addr);
+  set(contract::kStoreToken, run.store_token);
+  set(contract::kRunId, run.run_id);
 
   // torchrun's set: a single role, so role ranks are the global ranks and groups are nodes.
   set("RANK", worker.rank);

@@ -18,6 +18,7 @@
 
 #include "common/environment.hpp"
 #include "common/error.hpp"
+#include "common/worker_contract.hpp"
 #include "rendezvous/store_protocol.hpp"
 
 namespace ddl::store {
@@ -164,8 +165,8 @@ TcpStoreClient::TcpStoreClient(const std::string& address, const std::string& to
 }
 
 TcpStoreClient TcpStoreClient::from_environment() {
-  const char* addr = std::getenv("DDL_STORE_ADDR");
-  const char* token = std::getenv("DDL_STORE_TOKEN");
+  const char* addr = std::getenv(contract::kStoreAddr);
+  const char* token = std::getenv(contract::kStoreToken);
   if (addr == nullptr || token == nullptr)
     throw Error("DDL_STORE_ADDR and DDL_STORE_TOKEN are not set", "start the program with `ddl run`");
   return TcpStoreClient(addr, token, ddl::timeout_from_environment());

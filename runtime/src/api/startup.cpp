@@ -16,6 +16,7 @@
 #include "common/environment.hpp"
 #include "common/error.hpp"
 #include "common/net_address.hpp"
+#include "common/worker_contract.hpp"
 #include "ddl/ddl.h"
 #include "rendezvous/gloo_store.hpp"
 #include "rendezvous/pmix_store.hpp"
@@ -75,10 +76,10 @@ std::string timeline_path_for(std::string path, int rank) {
 
 runtime::EngineConfig engine_config(int rank) {
   runtime::EngineConfig c;
-  c.cycle_time = std::chrono::microseconds(static_cast<long long>(ddl::number_from_environment("DDL_CYCLE_TIME_MS", 1, 0, 60'000) * 1000));
-  c.fusion_threshold = static_cast<size_t>(ddl::number_from_environment("DDL_FUSION_THRESHOLD", 64.0 * 1024 * 1024, 0, 0x1p40));
+  c.cycle_time = std::chrono::microseconds(static_cast<long long>(ddl::number_from_environment(contract::kCycleTimeMs) * 1000));
+  c.fusion_threshold = static_cast<size_t>(ddl::number_from_environment(contract::kFusionThreshold));
   c.timeout = ddl::timeout_from_environment();
-  if (const char* t = std::getenv("DDL_TIMELINE"); t != nullptr && *t != '\0') c.timeline_path = timeline_path_for(t, rank);
+  if (const char* t = std::getenv(contract::kTimeline); t != nullptr && *t != '\0') c.timeline_path = timeline_path_for(t, rank);
   return c;
 }
 
@@ -86,14 +87,14 @@ namespace {
 
 // store: `ddl run`'s store; pmix: a PMIx launcher; single: this process alone.
 std::string bootstrap_mode() {
-  const char* forced = std::getenv("DDL_BOOTSTRAP");
+  const char* forced = std::getenv(contract::kBootstrap);
   if (forced != nullptr && *forced != '\0') {
     std::string mode = forced;
     if (mode != "store" && mode != "pmix" && mode != "single")
       throw ddl::Error(fmt::format("DDL_BOOTSTRAP='{}' is not one of store, pmix, single", mode));
     return mode;
   }
-  if (std::getenv("DDL_STORE_ADDR") != nullptr) return "store";
+  if (std::getenv(contract::kStoreAddr) != nullptr) return "store";
   if (std::getenv("PMIX_RANK") != nullptr && ddl::runtime::pmix_compiled_in()) return "pmix";
   return "single";
 }
@@ -104,8 +105,8 @@ std::string bootstrap_mode() {
 // store's host (DDL_GLOO_ADDR overrides it), else (PMIx, or the store's own host) by its name.
 std::string interface_host(int num_nodes) {
   if (num_nodes <= 1) return "127.0.0.1";
-  if (const char* given = std::getenv("DDL_GLOO_ADDR"); given != nullptr && *given != '\0') return given;
-  if (const char* store = std::getenv("DDL_STORE_ADDR"); store != nullptr) {
+  if (const char* given = std::getenv(contract::kGlooAddr); given != nullptr && *given != '\0') return given;
+  if (const char* store = std::getenv(contract::kStoreAddr); store != nullptr) {
     const std::string addr = store;
     std::string towards = ddl::address_towards(addr.substr(0, addr.rfind(':')));
     if (!towards.starts_with("127.")) return towards;  // on the store's own host the route is loopback
@@ -138,11 +139,12 @@ std::shared_ptr<Runtime> start_runtime(int generation) {
   }
   int rank = 0, size = 1;
   if (rt->mode == "store") {
-    rank = env_int("DDL_RANK", -1);
-    size = env_int("DDL_SIZE", -1);
+    rank = env_int(contract::kRank, -1);
+    size = env_int(contract::kSize, -1);
     if (rank < 0 || size < 1 || rank >= size)
       throw ddl::Error("DDL_RANK and DDL_SIZE are missing or out of range: start the program with `ddl run`");
-    rt->placement = {env_int("DDL_LOCAL_RANK", 0), env_int("DDL_LOCAL_SIZE", 1), env_int("DDL_NODE_RANK", 0), env_int("DDL_NUM_NODES", 1)};
+    rt->placement = {env_int(contract::kLocalRank, 0), env_int(contract::kLocalSize, 1), env_int(contract::kNodeRank, 0),
+                     env_int(contract::kNumNodes, 1)};
     if (!rt->placement.consistent())
       throw ddl::Error(
           "DDL_LOCAL_RANK, DDL_LOCAL_SIZE, DDL_NODE_RANK and DDL_NUM_NODES are out of range: start the program with `ddl run`");
@@ -159,7 +161,7 @@ std::shared_ptr<Runtime> start_runtime(int generation) {
   auto config = engine_config(rank);
   // All ranks on this node: shared memory, unless DDL_SHM=0; else (or if it cannot be set up) Gloo.
   std::unique_ptr<ddl::runtime::Collectives> collectives;
-  const char* shm = std::getenv("DDL_SHM");
+  const char* shm = std::getenv(contract::kShm);
   if (rt->placement.local_size == size && !(shm != nullptr && std::string(shm) == "0"))
     collectives = ddl::runtime::make_shared_memory_collectives(rank, size, *rt->store, config.timeout);
   rt->shared_memory = collectives != nullptr;

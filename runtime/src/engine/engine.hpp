@@ -16,6 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/worker_contract.hpp"
 #include "runtime/src/engine/negotiator.hpp"
 #include "runtime/src/engine/op_spec.hpp"
 #include "runtime/src/engine/timeline.hpp"
@@ -64,12 +65,14 @@ class OpState {
   std::string message_;
 };
 
+// The defaults are the worker contract's (common/worker_contract.hpp); libddl reads the settings.
 struct EngineConfig {
-  std::chrono::microseconds cycle_time{1000};  // DDL_CYCLE_TIME_MS (fractions allowed)
-  size_t fusion_threshold = 64u << 20;         // DDL_FUSION_THRESHOLD; 0 = no fusion
-  std::chrono::milliseconds timeout{300'000};  // DDL_TIMEOUT: an op waiting longer for a rank fails
-  std::string timeline_path;                   // DDL_TIMELINE for this rank; empty = none
-  std::vector<int> world_ranks;                // a process set's members, which errors name; empty: the world
+  std::chrono::microseconds cycle_time{static_cast<long long>(contract::kCycleTimeMs.fallback * 1000)};  // fractions of a ms allowed
+  size_t fusion_threshold = static_cast<size_t>(contract::kFusionThreshold.fallback);                    // 0 = no fusion
+  // An op waiting longer for a rank fails.
+  std::chrono::milliseconds timeout{static_cast<long long>(contract::kTimeout.fallback * 1000)};
+  std::string timeline_path;     // DDL_TIMELINE for this rank; empty = none
+  std::vector<int> world_ranks;  // a process set's members, which errors name; empty: the world
 };
 
 class Engine : public std::enable_shared_from_this<Engine> {

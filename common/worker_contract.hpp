@@ -1,0 +1,39 @@
+// The worker environment contract (DESIGN.md): the variables `ddl run` gives every worker and the
+// libddl settings both sides read, named once here with their defaults and bounds. The launcher
+// writes and checks them, libddl reads them; neither spells one as a literal of its own.
+#pragma once
+
+namespace ddl::contract {
+
+// Set by `ddl run` for every worker.
+inline constexpr const char* kRank = "DDL_RANK";              // global rank
+inline constexpr const char* kSize = "DDL_SIZE";              // world size
+inline constexpr const char* kLocalRank = "DDL_LOCAL_RANK";   // rank on this node
+inline constexpr const char* kLocalSize = "DDL_LOCAL_SIZE";   // workers on this node
+inline constexpr const char* kNodeRank = "DDL_NODE_RANK";     // node index
+inline constexpr const char* kNumNodes = "DDL_NUM_NODES";     // node count
+inline constexpr const char* kStoreAddr = "DDL_STORE_ADDR";   // host:port of the rendezvous store
+inline constexpr const char* kStoreToken = "DDL_STORE_TOKEN"; // the per-run secret the store demands
+inline constexpr const char* kRunId = "DDL_RUN_ID";           // this run's id (job id + step under a scheduler)
+
+// A numeric setting of libddl: the user's, checked alike by `ddl run` before it starts anything and
+// by libddl in every worker (number_from_environment).
+struct NumberSetting {
+  const char* name;
+  double fallback;  // when unset or empty
+  double minimum, maximum;
+};
+// Seconds every wait on a peer may last (the bounds are checked by timeout_setting: more than 0).
+inline constexpr NumberSetting kTimeout{"DDL_TIMEOUT", 300, 0, 365.0 * 24 * 3600};
+// The negotiation period.
+inline constexpr NumberSetting kCycleTimeMs{"DDL_CYCLE_TIME_MS", 1, 0, 60'000};
+// The largest fusion buffer in bytes (0: no fusion).
+inline constexpr NumberSetting kFusionThreshold{"DDL_FUSION_THRESHOLD", 64.0 * 1024 * 1024, 0, 0x1p40};
+
+// libddl's other settings, read by name only.
+inline constexpr const char* kTimeline = "DDL_TIMELINE";    // file.json: a Chrome trace of every op
+inline constexpr const char* kBootstrap = "DDL_BOOTSTRAP";  // store, pmix or single
+inline constexpr const char* kShm = "DDL_SHM";              // 0: no shared memory between ranks
+inline constexpr const char* kGlooAddr = "DDL_GLOO_ADDR";   // the address peers reach this rank at
+
+}  // namespace ddl::contract
