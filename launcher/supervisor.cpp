@@ -390,6 +390,9 @@ class Run {
       end_stream(s);
       return;
     }
+    // The --output-dir file gets the bytes as the worker wrote them (carriage returns, a last line
+    // without its end, binary); only the terminal view is made of lines.
+    write_output_file(s.file_fd, s.rank, s.file_suffix, std::string_view(buf, static_cast<size_t>(n)));
     emit(s, [&](auto sink) { s.splitter.feed(std::string_view(buf, static_cast<size_t>(n)), sink); });
     if (s.labeller == nullptr && s.splitter.has_unpassed_text()) s.unfinished_due = Clock::now() + kUnfinishedLineQuietTime;
   }
@@ -414,7 +417,6 @@ class Run {
   template <typename Split>
   void emit(Stream& s, Split split) {
     std::string to_terminal;
-    std::string to_file;
     split([&](std::string_view text, char end) {
       if (s.labeller != nullptr) {
         // A relayed redraw is a whole line here: kept, a progress bar would push the lines that
@@ -423,12 +425,10 @@ class Run {
         return;
       }
       to_terminal.append(shown(s, text, end));
-      if (s.file_fd >= 0) append_with_end(to_file, text, end);
       remember_for_summary(s, text, end);
     });
     output_.add(s.target_fd, to_terminal);
     write_pending_output();  // at once, as far as the reader takes it: a line is not held back for the next poll
-    write_output_file(s.file_fd, s.rank, s.file_suffix, to_file);
   }
 
   // An --output-dir file that cannot be written (a full disk, a quota) is given up, with one

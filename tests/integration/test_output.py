@@ -1,5 +1,6 @@
 """Worker output reaches ddl's stdout/stderr line by line, whole, prefixed with the rank."""
 import os
+import random
 import re
 import select
 import shutil
@@ -85,9 +86,37 @@ class Output(unittest.TestCase):
             result = ddl("-np", "1", "--output-dir", tmp, "--", PYTHON, "-c", script)
             self.assertEqual(result.returncode, 0, result.stderr[-2000:])
             with open(os.path.join(tmp, "rank.0.out")) as f:
-                # (an unfinished last line is ended in the file as on the terminal)
-                self.assertEqual(f.read(), "c" * 200000 + "\n" + "d" * 70000 + "\n")
+                # (the file holds what the worker wrote: an unfinished last line is ended on the terminal only)
+                self.assertEqual(f.read(), "c" * 200000 + "\n" + "d" * 70000)
         self.assertEqual(result.stdout, "[0] " + "c" * 200000 + "\n[0] " + "d" * 70000 + "\n")
+
+    def test_output_dir_files_hold_exactly_the_bytes_each_stream_got(self):
+        # Random bytes (carriage returns, CRLF, a \r opening a line, NULs, invalid UTF-8) and no last
+        # newline, on both streams, written in pieces of odd sizes; and a file of "abc" through cat.
+        script = ("import os, random, sys\n"
+                  "rank = int(os.environ['RANK'])\n"
+                  "for fd, seed in ((1, rank), (2, 100 + rank)):\n"
+                  "    data = random.Random(seed).randbytes(200000) + b'\\r\\n\\rend\\r'\n"
+                  "    for i in range(0, len(data), 7919):\n"
+                  "        os.write(fd, data[i:i + 7919])\n")
+        with tempfile.TemporaryDirectory() as tmp:
+            # (bytes: the terminal view holds invalid UTF-8 too)
+            result = subprocess.run([DDL, "run", "-np", "2", "--output-dir", tmp, "--", PYTHON, "-c", script],
+                                    capture_output=True, timeout=120,
+                                    env={k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PBS_"))})
+            self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+            for rank in range(2):
+                for suffix, seed in (("out", rank), ("err", 100 + rank)):
+                    with open(os.path.join(tmp, f"rank.{rank}.{suffix}"), "rb") as f:
+                        written = random.Random(seed).randbytes(200000) + b"\r\n\rend\r"
+                        self.assertTrue(f.read() == written, f"rank.{rank}.{suffix} differs from what rank {rank} wrote")
+            with open(os.path.join(tmp, "x.txt"), "w") as f:
+                f.write("abc")
+            result = ddl("-np", "1", "--output-dir", tmp, "--", "cat", os.path.join(tmp, "x.txt"))
+            self.assertEqual(result.returncode, 0, result.stderr)
+            with open(os.path.join(tmp, "rank.0.out"), "rb") as f:
+                self.assertEqual(f.read(), b"abc")
+            self.assertEqual(result.stdout, "[0] abc\n")  # the terminal view ends the line
 
     def test_an_unwritable_output_dir_is_an_error_naming_the_flag(self):
         with tempfile.NamedTemporaryFile() as f:
