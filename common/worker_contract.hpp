@@ -6,15 +6,15 @@
 namespace ddl::contract {
 
 // Set by `ddl run` for every worker.
-inline constexpr const char* kRank = "DDL_RANK";              // global rank
-inline constexpr const char* kSize = "DDL_SIZE";              // world size
-inline constexpr const char* kLocalRank = "DDL_LOCAL_RANK";   // rank on this node
-inline constexpr const char* kLocalSize = "DDL_LOCAL_SIZE";   // workers on this node
-inline constexpr const char* kNodeRank = "DDL_NODE_RANK";     // node index
-inline constexpr const char* kNumNodes = "DDL_NUM_NODES";     // node count
-inline constexpr const char* kStoreAddr = "DDL_STORE_ADDR";   // host:port of the rendezvous store
-inline constexpr const char* kStoreToken = "DDL_STORE_TOKEN"; // the per-run secret the store demands
-inline constexpr const char* kRunId = "DDL_RUN_ID";           // this run's id (job id + step under a scheduler)
+inline constexpr const char* kRank = "DDL_RANK";               // global rank
+inline constexpr const char* kSize = "DDL_SIZE";               // world size
+inline constexpr const char* kLocalRank = "DDL_LOCAL_RANK";    // rank on this node
+inline constexpr const char* kLocalSize = "DDL_LOCAL_SIZE";    // workers on this node
+inline constexpr const char* kNodeRank = "DDL_NODE_RANK";      // node index
+inline constexpr const char* kNumNodes = "DDL_NUM_NODES";      // node count
+inline constexpr const char* kStoreAddr = "DDL_STORE_ADDR";    // host:port of the rendezvous store
+inline constexpr const char* kStoreToken = "DDL_STORE_TOKEN";  // the per-run secret the store demands
+inline constexpr const char* kRunId = "DDL_RUN_ID";            // this run's id (job id + step under a scheduler)
 
 // A numeric setting of libddl: the user's, checked alike by `ddl run` before it starts anything and
 // by libddl in every worker (number_from_environment).

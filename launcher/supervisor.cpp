@@ -38,8 +38,8 @@ namespace {
 // Every signal whose default would end ddl: one it did not catch would end it without stopping the
 // workers' children (the workers themselves die with it: PR_SET_PDEATHSIG). Each stops the run, the
 // workers getting the same signal, except the two below.
-constexpr int kHandledSignals[] = {SIGCHLD, SIGINT,  SIGTERM,   SIGHUP,  SIGUSR1, SIGUSR2, SIGQUIT,
-                                   SIGALRM, SIGXCPU, SIGVTALRM, SIGPROF, SIGPWR,  SIGXFSZ};
+constexpr int kHandledSignals[] = {SIGCHLD, SIGINT,    SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGQUIT, SIGALRM,
+                                   SIGXCPU, SIGVTALRM, SIGPROF, SIGPWR, SIGXFSZ, SIGTSTP, SIGCONT};
 
 // Signals that ask the workers for something (a checkpoint before the time limit: Slurm's
 // --signal=B:USR1@300) rather than to stop: passed on, and the run goes on.
@@ -48,9 +48,9 @@ bool passed_on_only(int sig) { return sig == SIGUSR1 || sig == SIGUSR2; }
 int open_output_file(const std::string& dir, int rank, const char* stream) {
   std::string path = fmt::format("{}/rank.{}.{}", dir, rank, stream);
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0)
-    throw Error(fmt::format("--output-dir: cannot write {}: {}", path, std::strerror(errno)), "choose a directory you can write to");
-  return fd;
+  if (fd >= 0) return fd;
+  if (errno == EMFILE || errno == ENFILE) throw open_failure(fmt::format("--output-dir: cannot write {}", path), errno);
+  throw Error(fmt::format("--output-dir: cannot write {}: {}", path, std::strerror(errno)), "choose a directory you can write to");
 }
 
 // Whether two descriptors write to the same file (stdout and stderr on one terminal).
@@ -266,7 +266,7 @@ class Run {
   // A remote shell: its stdin is a pipe that carries the job first, then signals.
   WorkerProcess spawn_with_control(const WorkerLaunch& launch, Worker& w) {
     int fds[2];
-    if (::pipe2(fds, O_CLOEXEC) != 0) throw Error(fmt::format("cannot create a pipe: {}", std::strerror(errno)));
+    if (::pipe2(fds, O_CLOEXEC) != 0) throw open_failure("cannot create a pipe for a host's agent", errno);
     WorkerProcess process;
     try {
       process = spawn_worker(launch.program, launch.argv, launch.env, child_mask_, fds[0]);
@@ -370,6 +370,10 @@ class Run {
       if (sig == SIGKILL) {
         escalated_ = true;
         signal_all(SIGKILL);
+      } else if (sig == SIGSTOP) {  // the launching host's ddl was stopped (Ctrl-Z)
+        pause_workers();
+      } else if (sig == SIGCONT) {
+        resume_workers();
       } else if (passed_on_only(sig)) {
         signal_running(sig);
       } else {
@@ -520,6 +524,10 @@ class Run {
       int sig = static_cast<int>(info.ssi_signo);
       if (sig == SIGCHLD)
         reap_children();
+      else if (sig == SIGTSTP)
+        stop_job();
+      else if (sig == SIGCONT)
+        resume_workers();
       else if (options_.parent_signals_workers && static_cast<pid_t>(info.ssi_pid) == ::getppid())
         note_signal_the_workers_got(sig);
       else if (passed_on_only(sig))
@@ -651,6 +659,31 @@ class Run {
         signal_worker(w, sig);
     }
   }
+
+  // Ctrl-Z (SIGTSTP): every worker stops, then ddl itself, so that the shell's job is stopped whole
+  // (the workers run in sessions of their own, which the terminal's SIGTSTP does not reach). `fg`
+  // or `kill -CONT` continues ddl, whose SIGCONT then resumes them (resume_workers). A run already
+  // stopping does not stop: its workers are finishing.
+  void stop_job() {
+    if (stopping_) return;
+    pause_workers();
+    ::raise(SIGSTOP);
+  }
+
+  // Workers on this host get SIGSTOP (which they cannot ignore), their whole process groups; a
+  // host's agent is told to do so; a task launcher (srun, mpirun) gets SIGTSTP and stops its tasks
+  // as it does (mpirun stops them; srun as its version and site allow).
+  void pause_workers() {
+    for (const auto& w : workers_) {
+      if (!w.running) continue;
+      if (w.control_fd >= 0)
+        write_to_pipe(w.control_fd, fmt::format("signal {}\n", SIGSTOP));
+      else
+        signal_worker(w, w.labeller ? SIGTSTP : SIGSTOP);
+    }
+  }
+
+  void resume_workers() { signal_running(SIGCONT); }
 
   // After the last worker: whatever they left behind (in their groups, or re-parented to ddl).
   void kill_everything() {
@@ -821,7 +854,8 @@ int Supervisor::signal_before_run() {
   signalfd_siginfo info{};
   while (::read(signal_fd_, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
     const int sig = static_cast<int>(info.ssi_signo);
-    if (sig != SIGCHLD && !passed_on_only(sig)) return sig;
+    if (sig == SIGTSTP) ::raise(SIGSTOP);  // Ctrl-Z before any worker: ddl alone stops
+    if (sig != SIGCHLD && sig != SIGTSTP && sig != SIGCONT && !passed_on_only(sig)) return sig;
   }
   return 0;
 }

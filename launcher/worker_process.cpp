@@ -2,11 +2,14 @@
 
 #include <fcntl.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -29,20 +32,48 @@ std::string through_interpreter(const std::string& name) {
   return "INTERPRETER " + name;
 }
 
+// A script's #! line must name an interpreter that exists and can be run: exec would otherwise fail
+// only once the workers start, with "No such file or directory" about a script that exists.
+void require_interpreter(const std::string& name, std::string_view head) {
+  std::string_view line = head.substr(2, head.find('\n') == std::string_view::npos ? std::string_view::npos : head.find('\n') - 2);
+  const size_t start = line.find_first_not_of(" \t");
+  if (start == std::string_view::npos)
+    throw ProgramNotRunnable(fmt::format("program '{}' has a #! line that names no interpreter", name),
+                             "make its first line name one, such as #!/usr/bin/env python3");
+  line.remove_prefix(start);
+  const std::string interpreter(line.substr(0, line.find_first_of(" \t")));
+  if (is_executable_file(interpreter)) return;
+  if (interpreter.ends_with('\r') && is_executable_file(interpreter.substr(0, interpreter.size() - 1)))
+    throw ProgramNotRunnable(fmt::format("program '{}' has a #! line that ends in a carriage return (Windows line ends), so its "
+                                         "interpreter '{}' cannot be found",
+                                         name, interpreter.substr(0, interpreter.size() - 1)),
+                             fmt::format("convert the file to Unix line ends: dos2unix {} (or sed -i 's/\\r$//' {})", name, name));
+  const bool exists = ::access(interpreter.c_str(), F_OK) == 0;
+  throw ProgramNotRunnable(fmt::format("program '{}' names the interpreter '{}' on its #! line, which {}", name, interpreter,
+                                       exists ? "is not an executable file" : "does not exist"),
+                           fmt::format("fix its first line (#!/usr/bin/env NAME finds NAME on PATH), or run it through an "
+                                       "interpreter: ddl run ... -- {}",
+                                       through_interpreter(name)));
+}
+
 // A file the kernel can execute: a binary (ELF) or a script with a #! line. Anything else fails
 // with "Exec format error" only once the workers start, so it is refused before.
 void require_executable_format(const std::string& name, const std::string& path) {
-  char head[4] = {};
+  char head[256] = {};  // the kernel reads a #! line this far (BINPRM_BUF_SIZE)
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return;  // readable by exec only: let exec say what it thinks
   const ssize_t n = ::read(fd, head, sizeof head);
   ::close(fd);
-  const bool elf = n == 4 && std::memcmp(head,
+  const bool elf = n >= 4 && std::memcmp(head,
                                          "\x7f"
                                          "ELF",
                                          4) == 0;
   const bool script = n >= 2 && head[0] == '#' && head[1] == '!';
-  if (elf || script) return;
+  if (elf) return;
+  if (script) {
+    require_interpreter(name, std::string_view(head, static_cast<size_t>(n)));
+    return;
+  }
   throw ProgramNotRunnable(fmt::format("program '{}' is neither a binary nor a script with a #! line, so it cannot be run", name),
                            fmt::format("add a first line such as #!/usr/bin/env python3, or run it through its interpreter: "
                                        "ddl run ... -- {}",
@@ -82,15 +113,32 @@ std::string resolve_program(const std::string& name, const std::string& path) {
                            "check the spelling, load its module or environment, or give its full path");
 }
 
+Error open_failure(const std::string& what, int error) {
+  const std::string message = fmt::format("{}: {}", what, std::strerror(error));
+  if (error == ENFILE)
+    return Error(message, "the system's table of open files is full (fs.file-max): end what holds many open, or ask the admins");
+  if (error != EMFILE) return Error(message, "");
+  struct rlimit limit {};
+  ::getrlimit(RLIMIT_NOFILE, &limit);
+  const std::string held = fmt::format(
+      "ddl holds 2 open files per worker on this host (4 with --output-dir), under a limit of {} "
+      "(ulimit -n)",
+      limit.rlim_cur);
+  if (limit.rlim_cur >= limit.rlim_max) return Error(message, held + ", which is also the hard limit: run fewer workers on this host");
+  const rlim_t raised = std::min<rlim_t>(limit.rlim_max, std::max<rlim_t>(4096, 2 * limit.rlim_cur));
+  return Error(message, fmt::format("{}: raise it first (ulimit -n {}), or run fewer workers", held, raised));
+}
+
 WorkerProcess spawn_worker(const std::string& program, const std::vector<std::string>& argv, const Environment& env,
                            const sigset_t& child_signal_mask, int stdin_fd, bool own_session) {
   int out_pipe[2];
   int err_pipe[2];
-  if (::pipe2(out_pipe, O_CLOEXEC) != 0) throw Error(fmt::format("cannot create a pipe: {}", std::strerror(errno)));
+  if (::pipe2(out_pipe, O_CLOEXEC) != 0) throw open_failure("cannot create a pipe for a worker", errno);
   if (::pipe2(err_pipe, O_CLOEXEC) != 0) {
+    const int error = errno;
     ::close(out_pipe[0]);
     ::close(out_pipe[1]);
-    throw Error(fmt::format("cannot create a pipe: {}", std::strerror(errno)));
+    throw open_failure("cannot create a pipe for a worker", error);
   }
 
   // Everything the child needs is built before fork: after it only async-signal-safe calls.

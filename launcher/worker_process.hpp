@@ -23,6 +23,10 @@ class ProgramNotRunnable : public Error {
 // ProgramNotRunnable naming the program when there is none or it is not executable.
 std::string resolve_program(const std::string& name, const std::string& path);
 
+// The error of a call that failed with errno `error` while making a worker's pipe or file: out of
+// descriptors, one that names the limit and `ulimit -n`; otherwise `what` and strerror.
+Error open_failure(const std::string& what, int error);
+
 struct WorkerProcess {
   pid_t pid = -1;      // also its process group and session id, when it got a session of its own
   int stdout_fd = -1;  // read ends, non-blocking, close-on-exec

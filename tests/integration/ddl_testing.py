@@ -75,6 +75,15 @@ def sleeps_with(marker):
     return [pid for pid in processes_with(marker) if comm(pid) == "sleep"]
 
 
+def is_stopped(pid):
+    """Whether process `pid` is stopped (state T: SIGSTOP, SIGTSTP); False once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "T"
+    except OSError:
+        return False
+
+
 def wait_until(predicate, timeout, interval=0.05):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

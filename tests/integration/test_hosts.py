@@ -12,7 +12,7 @@ import time
 import unittest
 
 from testbed_hosts import LIGHTNING_PYTHON, LIGHTNING_TRAIN, TESTBED, bed, lightning_reports, workers
-from ddl_testing import DDL, PYTHON, SOURCE, comm, kill_leftovers, lines_by_rank, processes_with, unique_marker, wait_until
+from ddl_testing import DDL, PYTHON, SOURCE, comm, is_stopped, kill_leftovers, lines_by_rank, processes_with, unique_marker, wait_until
 
 CHECKS = os.environ.get("DDL_COLLECTIVE_CHECKS", os.path.join(SOURCE, "build", "tests", "collective_checks"))
 HOSTS = "ddlhost1:2,ddlhost2:2"
@@ -340,6 +340,25 @@ class HostsTest(unittest.TestCase):
             for rank in range(4):
                 self.assertIn(f"rank {rank} on ddlhost{rank // 2 + 1} got {sig.name}", out)
             self.assert_nothing_left()
+
+    def test_ctrl_z_stops_every_remote_worker_and_fg_resumes_them(self):
+        launcher = start_on_host("ddlhost1", DDL, "run", "--cpu", "-H", HOSTS, "--", PYTHON, "-c", WORKER, self.marker, "wait", self.shared)
+        self.wait_for_workers(4)
+        ddl_pid = self.launching_ddl()
+        workers = [p for p in processes_with(self.marker) if comm(p).startswith("python")]
+        self.assertEqual(len(workers), 4, workers)
+        os.kill(ddl_pid, signal.SIGTSTP)
+        self.assertTrue(wait_until(lambda: all(is_stopped(p) for p in workers + [ddl_pid]), 20),
+                        f"not stopped: {[p for p in workers + [ddl_pid] if not is_stopped(p)]}")
+        os.kill(ddl_pid, signal.SIGCONT)
+        self.assertTrue(wait_until(lambda: not any(is_stopped(p) for p in workers + [ddl_pid]), 20),
+                        f"still stopped: {[p for p in workers + [ddl_pid] if is_stopped(p)]}")
+        os.kill(ddl_pid, signal.SIGINT)
+        out, err = launcher.communicate(timeout=60)
+        self.assertEqual(launcher.returncode, 128 + signal.SIGINT, out + err)
+        for rank in range(4):
+            self.assertIn(f"rank {rank} on ddlhost{rank // 2 + 1} got SIGINT", out)
+        self.assert_nothing_left()
 
     def test_sigusr1_reaches_every_remote_worker_without_stopping_the_run(self):
         script = ('import os, signal, socket, sys, time\n'

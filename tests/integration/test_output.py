@@ -118,6 +118,17 @@ class Output(unittest.TestCase):
                 self.assertEqual(f.read(), b"abc")
             self.assertEqual(result.stdout, "[0] abc\n")  # the terminal view ends the line
 
+    def test_running_out_of_open_files_names_the_limit_and_ulimit(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            result = subprocess.run(
+                ["sh", "-c", f'ulimit -n 64 && exec "$0" run -np 40 --output-dir {tmp}/o -- true', DDL],
+                capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(result.returncode, 0)
+        lines = result.stderr.splitlines()
+        self.assertTrue(lines[0].startswith("ddl: error: --output-dir: cannot write") and lines[0].endswith("Too many open files"),
+                        result.stderr)
+        self.assertIn("under a limit of 64 (ulimit -n)", lines[1])
+
     def test_an_unwritable_output_dir_is_an_error_naming_the_flag(self):
         with tempfile.NamedTemporaryFile() as f:
             result = ddl("-np", "1", "--output-dir", os.path.join(f.name, "sub"), "--", "true")

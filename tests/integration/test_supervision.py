@@ -6,7 +6,7 @@ import tempfile
 import time
 import unittest
 
-from ddl_testing import DDL, comm, ddl, kill_leftovers, processes_with, sleeps_with, unique_marker, wait_until
+from ddl_testing import DDL, comm, ddl, is_stopped, kill_leftovers, processes_with, sleeps_with, unique_marker, wait_until
 
 
 def start_ddl(*args):
@@ -89,6 +89,33 @@ class MissingProgram(unittest.TestCase):
         self.assertIn(f"program '{f.name}' is not an executable file", result.stderr)
 
 
+    def script(self, folder, name, text):
+        path = os.path.join(folder, name)
+        with open(path, "w", newline="") as f:
+            f.write(text)
+        os.chmod(path, 0o755)
+        return path
+
+    def test_a_script_whose_interpreter_is_missing_is_named_as_such_before_any_worker_starts(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            started = os.path.join(tmp, "started")
+            missing = self.script(tmp, "x.sh", f"#!/nonexistent/bash\ntouch {started}\n")
+            result = ddl("-np", "2", "--", missing)
+            self.assertEqual(result.returncode, 127)
+            self.assertEqual(result.stdout, "")
+            self.assertEqual(result.stderr.splitlines()[0], f"ddl: error: program '{missing}' names the interpreter "
+                             "'/nonexistent/bash' on its #! line, which does not exist")
+            windows = self.script(tmp, "y.sh", f"#!/bin/sh\r\ntouch {started}\r\n")
+            result = ddl("-np", "2", "--", windows)
+            self.assertEqual(result.returncode, 127)
+            self.assertIn("has a #! line that ends in a carriage return (Windows line ends)", result.stderr)
+            self.assertIn(f"dos2unix {windows}", result.stderr)
+            self.assertFalse(os.path.exists(started), "a worker started")
+            spaced = self.script(tmp, "z.sh", f"#! /bin/sh -e\ntouch {started}\n")
+            self.assertEqual(ddl("-np", "1", "--", spaced).returncode, 0)
+            self.assertTrue(os.path.exists(started))
+
+
 class Signals(unittest.TestCase):
     def setUp(self):
         self.marker = unique_marker()
@@ -131,6 +158,25 @@ class Signals(unittest.TestCase):
         proc.communicate(timeout=15)
         self.assertLess(time.monotonic() - start, 5)
         self.assertEqual(proc.returncode, 128 + signal.SIGINT)
+        self.assertEqual(processes_with(self.marker), [])
+
+    def test_ctrl_z_stops_every_worker_and_ddl_and_fg_resumes_them_all(self):
+        proc = start_ddl("-np", "2", "--", "sh", "-c", self.script)
+        self.wait_for_workers(4)
+        everything = processes_with(self.marker)  # ddl, its 2 shells and their 4 sleeps
+        stopped = is_stopped
+        proc.send_signal(signal.SIGTSTP)  # what the terminal sends on Ctrl-Z
+        self.assertTrue(wait_until(lambda: all(stopped(p) for p in everything), 10),
+                        f"not all stopped: {[p for p in everything if not stopped(p)]} of {everything} (ddl {proc.pid})")
+        time.sleep(0.3)
+        self.assertTrue(all(stopped(p) for p in everything), "something went on running")
+        proc.send_signal(signal.SIGCONT)  # fg
+        self.assertTrue(wait_until(lambda: not any(stopped(p) for p in everything), 10),
+                        f"still stopped after SIGCONT: {[p for p in everything if stopped(p)]}")
+        self.assertEqual(sorted(processes_with(self.marker)), sorted(everything))
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=15)
+        self.assertEqual(proc.returncode, 128 + signal.SIGINT, err)
         self.assertEqual(processes_with(self.marker), [])
 
     def test_every_signal_that_would_end_ddl_stops_the_workers_and_what_they_forked(self):
