@@ -56,6 +56,9 @@ struct Plan {
   size_t arguments_length = 0;
   char* environment = nullptr;
   size_t environment_length = 0;
+  const char* cgroup_line = nullptr;  // "0::NAME" of the run's cgroup (RunCgroup), or nullptr
+  size_t cgroup_line_length = 0;
+  const char* cgroup_folder = nullptr;  // removed once the run is gone
 };
 
 long long monotonic_ms() {
@@ -148,6 +151,32 @@ bool environment_holds(const char* pid, const char* marker, size_t length) {
   return found;
 }
 
+// Whether process `name` (its pid, as text) is in the run's cgroup or below it: a line of
+// /proc/PID/cgroup is "0::NAME" followed by its end or by "/".
+bool in_run_cgroup(const Plan& plan, const char* name) {
+  if (plan.cgroup_line == nullptr) return false;
+  char path[64] = "/proc/";
+  size_t at = 6;
+  for (const char* c = name; *c != '\0' && at < sizeof path - 8; ++c) path[at++] = *c;
+  std::memcpy(path + at, "/cgroup", 8);
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char text[4096];
+  const ssize_t n = ::read(fd, text, sizeof text - 1);
+  ::close(fd);
+  if (n <= 0) return false;
+  for (ssize_t line = 0; line < n;) {
+    const size_t rest = static_cast<size_t>(n - line);
+    if (rest >= plan.cgroup_line_length && std::memcmp(text + line, plan.cgroup_line, plan.cgroup_line_length) == 0) {
+      const ssize_t after = line + static_cast<ssize_t>(plan.cgroup_line_length);
+      if (after == n || text[after] == '\n' || text[after] == '/') return true;
+    }
+    while (line < n && text[line] != '\n') ++line;
+    ++line;
+  }
+  return false;
+}
+
 // Sends `sig` to every live process of the run: in a watched group or session, or with the run's
 // line in its environment. SIGTERM goes once to each (a process forked meanwhile gets it on a later
 // sweep). Returns how many there were.
@@ -185,7 +214,8 @@ int sweep(const Plan& plan, int sig) {
       if (state == 'Z') continue;
       // Reading the environment of a process in uninterruptible sleep (a hung NFS mount) could
       // block the guard: such a process is left to its group, if it is in one.
-      const bool ours = in_group || (state != 'D' && plan.marker_length > 0 && environment_holds(name, plan.marker, plan.marker_length));
+      const bool ours = in_group || in_run_cgroup(plan, name) ||
+                        (state != 'D' && plan.marker_length > 0 && environment_holds(name, plan.marker, plan.marker_length));
       if (!ours) continue;
       ++found;
       if (sig == SIGTERM) {
@@ -228,6 +258,13 @@ bool ddl_died(const Plan& plan) {
   }
 }
 
+// The run is gone: its cgroup is removed (once its last zombies are reaped), and the guard exits.
+[[noreturn]] void leave(const Plan& plan) {
+  for (int attempt = 0; plan.cgroup_folder != nullptr && attempt < 200 && ::rmdir(plan.cgroup_folder) != 0 && errno == EBUSY; ++attempt)
+    pause_ms(10);
+  ::_exit(0);
+}
+
 [[noreturn]] void guard(const Plan& plan) {
   sigset_t all;
   ::sigfillset(&all);
@@ -249,14 +286,14 @@ bool ddl_died(const Plan& plan) {
     // no matter: it only keeps the directory busy
   }
   if (!ddl_died(plan)) ::_exit(0);
-  if (sweep(plan, SIGTERM) == 0) ::_exit(0);
+  if (sweep(plan, SIGTERM) == 0) leave(plan);
   const long long deadline = monotonic_ms() + plan.grace_ms;
   while (monotonic_ms() < deadline) {
     pause_ms(20);
-    if (sweep(plan, SIGTERM) == 0) ::_exit(0);
+    if (sweep(plan, SIGTERM) == 0) leave(plan);
   }
   sweep(plan, SIGKILL);
-  ::_exit(0);
+  leave(plan);
 }
 
 // For the mark: unpredictable where the system has a random source, else at least this moment's.
@@ -297,7 +334,9 @@ bool own_argument_areas(Plan& plan) {
 
 }  // namespace
 
-OrphanGuard::OrphanGuard(size_t most_workers, std::chrono::milliseconds grace_period) : capacity_(most_workers) {
+OrphanGuard::OrphanGuard(size_t most_workers, std::chrono::milliseconds grace_period, const std::string& cgroup_name,
+                         const std::string& cgroup_folder)
+    : capacity_(most_workers), cgroup_line_(cgroup_name.empty() ? "" : "0::" + cgroup_name), cgroup_folder_(cgroup_folder) {
   if (most_workers == 0) return;
   marker_ = fmt::format("{}.{:016x}", ::getpid(), random_64_bits());
   const std::string marker = std::string(kMarkerVariable) + "=" + marker_;
@@ -317,6 +356,11 @@ OrphanGuard::OrphanGuard(size_t most_workers, std::chrono::milliseconds grace_pe
   plan.marker_length = marker_line.size();
   plan.grace_ms = grace_period.count();
   plan.highest_fd = highest_fd_limit();
+  if (!cgroup_line_.empty()) {
+    plan.cgroup_line = cgroup_line_.c_str();
+    plan.cgroup_line_length = cgroup_line_.size();
+    plan.cgroup_folder = cgroup_folder_.c_str();
+  }
   std::unique_ptr<bool[]> seen(new bool[most_workers]());
   plan.seen = seen.get();
   std::unique_ptr<bool[]> reaped(new bool[most_workers]());

@@ -25,7 +25,10 @@ class OrphanGuard {
   // process's (see worker_reaped()), and every process with kMarkerVariable=marker() in its environment. The guard has a
   // session of its own, so a signal to ddl's process group does not take it away, and another name
   // ("worker-guard" in ps and its command line), so that `pkill -9 ddl` does not either.
-  OrphanGuard(size_t most_workers, std::chrono::milliseconds grace_period);
+  // With `cgroup_name` (as /proc/PID/cgroup shows it, RunCgroup::name()), every process in that
+  // cgroup or below it is the run's too, and the guard removes `cgroup_folder` once it is empty.
+  OrphanGuard(size_t most_workers, std::chrono::milliseconds grace_period, const std::string& cgroup_name = "",
+              const std::string& cgroup_folder = "");
   ~OrphanGuard();  // stands down
   OrphanGuard(const OrphanGuard&) = delete;
   OrphanGuard& operator=(const OrphanGuard&) = delete;
@@ -53,6 +56,8 @@ class OrphanGuard {
   size_t capacity_ = 0;
   size_t watched_ = 0;
   std::string marker_;
+  std::string cgroup_line_;    // "0::NAME", kept for the guard's plan
+  std::string cgroup_folder_;  // kept for the guard's plan
 };
 
 }  // namespace ddl::launcher

@@ -26,6 +26,7 @@
 #include "launcher/orphan_guard.hpp"
 #include "launcher/pending_output.hpp"
 #include "launcher/relayed_output.hpp"
+#include "launcher/run_cgroup.hpp"
 #include "launcher/terminal_lines.hpp"
 #include "launcher/worker_process.hpp"
 
@@ -162,7 +163,8 @@ class Run {
     streams_.reserve(2 * launches.size());
     // Under a task launcher (parent_signals_workers) the workers share ddl's session and the
     // launcher cleans up; elsewhere each worker's group and session is its own, for the guard to know.
-    guard_.emplace(options_.parent_signals_workers ? 0 : launches.size(), options_.grace_period);
+    if (!options_.parent_signals_workers) cgroup_ = RunCgroup::make();
+    guard_.emplace(options_.parent_signals_workers ? 0 : launches.size(), options_.grace_period, cgroup_.name(), cgroup_.folder());
     try {
       for (size_t i = 0; i < launches.size(); ++i) start(launches[i], files[i]);
     } catch (...) {
@@ -181,6 +183,7 @@ class Run {
     }
     kill_everything();
     guard_->stand_down();
+    cgroup_.remove();
     if (drain_streams(std::chrono::seconds(2), std::chrono::seconds(60))) {
       end_open_lines();
       flush_output();
@@ -222,9 +225,9 @@ class Run {
     w.rank = launch.rank;
     w.labeller = launch.labeller;
     w.interrupt_signal = launch.interrupt_signal;
-    w.process = launch.control_input
-                    ? spawn_with_control(launch, w)
-                    : spawn_worker(launch.program, launch.argv, guarded(launch.env), child_mask_, -1, !options_.parent_signals_workers);
+    w.process = launch.control_input ? spawn_with_control(launch, w)
+                                     : spawn_worker(launch.program, launch.argv, guarded(launch.env), child_mask_, -1,
+                                                    !options_.parent_signals_workers, cgroup_.procs_fd());
     w.group_alive = launch.control_input || !options_.parent_signals_workers;  // a remote shell's session is its own
     if (w.group_alive) guard_->watch(w.process.pid);
     const std::string prefix = options_.prefix_output ? rank_prefix(launch.rank) : std::string();
@@ -269,7 +272,7 @@ class Run {
     if (::pipe2(fds, O_CLOEXEC) != 0) throw open_failure("cannot create a pipe for a host's agent", errno);
     WorkerProcess process;
     try {
-      process = spawn_worker(launch.program, launch.argv, launch.env, child_mask_, fds[0]);
+      process = spawn_worker(launch.program, launch.argv, launch.env, child_mask_, fds[0], true, cgroup_.procs_fd());
     } catch (...) {
       ::close(fds[0]);
       ::close(fds[1]);
@@ -800,6 +803,7 @@ class Run {
   std::optional<Clock::time_point> remote_kill_deadline_;
   const sigset_t& child_mask_;
   std::vector<Worker> workers_;
+  RunCgroup cgroup_;  // the workers' own cgroup, where the system offers one (before guard_: the guard is told of it)
   std::optional<OrphanGuard> guard_;
   std::vector<Stream> streams_;
   PendingOutput output_;                                   // for ddl's stdout and stderr, written as their readers take it

@@ -130,7 +130,7 @@ Error open_failure(const std::string& what, int error) {
 }
 
 WorkerProcess spawn_worker(const std::string& program, const std::vector<std::string>& argv, const Environment& env,
-                           const sigset_t& child_signal_mask, int stdin_fd, bool own_session) {
+                           const sigset_t& child_signal_mask, int stdin_fd, bool own_session, int cgroup_procs_fd) {
   int out_pipe[2];
   int err_pipe[2];
   if (::pipe2(out_pipe, O_CLOEXEC) != 0) throw open_failure("cannot create a pipe for a worker", errno);
@@ -162,6 +162,7 @@ WorkerProcess spawn_worker(const std::string& program, const std::vector<std::st
   }
   if (pid == 0) {
     if (own_session) ::setsid();
+    if (cgroup_procs_fd >= 0) (void)!::write(cgroup_procs_fd, "0", 1);  // "0": this process; the guard still goes by its session if not
     // Workers never outlive ddl: if ddl is killed, the kernel kills the worker.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(137);

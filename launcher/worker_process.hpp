@@ -36,9 +36,10 @@ struct WorkerProcess {
 // Forks and executes `program` with `argv` and `env`. The child runs with `child_signal_mask`
 // and default SIGPIPE; if exec fails it says why on its stderr and exits 127. Its stdin is
 // `stdin_fd` when given, else /dev/null. It gets a session of its own (so that a signal reaches
-// what it starts too) unless `own_session` is false.
+// what it starts too) unless `own_session` is false. With `cgroup_procs_fd` (a cgroup's
+// cgroup.procs, open for writing) it enters that cgroup before it execs.
 WorkerProcess spawn_worker(const std::string& program, const std::vector<std::string>& argv, const Environment& env,
-                           const sigset_t& child_signal_mask, int stdin_fd = -1, bool own_session = true);
+                           const sigset_t& child_signal_mask, int stdin_fd = -1, bool own_session = true, int cgroup_procs_fd = -1);
 
 // Sends `sig` to the process group of worker `pid`, which must not have been reaped yet (its pid
 // could be another process's by then), or to the worker alone while it has no group: forked a

@@ -241,6 +241,30 @@ class Signals(unittest.TestCase):
         proc.communicate(timeout=15)
         self.assertTrue(wait_until(lambda: processes_with(self.marker) == [], 15), processes_with(self.marker))
 
+    def test_after_a_killed_launcher_what_left_the_session_and_cleared_its_environment_is_stopped_by_its_cgroup(self):
+        # setsid -f and env -u leave everything the guard finds by session and environment: only the
+        # run's own cgroup still holds it. A system that gives ddl none (no cgroup v2, or no right
+        # to make a child of its own cgroup) cannot stop such a process, and says so here.
+        script = f"setsid -f env -u DDL_WORKER_GUARD sleep {self.marker}; sleep {self.marker}"
+        proc = start_ddl("-np", "2", "--", "sh", "-c", script)
+        self.wait_for_workers(4)
+        cgroups = set()
+        for pid in sleeps_with(self.marker):
+            with open(f"/proc/{pid}/cgroup") as f:
+                cgroups |= {line[3:].strip() for line in f if line.startswith("0::")}
+        if not any(os.path.basename(c).startswith(f"ddl.{proc.pid}.") for c in cgroups):
+            proc.kill()
+            proc.communicate(timeout=15)
+            kill_leftovers(self.marker)
+            self.skipTest(f"SKIPPED LOUDLY: this system gives ddl no cgroup v2 of its own (the workers are in {cgroups})")
+        self.assertEqual(len(cgroups), 1, cgroups)  # every sleep, the escaped ones too
+        proc.kill()
+        proc.communicate(timeout=15)
+        self.assertTrue(wait_until(lambda: processes_with(self.marker) == [], 15), processes_with(self.marker))
+        mount = next(line.split()[4] for line in open("/proc/self/mountinfo") if " - cgroup2 " in line)
+        self.assertTrue(wait_until(lambda: not os.path.exists(mount + next(iter(cgroups))), 10),
+                        "the run's cgroup was not removed")
+
     def test_the_guard_is_not_found_by_pkill_ddl(self):
         # `pkill -9 ddl` or `pkill -9 -f "ddl run"` must leave the guard to clean up after ddl.
         proc = start_ddl("-np", "2", "--", "sh", "-c", self.script)
