@@ -100,14 +100,20 @@ void proc_path(char* out, const char* pid, const char* leaf) {
 }
 
 // From /proc/PID/stat, "pid (comm) state ppid pgrp session ...": false when it is gone or unreadable.
-bool read_stat(const char* pid, char& state, long& group, long& session) {
+// Reads up to `size` - 1 bytes of /proc/PID/`what` into `text`; how many (0 when it is gone or unreadable).
+ssize_t read_proc_file(const char* pid, const char* what, char* text, size_t size) {
   char path[64];
-  proc_path(path, pid, "stat");
+  proc_path(path, pid, what);
   const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  char text[512];
-  const ssize_t n = ::read(fd, text, sizeof text - 1);
+  if (fd < 0) return 0;
+  const ssize_t n = ::read(fd, text, size - 1);
   ::close(fd);
+  return n < 0 ? 0 : n;
+}
+
+bool read_stat(const char* pid, char& state, long& group, long& session) {
+  char text[512];
+  const ssize_t n = read_proc_file(pid, "stat", text, sizeof text);
   if (n <= 0) return false;
   text[n] = '\0';
   const char* at = nullptr;
@@ -155,15 +161,8 @@ bool environment_holds(const char* pid, const char* marker, size_t length) {
 // /proc/PID/cgroup is "0::NAME" followed by its end or by "/".
 bool in_run_cgroup(const Plan& plan, const char* name) {
   if (plan.cgroup_line == nullptr) return false;
-  char path[64] = "/proc/";
-  size_t at = 6;
-  for (const char* c = name; *c != '\0' && at < sizeof path - 8; ++c) path[at++] = *c;
-  std::memcpy(path + at, "/cgroup", 8);
-  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
   char text[4096];
-  const ssize_t n = ::read(fd, text, sizeof text - 1);
-  ::close(fd);
+  const ssize_t n = read_proc_file(name, "cgroup", text, sizeof text);
   if (n <= 0) return false;
   for (ssize_t line = 0; line < n;) {
     const size_t rest = static_cast<size_t>(n - line);

@@ -50,8 +50,7 @@ bool can_enter(int procs_fd) {
   if (child == 0) ::_exit(::write(procs_fd, "0", 1) == 1 ? 0 : 1);
   if (child < 0) return false;
   int status = 0;
-  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
-  }
+  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {}
   return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
