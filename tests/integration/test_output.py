@@ -192,6 +192,16 @@ class Output(unittest.TestCase):
         self.assertEqual(proc.returncode, 128 + 13, err)
         self.assertIn(b"killed by SIGPIPE", err)
 
+    def test_a_python_worker_whose_reader_went_away_ends_the_run_with_its_own_1(self):
+        # As docs/run.md says: Python ignores SIGPIPE, raises BrokenPipeError and exits with 1.
+        proc = subprocess.Popen([DDL, "run", "-np", "1", "--", PYTHON, "-c", "while True: print('y' * 100)"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc.stdout.readline()
+        proc.stdout.close()
+        _, err = proc.communicate(timeout=30)
+        self.assertEqual(proc.returncode, 1, err)
+        self.assertIn(b"BrokenPipeError", err)
+
     def test_a_slow_reader_still_gets_every_line_and_each_last_unfinished_one(self):
         # Far more than the pipes hold is still unread when the workers end: ddl reads on while
         # the reader keeps taking it, then passes on each worker's last line without its end.
