@@ -152,7 +152,10 @@ def poll(handle):
 
 
 def synchronize(handle):
-    """Waits for the operation behind `handle` and returns its output."""
+    """Waits for the operation behind `handle` and returns its output (what the op's docstring
+    says). Raises ValueError for a handle that no op returned or that was synchronized already, and
+    the op's failure if it failed (RuntimeError for a mismatch between ranks, HorovodInternalError
+    for a timeout or a rank that died)."""
     # Where ddl/_fastpath is compiled, synchronize is its function, which finishes the ops of the
     # compiled tensor path itself and calls this for every other handle (see the end of this file).
     with _fast.registry_lock:
@@ -324,7 +327,28 @@ _allreduce_tensor = _fast.bind_tensor_path(_DTYPES, {None: L.AVERAGE, **_REDUCE}
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                     process_set=global_process_set):
-    """Starts an allreduce of `tensor` into a new tensor; returns a handle for poll()/synchronize()."""
+    """Starts an allreduce of `tensor` into a new tensor and returns a handle at once.
+
+    Arguments:
+        tensor: a CPU or CUDA tensor of uint8, int8, int16, int32, int64, float16, bfloat16, float32
+            or float64 (int16 on CUDA goes through an int32 copy: NCCL has none).
+        average: deprecated; True is op=Average, False op=Sum (not together with op).
+        name: the op's name, which every rank must give alike; ranks may then submit named ops in
+            any order. None: the next unnamed op, which ranks must submit in the same order.
+        op: Average (the default), Sum, Min, Max or Product (Adasum: NotImplementedError).
+        prescale_factor, postscale_factor: each rank's input is multiplied by the first before the
+            reduction, the result by the second after it (Average's division comes first).
+        process_set: the ProcessSet to reduce over (every rank of it must call this).
+
+    Returns:
+        a handle: synchronize(handle) waits and returns the reduced tensor (a new one, of `tensor`'s
+        shape, dtype and device); poll(handle) says whether it is done.
+
+    Raises:
+        ValueError for an argument no rank could run (a dtype, a device, an op, a name in flight);
+        from synchronize(): RuntimeError when ranks disagree on the op (shape, dtype, reduction),
+        HorovodInternalError when a rank times out (DDL_TIMEOUT) or dies.
+    """
     output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
     handle = _allreduce_tensor(tensor, output, average, name, op, prescale_factor, postscale_factor, process_set)
     if handle is not None:
@@ -335,7 +359,11 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                      process_set=global_process_set):
-    """Starts an in-place allreduce of `tensor`; returns a handle."""
+    """Starts an in-place allreduce of `tensor` and returns a handle at once.
+
+    As allreduce_async (same arguments and errors), but the result goes into `tensor` itself, which
+    must stay untouched until synchronize(handle) returns it.
+    """
     # Where ddl/_fastpath is compiled, allreduce_async_ is its function, which takes the compiled
     # tensor path's case itself and calls this for every other (see the end of this file).
     op = _reduce_op(op, average)
@@ -350,7 +378,10 @@ allreduce_async_, synchronize = _fast.tensor_entries(allreduce_async_, synchroni
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                process_set=global_process_set):
-    """In-place allreduce; returns `tensor`."""
+    """Reduces `tensor` in place over the process set and returns it once done.
+
+    As allreduce_async (same arguments and errors), but blocking: the op runs on this thread.
+    """
     return allreduce_now(tensor, tensor, name, _reduce_op(op, average), prescale_factor, postscale_factor, process_set)
 
 
@@ -388,6 +419,17 @@ def allreduce_now(tensor, output, name, op, prescale, postscale, process_set):
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                             process_set=global_process_set):
+    """Starts one allreduce per tensor of `tensors`, reduced together (fused where libddl can), and
+    returns one handle for them all.
+
+    Arguments: as allreduce_async, with `tensors` a list of tensors all on one device; a named group
+    names its parts NAME.0, NAME.1, ..., and ranks must give groups of the same size.
+
+    Returns:
+        a handle: synchronize(handle) returns the list of reduced tensors (new ones), in order.
+
+    Raises: as allreduce_async; RuntimeError for tensors on different devices.
+    """
     op = _reduce_op(op, average)
     outputs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
     return _allreduce_group_async("grouped_allreduce", list(tensors), outputs, name, op, prescale_factor,
@@ -396,6 +438,8 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                              process_set=global_process_set):
+    """As grouped_allreduce_async, but each result goes into its own input tensor; synchronize()
+    returns `tensors`."""
     op = _reduce_op(op, average)
     return _allreduce_group_async("grouped_allreduce", list(tensors), list(tensors), name, op, prescale_factor,
                                   postscale_factor, process_set)
@@ -403,6 +447,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                        process_set=global_process_set):
+    """As grouped_allreduce_async_, blocking: returns `tensors`, reduced in place."""
     return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor,
                                                 process_set))
 
@@ -470,11 +515,27 @@ def _allgather_group_async(kind, tensors, name, process_set):
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set):
-    """Starts gathering `tensor` from every rank along the first dimension (sizes may differ by rank)."""
+    """Starts gathering every rank's `tensor` along the first dimension; returns a handle.
+
+    Arguments:
+        tensor: a tensor of any dtype (those libddl has no type for travel as bytes); its first
+            dimension may differ by rank, every other must agree (a 0-d tensor counts as one row).
+        name, process_set: as allreduce_async.
+
+    Returns:
+        a handle: synchronize(handle) returns a new tensor of the ranks' rows in rank order, on
+        `tensor`'s device.
+
+    Raises: ValueError for bad arguments; from synchronize(), RuntimeError when ranks disagree on
+    the trailing shape or dtype, HorovodInternalError when one times out or dies.
+    """
     return _single(_allgather_group_async("allgather", [tensor], name, process_set))
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
+    """Starts one allgather per tensor of `tensors` (all on one device) under one handle;
+    synchronize() returns the list of gathered tensors, in order. Arguments and errors as
+    allgather_async."""
     return _allgather_group_async("grouped_allgather", list(tensors), name, process_set)
 
 
@@ -508,17 +569,32 @@ def _broadcast_into_async(kind, tensor, output, root_rank, name, process_set):
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
-    """Starts broadcasting root_rank's `tensor` into a new tensor on every rank."""
+    """Starts broadcasting root_rank's `tensor` into a new tensor on every rank; returns a handle.
+
+    Arguments:
+        tensor: the data on the root; on the other ranks a tensor of the same shape and dtype.
+        root_rank: the world rank whose tensor every rank gets (it must be in the process set).
+        name, process_set: as allreduce_async.
+
+    Returns:
+        a handle: synchronize(handle) returns the new tensor holding the root's values.
+
+    Raises: ValueError for a root_rank that is not an int or not in the set; from synchronize(),
+    RuntimeError when ranks disagree on shape, dtype or root, HorovodInternalError when one times
+    out or dies.
+    """
     return _broadcast_into_async("broadcast", tensor, torch.empty_like(tensor, memory_format=torch.contiguous_format),
                                  root_rank, name, process_set)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
-    """Starts broadcasting root_rank's `tensor` into `tensor` itself on every rank."""
+    """As broadcast_async, but every rank's `tensor` itself receives the root's values;
+    synchronize() returns `tensor`."""
     return _broadcast_into_async("broadcast", tensor, tensor, root_rank, name, process_set)
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+    """As broadcast_async_, blocking: returns `tensor`, holding root_rank's values."""
     if tensor.device.type != "cpu" or not tensor.is_contiguous() or tensor.dtype not in _DTYPES:
         return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
     target = _process_set_target(process_set)
@@ -532,7 +608,22 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
 # ---- alltoall ----
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
-    """Starts an alltoall: rows splits[j] go to rank j. synchronize() returns (output, received_splits)."""
+    """Starts an alltoall: this rank's rows are cut into blocks, block j going to rank j of the set.
+
+    Arguments:
+        tensor: at least one dimension; the rows (first dimension) are what is split.
+        splits: how many rows go to each rank (a list or an integer tensor of the set's size, summing
+            to at most the first dimension); None: equal blocks (the first dimension must then be a
+            multiple of the set's size).
+        name, process_set: as allreduce_async.
+
+    Returns:
+        a handle: synchronize(handle) returns (output, received_splits): the rows every rank sent
+        this one, in rank order, and how many came from each (int32).
+
+    Raises: ValueError for bad splits; from synchronize(), RuntimeError when ranks disagree,
+    HorovodInternalError when one times out or dies.
+    """
     target = _process_set_target(process_set)
     n = target.size()
     if tensor.dim() == 0:
@@ -638,8 +729,17 @@ def _reducescatter_group_async(kind, tensors, name, op, prescale, postscale, pro
 
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,
                         postscale_factor=1.0):
-    """Starts reducing `tensor` over ranks and scattering the first dimension: rank r gets rows
-    [offset_r, offset_r + n_r), the first (rows % size) ranks one row more than the others."""
+    """Starts reducing `tensor` over the set's ranks and scattering the first dimension: rank r gets
+    rows [offset_r, offset_r + n_r), the first (rows % size) ranks one row more than the others.
+
+    Arguments:
+        tensor: at least one dimension, of the same shape and dtype on every rank.
+        name, process_set, prescale_factor, postscale_factor: as allreduce_async.
+        op: Sum or Average (the default), as Horovod's; others are a ValueError.
+
+    Returns:
+        a handle: synchronize(handle) returns this rank's share (a new tensor of its rows).
+    """
     op = _host.reducescatter_op(_reduce_op(op, None))
     return _single(_reducescatter_group_async("reducescatter", [tensor], name, op, prescale_factor,
                                               postscale_factor, process_set))
@@ -647,6 +747,8 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,
                                 postscale_factor=1.0):
+    """Starts one reducescatter per tensor of `tensors` (all on one device) under one handle;
+    synchronize() returns each rank's shares, in order. Arguments and errors as reducescatter_async."""
     op = _host.reducescatter_op(_reduce_op(op, None))
     return _reducescatter_group_async("grouped_reducescatter", list(tensors), name, op, prescale_factor,
                                       postscale_factor, process_set)
