@@ -129,45 +129,57 @@ def shutdown():
 
 
 def is_initialized():
+    """Whether init() has been called (and shutdown() not since)."""
     return bool(L.lib.ddl_is_initialized())
 
 
 def require(key):
+    """The world's fact `key` (rank, size, ...); ValueError naming hvd.init() before init."""
     if not L.lib.ddl_is_initialized() or key not in _topology:
         raise ValueError("ddl has not been initialized; call hvd.init() first")
     return _topology[key]
 
 
 def check_initialized():
+    """Raises ValueError naming hvd.init() unless init() has been called."""
     if not L.lib.ddl_is_initialized():
         raise ValueError("ddl has not been initialized; call hvd.init() first")
 
 
 def rank():
+    """This process's rank in the world, 0 .. size() - 1. ValueError before init()."""
     return require("rank")
 
 
 def size():
+    """The number of ranks in the world. ValueError before init()."""
     return require("size")
 
 
 def local_rank():
+    """This process's rank among the ranks on its node (the GPU it pins by default)."""
     return require("local_rank")
 
 
 def local_size():
+    """The number of ranks on this process's node."""
     return require("local_size")
 
 
 def cross_rank():
+    """Horovod's cross rank: this rank's index among the ranks of its local rank (one per node that has
+    one), in rank order; on nodes that each run as many ranks, its node's index."""
     return require("cross_rank")
 
 
 def cross_size():
+    """How many ranks share this rank's local rank (the nodes that have one); on evenly filled nodes,
+    the node count."""
     return require("cross_size")
 
 
 def is_homogeneous():
+    """Whether every node runs the same number of ranks."""
     return require("homogeneous")
 
 
@@ -180,22 +192,27 @@ def _nccl_version_code():
 
 
 def mpi_threads_supported():
+    """False: ddl does not run over MPI (Horovod's API asks)."""
     return False
 
 
 def mpi_built():
+    """False: ddl has no MPI controller; it starts under mpirun through PMIx instead."""
     return False
 
 
 def mpi_enabled():
+    """False, as mpi_built()."""
     return False
 
 
 def gloo_built():
+    """True: libddl's host collectives include Gloo (between nodes)."""
     return True
 
 
 def gloo_enabled():
+    """True, as gloo_built()."""
     return True
 
 
@@ -206,18 +223,22 @@ def nccl_built():
 
 
 def ddl_built():
+    """False: Horovod's "DDL" is IBM's library, which this ddl is not."""
     return False
 
 
 def ccl_built():
+    """False: no oneCCL."""
     return False
 
 
 def cuda_built():
+    """Whether CUDA tensors can be reduced: an NCCL loads for libddl (nccl_built() > 0)."""
     return _nccl_version_code() > 0
 
 
 def rocm_built():
+    """False: no ROCm."""
     return False
 
 
