@@ -296,6 +296,10 @@ CapabilitySection controllers_section() {
   s.items.push_back(pmix.empty() ? item(false, "PMIx", "", "libddl was built without it")
                                  : item(true, "PMIx", pmix, "libddl bootstraps through it"));
   s.items.push_back(item(true, "ddl rendezvous store", DDL_BUILD_VERSION, "built into ddl run"));
+  // libddl's world where no launcher gives one (ddl_init_with_store): ddl.torch and the "ddl" backend use it.
+  s.items.push_back(item(true, "torch store", "",
+                         "without a launcher's world (mp.spawn, torchrun, a plain srun), init_process_group(\"ddl\") and "
+                         "ddl.torch's init() join through torch.distributed's store"));
   return s;
 }
 

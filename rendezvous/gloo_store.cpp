@@ -1,5 +1,8 @@
 #include "rendezvous/gloo_store.hpp"
 
+#include <stdexcept>
+
+#include <fmt/format.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/store.h>
 
@@ -21,6 +24,31 @@ class TcpGlooStore final : public gloo::rendezvous::Store {
 
  private:
   store::TcpStoreClient client_;
+};
+
+class ProgramGlooStore final : public gloo::rendezvous::Store {
+ public:
+  ProgramGlooStore(ProgramStore store, std::chrono::milliseconds timeout) : store_(std::move(store)), timeout_(timeout) {}
+  void set(const std::string& key, const std::vector<char>& data) override { store_.set(key, data); }
+  std::vector<char> get(const std::string& key) override { return get_within(key, timeout_); }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    for (const auto& key : keys) (void)get_within(key, timeout);
+  }
+
+ private:
+  std::vector<char> get_within(const std::string& key, std::chrono::milliseconds timeout) {
+    std::optional<std::vector<char>> value = store_.get(key, timeout);
+    if (!value)
+      throw std::runtime_error(
+          fmt::format("the program's store did not give key '{}' within {} ms: a peer never came, or its "
+                      "store is another (check rank, world size and the store's address)",
+                      key, timeout.count()));
+    return std::move(*value);
+  }
+
+  ProgramStore store_;
+  std::chrono::milliseconds timeout_;
 };
 
 // PrefixStore holds a reference to the store it prefixes; this one also owns it. (The owned store
@@ -87,6 +115,11 @@ std::unique_ptr<gloo::rendezvous::Store> with_prefix(std::unique_ptr<gloo::rende
 
 std::unique_ptr<gloo::rendezvous::Store> make_tcp_gloo_store(store::TcpStoreClient client, const std::string& prefix) {
   return with_prefix(std::make_unique<TcpGlooStore>(std::move(client)), prefix);
+}
+
+std::unique_ptr<gloo::rendezvous::Store> make_program_gloo_store(ProgramStore store, const std::string& prefix,
+                                                                 std::chrono::milliseconds timeout) {
+  return with_prefix(std::make_unique<ProgramGlooStore>(std::move(store), timeout), prefix);
 }
 
 std::unique_ptr<gloo::rendezvous::Store> make_subgroup_store(gloo::rendezvous::Store& world, const std::string& prefix,

@@ -5,7 +5,9 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,6 +24,19 @@ std::unique_ptr<gloo::rendezvous::Store> with_prefix(std::unique_ptr<gloo::rende
 
 // Gloo's rendezvous store over the ddl store (DDL_STORE_ADDR), under `prefix`.
 std::unique_ptr<gloo::rendezvous::Store> make_tcp_gloo_store(store::TcpStoreClient client, const std::string& prefix);
+
+// A store the program provides (libddl's ddl_init_with_store), as two functions: `set` stores a
+// value (throwing if it cannot), `get` waits at most the given time for a key and gives its value,
+// or nullopt if it did not come.
+struct ProgramStore {
+  std::function<void(const std::string& key, const std::vector<char>& value)> set;
+  std::function<std::optional<std::vector<char>>(const std::string& key, std::chrono::milliseconds timeout)> get;
+};
+
+// Gloo's rendezvous store over the program's, under `prefix`: a get waits at most `timeout`, then
+// throws naming the key.
+std::unique_ptr<gloo::rendezvous::Store> make_program_gloo_store(ProgramStore store, const std::string& prefix,
+                                                                 std::chrono::milliseconds timeout);
 
 // The store a process set rendezvouses through: `world` under `prefix`, keys ending in a rank of
 // the set renamed after that rank's world rank (world_ranks[set rank]), which is what the PMIx

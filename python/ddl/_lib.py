@@ -31,6 +31,17 @@ class OpOptions(ctypes.Structure):
     ]
 
 
+# ddl_store: a key-value store the program shares with its peers (ddl_init_with_store)
+STORE_DELIVER = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+STORE_SET = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t)
+STORE_GET = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_longlong, STORE_DELIVER,
+                             ctypes.c_void_p)
+
+
+class Store(ctypes.Structure):
+    _fields_ = [("context", ctypes.c_void_p), ("set", STORE_SET), ("get", STORE_GET)]
+
+
 def _candidates():
     """Where this package's libddl is: $DDL_LIBRARY, beside an installed package (PREFIX/lib), the build
     tree, then the loader's path. A place is tried only where the package's own layout puts it, so a
@@ -102,6 +113,8 @@ _opts_p = _c.POINTER(OpOptions)
 
 _PROTOTYPES = {
     "ddl_init": ([], _status),
+    "ddl_init_with_store": ([_c.c_int, _c.c_int, _c.POINTER(Store)], _status),
+    "ddl_world_source": ([], _c.c_char_p),
     "ddl_finalize": ([], _status),
     "ddl_is_initialized": ([], _c.c_int),
     "ddl_rank": ([_c.POINTER(_c.c_int)], _status),

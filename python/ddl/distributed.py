@@ -2,6 +2,10 @@
 
     import ddl.distributed                      # (import ddl.torch does it too) registers "ddl"
     torch.distributed.init_process_group("ddl")  # under ddl run, srun --mpi=pmix or mpirun
+    torch.distributed.init_process_group("ddl", rank=r, world_size=n, init_method=...)  # mp.spawn, torchrun
+
+Under a launcher libddl's world is the launcher's; started any other way (mp.spawn, torchrun, a
+plain srun with torch's variables) it is made through the store torch hands the backend.
 
 DDP, Lightning (DDPStrategy(process_group_backend="ddl")) and torch.distributed's public
 collectives then run on libddl: shared memory within a node, Gloo between nodes, NCCL for CUDA
@@ -31,6 +35,7 @@ from ddl import _lib as L
 from ddl.common import basics as _basics
 from ddl.common import call_sites
 from ddl.common import dtypes as _dtypes
+from ddl.common import program_store as _program_store
 from ddl.common import exceptions as _exceptions  # noqa: F401  (registers the statuses' exception types)
 
 BACKEND_NAME = "ddl"
@@ -475,8 +480,11 @@ class ProcessGroupDDL(dist.ProcessGroup):
         """Ends the group as gloo's does: its ops still in flight finish first (their peers arrive, or
         DDL_TIMEOUT fails them), so that a rank does not go on to leave, and take torch's store with
         it, while a peer still needs it. torch 2.8+'s destroy_process_group calls this; a dropped
-        group (torch 1.13's destroy_process_group) does it too."""
+        group (torch 1.13's destroy_process_group) does it too. libddl's world, if made through this
+        group's store, lets go of it (rank 0's server must close for init_process_group to listen
+        on its port again) and stays for the next default group."""
         self._completer.drain()
+        _program_store.release(getattr(self, "_store", None))
 
     def abort(self):
         """torch's abort: the group's thread ends after the ops already handed to it; nothing waits."""
@@ -486,6 +494,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
         completer = getattr(self, "_completer", None)
         if completer is not None:
             completer.drain()
+        _program_store.release(getattr(self, "_store", None))
 
     # ---- the machinery every op shares ----
 
@@ -898,28 +907,57 @@ def _key_for(options, rank):
     return f"torch.{safe}.{store.get(slot).decode()}"
 
 
-def _ensure_libddl(world_size):
+def _ensure_libddl(options):
+    """libddl's world for a new group: the launcher's (ddl run, mpirun, srun --mpi=pmix) where one gave
+    it, else the one torch's store makes (mp.spawn, torchrun, a plain srun)."""
     if not L.lib.ddl_is_initialized():
-        _basics.init()
-    size = L.int_out(L.lib.ddl_size)
+        if _basics.launcher_gives_world():
+            _basics.init()
+        elif dist.is_initialized():  # a "ddl" group under another backend's default group
+            _basics.init_through_store(_default_store(), dist.get_rank(), dist.get_world_size())
+        else:
+            _basics.init_through_store(options.store, options.group_rank, options.group_size)
+    elif not dist.is_initialized() and _program_store.joined_through_store():
+        _program_store.use(options.store)  # the default group made again: its store is the one now
     if dist.is_initialized():
         return
-    if size != world_size:
-        raise ValueError(f"init_process_group asked for a world of {world_size} ranks, but this process was started "
-                         f"in one of {size} (ddl run -np, srun -n or mpirun -np): pass world_size={size} or leave "
-                         "it out")
+    size = L.int_out(L.lib.ddl_size)
+    if size != options.group_size:
+        raise ValueError(f"init_process_group asked for a world of {options.group_size} ranks, but this process was "
+                         f"started in one of {size} ({_basics.world_source()}): pass world_size={size} or leave it "
+                         "out")
+
+
+def _default_store():
+    get = getattr(dist.distributed_c10d, "_get_default_store", None)
+    if get is None:
+        raise RuntimeError("this torch does not give its default group's store, which libddl's world would be made "
+                           "through: start the program with ddl run, or init_process_group('ddl') first")
+    return get()
+
+
+def join_through_torch_environment():
+    """hvd.init() in a program no launcher gave a world: the store of torch's default group if
+    init_process_group ran, else torch's env:// rendezvous where RANK, WORLD_SIZE, MASTER_ADDR and
+    MASTER_PORT are set (torchrun, mp.spawn scripts, site srun recipes). Otherwise nothing: the world
+    is this process alone."""
+    if dist.is_initialized():
+        _basics.init_through_store(_default_store(), dist.get_rank(), dist.get_world_size())
+    elif all(os.environ.get(v) for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
+        store, rank, size = next(dist.rendezvous("env://"))
+        _basics.init_through_store(store, rank, size)
 
 
 def _create_process_group(options, pg_options=None):
     """torch's creator for backend "ddl" (the extended API: it names the group and its ranks)."""
     rank, size = options.group_rank, options.group_size
-    _ensure_libddl(size)
+    _ensure_libddl(options)
     world_rank = L.int_out(L.lib.ddl_rank)
     world_ranks = list(options.global_ranks_in_group) or list(range(size))
     if len(world_ranks) != size or world_ranks[rank] != world_rank:
-        raise ValueError(f"torch's rank {rank} of {size} is libddl's rank {world_rank}: start every process with "
-                         "ddl run (or srun --mpi=pmix, mpirun) and let init_process_group take rank and "
-                         "world_size from the environment")
+        raise ValueError(f"torch's rank {rank} of {size} is libddl's rank {world_rank} "
+                         f"({_basics.world_source()}): under a launcher (ddl run, srun --mpi=pmix, mpirun) let "
+                         "init_process_group take rank and world_size from the environment")
     timeout = options.timeout if isinstance(options.timeout, datetime.timedelta) else datetime.timedelta(minutes=30)
     group = ProcessGroupDDL(rank, size, world_ranks, _key_for(options, rank), timeout)
     # Kept as gloo's group keeps it: torch's store (rank 0's server among them) stays up until the

@@ -37,7 +37,8 @@ def data(rank, shape=(3, 4), dtype=torch.float32, seed=0):
 
 @check("topology and build flags")
 def _():
-    assert (R, N) == (int(os.environ["DDL_RANK"]), int(os.environ["DDL_SIZE"]))
+    # ddl run's variables, or torchrun's where the world came through torch's store
+    assert (R, N) == (int(os.environ.get("DDL_RANK", os.environ.get("RANK"))), int(os.environ.get("DDL_SIZE", os.environ.get("WORLD_SIZE"))))
     assert hvd.local_rank() == R and hvd.local_size() == N
     assert hvd.cross_rank() == 0 and hvd.cross_size() == 1 and hvd.is_homogeneous()
     assert hvd.gloo_built() and not hvd.mpi_built() and not hvd.mpi_enabled() and not hvd.ccl_built()
@@ -583,8 +584,9 @@ def _():
 @check("timeline: start_timeline writes Chrome-trace JSON of named ops")
 def _():
     # "%r": every rank its own file (a plain path is written by rank 0 alone; test_ddl_torch checks that)
-    hvd.start_timeline(os.path.join(tempfile.gettempdir(), f"ddl-torch-timeline-{os.environ['DDL_RUN_ID']}-%r.json"))
-    path = os.path.join(tempfile.gettempdir(), f"ddl-torch-timeline-{os.environ['DDL_RUN_ID']}-{R}.json")
+    run_id = os.environ.get("DDL_RUN_ID") or f"port{os.environ['MASTER_PORT']}"  # ddl run's, or torchrun's port
+    hvd.start_timeline(os.path.join(tempfile.gettempdir(), f"ddl-torch-timeline-{run_id}-%r.json"))
+    path = os.path.join(tempfile.gettempdir(), f"ddl-torch-timeline-{run_id}-{R}.json")
     hvd.allreduce(torch.ones(3), name="timeline.op")
     hvd.stop_timeline()
     with open(path) as f:

@@ -10,6 +10,7 @@ import sys
 from ddl import _lib as L
 from ddl.common import exceptions as _exceptions  # noqa: F401  (registers the status -> exception map)
 from ddl.common import process_sets as _process_sets
+from ddl.common import program_store as _program_store
 from ddl.common.names import names
 
 # Horovod's variables, honoured as aliases of libddl's when the DDL_* one is not set.
@@ -81,11 +82,48 @@ def init(comm=None, process_sets=None):
         status = L.lib.ddl_init()
         if status != L.SUCCESS:
             L.raise_for(status)
-        _learn_topology()
-        _process_sets._reset_global(_topology["size"])
-        _hook_exit()
+        _after_joining()
     for ps in _process_sets.as_new_sets(process_sets):
         _process_sets.add_process_set(ps)
+
+
+def launcher_gives_world():
+    """Whether a launcher told this process its world: ddl run, a PMIx launcher (mpirun, srun
+    --mpi=pmix) when libddl has PMIx, or DDL_BOOTSTRAP. Otherwise ddl_init's world is this process
+    alone, and a program started by mp.spawn or torchrun joins its peers through a store instead."""
+    if os.environ.get("DDL_STORE_ADDR") or os.environ.get("DDL_BOOTSTRAP"):
+        return True
+    return "PMIX_RANK" in os.environ and bool(L.lib.ddl_has_pmix())
+
+
+def init_through_store(store, rank, size):
+    """Joins the world of `size` ranks as `rank` through `store`, a key-value store the program
+    shares with its peers (torch.distributed's); a no-op if already initialized as that rank of
+    that size (ValueError naming both worlds if as another)."""
+    if L.lib.ddl_is_initialized():
+        mine = (L.int_out(L.lib.ddl_rank), L.int_out(L.lib.ddl_size))
+        if mine != (rank, size):
+            raise ValueError(f"asked to join as rank {rank} of {size}, but ddl is initialized as rank {mine[0]} of "
+                             f"{mine[1]} ({world_source()}): call shutdown() first, or pass the same rank and size")
+        return
+    _apply_env_aliases()
+    _program_store.join(store, rank, size)
+    _after_joining()
+
+
+def world_source():
+    """How this process found its world: "ddl run", "pmix", "program store" (a torch store under
+    mp.spawn, torchrun or a plain srun) or "single"; "" before init()."""
+    return L.lib.ddl_world_source().decode()
+
+
+def _after_joining():
+    _learn_topology()
+    _process_sets._reset_global(_topology["size"])
+    _hook_exit()
+    if os.environ.get("DDL_DEBUG") == "1":
+        print(f"ddl: rank {_topology['rank']} of {_topology['size']} (local rank {_topology['local_rank']} of "
+              f"{_topology['local_size']}) joined through {world_source()}", file=sys.stderr, flush=True)
 
 
 def _learn_topology():
@@ -122,6 +160,7 @@ def shutdown():
     for hook in _shutdown_hooks:
         hook()
     names.clear()
+    _program_store.forget()
     _process_sets._forget_all()
     _topology.clear()
     if status != L.SUCCESS:

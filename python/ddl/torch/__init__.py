@@ -6,14 +6,15 @@
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 
 Names, signatures, defaults and exceptions follow horovod.torch 0.28, so Horovod scripts run with
-one changed import. Start the program with `ddl run` (or mpirun / srun --mpi=pmix).
+one changed import. Start the program with `ddl run` (or mpirun / srun --mpi=pmix, or torchrun and
+mp.spawn: see init).
 """
 
 import torch
 
 from ddl.common import basics as _basics
 from ddl.common import host_ops as _host
-from ddl.common.basics import (init, shutdown, is_initialized, rank, size, local_rank, local_size,  # noqa: F401
+from ddl.common.basics import (shutdown, is_initialized, rank, size, local_rank, local_size,  # noqa: F401
                                cross_rank, cross_size, is_homogeneous, mpi_threads_supported, mpi_built, mpi_enabled,
                                gloo_built, gloo_enabled, nccl_built, ddl_built, ccl_built, cuda_built, rocm_built,
                                start_timeline, stop_timeline)
@@ -28,6 +29,17 @@ from ddl.torch.mpi_ops import (Average, Sum, Adasum, Min, Max, Product, HorovodI
                                reducescatter_async, grouped_reducescatter_async, sparse_allreduce_async, barrier,
                                poll, synchronize)
 from ddl.torch.process_sets import ProcessSet, global_process_set, add_process_set, remove_process_set
+
+
+def init(comm=None, process_sets=None):
+    """Joins the world: the one `ddl run`, mpirun or srun --mpi=pmix started; else (torchrun, mp.spawn,
+    a plain srun with torch's RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT) through torch's store:
+    the default group's if init_process_group ran first, else torch's env:// rendezvous. Without any
+    of these the world is this process alone. A no-op once initialized. `process_sets` (ProcessSet
+    objects or rank lists) are added right away; `comm` (an MPI communicator) is not supported."""
+    if comm is None and not _basics.is_initialized() and not _basics.launcher_gives_world():
+        _distributed.join_through_torch_environment()
+    _basics.init(comm, process_sets)
 
 
 def join(device=-1):

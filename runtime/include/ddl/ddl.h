@@ -4,7 +4,8 @@
  * rendezvous store that `ddl run` hosts (DDL_STORE_ADDR / DDL_STORE_TOKEN). Started by a PMIx
  * launcher instead (OpenMPI's mpirun, `srun --mpi=pmix`), it joins through PMIx. Without either,
  * the world is this single process, so a notebook or a unit test needs no launcher.
- * DDL_BOOTSTRAP=store|pmix|single forces one of them.
+ * DDL_BOOTSTRAP=store|pmix|single forces one of them. A program started some other way (mp.spawn,
+ * torchrun) that shares a key-value store with its peers joins them with ddl_init_with_store.
  *
  * Every collective has a name. Ranks may submit their named operations in different orders: a
  * background thread agrees with the other ranks on which names every rank has submitted, and runs
@@ -89,6 +90,31 @@ typedef struct ddl_handle_s* ddl_handle;
  * If SIGPIPE has its default action, it is set to ignored, so that a peer that dies turns into an
  * error on the survivors rather than killing them; a handler the program installed is kept. */
 DDL_API ddl_status ddl_init(void);
+
+/* A key-value store the program already shares with its peers (torch.distributed's store under
+   mp.spawn or torchrun, say), through which ddl_init_with_store finds them. libddl calls it from
+   the thread that initializes and from the threads that make process sets, never after
+   ddl_finalize; `context` must stay valid until then. Both return 0 on success.
+   set: stores `size` bytes at `value` under `key`.
+   get: waits at most `timeout_ms` for `key`, then hands its value to deliver(sink, value, size)
+   before returning; nonzero if the key did not come in time or the store failed. */
+typedef struct ddl_store {
+  void* context;
+  int (*set)(void* context, const char* key, const void* value, size_t size);
+  int (*get)(void* context, const char* key, long long timeout_ms, void (*deliver)(void* sink, const void* value, size_t size), void* sink);
+} ddl_store;
+
+/* Joins the world of `size` ranks as `rank` through `store` (copied; its context is not), where no
+   launcher gives libddl the world: every rank calls it with the same size and its own rank. Ranks
+   on one host (by host name) talk through shared memory, hosts through Gloo, at this host's address
+   on the route to $MASTER_ADDR when that is set (DDL_GLOO_ADDR overrides it). Already initialized
+   as that rank of that size: DDL_SUCCESS; as another: DDL_ERROR_INVALID_ARGUMENT. Keys are written
+   under "ddl/": the store may be shared with other users. */
+DDL_API ddl_status ddl_init_with_store(int rank, int size, const ddl_store* store);
+
+/* How this process found its world: "ddl run" (its store), "pmix", "program store"
+   (ddl_init_with_store) or "single"; "" before ddl_init. Valid until ddl_finalize. */
+DDL_API const char* ddl_world_source(void);
 /* Waits for the other ranks to finalize too, then releases everything. */
 DDL_API ddl_status ddl_finalize(void);
 DDL_API int ddl_is_initialized(void);

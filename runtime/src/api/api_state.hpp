@@ -43,7 +43,9 @@ struct Placement {
 // The world this process joined in ddl_init, until ddl_finalize.
 struct Runtime {
   Placement placement;
-  std::string mode;  // store, pmix or single
+  std::string mode;                      // store (ddl run's), pmix, program store (ddl_init_with_store) or single
+  std::string interface;                 // the address this host's peers reach it at (Gloo)
+  bool hosts_numbered_in_order = false;  // each host's ranks follow each other (0-3 on one, 4-7 on the next)
   int generation = 0;
   std::unique_ptr<runtime::PmixSession> pmix;      // while bootstrapped through PMIx
   std::unique_ptr<gloo::rendezvous::Store> store;  // the world's rendezvous store, for process sets
@@ -76,8 +78,9 @@ std::shared_ptr<Runtime> current_runtime();
 
 // The engine settings from DDL_CYCLE_TIME_MS, DDL_FUSION_THRESHOLD, DDL_TIMEOUT and DDL_TIMELINE.
 runtime::EngineConfig engine_config(int rank);
-// The address this host's peers reach it at, for a world spread over `num_nodes` nodes.
-std::string interface_host(int num_nodes);
+// The address this host's peers reach it at, for a world spread over `num_nodes` nodes, found on the
+// route to `towards` where that is given.
+std::string interface_host(int num_nodes, const std::string& towards);
 
 // Runs `body`; no C++ exception may cross into the caller's C.
 template <typename Body>

@@ -31,8 +31,7 @@ std::unique_ptr<ddl::runtime::Collectives> process_set_collectives(Runtime& rt, 
   auto store = ddl::runtime::make_subgroup_store(*world, prefix, set.ranks, /*forward_wait=*/!rt.pmix, config.timeout);
   std::unique_ptr<ddl::runtime::Collectives> collectives;
   if (rt.shared_memory) collectives = ddl::runtime::make_shared_memory_collectives(set.rank, size, *store, config.timeout);
-  if (!collectives)
-    collectives = ddl::runtime::make_gloo_collectives(set.rank, size, *store, interface_host(rt.placement.num_nodes), config.timeout);
+  if (!collectives) collectives = ddl::runtime::make_gloo_collectives(set.rank, size, *store, rt.interface, config.timeout);
   return collectives;
 }
 

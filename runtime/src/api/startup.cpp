@@ -3,13 +3,16 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -101,15 +104,14 @@ std::string bootstrap_mode() {
 
 }  // namespace
 
-// One node: peers are reached over loopback. Several: at this host's address on the route to the
-// store's host (DDL_GLOO_ADDR overrides it), else (PMIx, or the store's own host) by its name.
-std::string interface_host(int num_nodes) {
+// One node: peers are reached over loopback. Several: DDL_GLOO_ADDR, else this host's address on
+// the route to `towards` (the store's host, or MASTER_ADDR for a program's store), else its name.
+std::string interface_host(int num_nodes, const std::string& towards) {
   if (num_nodes <= 1) return "127.0.0.1";
   if (const char* given = std::getenv(contract::kGlooAddr); given != nullptr && *given != '\0') return given;
-  if (const char* store = std::getenv(contract::kStoreAddr); store != nullptr) {
-    const std::string addr = store;
-    std::string towards = ddl::address_towards(addr.substr(0, addr.rfind(':')));
-    if (!towards.starts_with("127.")) return towards;  // on the store's own host the route is loopback
+  if (!towards.empty()) {
+    std::string route = ddl::address_towards(towards);
+    if (!route.starts_with("127.")) return route;  // on `towards`' own host the route is loopback
   }
   char name[256] = {};
   ::gethostname(name, sizeof name - 1);
@@ -127,53 +129,119 @@ void close_timeline_at_exit() {
   g_runtime->engine->timeline().close();
 }
 
-std::shared_ptr<Runtime> start_runtime(int generation) {
+// The world `ddl run` describes in its variables, through its store.
+void join_through_ddl_run(Runtime& rt, int& rank, int& size) {
+  rank = env_int(contract::kRank, -1);
+  size = env_int(contract::kSize, -1);
+  if (rank < 0 || size < 1 || rank >= size)
+    throw ddl::Error("DDL_RANK and DDL_SIZE are missing or out of range: start the program with `ddl run`");
+  rt.placement = {env_int(contract::kLocalRank, 0), env_int(contract::kLocalSize, 1), env_int(contract::kNodeRank, 0),
+                  env_int(contract::kNumNodes, 1)};
+  if (!rt.placement.consistent())
+    throw ddl::Error("DDL_LOCAL_RANK, DDL_LOCAL_SIZE, DDL_NODE_RANK and DDL_NUM_NODES are out of range: start the program with `ddl run`");
+  rt.store = ddl::runtime::make_tcp_gloo_store(ddl::store::TcpStoreClient::from_environment(), fmt::format("ddl/{}/gloo", rt.generation));
+  const std::string addr = std::getenv(contract::kStoreAddr);
+  rt.hosts_numbered_in_order = true;  // ddl run numbers ranks host by host
+  rt.interface = interface_host(rt.placement.num_nodes, addr.substr(0, addr.rfind(':')));
+}
+
+void join_through_pmix(Runtime& rt, int& rank, int& size) {
+  rt.pmix = std::make_unique<ddl::runtime::PmixSession>(engine_config(0).timeout);
+  const auto& w = rt.pmix->world();
+  rank = w.rank;
+  size = w.size;
+  // PMIx node ids need not count from 0; a world whose ranks all share this node is one node.
+  rt.placement = {w.local_rank, w.local_size, w.local_size == w.size ? 0 : w.node_rank, w.local_size == w.size ? 1 : 2};
+  rt.store = rt.pmix->gloo_store(std::to_string(rt.generation));
+  rt.interface = interface_host(rt.placement.num_nodes, "");
+}
+
+std::string this_host_name() {
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  return name;
+}
+
+// Where `rank` sits among the hosts the store's ranks named: ranks of one host share a node, and
+// nodes are numbered by their lowest rank. Whether every host's ranks follow each other (0-3 on
+// one host, 4-7 on the next) is what shared memory within hosts and Gloo between them needs.
+Placement placement_among(const std::vector<std::string>& hosts, int rank, bool& numbered_host_by_host) {
+  std::vector<std::string> nodes;  // in order of their lowest rank
+  Placement p{0, 0, 0, 0};
+  numbered_host_by_host = true;
+  for (size_t r = 0; r < hosts.size(); ++r) {
+    auto node = std::find(nodes.begin(), nodes.end(), hosts[r]);
+    if (node == nodes.end()) {
+      nodes.push_back(hosts[r]);
+      node = nodes.end() - 1;
+    } else if (hosts[r] != hosts[r - 1]) {
+      numbered_host_by_host = false;
+    }
+    if (hosts[r] != hosts[static_cast<size_t>(rank)]) continue;
+    if (static_cast<int>(r) < rank) ++p.local_rank;
+    ++p.local_size;
+    p.node_rank = static_cast<int>(node - nodes.begin());
+  }
+  p.num_nodes = static_cast<int>(nodes.size());
+  return p;
+}
+
+// The world a program's store describes: every rank writes its host's name and reads the others'.
+void join_through_program_store(Runtime& rt, int rank, int size, const ddl::runtime::ProgramStore& program) {
+  const auto timeout = engine_config(rank).timeout;
+  auto hosts_store = ddl::runtime::make_program_gloo_store(program, fmt::format("ddl/{}/host", rt.generation), timeout);
+  const std::string mine = this_host_name();
+  hosts_store->set(std::to_string(rank), std::vector<char>(mine.begin(), mine.end()));
+  std::vector<std::string> hosts;
+  for (int r = 0; r < size; ++r) {
+    const std::vector<char> name = hosts_store->get(std::to_string(r));
+    hosts.emplace_back(name.begin(), name.end());
+  }
+  rt.placement = placement_among(hosts, rank, rt.hosts_numbered_in_order);
+  rt.store = ddl::runtime::make_program_gloo_store(program, fmt::format("ddl/{}/gloo", rt.generation), timeout);
+  const char* master = std::getenv("MASTER_ADDR");
+  rt.interface = interface_host(rt.placement.num_nodes, master != nullptr ? master : "");
+}
+
+// The collectives of a world whose placement is known: shared memory when every rank is on this
+// node (unless DDL_SHM=0); shared memory within hosts and Gloo between them when hosts hold ranks
+// numbered host by host; else Gloo.
+std::unique_ptr<ddl::runtime::Collectives> world_collectives(Runtime& rt, int rank, int size, const runtime::EngineConfig& config) {
+  std::unique_ptr<ddl::runtime::Collectives> collectives;
+  const char* shm = std::getenv(contract::kShm);
+  const bool shm_allowed = !(shm != nullptr && std::string(shm) == "0");
+  if (rt.placement.local_size == size && shm_allowed)
+    collectives = ddl::runtime::make_shared_memory_collectives(rank, size, *rt.store, config.timeout);
+  rt.shared_memory = collectives != nullptr;
+  const bool several_hosts = rt.mode != "pmix" && rt.placement.num_nodes > 1 && rt.hosts_numbered_in_order;
+  if (!collectives && several_hosts && shm_allowed)
+    collectives = ddl::runtime::make_hierarchical_collectives(rank, size, rt.placement.node_rank, *rt.store, rt.interface, config.timeout);
+  if (!collectives) collectives = ddl::runtime::make_gloo_collectives(rank, size, *rt.store, rt.interface, config.timeout);
+  return collectives;
+}
+
+// `program`: the program's store (ddl_init_with_store) and the rank and size it gave; else the
+// world comes from ddl run, PMIx or this process alone (bootstrap_mode).
+std::shared_ptr<Runtime> start_runtime(int generation, const ddl::runtime::ProgramStore* program = nullptr, int given_rank = 0,
+                                       int given_size = 1) {
   static std::once_flag at_exit_registered;
   std::call_once(at_exit_registered, [] { std::atexit(close_timeline_at_exit); });
   auto rt = std::make_shared<Runtime>();
-  rt->mode = bootstrap_mode();
+  rt->mode = program != nullptr ? "program store" : bootstrap_mode();
   rt->generation = generation;
   if (rt->mode == "single") {
     rt->engine = std::make_shared<Engine>(ddl::runtime::make_single_process_collectives(), engine_config(0));
     return rt;
   }
-  int rank = 0, size = 1;
-  if (rt->mode == "store") {
-    rank = env_int(contract::kRank, -1);
-    size = env_int(contract::kSize, -1);
-    if (rank < 0 || size < 1 || rank >= size)
-      throw ddl::Error("DDL_RANK and DDL_SIZE are missing or out of range: start the program with `ddl run`");
-    rt->placement = {env_int(contract::kLocalRank, 0), env_int(contract::kLocalSize, 1), env_int(contract::kNodeRank, 0),
-                     env_int(contract::kNumNodes, 1)};
-    if (!rt->placement.consistent())
-      throw ddl::Error(
-          "DDL_LOCAL_RANK, DDL_LOCAL_SIZE, DDL_NODE_RANK and DDL_NUM_NODES are out of range: start the program with `ddl run`");
-    rt->store = ddl::runtime::make_tcp_gloo_store(ddl::store::TcpStoreClient::from_environment(), fmt::format("ddl/{}/gloo", generation));
-  } else {
-    rt->pmix = std::make_unique<ddl::runtime::PmixSession>(engine_config(0).timeout);
-    const auto& w = rt->pmix->world();
-    rank = w.rank;
-    size = w.size;
-    // PMIx node ids need not count from 0; a world whose ranks all share this node is one node.
-    rt->placement = {w.local_rank, w.local_size, w.local_size == w.size ? 0 : w.node_rank, w.local_size == w.size ? 1 : 2};
-    rt->store = rt->pmix->gloo_store(std::to_string(generation));
-  }
+  int rank = given_rank, size = given_size;
+  if (rt->mode == "store")
+    join_through_ddl_run(*rt, rank, size);
+  else if (rt->mode == "pmix")
+    join_through_pmix(*rt, rank, size);
+  else
+    join_through_program_store(*rt, rank, size, *program);
   auto config = engine_config(rank);
-  // All ranks on this node: shared memory, unless DDL_SHM=0; else (or if it cannot be set up) Gloo.
-  std::unique_ptr<ddl::runtime::Collectives> collectives;
-  const char* shm = std::getenv(contract::kShm);
-  if (rt->placement.local_size == size && !(shm != nullptr && std::string(shm) == "0"))
-    collectives = ddl::runtime::make_shared_memory_collectives(rank, size, *rt->store, config.timeout);
-  rt->shared_memory = collectives != nullptr;
-  // Several hosts (ddl run's store: ranks host by host, any number on each): shared memory within
-  // a host and Gloo between hosts, unless DDL_SHM=0.
-  const bool several_hosts = rt->mode == "store" && rt->placement.num_nodes > 1;
-  if (!collectives && several_hosts && !(shm != nullptr && std::string(shm) == "0"))
-    collectives = ddl::runtime::make_hierarchical_collectives(rank, size, rt->placement.node_rank, *rt->store,
-                                                              interface_host(rt->placement.num_nodes), config.timeout);
-  if (!collectives)
-    collectives = ddl::runtime::make_gloo_collectives(rank, size, *rt->store, interface_host(rt->placement.num_nodes), config.timeout);
-  rt->engine = std::make_shared<Engine>(std::move(collectives), config);
+  rt->engine = std::make_shared<Engine>(world_collectives(*rt, rank, size, config), config);
   return rt;
 }
 
@@ -219,6 +287,62 @@ ddl_status ddl_finalize(void) {
   }
   rt->engine->finalize();
   return DDL_SUCCESS;
+}
+
+}  // extern "C"
+
+namespace {
+// The program's store, as libddl's rendezvous calls it: a failed call throws, naming the key.
+ddl::runtime::ProgramStore program_store_of(const ddl_store& store) {
+  ddl::runtime::ProgramStore program;
+  program.set = [store](const std::string& key, const std::vector<char>& value) {
+    if (store.set(store.context, key.c_str(), value.data(), value.size()) != 0)
+      throw ddl::Error(fmt::format("the program's store could not set key '{}'", key));
+  };
+  program.get = [store](const std::string& key, std::chrono::milliseconds timeout) -> std::optional<std::vector<char>> {
+    std::vector<char> value;
+    auto deliver = [](void* sink, const void* data, size_t size) {
+      const auto* bytes = static_cast<const char*>(data);
+      static_cast<std::vector<char>*>(sink)->assign(bytes, bytes + size);
+    };
+    if (store.get(store.context, key.c_str(), static_cast<long long>(timeout.count()), deliver, &value) != 0) return std::nullopt;
+    return value;
+  };
+  return program;
+}
+}  // namespace
+
+extern "C" {
+
+ddl_status ddl_init_with_store(int rank, int size, const ddl_store* store) {
+  if (store == nullptr || store->set == nullptr || store->get == nullptr)
+    return fail(DDL_ERROR_INVALID_ARGUMENT, "ddl_init_with_store: the store and both its functions must be given");
+  if (size < 1 || rank < 0 || rank >= size)
+    return fail(
+        DDL_ERROR_INVALID_ARGUMENT,
+        fmt::format("ddl_init_with_store: rank {} of a world of {} ranks: the rank must be at least 0 and below the size", rank, size));
+  std::lock_guard lock(g_mutex);
+  if (g_runtime) {
+    if (g_runtime->engine->rank() == rank && g_runtime->engine->size() == size) return DDL_SUCCESS;
+    return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("ddl_init_with_store: asked to join as rank {} of {}, but this process "
+                                                        "already is rank {} of {} ({}): ddl_finalize first",
+                                                        rank, size, g_runtime->engine->rank(), g_runtime->engine->size(), g_runtime->mode));
+  }
+  ignore_sigpipe_unless_handled();
+  try {
+    const ddl::runtime::ProgramStore program = program_store_of(*store);
+    g_runtime = start_runtime(g_generation++, &program, rank, size);
+    return DDL_SUCCESS;
+  } catch (const std::exception& e) {
+    return fail(DDL_ERROR_BOOTSTRAP, fmt::format("ddl_init_with_store failed: {}", e.what()));
+  }
+}
+
+const char* ddl_world_source(void) {
+  std::lock_guard lock(g_mutex);
+  if (!g_runtime) return "";
+  if (g_runtime->mode == "store") return "ddl run";
+  return g_runtime->mode.c_str();
 }
 
 int ddl_is_initialized(void) { return current_runtime() != nullptr; }
