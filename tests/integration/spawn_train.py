@@ -1,4 +1,4 @@
-"""PyTorch's mp.spawn tutorial pattern with backend "ddl" (argv: world size, a free port, backend):
+"""PyTorch's mp.spawn tutorial pattern with backend "ddl" (argv: world size, two free ports, backend):
 collectives, a subgroup, DDP training, destroy_process_group and init again, each rank printing
 what it got. No launcher: libddl's world comes from torch's store."""
 import os
@@ -16,7 +16,7 @@ def say(rank, *what):
     sys.stdout.flush()
 
 
-def train(rank, world_size, port, backend):
+def train(rank, world_size, port, second_port, backend):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group(backend, rank=rank, world_size=world_size)
@@ -41,7 +41,7 @@ def train(rank, world_size, port, backend):
     dist.destroy_process_group()
 
     # Again, on another port: torch's store on the old one may still be closing.
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port + 1}", rank=rank, world_size=world_size)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{second_port}", rank=rank, world_size=world_size)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
     ddp = torch.nn.parallel.DistributedDataParallel(model)
@@ -59,5 +59,5 @@ def train(rank, world_size, port, backend):
 
 
 if __name__ == "__main__":
-    size, free_port = int(sys.argv[1]), int(sys.argv[2])
-    mp.spawn(train, args=(size, free_port, sys.argv[3] if len(sys.argv) > 3 else "ddl"), nprocs=size)
+    size, port, second_port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    mp.spawn(train, args=(size, port, second_port, sys.argv[4] if len(sys.argv) > 4 else "ddl"), nprocs=size)

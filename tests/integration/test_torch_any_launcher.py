@@ -17,10 +17,20 @@ BUILD = os.environ.get("DDL_BUILD_DIR", os.path.join(HERE, "..", "..", "build"))
 PACKAGE = os.path.join(BUILD, "python")
 
 
+def free_ports(n):
+    """`n` distinct ports free now (all held open while the next is picked)."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def clean_env(**extra):
@@ -52,7 +62,7 @@ def run_as_torchrun(size, *argv, timeout=300):
 
 class MpSpawn(unittest.TestCase):
     def check(self, size):
-        result = subprocess.run([PYTHON, os.path.join(HERE, "spawn_train.py"), str(size), str(free_port())], env=clean_env(),
+        result = subprocess.run([PYTHON, os.path.join(HERE, "spawn_train.py"), str(size), *map(str, free_ports(2))], env=clean_env(),
                                 capture_output=True, text=True, timeout=300)
         output = result.stdout[-4000:] + result.stderr[-4000:]
         self.assertEqual(result.returncode, 0, output)
