@@ -491,6 +491,8 @@ class ProcessGroupDDL(dist.ProcessGroup):
         self._completer.stop()
 
     def __del__(self):
+        if sys.is_finalizing():  # the interpreter is ending: _stop_completers has ended the threads
+            return
         completer = getattr(self, "_completer", None)
         if completer is not None:
             completer.drain()
@@ -702,7 +704,32 @@ class ProcessGroupDDL(dist.ProcessGroup):
         return self._then(work, lambda: self._split_into(gathered, outputs, outputs))
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
-        raise ValueError("the ddl backend has no allgather_coalesced: gather each tensor with all_gather")
+        """torch's all_gather_coalesced: every rank's list of tensors (of one dtype) into
+        output_lists[rank], as one all_gather of each rank's list flattened."""
+        if len(output_lists) != self.size():
+            raise ValueError(f"all_gather_coalesced takes one output list per rank of the group ({self.size()}), "
+                             f"not {len(output_lists)}")
+        if not input_list:
+            raise ValueError("all_gather_coalesced: the input list is empty")
+        dtype = input_list[0].dtype
+        outputs = [out for outs in output_lists for out in outs]
+        if any(t.dtype != dtype for t in [*input_list, *outputs]):
+            raise ValueError("all_gather_coalesced: every input and output tensor must have one dtype")
+        for outs in output_lists:
+            if len(outs) != len(input_list) or any(o.numel() != i.numel() for o, i in zip(outs, input_list)):
+                raise ValueError("all_gather_coalesced: each rank's output list must match the input list in length "
+                                 "and in each tensor's number of elements")
+        _same_device([*input_list, *outputs])
+        flat = torch.cat([t.reshape(-1) for t in input_list])
+        gathered = torch.empty((self.size() * flat.numel(),), dtype=dtype, device=flat.device)
+        work = self._allgather_base(gathered, flat)
+
+        def finish():
+            n = flat.numel()
+            for rank, outs in enumerate(output_lists):
+                self._split_into(gathered[rank * n:(rank + 1) * n], outs, None)
+            return output_lists
+        return self._then(work, finish)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         _same_device([output, input])

@@ -377,6 +377,19 @@ def futures_and_aliases(rank):
         return t
     check("all_reduce_coalesced of a tensor listed twice", *both(twice))
 
+    # all_gather_coalesced: each rank's list, an empty tensor in it, complex numbers in another.
+    def gathered_lists(dtype):
+        def run(group):
+            inputs = [data(rank + 7, (2, 3)).to(dtype), torch.zeros(0, dtype=dtype), torch.full((4,), rank + 1).to(dtype)]
+            outputs = [[torch.empty_like(t) for t in inputs] for _ in range(dist.get_world_size(group))]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # all_gather_coalesced is deprecated
+                dist.all_gather_coalesced(outputs, inputs, group=group)
+            return [t for outs in outputs for t in outs]
+        return run
+    check("all_gather_coalesced of float32 lists", *both(gathered_lists(torch.float32)))
+    check("all_gather_coalesced of complex64 lists", *both(gathered_lists(torch.complex64)))
+
 
 if __name__ == "__main__":
     dist.init_process_group("ddl", timeout=datetime.timedelta(seconds=60))
