@@ -76,7 +76,8 @@ cat > "$scratch/outcomes.py" <<'EOF'
 import re
 import sys
 
-HEAD = re.compile(r"^(test_\w+) \(\S+\) \.\.\. ?(.*)$")
+HEAD = re.compile(r"^(test_\w+) \(\S+\)(?: \.\.\. ?(.*))?$")  # a test with a docstring: " ... " ends the next line
+DOC = re.compile(r"^.* \.\.\. ?(.*)$")
 RESULT = re.compile(r"^(ok|FAIL|ERROR|skipped .*|expected failure|unexpected success)$")
 
 
@@ -86,7 +87,9 @@ def outcomes(path):
         line = line.strip()
         head = HEAD.match(line)
         if head:
-            current, line = head.group(1), head.group(2).strip()
+            current, line = head.group(1), (head.group(2) or "").strip()
+        elif current and DOC.match(line):
+            line = DOC.match(line).group(1).strip()
         if current and RESULT.match(line):
             found[current] = "skipped" if line.startswith("skipped") else line
             current = None
