@@ -91,7 +91,8 @@ def outcomes(path):
         elif current and DOC.match(line):
             line = DOC.match(line).group(1).strip()
         if current and RESULT.match(line):
-            found[current] = "skipped" if line.startswith("skipped") else line
+            # The first outcome: after failures torch's run_tests may run the suite again.
+            found.setdefault(current, "skipped" if line.startswith("skipped") else line)
             current = None
     return found
 
