@@ -491,12 +491,10 @@ class ProcessGroupDDL(dist.ProcessGroup):
         self._completer.stop()
 
     def __del__(self):
-        if sys.is_finalizing():  # the interpreter is ending: _stop_completers has ended the threads
-            return
-        completer = getattr(self, "_completer", None)
-        if completer is not None:
-            completer.drain()
-        _program_store.release(getattr(self, "_store", None))
+        # Not while the interpreter ends (_stop_completers has ended the threads), nor for a group
+        # whose making failed before it had a thread.
+        if not sys.is_finalizing() and getattr(self, "_completer", None) is not None:
+            self.shutdown()
 
     # ---- the machinery every op shares ----
 
@@ -941,7 +939,7 @@ def _ensure_libddl(options):
         if _basics.launcher_gives_world():
             _basics.init()
         elif dist.is_initialized():  # a "ddl" group under another backend's default group
-            _basics.init_through_store(_default_store(), dist.get_rank(), dist.get_world_size())
+            _join_through_default_group()
         else:
             _basics.init_through_store(options.store, options.group_rank, options.group_size)
     elif not dist.is_initialized() and _program_store.joined_through_store():
@@ -955,12 +953,13 @@ def _ensure_libddl(options):
                          "out")
 
 
-def _default_store():
-    get = getattr(dist.distributed_c10d, "_get_default_store", None)
-    if get is None:
+def _join_through_default_group():
+    """libddl's world through the store of torch's default group (made by another backend)."""
+    get_store = getattr(dist.distributed_c10d, "_get_default_store", None)
+    if get_store is None:
         raise RuntimeError("this torch does not give its default group's store, which libddl's world would be made "
                            "through: start the program with ddl run, or init_process_group('ddl') first")
-    return get()
+    _basics.init_through_store(get_store(), dist.get_rank(), dist.get_world_size())
 
 
 def join_through_torch_environment():
@@ -969,7 +968,7 @@ def join_through_torch_environment():
     MASTER_PORT are set (torchrun, mp.spawn scripts, site srun recipes). Otherwise nothing: the world
     is this process alone."""
     if dist.is_initialized():
-        _basics.init_through_store(_default_store(), dist.get_rank(), dist.get_world_size())
+        _join_through_default_group()
     elif all(os.environ.get(v) for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
         store, rank, size = next(dist.rendezvous("env://"))
         _basics.init_through_store(store, rank, size)

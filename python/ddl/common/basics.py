@@ -90,8 +90,9 @@ def init(comm=None, process_sets=None):
 def launcher_gives_world():
     """Whether a launcher told this process its world: ddl run, a PMIx launcher (mpirun, srun
     --mpi=pmix) when libddl has PMIx, or DDL_BOOTSTRAP. Otherwise ddl_init's world is this process
-    alone, and a program started by mp.spawn or torchrun joins its peers through a store instead."""
-    if os.environ.get("DDL_STORE_ADDR") or os.environ.get("DDL_BOOTSTRAP"):
+    alone, and a program started by mp.spawn or torchrun joins its peers through a store instead.
+    The same reading as libddl's (bootstrap_mode in runtime/src/api/startup.cpp)."""
+    if "DDL_STORE_ADDR" in os.environ or os.environ.get("DDL_BOOTSTRAP"):
         return True
     return "PMIX_RANK" in os.environ and bool(L.lib.ddl_has_pmix())
 

@@ -102,6 +102,12 @@ std::string bootstrap_mode() {
   return "single";
 }
 
+std::string this_host_name() {
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  return name;
+}
+
 }  // namespace
 
 // One node: peers are reached over loopback. Several: DDL_GLOO_ADDR, else this host's address on
@@ -113,9 +119,7 @@ std::string interface_host(int num_nodes, const std::string& towards) {
     std::string route = ddl::address_towards(towards);
     if (!route.starts_with("127.")) return route;  // on `towards`' own host the route is loopback
   }
-  char name[256] = {};
-  ::gethostname(name, sizeof name - 1);
-  return name;
+  return this_host_name();
 }
 
 namespace {
@@ -146,7 +150,7 @@ void join_through_ddl_run(Runtime& rt, int& rank, int& size) {
 }
 
 void join_through_pmix(Runtime& rt, int& rank, int& size) {
-  rt.pmix = std::make_unique<ddl::runtime::PmixSession>(engine_config(0).timeout);
+  rt.pmix = std::make_unique<ddl::runtime::PmixSession>(ddl::timeout_from_environment());
   const auto& w = rt.pmix->world();
   rank = w.rank;
   size = w.size;
@@ -154,12 +158,6 @@ void join_through_pmix(Runtime& rt, int& rank, int& size) {
   rt.placement = {w.local_rank, w.local_size, w.local_size == w.size ? 0 : w.node_rank, w.local_size == w.size ? 1 : 2};
   rt.store = rt.pmix->gloo_store(std::to_string(rt.generation));
   rt.interface = interface_host(rt.placement.num_nodes, "");
-}
-
-std::string this_host_name() {
-  char name[256] = {};
-  ::gethostname(name, sizeof name - 1);
-  return name;
 }
 
 // Where `rank` sits among the hosts the store's ranks named: ranks of one host share a node, and
@@ -188,7 +186,7 @@ Placement placement_among(const std::vector<std::string>& hosts, int rank, bool&
 
 // The world a program's store describes: every rank writes its host's name and reads the others'.
 void join_through_program_store(Runtime& rt, int rank, int size, const ddl::runtime::ProgramStore& program) {
-  const auto timeout = engine_config(rank).timeout;
+  const auto timeout = ddl::timeout_from_environment();
   auto hosts_store = ddl::runtime::make_program_gloo_store(program, fmt::format("ddl/{}/host", rt.generation), timeout);
   const std::string mine = this_host_name();
   hosts_store->set(std::to_string(rank), std::vector<char>(mine.begin(), mine.end()));
