@@ -26,6 +26,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -779,6 +780,68 @@ TEST_SUITE("engine_threads") {
       // A mismatch fails that op alone: the engine goes on, with the agreed shape still cached.
       CHECK(step(9, a).status == DDL_SUCCESS);
       CHECK(a.cached.size() == kOps);
+    });
+  }
+
+  TEST_CASE("the steady state: a repeated step's ops that come one by one are announced together once per cycle, and fused") {
+    // A cycle far longer than the test: in the steady state the engine thread runs no round of its
+    // own, so what announces the ops is the round of the caller that waits for them.
+    WorldOptions options;
+    options.config = [](int) {
+      EngineConfig c;
+      c.cycle_time = 50s;
+      return c;
+    };
+    for_each_world(options, [](RankContext& ctx) {
+      constexpr int kOps = 8;
+      size_t total = 0;
+      for (int i = 0; i < kOps; ++i) total += 5 + static_cast<size_t>(i);
+      // One training step: grad.i submitted one at a time (a backward pass's hooks), then every
+      // one waited for; checks the sums and returns this rank's announcements of the step.
+      auto step = [&](std::chrono::milliseconds between_ops) {
+        ctx.sync();
+        std::vector<std::vector<float>> in(kOps), out(kOps);
+        std::vector<std::shared_ptr<OpState>> ops;
+        for (int i = 0; i < kOps; ++i) {
+          for (size_t j = 0; j < 5 + static_cast<size_t>(i); ++j) in[i].push_back(input(ctx.rank, i, j));
+          out[i].assign(in[i].size(), -1);
+          ops.push_back(
+              ctx.engine->submit(fmt::format("grad.{}", i), allreduce_spec(DDL_FLOAT32, in[i].size()), in[i].data(), out[i].data()));
+          std::this_thread::sleep_for(between_ops);
+        }
+        for (int i = 0; i < kOps; ++i) {
+          std::string message;
+          CHECK_MESSAGE(ctx.engine->wait(*ops[i], message) == DDL_SUCCESS, "grad.", i, ": ", message);
+          bool right = true;
+          for (size_t j = 0; j < out[i].size(); ++j) right = right && out[i][j] == expected_sum(ctx.size, i, j);
+          CHECK_MESSAGE(right, "grad.", i, " has a wrong sum");
+        }
+        return ctx.probe.take_announcements();
+      };
+      auto cached_ids = [](const std::vector<Announcement>& announcements) {
+        size_t ids = 0;
+        for (const auto& a : announcements) {
+          CHECK(a.submitted.empty());
+          ids += a.cached.size();
+        }
+        return ids;
+      };
+
+      // The first step negotiates every op in full, as it comes.
+      for (const auto& a : step(0ms)) CHECK(a.cached.empty());
+      ctx.probe.take_allreduces();
+      // The second step: its first op is announced as it comes (the last round announced names in
+      // full), the others wait for the cycle, and the caller's wait announces them all at once.
+      auto second = step(2ms);  // time for a round per op, were one run for each
+      CHECK(second.size() <= 2);
+      CHECK(cached_ids(second) == kOps);
+      const auto second_wire = ctx.probe.take_allreduces();
+      CHECK(second_wire.size() <= 2);
+      // From then on every op of a step is in one announcement, and the step is one allreduce.
+      auto third = step(2ms);
+      CHECK(third.size() == 1);
+      CHECK(cached_ids(third) == kOps);
+      CHECK_WIRE(ctx.probe.take_allreduces(), {{total, 4}});
     });
   }
 

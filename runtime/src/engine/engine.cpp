@@ -169,11 +169,18 @@ void Engine::finalize() {
 
 void Engine::run_loop() {
   for (;;) {
-    sleep_until_due();
+    const Wake wake = sleep_until_due();
     std::lock_guard round_lock(round_mutex_);
     engine_thread_takes_.fetch_add(1, std::memory_order_relaxed);  // before the mark: see take_round_for_caller
     const RoundHolderMark holder(round_holder_, RoundHolder::EngineThread);
     if (stopped_) return;
+    if (wake == Wake::PollGpu) {
+      run_guarded([this] {
+        poll_gpu_between_rounds();
+        return true;
+      });
+      continue;
+    }
     // While this thread waited for the round, a caller of a blocking op may have run the round it
     // woke for: an idle round now would only make the peers' next proposal miss.
     if (!round_due()) continue;
@@ -216,19 +223,37 @@ void Engine::fail_after_transport_error(ddl_status status, const std::string& me
 // compute that would submit the awaited ops. The delay this adds to the op is at most an eighth of
 // what it already waited; a submit here still wakes the thread at once.
 //
+// In the steady state (see steady_) ops are not announced as they come: the thread runs its next
+// round one cycle after the last, and that round announces every op submitted meanwhile, by cache
+// id, so that a backward pass's gradients cost a round per cycle, not one each, and the ops agreed
+// together fuse. CUDA ops in flight are polled every 50 µs meanwhile, without a round. A caller
+// waiting for an op runs the rounds itself at once (run_rounds_until_done), so the pace delays
+// what nobody waits for yet; DDL_CYCLE_TIME_MS=0 turns it off.
+//
 // The cycle counts from the last round this rank ran, whoever ran it: while callers run their own
 // rounds (blocking ops in a loop), an idle round of the engine thread would only stand in the way
 // of their next one (it holds the round and makes a peer's proposal miss).
-void Engine::sleep_until_due() {
+Engine::Wake Engine::sleep_until_due() {
   std::unique_lock lock(mutex_);
   for (;;) {
-    if (has_news()) return;
+    if (paced()) {
+      const Clock::time_point due = paced_round_due();
+      const Clock::time_point now = Clock::now();
+      if (now >= due) return Wake::Round;
+      if (!gpu_busy_) {
+        wake_.wait_until(lock, due);
+        continue;
+      }
+      wake_.wait_until(lock, std::min(due, now + kGpuPollInterval));
+      return Clock::now() >= paced_round_due() ? Wake::Round : Wake::PollGpu;
+    }
+    if (has_news()) return Wake::Round;
     if (waiting_for_peers()) {
       if (auto pause = waiting_backoff(Clock::now()); pause.count() > 0) wake_.wait_for(lock, pause);
-      return;
+      return Wake::Round;
     }
     const Clock::time_point due = idle_round_due();
-    if (Clock::now() >= due) return;
+    if (Clock::now() >= due) return Wake::Round;
     wake_.wait_until(lock, due);
   }
 }
@@ -238,10 +263,21 @@ Engine::Clock::time_point Engine::idle_round_due() const {
   return Clock::time_point(Clock::duration(last_round_.load(std::memory_order_relaxed))) + config_.cycle_time * cycles;
 }
 
+Engine::Clock::time_point Engine::paced_round_due() const {
+  return Clock::time_point(Clock::duration(last_round_.load(std::memory_order_relaxed))) + config_.cycle_time;
+}
+
 // sleep_until_due's reasons, asked again once the engine thread holds the round.
 bool Engine::round_due() {
   std::lock_guard lock(mutex_);
+  if (paced()) return Clock::now() >= paced_round_due();
   return has_news() || waiting_for_peers() || Clock::now() >= idle_round_due();
+}
+
+void Engine::poll_gpu_between_rounds() {
+  poll_gpu_ops();
+  std::lock_guard lock(mutex_);
+  gpu_busy_ = !gpu_in_flight_.empty();
 }
 
 bool Engine::has_news() const { return !inbox_.empty() || finalize_requested_; }
@@ -273,6 +309,7 @@ bool Engine::round() {
     }
     // in_flight_ changes only here, in run() and in finish(), all under the lock; the thread running
     // rounds reads it freely.
+    if (!mine.submitted.empty() || !mine.cached.empty()) steady_ = mine.submitted.empty();
     inbox_order_.clear();
     // A rank with CUDA ops still running is not done yet; announcing that (rather than each rank
     // checking its own) keeps every rank leaving the loop in the same round.
@@ -503,14 +540,13 @@ void Engine::run_agreed(const ProposedOp& op) {
 }
 
 // Zero while the last progress is recent (peers are usually microseconds behind); then an eighth
-// of the time since, at most one cycle (mutex_ held). CUDA ops in flight cap it at 50 µs: only polling sees
-// them finish.
+// of the time since, at most one cycle (mutex_ held). CUDA ops in flight cap it at kGpuPollInterval.
 std::chrono::microseconds Engine::waiting_backoff(Clock::time_point now) const {
   using std::chrono::microseconds;
   const auto quiet = std::chrono::duration_cast<microseconds>(now - last_progress_);
   if (quiet < kQuietBeforeBackoff) return microseconds(0);
   auto pause = std::min(quiet / 8, std::chrono::duration_cast<microseconds>(config_.cycle_time));
-  if (gpu_busy_) pause = std::min(pause, microseconds(50));
+  if (gpu_busy_) pause = std::min(pause, kGpuPollInterval);
   return pause;
 }
 

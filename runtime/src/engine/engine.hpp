@@ -145,10 +145,16 @@ class Engine : public std::enable_shared_from_this<Engine> {
 
   // Rounds run on whichever thread holds round_mutex_: the engine thread, or a caller in run().
   void run_loop();
-  void sleep_until_due();          // the engine thread, between rounds
+  // What the engine thread does once it wakes: run a round, or only see which CUDA ops finished.
+  enum class Wake { Round, PollGpu };
+  Wake sleep_until_due();          // the engine thread, between rounds
   bool round_due();                // whether the engine thread has a round to run (takes mutex_)
   bool has_news() const;           // ops to announce, or ddl_finalize called (mutex_ held)
   bool waiting_for_peers() const;  // ops in flight, host or CUDA (mutex_ held)
+  // In the steady state the engine thread runs a round once per cycle, not per op (mutex_ held).
+  bool paced() const { return steady_ && !finalize_requested_ && (has_news() || waiting_for_peers()); }
+  Clock::time_point paced_round_due() const;  // the next cycle from the last round (mutex_ held)
+  void poll_gpu_between_rounds();             // round_mutex_ held
   // `awaited`: the op a waiting caller wants; the search ends once it is done.
   std::unique_lock<std::mutex> take_round_for_caller(OpState* awaited = nullptr);
   static constexpr int kYieldingPolls = 64;  // take_round_for_caller's polls that yield (later ones sleep)
@@ -256,7 +262,12 @@ class Engine : public std::enable_shared_from_this<Engine> {
   static constexpr int kIdleRoundsBeforeBackoff = 100;
   int idle_rounds_ = 0;  // mutex_: consecutive rounds in which no rank did anything
   static constexpr std::chrono::microseconds kQuietBeforeBackoff{200};
-  Clock::time_point last_progress_{};      // mutex_: the last round that announced or ran something
+  static constexpr std::chrono::microseconds kGpuPollInterval{50};  // only polling sees CUDA ops finish
+  Clock::time_point last_progress_{};                               // mutex_: the last round that announced or ran something
+  // mutex_: the last round in which this rank announced ops announced them all by response-cache id
+  // (a training loop's later steps). Its ops then wait for the next cycle, so that one round
+  // agrees all that came within it (and fuses them), where a round per op ran before.
+  bool steady_ = false;
   bool gpu_busy_ = false;                  // mutex_: CUDA ops were in flight after the last round
   std::atomic<Clock::rep> last_round_{0};  // when this rank last ran a round, by any thread
   std::mutex round_mutex_;                 // held while a round runs; guards the round's state (negotiator_, buffers, gpu_...)
