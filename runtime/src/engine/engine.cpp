@@ -113,6 +113,7 @@ bool Engine::worth_keeping(const PendingOp& op) {
 }
 
 void Engine::add_to_inbox(PendingOp op) {
+  inbox_bytes_ += bytes_of(op.spec);
   if (spare_nodes_.empty()) {
     std::string name = op.name;
     inbox_order_.push_back(&inbox_.try_emplace(std::move(name), std::move(op)).first->second);
@@ -226,7 +227,9 @@ void Engine::fail_after_transport_error(ddl_status status, const std::string& me
 // In the steady state (see steady_) ops are not announced as they come: the thread runs its next
 // round one cycle after the last, and that round announces every op submitted meanwhile, by cache
 // id, so that a backward pass's gradients cost a round per cycle, not one each, and the ops agreed
-// together fuse. CUDA ops in flight are polled every 50 µs meanwhile, without a round. A caller
+// together fuse. Ops enough for a collective of their own (kEagerRoundBytes) go at once: a burst
+// of submissions is then reduced in pieces while the rest still comes, as without the pace.
+// CUDA ops in flight are polled every 50 µs meanwhile, without a round. A caller
 // waiting for an op runs the rounds itself at once (run_rounds_until_done), so the pace delays
 // what nobody waits for yet; DDL_CYCLE_TIME_MS=0 turns it off.
 //
@@ -311,6 +314,7 @@ bool Engine::round() {
     // rounds reads it freely.
     if (!mine.submitted.empty() || !mine.cached.empty()) steady_ = mine.submitted.empty();
     inbox_order_.clear();
+    inbox_bytes_ = 0;
     // A rank with CUDA ops still running is not done yet; announcing that (rather than each rank
     // checking its own) keeps every rank leaving the loop in the same round.
     mine.finalizing = finalize_requested_ && gpu_in_flight_.empty();
@@ -972,6 +976,7 @@ void Engine::fail_everything(ddl_status status, const std::string& message) {
   in_flight_.clear();
   inbox_.clear();
   inbox_order_.clear();
+  inbox_bytes_ = 0;
 }
 
 }  // namespace ddl::runtime

@@ -152,7 +152,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   bool has_news() const;           // ops to announce, or ddl_finalize called (mutex_ held)
   bool waiting_for_peers() const;  // ops in flight, host or CUDA (mutex_ held)
   // In the steady state the engine thread runs a round once per cycle, not per op (mutex_ held).
-  bool paced() const { return steady_ && !finalize_requested_ && (has_news() || waiting_for_peers()); }
+  bool paced() const { return steady_ && !finalize_requested_ && inbox_bytes_ < kEagerRoundBytes && (has_news() || waiting_for_peers()); }
   Clock::time_point paced_round_due() const;  // the next cycle from the last round (mutex_ held)
   void poll_gpu_between_rounds();             // round_mutex_ held
   // `awaited`: the op a waiting caller wants; the search ends once it is done.
@@ -268,6 +268,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // (a training loop's later steps). Its ops then wait for the next cycle, so that one round
   // agrees all that came within it (and fuses them), where a round per op ran before.
   bool steady_ = false;
+  size_t inbox_bytes_ = 0;  // mutex_: the data of the ops in inbox_
+  static constexpr size_t kEagerRoundBytes = size_t{1} << 20;
   bool gpu_busy_ = false;                  // mutex_: CUDA ops were in flight after the last round
   std::atomic<Clock::rep> last_round_{0};  // when this rank last ran a round, by any thread
   std::mutex round_mutex_;                 // held while a round runs; guards the round's state (negotiator_, buffers, gpu_...)
