@@ -19,6 +19,7 @@
 #include "launcher/host.hpp"
 #include "launcher/host_list.hpp"
 #include "launcher/pending_output.hpp"
+#include "launcher/rank_selection.hpp"
 #include "launcher/remote_run.hpp"
 #include "launcher/run_job.hpp"
 
@@ -82,6 +83,7 @@ struct RunFlags {
   bool cpu = false, share_gpus = false, no_prefix = false;
   double grace_seconds = 10;
   std::string output_dir;
+  std::string ranks;
   std::string launcher = "auto";
   std::string gpu_order = "as-listed";
   std::string mpi = "auto";
@@ -108,6 +110,10 @@ RunCommand::RunCommand(CLI::App& app) : flags_(std::make_shared<RunFlags>()) {
       ->capture_default_str()
       ->check(CLI::Range(0, 1000000).description("0 to 1000000"));
   app_->add_flag("--no-prefix", f.no_prefix, "Do not prefix output lines with the worker's rank");
+  app_->add_option("--ranks", f.ranks,
+                   "Show only these ranks' output, e.g. 0,4-7 (every rank's still goes to --output-dir, and a failed "
+                   "rank's last lines to the error)")
+      ->check(not_empty());
   app_->add_option("--output-dir", f.output_dir, "Also write each worker's output to DIR/rank.N.{out,err}")->check(not_empty());
   app_->add_option("--launcher", f.launcher,
                    "Who starts the workers: auto (srun in Slurm, mpiexec/mpirun in PBS, else ddl), local, srun, mpirun, pals")
@@ -169,6 +175,7 @@ int RunCommand::execute(const std::optional<std::vector<std::string>>& program) 
   request.supervision.grace_period = std::chrono::milliseconds(static_cast<long long>(f.grace_seconds * 1000));
   request.supervision.prefix_output = !f.no_prefix;
   request.supervision.output_dir = f.output_dir;
+  if (!f.ranks.empty()) request.supervision.shown_ranks = launcher::RankSelection::parse(f.ranks);
   request.supervision.host = launcher::host_name();
 
   auto log = [](const std::string& message) { std::fprintf(stderr, "ddl: %s\n", message.c_str()); };

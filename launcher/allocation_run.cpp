@@ -275,6 +275,7 @@ RunOutcome run_in_allocation(const RunRequest& request, const backends::Allocati
 
   const AllocationShape shape = shape_of(allocation, env);
   const WorldPlan plan = plan_in_allocation(request, allocation, shape);
+  if (request.supervision.shown_ranks) request.supervision.shown_ranks->check_within(plan.world_size());
   resolve_program(request.command.front(), lookup(env, "PATH").value_or("/usr/bin:/bin"));  // 127 before anything starts
   const TaskLauncher launcher = choose_launcher(request, allocation.scheduler);
 

@@ -257,6 +257,7 @@ RunOutcome run_on_hosts(const RunRequest& request, const Environment& env, const
   if (request.launch.share_gpus && request.launch.gpus_per_node) gpus_for_plan = std::max(gpus_for_plan, 1);
   const HostsPlan hosts = plan_on_hosts(request.launch, request.hosts, gpus_for_plan);
   const WorldPlan& plan = hosts.plan;
+  if (request.supervision.shown_ranks) request.supervision.shown_ranks->check_within(plan.world_size());
   for (int node = 0; node < plan.num_nodes; ++node)
     if (local[static_cast<size_t>(node)])
       require_gpus_for_node(plan, node, gpus_here, request.launch.share_gpus, hosts.hosts[static_cast<size_t>(node)].name);

@@ -86,6 +86,7 @@ RunOutcome run_once(const RunRequest& request, const Environment& env, const std
 
   const GpuInventory gpus = request.launch.cpu_only ? GpuInventory{{}, "--cpu"} : in_order(discover_gpus(env), request.gpu_order);
   const WorldPlan plan = plan_world(request.launch, gpus.count());
+  if (request.supervision.shown_ranks) request.supervision.shown_ranks->check_within(plan.world_size());
   const std::string program = resolve_program(request.command.front(), lookup(env, "PATH").value_or("/usr/bin:/bin"));
 
   raise_open_file_limit();

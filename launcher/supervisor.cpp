@@ -467,8 +467,11 @@ class Run {
   // A worker's text as ddl's output shows it, or as its host's agent relays it.
   std::string shown(Stream& s, std::string_view text, char end) {
     if (options_.relay_with_rank_labels) return relayed_piece(s.rank, text, end);
+    if (!shows(s.rank)) return {};
     return s.terminal->show({s.index, s.rank}, s.prefix, text, end);
   }
+
+  bool shows(int rank) const { return !options_.shown_ranks || options_.shown_ranks->shows(rank); }
 
   static void append_with_end(std::string& to, std::string_view text, char end) {
     to.append(text);
@@ -498,8 +501,10 @@ class Run {
     }
     for (const backends::TaskLine& task : *labelled) {
       const char task_end = task.unfinished ? LineSplitter::kNoEnd : task.redrawn ? '\r' : end;
-      const std::string prefix = options_.prefix_output ? rank_prefix(task.rank) : std::string();
-      to_terminal.append(s.terminal->show({s.index, task.rank}, prefix, task.text, task_end));
+      if (shows(task.rank)) {
+        const std::string prefix = options_.prefix_output ? rank_prefix(task.rank) : std::string();
+        to_terminal.append(s.terminal->show({s.index, task.rank}, prefix, task.text, task_end));
+      }
       if (options_.output_dir.empty()) continue;
       std::string text = task.text;
       append_with_end(text, {}, task_end);

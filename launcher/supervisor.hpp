@@ -16,6 +16,7 @@
 
 #include "backends/launch_layout.hpp"
 #include "common/environment.hpp"
+#include "launcher/rank_selection.hpp"
 
 namespace ddl::launcher {
 
@@ -28,7 +29,10 @@ struct SupervisorOptions {
   std::chrono::milliseconds grace_period{10'000};  // between SIGTERM and SIGKILL
   bool prefix_output = true;                       // "[rank] " before each line
   std::string output_dir;                          // also write rank.N.out / rank.N.err here when set
-  std::string host;                                // this node's name, for the failure summary
+  // --ranks: only these ranks' lines reach ddl's own output (every rank's still go to output_dir,
+  // and a failed rank's last lines to the failure summary); unset: every rank's.
+  std::optional<RankSelection> shown_ranks;
+  std::string host;  // this node's name, for the failure summary
   // On a host of `ddl run -H`, the agent's stdin from the launching host: a line "signal N" acts as
   // signal N arriving, and its end (the connection dropped) as SIGHUP. -1: none.
   int control_fd = -1;

@@ -308,6 +308,12 @@ class HostsTest(unittest.TestCase):
         self.assertEqual({r: v[:4] for r, v in reports.items()}, {0: (0, 2, 0, 0), 1: (1, 2, 0, 1)})
         self.assertEqual(len({v[4] for v in reports.values()}), 1, reports)
 
+    def test_ranks_shows_only_the_chosen_ranks_of_every_host(self):
+        result = self.run_on_hosts("--cpu", "-H", HOSTS, "--ranks", "1,3")
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertEqual(sorted(workers(result.stdout)), [1, 3])
+        self.assertEqual(sorted(rank for rank in lines_by_rank(result.stdout) if rank is not None), [1, 3])
+
     def test_a_failing_worker_on_the_second_host_stops_every_host_with_its_code(self):
         result = self.run_on_hosts("--cpu", "-H", HOSTS, "--grace-period", "5", mode="fail3")
         self.assertEqual(result.returncode, 7, result.stdout + result.stderr)

@@ -68,6 +68,38 @@ class Output(unittest.TestCase):
         result = ddl("-np", "2", "--no-prefix", "--", "sh", "-c", 'echo "plain $RANK"')
         self.assertEqual(sorted(result.stdout.splitlines()), ["plain 0", "plain 1"])
 
+    def test_ranks_shows_only_those_ranks_and_every_rank_still_gets_its_files(self):
+        with tempfile.TemporaryDirectory() as out_dir:
+            result = ddl("-np", "4", "--ranks", "0,2-3", "--output-dir", out_dir, "--", "sh", "-c",
+                         'echo "out $RANK"; echo "err $RANK" >&2')
+            self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertEqual(sorted(result.stdout.splitlines()), ["[0] out 0", "[2] out 2", "[3] out 3"])
+            self.assertEqual(sorted(result.stderr.splitlines()), ["[0] err 0", "[2] err 2", "[3] err 3"])
+            for rank in range(4):
+                with open(os.path.join(out_dir, f"rank.{rank}.out")) as f:
+                    self.assertEqual(f.read(), f"out {rank}\n")
+
+    def test_a_failing_rank_that_ranks_hides_still_shows_its_last_lines_in_the_error(self):
+        script = 'if [ "$RANK" = 1 ]; then echo "rank 1 gives up" >&2; exit 3; fi; echo "rank $RANK waits"; exec sleep 30'
+        result = ddl("-np", "2", "--ranks", "0", "--grace-period", "2", "--", "sh", "-c", script, timeout=60)
+        self.assertEqual(result.returncode, 3, result.stderr)
+        self.assertEqual(result.stdout, "[0] rank 0 waits\n")
+        self.assertNotIn("[1]", result.stderr)
+        self.assertIn("ddl: error: rank 1 on ", result.stderr)
+        self.assertIn("\n  | rank 1 gives up\n", result.stderr)
+
+    def test_bad_ranks_get_one_line_naming_the_flag_and_nothing_runs(self):
+        for value, says in (("2", "--ranks 2: rank 2 is not in this run, whose ranks are 0-1"),
+                            ("1-x", "--ranks '1-x': 'x' is not a rank"),
+                            ("3-1", "--ranks '3-1': the range '3-1' ends before it starts"),
+                            ("0,,1", "--ranks '0,,1': '' is not a rank"),
+                            ("", "--ranks")):
+            with self.subTest(value=value):
+                result = ddl("-np", "2", "--ranks", value, "--", "sh", "-c", "echo ran")
+                self.assertEqual(result.returncode, 2, result.stderr)
+                self.assertIn(says, result.stderr.splitlines()[0])
+                self.assertEqual(result.stdout, "")
+
     def test_output_dir_gets_one_file_per_rank_and_stream(self):
         with tempfile.TemporaryDirectory() as tmp:
             out_dir = os.path.join(tmp, "logs", "run1")

@@ -67,6 +67,11 @@ class Slurm(unittest.TestCase):
         self.assertEqual(len({w["MASTER_PORT"] for w in found.values()}), 1)
         self.assertEqual(len({w["TORCHELASTIC_RUN_ID"] for w in found.values()}), 1)
 
+    def test_ranks_shows_only_the_chosen_tasks_lines(self):
+        result = self.salloc("run", "--ranks", "2", "--", PYTHON, "-c", SHOW_WORKER)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertEqual(sorted(workers(result.stdout)), [2])
+
     def test_counts_that_do_not_fit_the_allocation_are_a_clear_error(self):
         result = self.salloc("run", "--gpus-per-node", "4", "--", "true", alloc=("--gpus-per-node=2",))
         self.assertEqual(result.returncode, 2, result.stderr)
