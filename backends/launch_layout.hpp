@@ -22,6 +22,7 @@ struct TaskLine {
   std::string text;
   bool unfinished = false;  // text of a line that goes on later (relayed by ddl's host agent), not a whole line
   bool redrawn = false;     // a line that ended with '\r' (relayed as a whole line), to be drawn over
+  bool names_host = false;  // not output: `text` is the host the rank runs on (relayed once per stream)
 };
 
 // "3: text" (srun --label, PALS mpiexec --label; the rank may be padded with blanks).

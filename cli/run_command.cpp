@@ -81,6 +81,7 @@ std::vector<std::string> program_to_run(const std::optional<std::vector<std::str
 struct RunFlags {
   int total = 0, nodes = 0, per_node = 0, gpus_per_node = 0, cpus_per_task = 0, max_restarts = 0;
   bool cpu = false, share_gpus = false, no_prefix = false;
+  std::string prefix = "rank";
   double grace_seconds = 10;
   std::string output_dir;
   std::string ranks;
@@ -109,7 +110,11 @@ RunCommand::RunCommand(CLI::App& app) : flags_(std::make_shared<RunFlags>()) {
                    "After a worker fails, stop all and start them again, up to this many times (torchrun's); 0: never")
       ->capture_default_str()
       ->check(CLI::Range(0, 1000000).description("0 to 1000000"));
-  app_->add_flag("--no-prefix", f.no_prefix, "Do not prefix output lines with the worker's rank");
+  auto* no_prefix = app_->add_flag("--no-prefix", f.no_prefix, "Do not prefix output lines with the worker's rank");
+  app_->add_option("--prefix", f.prefix, "What labels each output line: rank ([3] ...), host ([node7:3] ...) or none")
+      ->check(CLI::IsMember({"rank", "host", "none"}))
+      ->capture_default_str()
+      ->excludes(no_prefix);
   app_->add_option("--ranks", f.ranks,
                    "Show only these ranks' output, e.g. 0,4-7 (every rank's still goes to --output-dir, and a failed "
                    "rank's last lines to the error)")
@@ -173,7 +178,8 @@ int RunCommand::execute(const std::optional<std::vector<std::string>>& program) 
                                               : launcher::TaskLauncher::Auto;
   request.gpu_order = f.gpu_order == "reverse" ? launcher::GpuOrder::Reversed : launcher::GpuOrder::AsListed;
   request.supervision.grace_period = std::chrono::milliseconds(static_cast<long long>(f.grace_seconds * 1000));
-  request.supervision.prefix_output = !f.no_prefix;
+  request.supervision.prefix_output = !f.no_prefix && f.prefix != "none";
+  request.supervision.prefix_with_host = f.prefix == "host";
   request.supervision.output_dir = f.output_dir;
   if (!f.ranks.empty()) request.supervision.shown_ranks = launcher::RankSelection::parse(f.ranks);
   request.supervision.host = launcher::host_name();

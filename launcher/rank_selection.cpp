@@ -38,8 +38,7 @@ RankSelection RankSelection::parse(std::string_view text) {
     } else {
       range.first = rank_of(part.substr(0, dash), text);
       range.last = rank_of(part.substr(dash + 1), text);
-      if (range.last < range.first)
-        throw UsageError(fmt::format("--ranks '{}': the range '{}' ends before it starts", text, part), kForm);
+      if (range.last < range.first) throw UsageError(fmt::format("--ranks '{}': the range '{}' ends before it starts", text, part), kForm);
     }
     selection.ranges_.push_back(range);
     start = comma + 1;

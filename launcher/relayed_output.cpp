@@ -17,6 +17,8 @@ std::string relayed_piece(int rank, std::string_view text, char end) {
   return fmt::format("{}{} {}\n", rank, mark, text);
 }
 
+std::string relayed_host(int rank, std::string_view host) { return fmt::format("{}@ {}\n", rank, host); }
+
 std::optional<backends::TaskLine> relayed_line(std::string_view line) {
   size_t digits = 0;
   int rank = 0;
@@ -28,6 +30,7 @@ std::optional<backends::TaskLine> relayed_line(std::string_view line) {
     case ':': return task;
     case '+': task.unfinished = true; return task;
     case '~': task.redrawn = true; return task;
+    case '@': task.names_host = true; return task;
     default: return std::nullopt;
   }
 }
@@ -50,7 +53,7 @@ std::vector<std::string> whole_lines_of(int rank, const std::vector<backends::Ta
   std::vector<std::string> lines;
   std::string line;
   for (const auto& task : tasks) {
-    if (task.rank != rank) continue;
+    if (task.rank != rank || task.names_host) continue;
     line += task.text;
     if (task.unfinished) continue;
     if (!task.redrawn) lines.push_back(line);

@@ -4,7 +4,8 @@
 //   "rank: text\n"  a line that ended with '\n';
 //   "rank~ text\n"  a line redrawn in place (it ended with '\r': a progress bar's update);
 //   "rank+ text\n"  the text of an unfinished line passed before its end
-//                   (LineSplitter::pass_unfinished), which later pieces continue.
+//                   (LineSplitter::pass_unfinished), which later pieces continue;
+//   "rank@ host\n"  not output: the host the rank runs on, first on each stream (--prefix host).
 #pragma once
 
 #include <cstddef>
@@ -25,6 +26,9 @@ constexpr size_t kLongestRelayedText = 1000;
 
 // The relayed form of `text` of `rank` with `end` ('\n', '\r' or LineSplitter::kNoEnd).
 std::string relayed_piece(int rank, std::string_view text, char end);
+
+// The relayed line that names the host `rank` runs on.
+std::string relayed_host(int rank, std::string_view host);
 
 // The task line a relayed line carries (without its '\n'); nullopt for a line of any other form.
 std::optional<backends::TaskLine> relayed_line(std::string_view line);

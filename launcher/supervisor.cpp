@@ -230,7 +230,7 @@ class Run {
                                                     !options_.parent_signals_workers, cgroup_.procs_fd());
     w.group_alive = launch.control_input || !options_.parent_signals_workers;  // a remote shell's session is its own
     if (w.group_alive) guard_->watch(w.process.pid);
-    const std::string prefix = options_.prefix_output ? rank_prefix(launch.rank) : std::string();
+    const std::string prefix = line_prefix(launch.rank, options_.host);
     const LineLabeller* labeller = launch.labeller ? &w.labeller : nullptr;
     const size_t longest_piece = options_.relay_with_rank_labels ? kLongestRelayedText : LineSplitter::kLongestLine;
     Stream& out = streams_.emplace_back();
@@ -256,6 +256,16 @@ class Run {
     err.tail = &w.stderr_tail;
     err.labeller = labeller;
     err.file_suffix = "err";
+    if (options_.relay_with_rank_labels) {  // the launching host's --prefix host needs it
+      output_.add(STDOUT_FILENO, relayed_host(launch.rank, options_.host));
+      output_.add(STDERR_FILENO, relayed_host(launch.rank, options_.host));
+    }
+  }
+
+  // "[rank] ", "[host:rank] " (--prefix host) or nothing (--no-prefix).
+  std::string line_prefix(int rank, const std::string& host) const {
+    if (!options_.prefix_output) return {};
+    return options_.prefix_with_host ? fmt::format("[{}:{}] ", host, rank) : rank_prefix(rank);
   }
 
   // A worker's environment with the guard's mark, by which the guard finds what it forked.
@@ -491,18 +501,26 @@ class Run {
   }
 
   // A task launcher's line: "[rank] text" for each task line it completes (the launcher's own
-  // line as it is), and with --output-dir also the text alone in that rank's file. False when the
-  // line only redraws tasks' lines.
+  // line as it is), and with --output-dir also the text alone in that rank's file; a relayed line
+  // naming a rank's host is kept for its prefix. False when the line only redraws tasks' lines or
+  // names hosts.
   bool emit_labelled(Stream& s, std::string_view line, char end, std::string& to_terminal) {
     std::optional<std::vector<backends::TaskLine>> labelled = (*s.labeller)(line);
     if (!labelled) {
       to_terminal.append(s.terminal->show({s.index, kLaunchersOwnLine}, "", line, end));
       return true;
     }
+    bool output = labelled->empty();
     for (const backends::TaskLine& task : *labelled) {
+      if (task.names_host) {
+        hosts_of_ranks_[task.rank] = task.text;
+        continue;
+      }
+      output = true;
       const char task_end = task.unfinished ? LineSplitter::kNoEnd : task.redrawn ? '\r' : end;
       if (shows(task.rank)) {
-        const std::string prefix = options_.prefix_output ? rank_prefix(task.rank) : std::string();
+        auto host = hosts_of_ranks_.find(task.rank);
+        const std::string prefix = line_prefix(task.rank, host != hosts_of_ranks_.end() ? host->second : "?");
         to_terminal.append(s.terminal->show({s.index, task.rank}, prefix, task.text, task_end));
       }
       if (options_.output_dir.empty()) continue;
@@ -510,7 +528,8 @@ class Run {
       append_with_end(text, {}, task_end);
       write_rank_file(task.rank, s.file_suffix, text);
     }
-    return labelled->empty() || std::any_of(labelled->begin(), labelled->end(), [](const auto& t) { return !t.redrawn; });
+    return output && (labelled->empty() ||
+                      std::any_of(labelled->begin(), labelled->end(), [](const auto& t) { return !t.redrawn && !t.names_host; }));
   }
 
   // At the end of the run: a line left open on ddl's output is ended before ddl's own words.
@@ -817,6 +836,7 @@ class Run {
   TerminalLines* stderr_terminal_;                         // stderr_lines_, or stdout_lines_ when both go to one file
   static constexpr int kLaunchersOwnLine = -1;             // the rank of a task launcher's own lines
   std::map<std::pair<int, std::string>, int> rank_files_;  // a task launcher's per-rank output files
+  std::map<int, std::string> hosts_of_ranks_;              // a task launcher's ranks: where each runs, as its relay said
   bool stopping_ = false;
   int workers_stopped_ = 0;
   int interrupted_by_ = 0;

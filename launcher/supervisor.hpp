@@ -28,6 +28,7 @@ void hold_standard_descriptors();
 struct SupervisorOptions {
   std::chrono::milliseconds grace_period{10'000};  // between SIGTERM and SIGKILL
   bool prefix_output = true;                       // "[rank] " before each line
+  bool prefix_with_host = false;                   // --prefix host: "[host:rank] " instead
   std::string output_dir;                          // also write rank.N.out / rank.N.err here when set
   // --ranks: only these ranks' lines reach ddl's own output (every rank's still go to output_dir,
   // and a failed rank's last lines to the failure summary); unset: every rank's.

@@ -314,6 +314,13 @@ class HostsTest(unittest.TestCase):
         self.assertEqual(sorted(workers(result.stdout)), [1, 3])
         self.assertEqual(sorted(rank for rank in lines_by_rank(result.stdout) if rank is not None), [1, 3])
 
+    def test_prefix_host_labels_each_remote_line_with_its_host_and_rank(self):
+        result = self.run_on_hosts("--cpu", "-H", HOSTS, "--prefix", "host")
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        labels = {line.split("] ", 1)[0] + "]" for line in result.stdout.splitlines() if line.startswith("[")}
+        self.assertEqual(labels, {f"[ddlhost{rank // 2 + 1}:{rank}]" for rank in range(4)})
+        self.assertFalse([line for line in result.stdout.splitlines() if not line.startswith("[ddlhost")], result.stdout)
+
     def test_a_failing_worker_on_the_second_host_stops_every_host_with_its_code(self):
         result = self.run_on_hosts("--cpu", "-H", HOSTS, "--grace-period", "5", mode="fail3")
         self.assertEqual(result.returncode, 7, result.stdout + result.stderr)

@@ -5,6 +5,7 @@ import re
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -67,6 +68,18 @@ class Output(unittest.TestCase):
     def test_prefix_can_be_switched_off(self):
         result = ddl("-np", "2", "--no-prefix", "--", "sh", "-c", 'echo "plain $RANK"')
         self.assertEqual(sorted(result.stdout.splitlines()), ["plain 0", "plain 1"])
+
+    def test_prefix_host_labels_each_line_with_host_and_rank(self):
+        result = ddl("-np", "2", "--prefix", "host", "--", "sh", "-c", 'echo "out $RANK"; echo "err $RANK" >&2')
+        self.assertEqual(result.returncode, 0, result.stderr)
+        host = socket.gethostname()
+        self.assertEqual(sorted(result.stdout.splitlines()), [f"[{host}:0] out 0", f"[{host}:1] out 1"])
+        self.assertEqual(sorted(result.stderr.splitlines()), [f"[{host}:0] err 0", f"[{host}:1] err 1"])
+        plain = ddl("-np", "2", "--prefix", "none", "--", "sh", "-c", 'echo "plain $RANK"')
+        self.assertEqual(sorted(plain.stdout.splitlines()), ["plain 0", "plain 1"])
+        both = ddl("-np", "2", "--prefix", "host", "--no-prefix", "--", "true")
+        self.assertEqual(both.returncode, 2, both.stderr)
+        self.assertIn("--prefix", both.stderr)
 
     def test_ranks_shows_only_those_ranks_and_every_rank_still_gets_its_files(self):
         with tempfile.TemporaryDirectory() as out_dir:

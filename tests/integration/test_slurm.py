@@ -72,6 +72,13 @@ class Slurm(unittest.TestCase):
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
         self.assertEqual(sorted(workers(result.stdout)), [2])
 
+    def test_prefix_host_labels_each_task_line_with_its_node_and_rank(self):
+        result = self.salloc("run", "--prefix", "host", "--", "sh", "-c", 'echo "out $RANK"; echo "err $RANK" >&2')
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertEqual(sorted(result.stdout.splitlines()), [f"[{self.node}:{rank}] out {rank}" for rank in range(4)])
+        self.assertEqual(sorted(line for line in result.stderr.splitlines() if line.startswith("[")),
+                         [f"[{self.node}:{rank}] err {rank}" for rank in range(4)])
+
     def test_counts_that_do_not_fit_the_allocation_are_a_clear_error(self):
         result = self.salloc("run", "--gpus-per-node", "4", "--", "true", alloc=("--gpus-per-node=2",))
         self.assertEqual(result.returncode, 2, result.stderr)

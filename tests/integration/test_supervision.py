@@ -1,6 +1,7 @@
 """Fail-fast, signals and clean-up of `ddl run`, checked against the real process table."""
 import os
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -486,8 +487,10 @@ class RelayingExec(unittest.TestCase):
                   "sys.stdout.write(' done\\n10%\\r20%\\rend\\n'); sys.stdout.flush()\n"
                   "print('oops', file=sys.stderr)\n")
         out, err = self.start(script).communicate(timeout=30)
-        self.assertEqual(out, b"3+ Loading...\n3:  done\n3~ 10%\n3~ 20%\n3: end\n")
-        self.assertEqual(err, b"3: oops\n")
+        # Each stream first names the host the rank runs on (for ddl run --prefix host).
+        host = socket.gethostname().encode()
+        self.assertEqual(out, b"3@ " + host + b"\n3+ Loading...\n3:  done\n3~ 10%\n3~ 20%\n3: end\n")
+        self.assertEqual(err, b"3@ " + host + b"\n3: oops\n")
 
     def test_it_ends_with_the_worker_s_code_or_by_its_signal(self):
         for script, code in (("import sys; sys.exit(5)", 5), ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", -signal.SIGKILL)):
@@ -499,6 +502,7 @@ class RelayingExec(unittest.TestCase):
                           "signal.signal(signal.SIGTERM, lambda s, f: sys.exit(3))\n"
                           "print('ready', flush=True)\n"
                           "time.sleep(60)\n")
+        self.assertEqual(proc.stdout.readline(), b"3@ " + socket.gethostname().encode() + b"\n")
         self.assertEqual(proc.stdout.readline(), b"3: ready\n")
         proc.terminate()
         proc.communicate(timeout=30)

@@ -52,3 +52,15 @@ TEST_CASE("a failure summary gets a rank's whole lines: unfinished pieces joined
   CHECK(whole_lines_of(0, tasks, 10) == std::vector<std::string>{"other rank"});
   CHECK(whole_lines_of(1, tasks, 2) == std::vector<std::string>{"Traceback", "Error: x"});  // the last ones
 }
+
+TEST_CASE("a rank's host is relayed as a line of its own, read back as no output, under a launcher's label too") {
+  CHECK(relayed_host(5, "nid001234") == "5@ nid001234\n");
+  auto host = relayed_line("5@ nid001234");
+  REQUIRE(host);
+  CHECK((host->rank == 5 && host->text == "nid001234" && host->names_host && !host->unfinished && !host->redrawn));
+  CHECK(unwrapped({5, "5@ nid001234"}).names_host);
+  CHECK_FALSE(unwrapped({4, "5@ nid001234"}).names_host);  // another rank's: the launcher's line as it is
+  CHECK(starts_relayed_line(5, " 5@ nid001234"));          // after OpenMPI 5's blank
+  const std::vector<TaskLine> tasks{{5, "nid001234", false, false, true}, {5, "Traceback"}};
+  CHECK(whole_lines_of(5, tasks, 10) == std::vector<std::string>{"Traceback"});
+}
