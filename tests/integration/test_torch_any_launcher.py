@@ -165,6 +165,44 @@ class PlainSrun(unittest.TestCase):
         for rank in range(2):
             self.assertIn(f"rank {rank} sum 3.0 program store", result.stdout)
 
+    def test_hvd_init_under_plain_srun_without_torch_s_variables_fails_on_every_task_naming_srun(self):
+        # Alone, each task would train a model of its own and succeed: the silent wrong result.
+        env = {k: v for k, v in {**slurm_env(), "PYTHONPATH": PACKAGE}.items() if not k.startswith(("DDL_", "PMIX_"))}
+        with tempfile.TemporaryDirectory() as tmp:
+            result = subprocess.run(["srun", "-N1", "-n2", "--mpi=none", PYTHON, "-c", "import ddl.torch as hvd; hvd.init()"],
+                                    env=env, cwd=tmp, capture_output=True, text=True, timeout=240)
+        self.assertNotEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertEqual(result.stderr.count("SLURM_STEP_NUM_TASKS=2 says srun started this process as one of 2, but libddl "
+                                             "cannot join the others"), 2, result.stderr)
+
+
+class UnjoinableWorld(unittest.TestCase):
+    """A process a launcher started as one of several, where libddl cannot join the others (no ddl
+    run, no PMIx, no torch store to go by): refused at init, naming the variable, instead of
+    training alone."""
+
+    def init(self, **env):
+        code = "import ddl.torch as hvd; hvd.init(); print('alone', hvd.rank(), hvd.size())"
+        return subprocess.run([PYTHON, "-c", code], env=clean_env(**env), cwd=HERE, capture_output=True, text=True, timeout=120)
+
+    def test_each_launcher_s_count_is_refused_naming_it(self):
+        for name, launcher in (("WORLD_SIZE", "torchrun, mp.spawn or a site's recipe"), ("SLURM_STEP_NUM_TASKS", "srun"),
+                               ("OMPI_COMM_WORLD_SIZE", "mpirun"), ("PMI_SIZE", "mpiexec")):
+            with self.subTest(name=name):
+                result = self.init(**{name: "4"})
+                self.assertNotEqual(result.returncode, 0, result.stdout)
+                self.assertIn(f"{name}=4 says {launcher} started this process as one of 4, but libddl cannot join the others",
+                              result.stderr)
+                self.assertIn("DDL_BOOTSTRAP=single", result.stderr)
+                self.assertNotIn("alone", result.stdout)
+
+    def test_a_world_of_one_or_ddl_bootstrap_single_runs_alone(self):
+        for env in ({"WORLD_SIZE": "1"}, {"WORLD_SIZE": "4", "DDL_BOOTSTRAP": "single"}, {}):
+            with self.subTest(env=env):
+                result = self.init(**env)
+                self.assertEqual(result.returncode, 0, result.stderr)
+                self.assertEqual(result.stdout, "alone 0 1\n")
+
 
 if __name__ == "__main__":
     unittest.main()

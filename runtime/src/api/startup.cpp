@@ -88,7 +88,29 @@ runtime::EngineConfig engine_config(int rank) {
 
 namespace {
 
-// store: `ddl run`'s store; pmix: a PMIx launcher; single: this process alone.
+// What says a launcher started this process as one of several, in a way libddl cannot join
+// ("WORLD_SIZE=4 says torchrun ... started this process as one of 4"), if anything does.
+std::optional<std::string> world_libddl_cannot_join() {
+  static const std::pair<const char*, const char*> kLaunchers[] = {
+      {"OMPI_COMM_WORLD_SIZE", "mpirun"},
+      {"PMI_SIZE", "mpiexec"},
+      {"SLURM_STEP_NUM_TASKS", "srun"},
+      {"WORLD_SIZE", "torchrun, mp.spawn or a site's recipe"},
+  };
+  for (const auto& [name, launcher] : kLaunchers) {
+    const char* v = std::getenv(name);
+    if (v == nullptr) continue;
+    char* end = nullptr;
+    const long size = std::strtol(v, &end, 10);
+    if (end != v && *end == '\0' && size > 1)
+      return fmt::format("{}={} says {} started this process as one of {}", name, v, launcher, size);
+  }
+  return std::nullopt;
+}
+
+// store: `ddl run`'s store; pmix: a PMIx launcher; single: this process alone. A process that a
+// launcher started as one of several, but that libddl cannot join, is refused: alone, each would
+// train a model of its own and report success (DDL_BOOTSTRAP=single asks for that on purpose).
 std::string bootstrap_mode() {
   const char* forced = std::getenv(contract::kBootstrap);
   if (forced != nullptr && *forced != '\0') {
@@ -99,6 +121,13 @@ std::string bootstrap_mode() {
   }
   if (std::getenv(contract::kStoreAddr) != nullptr) return "store";
   if (std::getenv("PMIX_RANK") != nullptr && ddl::runtime::pmix_compiled_in()) return "pmix";
+  if (auto launched = world_libddl_cannot_join())
+    throw ddl::Error(
+        fmt::format("{}, but libddl cannot join the others from here{}: start the "
+                    "program with `ddl run` (inside the allocation too), or, from torch, let init_process_group(\"ddl\") "
+                    "or ddl.torch's init() join through torch's store (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); "
+                    "DDL_BOOTSTRAP=single runs it alone on purpose",
+                    *launched, std::getenv("PMIX_RANK") != nullptr ? " (this libddl was built without PMIx)" : ""));
   return "single";
 }
 
