@@ -510,13 +510,11 @@ class Run {
       to_terminal.append(s.terminal->show({s.index, kLaunchersOwnLine}, "", line, end));
       return true;
     }
-    bool output = labelled->empty();
     for (const backends::TaskLine& task : *labelled) {
       if (task.names_host) {
         hosts_of_ranks_[task.rank] = task.text;
         continue;
       }
-      output = true;
       const char task_end = task.unfinished ? LineSplitter::kNoEnd : task.redrawn ? '\r' : end;
       if (shows(task.rank)) {
         auto host = hosts_of_ranks_.find(task.rank);
@@ -528,8 +526,7 @@ class Run {
       append_with_end(text, {}, task_end);
       write_rank_file(task.rank, s.file_suffix, text);
     }
-    return output && (labelled->empty() ||
-                      std::any_of(labelled->begin(), labelled->end(), [](const auto& t) { return !t.redrawn && !t.names_host; }));
+    return labelled->empty() || std::any_of(labelled->begin(), labelled->end(), [](const auto& t) { return !t.redrawn && !t.names_host; });
   }
 
   // At the end of the run: a line left open on ddl's output is ended before ddl's own words.
