@@ -93,8 +93,13 @@ class Output(unittest.TestCase):
                     self.assertEqual(f.read(), f"out {rank}\n")
 
     def test_a_failing_rank_that_ranks_hides_still_shows_its_last_lines_in_the_error(self):
-        script = 'if [ "$RANK" = 1 ]; then echo "rank 1 gives up" >&2; exit 3; fi; echo "rank $RANK waits"; exec sleep 30'
-        result = ddl("-np", "2", "--ranks", "0", "--grace-period", "2", "--", "sh", "-c", script, timeout=60)
+        # Rank 1 fails only once rank 0's line is written, so that the stop cannot come before it.
+        with tempfile.TemporaryDirectory() as scratch:
+            ready = os.path.join(scratch, "rank0-wrote")
+            script = (f'if [ "$RANK" = 1 ]; then while [ ! -e {ready} ]; do sleep 0.05; done; '
+                      'echo "rank 1 gives up" >&2; exit 3; fi; '
+                      f'echo "rank $RANK waits"; touch {ready}; exec sleep 30')
+            result = ddl("-np", "2", "--ranks", "0", "--grace-period", "2", "--", "sh", "-c", script, timeout=60)
         self.assertEqual(result.returncode, 3, result.stderr)
         self.assertEqual(result.stdout, "[0] rank 0 waits\n")
         self.assertNotIn("[1]", result.stderr)
