@@ -22,7 +22,15 @@ struct TaskLine {
   std::string text;
   bool unfinished = false;  // text of a line that goes on later (relayed by ddl's host agent), not a whole line
   bool redrawn = false;     // a line that ended with '\r' (relayed as a whole line), to be drawn over
-  bool names_host = false;  // not output: `text` is the host the rank runs on (relayed once per stream)
+  // Not output, but word from the rank's supervisor (relayed_output.hpp says how each is relayed).
+  enum class Notice : char {
+    kNone,       // output
+    kHost,       // `text` is the host the rank runs on (relayed once per stream)
+    kProgress,   // the rank's libddl completed ops (for the hang watchdog)
+    kStack,      // `text` is a line of the rank's stacks
+    kStacksEnd,  // the rank's stacks are complete; `text`, when not empty, says why there are none
+  };
+  Notice notice = Notice::kNone;
 };
 
 // "3: text" (srun --label, PALS mpiexec --label; the rank may be padded with blanks).

@@ -16,6 +16,7 @@ struct ExecFlags {
   bool relay = false;
   bool escaped_separators = false;
   double grace_seconds = 10;
+  double hang_seconds = 0;
 };
 
 ExecCommand::ExecCommand(CLI::App& app) : flags_(std::make_shared<ExecFlags>()) {
@@ -33,6 +34,10 @@ ExecCommand::ExecCommand(CLI::App& app) : flags_(std::make_shared<ExecFlags>()) 
   app_->add_option("--grace-period", f.grace_seconds, "With --relay: seconds between SIGTERM and SIGKILL when stopping the program")
       ->capture_default_str()
       ->check(seconds_at_most(86400));
+  app_->add_option("--hang-timeout", f.hang_seconds,
+                   "With --relay: relay the program's libddl progress, and its stacks after this many seconds without output "
+                   "or progress (what ddl run --hang-timeout uses)")
+      ->check(seconds_at_most(365.0 * 86400));
   app_->prefix_command();
   show_program_in_usage(*app_);
   app_->footer("Example (inside sbatch): srun --ntasks-per-node 4 ddl exec -- python3 train.py");
@@ -48,6 +53,7 @@ int ExecCommand::execute(const std::optional<std::vector<std::string>>& program)
   request.gpu_order = flags_->gpu_order == "reverse" ? launcher::GpuOrder::Reversed : launcher::GpuOrder::AsListed;
   request.relay_output = flags_->relay;
   request.grace_period = std::chrono::milliseconds(static_cast<long long>(flags_->grace_seconds * 1000));
+  if (flags_->hang_seconds > 0) request.hang_timeout = std::chrono::milliseconds(static_cast<long long>(flags_->hang_seconds * 1000));
   return launcher::exec_task(request, current_environment());
 }
 

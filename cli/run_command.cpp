@@ -52,6 +52,9 @@ std::string outcome_text(const launcher::RunOutcome& o) {
       text += fmt::format("hint: {}\n", hint);
   } else if (o.interrupted_by) {
     text = fmt::format("ddl: interrupted by {}; stopped {} worker(s)\n", signal_name(o.interrupted_by), o.workers_stopped);
+  } else if (o.hung_after) {
+    text = fmt::format("ddl: error: the run hung: nothing moved for {} s (--hang-timeout; the stacks are above); stopped {} worker(s)\n",
+                       std::chrono::duration_cast<std::chrono::seconds>(*o.hung_after).count(), o.workers_stopped);
   }
   return text;
 }
@@ -83,6 +86,8 @@ struct RunFlags {
   bool cpu = false, share_gpus = false, no_prefix = false;
   std::string prefix = "rank";
   double grace_seconds = 10;
+  double hang_seconds = 0;
+  std::string hang_action = "stop";
   std::string output_dir;
   std::string ranks;
   std::string launcher = "auto";
@@ -106,6 +111,13 @@ RunCommand::RunCommand(CLI::App& app) : flags_(std::make_shared<RunFlags>()) {
   app_->add_option("--grace-period", f.grace_seconds, "Seconds between SIGTERM and SIGKILL when stopping workers")
       ->capture_default_str()
       ->check(seconds_at_most(86400));
+  app_->add_option("--hang-timeout", f.hang_seconds,
+                   "Seconds without output from any worker and without a completed libddl op after which the run is hung: every "
+                   "rank's stacks are shown, and the run stops (exit 124)")
+      ->check(seconds_at_most(365.0 * 86400));
+  app_->add_option("--hang-action", f.hang_action, "What a hang (and Ctrl-\\) does after showing the stacks: stop the run, or report only")
+      ->check(CLI::IsMember({"stop", "report"}))
+      ->capture_default_str();
   app_->add_option("--max-restarts,--max_restarts", f.max_restarts,
                    "After a worker fails, stop all and start them again, up to this many times (torchrun's); 0: never")
       ->capture_default_str()
@@ -178,6 +190,12 @@ int RunCommand::execute(const std::optional<std::vector<std::string>>& program) 
                                               : launcher::TaskLauncher::Auto;
   request.gpu_order = f.gpu_order == "reverse" ? launcher::GpuOrder::Reversed : launcher::GpuOrder::AsListed;
   request.supervision.grace_period = std::chrono::milliseconds(static_cast<long long>(f.grace_seconds * 1000));
+  if (app_->count("--hang-timeout") > 0) {
+    if (f.hang_seconds <= 0)
+      throw UsageError("--hang-timeout must be more than 0 seconds", "give the seconds of quiet that mean a hang, e.g. --hang-timeout 600");
+    request.supervision.hang_timeout = std::chrono::milliseconds(static_cast<long long>(f.hang_seconds * 1000));
+  }
+  request.supervision.hang_report_only = f.hang_action == "report";
   request.supervision.prefix_output = !f.no_prefix && f.prefix != "none";
   request.supervision.prefix_with_host = f.prefix == "host";
   request.supervision.output_dir = f.output_dir;

@@ -16,6 +16,14 @@ inline constexpr const char* kStoreAddr = "DDL_STORE_ADDR";    // host:port of t
 inline constexpr const char* kStoreToken = "DDL_STORE_TOKEN";  // the per-run secret the store demands
 inline constexpr const char* kRunId = "DDL_RUN_ID";            // this run's id (job id + step under a scheduler)
 
+// Set by the supervisor that starts the worker (ddl run, a host's agent, ddl exec), for its hang
+// watchdog: the folder where each rank leaves signs of life and its stacks, and the signal that asks
+// for them. In the folder, libddl touches "rank.N.progress" when ops complete (once a second at
+// most), and ddl's Python start-up hook registers faulthandler for the signal with its output in
+// "rank.N.PID.stacks"; the supervisor signals only the processes that left such a file.
+inline constexpr const char* kWatchDir = "DDL_WATCH_DIR";
+inline constexpr const char* kStacksSignal = "DDL_STACKS_SIGNAL";
+
 // A numeric setting of libddl: the user's, checked alike by `ddl run` before it starts anything and
 // by libddl in every worker (number_from_environment).
 struct NumberSetting {

@@ -176,6 +176,10 @@ PreparedLaunch launch_command(const RunRequest& request, TaskLauncher launcher, 
   layout.task_command = {this_executable(), "exec", "--relay", "--grace-period",
                          fmt::format("{}", static_cast<double>(request.supervision.grace_period.count()) / 1000)};
   if (!plan.gpu_workers) layout.task_command.emplace_back("--cpu");
+  if (request.supervision.hang_timeout)
+    layout.task_command.insert(
+        layout.task_command.end(),
+        {"--hang-timeout", fmt::format("{}", static_cast<double>(request.supervision.hang_timeout->count()) / 1000)});
   if (request.gpu_order == GpuOrder::Reversed) layout.task_command.insert(layout.task_command.end(), {"--gpu-order", "reverse"});
   // The user's words cross srun/mpirun/mpiexec with their lone ":"s escaped (program_separators.hpp).
   layout.task_command.insert(layout.task_command.end(), {"--escaped-separators", "--"});
@@ -307,6 +311,7 @@ RunOutcome run_in_allocation(const RunRequest& request, const backends::Allocati
   task_launcher.env = launcher_env;
   task_launcher.labeller = prepared.labeller;
   task_launcher.interrupt_signal = SIGTERM;  // srun wants two SIGINTs within a second to stop
+  for (int rank = 0; rank < plan.world_size(); ++rank) task_launcher.relayed_ranks.push_back(rank);
   RunOutcome outcome = supervisor.run({task_launcher});
   explain_failure(outcome, launcher, shape, plan, *launcher_reports);
   return outcome;

@@ -91,6 +91,7 @@ std::string run_id_of(const Environment& env) {
 SupervisorOptions relay_options(const ExecRequest& request, const TaskIdentity& id) {
   SupervisorOptions options;
   options.grace_period = request.grace_period;
+  options.hang_timeout = request.hang_timeout;
   options.host = host_name();
   options.relay_with_rank_labels = true;
   options.parent_signals_workers = id.source.starts_with("Slurm");

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,9 @@ struct ExecRequest {
   // launcher, which passes whole lines only, would hold it.
   bool relay_output = false;
   std::chrono::milliseconds grace_period{10'000};  // --grace-period: with --relay, SIGTERM to SIGKILL
+  // --hang-timeout: with --relay, the program's libddl progress is relayed, and its stacks after
+  // each such time without output or progress (for ddl run's hang watchdog).
+  std::optional<std::chrono::milliseconds> hang_timeout;
 };
 
 // The contract environment of the task `id` over `env`. GPU workers are what ddl run planned

@@ -64,6 +64,7 @@ int run_host_agent(int control_fd) {
   options.host = host_name();
   options.control_fd = control_fd;
   options.relay_with_rank_labels = true;
+  if (job.hang_timeout_ms > 0) options.hang_timeout = std::chrono::milliseconds(job.hang_timeout_ms);
   Supervisor supervisor(options);  // before any thread could start
 
   Environment env = job.env;

@@ -19,6 +19,22 @@ std::string relayed_piece(int rank, std::string_view text, char end) {
 
 std::string relayed_host(int rank, std::string_view host) { return fmt::format("{}@ {}\n", rank, host); }
 
+std::string relayed_progress(int rank) { return fmt::format("{}* \n", rank); }
+
+std::string relayed_stacks(int rank, std::string_view stacks, std::string_view none_because) {
+  std::string relayed;
+  size_t start = 0;
+  while (start < stacks.size()) {
+    size_t end = stacks.find('\n', start);
+    if (end == std::string_view::npos) end = stacks.size();
+    std::string_view line = stacks.substr(start, std::min(end - start, kLongestRelayedText));
+    relayed += fmt::format("{}# {}\n", rank, line);
+    start = end + 1;
+  }
+  relayed += fmt::format("{}! {}\n", rank, none_because);
+  return relayed;
+}
+
 std::optional<backends::TaskLine> relayed_line(std::string_view line) {
   size_t digits = 0;
   int rank = 0;
@@ -30,7 +46,10 @@ std::optional<backends::TaskLine> relayed_line(std::string_view line) {
     case ':': return task;
     case '+': task.unfinished = true; return task;
     case '~': task.redrawn = true; return task;
-    case '@': task.names_host = true; return task;
+    case '@': task.notice = backends::TaskLine::Notice::kHost; return task;
+    case '*': task.notice = backends::TaskLine::Notice::kProgress; return task;
+    case '#': task.notice = backends::TaskLine::Notice::kStack; return task;
+    case '!': task.notice = backends::TaskLine::Notice::kStacksEnd; return task;
     default: return std::nullopt;
   }
 }
@@ -53,7 +72,7 @@ std::vector<std::string> whole_lines_of(int rank, const std::vector<backends::Ta
   std::vector<std::string> lines;
   std::string line;
   for (const auto& task : tasks) {
-    if (task.rank != rank || task.names_host) continue;
+    if (task.rank != rank || task.notice != backends::TaskLine::Notice::kNone) continue;
     line += task.text;
     if (task.unfinished) continue;
     if (!task.redrawn) lines.push_back(line);

@@ -5,7 +5,10 @@
 //   "rank~ text\n"  a line redrawn in place (it ended with '\r': a progress bar's update);
 //   "rank+ text\n"  the text of an unfinished line passed before its end
 //                   (LineSplitter::pass_unfinished), which later pieces continue;
-//   "rank@ host\n"  not output: the host the rank runs on, first on each stream (--prefix host).
+//   "rank@ host\n"  not output: the host the rank runs on, first on each stream (--prefix host);
+//   "rank* \n"      not output: the rank's libddl completed ops (the hang watchdog's sign of life);
+//   "rank# text\n"  not output: a line of the rank's stacks, asked for by the hang watchdog;
+//   "rank! why\n"   not output: the rank's stacks are complete (`why` says why there are none).
 #pragma once
 
 #include <cstddef>
@@ -29,6 +32,13 @@ std::string relayed_piece(int rank, std::string_view text, char end);
 
 // The relayed line that names the host `rank` runs on.
 std::string relayed_host(int rank, std::string_view host);
+
+// The relayed line that says `rank`'s libddl completed ops.
+std::string relayed_progress(int rank);
+
+// The relayed lines of `rank`'s stacks (each line cut at kLongestRelayedText), ended by the line
+// that says they are complete; `none_because` says why `stacks` is empty, if it is.
+std::string relayed_stacks(int rank, std::string_view stacks, std::string_view none_because);
 
 // The task line a relayed line carries (without its '\n'); nullopt for a line of any other form.
 std::optional<backends::TaskLine> relayed_line(std::string_view line);

@@ -108,6 +108,7 @@ std::string encode_remote_job(const RemoteJob& job) {
             {"env", environment_to_json(job.env)},
             {"grace_period_ms", job.grace_period_ms}};
   if (job.cpus_per_task) j["cpus_per_task"] = *job.cpus_per_task;
+  if (job.hang_timeout_ms > 0) j["hang_timeout_ms"] = job.hang_timeout_ms;
   if (!job.plan.uniform()) j["node_sizes"] = job.plan.node_sizes;
   return j.dump();  // every string in it is UTF-8 (bytes_to_json)
 }
@@ -144,6 +145,7 @@ RemoteJob decode_remote_job(const std::string& line) {
     job.working_dir = bytes_from_json(j.at("working_dir"));
     job.env = environment_from_json(j.at("env"));
     job.grace_period_ms = integer_at(j, "grace_period_ms", 0, 86'400'000);  // ddl run's --grace-period: a day at most
+    if (j.contains("hang_timeout_ms")) job.hang_timeout_ms = integer_at(j, "hang_timeout_ms", 1, 365LL * 86'400'000);
     if (j.contains("cpus_per_task")) job.cpus_per_task = static_cast<int>(integer_at(j, "cpus_per_task", 1, 1 << 20));
     if (job.command.empty()) throw Error("the launching host sent no program");
     return job;

@@ -25,6 +25,7 @@ struct RemoteJob {
   std::string working_dir;
   Environment env;  // the launching environment, less what belongs to the launching host
   long long grace_period_ms = 10'000;
+  long long hang_timeout_ms = 0;  // ddl run's --hang-timeout; 0: none
 };
 
 std::string encode_remote_job(const RemoteJob& job);  // one line, no newline

@@ -298,6 +298,7 @@ RunOutcome run_on_hosts(const RunRequest& request, const Environment& env, const
   job.working_dir = std::filesystem::current_path(ec).string();
   job.env = forwarded_environment(env);
   job.grace_period_ms = request.supervision.grace_period.count();
+  if (request.supervision.hang_timeout) job.hang_timeout_ms = request.supervision.hang_timeout->count();
 
   std::vector<WorkerLaunch> launches;
   std::map<int, RemoteHost> remote_by_rank;  // by the first rank of each remote host
@@ -312,6 +313,7 @@ RunOutcome run_on_hosts(const RunRequest& request, const Environment& env, const
     RemoteHost host{hosts.hosts[static_cast<size_t>(node)].name, plan.first_rank_on(node)};
     job.node_rank = node;
     WorkerLaunch launch = remote_launch(job, host, shell);
+    for (const WorkerSlot& slot : plan.slots_on_node(node)) launch.relayed_ranks.push_back(slot.rank);
     launch.program = resolve_program(shell.front(), lookup(env, "PATH").value_or("/usr/bin:/bin"));
     launches.push_back(std::move(launch));
     remote_by_rank.emplace(host.first_rank, host);
@@ -323,7 +325,8 @@ RunOutcome run_on_hosts(const RunRequest& request, const Environment& env, const
       explain_remote_failure(*outcome.failure, it->second, shell.front());
     outcome.exit_code = outcome.failure->exit_code;
   }
-  if (outcome.failure || outcome.interrupted_by) outcome.workers_stopped = plan.world_size() - (outcome.failure ? 1 : 0);
+  if (outcome.failure || outcome.interrupted_by || outcome.hung_after)
+    outcome.workers_stopped = plan.world_size() - (outcome.failure ? 1 : 0);
   if (store.rejected_connections() > 1)
     log(fmt::format("store: rejected {} connections with a wrong or missing token in all", store.rejected_connections()));
   return outcome;

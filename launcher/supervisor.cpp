@@ -12,10 +12,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <deque>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <thread>
 
 #include <fmt/format.h>
@@ -27,6 +29,7 @@
 #include "launcher/pending_output.hpp"
 #include "launcher/relayed_output.hpp"
 #include "launcher/run_cgroup.hpp"
+#include "launcher/stacks.hpp"
 #include "launcher/terminal_lines.hpp"
 #include "launcher/worker_process.hpp"
 
@@ -106,9 +109,22 @@ struct Worker {
   std::deque<std::string> stderr_tail;
   LineLabeller labeller;
   int interrupt_signal = 0;
-  int control_fd = -1;       // write end of a remote shell's stdin, or -1
-  bool group_alive = false;  // its process group (its pid) is its own and not yet found empty
+  int control_fd = -1;             // write end of a remote shell's stdin, or -1
+  std::vector<int> relayed_ranks;  // a host's agent's or a task launcher's ranks
+  bool group_alive = false;        // its process group (its pid) is its own and not yet found empty
 };
+
+// The line on a host agent's stdin that asks it to relay its workers' stacks.
+constexpr std::string_view kStacksRequest = "stacks";
+
+// How often libddl's marks of progress are looked at.
+constexpr std::chrono::seconds kProgressLook{1};
+
+// How a worker that ended shows in a report of stacks.
+std::string ended(int status) {
+  if (WIFSIGNALED(status)) return fmt::format("it had ended, killed by signal {}", WTERMSIG(status));
+  return fmt::format("it had ended, with exit code {}", WEXITSTATUS(status));
+}
 
 // A remote shell still running this long after it was sent SIGKILL for its workers is killed.
 constexpr std::chrono::seconds kRemoteKillWait{3};
@@ -172,6 +188,10 @@ class Run {
       guard_->stand_down();
       throw;
     }
+    if (options_.hang_timeout) {
+      hang_due_ = Clock::now() + *options_.hang_timeout;
+      next_progress_look_ = Clock::now() + kProgressLook;
+    }
     try {
       while (running_workers() > 0) step();
     } catch (...) {
@@ -192,6 +212,20 @@ class Run {
   }
 
  private:
+  // The hang watchdog (SupervisorOptions::hang_timeout) and the stacks of Ctrl-\.
+  struct Collection {
+    enum Why { kHang, kQuit } why = kHang;
+    Clock::time_point since;           // relayed stacks count from here
+    Clock::time_point deadline;        // for the relayed ones
+    std::map<int, RankStacks> stacks;  // by rank: own workers' at once, relayed ones as they come
+    std::set<int> relayed;             // the ranks whose stacks come relayed
+  };
+  struct RelayedStacks {
+    RankStacks stacks;
+    bool complete = false;
+    Clock::time_point at;  // when complete
+  };
+
   void create_output_dir() {
     std::error_code ec;
     std::filesystem::create_directories(options_.output_dir, ec);
@@ -221,10 +255,12 @@ class Run {
   }
 
   void start(const WorkerLaunch& launch, std::pair<int, int> files) {
+    if (!launch.control_input && !launch.labeller && !watch_) watch_.emplace();
     Worker& w = workers_.emplace_back();
     w.rank = launch.rank;
     w.labeller = launch.labeller;
     w.interrupt_signal = launch.interrupt_signal;
+    w.relayed_ranks = launch.relayed_ranks;
     w.process = launch.control_input ? spawn_with_control(launch, w)
                                      : spawn_worker(launch.program, launch.argv, guarded(launch.env), child_mask_, -1,
                                                     !options_.parent_signals_workers, cgroup_.procs_fd());
@@ -268,11 +304,12 @@ class Run {
     return options_.prefix_with_host ? fmt::format("[{}:{}] ", host, rank) : rank_prefix(rank);
   }
 
-  // A worker's environment with the guard's mark, by which the guard finds what it forked.
+  // A worker's environment with the guard's mark, by which the guard finds what it forked, and
+  // the hang watchdog's folder (for a worker, not a task launcher: each task's ddl exec has its own).
   Environment guarded(const Environment& env) const {
-    if (guard_->marker().empty()) return env;
     Environment marked = env;
-    marked[OrphanGuard::kMarkerVariable] = guard_->marker();
+    if (!guard_->marker().empty()) marked[OrphanGuard::kMarkerVariable] = guard_->marker();
+    if (watch_) watch_->add_to(marked);
     return marked;
   }
 
@@ -317,6 +354,7 @@ class Run {
     if (fds[0].revents & POLLIN) handle_signals();
     if (fds[1].revents != 0) read_control();
     show_quiet_unfinished_lines();
+    watch_for_hangs();
     if (kill_deadline_ && Clock::now() >= *kill_deadline_) {
       escalated_ = true;
       signal_all(SIGKILL);
@@ -361,6 +399,9 @@ class Run {
       if (t && (!next || *t < *next)) next = t;
     };
     consider(remote_kill_deadline_);
+    consider(next_progress_look_);
+    if (options_.hang_timeout && !stopping_) consider(hang_due_);
+    if (collection_) consider(collection_->deadline);
     for (const auto& s : streams_) consider(s.unfinished_due);
     if (!next) return -1;
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(*next - Clock::now()).count();
@@ -378,6 +419,7 @@ class Run {
       return;
     }
     control_splitter_.feed(std::string_view(buf, static_cast<size_t>(n)), [&](std::string_view line, char) {
+      if (line == kStacksRequest) return relay_stacks();
       int sig = 0;
       if (std::sscanf(std::string(line).c_str(), "signal %d", &sig) != 1 || sig < 1 || sig >= NSIG) return;
       if (sig == SIGKILL) {
@@ -407,6 +449,7 @@ class Run {
       end_stream(s);
       return;
     }
+    if (s.labeller == nullptr) note_activity();  // a task launcher's lines say what they are (emit_labelled)
     // The --output-dir file gets the bytes as the worker wrote them (carriage returns, a last line
     // without its end, binary); only the terminal view is made of lines.
     write_output_file(s.file_fd, s.rank, s.file_suffix, std::string_view(buf, static_cast<size_t>(n)));
@@ -505,13 +548,21 @@ class Run {
   // naming a rank's host is kept for its prefix. False when the line only redraws tasks' lines or
   // names hosts.
   bool emit_labelled(Stream& s, std::string_view line, char end, std::string& to_terminal) {
+    using Notice = backends::TaskLine::Notice;
     std::optional<std::vector<backends::TaskLine>> labelled = (*s.labeller)(line);
     if (!labelled) {
+      note_activity();
       to_terminal.append(s.terminal->show({s.index, kLaunchersOwnLine}, "", line, end));
       return true;
     }
     for (const backends::TaskLine& task : *labelled) {
-      if (task.names_host) {
+      if (task.notice == Notice::kStack || task.notice == Notice::kStacksEnd) {
+        take_relayed_stacks(task);
+        continue;
+      }
+      note_activity();
+      if (task.notice == Notice::kProgress) continue;
+      if (task.notice == Notice::kHost) {
         hosts_of_ranks_[task.rank] = task.text;
         continue;
       }
@@ -526,7 +577,8 @@ class Run {
       append_with_end(text, {}, task_end);
       write_rank_file(task.rank, s.file_suffix, text);
     }
-    return labelled->empty() || std::any_of(labelled->begin(), labelled->end(), [](const auto& t) { return !t.redrawn && !t.names_host; });
+    return labelled->empty() || std::any_of(labelled->begin(), labelled->end(),
+                                            [](const auto& t) { return !t.redrawn && t.notice == backends::TaskLine::Notice::kNone; });
   }
 
   // At the end of the run: a line left open on ddl's output is ended before ddl's own words.
@@ -540,6 +592,160 @@ class Run {
     auto it = rank_files_.find(key);
     if (it == rank_files_.end()) it = rank_files_.emplace(key, open_output_file(options_.output_dir, rank, suffix)).first;
     write_output_file(it->second, rank, suffix, text);
+  }
+
+  // Output, a relayed line or a libddl op: the run is not hung.
+  void note_activity() {
+    last_activity_ = Clock::now();
+    if (options_.hang_timeout) hang_due_ = last_activity_ + *options_.hang_timeout;
+  }
+
+  // The hang watchdog's turn in each step: libddl's marks of progress once a second, relayed
+  // stacks that completed a collection, and the quiet that makes a hang.
+  void watch_for_hangs() {
+    const auto now = Clock::now();
+    if (next_progress_look_ && now >= *next_progress_look_) look_at_progress();
+    if (collection_ && (now >= collection_->deadline || collection_complete())) finish_collection();
+    if (!options_.hang_timeout || stopping_ || collection_ || now < hang_due_) return;
+    hang_due_ = now + *options_.hang_timeout;  // the next report, should the quiet go on
+    if (options_.relay_with_rank_labels)
+      relay_stacks();
+    else
+      start_collection(Collection::kHang);
+  }
+
+  // New marks of progress are activity; a relaying supervisor relays one of them.
+  void look_at_progress() {
+    next_progress_look_ = Clock::now() + kProgressLook;
+    if (!watch_) return;
+    std::optional<int> progressed;
+    for (const auto& [rank, time] : watch_->progress()) {
+      auto& seen = progress_seen_[rank];
+      if (time == seen) continue;
+      seen = time;
+      if (!progressed) progressed = rank;
+    }
+    if (!progressed) return;
+    note_activity();
+    if (!options_.relay_with_rank_labels) return;
+    output_.add(STDOUT_FILENO, relayed_progress(*progressed));
+    write_pending_output();
+  }
+
+  // The stacks of this supervisor's own workers (not hosts' agents or a task launcher): a worker
+  // that ended says so.
+  std::map<int, RankStacks> own_stacks() {
+    std::map<int, pid_t> running;
+    std::map<int, RankStacks> stacks;
+    for (const auto& w : workers_) {
+      if (w.control_fd >= 0 || w.labeller) continue;
+      if (w.running)
+        running[w.rank] = w.process.pid;
+      else
+        stacks[w.rank].none_because = ended(wait_status_[w.rank]);
+    }
+    if (!running.empty()) stacks.merge(collect_stacks(watch_ ? watch_->path() : "", running, kPythonDumpWait, kNativeStackWait));
+    return stacks;
+  }
+
+  // A relaying supervisor's report: its workers' stacks, relayed for the launching host.
+  void relay_stacks() {
+    for (const auto& [rank, stacks] : own_stacks()) output_.add(STDOUT_FILENO, relayed_stacks(rank, stacks.text, stacks.none_because));
+    write_pending_output();
+  }
+
+  // Ctrl-\: the stacks, then the run stops as SIGQUIT asks (or goes on, with --hang-action report).
+  // A relaying supervisor relays its workers' stacks and goes on: the launching host decides.
+  void on_quit_signal() {
+    if (options_.relay_with_rank_labels) return relay_stacks();
+    if (!collection_) start_collection(Collection::kQuit);
+  }
+
+  // Own workers' stacks at once; stacks relayed by hosts' agents or tasks (which relay them after
+  // each timeout of quiet, or when asked) as they come, until all are in or kRelayedStacksWait.
+  void start_collection(Collection::Why why) {
+    Collection c;
+    c.why = why;
+    c.since = last_activity_;  // relayed stacks from before the quiet began are not the hang's
+    c.deadline = Clock::now();
+    c.stacks = own_stacks();
+    for (const auto& w : workers_) c.relayed.insert(w.relayed_ranks.begin(), w.relayed_ranks.end());
+    if (!c.relayed.empty()) {
+      if (why == Collection::kQuit)
+        for (const auto& w : workers_)
+          if (w.control_fd >= 0 && w.running) write_to_pipe(w.control_fd, fmt::format("{}\n", kStacksRequest));
+      c.deadline = Clock::now() + kRelayedStacksWait;
+    }
+    collection_ = std::move(c);
+  }
+
+  // A relayed line of a rank's stacks, or their end.
+  void take_relayed_stacks(const backends::TaskLine& task) {
+    RelayedStacks& r = relayed_stacks_[task.rank];
+    if (r.complete) r = RelayedStacks{};  // a new dump begins
+    if (task.notice == backends::TaskLine::Notice::kStack) {
+      r.stacks.text += task.text + "\n";
+      return;
+    }
+    r.complete = true;
+    r.at = Clock::now();
+    r.stacks.none_because = task.text;
+  }
+
+  bool fresh(int rank) const {
+    auto it = relayed_stacks_.find(rank);
+    return it != relayed_stacks_.end() && it->second.complete && it->second.at >= collection_->since;
+  }
+
+  bool collection_complete() const {
+    return std::all_of(collection_->relayed.begin(), collection_->relayed.end(), [&](int rank) { return fresh(rank); });
+  }
+
+  void finish_collection() {
+    for (int rank : collection_->relayed) {
+      if (fresh(rank))
+        collection_->stacks[rank] = relayed_stacks_[rank].stacks;
+      else
+        collection_->stacks[rank].none_because =
+            fmt::format("its host sent none within {} s (under srun or mpirun, stacks come only after --hang-timeout's quiet)",
+                        kRelayedStacksWait.count());
+    }
+    const Collection c = std::move(*collection_);
+    collection_.reset();
+    report_stacks(c);
+  }
+
+  // Shows the stacks (and keeps them in --output-dir), then acts: a hang stops the run, and SIGQUIT
+  // (Ctrl-\) stops it as that signal does; with --hang-action report neither does.
+  void report_stacks(const Collection& c) {
+    const std::string header =
+        c.why == Collection::kHang
+            ? fmt::format(
+                  "ddl: no worker has written output or completed a libddl op for {} s (--hang-timeout); the stacks of every "
+                  "rank:\n",
+                  std::chrono::duration_cast<std::chrono::seconds>(*options_.hang_timeout).count())
+            : "ddl: SIGQUIT: the stacks of every rank:\n";
+    const std::string report = header + stacks_report(c.stacks);
+    output_.add(STDERR_FILENO, stderr_terminal_->end_open_line());
+    output_.add(STDERR_FILENO, report);
+    write_pending_output();
+    save_report(report);
+    if (options_.hang_report_only) return;
+    if (c.why == Collection::kQuit) return on_external_signal(SIGQUIT);
+    hung_ = true;
+    begin_stopping(SIGTERM);
+  }
+
+  void save_report(const std::string& report) {
+    if (options_.output_dir.empty()) return;
+    const std::string path = options_.output_dir + "/stacks.txt";
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    const std::time_t now = std::time(nullptr);
+    char when[64];
+    std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", std::localtime(&now));
+    if (fd < 0 || !write_all(fd, fmt::format("# {}\n{}\n", when, report)))
+      output_.add(STDERR_FILENO, fmt::format("ddl: warning: --output-dir: cannot write {}: {}\n", path, std::strerror(errno)));
+    if (fd >= 0) ::close(fd);
   }
 
   void handle_signals() {
@@ -556,6 +762,8 @@ class Run {
         note_signal_the_workers_got(sig);
       else if (passed_on_only(sig))
         signal_running(sig);
+      else if (sig == SIGQUIT && !stopping_)
+        on_quit_signal();
       else
         on_external_signal(sig);
     }
@@ -596,7 +804,7 @@ class Run {
   }
 
   void on_worker_failed(const Worker& w, int status) {
-    if (interrupted_by_) return;  // stopped from outside: not a worker's failure
+    if (interrupted_by_ || hung_) return;  // stopped from outside or as hung: not a worker's failure
     if (failure_) {
       // A worker killed by a signal that ddl did not send, just after a worker exited with an
       // error, is the likelier cause: its peers often exit first, on the broken connection.
@@ -807,12 +1015,15 @@ class Run {
     o.workers_stopped = workers_stopped_;
     o.wait_status = wait_status_;
     o.output_given_up = output_given_up_;
+    if (hung_) o.hung_after = options_.hang_timeout;
     if (failure_) {
       o.failure = failure_;
       o.failure->stderr_tail.assign(failed_worker_->stderr_tail.begin(), failed_worker_->stderr_tail.end());
       o.exit_code = failure_->exit_code;
     } else if (interrupted_by_) {
       o.exit_code = 128 + interrupted_by_;
+    } else if (hung_) {
+      o.exit_code = kHangExitCode;
     }
     return o;
   }
@@ -845,6 +1056,15 @@ class Run {
   bool escalated_ = false;  // ddl has sent SIGKILL
   bool output_given_up_ = false;
   static constexpr std::chrono::milliseconds kRootCauseWindow{500};
+
+  std::optional<WatchDir> watch_;  // the folder this supervisor's workers leave signs of life in
+  Clock::time_point last_activity_ = Clock::now();
+  Clock::time_point hang_due_;
+  std::optional<Clock::time_point> next_progress_look_;
+  std::map<int, std::filesystem::file_time_type> progress_seen_;
+  std::optional<Collection> collection_;
+  std::map<int, RelayedStacks> relayed_stacks_;
+  bool hung_ = false;
 };
 
 }  // namespace

@@ -46,6 +46,14 @@ struct SupervisorOptions {
   // own; workers stay in this process's session, where a launcher that signals the task's process
   // group reaches them.
   bool parent_signals_workers = false;
+  // --hang-timeout: when no worker has written output or completed a libddl op for this long, every
+  // rank's stacks are shown (grouped by identical stack; also in output_dir/stacks.txt) and the run
+  // stops with kHangExitCode, or goes on when hang_report_only (--hang-action report), reporting
+  // again after each further timeout of quiet. A relaying supervisor (relay_with_rank_labels)
+  // relays its ranks' progress instead, and their stacks after each timeout of its own workers'
+  // quiet, for the launching host to report.
+  std::optional<std::chrono::milliseconds> hang_timeout;
+  bool hang_report_only = false;
 };
 
 // Reads one line of a task launcher's output (srun --label, mpirun --tag-output): nullopt for a
@@ -69,6 +77,8 @@ struct WorkerLaunch {
   std::optional<std::string> control_input;
   // What to call this launch in the failure summary when it is not a worker (a host's name).
   std::string host;
+  // A host's agent or a task launcher: the ranks it runs, whose stacks it relays.
+  std::vector<int> relayed_ranks;
 };
 
 struct WorkerFailure {
@@ -89,6 +99,8 @@ struct RunOutcome {
   // A signal ended the wait for a reader of ddl's output that had stopped reading: what it had not
   // taken was dropped, and ddl's own last words must not wait for it either.
   bool output_given_up = false;
+  // --hang-timeout stopped the run: nothing had moved for this long.
+  std::optional<std::chrono::milliseconds> hung_after;
 };
 
 class Supervisor {
@@ -117,6 +129,16 @@ class Supervisor {
 // state) is shown once its stream has been quiet this long, as a terminal would show it; what
 // comes later continues it (TerminalLines keeps the lines of different workers apart).
 inline constexpr std::chrono::milliseconds kUnfinishedLineQuietTime{100};
+
+// What `ddl run` exits with when --hang-timeout stopped it (as timeout(1) does when time ran out).
+inline constexpr int kHangExitCode = 124;
+
+// How long a launching host waits for stacks that hosts' agents or tasks relay.
+inline constexpr std::chrono::seconds kRelayedStacksWait{15};
+// How long a supervisor waits for its Python workers' dumps (written at once, unless a process is
+// stopped or in the kernel), and for gdb on the others.
+inline constexpr std::chrono::seconds kPythonDumpWait{2};
+inline constexpr std::chrono::seconds kNativeStackWait{10};
 
 // Lines of stderr kept per worker for the failure summary.
 inline constexpr size_t kStderrTailLines = 10;

@@ -29,7 +29,7 @@ TEST_CASE("the launching side reads each form back, and no other line as relayed
   CHECK_FALSE(relayed_line("3+x"));
   CHECK_FALSE(relayed_line("3:"));
   CHECK_FALSE(relayed_line(" 3: padded, as srun pads its labels"));
-  CHECK_FALSE(relayed_line("3! x"));
+  CHECK_FALSE(relayed_line("3? x"));
   CHECK_FALSE(relayed_line("ssh: connect to host b port 22: Connection refused"));
 }
 
@@ -57,10 +57,30 @@ TEST_CASE("a rank's host is relayed as a line of its own, read back as no output
   CHECK(relayed_host(5, "nid001234") == "5@ nid001234\n");
   auto host = relayed_line("5@ nid001234");
   REQUIRE(host);
-  CHECK((host->rank == 5 && host->text == "nid001234" && host->names_host && !host->unfinished && !host->redrawn));
-  CHECK(unwrapped({5, "5@ nid001234"}).names_host);
-  CHECK_FALSE(unwrapped({4, "5@ nid001234"}).names_host);  // another rank's: the launcher's line as it is
-  CHECK(starts_relayed_line(5, " 5@ nid001234"));          // after OpenMPI 5's blank
-  const std::vector<TaskLine> tasks{{5, "nid001234", false, false, true}, {5, "Traceback"}};
+  CHECK((host->rank == 5 && host->text == "nid001234" && host->notice == TaskLine::Notice::kHost && !host->unfinished && !host->redrawn));
+  CHECK(unwrapped({5, "5@ nid001234"}).notice == TaskLine::Notice::kHost);
+  CHECK(unwrapped({4, "5@ nid001234"}).notice == TaskLine::Notice::kNone);  // another rank's: the launcher's line as it is
+  CHECK(starts_relayed_line(5, " 5@ nid001234"));                           // after OpenMPI 5's blank
+  const std::vector<TaskLine> tasks{{5, "nid001234", false, false, TaskLine::Notice::kHost}, {5, "Traceback"}};
   CHECK(whole_lines_of(5, tasks, 10) == std::vector<std::string>{"Traceback"});
+}
+
+TEST_CASE("the hang watchdog's notices are relayed as lines of their own and read back as no output") {
+  CHECK(relayed_progress(3) == "3* \n");
+  CHECK(relayed_line("3* ")->notice == TaskLine::Notice::kProgress);
+  // Stacks: one line each, cut to what a launcher passes whole, then the end.
+  const std::string stacks = "Thread 0x1 (most recent call first):\n  File \"t.py\", line 3 in f\n" + std::string(1500, 'x');
+  const std::string relayed = relayed_stacks(3, stacks, "");
+  CHECK(relayed.starts_with("3# Thread 0x1 (most recent call first):\n3#   File \"t.py\", line 3 in f\n3# xxx"));
+  CHECK(relayed.ends_with("\n3! \n"));
+  std::vector<TaskLine> read;
+  size_t start = 0;
+  for (size_t end = relayed.find('\n'); end != std::string::npos; start = end + 1, end = relayed.find('\n', start))
+    read.push_back(*relayed_line(std::string_view(relayed).substr(start, end - start)));
+  REQUIRE(read.size() == 4);
+  CHECK((read[1].notice == TaskLine::Notice::kStack && read[1].text == "  File \"t.py\", line 3 in f"));
+  CHECK(read[2].text.size() == kLongestRelayedText);
+  CHECK((read[3].notice == TaskLine::Notice::kStacksEnd && read[3].text.empty()));
+  CHECK(relayed_stacks(4, "", "not a Python process") == "4! not a Python process\n");
+  CHECK(whole_lines_of(3, read, 10).empty());  // none of it is the rank's output
 }

@@ -8,6 +8,11 @@ change is made when the program imports torch.distributed, and only there.
 - With `ddl run --torch-backend ddl` (DDL_TORCH_BACKEND=ddl): init_process_group makes the world's
   group on libddl's "ddl" backend, whatever backend the script names (gloo, nccl, or none), and so
   do new_group calls that name no backend; an unmodified DDP or Lightning script trains on libddl.
+- With DDL_WATCH_DIR and DDL_STACKS_SIGNAL (set by the supervisor that started the worker, for its
+  hang watchdog and Ctrl-\\): faulthandler writes every thread's stack to
+  DDL_WATCH_DIR/rank.N.PID.stacks on that signal. The file appears only once the handler is in
+  place, and the supervisor signals only processes that hold their file open, since the signal's
+  default would end the process.
 
 It runs the sitecustomize it shadows (a site's or the distribution's) after installing itself, and
 makes ddl's own package importable when the program's path lacks it.
@@ -145,5 +150,30 @@ def _install():
     sys.meta_path.insert(0, _PatchTorchDistributedOnImport(patch))
 
 
+def _register_stack_dump():
+    folder = os.environ.get("DDL_WATCH_DIR")
+    number = os.environ.get("DDL_STACKS_SIGNAL")
+    rank = os.environ.get("DDL_RANK") or os.environ.get("RANK")
+    if not folder or not number or not rank:
+        return
+    global _STACKS_FILE
+    path = os.path.join(folder, f"rank.{rank}.{os.getpid()}.stacks")
+    try:
+        import faulthandler
+        stacks = open(path + ".new", "w")
+        try:
+            faulthandler.register(int(number), file=stacks, all_threads=True, chain=False)
+            os.rename(path + ".new", path)
+        except BaseException:
+            stacks.close()
+            os.unlink(path + ".new")
+            raise
+    except (OSError, ValueError, RuntimeError, AttributeError):
+        return  # no stacks from this process: the watchdog still goes by its output and libddl's ops
+    _STACKS_FILE = stacks  # faulthandler writes to its descriptor: it stays open as long as the process
+
+
+_STACKS_FILE = None
+_register_stack_dump()
 _install()  # first: a shadowed sitecustomize that fails must not leave the job on the script's backend
 _run_shadowed_sitecustomize()

@@ -83,6 +83,8 @@ runtime::EngineConfig engine_config(int rank) {
   c.fusion_threshold = static_cast<size_t>(ddl::number_from_environment(contract::kFusionThreshold));
   c.timeout = ddl::timeout_from_environment();
   if (const char* t = std::getenv(contract::kTimeline); t != nullptr && *t != '\0') c.timeline_path = timeline_path_for(t, rank);
+  if (const char* w = std::getenv(contract::kWatchDir); w != nullptr && *w != '\0')
+    c.progress_path = fmt::format("{}/rank.{}.progress", w, rank);
   return c;
 }
 

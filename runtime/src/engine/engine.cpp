@@ -62,7 +62,8 @@ Engine::Engine(std::unique_ptr<Collectives> collectives, EngineConfig config)
       rank_(collectives_->rank()),
       size_(collectives_->size()),
       negotiator_(size_),
-      timeline_(config_.timeline_path, rank_) {
+      timeline_(config_.timeline_path, rank_),
+      progress_(config_.progress_path) {
   if (!config_.world_ranks.empty()) negotiator_.name_ranks_by(config_.world_ranks);
   // Which ops fuse decides which collectives run, so every rank must use the same threshold: rank
   // 0's, like its clock for stalls.
@@ -960,6 +961,7 @@ void Engine::finish(const std::vector<PendingOp*>& ops, ddl_status status, const
       }
     }
   }
+  if (status == DDL_SUCCESS) progress_.note();
   std::vector<OpState*> settled;
   for (auto& state : states)
     if (state->settle(status, message)) settled.push_back(state.get());

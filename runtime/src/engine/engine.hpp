@@ -19,6 +19,7 @@
 #include "common/worker_contract.hpp"
 #include "runtime/src/engine/negotiator.hpp"
 #include "runtime/src/engine/op_spec.hpp"
+#include "runtime/src/engine/progress_mark.hpp"
 #include "runtime/src/engine/timeline.hpp"
 #include "runtime/src/transports/collectives.hpp"
 #include "runtime/src/transports/gpu_collectives.hpp"
@@ -72,6 +73,7 @@ struct EngineConfig {
   // An op waiting longer for a rank fails.
   std::chrono::milliseconds timeout{static_cast<long long>(contract::kTimeout.fallback * 1000)};
   std::string timeline_path;     // DDL_TIMELINE for this rank; empty = none
+  std::string progress_path;     // the hang watchdog's file for this rank (DDL_WATCH_DIR); empty = none
   std::vector<int> world_ranks;  // a process set's members, which errors name; empty: the world
 };
 
@@ -232,6 +234,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   int size_;
   Negotiator negotiator_;
   Timeline timeline_;
+  ProgressMark progress_;
   std::vector<char> fusion_buffer_;
   std::vector<ReducePiece> pieces_;                                // a fused allreduce's ops, for a transport that needs no fusion buffer
   std::vector<char> scratch_;                                      // reducescatter's and alltoallv's staging buffer

@@ -6,22 +6,9 @@
 
 #include <fmt/format.h>
 
-namespace ddl::runtime {
+#include "common/rank_ranges.hpp"
 
-namespace {
-// "0,2-5,7" for a list of ranks.
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string out;
-  for (size_t i = 0; i < ranks.size();) {
-    size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    if (!out.empty()) out += ",";
-    out += j > i ? fmt::format("{}-{}", ranks[i], ranks[j]) : std::to_string(ranks[i]);
-    i = j + 1;
-  }
-  return out;
-}
-}  // namespace
+namespace ddl::runtime {
 
 std::optional<uint32_t> Negotiator::cached_id(const std::string& name, const OpSpec& spec) const {
   auto it = cache_ids_.find(name);
@@ -320,10 +307,10 @@ std::string Negotiator::stall_message(const std::string& name, const std::vector
 }
 
 std::string Negotiator::ranks_named(const std::vector<int>& ranks, const char* word) const {
-  if (world_ranks_.empty()) return fmt::format("{} {}", word, rank_list(ranks));
+  if (world_ranks_.empty()) return fmt::format("{} {}", word, rank_ranges(ranks));
   std::vector<int> world;
   for (int r : ranks) world.push_back(r >= 0 && static_cast<size_t>(r) < world_ranks_.size() ? world_ranks_[static_cast<size_t>(r)] : r);
-  return fmt::format("world {} {}", word, rank_list(world));
+  return fmt::format("world {} {}", word, rank_ranges(world));
 }
 
 // A join waits for ranks that still train, which may take longer than DDL_TIMEOUT: it stalls only
