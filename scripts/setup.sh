@@ -33,6 +33,7 @@ test_packages=(
   git                             # the pip-install test copies the checkout's files
   python3-tqdm                    # integration tests: a real tqdm progress bar under ddl run
   python3-cloudpickle             # integration tests: broadcast_object of a lambda (Horovod sends objects with cloudpickle)
+  gdb                             # integration tests: the hang watchdog shows a native worker's stack through gdb
 )
 ((for_tests)) && packages+=("${test_packages[@]}")
 

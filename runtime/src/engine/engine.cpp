@@ -511,6 +511,7 @@ std::optional<ddl_status> Engine::run_proposed(PendingOp& op, const Offer& offer
         timeline_.record(op.name, "NEGOTIATE", op.submitted, started);
         timeline_.record(op.name, op_kind_name(s.kind), started, Clock::now());
       }
+      progress_.note();
       outcome = DDL_SUCCESS;
       return true;
     }
