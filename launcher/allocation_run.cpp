@@ -314,6 +314,7 @@ RunOutcome run_in_allocation(const RunRequest& request, const backends::Allocati
   for (int rank = 0; rank < plan.world_size(); ++rank) task_launcher.relayed_ranks.push_back(rank);
   RunOutcome outcome = supervisor.run({task_launcher});
   explain_failure(outcome, launcher, shape, plan, *launcher_reports);
+  if (outcome.hung_after) outcome.workers_stopped = plan.world_size();  // the launcher's tasks, not the launcher
   return outcome;
 }
 

@@ -58,9 +58,9 @@ struct Dump {
   int rank = 0;
   pid_t pid = 0;
   std::string path;
-  uintmax_t from = 0;        // the file's size before the signal
-  uintmax_t last_size = 0;   // at the last look
-  bool settled = false;      // it grew, then stayed the same size for one look
+  uintmax_t from = 0;       // the file's size before the signal
+  uintmax_t last_size = 0;  // at the last look
+  bool settled = false;     // it grew, then stayed the same size for one look
 };
 
 uintmax_t size_of(const std::string& path) {
@@ -295,8 +295,9 @@ std::map<int, RankStacks> collect_stacks(const std::string& watch_dir, const std
     if (trace != traces.end() && !normalized(trace->second).empty()) {
       stacks[rank].text = trace->second;
     } else {
-      stacks[rank].none_because = gdb.empty() ? "not a Python program started by ddl run, and there is no gdb to read a native stack"
-                                              : "not a Python program started by ddl run, and gdb could not read its stack (ptrace refused?)";
+      stacks[rank].none_because = gdb.empty()
+                                      ? "not a Python program started by ddl run, and there is no gdb to read a native stack"
+                                      : "not a Python program started by ddl run, and gdb could not read its stack (ptrace refused?)";
     }
   }
   return stacks;

@@ -25,17 +25,17 @@ class Hangs(unittest.TestCase):
     def test_a_rank_stuck_in_a_loop_while_the_others_wait_in_a_barrier_is_shown_and_the_run_stops(self):
         with tempfile.TemporaryDirectory() as out_dir:
             start = time.monotonic()
-            result = ddl("-np", "3", "--hang-timeout", "4", "--output-dir", out_dir, "--", PYTHON, HANG_WORKER, "barrier_skipped",
+            result = ddl("-np", "3", "--hang-timeout", "8", "--output-dir", out_dir, "--", PYTHON, HANG_WORKER, "barrier_skipped",
                          env=WORKER_ENV, timeout=120)
             took = time.monotonic() - start
             self.assertEqual(result.returncode, 124, result.stderr)
-            self.assertIn("ddl: no worker has written output or completed a libddl op for 4 s (--hang-timeout)", result.stderr)
+            self.assertIn("ddl: no worker has written output or completed a libddl op for 8 s (--hang-timeout)", result.stderr)
             found = groups(result.stderr)
             self.assertIn("ranks 0-1", found, result.stderr)
             self.assertRegex(found["rank 2"], r"^in load_batch \(hang_worker.py:\d+\)$")
             self.assertRegex(result.stderr, r'File ".*hang_worker.py", line \d+ in wait_at_barrier')
             self.assertNotRegex(result.stderr, r"0x[0-9a-f]{6,}")  # thread ids left out
-            self.assertIn("ddl: error: the run hung: nothing moved for 4 s (--hang-timeout; the stacks are above); stopped 3 worker(s)",
+            self.assertIn("ddl: error: the run hung: nothing moved for 8 s (--hang-timeout; the stacks are above); stopped 3 worker(s)",
                           result.stderr)
             self.assertLess(took, 60)  # not libddl's DDL_TIMEOUT
             with open(os.path.join(out_dir, "stacks.txt")) as f:
@@ -44,14 +44,14 @@ class Hangs(unittest.TestCase):
             self.assertRegex(saved, r"^# \d{4}-\d\d-\d\d \d\d:\d\d:\d\d\n")
 
     def test_libddl_ops_without_output_are_not_a_hang(self):
-        # Longer than the timeout twice over, silent but for the ops: each completed op is a sign of life.
-        result = ddl("-np", "2", "--hang-timeout", "5", "--", PYTHON, HANG_WORKER, "quiet_allreduces", "12", env=WORKER_ENV, timeout=120)
+        # Twice the timeout and more, silent but for the ops: each completed op is a sign of life.
+        result = ddl("-np", "2", "--hang-timeout", "8", "--", PYTHON, HANG_WORKER, "quiet_allreduces", "18", env=WORKER_ENV, timeout=120)
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertNotIn("stacks", result.stderr)
         self.assertEqual(result.stdout.count("done"), 2)
 
     def test_report_shows_the_stacks_and_lets_the_run_go_on(self):
-        result = ddl("-np", "2", "--hang-timeout", "3", "--hang-action", "report", "--", PYTHON, HANG_WORKER, "quiet", "8",
+        result = ddl("-np", "2", "--hang-timeout", "6", "--hang-action", "report", "--", PYTHON, HANG_WORKER, "quiet", "12",
                      env=WORKER_ENV, timeout=120)
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertIn("ddl: ranks 0-1: in <module> (hang_worker.py:", result.stderr)
@@ -77,7 +77,11 @@ class Hangs(unittest.TestCase):
         finally:
             proc.kill()
         self.assertEqual(proc.returncode, 128 + signal.SIGQUIT, err)
-        self.assertIn("ddl: SIGQUIT: the stacks of every rank:\nddl: ranks 0-1: in <module> (hang_worker.py:", err)
+        self.assertIn("ddl: SIGQUIT: the stacks of every rank:\n", err)
+        # Both in the script's body: together when both were in its sleep, apart when one was still printing.
+        found = groups(err)
+        self.assertIn(set(found), ({"ranks 0-1"}, {"rank 0", "rank 1"}), err)
+        self.assertTrue(all(where.startswith("in <module> (hang_worker.py:") for where in found.values()), err)
         self.assertIn("ddl: interrupted by SIGQUIT", err)
 
     def test_without_the_flag_a_quiet_run_is_never_stopped(self):

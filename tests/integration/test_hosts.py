@@ -321,6 +321,20 @@ class HostsTest(unittest.TestCase):
         self.assertEqual(labels, {f"[ddlhost{rank // 2 + 1}:{rank}]" for rank in range(4)})
         self.assertFalse([line for line in result.stdout.splitlines() if not line.startswith("[ddlhost")], result.stdout)
 
+    def test_a_hang_across_hosts_shows_the_stacks_of_every_host_s_ranks_grouped_and_stops_the_run(self):
+        # ddlhost1's ranks run under the launching ddl, ddlhost2's under its agent, which relays their stacks.
+        hang_worker = os.path.join(SOURCE, "tests", "integration", "hang_worker.py")
+        env = {"PYTHONPATH": os.path.join(SOURCE, "build", "python"), "DDL_TIMEOUT": "600"}
+        result = on_host("ddlhost1", DDL, "run", "--cpu", "-H", HOSTS, "--hang-timeout", "10", "--", PYTHON, hang_worker,
+                         "barrier_skipped", env=env, timeout=180)
+        self.assertEqual(result.returncode, 124, result.stdout + result.stderr)
+        self.assertRegex(result.stderr, r"\nddl: ranks 0-2: in barrier \(host_ops.py:\d+\)\n")
+        self.assertRegex(result.stderr, r"\nddl: rank 3: in load_batch \(hang_worker.py:\d+\)\n")
+        self.assertIn("ddl: error: the run hung: nothing moved for 10 s (--hang-timeout; the stacks are above); stopped 4 worker(s)",
+                      result.stderr)
+        for host in ("ddlhost1", "ddlhost2"):  # each supervisor's folder went with it
+            self.assertEqual(on_host(host, "sh", "-c", "ls -d /tmp/ddl-watch.* 2>/dev/null").stdout, "", host)
+
     def test_a_failing_worker_on_the_second_host_stops_every_host_with_its_code(self):
         result = self.run_on_hosts("--cpu", "-H", HOSTS, "--grace-period", "5", mode="fail3")
         self.assertEqual(result.returncode, 7, result.stdout + result.stderr)
@@ -353,6 +367,24 @@ class HostsTest(unittest.TestCase):
             for rank in range(4):
                 self.assertIn(f"rank {rank} on ddlhost{rank // 2 + 1} got {sig.name}", out)
             self.assert_nothing_left()
+
+    def test_sigquit_shows_the_stacks_of_every_host_s_ranks_and_report_lets_the_run_go_on(self):
+        # The remote host's agent is asked for its ranks' stacks; with --hang-action report the run
+        # goes on, and a SIGTERM then ends it as usual.
+        launcher = start_on_host("ddlhost1", DDL, "run", "--cpu", "-H", HOSTS, "--hang-action", "report", "--", PYTHON, "-c", WORKER,
+                                 self.marker, "wait", self.shared)
+        self.wait_for_workers(4)
+        ddl_pid = self.launching_ddl()
+        os.kill(ddl_pid, signal.SIGQUIT)
+        time.sleep(3)
+        self.assertGreaterEqual(len([p for p in processes_with(self.marker) if comm(p) != "ddl"]), 4)  # still running
+        os.kill(ddl_pid, signal.SIGTERM)
+        out, err = launcher.communicate(timeout=60)
+        self.assertEqual(launcher.returncode, 128 + signal.SIGTERM, out + err)
+        self.assertRegex(err, r"ddl: SIGQUIT: the stacks of every rank:\nddl: ranks 0-3: in <module> \(<string>:\d+\)\n")
+        for rank in range(4):
+            self.assertIn(f"rank {rank} on ddlhost{rank // 2 + 1} got SIGTERM", out)
+        self.assert_nothing_left()
 
     def test_ctrl_z_stops_every_remote_worker_and_fg_resumes_them(self):
         launcher = start_on_host("ddlhost1", DDL, "run", "--cpu", "-H", HOSTS, "--", PYTHON, "-c", WORKER, self.marker, "wait", self.shared)

@@ -241,6 +241,20 @@ class Slurm(unittest.TestCase):
         finally:
             kill_leftovers(marker)
 
+    def test_a_hang_under_srun_shows_every_task_s_stacks_grouped_and_ends_the_step(self):
+        # Each task's ddl exec relays its worker's stacks after the quiet; ddl run groups and stops.
+        env = slurm_env()
+        env.update(PYTHONPATH=os.path.join(SOURCE, "build", "python"), DDL_TIMEOUT="600")
+        hang_worker = os.path.join(SOURCE, "tests", "integration", "hang_worker.py")
+        result = run(["salloc", "-N1", "--gpus-per-node=4", DDL, "run", "--cpu", "-np", "4", "--hang-timeout", "12", "--", PYTHON, hang_worker,
+                      "barrier_skipped"], env=env, timeout=180)
+        self.assertEqual(result.returncode, 124, result.stdout + result.stderr)
+        self.assertRegex(result.stderr, r"\nddl: ranks 0-2: in barrier \(host_ops.py:\d+\)\n")
+        self.assertRegex(result.stderr, r"\nddl: rank 3: in load_batch \(hang_worker.py:\d+\)\n")
+        self.assertIn("ddl: error: the run hung: nothing moved for 12 s (--hang-timeout; the stacks are above); stopped 4 worker(s)",
+                      result.stderr)
+        self.assertTrue(wait_until(lambda: not [p for p in processes_with("hang_worker.py")], 20), "tasks outlived the hung step")
+
     def test_sigterm_to_ddl_run_inside_salloc_stops_every_task(self):
         marker = unique_marker()
         proc = subprocess.Popen(["salloc", "-N1", "--gpus-per-node=4", DDL, "run", "--", "sleep", marker], env=slurm_env(),
