@@ -258,6 +258,7 @@ std::string ddl_run_line(const SiteProfile& site, const std::map<std::string, st
   if (v.count("cpus_per_task")) words.insert(words.end(), {"--cpus-per-task", v.at("cpus_per_task")});
   words.insert(words.end(), {"--launcher", site.launcher});
   if (site.gpu_order == "reverse") words.insert(words.end(), {"--gpu-order", "reverse"});
+  if (site.hang_timeout > 0) words.insert(words.end(), {"--hang-timeout", std::to_string(site.hang_timeout)});
   words.emplace_back("--");
   if (site.container && v.count("image"))
     for (const auto& w : site.container->wrap) words.push_back(fill(w, v, site, "container command", false));

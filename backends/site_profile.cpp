@@ -161,10 +161,10 @@ std::string one_of(const json& j, const std::string& source, const char* field, 
   profile_error(source, field, fmt::format("is '{}'; it must be one of {}", value, fmt::join(allowed, ", ")));
 }
 
-const std::vector<std::string> kFields = {"name",       "description", "scheduler",   "login_host", "gpus_per_node", "cores_per_node",
-                                          "gpu_vendor", "launcher",    "gpu_order",   "defaults",   "required",      "patterns",
-                                          "forbidden",  "partitions",  "gpu_request", "directives", "module_use",    "modules",
-                                          "setup",      "environment", "container",   "match",      "jupyter",       "notes"};
+const std::vector<std::string> kFields = {
+    "name",     "description", "scheduler", "login_host", "gpus_per_node", "cores_per_node", "gpu_vendor",  "launcher",   "gpu_order",
+    "defaults", "required",    "patterns",  "forbidden",  "partitions",    "gpu_request",    "directives",  "module_use", "modules",
+    "setup",    "environment", "container", "match",      "jupyter",       "notes",          "hang_timeout"};
 
 std::optional<std::string> builtin_text(const std::string& name) {
   for (const auto& site : builtin_sites())
@@ -294,6 +294,7 @@ SiteProfile parse_site(const json& j, const std::string& source, const std::stri
   p.gpu_vendor = one_of(j, source, "gpu_vendor", {"nvidia", "amd", "intel", "none"}, "nvidia");
   p.launcher = one_of(j, source, "launcher", {"srun", "pals", "mpirun"}, p.scheduler == Scheduler::Slurm ? "srun" : "mpirun");
   p.gpu_order = one_of(j, source, "gpu_order", {"as-listed", "reverse"}, "as-listed");
+  p.hang_timeout = int_field(j, source, "hang_timeout", 0, 0);
   p.defaults = option_strings(j, source, "defaults");
   require_count_defaults(p.defaults, source);
   for (const auto& option : string_list(j, source, "required")) p.required.push_back(option_key(source, "required", option));

@@ -50,6 +50,7 @@ struct SiteProfile {
   std::string gpu_vendor = "nvidia";  // nvidia, amd, intel, none
   std::string launcher;               // srun, pals, mpirun
   std::string gpu_order = "as-listed";
+  int hang_timeout = 0;                          // seconds: the `ddl run` line's --hang-timeout; 0: none
   std::map<std::string, std::string> defaults;   // option -> value when the user gives none
   std::vector<std::string> required;             // options that must have a value
   std::map<std::string, OptionRule> patterns;    // option -> rule its value must follow

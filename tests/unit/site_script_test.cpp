@@ -275,6 +275,16 @@ TEST_CASE("a user profile overrides a built-in field by field, and says where ea
   CHECK(load_site("mycluster").gpus_per_node == 2);
 }
 
+TEST_CASE("a profile's hang_timeout gives the script's ddl run line --hang-timeout; a bad one names the field") {
+  UserSites sites({{"perlmutter", R"({"hang_timeout": 1800})"}, {"neuron", R"({"hang_timeout": -5})"}});
+  const std::string script = render_job_script(load_site("perlmutter"), job({{"nodes", "2"}, {"account", "m1234_g"}})).text;
+  CHECK(script.find(" --launcher srun --gpu-order reverse --hang-timeout 1800 -- python3 train.py") != std::string::npos);
+  CHECK_THROWS_WITH_AS(load_site("neuron"), doctest::Contains("field 'hang_timeout' must be a whole number from 0"), ddl::UsageError);
+  UserSites without({});  // the built-in profile, which sets none
+  CHECK(render_job_script(load_site("perlmutter"), job({{"nodes", "2"}, {"account", "m1234_g"}})).text.find("--hang-timeout") ==
+        std::string::npos);
+}
+
 TEST_CASE("a broken profile names the file and the field") {
   UserSites sites({{"typo", R"({"scheduler": "slurm", "gpu_per_node": 4})"},
                    {"badtype", R"({"scheduler": "slurm", "gpus_per_node": "four"})"},
