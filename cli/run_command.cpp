@@ -191,8 +191,8 @@ int RunCommand::execute(const std::optional<std::vector<std::string>>& program) 
   request.gpu_order = f.gpu_order == "reverse" ? launcher::GpuOrder::Reversed : launcher::GpuOrder::AsListed;
   request.supervision.grace_period = std::chrono::milliseconds(static_cast<long long>(f.grace_seconds * 1000));
   if (app_->count("--hang-timeout") > 0) {
-    if (f.hang_seconds <= 0)
-      throw UsageError("--hang-timeout must be more than 0 seconds", "give the seconds of quiet that mean a hang, e.g. --hang-timeout 600");
+    if (f.hang_seconds < 1)
+      throw UsageError("--hang-timeout must be 1 second or more", "give the seconds of quiet that mean a hang, e.g. --hang-timeout 600");
     request.supervision.hang_timeout = std::chrono::milliseconds(static_cast<long long>(f.hang_seconds * 1000));
   }
   request.supervision.hang_report_only = f.hang_action == "report";

@@ -1,5 +1,6 @@
 #include "launcher/relayed_output.hpp"
 
+#include <algorithm>
 #include <cctype>
 
 #include <fmt/format.h>
@@ -27,7 +28,10 @@ std::string relayed_stacks(int rank, std::string_view stacks, std::string_view n
   while (start < stacks.size()) {
     size_t end = stacks.find('\n', start);
     if (end == std::string_view::npos) end = stacks.size();
-    std::string_view line = stacks.substr(start, std::min(end - start, kLongestRelayedText));
+    std::string line(stacks.substr(start, std::min(end - start, kLongestRelayedText)));
+    // A '\r' or another control character would end or garble the line on its way.
+    std::replace_if(
+        line.begin(), line.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 && c != '\t'; }, '?');
     relayed += fmt::format("{}# {}\n", rank, line);
     start = end + 1;
   }

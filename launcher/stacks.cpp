@@ -69,12 +69,15 @@ uintmax_t size_of(const std::string& path) {
   return ec ? 0 : size;
 }
 
+// A dump's text: what the file gained since `from`, at most kLongestDump of it.
 std::string read_from(const std::string& path, uintmax_t from) {
+  constexpr size_t kLongestDump = 1 << 20;
   std::ifstream in(path, std::ios::binary);
   in.seekg(static_cast<std::streamoff>(from));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+  std::string text(kLongestDump, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  return text;
 }
 
 // Signals every registered Python process of `workers`' ranks that still holds its file.
@@ -138,11 +141,12 @@ std::map<pid_t, std::string> gdb_backtraces(const std::string& gdb, const std::v
     std::vector<const char*> argv{gdb.c_str(), "-nx", "-batch", "-p", pid_text.c_str(), "-ex", "thread apply all bt", nullptr};
     const pid_t child = ::fork();
     if (child == 0) {
+      ::setpgid(0, 0);  // the terminal's Ctrl-C and Ctrl-\ are for ddl, not for its gdb
       sigset_t none;
       sigemptyset(&none);
       ::sigprocmask(SIG_SETMASK, &none, nullptr);  // ddl's supervisor blocks the signals it reads from a signalfd
       ::dup2(fds[1], STDOUT_FILENO);
-      const int null = ::open("/dev/null", O_RDWR);
+      const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
       ::dup2(null, STDIN_FILENO);
       ::dup2(null, STDERR_FILENO);
       ::execv(gdb.c_str(), const_cast<char* const*>(argv.data()));
@@ -181,13 +185,18 @@ std::map<pid_t, std::string> gdb_backtraces(const std::string& gdb, const std::v
   }
   std::map<pid_t, std::string> traces;
   for (auto& r : running) {
-    if (r.fd >= 0) ::close(r.fd);
+    const bool out_of_time = r.fd >= 0;
+    if (out_of_time) ::close(r.fd);
     ::kill(r.gdb_pid, SIGKILL);  // ended already, or out of time
     ::waitpid(r.gdb_pid, nullptr, 0);
+    // A gdb killed while attached can leave its target stopped: the worker must go on as it was.
+    if (out_of_time) ::kill(r.target, SIGCONT);
     traces[r.target] = std::move(r.text);
   }
   return traces;
 }
+
+constexpr size_t kLongestStackLine = 4096;
 
 // A stack as it is shown and compared: thread ids, addresses, process ids and a frame's argument
 // values left out (they differ between ranks that are in the same place), gdb's chatter dropped.
@@ -199,6 +208,7 @@ std::string normalized(const std::string& stacks) {
   std::string line, shown;
   std::smatch m;
   while (std::getline(lines, line)) {
+    if (line.size() > kLongestStackLine) continue;  // std::regex recurses per character; no frame is this long
     if (std::regex_match(line, m, python_thread)) {
       shown += "Thread " + m[2].str() + "\n";
     } else if (line.starts_with("  File ") || line.starts_with("Stack (most recent call first)")) {
@@ -222,6 +232,7 @@ std::string where(const std::string& shown) {
   bool first_of_thread = false;
   std::smatch m;
   while (std::getline(lines, line)) {
+    if (line.size() > kLongestStackLine) continue;
     if (line.starts_with("Thread") || line.starts_with("Stack")) {
       first_of_thread = true;
       continue;
@@ -243,7 +254,12 @@ int stacks_signal() { return SIGRTMIN + 5; }
 WatchDir::WatchDir() {
   const char* tmp = std::getenv("TMPDIR");
   std::string pattern = fmt::format("{}/ddl-watch.XXXXXX", tmp != nullptr && *tmp != '\0' ? tmp : "/tmp");
-  if (::mkdtemp(pattern.data()) != nullptr) path_ = pattern;
+  if (::mkdtemp(pattern.data()) == nullptr) return;
+  // As the kernel names it (no symbolic link, not relative): the path a worker's open file shows
+  // in /proc, and one that still holds after a worker changes directory.
+  std::error_code ec;
+  const fs::path real = fs::canonical(pattern, ec);
+  path_ = ec ? pattern : real.string();
 }
 
 WatchDir::~WatchDir() {

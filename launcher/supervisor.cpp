@@ -194,6 +194,7 @@ class Run {
     }
     try {
       while (running_workers() > 0) step();
+      if (collection_) finish_collection();  // every worker ended meanwhile: the stacks still show
     } catch (...) {
       // ddl itself failed mid-run (an output file, poll): no worker may outlive it.
       signal_all(SIGKILL);
@@ -419,7 +420,7 @@ class Run {
       return;
     }
     control_splitter_.feed(std::string_view(buf, static_cast<size_t>(n)), [&](std::string_view line, char) {
-      if (line == kStacksRequest) return relay_stacks();
+      if (line == kStacksRequest) return relay_own_stacks();
       int sig = 0;
       if (std::sscanf(std::string(line).c_str(), "signal %d", &sig) != 1 || sig < 1 || sig >= NSIG) return;
       if (sig == SIGKILL) {
@@ -603,13 +604,15 @@ class Run {
   // The hang watchdog's turn in each step: libddl's marks of progress once a second, relayed
   // stacks that completed a collection, and the quiet that makes a hang.
   void watch_for_hangs() {
+    if (output_.full()) note_activity();  // the workers wait for ddl's reader, not the other way round
+    if (paused_) note_activity();         // stopped (Ctrl-Z) on purpose
     const auto now = Clock::now();
     if (next_progress_look_ && now >= *next_progress_look_) look_at_progress();
     if (collection_ && (now >= collection_->deadline || collection_complete())) finish_collection();
     if (!options_.hang_timeout || stopping_ || collection_ || now < hang_due_) return;
     hang_due_ = now + *options_.hang_timeout;  // the next report, should the quiet go on
     if (options_.relay_with_rank_labels)
-      relay_stacks();
+      relay_own_stacks();
     else
       start_collection(Collection::kHang);
   }
@@ -649,7 +652,7 @@ class Run {
   }
 
   // A relaying supervisor's report: its workers' stacks, relayed for the launching host.
-  void relay_stacks() {
+  void relay_own_stacks() {
     for (const auto& [rank, stacks] : own_stacks()) output_.add(STDOUT_FILENO, relayed_stacks(rank, stacks.text, stacks.none_because));
     write_pending_output();
   }
@@ -657,31 +660,46 @@ class Run {
   // Ctrl-\: the stacks, then the run stops as SIGQUIT asks (or goes on, with --hang-action report).
   // A relaying supervisor relays its workers' stacks and goes on: the launching host decides.
   void on_quit_signal() {
-    if (options_.relay_with_rank_labels) return relay_stacks();
-    if (!collection_) start_collection(Collection::kQuit);
+    if (options_.relay_with_rank_labels) return relay_own_stacks();
+    if (collection_)  // a second Ctrl-\ does not wait for the stacks
+      return on_external_signal(SIGQUIT);
+    start_collection(Collection::kQuit);
   }
 
   // Own workers' stacks at once; stacks relayed by hosts' agents or tasks (which relay them after
   // each timeout of quiet, or when asked) as they come, until all are in or kRelayedStacksWait.
+  // A host's agent is asked; a task launcher's tasks relay theirs only after a quiet of their own
+  // (they know no way to be asked), so without --hang-timeout none come from them.
   void start_collection(Collection::Why why) {
+    const auto now = Clock::now();
     Collection c;
     c.why = why;
-    c.since = last_activity_;  // relayed stacks from before the quiet began are not the hang's
-    c.deadline = Clock::now();
     c.stacks = own_stacks();
-    for (const auto& w : workers_) c.relayed.insert(w.relayed_ranks.begin(), w.relayed_ranks.end());
-    if (!c.relayed.empty()) {
-      if (why == Collection::kQuit)
-        for (const auto& w : workers_)
-          if (w.control_fd >= 0 && w.running) write_to_pipe(w.control_fd, fmt::format("{}\n", kStacksRequest));
-      c.deadline = Clock::now() + kRelayedStacksWait;
+    bool asked = false;
+    for (const auto& w : workers_) {
+      if (w.relayed_ranks.empty()) continue;
+      const char* gone = w.labeller ? "the task launcher had ended" : "its host's agent had ended";
+      const bool will_relay = w.running && (w.control_fd >= 0 || options_.hang_timeout);
+      for (int rank : w.relayed_ranks) {
+        if (will_relay)
+          c.relayed.insert(rank);
+        else
+          c.stacks[rank].none_because = w.running ? "under srun or mpirun, stacks come only after a quiet of --hang-timeout" : gone;
+      }
+      if (why == Collection::kQuit && w.running && w.control_fd >= 0)
+        asked |= write_to_pipe(w.control_fd, fmt::format("{}\n", kStacksRequest));
     }
+    // Relayed stacks count from the start of the quiet (those of an earlier report excepted), or
+    // from the request when the agents were asked.
+    c.since = asked ? now : std::max(last_activity_, last_collection_);
+    c.deadline = c.relayed.empty() ? now : now + kRelayedStacksWait;
+    last_collection_ = now;
     collection_ = std::move(c);
   }
 
   // A relayed line of a rank's stacks, or their end.
   void take_relayed_stacks(const backends::TaskLine& task) {
-    RelayedStacks& r = relayed_stacks_[task.rank];
+    RelayedStacks& r = relayed_dumps_[task.rank];
     if (r.complete) r = RelayedStacks{};  // a new dump begins
     if (task.notice == backends::TaskLine::Notice::kStack) {
       r.stacks.text += task.text + "\n";
@@ -693,8 +711,8 @@ class Run {
   }
 
   bool fresh(int rank) const {
-    auto it = relayed_stacks_.find(rank);
-    return it != relayed_stacks_.end() && it->second.complete && it->second.at >= collection_->since;
+    auto it = relayed_dumps_.find(rank);
+    return it != relayed_dumps_.end() && it->second.complete && it->second.at >= collection_->since;
   }
 
   bool collection_complete() const {
@@ -704,11 +722,9 @@ class Run {
   void finish_collection() {
     for (int rank : collection_->relayed) {
       if (fresh(rank))
-        collection_->stacks[rank] = relayed_stacks_[rank].stacks;
+        collection_->stacks[rank] = relayed_dumps_[rank].stacks;
       else
-        collection_->stacks[rank].none_because =
-            fmt::format("its host sent none within {} s (under srun or mpirun, stacks come only after --hang-timeout's quiet)",
-                        kRelayedStacksWait.count());
+        collection_->stacks[rank].none_because = fmt::format("its host sent none within {} s", kRelayedStacksWait.count());
     }
     const Collection c = std::move(*collection_);
     collection_.reset();
@@ -730,7 +746,7 @@ class Run {
     output_.add(STDERR_FILENO, report);
     write_pending_output();
     save_report(report);
-    if (options_.hang_report_only) return;
+    if (options_.hang_report_only || stopping_) return;  // a failure or a signal already stops the run
     if (c.why == Collection::kQuit) return on_external_signal(SIGQUIT);
     hung_ = true;
     begin_stopping(SIGTERM);
@@ -906,6 +922,7 @@ class Run {
   // host's agent is told to do so; a task launcher (srun, mpirun) gets SIGTSTP and stops its tasks
   // as it does (mpirun stops them; srun as its version and site allow).
   void pause_workers() {
+    paused_ = true;
     for (const auto& w : workers_) {
       if (!w.running) continue;
       if (w.control_fd >= 0)
@@ -915,7 +932,11 @@ class Run {
     }
   }
 
-  void resume_workers() { signal_running(SIGCONT); }
+  void resume_workers() {
+    paused_ = false;
+    note_activity();  // the time stopped is no quiet of the workers'
+    signal_running(SIGCONT);
+  }
 
   // After the last worker: whatever they left behind (in their groups, or re-parented to ddl).
   void kill_everything() {
@@ -1063,7 +1084,9 @@ class Run {
   std::optional<Clock::time_point> next_progress_look_;
   std::map<int, std::filesystem::file_time_type> progress_seen_;
   std::optional<Collection> collection_;
-  std::map<int, RelayedStacks> relayed_stacks_;
+  std::map<int, RelayedStacks> relayed_dumps_;
+  Clock::time_point last_collection_{};  // when the last collection began
+  bool paused_ = false;                  // the workers were stopped (Ctrl-Z) and not yet resumed
   bool hung_ = false;
 };
 

@@ -133,12 +133,13 @@ inline constexpr std::chrono::milliseconds kUnfinishedLineQuietTime{100};
 // What `ddl run` exits with when --hang-timeout stopped it (as timeout(1) does when time ran out).
 inline constexpr int kHangExitCode = 124;
 
-// How long a launching host waits for stacks that hosts' agents or tasks relay.
-inline constexpr std::chrono::seconds kRelayedStacksWait{15};
 // How long a supervisor waits for its Python workers' dumps (written at once, unless a process is
 // stopped or in the kernel), and for gdb on the others.
 inline constexpr std::chrono::seconds kPythonDumpWait{2};
 inline constexpr std::chrono::seconds kNativeStackWait{10};
+// How long a launching host waits for stacks that hosts' agents or tasks relay: their own wait,
+// and time for the relay.
+inline constexpr std::chrono::seconds kRelayedStacksWait{kPythonDumpWait + kNativeStackWait + std::chrono::seconds(8)};
 
 // Lines of stderr kept per worker for the failure summary.
 inline constexpr size_t kStderrTailLines = 10;

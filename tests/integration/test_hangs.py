@@ -84,13 +84,29 @@ class Hangs(unittest.TestCase):
         self.assertTrue(all(where.startswith("in <module> (hang_worker.py:") for where in found.values()), err)
         self.assertIn("ddl: interrupted by SIGQUIT", err)
 
+    def test_time_stopped_with_ctrl_z_is_not_a_hang(self):
+        ticking = "import time\nfor i in range(10):\n    print(i, flush=True)\n    time.sleep(1)\n"
+        proc = subprocess.Popen([DDL, "run", "-np", "2", "--hang-timeout", "4", "--", PYTHON, "-c", ticking],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            self.assertEqual(proc.stdout.readline().strip()[4:], "0")
+            proc.send_signal(signal.SIGTSTP)  # ddl stops its workers, then itself
+            time.sleep(7)
+            proc.send_signal(signal.SIGCONT)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+        self.assertEqual(proc.returncode, 0, err)
+        self.assertNotIn("stacks", err)
+        self.assertEqual(sorted(out.splitlines()).count("[0] 9"), 1)
+
     def test_without_the_flag_a_quiet_run_is_never_stopped(self):
         result = ddl("-np", "2", "--", PYTHON, HANG_WORKER, "quiet", "4", env=WORKER_ENV, timeout=120)
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertEqual(result.stderr, "")
 
     def test_a_bad_hang_timeout_is_one_line_naming_the_flag(self):
-        for value in ("0", "-3", "soon"):
+        for value in ("0", "0.5", "-3", "soon"):
             with self.subTest(value=value):
                 result = ddl("-np", "1", "--hang-timeout", value, "--", "true")
                 self.assertEqual(result.returncode, 2, result.stderr)

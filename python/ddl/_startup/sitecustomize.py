@@ -165,6 +165,7 @@ def _register_stack_dump():
             faulthandler.register(int(number), file=stacks, all_threads=True, chain=False)
             os.rename(path + ".new", path)
         except BaseException:
+            faulthandler.unregister(int(number))
             stacks.close()
             os.unlink(path + ".new")
             raise
