@@ -19,8 +19,10 @@
 
 #include <fmt/format.h>
 
+#include "common/environment.hpp"
 #include "common/rank_ranges.hpp"
 #include "common/worker_contract.hpp"
+#include "launcher/worker_process.hpp"
 
 namespace ddl::launcher {
 
@@ -29,18 +31,17 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+constexpr long long kLargestRank = 999'999'999;
+constexpr long long kLargestPid = 4'194'304;  // the kernel's pid_max at most
+
 // A file name "rank.R.<what>" (what: "progress", or "PID.stacks"): R, and the rest after its dot.
 std::optional<std::pair<int, std::string>> rank_file(const std::string& name) {
   if (!name.starts_with("rank.")) return std::nullopt;
-  size_t at = 5;
-  int rank = 0;
-  size_t digits = 0;
-  while (at < name.size() && std::isdigit(static_cast<unsigned char>(name[at])) && digits < 9) {
-    rank = rank * 10 + (name[at++] - '0');
-    ++digits;
-  }
-  if (digits == 0 || at >= name.size() || name[at] != '.') return std::nullopt;
-  return std::make_pair(rank, name.substr(at + 1));
+  const size_t dot = name.find('.', 5);
+  if (dot == std::string::npos) return std::nullopt;
+  const auto rank = whole_number(std::string_view(name).substr(5, dot - 5), kLargestRank);
+  if (!rank) return std::nullopt;
+  return std::make_pair(static_cast<int>(*rank), name.substr(dot + 1));
 }
 
 // Whether process `pid` holds `path` open: it is the Python process that registered it, not a
@@ -60,7 +61,6 @@ struct Dump {
   std::string path;
   uintmax_t from = 0;       // the file's size before the signal
   uintmax_t last_size = 0;  // at the last look
-  bool settled = false;     // it grew, then stayed the same size for one look
 };
 
 uintmax_t size_of(const std::string& path) {
@@ -71,10 +71,11 @@ uintmax_t size_of(const std::string& path) {
 
 // A dump's text: what the file gained since `from`, at most kLongestDump of it.
 std::string read_from(const std::string& path, uintmax_t from) {
-  constexpr size_t kLongestDump = 1 << 20;
+  constexpr uintmax_t kLongestDump = 1 << 20;
+  const uintmax_t size = size_of(path);
   std::ifstream in(path, std::ios::binary);
   in.seekg(static_cast<std::streamoff>(from));
-  std::string text(kLongestDump, '\0');
+  std::string text(static_cast<size_t>(size > from ? std::min(size - from, kLongestDump) : 0), '\0');
   in.read(text.data(), static_cast<std::streamsize>(text.size()));
   text.resize(static_cast<size_t>(in.gcount()));
   return text;
@@ -87,12 +88,12 @@ std::vector<Dump> ask_python_processes(const std::string& watch_dir, const std::
   for (const auto& entry : fs::directory_iterator(watch_dir, ec)) {
     auto named = rank_file(entry.path().filename().string());
     if (!named || !workers.count(named->first) || !named->second.ends_with(".stacks")) continue;
-    const pid_t pid = static_cast<pid_t>(std::atol(named->second.c_str()));
+    const auto pid = whole_number(std::string_view(named->second).substr(0, named->second.size() - 7), kLargestPid);
     const std::string path = entry.path().string();
-    if (pid <= 0 || !holds_open(pid, path)) continue;
-    Dump d{named->first, pid, path, size_of(path)};
+    if (!pid || *pid <= 0 || !holds_open(static_cast<pid_t>(*pid), path)) continue;
+    Dump d{named->first, static_cast<pid_t>(*pid), path, size_of(path)};
     d.last_size = d.from;
-    if (::kill(pid, stacks_signal()) == 0) dumps.push_back(d);
+    if (::kill(d.pid, stacks_signal()) == 0) dumps.push_back(d);
   }
   return dumps;
 }
@@ -106,23 +107,21 @@ void wait_for_dumps(std::vector<Dump>& dumps, std::chrono::milliseconds wait) {
     bool all = true;
     for (auto& d : dumps) {
       const uintmax_t size = size_of(d.path);
-      d.settled = size > d.from && size == d.last_size;
+      all &= size > d.from && size == d.last_size;
       d.last_size = size;
-      all &= d.settled;
     }
     if (all) return;
   }
 }
 
-std::string find_on_path(const std::string& program) {
+// gdb's path on PATH, or empty.
+std::string find_gdb() {
   const char* path = std::getenv("PATH");
-  std::istringstream dirs(path ? path : "/usr/bin:/bin");
-  std::string dir;
-  while (std::getline(dirs, dir, ':')) {
-    const std::string candidate = (dir.empty() ? "." : dir) + "/" + program;
-    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+  try {
+    return resolve_program("gdb", path != nullptr ? path : "/usr/bin:/bin");
+  } catch (const ProgramNotRunnable&) {
+    return {};
   }
-  return {};
 }
 
 // gdb's backtraces of every thread of each of `pids`, all at once, within `wait` (what a gdb that
@@ -303,7 +302,7 @@ std::map<int, RankStacks> collect_stacks(const std::string& watch_dir, const std
   std::vector<pid_t> native;
   for (const auto& [rank, pid] : workers)
     if (!stacks.count(rank)) native.push_back(pid);
-  const std::string gdb = native.empty() ? std::string() : find_on_path("gdb");
+  const std::string gdb = native.empty() ? std::string() : find_gdb();
   const auto traces = gdb.empty() ? std::map<pid_t, std::string>{} : gdb_backtraces(gdb, native, native_wait);
   for (const auto& [rank, pid] : workers) {
     if (stacks.count(rank)) continue;
