@@ -192,14 +192,65 @@ void slurm_directives(const SiteProfile& site, const std::map<std::string, std::
     if (!option.slurm.empty() && it != v.end() && !it->second.empty())
       d.push_back(fmt::format("--{}={}", option.slurm, slurm_directive_word(it->second)));
   }
-  if (job.signal_before_seconds) {
-    // To every task of the job's steps (the workers themselves), so they can checkpoint.
-    d.push_back(fmt::format("--signal=USR1@{}", *job.signal_before_seconds));
+  if (job.signal_before_seconds || job.requeue) {
+    // To the batch shell alone, which is `ddl run` (the script ends in exec): it passes the signal on
+    // to every worker, on every node, and with --requeue-signal requeues the job once they ended.
+    d.push_back(fmt::format("--signal=B:{}@{}", job.signal, job.signal_before_seconds.value_or(kRequeueSignalBefore)));
+  }
+  if (job.requeue) {
     d.emplace_back("--requeue");
+    d.emplace_back("--open-mode=append");  // each start's output goes on in the same file
   }
 }
 
-// Seconds in one of Slurm's time forms (minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S).
+// Slurm's time forms as PBS's HH:MM:SS: PBS reads a bare "30" as seconds and refuses days.
+std::string pbs_walltime(const std::string& slurm_time) {
+  const long seconds = time_limit_seconds(slurm_time);
+  return fmt::format("{:02}:{:02}:{:02}", seconds / 3600, seconds / 60 % 60, seconds % 60);
+}
+
+void pbs_directives(const SiteProfile& site, const std::map<std::string, std::string>& v, const JobRequest& job,
+                    std::vector<std::string>& d) {
+  for (const BatchOption& option : batch_options()) {
+    if (option.key == "gpus_per_node" && !site.gpu_request.empty())
+      d.push_back("-l " + fill(site.gpu_request, v, site, "select statement"));
+    auto it = v.find(std::string(option.key));
+    if (it == v.end()) continue;
+    if (option.key == "time")
+      d.push_back("-l walltime=" + pbs_walltime(it->second));
+    else if (!option.pbs.empty())
+      d.push_back(fmt::format("{}{}", option.pbs, pbs_directive_word(it->first, it->second)));
+  }
+  d.emplace_back("-j oe");                  // one output file, as Slurm writes
+  if (job.requeue) d.emplace_back("-r y");  // rerunnable: a preempted job (Polaris' preemptable queue) runs again
+}
+
+std::string ddl_run_line(const SiteProfile& site, const std::map<std::string, std::string>& v, const JobRequest& job) {
+  std::vector<std::string> words = {job.ddl_program, "run", "-N", v.at("nodes")};
+  const int gpus = std::stoi(v.at("gpus_per_node"));
+  if (gpus > 0)
+    words.insert(words.end(), {"--gpus-per-node", std::to_string(gpus)});
+  else
+    words.insert(words.end(), {"--cpu", "--nproc-per-node", "1"});
+  if (v.count("cpus_per_task")) words.insert(words.end(), {"--cpus-per-task", v.at("cpus_per_task")});
+  words.insert(words.end(), {"--launcher", site.launcher});
+  if (site.gpu_order == "reverse") words.insert(words.end(), {"--gpu-order", "reverse"});
+  if (site.hang_timeout > 0) words.insert(words.end(), {"--hang-timeout", std::to_string(site.hang_timeout)});
+  if (job.requeue && site.scheduler == Scheduler::Slurm) {
+    words.insert(words.end(), {"--requeue-signal", job.signal});
+    if (job.max_requeues) words.insert(words.end(), {"--max-requeues", std::to_string(*job.max_requeues)});
+  }
+  words.emplace_back("--");
+  if (site.container && v.count("image"))
+    for (const auto& w : site.container->wrap) words.push_back(fill(w, v, site, "container command", false));
+  words.insert(words.end(), job.command.begin(), job.command.end());
+  std::string line = "exec";
+  for (const auto& w : words) line += " " + shell_quote(w);
+  return line;
+}
+
+}  // namespace
+
 long time_limit_seconds(const std::string& slurm_time) {
   int days = 0;
   std::string rest = slurm_time;
@@ -227,48 +278,6 @@ long time_limit_seconds(const std::string& slurm_time) {
   }
   return seconds + days * 86400L;
 }
-
-// Slurm's time forms as PBS's HH:MM:SS: PBS reads a bare "30" as seconds and refuses days.
-std::string pbs_walltime(const std::string& slurm_time) {
-  const long seconds = time_limit_seconds(slurm_time);
-  return fmt::format("{:02}:{:02}:{:02}", seconds / 3600, seconds / 60 % 60, seconds % 60);
-}
-
-void pbs_directives(const SiteProfile& site, const std::map<std::string, std::string>& v, std::vector<std::string>& d) {
-  for (const BatchOption& option : batch_options()) {
-    if (option.key == "gpus_per_node" && !site.gpu_request.empty())
-      d.push_back("-l " + fill(site.gpu_request, v, site, "select statement"));
-    auto it = v.find(std::string(option.key));
-    if (it == v.end()) continue;
-    if (option.key == "time")
-      d.push_back("-l walltime=" + pbs_walltime(it->second));
-    else if (!option.pbs.empty())
-      d.push_back(fmt::format("{}{}", option.pbs, pbs_directive_word(it->first, it->second)));
-  }
-  d.emplace_back("-j oe");  // one output file, as Slurm writes
-}
-
-std::string ddl_run_line(const SiteProfile& site, const std::map<std::string, std::string>& v, const JobRequest& job) {
-  std::vector<std::string> words = {job.ddl_program, "run", "-N", v.at("nodes")};
-  const int gpus = std::stoi(v.at("gpus_per_node"));
-  if (gpus > 0)
-    words.insert(words.end(), {"--gpus-per-node", std::to_string(gpus)});
-  else
-    words.insert(words.end(), {"--cpu", "--nproc-per-node", "1"});
-  if (v.count("cpus_per_task")) words.insert(words.end(), {"--cpus-per-task", v.at("cpus_per_task")});
-  words.insert(words.end(), {"--launcher", site.launcher});
-  if (site.gpu_order == "reverse") words.insert(words.end(), {"--gpu-order", "reverse"});
-  if (site.hang_timeout > 0) words.insert(words.end(), {"--hang-timeout", std::to_string(site.hang_timeout)});
-  words.emplace_back("--");
-  if (site.container && v.count("image"))
-    for (const auto& w : site.container->wrap) words.push_back(fill(w, v, site, "container command", false));
-  words.insert(words.end(), job.command.begin(), job.command.end());
-  std::string line = "exec";
-  for (const auto& w : words) line += " " + shell_quote(w);
-  return line;
-}
-
-}  // namespace
 
 std::string shell_quote(std::string_view s) {
   if (plain_word(s, "_./:=@%+,-")) return std::string(s);
@@ -358,6 +367,9 @@ void check_site_rules(const SiteProfile& site, const JobRequest& job) {
   if (job.signal_before_seconds && site.scheduler != Scheduler::Slurm)
     throw UsageError(fmt::format("--signal-before: site '{}' uses PBS, which has no signal before the time limit", site.name),
                      "checkpoint on a timer inside the job instead");
+  if (job.max_requeues && site.scheduler != Scheduler::Slurm)
+    throw UsageError(fmt::format("--max-requeues: site '{}' uses PBS, which reruns a job itself (--requeue writes -r y)", site.name),
+                     "drop --max-requeues");
   if (job.command.empty() && job.body.empty())
     throw UsageError("no program to run", "put it after --: ddl submit --site NAME ... -- python train.py");
 }
@@ -373,7 +385,7 @@ JobScript render_job_script(const SiteProfile& site, const JobRequest& job) {
     if (!v.count("output")) result.values["output"] = "ddl-%j.out";
     slurm_directives(site, result.values, job, directives);
   } else {
-    pbs_directives(site, v, directives);
+    pbs_directives(site, v, job, directives);
   }
   if (site.container && v.count("image") && !site.container->image_directive.empty())
     directives.push_back(fill(site.container->image_directive, v, site, "container directive"));

@@ -16,7 +16,10 @@ namespace ddl::backends {
 struct JobRequest {
   std::map<std::string, std::string> options;  // batch_options() key -> value the user gave
   std::vector<std::string> extra_directives;   // --directive, each written after the scheduler's prefix
-  std::optional<int> signal_before_seconds;    // --signal-before: SIGUSR1 to the workers, and requeue
+  std::optional<int> signal_before_seconds;    // --signal-before: the signal this long before the time limit
+  std::string signal = "USR1";                 // --signal: the one sent (Slurm: to ddl run, which passes it on)
+  bool requeue = false;                        // --requeue: ddl run requeues the job on that signal (PBS: rerunnable)
+  std::optional<int> max_requeues;             // --max-requeues, for ddl run
   std::vector<std::string> command;            // the program and its arguments
   std::string ddl_program = "ddl";             // how the script calls ddl (an absolute path when submitting)
   std::string ddl_version;
@@ -27,6 +30,10 @@ struct JobRequest {
   // (its one node is not to be multiplied).
   std::string gpus_flag = "--gpus-per-node";
 };
+
+// Seconds before the time limit that the signal comes with --requeue and no --signal-before. Slurm
+// looks at time limits about every 30 s, so it can come that much later.
+inline constexpr int kRequeueSignalBefore = 120;
 
 struct JobScript {
   std::string text;                           // the whole script
@@ -40,6 +47,10 @@ void check_site_rules(const SiteProfile& site, const JobRequest& job);
 
 // Checks the rules, then renders the script.
 JobScript render_job_script(const SiteProfile& site, const JobRequest& job);
+
+// Seconds in one of Slurm's time forms (minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S), as -t takes and
+// squeue's time left (%L) shows. `slurm_time` must be one: std::stoi throws on other text.
+long time_limit_seconds(const std::string& slurm_time);
 
 // `s` as one word of bash that expands to exactly `s`: single quotes where needed, and each
 // carriage return as $'\r', so a script holds none.

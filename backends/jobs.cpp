@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/command.hpp"
+#include "backends/job_script.hpp"
 #include "backends/slurm/slurm_jobs.hpp"
 #include "common/error.hpp"
 
@@ -202,6 +203,22 @@ void cancel_job(Scheduler scheduler, const std::string& id) {
   CommandResult r = run_command(argv);
   if (!r.ok() || (scheduler == Scheduler::Slurm && r.err.find("error") != std::string::npos))
     throw Error(fmt::format("{} {} failed: {}", argv.front(), id, tool_error(r)), "check the id with ddl status");
+}
+
+void requeue_slurm_job(const std::string& id) {
+  if (!looks_like_job_id(id)) throw Error(not_a_job_id(id), "SLURM_JOB_ID should hold the job's number");
+  CommandResult r = run_command({"scontrol", "requeue", id});
+  if (!r.ok())
+    throw Error(fmt::format("scontrol requeue {} failed: {}", id, tool_error(r)), "check that the job was submitted with --requeue");
+}
+
+std::optional<std::chrono::seconds> slurm_time_left(const std::string& id) {
+  if (!looks_like_job_id(id)) return std::nullopt;
+  const CommandResult r = run_command({"squeue", "-h", "-j", id, "-o", "%L"});
+  static const std::regex time_left(R"((\d{1,5}-)?\d{1,6}(:\d{1,2}){1,2})");
+  std::string left = r.out.substr(0, r.out.find('\n'));
+  if (!r.ok() || !std::regex_match(left, time_left)) return std::nullopt;
+  return std::chrono::seconds(time_limit_seconds(left));
 }
 
 bool shows_change(const std::optional<JobState>& before, const JobState& now) {

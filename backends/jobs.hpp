@@ -48,6 +48,14 @@ std::vector<JobState> my_jobs(Scheduler scheduler);
 // Cancels job `id`; throws ddl::Error with the scheduler's message when it cannot.
 void cancel_job(Scheduler scheduler, const std::string& id);
 
+// Puts Slurm job `id` back in the queue (scontrol requeue), which ends its running start at once;
+// throws ddl::Error with Slurm's message when it cannot.
+void requeue_slurm_job(const std::string& id);
+
+// How long Slurm job `id` may still run (squeue's time left); nullopt when Slurm does not say
+// (no limit, an unknown job, no squeue).
+std::optional<std::chrono::seconds> slurm_time_left(const std::string& id);
+
 // Whether `now` differs from `before` in what a status line shows (state, reason, nodes).
 bool shows_change(const std::optional<JobState>& before, const JobState& now);
 

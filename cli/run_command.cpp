@@ -39,7 +39,8 @@ std::string outcome_text(const launcher::RunOutcome& o) {
     std::string how = f.signal ? fmt::format("was killed by {} (exit code {})", signal_name(f.signal), f.exit_code)
                                : fmt::format("exited with code {}", f.exit_code);
     if (!f.description.empty())
-      text = fmt::format("ddl: error: {}; stopped {} other worker(s)\n", f.description, o.workers_stopped);
+      text = fmt::format("ddl: error: {}{}\n", f.description,
+                         o.workers_stopped > 0 ? fmt::format("; stopped {} other worker(s)", o.workers_stopped) : "");
     else if (f.rank < 0)
       text = fmt::format("ddl: error: {} {} without naming a failed rank (see its messages above)\n", f.host, how);
     else
@@ -52,6 +53,9 @@ std::string outcome_text(const launcher::RunOutcome& o) {
       text += fmt::format("hint: {}\n", hint);
   } else if (o.interrupted_by) {
     text = fmt::format("ddl: interrupted by {}; stopped {} worker(s)\n", signal_name(o.interrupted_by), o.workers_stopped);
+  } else if (o.finished_on && !o.requeued) {
+    text = fmt::format("ddl: {}the run ended on {} (--requeue-signal){}\n", o.exit_code ? "error: " : "", signal_name(o.finished_on),
+                       o.exit_code ? fmt::format(": not every worker saved and exited with 0 (exit code {})", o.exit_code) : "");
   } else if (o.hung_after) {
     text = fmt::format("ddl: error: the run hung: nothing moved for {} s (--hang-timeout; the stacks are above); stopped {} worker(s)\n",
                        std::chrono::duration_cast<std::chrono::seconds>(*o.hung_after).count(), o.workers_stopped);
@@ -88,6 +92,9 @@ struct RunFlags {
   double grace_seconds = 10;
   double hang_seconds = 0;
   std::string hang_action = "stop";
+  std::string requeue_signal;
+  int max_requeues = 5;
+  double requeue_grace_seconds = 0;
   std::string output_dir;
   std::string ranks;
   std::string launcher = "auto";
@@ -96,6 +103,27 @@ struct RunFlags {
   std::string hosts, hostfile, rsh;
   std::string torch_backend;
 };
+
+namespace {
+
+std::optional<launcher::RequeuePolicy> requeue_policy(const CLI::App& app, const RunFlags& f) {
+  if (f.requeue_signal.empty()) {
+    for (const char* flag : {"--max-requeues", "--requeue-grace"})
+      if (app.count(flag) > 0) throw UsageError(fmt::format("{} is for --requeue-signal", flag), "add --requeue-signal USR1, or drop it");
+    return std::nullopt;
+  }
+  launcher::RequeuePolicy policy;
+  policy.signal = launcher::requeue_signal_named(f.requeue_signal, "--requeue-signal");
+  policy.max_requeues = f.max_requeues;
+  if (app.count("--requeue-grace") > 0) {
+    if (f.requeue_grace_seconds < 1)
+      throw UsageError("--requeue-grace must be 1 second or more", "give the seconds the workers need to save");
+    policy.grace = std::chrono::milliseconds(static_cast<long long>(f.requeue_grace_seconds * 1000));
+  }
+  return policy;
+}
+
+}  // namespace
 
 RunCommand::RunCommand(CLI::App& app) : flags_(std::make_shared<RunFlags>()) {
   RunFlags& f = *flags_;
@@ -122,6 +150,15 @@ RunCommand::RunCommand(CLI::App& app) : flags_(std::make_shared<RunFlags>()) {
                    "After a worker fails, stop all and start them again, up to this many times (torchrun's); 0: never")
       ->capture_default_str()
       ->check(CLI::Range(0, 1000000).description("0 to 1000000"));
+  app_->add_option("--requeue-signal", f.requeue_signal,
+                   "In a Slurm batch job: on this signal (USR1, USR2, TERM, HUP; Slurm's --signal=B:USR1@120 before the time "
+                   "limit) pass it on for the workers to save and end, then requeue the job (scontrol requeue)");
+  app_->add_option("--max-requeues", f.max_requeues, "With --requeue-signal: requeue the job at most this many times in all")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000000).description("0 to 1000000"));
+  app_->add_option("--requeue-grace", f.requeue_grace_seconds,
+                   "With --requeue-signal: seconds the workers have to save and end (default: until shortly before the time limit)")
+      ->check(seconds_at_most(365.0 * 86400));
   auto* no_prefix = app_->add_flag("--no-prefix", f.no_prefix, "Do not prefix output lines with the worker's rank");
   app_->add_option("--prefix", f.prefix, "What labels each output line: rank ([3] ...), host ([node7:3] ...) or none")
       ->check(CLI::IsMember({"rank", "host", "none"}))
@@ -196,6 +233,7 @@ int RunCommand::execute(const std::optional<std::vector<std::string>>& program) 
     request.supervision.hang_timeout = std::chrono::milliseconds(static_cast<long long>(f.hang_seconds * 1000));
   }
   request.supervision.hang_report_only = f.hang_action == "report";
+  request.requeue = requeue_policy(*app_, f);
   request.supervision.prefix_output = !f.no_prefix && f.prefix != "none";
   request.supervision.prefix_with_host = f.prefix == "host";
   request.supervision.output_dir = f.output_dir;

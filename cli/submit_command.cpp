@@ -2,6 +2,7 @@
 
 #include "cli/program_usage.hpp"
 
+#include <string.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include "cli/job_output.hpp"
 #include "common/error.hpp"
 #include "launcher/host.hpp"
+#include "launcher/requeue.hpp"
 
 namespace ddl::cli {
 
@@ -21,6 +23,9 @@ struct SubmitFlags {
   std::map<std::string, std::string> options;
   std::vector<std::string> directives;
   int signal_before = 0;
+  std::string signal;
+  bool requeue = false;
+  int max_requeues = -1;
   bool dry_run = false, wait = false;
   int wait_timeout = 0;
 };
@@ -31,8 +36,15 @@ SubmitCommand::SubmitCommand(CLI::App& app) : flags_(std::make_shared<SubmitFlag
   app_->add_option("--site", f.site, "Site profile (ddl sites lists them)")->required();
   add_job_options(*app_, f.options, true);
   app_->add_option("--directive", f.directives, "An extra batch directive, e.g. --directive '--exclusive' (repeatable)");
-  app_->add_option("--signal-before", f.signal_before, "Send SIGUSR1 to the workers this many seconds before the time limit, and requeue")
+  app_->add_option("--signal-before", f.signal_before,
+                   "Send the workers --signal this many seconds before the time limit (Slurm; with --requeue default 120)")
       ->check(CLI::Range(1, 86400));
+  app_->add_option("--signal", f.signal, "The signal --signal-before and --requeue send: USR1 (default), USR2, TERM or HUP");
+  app_->add_flag("--requeue", f.requeue,
+                 "Slurm: before the time limit the workers get --signal to save and end, then the job is requeued and continues "
+                 "(ddl run --requeue-signal); PBS: the job is rerunnable (-r y)");
+  app_->add_option("--max-requeues", f.max_requeues, "With --requeue on Slurm: requeue the job at most this many times (default 5)")
+      ->check(CLI::Range(0, 1000000).description("0 to 1000000"));
   app_->add_flag("--dry-run", f.dry_run, "Print the script instead of submitting it");
   app_->add_flag("--wait", f.wait, "Follow the job until it ends, then show its output's tail; exit with its code");
   app_->add_option("--wait-timeout", f.wait_timeout, "Give up following after this many seconds (default: no limit)")
@@ -48,6 +60,16 @@ int SubmitCommand::execute(const std::optional<std::vector<std::string>>& progra
   job.options = f.options;
   job.extra_directives = f.directives;
   if (f.signal_before > 0) job.signal_before_seconds = f.signal_before;
+  job.requeue = f.requeue;
+  if (!f.signal.empty()) {
+    if (!f.requeue && f.signal_before == 0)
+      throw UsageError("--signal is for --signal-before or --requeue", "add one of them, or drop --signal");
+    job.signal = ::sigabbrev_np(launcher::requeue_signal_named(f.signal, "--signal"));
+  }
+  if (f.max_requeues >= 0) {
+    if (!f.requeue) throw UsageError("--max-requeues is for --requeue", "add --requeue, or drop --max-requeues");
+    job.max_requeues = f.max_requeues;
+  }
   job.command = program ? *program : app_->remaining();
   const std::vector<std::string> stray = program ? app_->remaining() : std::vector<std::string>{};
   if (!stray.empty() || (!program && !job.command.empty() && job.command.front().starts_with("-")))

@@ -6,15 +6,16 @@
 namespace ddl::contract {
 
 // Set by `ddl run` for every worker.
-inline constexpr const char* kRank = "DDL_RANK";               // global rank
-inline constexpr const char* kSize = "DDL_SIZE";               // world size
-inline constexpr const char* kLocalRank = "DDL_LOCAL_RANK";    // rank on this node
-inline constexpr const char* kLocalSize = "DDL_LOCAL_SIZE";    // workers on this node
-inline constexpr const char* kNodeRank = "DDL_NODE_RANK";      // node index
-inline constexpr const char* kNumNodes = "DDL_NUM_NODES";      // node count
-inline constexpr const char* kStoreAddr = "DDL_STORE_ADDR";    // host:port of the rendezvous store
-inline constexpr const char* kStoreToken = "DDL_STORE_TOKEN";  // the per-run secret the store demands
-inline constexpr const char* kRunId = "DDL_RUN_ID";            // this run's id (job id + step under a scheduler)
+inline constexpr const char* kRank = "DDL_RANK";                   // global rank
+inline constexpr const char* kSize = "DDL_SIZE";                   // world size
+inline constexpr const char* kLocalRank = "DDL_LOCAL_RANK";        // rank on this node
+inline constexpr const char* kLocalSize = "DDL_LOCAL_SIZE";        // workers on this node
+inline constexpr const char* kNodeRank = "DDL_NODE_RANK";          // node index
+inline constexpr const char* kNumNodes = "DDL_NUM_NODES";          // node count
+inline constexpr const char* kStoreAddr = "DDL_STORE_ADDR";        // host:port of the rendezvous store
+inline constexpr const char* kStoreToken = "DDL_STORE_TOKEN";      // the per-run secret the store demands
+inline constexpr const char* kRunId = "DDL_RUN_ID";                // this run's id (job id + step under a scheduler)
+inline constexpr const char* kRequeueCount = "DDL_REQUEUE_COUNT";  // how often the batch job was requeued (Slurm's SLURM_RESTART_COUNT)
 
 // Set by the supervisor that starts the worker (ddl run, a host's agent, ddl exec), for its hang
 // watchdog: the folder where each rank leaves signs of life and its stacks, and the signal that asks

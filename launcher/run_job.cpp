@@ -5,6 +5,7 @@
 #include "backends/allocation.hpp"
 #include "common/error.hpp"
 #include "common/random_hex.hpp"
+#include "common/worker_contract.hpp"
 #include "launcher/allocation_run.hpp"
 #include "launcher/gpu_inventory.hpp"
 #include "launcher/host.hpp"
@@ -52,11 +53,20 @@ RunOutcome run_once(const RunRequest& request, const Environment& env, const std
 
 RunOutcome run_job(const RunRequest& request, const Environment& launcher_env, const std::function<void(const std::string&)>& log) {
   check_libddl_settings(launcher_env);
-  const Environment env = with_python_startup_hook(launcher_env, request.torch_backend, this_executable());
+  Environment env = with_python_startup_hook(launcher_env, request.torch_backend, this_executable());
+  const int requeues = requeue_count(launcher_env);
+  env[contract::kRequeueCount] = std::to_string(requeues);
   RunRequest attempt = request;
+  attempt.supervision.append_output = requeues > 0;
+  if (request.requeue) attempt.supervision.finish_on = finish_request(*request.requeue, launcher_env, request.supervision.grace_period);
   attempt.run_tag = random_hex(8);  // TORCHELASTIC_RUN_ID stays the same across restarts, as torchrun's
   for (attempt.restart_count = 0;; ++attempt.restart_count) {
     RunOutcome outcome = run_once(attempt, env, log);
+    if (outcome.finished_on && request.requeue) {
+      outcome.requeued = requeue_after_finish(*request.requeue, launcher_env, log);
+      if (outcome.requeued) outcome.exit_code = 0;
+      return outcome;
+    }
     if (!outcome.failure || outcome.interrupted_by || attempt.restart_count >= request.max_restarts) return outcome;
     log(fmt::format("{}; restarting all workers ({} of {} restarts)", what_failed(*outcome.failure), attempt.restart_count + 1,
                     request.max_restarts));

@@ -10,6 +10,7 @@
 #include "common/environment.hpp"
 #include "launcher/gpu_inventory.hpp"
 #include "launcher/host_list.hpp"
+#include "launcher/requeue.hpp"
 #include "launcher/supervisor.hpp"
 #include "launcher/world_plan.hpp"
 
@@ -26,12 +27,13 @@ struct RunRequest {
   std::string srun_mpi = "auto";     // srun --mpi: auto (pmix when Slurm offers it), none, or a plugin
   std::vector<std::string> command;  // program and its arguments
   SupervisorOptions supervision;
-  std::vector<HostSlots> hosts;  // -H / --hostfile: run on these hosts over the remote shell
-  std::string remote_shell;      // --rsh: the remote shell command; empty for the default
-  int max_restarts = 0;          // --max-restarts: start the workers again after a failure, this many times
-  std::string torch_backend;     // --torch-backend: the torch.distributed backend every group runs on (empty: the script's)
-  int restart_count = 0;         // which start this is (0: the first); run_job sets it
-  std::string run_tag;           // random, the same for every restart: part of DDL_RUN_ID; run_job sets it
+  std::vector<HostSlots> hosts;          // -H / --hostfile: run on these hosts over the remote shell
+  std::string remote_shell;              // --rsh: the remote shell command; empty for the default
+  int max_restarts = 0;                  // --max-restarts: start the workers again after a failure, this many times
+  std::optional<RequeuePolicy> requeue;  // --requeue-signal: requeue the Slurm job when its signal ends the run
+  std::string torch_backend;             // --torch-backend: the torch.distributed backend every group runs on (empty: the script's)
+  int restart_count = 0;                 // which start this is (0: the first); run_job sets it
+  std::string run_tag;                   // random, the same for every restart: part of DDL_RUN_ID; run_job sets it
 };
 
 // Runs the job and returns how it ended. After a worker failure, with restarts left, every worker
@@ -40,7 +42,9 @@ struct RunRequest {
 // the run's. Inside a Slurm or PBS allocation the workers are started
 // on its nodes by srun / mpiexec / mpirun, each through `ddl exec`; elsewhere ddl starts them here. Bad requests throw ddl::UsageError
 // (exit 2); a program that cannot be run throws ddl::Error with exit status 127, before any worker starts. `log` receives the launcher's
-// own messages (the store's warnings).
+// own messages (the store's warnings). With `requeue`, the signal it names is the workers' cue to
+// save and end (no restart follows it), and the job is then requeued (requeue.hpp). Every worker
+// gets DDL_REQUEUE_COUNT, and a requeued job's --output-dir files continue.
 RunOutcome run_job(const RunRequest& request, const Environment& env, const std::function<void(const std::string&)>& log);
 
 }  // namespace ddl::launcher

@@ -23,6 +23,7 @@
 #include <fmt/format.h>
 
 #include "common/error.hpp"
+#include "common/rank_ranges.hpp"
 #include "common/write_all.hpp"
 #include "launcher/line_splitter.hpp"
 #include "launcher/orphan_guard.hpp"
@@ -49,9 +50,9 @@ constexpr int kHandledSignals[] = {SIGCHLD, SIGINT,    SIGTERM, SIGHUP, SIGUSR1,
 // --signal=B:USR1@300) rather than to stop: passed on, and the run goes on.
 bool passed_on_only(int sig) { return sig == SIGUSR1 || sig == SIGUSR2; }
 
-int open_output_file(const std::string& dir, int rank, const char* stream) {
+int open_output_file(const std::string& dir, int rank, const char* stream, bool append) {
   std::string path = fmt::format("{}/rank.{}.{}", dir, rank, stream);
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC) | O_CLOEXEC, 0644);
   if (fd >= 0) return fd;
   if (errno == EMFILE || errno == ENFILE) throw open_failure(fmt::format("--output-dir: cannot write {}", path), errno);
   throw Error(fmt::format("--output-dir: cannot write {}: {}", path, std::strerror(errno)), "choose a directory you can write to");
@@ -111,6 +112,7 @@ struct Worker {
   int interrupt_signal = 0;
   int control_fd = -1;             // write end of a remote shell's stdin, or -1
   std::vector<int> relayed_ranks;  // a host's agent's or a task launcher's ranks
+  std::string name;                // what the failure summary calls a launch that is not a worker
   bool group_alive = false;        // its process group (its pid) is its own and not yet found empty
 };
 
@@ -209,6 +211,7 @@ class Run {
       end_open_lines();
       flush_output();
     }
+    note_ranks_that_never_started();
     return outcome();
   }
 
@@ -243,8 +246,8 @@ class Run {
       for (const auto& launch : launches) {
         auto& [out, err] = files.emplace_back(-1, -1);
         if (options_.output_dir.empty() || launch.labeller || options_.relay_with_rank_labels) continue;
-        out = open_output_file(options_.output_dir, launch.rank, "out");
-        err = open_output_file(options_.output_dir, launch.rank, "err");
+        out = open_output_file(options_.output_dir, launch.rank, "out", options_.append_output);
+        err = open_output_file(options_.output_dir, launch.rank, "err", options_.append_output);
       }
     } catch (...) {
       for (auto [out, err] : files)
@@ -262,6 +265,7 @@ class Run {
     w.labeller = launch.labeller;
     w.interrupt_signal = launch.interrupt_signal;
     w.relayed_ranks = launch.relayed_ranks;
+    w.name = !launch.host.empty() ? launch.host : std::filesystem::path(launch.program).filename().string();
     w.process = launch.control_input ? spawn_with_control(launch, w)
                                      : spawn_worker(launch.program, launch.argv, guarded(launch.env), child_mask_, -1,
                                                     !options_.parent_signals_workers, cgroup_.procs_fd());
@@ -356,6 +360,7 @@ class Run {
     if (fds[1].revents != 0) read_control();
     show_quiet_unfinished_lines();
     watch_for_hangs();
+    if (finish_deadline_ && Clock::now() >= *finish_deadline_) stop_workers_that_overran();
     if (kill_deadline_ && Clock::now() >= *kill_deadline_) {
       escalated_ = true;
       signal_all(SIGKILL);
@@ -401,6 +406,7 @@ class Run {
     };
     consider(remote_kill_deadline_);
     consider(next_progress_look_);
+    consider(finish_deadline_);
     if (options_.hang_timeout && !stopping_) consider(hang_due_);
     if (collection_) consider(collection_->deadline);
     for (const auto& s : streams_) consider(s.unfinished_due);
@@ -591,7 +597,8 @@ class Run {
   void write_rank_file(int rank, const char* suffix, const std::string& text) {
     auto key = std::make_pair(rank, std::string(suffix));
     auto it = rank_files_.find(key);
-    if (it == rank_files_.end()) it = rank_files_.emplace(key, open_output_file(options_.output_dir, rank, suffix)).first;
+    if (it == rank_files_.end())
+      it = rank_files_.emplace(key, open_output_file(options_.output_dir, rank, suffix, options_.append_output)).first;
     write_output_file(it->second, rank, suffix, text);
   }
 
@@ -776,6 +783,8 @@ class Run {
         resume_workers();
       else if (options_.parent_signals_workers && static_cast<pid_t>(info.ssi_pid) == ::getppid())
         note_signal_the_workers_got(sig);
+      else if (options_.finish_on && sig == options_.finish_on->signal && !stopping_)
+        begin_finishing(sig);
       else if (passed_on_only(sig))
         signal_running(sig);
       else if (sig == SIGQUIT && !stopping_)
@@ -820,7 +829,8 @@ class Run {
   }
 
   void on_worker_failed(const Worker& w, int status) {
-    if (interrupted_by_ || hung_) return;  // stopped from outside or as hung: not a worker's failure
+    // Stopped from outside, as hung, or asked to finish: not a worker's failure.
+    if (interrupted_by_ || hung_ || finished_on_) return;
     if (failure_) {
       // A worker killed by a signal that ddl did not send, just after a worker exited with an
       // error, is the likelier cause: its peers often exit first, on the broken connection.
@@ -832,6 +842,29 @@ class Run {
     record_failure(w, status);
     failure_time_ = Clock::now();
     begin_stopping(SIGTERM);
+  }
+
+  // A task launcher or host's agent that exited with 0 although some of its ranks never started
+  // (srun 22.05 does, when slurmstepd fails to launch the step) failed: each rank's relay names its
+  // host first thing, so a rank that never did so never ran.
+  void note_ranks_that_never_started() {
+    if (failure_ || interrupted_by_ || hung_ || finished_on_) return;
+    for (const auto& w : workers_) {
+      if (!w.labeller || w.relayed_ranks.empty() || w.running) continue;
+      std::vector<int> missing;
+      for (int rank : w.relayed_ranks)
+        if (!hosts_of_ranks_.count(rank)) missing.push_back(rank);
+      if (missing.empty()) continue;
+      WorkerFailure f;
+      f.description =
+          fmt::format("{} exited with 0, but rank(s) {} never started (its messages above may say why)", w.name, rank_ranges(missing));
+      f.rank = -1;
+      f.host = w.name;
+      f.exit_code = 1;
+      failure_ = f;
+      failed_worker_ = &w;
+      return;
+    }
   }
 
   void record_failure(const Worker& w, int status) {
@@ -861,6 +894,27 @@ class Run {
     }
     if (!failure_) interrupted_by_ = sig;
     begin_stopping(sig);
+  }
+
+  // The finish signal (SupervisorOptions::finish_on): the workers get it and have until the
+  // deadline to end by themselves; the first one is what counts.
+  void begin_finishing(int sig) {
+    if (finished_on_) return;
+    finished_on_ = sig;
+    finish_began_ = Clock::now();
+    signal_running(sig);
+    finish_deadline_ = finish_began_ + options_.finish_on->wait;
+    if (options_.finish_on->latest) finish_deadline_ = std::min(*finish_deadline_, *options_.finish_on->latest);
+  }
+
+  void stop_workers_that_overran() {
+    finish_deadline_.reset();
+    if (stopping_ || running_workers() == 0) return;
+    workers_overran_ = running_workers();
+    const auto waited = std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - finish_began_).count();
+    output_.add(STDERR_FILENO, fmt::format("ddl: workers still running {} s after SIG{} (their time to save and end): stopping them\n",
+                                           waited, ::sigabbrev_np(finished_on_)));
+    begin_stopping(SIGTERM);
   }
 
   void begin_stopping(int sig) {
@@ -1037,6 +1091,13 @@ class Run {
     o.wait_status = wait_status_;
     o.output_given_up = output_given_up_;
     if (hung_) o.hung_after = options_.hang_timeout;
+    o.finished_on = interrupted_by_ ? 0 : finished_on_;
+    o.workers_overran = workers_overran_;
+    if (o.finished_on) {
+      const bool all_done = std::all_of(wait_status_.begin(), wait_status_.end(),
+                                        [](const auto& w) { return WIFEXITED(w.second) && WEXITSTATUS(w.second) == 0; });
+      o.exit_code = all_done && !workers_overran_ ? 0 : 128 + finished_on_;
+    }
     if (failure_) {
       o.failure = failure_;
       o.failure->stderr_tail.assign(failed_worker_->stderr_tail.begin(), failed_worker_->stderr_tail.end());
@@ -1088,6 +1149,10 @@ class Run {
   Clock::time_point last_collection_{};  // when the last collection began
   bool paused_ = false;                  // the workers were stopped (Ctrl-Z) and not yet resumed
   bool hung_ = false;
+  int finished_on_ = 0;  // the finish signal that came, if one did
+  Clock::time_point finish_began_;
+  std::optional<Clock::time_point> finish_deadline_;
+  int workers_overran_ = 0;
 };
 
 }  // namespace

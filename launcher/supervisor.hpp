@@ -25,6 +25,17 @@ namespace ddl::launcher {
 // for stdout would be written into it. Call first thing.
 void hold_standard_descriptors();
 
+// A signal that asks the workers to save their work and end (Slurm's signal before the time limit,
+// `ddl run --requeue-signal`). It is passed on to the workers; from then on a worker that ends,
+// however it ends, stops no other, and those still running after `wait` (or at `latest`, whichever
+// comes first) are stopped as after a failure (SIGTERM, SIGKILL after the grace period), with a line
+// that says so. A second one changes nothing; a signal that stops a run still stops it.
+struct FinishRequest {
+  int signal = SIGUSR1;
+  std::chrono::milliseconds wait{60'000};
+  std::optional<std::chrono::steady_clock::time_point> latest;
+};
+
 struct SupervisorOptions {
   std::chrono::milliseconds grace_period{10'000};  // between SIGTERM and SIGKILL
   bool prefix_output = true;                       // "[rank] " before each line
@@ -54,6 +65,10 @@ struct SupervisorOptions {
   // quiet, for the launching host to report.
   std::optional<std::chrono::milliseconds> hang_timeout;
   bool hang_report_only = false;
+  // --requeue-signal: the signal that asks the workers to save and end before the job's time limit.
+  std::optional<FinishRequest> finish_on;
+  // The output_dir files continue what is there (a requeued job's next start) instead of starting empty.
+  bool append_output = false;
 };
 
 // Reads one line of a task launcher's output (srun --label, mpirun --tag-output): nullopt for a
@@ -101,6 +116,11 @@ struct RunOutcome {
   bool output_given_up = false;
   // --hang-timeout stopped the run: nothing had moved for this long.
   std::optional<std::chrono::milliseconds> hung_after;
+  // The finish signal (SupervisorOptions::finish_on) came, and the workers ended after it: exit_code
+  // is then 0 when every worker exited with 0, else 128 + that signal.
+  int finished_on = 0;
+  int workers_overran = 0;  // workers still running when their time to finish was over, and stopped
+  bool requeued = false;    // run_job put the batch job back in the queue after the finish signal
 };
 
 class Supervisor {

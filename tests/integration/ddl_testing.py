@@ -41,6 +41,14 @@ def unique_marker():
     return f"3000.{secrets.randbelow(10**8):08d}"
 
 
+def read_text(path):
+    """The text of the file at `path`, "" while there is none."""
+    if not os.path.exists(path):
+        return ""
+    with open(path) as f:
+        return f.read()
+
+
 def processes_with(marker):
     """PIDs of live (non-zombie) processes whose command line contains `marker`."""
     found = []

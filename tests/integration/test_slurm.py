@@ -7,12 +7,13 @@ import os
 import re
 import select
 import signal
+import socket
 import subprocess
 import tempfile
 import time
 import unittest
 
-from ddl_testing import (DDL, PYTHON, SOURCE, check_pmix_world, kill_leftovers, lines_by_rank, processes_with, sleeps_with,
+from ddl_testing import (DDL, PYTHON, SOURCE, check_pmix_world, kill_leftovers, lines_by_rank, processes_with, read_text, sleeps_with,
                          slurm_env, start_local_slurm, unique_marker, wait_until)
 
 CHECKS = os.environ.get("DDL_COLLECTIVE_CHECKS", os.path.join(SOURCE, "build", "tests", "collective_checks"))
@@ -225,6 +226,30 @@ class Slurm(unittest.TestCase):
                 kill_leftovers(marker)
         self.assertEqual(proc.returncode, 0, out + rest + err)
         self.assertEqual(sorted(line for line in (out + rest).splitlines() if "usr1" in line), ["[0] usr1 1", "[1] usr1 1"])
+
+    def test_a_step_srun_could_not_launch_fails_the_run_though_srun_exits_with_0(self):
+        # slurmstepd cannot make the step's PMIx socket (a file of that name is in the way), and
+        # srun 22.05 then says "task 0 launch failed" and exits with 0: before, so did ddl run,
+        # with no worker ever run.
+        with tempfile.TemporaryDirectory() as tmp:
+            output = os.path.join(tmp, "job.out")
+            script = f"#!/bin/bash\n{DDL} run --cpu -- {PYTHON} -c 'print(1)'\necho ddl exited with $?\n"
+            held = run(["sbatch", "--hold", "-N1", "-n2", "-o", output], input=script, cwd=tmp)
+            self.assertEqual(held.returncode, 0, held.stderr)
+            job = held.stdout.split()[-1]
+            spool = os.path.join(os.environ.get("DDL_SLURM_DIR", "/tmp/ddl-slurm"), "slurmd")
+            in_the_way = os.path.join(spool, f"stepd.slurm.pmix.{job}.0")
+            with socket.socket(socket.AF_UNIX) as sock:
+                sock.bind(in_the_way)
+                try:
+                    self.assertEqual(run(["scontrol", "release", job]).returncode, 0)
+                    self.assertTrue(wait_until(lambda: "ddl exited" in read_text(output), 60), read_text(output))
+                finally:
+                    os.unlink(in_the_way)
+            text = read_text(output)
+        self.assertIn("task 0 launch failed", text)  # srun's word, as the cause
+        self.assertIn("ddl: error: srun exited with 0, but rank(s) 0-1 never started (its messages above may say why)", text)
+        self.assertIn("ddl exited with 1", text)
 
     def test_a_failing_worker_ends_the_whole_step_with_its_code(self):
         marker = unique_marker()

@@ -68,6 +68,8 @@ TEST_CASE("every built-in site renders its golden script") {
   check_golden("perlmutter", "perlmutter", job({{"nodes", "2"}, {"time", "01:00:00"}, {"account", "m1234_g"}, {"queue", "regular"}}));
   JobRequest shifter = job({{"nodes", "2"}, {"account", "m1234_g"}, {"image", "nersc/pytorch:24.06.01"}});
   shifter.signal_before_seconds = 300;
+  shifter.requeue = true;
+  shifter.max_requeues = 3;
   check_golden("perlmutter_shifter_checkpoint", "perlmutter", shifter);
   check_golden("neuron", "neuron", job({{"nodes", "2"}, {"partition", "amd_a100nv_8"}, {"comment", "pytorch"}, {"time", "02:00:00"}}));
   check_golden("polaris", "polaris",
@@ -127,6 +129,41 @@ TEST_CASE("each site's rules are one usage error naming the rule and the fix") {
   JobRequest pbs_signal = job({{"account", "st-a-1-gpu"}});
   pbs_signal.signal_before_seconds = 60;
   CHECK_THROWS_WITH_AS(render_job_script(load_site("sockeye"), pbs_signal), doctest::Contains("uses PBS"), ddl::UsageError);
+  JobRequest pbs_count = job({{"account", "st-a-1-gpu"}});
+  pbs_count.requeue = true;
+  pbs_count.max_requeues = 2;
+  CHECK_THROWS_WITH_AS(render_job_script(load_site("sockeye"), pbs_count), doctest::Contains("--max-requeues: site 'sockeye' uses PBS"),
+                       ddl::UsageError);
+}
+
+TEST_CASE("--requeue: Slurm's signal goes to ddl run, which requeues; PBS gets a rerunnable job") {
+  UserSites none({});
+  JobRequest requeue = job({{"nodes", "1"}, {"gpus_per_node", "4"}});
+  requeue.requeue = true;
+  std::string text = render_job_script(load_site("slurm"), requeue).text;
+  CHECK(text.find("#SBATCH --signal=B:USR1@" + std::to_string(kRequeueSignalBefore) + "\n") != std::string::npos);
+  CHECK(text.find("#SBATCH --requeue\n") != std::string::npos);
+  CHECK(text.find("#SBATCH --open-mode=append\n") != std::string::npos);
+  CHECK(text.find(" --requeue-signal USR1 -- python3 train.py") != std::string::npos);
+
+  requeue.signal = "USR2";
+  requeue.signal_before_seconds = 200;
+  requeue.max_requeues = 0;
+  text = render_job_script(load_site("slurm"), requeue).text;
+  CHECK(text.find("#SBATCH --signal=B:USR2@200\n") != std::string::npos);
+  CHECK(text.find(" --requeue-signal USR2 --max-requeues 0 -- ") != std::string::npos);
+
+  JobRequest signal_only = job({{"nodes", "1"}, {"gpus_per_node", "4"}});
+  signal_only.signal_before_seconds = 90;
+  text = render_job_script(load_site("slurm"), signal_only).text;
+  CHECK(text.find("#SBATCH --signal=B:USR1@90\n") != std::string::npos);
+  CHECK(text.find("--requeue") == std::string::npos);  // the signal alone requeues nothing
+
+  JobRequest pbs = job({{"nodes", "2"}, {"gpus_per_node", "4"}, {"cpus_per_task", "8"}});
+  pbs.requeue = true;
+  text = render_job_script(load_site("pbs"), pbs).text;
+  CHECK(text.find("#PBS -r y\n") != std::string::npos);
+  CHECK(text.find("--requeue-signal") == std::string::npos);
 }
 
 namespace {

@@ -1,0 +1,174 @@
+"""Requeue at the time limit on a real Slurm (scripts/local_slurm.sh: slurmctld + slurmd + munge on
+loopback): `ddl submit --requeue` writes --signal=B:USR1@S, --requeue and --open-mode=append, and
+`ddl run --requeue-signal USR1` on the script's last line passes the signal to the workers, waits for
+them to save and end, then requeues the job (scontrol requeue) while --max-requeues allows.
+
+Slurm holds a requeued job for about two minutes (its BeginTime) before it may start again; as the
+cluster's administrator the tests end that hold at once (scontrol update StartTime=now), and Slurm
+then starts the job as it would have two minutes later. Everything else is Slurm's own doing: the
+time limit, the signal before it, the restart count."""
+import os
+import re
+import subprocess
+import tempfile
+import time
+import unittest
+
+from ddl_testing import (DDL, PYTHON, SOURCE, kill_leftovers, processes_with, read_text, slurm_env, start_local_slurm, unique_marker,
+                         wait_until)
+
+WORKER = os.path.join(SOURCE, "tests", "integration", "requeue_worker.py")
+LIGHTNING_FIT = os.path.join(SOURCE, "tests", "integration", "lightning_requeue.py")
+LIGHTNING_PYTHON = os.environ.get("DDL_LIGHTNING_PYTHON") or "/var/cache/ddl/lightning-venv/bin/python"
+
+
+def run(argv, timeout=60, **kwargs):
+    return subprocess.run(argv, env=kwargs.pop("env", slurm_env()), capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def job_fields(job):
+    """scontrol show job's Name=value pairs; {} once Slurm forgets the job."""
+    shown = run(["scontrol", "show", "job", job]).stdout
+    return dict(re.findall(r"(\w+)=(\S*)", shown))
+
+
+class Requeue(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        start_local_slurm()
+
+    def follow(self, job, output, until, timeout):
+        """Waits for `until(output text, job fields)`, ending each requeued start's hold at once."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            fields = job_fields(job)
+            # Once the last start's step daemons are gone: the hold is there for them to finish (a new
+            # step 0 would meet the old one's PMIx socket).
+            if fields.get("JobState") == "PENDING" and fields.get("Reason") == "BeginTime" and not processes_with(f"slurmstepd: [{job}."):
+                run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
+            text = read_text(output)
+            if until(text, fields):
+                return text, fields
+            time.sleep(0.5)
+        self.fail(f"job {job} did not get there in {timeout} s; its output:\n{text}\n{fields}")
+
+    def submit_requeueable(self, script, output, cwd):
+        """sbatch of `script` as `ddl submit --requeue` would write it; the job's id."""
+        submitted = run(["sbatch", "-N1", "-n2", "--requeue", "--open-mode=append", "-o", output], input=script, cwd=cwd)
+        self.assertEqual(submitted.returncode, 0, submitted.stderr)
+        return re.search(r"Submitted batch job (\d+)", submitted.stdout).group(1)
+
+    def signal_batch_shell(self, job):
+        """What --signal=B:USR1@S does before the time limit, done now: USR1 to the batch shell (ddl run) alone."""
+        signalled = run(["scancel", "--batch", "--signal=USR1", job])
+        self.assertEqual(signalled.returncode, 0, signalled.stderr)
+
+    def test_a_job_past_its_time_limit_twice_resumes_and_finishes_on_its_third_start(self):
+        marker = unique_marker()
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                submitted = run([DDL, "submit", "--site", "slurm", "--gpus-per-node", "2", "-t", "1", "--requeue", "--signal-before", "55",
+                                 "--max-requeues", "2", "--", PYTHON, WORKER, tmp, "save", marker], cwd=tmp)
+                self.assertEqual(submitted.returncode, 0, submitted.stdout + submitted.stderr)
+                job = re.search(r"submitted job (\d+)", submitted.stdout).group(1)
+                output = os.path.join(tmp, f"ddl-{job}.out")
+                text, fields = self.follow(job, output, lambda text, fields: fields.get("JobState") in ("COMPLETED", "FAILED", "TIMEOUT",
+                                                                                                        "CANCELLED"), 300)
+            finally:
+                run(["scancel", job]) if "job" in locals() else None
+                kill_leftovers(marker)
+        self.assertEqual((fields["JobState"], fields["ExitCode"], fields["Restarts"]), ("COMPLETED", "0:0", "2"), text)
+        for rank in (0, 1):
+            starts = re.findall(rf"\[{rank}\] start rank={rank} requeues=(\d) slurm=(\S+) step=(\d+)", text)
+            saves = re.findall(rf"\[{rank}\] saved rank={rank} step=(\d+)", text)
+            self.assertEqual([(r, s) for r, s, _ in starts], [("0", "-"), ("1", "1"), ("2", "2")], text)
+            self.assertEqual(len(saves), 2, text)
+            # Each start goes on from the step the one before saved at its signal.
+            self.assertEqual([int(step) for _, _, step in starts], [0, int(saves[0]), int(saves[1])], text)
+            self.assertGreater(int(saves[1]), int(saves[0]), text)
+            self.assertIn(f"[{rank}] done rank={rank} step={int(saves[1]) + 10}", text)
+        # The output of the three starts is one file (--open-mode=append), with ddl's word on each requeue.
+        self.assertEqual(re.findall(rf"ddl: requeueing job {job} \(requeue (\d) of 2\)", text), ["1", "2"], text)
+
+    def test_workers_that_ignore_the_signal_are_stopped_after_their_grace_and_the_last_requeue_allowed_is_the_last(self):
+        marker = unique_marker()
+        with tempfile.TemporaryDirectory() as tmp:
+            output = os.path.join(tmp, "job.out")
+            script = (f"#!/bin/bash\nexec {DDL} run --cpu --requeue-signal USR1 --requeue-grace 2 --max-requeues 1 -- "
+                      f"{PYTHON} {WORKER} {tmp} ignore {marker}\n")
+            try:
+                job = self.submit_requeueable(script, output, tmp)
+                for start in (1, 2):
+                    self.follow(job, output, lambda text, fields: text.count("start rank=") == 2 * start, 120)
+                    self.signal_batch_shell(job)
+                    self.follow(job, output, lambda text, fields: text.count("stopping them") == start, 60)
+                text, fields = self.follow(job, output, lambda text, fields: fields.get("JobState") in ("COMPLETED", "FAILED"), 60)
+                self.assertTrue(wait_until(lambda: not processes_with(marker), 30), "a worker outlived the job")
+            finally:
+                run(["scancel", job]) if "job" in locals() else None
+                kill_leftovers(marker)
+        self.assertEqual(text.count("ddl: workers still running 2 s after SIGUSR1 (their time to save and end): stopping them"), 2, text)
+        self.assertEqual(re.findall(r"requeues=(\d)", text), ["0", "0", "1", "1"], text)
+        self.assertIn(f"ddl: requeueing job {job} (requeue 1 of 1)", text)
+        self.assertIn(f"ddl: job {job} is not requeued: it has been requeued 1 time(s), as many as --max-requeues 1 allows", text)
+        self.assertIn("ddl: error: the run ended on SIGUSR1 (--requeue-signal): not every worker saved and exited with 0 (exit code 138)", text)
+        self.assertEqual((fields["JobState"], fields["ExitCode"], fields["Restarts"]), ("FAILED", "138:0", "1"), text)
+
+    def test_a_lightning_fit_goes_on_from_its_last_checkpoint_after_the_requeue(self):
+        if not os.access(LIGHTNING_PYTHON, os.X_OK):
+            self.fail(f"no Lightning venv: {LIGHTNING_PYTHON} is missing; run `bash scripts/lightning_venv.sh`")
+        marker = unique_marker()
+        with tempfile.TemporaryDirectory() as tmp:
+            output = os.path.join(tmp, "job.out")
+            script = (f"#!/bin/bash\nexec {DDL} run --cpu --requeue-signal USR1 --max-requeues 1 -- "
+                      f"{LIGHTNING_PYTHON} {LIGHTNING_FIT} {tmp}/checkpoints {marker}\n")
+            try:
+                job = self.submit_requeueable(script, output, tmp)
+                self.follow(job, output, lambda text, fields: "lightning step rank=0 step=10" in text, 180)
+                self.signal_batch_shell(job)
+                text, fields = self.follow(job, output, lambda text, fields: fields.get("JobState") in ("COMPLETED", "FAILED"), 240)
+                self.assertTrue(wait_until(lambda: not processes_with(marker), 30), "a worker outlived the job")
+            finally:
+                run(["scancel", job]) if "job" in locals() else None
+                kill_leftovers(marker)
+        self.assertEqual((fields["JobState"], fields["ExitCode"], fields["Restarts"]), ("COMPLETED", "0:0", "1"), text)
+        first, second = text.split(f"ddl: requeueing job {job} (requeue 1 of 1)")
+        weights = set()
+        for rank in (0, 1):
+            self.assertIn(f"lightning start rank={rank} requeues=0 step=0", first)
+            saved = int(re.findall(rf"lightning step rank={rank} step=(\d+)", first)[-1])  # the last checkpoint it reached
+            resumed = int(re.search(rf"lightning start rank={rank} requeues=1 step=(\d+)", second).group(1))
+            self.assertGreaterEqual(resumed, saved, text)  # (a later checkpoint may have been written before its print)
+            self.assertGreaterEqual(resumed, 10, text)
+            done = re.search(rf"lightning done rank={rank} requeues=1 step=(\d+) weights=(\w+)", second)
+            self.assertEqual(int(done.group(1)), resumed + 20, text)
+            weights.add(done.group(2))
+        self.assertEqual(len(weights), 1, text)  # DDP's replicas, identical after the resumed fit
+
+class RequeueFlags(unittest.TestCase):
+    """Bad use is one line naming the flag, before anything starts."""
+
+    def check_refused(self, argv, expected, env=None):
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=env)
+        self.assertEqual(result.returncode, 2, result.stdout + result.stderr)
+        self.assertIn(expected, result.stderr)
+
+    def test_requeue_flags_are_checked(self):
+        outside = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        self.check_refused([DDL, "run", "-np", "1", "--requeue-signal", "USR1", "--", "true"],
+                           "--requeue-signal requeues a Slurm batch job, and this is not one (SLURM_JOB_ID is unset)", outside)
+        self.check_refused([DDL, "run", "-np", "1", "--requeue-signal", "KILL", "--", "true"], "--requeue-signal KILL: not a signal")
+        self.check_refused([DDL, "run", "-np", "1", "--max-requeues", "3", "--", "true"], "--max-requeues is for --requeue-signal")
+        self.check_refused([DDL, "run", "-np", "1", "--requeue-grace", "3", "--", "true"], "--requeue-grace is for --requeue-signal")
+        self.check_refused([DDL, "submit", "--site", "slurm", "--signal", "USR2", "--dry-run", "--", "true"],
+                           "--signal is for --signal-before or --requeue")
+        self.check_refused([DDL, "submit", "--site", "slurm", "--max-requeues", "2", "--dry-run", "--", "true"],
+                           "--max-requeues is for --requeue")
+        self.check_refused([DDL, "submit", "--site", "slurm", "--requeue", "--signal", "STOP", "--dry-run", "--", "true"],
+                           "--signal STOP: not a signal")
+        self.check_refused([DDL, "submit", "--site", "pbs", "--requeue", "--max-requeues", "1", "--dry-run", "--", "true"],
+                           "--max-requeues: site 'pbs' uses PBS")
+
+
+if __name__ == "__main__":
+    unittest.main()
