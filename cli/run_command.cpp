@@ -93,6 +93,7 @@ struct RunFlags {
   double hang_seconds = 0;
   std::string hang_action = "stop";
   std::string requeue_signal;
+  std::string straggler_every;
   int max_requeues = 5;
   double requeue_grace_seconds = 0;
   std::string output_dir;
@@ -159,6 +160,9 @@ RunCommand::RunCommand(CLI::App& app) : flags_(std::make_shared<RunFlags>()) {
   app_->add_option("--requeue-grace", f.requeue_grace_seconds,
                    "With --requeue-signal: seconds the workers have to save and end (default: until shortly before the time limit)")
       ->check(seconds_at_most(365.0 * 86400));
+  app_->add_option("--report-stragglers", f.straggler_every,
+                   "Say which ranks the others waited for in libddl ops (rank 0, at the end; every SECONDS too when given)")
+      ->expected(0, 1);
   auto* no_prefix = app_->add_flag("--no-prefix", f.no_prefix, "Do not prefix output lines with the worker's rank");
   app_->add_option("--prefix", f.prefix, "What labels each output line: rank ([3] ...), host ([node7:3] ...) or none")
       ->check(CLI::IsMember({"rank", "host", "none"}))
@@ -234,6 +238,13 @@ int RunCommand::execute(const std::optional<std::vector<std::string>>& program) 
   }
   request.supervision.hang_report_only = f.hang_action == "report";
   request.requeue = requeue_policy(*app_, f);
+  if (app_->count("--report-stragglers") > 0) {
+    const auto every = f.straggler_every.empty() ? std::optional<long long>(0) : whole_number(f.straggler_every, 365LL * 24 * 3600);
+    if (!every)
+      throw UsageError(fmt::format("--report-stragglers {}: not a whole number of seconds", f.straggler_every),
+                       "give how often to report, e.g. --report-stragglers 600, or nothing for a report at the end only");
+    request.straggler_report_every = static_cast<int>(*every);
+  }
   request.supervision.prefix_output = !f.no_prefix && f.prefix != "none";
   request.supervision.prefix_with_host = f.prefix == "host";
   request.supervision.output_dir = f.output_dir;

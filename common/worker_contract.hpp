@@ -24,6 +24,9 @@ inline constexpr const char* kRequeueCount = "DDL_REQUEUE_COUNT";  // how often 
 // "rank.N.PID.stacks"; the supervisor signals only the processes that left such a file.
 inline constexpr const char* kWatchDir = "DDL_WATCH_DIR";
 inline constexpr const char* kStacksSignal = "DDL_STACKS_SIGNAL";
+// `ddl run --report-stragglers [N]`: rank 0's libddl reports which ranks the others waited for, at
+// the end, and every N seconds when N > 0. Unset: nothing is tracked.
+inline constexpr const char* kReportStragglers = "DDL_REPORT_STRAGGLERS";
 
 // A numeric setting of libddl: the user's, checked alike by `ddl run` before it starts anything and
 // by libddl in every worker (number_from_environment).

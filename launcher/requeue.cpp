@@ -25,7 +25,8 @@ int requeue_signal_named(const std::string& name, const std::string& flag) {
   if (upper.starts_with("SIG")) upper = upper.substr(3);
   for (int sig : {SIGUSR1, SIGUSR2, SIGTERM, SIGHUP})
     if (upper == ::sigabbrev_np(sig)) return sig;
-  throw UsageError(fmt::format("{} {}: not a signal ddl can requeue on", flag, name), fmt::format("give USR1 (the usual), USR2, TERM or HUP"));
+  throw UsageError(fmt::format("{} {}: not a signal ddl can requeue on", flag, name),
+                   fmt::format("give USR1 (the usual), USR2, TERM or HUP"));
 }
 
 int requeue_count(const Environment& env) {

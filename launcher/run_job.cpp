@@ -56,6 +56,7 @@ RunOutcome run_job(const RunRequest& request, const Environment& launcher_env, c
   Environment env = with_python_startup_hook(launcher_env, request.torch_backend, this_executable());
   const int requeues = requeue_count(launcher_env);
   env[contract::kRequeueCount] = std::to_string(requeues);
+  if (request.straggler_report_every) env[contract::kReportStragglers] = std::to_string(*request.straggler_report_every);
   RunRequest attempt = request;
   attempt.supervision.append_output = requeues > 0;
   if (request.requeue) attempt.supervision.finish_on = finish_request(*request.requeue, launcher_env, request.supervision.grace_period);

@@ -12,6 +12,7 @@ import time
 import unittest
 
 from testbed_hosts import LIGHTNING_PYTHON, LIGHTNING_TRAIN, TESTBED, bed, lightning_reports, workers
+from test_stragglers import check_straggler_report
 from ddl_testing import DDL, PYTHON, SOURCE, comm, is_stopped, kill_leftovers, lines_by_rank, processes_with, unique_marker, wait_until
 
 CHECKS = os.environ.get("DDL_COLLECTIVE_CHECKS", os.path.join(SOURCE, "build", "tests", "collective_checks"))
@@ -334,6 +335,13 @@ class HostsTest(unittest.TestCase):
                       result.stderr)
         for host in ("ddlhost1", "ddlhost2"):  # each supervisor's folder went with it
             self.assertEqual(on_host(host, "sh", "-c", "ls -d /tmp/ddl-watch.* 2>/dev/null").stdout, "", host)
+
+    def test_report_stragglers_names_the_straggler_and_its_host(self):
+        straggler = os.path.join(SOURCE, "tests", "integration", "straggler_worker.py")
+        result = on_host("ddlhost1", DDL, "run", "--cpu", "-H", HOSTS, "--report-stragglers", "--", PYTHON, straggler, "3", "60", "0.03",
+                         env={"PYTHONPATH": os.path.join(SOURCE, "build", "python")}, timeout=180)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        check_straggler_report(self, result.stderr, 3, "ddlhost2")
 
     def test_a_failing_worker_on_the_second_host_stops_every_host_with_its_code(self):
         result = self.run_on_hosts("--cpu", "-H", HOSTS, "--grace-period", "5", mode="fail3")

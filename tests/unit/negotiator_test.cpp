@@ -408,3 +408,44 @@ TEST_CASE("an allgather's mismatch says what ranks compared: the element type an
   CHECK(d.failed[0].message ==
         "op 'g' differs between ranks: rank 0: allgather of float32 rows of shape (2); rank 1: allgather of float32 elements");
 }
+
+TEST_CASE("a straggler tally names the ranks whose announcement came in the op's last round, and how much later") {
+  StragglerTally tally(4);
+  Negotiator n(4);
+  n.count_stragglers(&tally);
+  const auto t0 = Clock::now();
+  const auto ms = [](int n) { return std::chrono::milliseconds(n); };
+  // Round 1: ranks 0 and 1; round 2 (40 ms on): rank 3; round 3 (100 ms on): rank 2, last.
+  n.merge({announce({{"g", allreduce(1)}}), announce({{"g", allreduce(1)}}), announce({}), announce({})}, t0);
+  n.merge({announce({}), announce({}), announce({}), announce({{"g", allreduce(1)}})}, t0 + ms(40));
+  auto agreed = n.merge({announce({}), announce({}), announce({{"g", allreduce(1)}}), announce({})}, t0 + ms(100));
+  REQUIRE(names(agreed) == std::vector<std::string>{"g"});
+  // Now by cache id: ranks 1 and 3 come 20 ms after ranks 0 and 2.
+  Announcement early, late;
+  early.cached = {*n.cached_id("g", allreduce(1))};
+  late.cached = early.cached;
+  n.merge({early, announce({}), early, announce({})}, t0 + ms(200));
+  agreed = n.merge({announce({}), late, announce({}), late}, t0 + ms(220));
+  REQUIRE(names(agreed) == std::vector<std::string>{"g"});
+  // Every rank in one round: agreed without anyone late.
+  n.merge({early, early, early, early}, t0 + ms(300));
+
+  // As often late, the longer wait first; then by rank.
+  CHECK(tally.report({"n0", "n0", "n1", "n1"}, 2) ==
+        "stragglers over 3 op(s): rank 2 on n1 arrived last in 33% of ops, median 100 ms later; rank 1 on n0 arrived last in 33% of "
+        "ops, median 20 ms later (67% of ops waited for some rank)");
+  CHECK(tally.report({}, 4).find("; rank 3 arrived last in 33% of ops, median 20 ms later (") != std::string::npos);
+  CHECK(StragglerTally(2).report({}).empty());  // no op: nothing to say
+}
+
+TEST_CASE("a process set's tally names its members by world rank") {
+  StragglerTally tally(8);
+  Negotiator n(2);
+  n.name_ranks_by({3, 6});
+  n.count_stragglers(&tally);
+  const auto t0 = Clock::now();
+  n.merge({announce({{"g", allreduce(1)}}), announce({})}, t0);
+  n.merge({announce({}), announce({{"g", allreduce(1)}})}, t0 + std::chrono::milliseconds(5));
+  CHECK(tally.report({}) ==
+        "stragglers over 1 op(s): rank 6 arrived last in 100% of ops, median 5 ms later (100% of ops waited for some rank)");
+}

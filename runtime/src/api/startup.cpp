@@ -85,6 +85,10 @@ runtime::EngineConfig engine_config(int rank) {
   if (const char* t = std::getenv(contract::kTimeline); t != nullptr && *t != '\0') c.timeline_path = timeline_path_for(t, rank);
   if (const char* w = std::getenv(contract::kWatchDir); w != nullptr && *w != '\0')
     c.progress_path = fmt::format("{}/rank.{}.progress", w, rank);
+  if (const char* s = std::getenv(contract::kReportStragglers); s != nullptr && *s != '\0') {
+    c.report_stragglers = true;
+    c.straggler_interval = std::chrono::seconds(ddl::whole_number(s, 365LL * 24 * 3600).value_or(0));
+  }
   return c;
 }
 
@@ -156,12 +160,13 @@ std::string interface_host(int num_nodes, const std::string& towards) {
 namespace {
 
 // A timeline is valid JSON only once closed, and most programs (Python scripts above all) exit
-// without ddl_finalize: close the world's at exit. try_lock: a thread that holds g_mutex at exit
-// may never let go of it.
-void close_timeline_at_exit() {
+// without ddl_finalize: close the world's at exit, and give its straggler report. try_lock: a
+// thread that holds g_mutex at exit may never let go of it.
+void close_world_records_at_exit() {
   std::unique_lock lock(g_mutex, std::try_to_lock);
   if (!lock.owns_lock() || !g_runtime || !g_runtime->engine) return;
   g_runtime->engine->timeline().close();
+  g_runtime->engine->report_stragglers_at_exit();
 }
 
 // The world `ddl run` describes in its variables, through its store.
@@ -249,12 +254,26 @@ std::unique_ptr<ddl::runtime::Collectives> world_collectives(Runtime& rt, int ra
   return collectives;
 }
 
+// Every rank's host, for rank 0's straggler report (through the rendezvous store: no collective
+// runs before the engine); empty on the other ranks.
+std::vector<std::string> hosts_of_ranks(gloo::rendezvous::Store& store, int rank, int size) {
+  const std::string host = this_host_name();
+  store.set(fmt::format("straggler-host/{}", rank), std::vector<char>(host.begin(), host.end()));
+  std::vector<std::string> hosts;
+  if (rank != 0) return hosts;
+  for (int r = 0; r < size; ++r) {
+    const std::vector<char> named = store.get(fmt::format("straggler-host/{}", r));
+    hosts.emplace_back(named.begin(), named.end());
+  }
+  return hosts;
+}
+
 // `program`: the program's store (ddl_init_with_store) and the rank and size it gave; else the
 // world comes from ddl run, PMIx or this process alone (bootstrap_mode).
 std::shared_ptr<Runtime> start_runtime(int generation, const ddl::runtime::ProgramStore* program = nullptr, int given_rank = 0,
                                        int given_size = 1) {
   static std::once_flag at_exit_registered;
-  std::call_once(at_exit_registered, [] { std::atexit(close_timeline_at_exit); });
+  std::call_once(at_exit_registered, [] { std::atexit(close_world_records_at_exit); });
   auto rt = std::make_shared<Runtime>();
   rt->mode = program != nullptr ? "program store" : bootstrap_mode();
   rt->generation = generation;
@@ -270,6 +289,7 @@ std::shared_ptr<Runtime> start_runtime(int generation, const ddl::runtime::Progr
   else
     join_through_program_store(*rt, rank, size, *program);
   auto config = engine_config(rank);
+  if (config.report_stragglers) config.rank_hosts = hosts_of_ranks(*rt->store, rank, size);
   rt->engine = std::make_shared<Engine>(world_collectives(*rt, rank, size, config), config);
   return rt;
 }

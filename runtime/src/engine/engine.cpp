@@ -1,6 +1,7 @@
 #include "runtime/src/engine/engine.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -65,6 +66,11 @@ Engine::Engine(std::unique_ptr<Collectives> collectives, EngineConfig config)
       timeline_(config_.timeline_path, rank_),
       progress_(config_.progress_path) {
   if (!config_.world_ranks.empty()) negotiator_.name_ranks_by(config_.world_ranks);
+  if (config_.report_stragglers && config_.world_ranks.empty()) {
+    stragglers_ = std::make_unique<StragglerTally>(size_);
+    negotiator_.count_stragglers(stragglers_.get());
+    next_straggler_report_ = Clock::now() + config_.straggler_interval;
+  }
   // Which ops fuse decides which collectives run, so every rank must use the same threshold: rank
   // 0's, like its clock for stalls.
   uint64_t threshold = config_.fusion_threshold;
@@ -165,6 +171,7 @@ void Engine::request_finalize() {
 void Engine::finalize() {
   request_finalize();
   if (thread_.joinable()) thread_.join();
+  write_straggler_report(true);
   // The engine thread leaves only once the rounds have stopped, so nothing records any more.
   timeline_.close();
 }
@@ -350,7 +357,22 @@ bool Engine::complete_round(const std::vector<Announcement>& round) {
     gpu_busy_ = !gpu_in_flight_.empty();
   }
   last_round_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+  if (stragglers_ && config_.straggler_interval.count() > 0 && Clock::now() >= next_straggler_report_) write_straggler_report(false);
   return !(decision.all_finalizing && decision.ready.empty());
+}
+
+void Engine::report_stragglers_at_exit() {
+  std::unique_lock round_lock(round_mutex_, std::try_to_lock);
+  if (round_lock.owns_lock()) write_straggler_report(true);
+}
+
+// Rank 0's word only: every rank's tally holds the same rounds.
+void Engine::write_straggler_report(bool final) {
+  if (!stragglers_ || rank_ != 0 || stragglers_reported_) return;
+  next_straggler_report_ = Clock::now() + config_.straggler_interval;
+  stragglers_reported_ = final;
+  const std::string text = stragglers_->report(config_.rank_hosts);
+  if (!text.empty()) std::fprintf(stderr, "ddl: %s%s\n", final ? "" : "so far, ", text.c_str());
 }
 
 bool Engine::proposable(const OpSpec& spec) {

@@ -75,6 +75,11 @@ struct EngineConfig {
   std::string timeline_path;     // DDL_TIMELINE for this rank; empty = none
   std::string progress_path;     // the hang watchdog's file for this rank (DDL_WATCH_DIR); empty = none
   std::vector<int> world_ranks;  // a process set's members, which errors name; empty: the world
+  // DDL_REPORT_STRAGGLERS (the world's engine only): rank 0 writes on stderr which ranks the others
+  // waited for (StragglerTally), when it finalizes and, when set, every this often.
+  bool report_stragglers = false;
+  std::chrono::seconds straggler_interval{0};
+  std::vector<std::string> rank_hosts;  // each rank's host, for that report (rank 0's engine)
 };
 
 class Engine : public std::enable_shared_from_this<Engine> {
@@ -84,6 +89,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
+  // Rank 0's straggler report (EngineConfig::report_stragglers), at exit of a process that never
+  // finalized: skipped if a round is under way at that moment.
+  void report_stragglers_at_exit();
   int rank() const { return rank_; }
   int size() const { return size_; }
 
@@ -235,6 +243,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   Negotiator negotiator_;
   Timeline timeline_;
   ProgressMark progress_;
+  std::unique_ptr<StragglerTally> stragglers_;  // with report_stragglers, on the world's engine
+  Clock::time_point next_straggler_report_{};
+  bool stragglers_reported_ = false;
+  void write_straggler_report(bool final);
   std::vector<char> fusion_buffer_;
   std::vector<ReducePiece> pieces_;                                // a fused allreduce's ops, for a transport that needs no fusion buffer
   std::vector<char> scratch_;                                      // reducescatter's and alltoallv's staging buffer

@@ -47,6 +47,7 @@ std::unordered_map<std::string, Negotiator::Entry>::iterator Negotiator::entry_f
       e.announced = w.announced;
       e.order = w.order;
       e.first_seen = w.first_seen;
+      e.last = w.last;
       clear_wait(w);
     }
   }
@@ -60,6 +61,7 @@ void Negotiator::announce_full(int rank, const std::string& name, const OpSpec& 
   // does is corrupt, and counting it would complete the op without some rank, or twice.
   if (e.specs[static_cast<size_t>(rank)]) throw std::runtime_error(fmt::format("rank {} announced op '{}' twice", rank, name));
   e.specs[static_cast<size_t>(rank)] = spec;
+  if (stragglers_) note_arrival(e.last, rank, now);
   if (rank == 0) e.order = next_order_++;
   if (++e.announced == size_) completed.push_back({e.order, false, &entry->first, std::nullopt});
 }
@@ -75,12 +77,29 @@ void Negotiator::announce_cached(int rank, uint32_t id, TimePoint now, std::vect
   if (w.announced == 0) {
     w.ranks.assign(static_cast<size_t>(size_), false);
     w.first_seen = now;
+    w.last = {};
     ++cached_waiting_;
   }
   if (w.ranks[static_cast<size_t>(rank)]) throw std::runtime_error(fmt::format("rank {} announced op '{}' twice", rank, name));
   w.ranks[static_cast<size_t>(rank)] = true;
+  if (stragglers_) note_arrival(w.last, rank, now);
   if (rank == 0) w.order = next_order_++;
   if (++w.announced == size_) completed.push_back({w.order, false, &cache_[id].first, id});
+}
+
+void Negotiator::note_arrival(Arrivals& last, int rank, TimePoint now) const {
+  if (now > last.when) {
+    last.when = now;
+    last.ranks.clear();
+  }
+  last.ranks.push_back(world_ranks_.empty() ? rank : world_ranks_[static_cast<size_t>(rank)]);
+}
+
+void Negotiator::tally_agreed(const Arrivals& last, TimePoint first_seen) const {
+  if (last.when > first_seen)
+    stragglers_->op_agreed(last.ranks, last.when - first_seen);
+  else
+    stragglers_->op_agreed({}, {});
 }
 
 void Negotiator::update_joined(const std::vector<Announcement>& announcements) {
@@ -175,6 +194,7 @@ RoundDecision Negotiator::merge(const std::vector<Announcement>& announcements, 
   };
   for (const Completed& c : completed) {
     if (c.cached_id) {  // every rank announced the cached spec: agreed by construction
+      if (stragglers_ && !c.with_joined) tally_agreed(cached_waits_[*c.cached_id].last, cached_waits_[*c.cached_id].first_seen);
       clear_wait(cached_waits_[*c.cached_id]);
       const OpSpec& spec = cache_[*c.cached_id].second;
       if (order_broken_ && spec.ordered)  // broken earlier in this round
@@ -200,6 +220,7 @@ RoundDecision Negotiator::merge(const std::vector<Announcement>& announcements, 
     } else if (same && c.with_joined && !runs_with_joined(first)) {
       joined_failure(*c.name, first);
     } else if (same) {
+      if (stragglers_ && !c.with_joined) tally_agreed(e.last, e.first_seen);
       // A join ends with every rank numbering its unnamed ops afresh (Engine::run_single): in step again.
       if (first.kind == OpKind::Join) order_broken_.reset();
       const auto& [name, spec] = agreed_in_full_.emplace_back(*c.name, first);  // the entry goes below
@@ -266,6 +287,7 @@ std::string Negotiator::failure_message(const std::string& name, const Entry& e,
 }
 
 void Negotiator::ran_without_round(TimePoint now) {
+  if (stragglers_) stragglers_->op_agreed({}, {});  // every rank proposed it in one round
   last_progress_ = now;
   ++next_order_;
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "runtime/src/engine/op_spec.hpp"
+#include "runtime/src/engine/stragglers.hpp"
 
 namespace ddl::runtime {
 
@@ -55,6 +56,9 @@ class Negotiator {
   explicit Negotiator(int world_size, size_t cache_capacity = 4096) : size_(world_size), cache_capacity_(cache_capacity) {}
   // A process set's negotiator: its errors name its members by world rank.
   void name_ranks_by(std::vector<int> world_ranks) { world_ranks_ = std::move(world_ranks); }
+  // Tells `tally` (which outlives this negotiator) of every op agreed: who announced it last, and
+  // how much later. Without one, nothing is tracked.
+  void count_stragglers(StragglerTally* tally) { stragglers_ = tally; }
 
   // The id under which this rank may announce (name, spec), if the cache holds exactly that.
   std::optional<uint32_t> cached_id(const std::string& name, const OpSpec& spec) const;
@@ -89,12 +93,20 @@ class Negotiator {
 
  private:
   using TimePoint = std::chrono::steady_clock::time_point;
+  // The ranks whose announcements of an op came in the latest round that brought any, and when.
+  struct Arrivals {
+    TimePoint when{};
+    std::vector<int> ranks;
+  };
+  void note_arrival(Arrivals& last, int rank, TimePoint now) const;
+  void tally_agreed(const Arrivals& last, TimePoint first_seen) const;
   // An op announced in full by some rank: what each rank announced.
   struct Entry {
     std::vector<std::optional<OpSpec>> specs;  // per rank
     int announced = 0;
     uint64_t order = UINT64_MAX;  // rank 0's announcement order
     TimePoint first_seen;
+    Arrivals last;  // with a straggler tally
   };
   // An op every rank so far announced by cache id, so with the cached spec: the steady state of a
   // training loop, kept in a vector by id so that a step of a thousand ops costs no map lookups.
@@ -103,6 +115,7 @@ class Negotiator {
     uint64_t order = UINT64_MAX;
     TimePoint first_seen;
     std::vector<bool> ranks;  // which ranks announced it
+    Arrivals last;            // with a straggler tally
   };
   struct Completed {
     uint64_t order;
@@ -133,6 +146,7 @@ class Negotiator {
   bool runs_with_joined(const OpSpec& spec) const;
 
   int size_;
+  StragglerTally* stragglers_ = nullptr;
   std::vector<int> world_ranks_;  // set rank -> world rank, for messages; empty: the world's own
   // "rank 0,2", or a set's "world rank 3,5" (`word`: "rank" or "rank(s)")
   std::string ranks_named(const std::vector<int>& ranks, const char* word) const;
