@@ -986,9 +986,12 @@ class Run {
     }
   }
 
+  // Only workers that ddl stopped: Slurm sends SIGCONT with each signal to the batch shell (ddl),
+  // and srun would say "got SIGCONT" for each.
   void resume_workers() {
-    paused_ = false;
     note_activity();  // the time stopped is no quiet of the workers'
+    if (!paused_) return;
+    paused_ = false;
     signal_running(SIGCONT);
   }
 

@@ -42,15 +42,20 @@ class Requeue(unittest.TestCase):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             fields = job_fields(job)
-            # Once the last start's step daemons are gone: the hold is there for them to finish (a new
-            # step 0 would meet the old one's PMIx socket).
-            if fields.get("JobState") == "PENDING" and fields.get("Reason") == "BeginTime" and not processes_with(f"slurmstepd: [{job}."):
+            # Once the last start has left the node: the hold is there for it to finish (a new step 0
+            # would meet the old one's PMIx socket).
+            if fields.get("JobState") == "PENDING" and fields.get("Reason") == "BeginTime" and self.left_its_node(job):
                 run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
             text = read_text(output)
             if until(text, fields):
                 return text, fields
             time.sleep(0.5)
         self.fail(f"job {job} did not get there in {timeout} s; its output:\n{text}\n{fields}")
+
+    @staticmethod
+    def left_its_node(job):
+        """The job's last start is over on the node: its step daemons gone, the node idle again."""
+        return not processes_with(f"slurmstepd: [{job}.") and run(["sinfo", "-h", "-o", "%T"]).stdout.split() == ["idle"]
 
     def submit_requeueable(self, script, output, cwd):
         """sbatch of `script` as `ddl submit --requeue` would write it; the job's id."""
@@ -68,7 +73,7 @@ class Requeue(unittest.TestCase):
         with tempfile.TemporaryDirectory() as tmp:
             try:
                 submitted = run([DDL, "submit", "--site", "slurm", "--gpus-per-node", "2", "-t", "1", "--requeue", "--signal-before", "55",
-                                 "--max-requeues", "2", "--", PYTHON, WORKER, tmp, "save", marker], cwd=tmp)
+                                 "--max-requeues", "2", "--", PYTHON, WORKER, tmp, "save", "2", marker], cwd=tmp)
                 self.assertEqual(submitted.returncode, 0, submitted.stdout + submitted.stderr)
                 job = re.search(r"submitted job (\d+)", submitted.stdout).group(1)
                 output = os.path.join(tmp, f"ddl-{job}.out")
@@ -95,7 +100,7 @@ class Requeue(unittest.TestCase):
         with tempfile.TemporaryDirectory() as tmp:
             output = os.path.join(tmp, "job.out")
             script = (f"#!/bin/bash\nexec {DDL} run --cpu --requeue-signal USR1 --requeue-grace 2 --max-requeues 1 -- "
-                      f"{PYTHON} {WORKER} {tmp} ignore {marker}\n")
+                      f"{PYTHON} {WORKER} {tmp} ignore 0 {marker}\n")
             try:
                 job = self.submit_requeueable(script, output, tmp)
                 for start in (1, 2):

@@ -4,7 +4,6 @@ on ddlhost1 (scripts/local_slurm.sh --testbed), each node imitating Perlmutter w
 its own. Every client command (salloc, and sbatch through `ddl submit`) runs inside ddlhost1, so
 `ddl run` starts on the allocation's first node and reaches the second through srun. Processes are
 looked for on the whole machine (the hosts share its process table), by a marker unique to each test."""
-import json
 import os
 import re
 import signal
@@ -183,6 +182,52 @@ class TwoNodeSlurm(unittest.TestCase):
                 self.assertIn(f"[{rank}] hi {rank} on ddlhost{rank // 2 + 1}", output)
             self.assertLess(took, 60)
             self.assert_nothing_left()
+
+    def test_a_requeued_job_s_workers_on_both_nodes_save_then_go_on_from_there(self):
+        # `ddl run --requeue-signal` as `ddl submit --requeue` writes it; the signal Slurm sends
+        # before the time limit (--signal=B:USR1@S) is sent now, to the batch shell alone, and the
+        # requeued job's two-minute hold is ended at once (test_requeue.py waits for the real limit).
+        worker = os.path.join(SOURCE, "tests", "integration", "requeue_worker.py")
+        with tempfile.TemporaryDirectory(dir=self.shared) as tmp:
+            output = os.path.join(tmp, "job.out")
+            script = f"#!/bin/bash\nexec {DDL} run --cpu --requeue-signal USR1 --max-requeues 1 -- {PYTHON} {worker} {tmp} save 1 {self.marker}\n"
+            submitted = subprocess.run(["bash", TESTBED, "exec", "ddlhost1", "sbatch", "-N", "2", "--ntasks-per-node", "1", "--requeue",
+                                        "--open-mode=append", "-o", output], input=script, env=self.env(), cwd=tmp, capture_output=True,
+                                       text=True, timeout=60)
+            self.assertEqual(submitted.returncode, 0, submitted.stderr)
+            job = submitted.stdout.split()[-1]
+
+            def job_field(name):
+                return re.search(rf"\b{name}=(\S*)", self.on_ddlhost1("scontrol", "show", "job", job).stdout).group(1)
+
+            def text():
+                with open(output) as f:
+                    return f.read() if os.path.exists(output) else ""
+
+            try:
+                self.assertTrue(wait_until(lambda: os.path.exists(output) and text().count("start rank=") == 2, 90), text())
+                self.assertEqual(self.on_ddlhost1("scancel", "--batch", "--signal=USR1", job).returncode, 0)
+
+                def requeued_and_started_again():
+                    # Once the last start has left both nodes: its step daemons gone, the nodes idle again.
+                    nodes = self.on_ddlhost1("sinfo", "-h", "-o", "%T").stdout.split()
+                    if job_field("JobState") == "PENDING" and not processes_with(f"slurmstepd: [{job}.") and set(nodes) == {"idle"}:
+                        self.on_ddlhost1("scontrol", "update", f"JobId={job}", "StartTime=now")
+                    return job_field("JobState") in ("COMPLETED", "FAILED")
+                self.assertTrue(wait_until(requeued_and_started_again, 120, interval=0.5), text())
+                final = text()
+            finally:
+                self.on_ddlhost1("scancel", job)
+        self.assertEqual((job_field("JobState"), job_field("ExitCode"), job_field("Restarts")), ("COMPLETED", "0:0", "1"), final)
+        for rank in (0, 1):
+            host = f"ddlhost{rank + 1}"
+            saved = re.search(rf"\[{rank}\] saved rank={rank} step=(\d+)", final)
+            self.assertIsNotNone(saved, final)
+            self.assertIn(f"[{rank}] start rank={rank} requeues=0 slurm=- step=0 host={host}", final)
+            self.assertIn(f"[{rank}] start rank={rank} requeues=1 slurm=1 step={saved.group(1)} host={host}", final)
+            self.assertIn(f"[{rank}] done rank={rank} step={int(saved.group(1)) + 10}", final)
+        self.assertIn(f"ddl: requeueing job {job} (requeue 1 of 1)", final)
+        self.assert_nothing_left()
 
     def test_a_worker_killed_on_the_second_node_stops_the_whole_job(self):
         launcher = subprocess.Popen(["bash", TESTBED, "exec", "ddlhost1", "salloc", "-N", "2", "--ntasks-per-node", "2", DDL, "run",

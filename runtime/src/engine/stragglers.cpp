@@ -58,7 +58,8 @@ std::string StragglerTally::report(const std::vector<std::string>& hosts, size_t
                                 100.0 * static_cast<double>(times_last_[r]) / static_cast<double>(ops_), duration_text(medians[r])));
   }
   for (size_t i = 0; i < named.size(); ++i) text += (i ? "; " : "") + named[i];
-  return text + fmt::format(" ({:.0f}% of ops waited for some rank)", 100.0 * static_cast<double>(ops_with_lag_) / static_cast<double>(ops_));
+  return text +
+         fmt::format(" ({:.0f}% of ops waited for some rank)", 100.0 * static_cast<double>(ops_with_lag_) / static_cast<double>(ops_));
 }
 
 }  // namespace ddl::runtime

@@ -27,8 +27,8 @@ class StragglerTally {
   static constexpr size_t kLagsKept = 1 << 16;
   uint64_t ops_ = 0;
   uint64_t ops_with_lag_ = 0;
-  std::vector<uint64_t> times_last_;                // by world rank
-  std::vector<std::vector<uint32_t>> lags_us_;      // by world rank
+  std::vector<uint64_t> times_last_;            // by world rank
+  std::vector<std::vector<uint32_t>> lags_us_;  // by world rank
 };
 
 }  // namespace ddl::runtime
