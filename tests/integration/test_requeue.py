@@ -40,11 +40,12 @@ class Requeue(unittest.TestCase):
     def follow(self, job, output, until, timeout):
         """Waits for `until(output text, job fields)`, ending each requeued start's hold at once."""
         deadline = time.monotonic() + timeout
+        held_since = None
         while time.monotonic() < deadline:
             fields = job_fields(job)
-            # Once the last start has left the node: the hold is there for it to finish (a new step 0
-            # would meet the old one's PMIx socket).
-            if fields.get("JobState") == "PENDING" and fields.get("Reason") == "BeginTime" and self.left_its_node(job):
+            held = fields.get("JobState") == "PENDING" and fields.get("Reason") == "BeginTime"
+            held_since = (held_since or time.monotonic()) if held else None
+            if held and self.hold_may_end(job, held_since):
                 run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
             text = read_text(output)
             if until(text, fields):
@@ -53,9 +54,12 @@ class Requeue(unittest.TestCase):
         self.fail(f"job {job} did not get there in {timeout} s; its output:\n{text}\n{fields}")
 
     @staticmethod
-    def left_its_node(job):
-        """The job's last start is over on the node: its step daemons gone, the node idle again."""
-        return not processes_with(f"slurmstepd: [{job}.") and run(["sinfo", "-h", "-o", "%T"]).stdout.split() == ["idle"]
+    def hold_may_end(job, held_since):
+        """Whether the requeued job's last start is over: its step daemons gone, the node idle, and 3 s
+        past (slurmd refuses a job's new credential within the second it revoked the old one: "Job
+        credential revoked"). The two-minute hold is there for this."""
+        return (time.monotonic() - held_since >= 3 and not processes_with(f"slurmstepd: [{job}.")
+                and run(["sinfo", "-h", "-o", "%T"]).stdout.split() == ["idle"])
 
     def submit_requeueable(self, script, output, cwd):
         """sbatch of `script` as `ddl submit --requeue` would write it; the job's id."""

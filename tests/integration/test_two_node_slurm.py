@@ -208,12 +208,18 @@ class TwoNodeSlurm(unittest.TestCase):
                 self.assertTrue(wait_until(lambda: os.path.exists(output) and text().count("start rank=") == 2, 90), text())
                 self.assertEqual(self.on_ddlhost1("scancel", "--batch", "--signal=USR1", job).returncode, 0)
 
+                held_since = []
+
                 def requeued_and_started_again():
-                    # Once the last start has left both nodes: its step daemons gone, the nodes idle again.
+                    # Once the last start has left both nodes (step daemons gone, nodes idle) and 3 s
+                    # past: slurmd refuses a new credential within the second it revoked the old one.
+                    state = job_field("JobState")
+                    held_since[:] = (held_since or [time.monotonic()]) if state == "PENDING" else []
                     nodes = self.on_ddlhost1("sinfo", "-h", "-o", "%T").stdout.split()
-                    if job_field("JobState") == "PENDING" and not processes_with(f"slurmstepd: [{job}.") and set(nodes) == {"idle"}:
+                    if (held_since and time.monotonic() - held_since[0] >= 3 and not processes_with(f"slurmstepd: [{job}.")
+                            and set(nodes) == {"idle"}):
                         self.on_ddlhost1("scontrol", "update", f"JobId={job}", "StartTime=now")
-                    return job_field("JobState") in ("COMPLETED", "FAILED")
+                    return state in ("COMPLETED", "FAILED")
                 self.assertTrue(wait_until(requeued_and_started_again, 120, interval=0.5), text())
                 final = text()
             finally:
