@@ -195,7 +195,7 @@ void slurm_directives(const SiteProfile& site, const std::map<std::string, std::
   if (job.signal_before_seconds || job.requeue) {
     // To the batch shell alone, which is `ddl run` (the script ends in exec): it passes the signal on
     // to every worker, on every node, and with --requeue-signal requeues the job once they ended.
-    d.push_back(fmt::format("--signal=B:{}@{}", job.signal, job.signal_before_seconds.value_or(kRequeueSignalBefore)));
+    d.push_back(fmt::format("--signal=B:{}@{}", job.signal.value_or("USR1"), job.signal_before_seconds.value_or(kRequeueSignalBefore)));
   }
   if (job.requeue) {
     d.emplace_back("--requeue");
@@ -237,7 +237,7 @@ std::string ddl_run_line(const SiteProfile& site, const std::map<std::string, st
   if (site.gpu_order == "reverse") words.insert(words.end(), {"--gpu-order", "reverse"});
   if (site.hang_timeout > 0) words.insert(words.end(), {"--hang-timeout", std::to_string(site.hang_timeout)});
   if (job.requeue && site.scheduler == Scheduler::Slurm) {
-    words.insert(words.end(), {"--requeue-signal", job.signal});
+    words.insert(words.end(), {"--requeue-signal", job.signal.value_or("USR1")});
     if (job.max_requeues) words.insert(words.end(), {"--max-requeues", std::to_string(*job.max_requeues)});
   }
   words.emplace_back("--");
@@ -367,6 +367,8 @@ void check_site_rules(const SiteProfile& site, const JobRequest& job) {
   if (job.signal_before_seconds && site.scheduler != Scheduler::Slurm)
     throw UsageError(fmt::format("--signal-before: site '{}' uses PBS, which has no signal before the time limit", site.name),
                      "checkpoint on a timer inside the job instead");
+  if (job.signal && site.scheduler != Scheduler::Slurm)
+    throw UsageError(fmt::format("--signal: site '{}' uses PBS, which sends no signal before the walltime", site.name), "drop --signal");
   if (job.max_requeues && site.scheduler != Scheduler::Slurm)
     throw UsageError(fmt::format("--max-requeues: site '{}' uses PBS, which reruns a job itself (--requeue writes -r y)", site.name),
                      "drop --max-requeues");

@@ -17,7 +17,7 @@ struct JobRequest {
   std::map<std::string, std::string> options;  // batch_options() key -> value the user gave
   std::vector<std::string> extra_directives;   // --directive, each written after the scheduler's prefix
   std::optional<int> signal_before_seconds;    // --signal-before: the signal this long before the time limit
-  std::string signal = "USR1";                 // --signal: the one sent (Slurm: to ddl run, which passes it on)
+  std::optional<std::string> signal;           // --signal (USR1 unless given): the one sent to ddl run, which passes it on
   bool requeue = false;                        // --requeue: ddl run requeues the job on that signal (PBS: rerunnable)
   std::optional<int> max_requeues;             // --max-requeues, for ddl run
   std::vector<std::string> command;            // the program and its arguments

@@ -54,8 +54,8 @@ std::string outcome_text(const launcher::RunOutcome& o) {
   } else if (o.interrupted_by) {
     text = fmt::format("ddl: interrupted by {}; stopped {} worker(s)\n", signal_name(o.interrupted_by), o.workers_stopped);
   } else if (o.finished_on && !o.requeued) {
-    text = fmt::format("ddl: {}the run ended on {} (--requeue-signal){}\n", o.exit_code ? "error: " : "", signal_name(o.finished_on),
-                       o.exit_code ? fmt::format(": not every worker saved and exited with 0 (exit code {})", o.exit_code) : "");
+    text = fmt::format("ddl: error: the run ended on {} (--requeue-signal) and the job was not requeued{}\n", signal_name(o.finished_on),
+                       o.workers_overran ? "; workers that did not end in time were stopped" : "");
   } else if (o.hung_after) {
     text = fmt::format("ddl: error: the run hung: nothing moved for {} s (--hang-timeout; the stacks are above); stopped {} worker(s)\n",
                        std::chrono::duration_cast<std::chrono::seconds>(*o.hung_after).count(), o.workers_stopped);
@@ -152,7 +152,7 @@ RunCommand::RunCommand(CLI::App& app) : flags_(std::make_shared<RunFlags>()) {
       ->capture_default_str()
       ->check(CLI::Range(0, 1000000).description("0 to 1000000"));
   app_->add_option("--requeue-signal", f.requeue_signal,
-                   "In a Slurm batch job: on this signal (USR1, USR2, TERM, HUP; Slurm's --signal=B:USR1@120 before the time "
+                   "In a Slurm batch job: on this signal (USR1 or USR2; Slurm's --signal=B:USR1@120 before the time "
                    "limit) pass it on for the workers to save and end, then requeue the job (scontrol requeue)");
   app_->add_option("--max-requeues", f.max_requeues, "With --requeue-signal: requeue the job at most this many times in all")
       ->capture_default_str()

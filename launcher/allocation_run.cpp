@@ -225,7 +225,7 @@ void explain_failure(RunOutcome& outcome, TaskLauncher launcher, const Allocatio
                      const std::deque<std::string>& launcher_reports) {
   if (!outcome.failure) return;
   WorkerFailure& f = *outcome.failure;
-  if (!f.description.empty()) return;  // the supervisor's own finding, complete (ranks that never started)
+  if (!f.never_started.empty()) return;  // the supervisor's own finding, complete
   std::deque<std::string> said(f.stderr_tail.begin(), f.stderr_tail.end());
   std::deque<std::string> reports = launcher_reports;
   reports.insert(reports.end(), said.begin(), said.end());

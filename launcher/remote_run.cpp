@@ -325,7 +325,8 @@ RunOutcome run_on_hosts(const RunRequest& request, const Environment& env, const
       explain_remote_failure(*outcome.failure, it->second, shell.front());
     outcome.exit_code = outcome.failure->exit_code;
   }
-  if (outcome.failure || outcome.interrupted_by || outcome.hung_after)
+  const bool never_started = outcome.failure && !outcome.failure->never_started.empty();  // nothing to stop
+  if ((outcome.failure && !never_started) || outcome.interrupted_by || outcome.hung_after)
     outcome.workers_stopped = plan.world_size() - (outcome.failure ? 1 : 0);
   if (store.rejected_connections() > 1)
     log(fmt::format("store: rejected {} connections with a wrong or missing token in all", store.rejected_connections()));

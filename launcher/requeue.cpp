@@ -23,10 +23,22 @@ int requeue_signal_named(const std::string& name, const std::string& flag) {
   std::string upper = name;
   std::transform(upper.begin(), upper.end(), upper.begin(), [](unsigned char c) { return std::toupper(c); });
   if (upper.starts_with("SIG")) upper = upper.substr(3);
-  for (int sig : {SIGUSR1, SIGUSR2, SIGTERM, SIGHUP})
+  for (int sig : {SIGUSR1, SIGUSR2})
     if (upper == ::sigabbrev_np(sig)) return sig;
-  throw UsageError(fmt::format("{} {}: not a signal ddl can requeue on", flag, name),
-                   fmt::format("give USR1 (the usual), USR2, TERM or HUP"));
+  throw UsageError(fmt::format("{} {}: not a signal ddl can requeue on (srun would kill every task on TERM or HUP)", flag, name),
+                   "give USR1 (the usual) or USR2");
+}
+
+HeldSignal::HeldSignal(int signal) : signal_(signal) {
+  sigset_t held;
+  sigemptyset(&held);
+  sigaddset(&held, signal_);
+  ::pthread_sigmask(SIG_BLOCK, &held, &original_);
+}
+
+HeldSignal::~HeldSignal() {
+  ::signal(signal_, SIG_IGN);  // discards one pending, which would otherwise end ddl now
+  ::pthread_sigmask(SIG_SETMASK, &original_, nullptr);
 }
 
 int requeue_count(const Environment& env) {
@@ -38,14 +50,14 @@ FinishRequest finish_request(const RequeuePolicy& policy, const Environment& env
   if (job.empty())
     throw UsageError("--requeue-signal requeues a Slurm batch job, and this is not one (SLURM_JOB_ID is unset)",
                      "use it in the job's script, as `ddl submit --requeue` writes it, or drop it");
-  FinishRequest request{.signal = policy.signal, .wait = policy.grace.value_or(kRequeueGraceWithoutLimit)};
-  if (policy.grace) return request;
-  if (const auto left = backends::slurm_time_left(job)) {
-    // Until shortly before the limit, and at least a second.
-    const auto now = std::chrono::steady_clock::now();
-    request.latest = std::max(now + std::chrono::seconds(1), now + *left - grace_period - kRequeueMargin);
-    request.wait = std::chrono::hours(24 * 365);
-  }
+  FinishRequest request{.signal = policy.signal};
+  request.deadline = [grace = policy.grace, job, grace_period](std::chrono::steady_clock::time_point now) {
+    // The time limit may have changed since the start (scontrol update): asked when the signal comes.
+    const std::optional<std::chrono::seconds> left = backends::slurm_time_left(job);
+    auto deadline = now + grace.value_or(left ? std::chrono::duration_cast<std::chrono::milliseconds>(*left) : kRequeueGraceWithoutLimit);
+    if (left) deadline = std::min(deadline, now + *left - grace_period - kRequeueMargin);
+    return std::max(deadline, now + kLeastRequeueGrace);
+  };
   return request;
 }
 

@@ -30,15 +30,34 @@ struct RequeuePolicy {
 inline constexpr std::chrono::seconds kRequeueMargin{10};
 // The workers' time when the time limit is not known (squeue does not say).
 inline constexpr std::chrono::seconds kRequeueGraceWithoutLimit{60};
+// The least time the workers get, however late the signal came.
+inline constexpr std::chrono::seconds kLeastRequeueGrace{1};
 
-// The signal `name` names (USR1, SIGUSR1, usr1; USR2, TERM, HUP). Throws UsageError naming `flag`
-// for any other.
+// The signal `name` names (USR1, SIGUSR1, usr1; USR2). Throws UsageError naming `flag` for any
+// other: srun answers SIGTERM and SIGHUP by killing every task at once, and a host's agent by
+// stopping its workers after the grace period, so no worker could save on them.
 int requeue_signal_named(const std::string& name, const std::string& flag);
+
+// Keeps `signal` blocked for the whole of `ddl run` (its default would end ddl in the moments
+// between supervisors, where nothing reads it), and drops one still pending at the end.
+class HeldSignal {
+ public:
+  explicit HeldSignal(int signal);
+  ~HeldSignal();
+  HeldSignal(const HeldSignal&) = delete;
+  HeldSignal& operator=(const HeldSignal&) = delete;
+
+ private:
+  int signal_;
+  sigset_t original_{};
+};
 
 // How many times this batch job has been requeued so far: Slurm's SLURM_RESTART_COUNT, else 0.
 int requeue_count(const Environment& env);
 
-// How the supervisor is to take the signal. Throws UsageError when this is no Slurm batch job.
+// How the supervisor is to take the signal: the workers' deadline is worked out when it comes,
+// from --requeue-grace and the time Slurm says is left then. Throws UsageError when this is no
+// Slurm batch job.
 FinishRequest finish_request(const RequeuePolicy& policy, const Environment& env, std::chrono::milliseconds grace_period);
 
 // After a run that the signal ended: requeues the job and returns true, saying so through `log`

@@ -59,13 +59,21 @@ RunOutcome run_job(const RunRequest& request, const Environment& launcher_env, c
   if (request.straggler_report_every) env[contract::kReportStragglers] = std::to_string(*request.straggler_report_every);
   RunRequest attempt = request;
   attempt.supervision.append_output = requeues > 0;
-  if (request.requeue) attempt.supervision.finish_on = finish_request(*request.requeue, launcher_env, request.supervision.grace_period);
+  std::optional<HeldSignal> held;
+  if (request.requeue) {
+    held.emplace(request.requeue->signal);
+    attempt.supervision.finish_on = finish_request(*request.requeue, launcher_env, request.supervision.grace_period);
+  }
   attempt.run_tag = random_hex(8);  // TORCHELASTIC_RUN_ID stays the same across restarts, as torchrun's
   for (attempt.restart_count = 0;; ++attempt.restart_count) {
     RunOutcome outcome = run_once(attempt, env, log);
     if (outcome.finished_on && request.requeue) {
       outcome.requeued = requeue_after_finish(*request.requeue, launcher_env, log);
-      if (outcome.requeued) outcome.exit_code = 0;
+      // Not requeued, the work is unfinished however the workers ended: not a success.
+      if (outcome.requeued)
+        outcome.exit_code = 0;
+      else if (!outcome.failure)
+        outcome.exit_code = 128 + outcome.finished_on;
       return outcome;
     }
     if (!outcome.failure || outcome.interrupted_by || attempt.restart_count >= request.max_restarts) return outcome;

@@ -156,8 +156,9 @@ bool write_to_pipe(int fd, std::string_view data) {
 
 class Run {
  public:
-  Run(const SupervisorOptions& options, int signal_fd, const sigset_t& child_mask)
-      : options_(options),
+  Run(const SupervisorOptions& options, int signal_fd, const sigset_t& child_mask, int early_finish)
+      : early_finish_(early_finish),
+        options_(options),
         signal_fd_(signal_fd),
         control_fd_(options.control_fd),
         child_mask_(child_mask),
@@ -194,6 +195,7 @@ class Run {
       hang_due_ = Clock::now() + *options_.hang_timeout;
       next_progress_look_ = Clock::now() + kProgressLook;
     }
+    if (early_finish_) begin_finishing(early_finish_);  // it came before the workers started
     try {
       while (running_workers() > 0) step();
       if (collection_) finish_collection();  // every worker ended meanwhile: the stacks still show
@@ -783,7 +785,7 @@ class Run {
         resume_workers();
       else if (options_.parent_signals_workers && static_cast<pid_t>(info.ssi_pid) == ::getppid())
         note_signal_the_workers_got(sig);
-      else if (options_.finish_on && sig == options_.finish_on->signal && !stopping_)
+      else if (is_finish_signal(sig))
         begin_finishing(sig);
       else if (passed_on_only(sig))
         signal_running(sig);
@@ -858,6 +860,7 @@ class Run {
       WorkerFailure f;
       f.description =
           fmt::format("{} exited with 0, but rank(s) {} never started (its messages above may say why)", w.name, rank_ranges(missing));
+      f.never_started = missing;
       f.rank = -1;
       f.host = w.name;
       f.exit_code = 1;
@@ -901,11 +904,13 @@ class Run {
   void begin_finishing(int sig) {
     if (finished_on_) return;
     finished_on_ = sig;
+    if (stopping_) return;  // a failure or a signal stops the run already: noted only
     finish_began_ = Clock::now();
     signal_running(sig);
-    finish_deadline_ = finish_began_ + options_.finish_on->wait;
-    if (options_.finish_on->latest) finish_deadline_ = std::min(*finish_deadline_, *options_.finish_on->latest);
+    finish_deadline_ = options_.finish_on->deadline(finish_began_);
   }
+
+  bool is_finish_signal(int sig) const { return options_.finish_on && sig == options_.finish_on->signal; }
 
   void stop_workers_that_overran() {
     finish_deadline_.reset();
@@ -1069,6 +1074,8 @@ class Run {
       const int sig = static_cast<int>(info.ssi_signo);
       if (sig == SIGCHLD)
         reap_children();
+      else if (is_finish_signal(sig) && !finished_on_)
+        finished_on_ = sig;  // the workers are gone: nothing to pass on, but the job is to be requeued
       else if (!passed_on_only(sig) && stop == 0)
         stop = sig;
     }
@@ -1103,7 +1110,8 @@ class Run {
     }
     if (failure_) {
       o.failure = failure_;
-      o.failure->stderr_tail.assign(failed_worker_->stderr_tail.begin(), failed_worker_->stderr_tail.end());
+      if (failure_->never_started.empty())  // else its launcher's lines, shown already
+        o.failure->stderr_tail.assign(failed_worker_->stderr_tail.begin(), failed_worker_->stderr_tail.end());
       o.exit_code = failure_->exit_code;
     } else if (interrupted_by_) {
       o.exit_code = 128 + interrupted_by_;
@@ -1113,6 +1121,7 @@ class Run {
     return o;
   }
 
+  int early_finish_;  // the finish signal, when it came before run() (Supervisor::signal_before_run)
   const SupervisorOptions& options_;
   int signal_fd_;
   int control_fd_;  // the launching host's control lines (an agent's stdin), -1 when none or ended
@@ -1191,14 +1200,15 @@ int Supervisor::signal_before_run() {
   signalfd_siginfo info{};
   while (::read(signal_fd_, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
     const int sig = static_cast<int>(info.ssi_signo);
-    if (sig == SIGTSTP) ::raise(SIGSTOP);  // Ctrl-Z before any worker: ddl alone stops
+    if (sig == SIGTSTP) ::raise(SIGSTOP);                                              // Ctrl-Z before any worker: ddl alone stops
+    if (options_.finish_on && sig == options_.finish_on->signal) early_finish_ = sig;  // for the workers, once they run
     if (sig != SIGCHLD && sig != SIGTSTP && sig != SIGCONT && !passed_on_only(sig)) return sig;
   }
   return 0;
 }
 
 RunOutcome Supervisor::run(const std::vector<WorkerLaunch>& workers) {
-  Run run(options_, signal_fd_, original_mask_);
+  Run run(options_, signal_fd_, original_mask_, early_finish_);
   return run.execute(workers);
 }
 

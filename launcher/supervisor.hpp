@@ -27,13 +27,13 @@ void hold_standard_descriptors();
 
 // A signal that asks the workers to save their work and end (Slurm's signal before the time limit,
 // `ddl run --requeue-signal`). It is passed on to the workers; from then on a worker that ends,
-// however it ends, stops no other, and those still running after `wait` (or at `latest`, whichever
-// comes first) are stopped as after a failure (SIGTERM, SIGKILL after the grace period), with a line
-// that says so. A second one changes nothing; a signal that stops a run still stops it.
+// however it ends, stops no other, and those still running at `deadline(the signal's arrival)` are
+// stopped as after a failure (SIGTERM, SIGKILL after the grace period), with a line that says so.
+// A second one changes nothing; a signal that stops a run still stops it. One that comes while
+// the run is stopping, or after the workers ended, is only noted (RunOutcome::finished_on).
 struct FinishRequest {
   int signal = SIGUSR1;
-  std::chrono::milliseconds wait{60'000};
-  std::optional<std::chrono::steady_clock::time_point> latest;
+  std::function<std::chrono::steady_clock::time_point(std::chrono::steady_clock::time_point)> deadline;
 };
 
 struct SupervisorOptions {
@@ -103,6 +103,8 @@ struct WorkerFailure {
   int exit_code = 0;                     // the worker's exit status, or 128 + signal
   int signal = 0;                        // the signal that killed it, 0 when it exited
   std::vector<std::string> stderr_tail;  // its last lines of stderr
+  // A task launcher's or host agent's ranks that never started, though it exited with 0.
+  std::vector<int> never_started;
 };
 
 struct RunOutcome {
@@ -116,8 +118,8 @@ struct RunOutcome {
   bool output_given_up = false;
   // --hang-timeout stopped the run: nothing had moved for this long.
   std::optional<std::chrono::milliseconds> hung_after;
-  // The finish signal (SupervisorOptions::finish_on) came, and the workers ended after it: exit_code
-  // is then 0 when every worker exited with 0, else 128 + that signal.
+  // The finish signal (SupervisorOptions::finish_on) came and no signal stopped the run: exit_code
+  // is then 0 when every worker exited with 0, else 128 + that signal (a failure's before it).
   int finished_on = 0;
   int workers_overran = 0;  // workers still running when their time to finish was over, and stopped
   bool requeued = false;    // run_job put the batch job back in the queue after the finish signal
@@ -141,6 +143,7 @@ class Supervisor {
 
  private:
   SupervisorOptions options_;
+  int early_finish_ = 0;  // the finish signal, when signal_before_run() found it
   sigset_t original_mask_{};
   int signal_fd_ = -1;
 };

@@ -18,8 +18,6 @@ rank = int(os.environ["RANK"])
 requeues = int(os.environ["DDL_REQUEUE_COUNT"])
 state = os.path.join(state_dir, f"rank.{rank}.step")
 step = int(open(state).read()) if os.path.exists(state) else 0
-print(f"start rank={rank} requeues={requeues} slurm={os.environ.get('SLURM_RESTART_COUNT', '-')} step={step} host={socket.gethostname()}",
-      flush=True)
 
 
 def save_and_exit(signum, frame):
@@ -30,7 +28,9 @@ def save_and_exit(signum, frame):
     sys.exit(0)
 
 
-signal.signal(signal.SIGUSR1, save_and_exit if mode == "save" else signal.SIG_IGN)
+signal.signal(signal.SIGUSR1, save_and_exit if mode == "save" else signal.SIG_IGN)  # before saying it started
+print(f"start rank={rank} requeues={requeues} slurm={os.environ.get('SLURM_RESTART_COUNT', '-')} step={step} host={socket.gethostname()}",
+      flush=True)
 last = step + 10 if mode == "save" and requeues >= finish_at else None
 while last is None or step < last:
     step += 1

@@ -76,7 +76,7 @@ class Requeue(unittest.TestCase):
         marker = unique_marker()
         with tempfile.TemporaryDirectory() as tmp:
             try:
-                submitted = run([DDL, "submit", "--site", "slurm", "--gpus-per-node", "2", "-t", "1", "--requeue", "--signal-before", "55",
+                submitted = run([DDL, "submit", "--site", "slurm", "--gpus-per-node", "2", "-t", "1", "--requeue", "--signal-before", "50",
                                  "--max-requeues", "2", "--", PYTHON, WORKER, tmp, "save", "2", marker], cwd=tmp)
                 self.assertEqual(submitted.returncode, 0, submitted.stdout + submitted.stderr)
                 job = re.search(r"submitted job (\d+)", submitted.stdout).group(1)
@@ -120,7 +120,8 @@ class Requeue(unittest.TestCase):
         self.assertEqual(re.findall(r"requeues=(\d)", text), ["0", "0", "1", "1"], text)
         self.assertIn(f"ddl: requeueing job {job} (requeue 1 of 1)", text)
         self.assertIn(f"ddl: job {job} is not requeued: it has been requeued 1 time(s), as many as --max-requeues 1 allows", text)
-        self.assertIn("ddl: error: the run ended on SIGUSR1 (--requeue-signal): not every worker saved and exited with 0 (exit code 138)", text)
+        self.assertIn("ddl: error: the run ended on SIGUSR1 (--requeue-signal) and the job was not requeued; workers that did not end in "
+                      "time were stopped", text)
         self.assertEqual((fields["JobState"], fields["ExitCode"], fields["Restarts"]), ("FAILED", "138:0", "1"), text)
 
     def test_a_lightning_fit_goes_on_from_its_last_checkpoint_after_the_requeue(self):
@@ -167,6 +168,10 @@ class RequeueFlags(unittest.TestCase):
         self.check_refused([DDL, "run", "-np", "1", "--requeue-signal", "USR1", "--", "true"],
                            "--requeue-signal requeues a Slurm batch job, and this is not one (SLURM_JOB_ID is unset)", outside)
         self.check_refused([DDL, "run", "-np", "1", "--requeue-signal", "KILL", "--", "true"], "--requeue-signal KILL: not a signal")
+        # srun kills every task on TERM or HUP: no worker could save.
+        self.check_refused([DDL, "run", "-np", "1", "--requeue-signal", "TERM", "--", "true"], "--requeue-signal TERM: not a signal")
+        self.check_refused([DDL, "submit", "--site", "pbs", "--requeue", "--signal", "USR2", "--dry-run", "--", "true"],
+                           "--signal: site 'pbs' uses PBS, which sends no signal before the walltime")
         self.check_refused([DDL, "run", "-np", "1", "--max-requeues", "3", "--", "true"], "--max-requeues is for --requeue-signal")
         self.check_refused([DDL, "run", "-np", "1", "--requeue-grace", "3", "--", "true"], "--requeue-grace is for --requeue-signal")
         self.check_refused([DDL, "submit", "--site", "slurm", "--signal", "USR2", "--dry-run", "--", "true"],

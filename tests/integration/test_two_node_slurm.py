@@ -13,7 +13,7 @@ import time
 import unittest
 
 from testbed_hosts import LIGHTNING_PYTHON, LIGHTNING_TRAIN, TESTBED, bed, lightning_reports, workers
-from ddl_testing import DDL, PYTHON, SOURCE, comm, kill_leftovers, lines_by_rank, processes_with, unique_marker, wait_until
+from ddl_testing import DDL, PYTHON, SOURCE, comm, kill_leftovers, lines_by_rank, processes_with, read_text, unique_marker, wait_until
 
 DDL = os.path.abspath(DDL)  # commands run on the bed's hosts, in the shared directory
 CHECKS = os.path.abspath(os.environ.get("DDL_COLLECTIVE_CHECKS", os.path.join(SOURCE, "build", "tests", "collective_checks")))
@@ -200,12 +200,8 @@ class TwoNodeSlurm(unittest.TestCase):
             def job_field(name):
                 return re.search(rf"\b{name}=(\S*)", self.on_ddlhost1("scontrol", "show", "job", job).stdout).group(1)
 
-            def text():
-                with open(output) as f:
-                    return f.read() if os.path.exists(output) else ""
-
             try:
-                self.assertTrue(wait_until(lambda: os.path.exists(output) and text().count("start rank=") == 2, 90), text())
+                self.assertTrue(wait_until(lambda: read_text(output).count("start rank=") == 2, 90), read_text(output))
                 self.assertEqual(self.on_ddlhost1("scancel", "--batch", "--signal=USR1", job).returncode, 0)
 
                 held_since = []
@@ -220,8 +216,8 @@ class TwoNodeSlurm(unittest.TestCase):
                             and set(nodes) == {"idle"}):
                         self.on_ddlhost1("scontrol", "update", f"JobId={job}", "StartTime=now")
                     return state in ("COMPLETED", "FAILED")
-                self.assertTrue(wait_until(requeued_and_started_again, 120, interval=0.5), text())
-                final = text()
+                self.assertTrue(wait_until(requeued_and_started_again, 120, interval=0.5), read_text(output))
+                final = read_text(output)
             finally:
                 self.on_ddlhost1("scancel", job)
         self.assertEqual((job_field("JobState"), job_field("ExitCode"), job_field("Restarts")), ("COMPLETED", "0:0", "1"), final)

@@ -134,6 +134,11 @@ TEST_CASE("each site's rules are one usage error naming the rule and the fix") {
   pbs_count.max_requeues = 2;
   CHECK_THROWS_WITH_AS(render_job_script(load_site("sockeye"), pbs_count), doctest::Contains("--max-requeues: site 'sockeye' uses PBS"),
                        ddl::UsageError);
+  JobRequest pbs_named_signal = job({{"account", "st-a-1-gpu"}});
+  pbs_named_signal.requeue = true;
+  pbs_named_signal.signal = "USR2";
+  CHECK_THROWS_WITH_AS(render_job_script(load_site("sockeye"), pbs_named_signal), doctest::Contains("--signal: site 'sockeye' uses PBS"),
+                       ddl::UsageError);
 }
 
 TEST_CASE("--requeue: Slurm's signal goes to ddl run, which requeues; PBS gets a rerunnable job") {

@@ -261,9 +261,14 @@ std::vector<std::string> hosts_of_ranks(gloo::rendezvous::Store& store, int rank
   store.set(fmt::format("straggler-host/{}", rank), std::vector<char>(host.begin(), host.end()));
   std::vector<std::string> hosts;
   if (rank != 0) return hosts;
-  for (int r = 0; r < size; ++r) {
-    const std::vector<char> named = store.get(fmt::format("straggler-host/{}", r));
-    hosts.emplace_back(named.begin(), named.end());
+  try {
+    for (int r = 0; r < size; ++r) {
+      const std::vector<char> named = store.get(fmt::format("straggler-host/{}", r));
+      hosts.emplace_back(named.begin(), named.end());
+    }
+  } catch (const std::exception& e) {
+    throw ddl::Error(fmt::format("DDL_REPORT_STRAGGLERS (--report-stragglers): rank {} did not name its host in the rendezvous store: {}",
+                                 hosts.size(), e.what()));
   }
   return hosts;
 }

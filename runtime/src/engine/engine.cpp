@@ -66,7 +66,7 @@ Engine::Engine(std::unique_ptr<Collectives> collectives, EngineConfig config)
       timeline_(config_.timeline_path, rank_),
       progress_(config_.progress_path) {
   if (!config_.world_ranks.empty()) negotiator_.name_ranks_by(config_.world_ranks);
-  if (config_.report_stragglers && config_.world_ranks.empty()) {
+  if (config_.report_stragglers && config_.world_ranks.empty() && rank_ == 0) {  // rank 0 alone reports
     stragglers_ = std::make_unique<StragglerTally>(size_);
     negotiator_.count_stragglers(stragglers_.get());
     next_straggler_report_ = Clock::now() + config_.straggler_interval;

@@ -240,10 +240,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   EngineConfig config_;
   int rank_;
   int size_;
+  std::unique_ptr<StragglerTally> stragglers_;  // with report_stragglers, on rank 0 of the world's engine (negotiator_ points to it)
   Negotiator negotiator_;
   Timeline timeline_;
   ProgressMark progress_;
-  std::unique_ptr<StragglerTally> stragglers_;  // with report_stragglers, on the world's engine
   Clock::time_point next_straggler_report_{};
   bool stragglers_reported_ = false;
   void write_straggler_report(bool final);

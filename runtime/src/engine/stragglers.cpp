@@ -1,6 +1,7 @@
 #include "runtime/src/engine/stragglers.hpp"
 
 #include <algorithm>
+#include <functional>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -28,23 +29,39 @@ void StragglerTally::op_agreed(const std::vector<int>& late, std::chrono::steady
   const auto kept = static_cast<uint32_t>(std::min<long long>(us, UINT32_MAX));
   for (int rank : late) {
     if (rank < 0 || static_cast<size_t>(rank) >= times_last_.size()) continue;
-    ++times_last_[static_cast<size_t>(rank)];
-    if (lags_us_[static_cast<size_t>(rank)].size() < kLagsKept) lags_us_[static_cast<size_t>(rank)].push_back(kept);
+    const uint64_t seen = ++times_last_[static_cast<size_t>(rank)];
+    std::vector<uint32_t>& sample = lags_us_[static_cast<size_t>(rank)];
+    if (sample.size() < kLagsKept) {
+      sample.push_back(kept);
+      continue;
+    }
+    random_ ^= random_ << 13;
+    random_ ^= random_ >> 7;
+    random_ ^= random_ << 17;
+    if (const uint64_t slot = random_ % seen; slot < kLagsKept) sample[slot] = kept;
   }
+}
+
+uint32_t StragglerTally::median_us(size_t rank) const {
+  std::vector<uint32_t> lags = lags_us_[rank];
+  if (lags.empty()) return 0;
+  std::nth_element(lags.begin(), lags.begin() + static_cast<std::ptrdiff_t>(lags.size() / 2), lags.end());
+  return lags[lags.size() / 2];
 }
 
 std::string StragglerTally::report(const std::vector<std::string>& hosts, size_t most_named) const {
   if (ops_ == 0) return {};
   std::string text = fmt::format("stragglers over {} op(s): ", ops_);
   if (ops_with_lag_ == 0) return text + "every rank announced each op in the same round";
-  // Late most often first; among as often late, by the longer median wait.
+  // Late most often first; among as often late, by the longer median wait (worked out only for the
+  // ranks late at least as often as the last one named).
+  std::vector<uint64_t> counts = times_last_;
+  const size_t cut = std::min(most_named, counts.size()) - 1;
+  std::nth_element(counts.begin(), counts.begin() + static_cast<std::ptrdiff_t>(cut), counts.end(), std::greater<>());
+  const uint64_t least_named = std::max<uint64_t>(counts[cut], 1);
   std::vector<uint32_t> medians(times_last_.size(), 0);
-  for (size_t r = 0; r < medians.size(); ++r) {
-    std::vector<uint32_t> lags = lags_us_[r];
-    if (lags.empty()) continue;
-    std::nth_element(lags.begin(), lags.begin() + static_cast<std::ptrdiff_t>(lags.size() / 2), lags.end());
-    medians[r] = lags[lags.size() / 2];
-  }
+  for (size_t r = 0; r < medians.size(); ++r)
+    if (times_last_[r] >= least_named) medians[r] = median_us(r);
   std::vector<size_t> ranks(times_last_.size());
   std::iota(ranks.begin(), ranks.end(), 0);
   std::stable_sort(ranks.begin(), ranks.end(), [&](size_t a, size_t b) {

@@ -1,6 +1,7 @@
 // Who holds the others back: for every op the negotiation agreed, the ranks whose announcement
 // came in the last round, and how much later than the first rank's (DDL_REPORT_STRAGGLERS). Rounds
-// are the unit: ranks whose announcements came in one round arrived together.
+// are the unit: ranks whose announcements came in one round arrived together. Each rank's lags are
+// sampled (a reservoir of kLagsKept), so the memory stays bounded however long the run.
 #pragma once
 
 #include <chrono>
@@ -23,12 +24,14 @@ class StragglerTally {
   std::string report(const std::vector<std::string>& hosts, size_t most_named = 3) const;
 
  private:
-  // Lags are kept up to this many per rank (for the median); later ones count, unkept.
-  static constexpr size_t kLagsKept = 1 << 16;
+  // Each rank's lags for its median: a uniform sample of this many of them (reservoir sampling).
+  static constexpr size_t kLagsKept = 1024;
+  uint32_t median_us(size_t rank) const;
   uint64_t ops_ = 0;
   uint64_t ops_with_lag_ = 0;
+  uint64_t random_ = 0x9e3779b97f4a7c15;        // xorshift state for the sample
   std::vector<uint64_t> times_last_;            // by world rank
-  std::vector<std::vector<uint32_t>> lags_us_;  // by world rank
+  std::vector<std::vector<uint32_t>> lags_us_;  // by world rank, the sample
 };
 
 }  // namespace ddl::runtime
