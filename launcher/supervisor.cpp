@@ -1074,8 +1074,8 @@ class Run {
       const int sig = static_cast<int>(info.ssi_signo);
       if (sig == SIGCHLD)
         reap_children();
-      else if (is_finish_signal(sig) && !finished_on_)
-        finished_on_ = sig;  // the workers are gone: nothing to pass on, but the job is to be requeued
+      else if (is_finish_signal(sig) && !finished_on_ && failure_)
+        finished_on_ = sig;  // the workers failed: to be requeued, not restarted (those that all ended well are done)
       else if (!passed_on_only(sig) && stop == 0)
         stop = sig;
     }
