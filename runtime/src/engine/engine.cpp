@@ -361,16 +361,14 @@ bool Engine::complete_round(const std::vector<Announcement>& round) {
   return !(decision.all_finalizing && decision.ready.empty());
 }
 
-void Engine::report_stragglers_at_exit() {
-  std::unique_lock round_lock(round_mutex_, std::try_to_lock);
-  if (round_lock.owns_lock()) write_straggler_report(true);
-}
+void Engine::report_stragglers_at_exit() { write_straggler_report(true); }
 
-// Rank 0's word only: every rank's tally holds the same rounds.
+// Rank 0's word only (every rank's rounds are the same). The tally has a lock of its own: at exit,
+// the engine thread may be in a round, waiting for peers that are gone.
 void Engine::write_straggler_report(bool final) {
-  if (!stragglers_ || rank_ != 0 || stragglers_reported_) return;
-  next_straggler_report_ = Clock::now() + config_.straggler_interval;
-  stragglers_reported_ = final;
+  if (!stragglers_ || stragglers_reported_.load()) return;
+  if (final && stragglers_reported_.exchange(true)) return;
+  if (!final) next_straggler_report_ = Clock::now() + config_.straggler_interval;  // (read by rounds alone)
   const std::string text = stragglers_->report(config_.rank_hosts);
   if (!text.empty()) std::fprintf(stderr, "ddl: %s%s\n", final ? "" : "so far, ", text.c_str());
 }

@@ -90,7 +90,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   Engine& operator=(const Engine&) = delete;
 
   // Rank 0's straggler report (EngineConfig::report_stragglers), at exit of a process that never
-  // finalized: skipped if a round is under way at that moment.
+  // finalized (a round may be under way meanwhile).
   void report_stragglers_at_exit();
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -245,7 +245,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   Timeline timeline_;
   ProgressMark progress_;
   Clock::time_point next_straggler_report_{};
-  bool stragglers_reported_ = false;
+  std::atomic<bool> stragglers_reported_{false};  // the final report is written
   void write_straggler_report(bool final);
   std::vector<char> fusion_buffer_;
   std::vector<ReducePiece> pieces_;                                // a fused allreduce's ops, for a transport that needs no fusion buffer

@@ -22,6 +22,7 @@ StragglerTally::StragglerTally(int world_size)
     : times_last_(static_cast<size_t>(world_size), 0), lags_us_(static_cast<size_t>(world_size)) {}
 
 void StragglerTally::op_agreed(const std::vector<int>& late, std::chrono::steady_clock::duration lag) {
+  std::lock_guard lock(mutex_);
   ++ops_;
   if (late.empty() || lag <= std::chrono::steady_clock::duration::zero()) return;
   ++ops_with_lag_;
@@ -50,6 +51,7 @@ uint32_t StragglerTally::median_us(size_t rank) const {
 }
 
 std::string StragglerTally::report(const std::vector<std::string>& hosts, size_t most_named) const {
+  std::lock_guard lock(mutex_);
   if (ops_ == 0) return {};
   std::string text = fmt::format("stragglers over {} op(s): ", ops_);
   if (ops_with_lag_ == 0) return text + "every rank announced each op in the same round";

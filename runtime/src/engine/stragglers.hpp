@@ -6,11 +6,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <vector>
 
 namespace ddl::runtime {
 
+// Thread-safe: the rounds tell it, and a report may be written at exit while a round runs.
 class StragglerTally {
  public:
   explicit StragglerTally(int world_size);
@@ -24,6 +26,7 @@ class StragglerTally {
   std::string report(const std::vector<std::string>& hosts, size_t most_named = 3) const;
 
  private:
+  mutable std::mutex mutex_;
   // Each rank's lags for its median: a uniform sample of this many of them (reservoir sampling).
   static constexpr size_t kLagsKept = 1024;
   uint32_t median_us(size_t rank) const;
