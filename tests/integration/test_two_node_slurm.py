@@ -49,6 +49,9 @@ class TwoNodeSlurm(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.bed_was_up = bed("status").returncode == 0  # then it is someone else's to stop
+        if cls.bed_was_up and bed("exec", "ddlhost1", "test", "-e", DDL).returncode != 0:
+            raise RuntimeError(f"the running test bed does not see {DDL} (it was started from another checkout, and keeps its own /tmp): "
+                               "stop it with `bash scripts/testbed.sh stop` and run again")
         started = bed("start", "2")
         if started.returncode != 0:
             raise RuntimeError("the test bed did not start:\n" + started.stdout + started.stderr)
