@@ -54,9 +54,9 @@ FinishRequest finish_request(const RequeuePolicy& policy, const Environment& env
   request.deadline = [grace = policy.grace, job, grace_period](std::chrono::steady_clock::time_point now) {
     // The time limit may have changed since the start (scontrol update): asked when the signal comes.
     const std::optional<std::chrono::seconds> left = backends::slurm_time_left(job);
-    auto deadline = now + grace.value_or(left ? std::chrono::duration_cast<std::chrono::milliseconds>(*left) : kRequeueGraceWithoutLimit);
-    if (left) deadline = std::min(deadline, now + *left - grace_period - kRequeueMargin);
-    return std::max(deadline, now + kLeastRequeueGrace);
+    if (!left) return now + grace.value_or(kRequeueGraceWithoutLimit);
+    const auto before_limit = now + *left - grace_period - kRequeueMargin;
+    return std::max(grace ? std::min(now + *grace, before_limit) : before_limit, now + kLeastRequeueGrace);
   };
   return request;
 }

@@ -915,7 +915,7 @@ class Run {
   void stop_workers_that_overran() {
     finish_deadline_.reset();
     if (stopping_ || running_workers() == 0) return;
-    workers_overran_ = running_workers();
+    workers_overran_ = true;
     const auto waited = std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - finish_began_).count();
     output_.add(STDERR_FILENO, fmt::format("ddl: workers still running {} s after SIG{} (their time to save and end): stopping them\n",
                                            waited, ::sigabbrev_np(finished_on_)));
@@ -1103,11 +1103,6 @@ class Run {
     if (hung_) o.hung_after = options_.hang_timeout;
     o.finished_on = interrupted_by_ ? 0 : finished_on_;
     o.workers_overran = workers_overran_;
-    if (o.finished_on) {
-      const bool all_done = std::all_of(wait_status_.begin(), wait_status_.end(),
-                                        [](const auto& w) { return WIFEXITED(w.second) && WEXITSTATUS(w.second) == 0; });
-      o.exit_code = all_done && !workers_overran_ ? 0 : 128 + finished_on_;
-    }
     if (failure_) {
       o.failure = failure_;
       if (failure_->never_started.empty())  // else its launcher's lines, shown already
@@ -1164,7 +1159,7 @@ class Run {
   int finished_on_ = 0;  // the finish signal that came, if one did
   Clock::time_point finish_began_;
   std::optional<Clock::time_point> finish_deadline_;
-  int workers_overran_ = 0;
+  bool workers_overran_ = false;
 };
 
 }  // namespace

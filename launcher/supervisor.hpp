@@ -118,11 +118,11 @@ struct RunOutcome {
   bool output_given_up = false;
   // --hang-timeout stopped the run: nothing had moved for this long.
   std::optional<std::chrono::milliseconds> hung_after;
-  // The finish signal (SupervisorOptions::finish_on) came and no signal stopped the run: exit_code
-  // is then 0 when every worker exited with 0, else 128 + that signal (a failure's before it).
+  // The finish signal (SupervisorOptions::finish_on) came and no signal stopped the run; the exit
+  // code is then run_job's to decide (requeued or not), a failure's before it aside.
   int finished_on = 0;
-  int workers_overran = 0;  // workers still running when their time to finish was over, and stopped
-  bool requeued = false;    // run_job put the batch job back in the queue after the finish signal
+  bool workers_overran = false;  // workers still running when their time to finish was over were stopped
+  bool requeued = false;         // run_job put the batch job back in the queue after the finish signal
 };
 
 class Supervisor {

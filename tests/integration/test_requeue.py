@@ -37,6 +37,13 @@ class Requeue(unittest.TestCase):
     def setUpClass(cls):
         start_local_slurm()
 
+    def setUp(self):
+        self.marker = unique_marker()
+        self.addCleanup(kill_leftovers, self.marker)
+
+    def cancel_at_end(self, job):
+        self.addCleanup(run, ["scancel", job])
+
     def follow(self, job, output, until, timeout):
         """Waits for `until(output text, job fields)`, ending each requeued start's hold at once."""
         deadline = time.monotonic() + timeout
@@ -65,7 +72,9 @@ class Requeue(unittest.TestCase):
         """sbatch of `script` as `ddl submit --requeue` would write it; the job's id."""
         submitted = run(["sbatch", "-N1", "-n2", "--requeue", "--open-mode=append", "-o", output], input=script, cwd=cwd)
         self.assertEqual(submitted.returncode, 0, submitted.stderr)
-        return re.search(r"Submitted batch job (\d+)", submitted.stdout).group(1)
+        job = re.search(r"Submitted batch job (\d+)", submitted.stdout).group(1)
+        self.cancel_at_end(job)
+        return job
 
     def signal_batch_shell(self, job):
         """What --signal=B:USR1@S does before the time limit, done now: USR1 to the batch shell (ddl run) alone."""
@@ -73,19 +82,15 @@ class Requeue(unittest.TestCase):
         self.assertEqual(signalled.returncode, 0, signalled.stderr)
 
     def test_a_job_past_its_time_limit_twice_resumes_and_finishes_on_its_third_start(self):
-        marker = unique_marker()
-        with tempfile.TemporaryDirectory() as tmp:
-            try:
-                submitted = run([DDL, "submit", "--site", "slurm", "--gpus-per-node", "2", "-t", "1", "--requeue", "--signal-before", "50",
-                                 "--max-requeues", "2", "--", PYTHON, WORKER, tmp, "save", "2", marker], cwd=tmp)
-                self.assertEqual(submitted.returncode, 0, submitted.stdout + submitted.stderr)
-                job = re.search(r"submitted job (\d+)", submitted.stdout).group(1)
-                output = os.path.join(tmp, f"ddl-{job}.out")
-                text, fields = self.follow(job, output, lambda text, fields: fields.get("JobState") in ("COMPLETED", "FAILED", "TIMEOUT",
-                                                                                                        "CANCELLED"), 300)
-            finally:
-                run(["scancel", job]) if "job" in locals() else None
-                kill_leftovers(marker)
+        tmp = self.enterContext(tempfile.TemporaryDirectory())
+        submitted = run([DDL, "submit", "--site", "slurm", "--gpus-per-node", "2", "-t", "1", "--requeue", "--signal-before", "50",
+                         "--max-requeues", "2", "--", PYTHON, WORKER, tmp, "save", "2", self.marker], cwd=tmp)
+        self.assertEqual(submitted.returncode, 0, submitted.stdout + submitted.stderr)
+        job = re.search(r"submitted job (\d+)", submitted.stdout).group(1)
+        self.cancel_at_end(job)
+        output = os.path.join(tmp, f"ddl-{job}.out")
+        ended = ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED")
+        text, fields = self.follow(job, output, lambda text, fields: fields.get("JobState") in ended, 300)
         self.assertEqual((fields["JobState"], fields["ExitCode"], fields["Restarts"]), ("COMPLETED", "0:0", "2"), text)
         for rank in (0, 1):
             starts = re.findall(rf"\[{rank}\] start rank={rank} requeues=(\d) slurm=(\S+) step=(\d+)", text)
@@ -100,22 +105,17 @@ class Requeue(unittest.TestCase):
         self.assertEqual(re.findall(rf"ddl: requeueing job {job} \(requeue (\d) of 2\)", text), ["1", "2"], text)
 
     def test_workers_that_ignore_the_signal_are_stopped_after_their_grace_and_the_last_requeue_allowed_is_the_last(self):
-        marker = unique_marker()
-        with tempfile.TemporaryDirectory() as tmp:
-            output = os.path.join(tmp, "job.out")
-            script = (f"#!/bin/bash\nexec {DDL} run --cpu --requeue-signal USR1 --requeue-grace 2 --max-requeues 1 -- "
-                      f"{PYTHON} {WORKER} {tmp} ignore 0 {marker}\n")
-            try:
-                job = self.submit_requeueable(script, output, tmp)
-                for start in (1, 2):
-                    self.follow(job, output, lambda text, fields: text.count("start rank=") == 2 * start, 120)
-                    self.signal_batch_shell(job)
-                    self.follow(job, output, lambda text, fields: text.count("stopping them") == start, 60)
-                text, fields = self.follow(job, output, lambda text, fields: fields.get("JobState") in ("COMPLETED", "FAILED"), 60)
-                self.assertTrue(wait_until(lambda: not processes_with(marker), 30), "a worker outlived the job")
-            finally:
-                run(["scancel", job]) if "job" in locals() else None
-                kill_leftovers(marker)
+        tmp = self.enterContext(tempfile.TemporaryDirectory())
+        output = os.path.join(tmp, "job.out")
+        script = (f"#!/bin/bash\nexec {DDL} run --cpu --requeue-signal USR1 --requeue-grace 2 --max-requeues 1 -- "
+                  f"{PYTHON} {WORKER} {tmp} ignore 0 {self.marker}\n")
+        job = self.submit_requeueable(script, output, tmp)
+        for start in (1, 2):
+            self.follow(job, output, lambda text, fields: text.count("start rank=") == 2 * start, 120)
+            self.signal_batch_shell(job)
+            self.follow(job, output, lambda text, fields: text.count("stopping them") == start, 60)
+        text, fields = self.follow(job, output, lambda text, fields: fields.get("JobState") in ("COMPLETED", "FAILED"), 60)
+        self.assertTrue(wait_until(lambda: not processes_with(self.marker), 30), "a worker outlived the job")
         self.assertEqual(text.count("ddl: workers still running 2 s after SIGUSR1 (their time to save and end): stopping them"), 2, text)
         self.assertEqual(re.findall(r"requeues=(\d)", text), ["0", "0", "1", "1"], text)
         self.assertIn(f"ddl: requeueing job {job} (requeue 1 of 1)", text)
@@ -127,20 +127,15 @@ class Requeue(unittest.TestCase):
     def test_a_lightning_fit_goes_on_from_its_last_checkpoint_after_the_requeue(self):
         if not os.access(LIGHTNING_PYTHON, os.X_OK):
             self.fail(f"no Lightning venv: {LIGHTNING_PYTHON} is missing; run `bash scripts/lightning_venv.sh`")
-        marker = unique_marker()
-        with tempfile.TemporaryDirectory() as tmp:
-            output = os.path.join(tmp, "job.out")
-            script = (f"#!/bin/bash\nexec {DDL} run --cpu --requeue-signal USR1 --max-requeues 1 -- "
-                      f"{LIGHTNING_PYTHON} {LIGHTNING_FIT} {tmp}/checkpoints {marker}\n")
-            try:
-                job = self.submit_requeueable(script, output, tmp)
-                self.follow(job, output, lambda text, fields: "lightning step rank=0 step=10" in text, 180)
-                self.signal_batch_shell(job)
-                text, fields = self.follow(job, output, lambda text, fields: fields.get("JobState") in ("COMPLETED", "FAILED"), 240)
-                self.assertTrue(wait_until(lambda: not processes_with(marker), 30), "a worker outlived the job")
-            finally:
-                run(["scancel", job]) if "job" in locals() else None
-                kill_leftovers(marker)
+        tmp = self.enterContext(tempfile.TemporaryDirectory())
+        output = os.path.join(tmp, "job.out")
+        script = (f"#!/bin/bash\nexec {DDL} run --cpu --requeue-signal USR1 --max-requeues 1 -- "
+                  f"{LIGHTNING_PYTHON} {LIGHTNING_FIT} {tmp}/checkpoints {self.marker}\n")
+        job = self.submit_requeueable(script, output, tmp)
+        self.follow(job, output, lambda text, fields: "lightning step rank=0 step=10" in text, 180)
+        self.signal_batch_shell(job)
+        text, fields = self.follow(job, output, lambda text, fields: fields.get("JobState") in ("COMPLETED", "FAILED"), 240)
+        self.assertTrue(wait_until(lambda: not processes_with(self.marker), 30), "a worker outlived the job")
         self.assertEqual((fields["JobState"], fields["ExitCode"], fields["Restarts"]), ("COMPLETED", "0:0", "1"), text)
         first, second = text.split(f"ddl: requeueing job {job} (requeue 1 of 1)")
         weights = set()
