@@ -47,5 +47,8 @@ inline constexpr const char* kTimeline = "DDL_TIMELINE";    // file.json: a Chro
 inline constexpr const char* kBootstrap = "DDL_BOOTSTRAP";  // store, pmix or single
 inline constexpr const char* kShm = "DDL_SHM";              // 0: no shared memory between ranks
 inline constexpr const char* kGlooAddr = "DDL_GLOO_ADDR";   // the address peers reach this rank at
+// Set and not 0: CUDA ops go through host memory and the host transports, not NCCL (as they do
+// anyway where ranks share a GPU or NCCL does not load on some rank).
+inline constexpr const char* kCudaViaHost = "DDL_CUDA_VIA_HOST";
 
 }  // namespace ddl::contract

@@ -15,6 +15,7 @@
 #include "backends/command.hpp"
 #include "backends/site_profile.hpp"
 #include "backends/slurm/slurm_launch.hpp"
+#include "common/worker_contract.hpp"
 #include "ddl/build_features.hpp"
 #include "launcher/gpu_inventory.hpp"
 #include "launcher/host.hpp"
@@ -303,16 +304,28 @@ CapabilitySection controllers_section() {
   return s;
 }
 
-CapabilitySection tensor_ops_section(const GpuInventory& inventory, const RuntimeNccl& nccl_used) {
+// CUDA buffers go through NCCL where every rank has a GPU of its own and NCCL loads; otherwise
+// libddl runs them through host memory (agree_on_gpu_route), which a build with CUDA always can.
+CapabilitySection tensor_ops_section(const Environment& env, const GpuInventory& inventory, const RuntimeNccl& nccl_used) {
   CapabilitySection s{"Tensor operations", {}};
   const std::string nccl = DDL_BUILD_NCCL_VERSION;
+  const std::string asked = lookup(env, contract::kCudaViaHost).value_or("");
+  const bool via_host_asked = !asked.empty() && asked != "0";  // as libddl reads it
   if (nccl.empty())
     s.items.push_back(item(false, "NCCL", "", "not compiled in: CUDA buffers are unsupported"));
   else if (nccl_used.version.empty())
-    s.items.push_back(item(false, "NCCL", "", "none loads: CUDA buffers are unsupported"));
+    s.items.push_back(item(false, "NCCL", "", "none loads: CUDA buffers go through host memory (slower)"));
+  else if (via_host_asked)
+    s.items.push_back(item(false, "NCCL", nccl_used.version,
+                           fmt::format("loads, but {}=1: CUDA buffers go through host memory", contract::kCudaViaHost)));
   else
-    s.items.push_back(
-        item(inventory.count() > 0, "NCCL", nccl_used.version, inventory.count() > 0 ? "CUDA buffers" : "loads; no GPU visible"));
+    s.items.push_back(item(inventory.count() > 0, "NCCL", nccl_used.version,
+                           inventory.count() > 0 ? "CUDA buffers, one GPU per rank" : "loads; no GPU visible"));
+  if (!nccl.empty())
+    s.items.push_back(item(inventory.count() > 0, "CUDA via host", "",
+                           fmt::format("{}CUDA buffers through host memory and the host transports where ranks share a GPU (ddl run "
+                                       "--share-gpus), NCCL does not load, or {}=1: correct, slower than NCCL",
+                                       inventory.count() > 0 ? "" : "no GPU visible; ", contract::kCudaViaHost)));
   s.items.push_back(item(true, "Gloo", "", "host buffers"));
   s.items.push_back(item(false, "MPI", "", "not used by libddl: NCCL on GPUs, Gloo on hosts"));
   return s;
@@ -395,7 +408,7 @@ std::vector<CapabilitySection> capability_report(const Environment& env, const C
   auto controllers = controllers_section();
   report.push_back(frameworks.get());
   report.push_back(std::move(controllers));
-  report.push_back(tensor_ops_section(inventory, nccl));
+  report.push_back(tensor_ops_section(env, inventory, nccl));
   report.push_back(gpus_section(env, inventory));
   report.push_back(allocation_section(env, inventory));
   report.push_back(site_section(env));

@@ -199,7 +199,9 @@ class NcclLoading(unittest.TestCase):
         self.assertEqual(report.returncode, 0, report.stderr)
         header = build_feature("DDL_BUILD_NCCL_VERSION")
         self.assertIn(f"  [ ] NCCL (built with nccl.h {header}; none loads: no NCCL could be loaded (libnccl.so.2: ", report.stdout)
-        self.assertIn("  [ ] NCCL (none loads: CUDA buffers are unsupported)", report.stdout.split("Tensor operations")[1])
+        tensor_ops = report.stdout.split("Tensor operations")[1]
+        self.assertIn("  [ ] NCCL (none loads: CUDA buffers go through host memory (slower))", tensor_ops)
+        self.assertIn("  [ ] CUDA via host (no GPU visible; CUDA buffers through host memory", tensor_ops)
 
     def test_only_nccl_h_is_needed_to_build_and_a_pip_wheel_s_is_found(self):
         """CMake with /usr/local/cuda's nccl.h hidden: found in a venv's nvidia/nccl/include (the

@@ -1,6 +1,8 @@
-"""ddl.torch on CUDA tensors (libddl's NCCL path), one rank per GPU: the `gpu.ddl_torch` test.
+"""ddl.torch on CUDA tensors, one rank per GPU (libddl's NCCL path): the `gpu.ddl_torch` test.
 Started plainly, it starts itself under `ddl run -np <GPUs>` ($DDL_BIN, default build/cli/ddl);
-it exits 77 (ctest: skipped) with a message when no GPU is visible.
+with DDL_GPU_CHECK_RANKS=N beyond the GPUs, under `ddl run -np N --share-gpus`, where CUDA ops go
+through host memory (the gpu.ddl_torch_shared_gpu_* tests). It exits 77 (ctest: skipped) with a
+message when no GPU is visible.
 
 Each check prints "ok NAME" or "FAIL NAME: why"; expected values are computed on the CPU from every
 rank's inputs, which each rank rebuilds from the rank number. Every result must stay on the GPU."""
@@ -16,7 +18,9 @@ if not torch.cuda.is_available():
 if "DDL_RANK" not in os.environ:  # the test's driver: one worker per GPU
     here = os.path.dirname(os.path.abspath(__file__))
     ddl = os.environ.get("DDL_BIN", os.path.join(here, "..", "..", "build", "cli", "ddl"))
-    os.execv(ddl, [ddl, "run", "-np", str(torch.cuda.device_count()), "--", sys.executable, os.path.abspath(__file__)])
+    ranks = int(os.environ.get("DDL_GPU_CHECK_RANKS", torch.cuda.device_count()))
+    share = ["--share-gpus"] if ranks > torch.cuda.device_count() else []
+    os.execv(ddl, [ddl, "run", "-np", str(ranks), *share, "--", sys.executable, os.path.abspath(__file__)])
 
 import ddl.torch as hvd  # noqa: E402
 import worker_checks  # noqa: E402
@@ -186,6 +190,32 @@ def _():
     flat = torch.cat([p.detach().flatten() for p in net.parameters()])
     replicas = hvd.allgather(flat.unsqueeze(0), name="replicas")
     assert all(torch.equal(replicas[0], replicas[r]) for r in range(N)), "replicas differ after training"
+
+
+@check("a step on each rank's share of a global batch gives the weights of one rank's step on all of it")
+def _():
+    def model():
+        torch.manual_seed(99)
+        return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)).double().to(GPU)
+
+    g = torch.Generator().manual_seed(5)
+    batch = torch.randn(24, 16, generator=g, dtype=torch.float64)  # 24 rows: equal shares for 1 to 4 ranks
+    target = torch.randn(24, 4, generator=g, dtype=torch.float64)
+    reference = model()  # what one rank computes on the whole batch
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    net = model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9),
+                                   named_parameters=[(f"global_batch.{n}", p) for n, p in net.named_parameters()])
+    rows = slice(R * 24 // N, (R + 1) * 24 // N)
+    for _step in range(3):
+        ref_opt.zero_grad()
+        torch.nn.functional.mse_loss(reference(batch.to(GPU)), target.to(GPU)).backward()
+        ref_opt.step()
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(net(batch[rows].to(GPU)), target[rows].to(GPU)).backward()
+        opt.step()
+    for (name, p), q in zip(net.named_parameters(), reference.parameters()):
+        assert torch.allclose(p, q, rtol=1e-12, atol=1e-12), f"{name} differs from one rank's step by {(p - q).abs().max().item()}"
 
 
 hvd.shutdown()

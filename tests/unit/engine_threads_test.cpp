@@ -175,7 +175,12 @@ class Probe final : public Collectives {
     parked_ = false;
   }
   void record(const std::string& mine, bool ran_in_round) {
-    Announcement a = Announcement::parse(mine);
+    Announcement a;
+    try {
+      a = Announcement::parse(mine);
+    } catch (const std::exception&) {
+      return;  // not a round's announcement: how the ranks' CUDA ops run (agree_on_gpu_route)
+    }
     std::lock_guard lock(mutex_);
     ran_in_round_ += ran_in_round ? 1 : 0;
     if (!a.submitted.empty() || !a.cached.empty()) announcements_.push_back(std::move(a));
@@ -341,9 +346,14 @@ float expected_sum(int size, int op, size_t j) {
   return static_cast<float>((op + 1) * size * (size + 1) / 2) + static_cast<float>(size) * static_cast<float>(j);
 }
 
+OpSpec cuda_spec(OpSpec s) {
+  s.cuda = true;
+  return s;
+}
+
 // `count` float32 allreduces named prefix.i of 64 elements each, submitted while the engine thread
-// is parked; checks every result and returns what went over the wire for them.
-std::vector<WireAllreduce> sixteen_allreduces(RankContext& ctx, const std::string& prefix) {
+// is parked (CUDA ones with `cuda`); checks every result and returns what went over the wire for them.
+std::vector<WireAllreduce> sixteen_allreduces(RankContext& ctx, const std::string& prefix, bool cuda = false) {
   constexpr int kOps = 16;
   constexpr size_t kCount = 64;
   std::vector<std::vector<float>> in(kOps), out(kOps);
@@ -355,7 +365,9 @@ std::vector<WireAllreduce> sixteen_allreduces(RankContext& ctx, const std::strin
   {
     Paused paused(ctx.probe);
     for (int i = 0; i < kOps; ++i)
-      ops.push_back(ctx.engine->submit(fmt::format("{}.{}", prefix, i), allreduce_spec(DDL_FLOAT32, kCount), in[i].data(), out[i].data()));
+      ops.push_back(ctx.engine->submit(fmt::format("{}.{}", prefix, i),
+                                       cuda ? cuda_spec(allreduce_spec(DDL_FLOAT32, kCount)) : allreduce_spec(DDL_FLOAT32, kCount),
+                                       in[i].data(), out[i].data()));
   }
   for (int i = 0; i < kOps; ++i) {
     succeeded(ops[i], fmt::format("{}.{}", prefix, i));
@@ -572,6 +584,24 @@ void three_threads_in_crossed_orders(RankContext& ctx, int step) {
   for (const auto& f : failures)
     for (const auto& message : f) FAIL_CHECK(message);
 }
+
+// GPU memory as the engine's staging of CUDA ops sees it, played by host memory: the engine cannot
+// tell (it only copies through DeviceMemory), and the copies are counted. CI has no GPU; the `gpu`
+// tests run the same staging with the CUDA runtime's copies.
+class HostAsDeviceMemory final : public DeviceMemory {
+ public:
+  void to_host(void* host, const void* device, size_t bytes, void*) override {
+    if (refuse_next_copy_to_host.exchange(false)) throw ddl::Error("the test refused this copy");
+    if (bytes > 0) std::memcpy(host, device, bytes);
+    ++copies_to_host;
+  }
+  void to_device(void* device, const void* host, size_t bytes, void*) override {
+    if (bytes > 0) std::memcpy(device, host, bytes);
+    ++copies_to_device;
+  }
+  std::atomic<int> copies_to_host{0}, copies_to_device{0};
+  std::atomic<bool> refuse_next_copy_to_host{false};
+};
 
 }  // namespace
 
@@ -1368,6 +1398,105 @@ TEST_SUITE("engine_threads") {
     WorldOptions options = callers_only();
     options.transport_timeout = 1500ms;
     for_each_world(options, [](RankContext& ctx) { broken_transport_fails_every_rank(ctx, submit_and_wait); });
+  }
+
+  TEST_CASE(
+      "CUDA ops through host memory (DDL_CUDA_VIA_HOST, shared GPUs): every CUDA op is right, allreduces fuse, a failed copy fails one "
+      "op") {
+    std::vector<std::shared_ptr<HostAsDeviceMemory>> memories;
+    WorldOptions options;
+    options.config = [&](int rank) {
+      EngineConfig c;
+      c.cuda_via_host = true;
+      c.device_memory = memories.at(static_cast<size_t>(rank));
+      return c;
+    };
+    for (Transport t : kTransports) {
+      for (int size : {2, 3, 4}) {
+        memories.clear();
+        for (int r = 0; r < size; ++r) memories.push_back(std::make_shared<HostAsDeviceMemory>());
+        run_world(t, size, options, [&](RankContext& ctx) {
+          HostAsDeviceMemory& memory = *memories.at(static_cast<size_t>(ctx.rank));
+          const auto n = static_cast<size_t>(ctx.size);
+          // Sixteen allreduces agreed together: one collective on the wire, as host ops fuse.
+          constexpr int kOps = 16;
+          CHECK_WIRE(sixteen_allreduces(ctx, "grad", true), {{kOps * 64, 4}});
+          CHECK(memory.copies_to_host == kOps);
+          CHECK(memory.copies_to_device == kOps);
+
+          // An average, in place.
+          std::vector<double> avg{static_cast<double>(ctx.rank), 2.0 * ctx.rank};
+          OpSpec average = cuda_spec(allreduce_spec(DDL_FLOAT64, 2));
+          average.dtype = DDL_FLOAT64;
+          average.reduce = DDL_AVERAGE;
+          succeeded(ctx.engine->submit("avg", average, avg.data(), avg.data()), "avg");
+          CHECK(avg == std::vector<double>{(ctx.size - 1) / 2.0, static_cast<double>(ctx.size - 1)});
+
+          // A broadcast from the last rank.
+          std::vector<int32_t> b(3, ctx.rank == ctx.size - 1 ? 7 : -1);
+          OpSpec broadcast = cuda_spec(allreduce_spec(DDL_INT32, 3));
+          broadcast.kind = OpKind::Broadcast;
+          broadcast.root = ctx.size - 1;
+          succeeded(ctx.engine->submit("bcast", broadcast, b.data(), b.data()), "bcast");
+          CHECK(b == std::vector<int32_t>(3, 7));
+
+          // An allgather of two elements per rank.
+          std::vector<int64_t> mine{ctx.rank * 10, ctx.rank * 10 + 1}, gathered(2 * n, -1), expected;
+          for (int r = 0; r < ctx.size; ++r) expected.insert(expected.end(), {r * 10, r * 10 + 1});
+          OpSpec allgather = cuda_spec(allreduce_spec(DDL_INT64, 2));
+          allgather.kind = OpKind::Allgather;
+          succeeded(ctx.engine->submit("gather", allgather, mine.data(), gathered.data()), "gather");
+          CHECK(gathered == expected);
+
+          // A reducescatter of unequal blocks (rank r gets r + 1 elements), which NCCL cannot do.
+          OpSpec scatter = cuda_spec(allreduce_spec(DDL_FLOAT32, 0));
+          scatter.kind = OpKind::Reducescatter;
+          for (int r = 0; r < ctx.size; ++r) scatter.counts.push_back(static_cast<uint64_t>(r + 1));
+          for (uint64_t c : scatter.counts) scatter.count += c;
+          std::vector<float> whole(scatter.count);
+          for (size_t j = 0; j < whole.size(); ++j) whole[j] = static_cast<float>(j + static_cast<size_t>(ctx.rank));
+          std::vector<float> block(static_cast<size_t>(ctx.rank + 1), -1), block_expected;
+          const size_t offset = static_cast<size_t>(ctx.rank * (ctx.rank + 1) / 2);
+          for (size_t j = 0; j < block.size(); ++j)
+            block_expected.push_back(static_cast<float>(ctx.size) * static_cast<float>(offset + j) +
+                                     static_cast<float>(ctx.size * (ctx.size - 1) / 2));
+          succeeded(ctx.engine->submit("scatter", scatter, whole.data(), block.data()), "scatter");
+          CHECK(block == block_expected);
+
+          // An alltoallv: rank r sends r + 1 elements to each rank, valued sender * 100 + destination.
+          OpSpec alltoallv = cuda_spec(allreduce_spec(DDL_INT32, 0));
+          alltoallv.kind = OpKind::Alltoallv;
+          std::vector<size_t> send_counts(n, static_cast<size_t>(ctx.rank + 1)), recv_counts;
+          std::vector<int32_t> to_send, received, received_expected;
+          for (int d = 0; d < ctx.size; ++d) to_send.insert(to_send.end(), static_cast<size_t>(ctx.rank + 1), ctx.rank * 100 + d);
+          for (int s = 0; s < ctx.size; ++s) {
+            recv_counts.push_back(static_cast<size_t>(s + 1));
+            received_expected.insert(received_expected.end(), static_cast<size_t>(s + 1), s * 100 + ctx.rank);
+          }
+          received.assign(received_expected.size(), -1);
+          succeeded(ctx.engine->submit_with_counts("swap", alltoallv, to_send.data(), received.data(), send_counts, recv_counts), "swap");
+          CHECK(received == received_expected);
+
+          // Rank 0's copy of an input fails: that op fails there, naming the copy, while its peers get
+          // the sum without rank 0's part (it took part with zeros); the next op is right everywhere.
+          ctx.sync();
+          if (ctx.rank == 0) memory.refuse_next_copy_to_host = true;
+          float x = 1, y = -1;
+          Outcome refused = outcome(ctx.engine->submit("refused", cuda_spec(allreduce_spec(DDL_FLOAT32, 1)), &x, &y));
+          if (ctx.rank == 0) {
+            CHECK(refused.status == DDL_ERROR_INTERNAL);
+            CHECK(refused.message == "op 'refused': the test refused this copy");
+            CHECK(y == -1);
+          } else {
+            CHECK_MESSAGE(refused.status == DDL_SUCCESS, refused.message);
+            CHECK(y == static_cast<float>(ctx.size - 1));
+          }
+          y = -1;
+          succeeded(ctx.engine->submit("after", cuda_spec(allreduce_spec(DDL_FLOAT32, 1)), &x, &y), "after");
+          CHECK(y == static_cast<float>(ctx.size));
+        });
+      }
+    }
   }
 
 }  // TEST_SUITE

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -591,12 +592,13 @@ void Engine::execute(const std::vector<ReadyOp>& ready) {
     op.agreed = negotiated;
     ops.push_back(&op);
   }
-  // Host allreduces of one dtype and reduction are fused; CUDA ops are launched as one NCCL group;
-  // everything else runs in the agreed order.
+  route_cuda_ops(ops);
+  // Host allreduces of one dtype and reduction are fused (and CUDA ones staged in host memory); CUDA
+  // ops are launched as one NCCL group; everything else runs in the agreed order.
   std::vector<PendingOp*> allreduces;
   std::vector<PendingOp*> gpu_ops;
   for (PendingOp* op : ops) {
-    if (op->spec.cuda)
+    if (op->spec.cuda && !op->staged)
       gpu_ops.push_back(op);
     else if (op->spec.kind == OpKind::Allreduce)
       allreduces.push_back(op);
@@ -605,6 +607,111 @@ void Engine::execute(const std::vector<ReadyOp>& ready) {
   }
   run_allreduces(allreduces);
   enqueue_gpu_ops(std::move(gpu_ops));
+}
+
+// CUDA ops in `ops` either stay for NCCL, or are staged in host memory (and then run as host ops
+// do), or fail (no route: they leave `ops`).
+void Engine::route_cuda_ops(std::vector<PendingOp*>& ops) {
+  std::vector<PendingOp*> cuda_ops;
+  for (PendingOp* op : ops)
+    if (op->spec.cuda && !op->stand_in) cuda_ops.push_back(op);
+  if (cuda_ops.empty()) return;
+  if (!cuda_route_ready(cuda_ops)) {
+    std::erase_if(ops, [](const PendingOp* op) { return op->spec.cuda && !op->stand_in; });
+    return;
+  }
+  if (!cuda_via_host_) return;
+  for (PendingOp* op : ops) {
+    if (op->stand_in)
+      op->staged = true;  // host buffers already
+    else if (op->spec.cuda)
+      stage_on_host(*op);
+  }
+}
+
+bool Engine::cuda_route_ready(const std::vector<PendingOp*>& cuda_ops) {
+  if (gpu_ || cuda_via_host_) return true;
+  try {
+    const GpuRouteAsked asked{config_.cuda_via_host, config_.device_memory == nullptr};
+    GpuRoute route = agree_on_gpu_route(*collectives_, gpu_buffer_of(cuda_ops), asked);
+    if (route.nccl) {
+      gpu_ = std::move(route.nccl);
+      return true;
+    }
+    if (!config_.device_memory) config_.device_memory = make_cuda_memory();
+    cuda_via_host_ = true;
+    say_cuda_goes_via_host(route.via_host_because);
+    return true;
+  } catch (const PeerLostError&) {
+    throw;  // the transport broke: every op fails (run_guarded)
+  } catch (const TimeoutError&) {
+    throw;
+  } catch (const Error& e) {  // alike on every rank: agree_on_gpu_route and make_cuda_memory decide alike
+    for (PendingOp* op : cuda_ops) finish(*op, DDL_ERROR_UNSUPPORTED, fmt::format("op '{}': {}", op->name, e.what()));
+    return false;
+  }
+}
+
+// Once per process, whichever engine (world or process set) decided it first.
+void Engine::say_cuda_goes_via_host(const std::string& because) {
+  static std::atomic<bool> said{false};
+  if (said.exchange(true)) return;
+  std::fprintf(stderr,
+               "ddl: rank %d: CUDA collectives go through host memory over libddl's host transports (%s): correct, but slower than NCCL\n",
+               rank_, because.c_str());
+}
+
+// The op's input is copied to host memory and its buffers point there; its result goes back to the
+// GPU in finish(). A failed copy leaves zeros in its place, so that this rank still takes part in
+// the collective (its peers wait for it), and the op fails here with the copy's error.
+void Engine::stage_on_host(PendingOp& op) {
+  const OpSpec& s = op.spec;
+  const size_t element = dtype_size(s.dtype);
+  const size_t ranks = static_cast<size_t>(size_);
+  size_t in = s.count * element, out = in;
+  const void* device_in = op.send;
+  bool in_place = true;  // one host buffer serves as input and result
+  switch (s.kind) {
+    case OpKind::Allreduce: break;
+    case OpKind::Broadcast: device_in = op.recv; break;
+    case OpKind::Allgather: out = in * ranks, in_place = false; break;
+    case OpKind::Reducescatter: out = s.counts[static_cast<size_t>(rank_)] * element, in_place = false; break;
+    case OpKind::Alltoallv: {
+      size_t sent = 0, received = 0;
+      for (size_t c : op.send_counts) sent += c;
+      for (size_t c : op.recv_counts) received += c;
+      in = sent * element, out = received * element, in_place = false;
+      break;
+    }
+    default: break;  // the C API offers no other CUDA op
+  }
+  op.staging.assign(in_place ? std::max(in, out) : in + out, 0);
+  const auto started = Clock::now();
+  try {
+    config_.device_memory->to_host(op.staging.data(), device_in, in, op.stream);
+  } catch (const std::exception& e) {
+    std::fill(op.staging.begin(), op.staging.end(), 0);
+    op.staging_error = e.what();
+  }
+  timeline_.record(op.name, "MEMCPY_TO_HOST", started, Clock::now());
+  op.device_result = op.recv;
+  op.device_result_bytes = out;
+  op.send = op.staging.data();
+  op.recv = op.staging.data() + (in_place ? 0 : in);
+  op.staged = true;
+}
+
+void Engine::copy_result_to_device(PendingOp& op) {
+  if (op.staging_error.empty() && op.device_result != nullptr) {
+    const auto started = Clock::now();
+    try {
+      config_.device_memory->to_device(op.device_result, op.recv, op.device_result_bytes, op.stream);
+    } catch (const std::exception& e) {
+      op.staging_error = e.what();
+    }
+    timeline_.record(op.name, "MEMCPY_TO_DEVICE", started, Clock::now());
+  }
+  op.device_result = nullptr;
 }
 
 void Engine::enqueue_gpu_ops(std::vector<PendingOp*> ops) {
@@ -616,14 +723,6 @@ void Engine::enqueue_gpu_ops(std::vector<PendingOp*> ops) {
     return true;
   });
   if (ops.empty()) return;
-  if (!gpu_) {
-    try {
-      gpu_ = make_nccl_collectives(*collectives_, gpu_buffer_of(ops));
-    } catch (const std::exception& e) {
-      for (PendingOp* op : ops) finish(*op, DDL_ERROR_UNSUPPORTED, fmt::format("op '{}': {}", op->name, e.what()));
-      return;
-    }
-  }
   // Every rank checks the same alltoallvs in the same order (host collectives); a failed one is gone.
   std::erase_if(ops, [&](PendingOp* op) { return op->spec.kind == OpKind::Alltoallv && !gpu_alltoallv_counts_agree(*op); });
   if (ops.empty()) return;
@@ -948,6 +1047,7 @@ Engine::PendingOp& Engine::stand_in_for(const ReadyOp& ready) {
   if (!joined_) throw std::runtime_error(fmt::format("op '{}' was agreed but never submitted on rank {}", ready.name(), rank_));
   auto& [op, buffer] = stand_ins_.emplace_back();
   op = PendingOp{ready.name(), ready.spec(), nullptr, nullptr, std::make_shared<OpState>(), Clock::now(), nullptr};
+  op.stand_in = true;
   const OpSpec& s = ready.spec();
   const size_t element = dtype_size(s.dtype);
   if (s.kind == OpKind::Allreduce) {
@@ -970,7 +1070,19 @@ void Engine::finish(PendingOp& op, ddl_status status, const std::string& message
 
 void Engine::finish(const std::vector<PendingOp*>& ops, ddl_status status, const std::string& message) {
   std::vector<std::shared_ptr<OpState>> states;
+  std::vector<std::string> copy_errors;  // a staged CUDA op's, by its place in `ops`
   states.reserve(ops.size());
+  for (size_t i = 0; i < ops.size(); ++i) {
+    PendingOp& op = *ops[i];
+    if (!op.staged) continue;
+    if (status == DDL_SUCCESS) copy_result_to_device(op);
+    if (!op.staging_error.empty()) {
+      copy_errors.resize(ops.size());
+      copy_errors[i] = fmt::format("op '{}': {}", op.name, std::exchange(op.staging_error, {}));
+    }
+    std::vector<char>().swap(op.staging);  // a node kept for reuse keeps no gradient-sized buffer
+    op.staged = false;
+  }
   {
     std::lock_guard lock(mutex_);  // submit() reads in_flight_ for duplicate names
     for (PendingOp* op : ops) {
@@ -984,8 +1096,11 @@ void Engine::finish(const std::vector<PendingOp*>& ops, ddl_status status, const
   }
   if (status == DDL_SUCCESS) progress_.note();
   std::vector<OpState*> settled;
-  for (auto& state : states)
-    if (state->settle(status, message)) settled.push_back(state.get());
+  for (size_t i = 0; i < states.size(); ++i) {
+    const bool copy_failed = i < copy_errors.size() && !copy_errors[i].empty();
+    if (copy_failed ? states[i]->settle(DDL_ERROR_INTERNAL, copy_errors[i]) : states[i]->settle(status, message))
+      settled.push_back(states[i].get());
+  }
   for (OpState* state : settled) state->wake();
 }
 

@@ -22,6 +22,7 @@
 #include "runtime/src/engine/progress_mark.hpp"
 #include "runtime/src/engine/timeline.hpp"
 #include "runtime/src/transports/collectives.hpp"
+#include "runtime/src/transports/device_memory.hpp"
 #include "runtime/src/transports/gpu_collectives.hpp"
 
 namespace ddl::runtime {
@@ -80,6 +81,11 @@ struct EngineConfig {
   bool report_stragglers = false;
   std::chrono::seconds straggler_interval{0};
   std::vector<std::string> rank_hosts;  // each rank's host, for that report (rank 0's engine)
+  // CUDA ops go through host memory (DDL_CUDA_VIA_HOST) rather than NCCL; they do anyway where a
+  // rank cannot load NCCL or ranks share a GPU (agree_on_gpu_route).
+  bool cuda_via_host = false;
+  // The copies between GPU and host for that; empty: the CUDA runtime's, made when first needed.
+  std::shared_ptr<DeviceMemory> device_memory;
 };
 
 class Engine : public std::enable_shared_from_this<Engine> {
@@ -145,6 +151,14 @@ class Engine : public std::enable_shared_from_this<Engine> {
     Clock::time_point agreed;                      // when every rank had submitted it
     int join_result = -1;                          // a join: the last rank to join
     std::vector<size_t> send_counts, recv_counts;  // alltoallv: this rank's blocks; allgather-any: {its count}
+    bool stand_in = false;                         // stand_in_for's: host buffers whatever the spec says
+    // A CUDA op run through host memory (stage_on_host): send and recv point into `staging`, and
+    // the result goes back to `device_result` before the op completes.
+    bool staged = false;
+    std::vector<char> staging;
+    void* device_result = nullptr;
+    size_t device_result_bytes = 0;
+    std::string staging_error;  // a copy between GPU and host failed: the op fails with it
   };
   // A CUDA op enqueued on its stream, waiting for its event.
   struct GpuOpInFlight {
@@ -226,6 +240,13 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::optional<Proposing> proposing_;
   bool is_proposed(const std::string& name) const;  // mutex_ held
   void enqueue_gpu_ops(std::vector<PendingOp*> ops);
+  // The route of CUDA ops, agreed by every rank on the first (NCCL, or through host memory); false
+  // when there is none, and then `cuda_ops` have failed.
+  bool cuda_route_ready(const std::vector<PendingOp*>& cuda_ops);
+  void route_cuda_ops(std::vector<PendingOp*>& ops);  // see cuda_route_ready; staged ops then run as host ops
+  void say_cuda_goes_via_host(const std::string& because);
+  void stage_on_host(PendingOp& op);          // a CUDA op's input to host memory: it then runs as a host op
+  void copy_result_to_device(PendingOp& op);  // a staged op's result back to its CUDA buffer
   void poll_gpu_ops();
   void finish(PendingOp& op, ddl_status status, const std::string& message = {});
   // A batch takes one lock, and its waiters are woken only once all of its ops are settled.
@@ -252,7 +273,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::vector<char> scratch_;                                      // reducescatter's and alltoallv's staging buffer
   bool joined_ = false;                                            // engine thread: this rank has a join in flight
   std::deque<std::pair<PendingOp, std::vector<char>>> stand_ins_;  // this round's, with their buffers
-  std::unique_ptr<GpuCollectives> gpu_;                            // made when the first CUDA op runs
+  std::unique_ptr<GpuCollectives> gpu_;                            // NCCL, made when the first CUDA op runs
+  bool cuda_via_host_ = false;                                     // CUDA ops go through host memory (decided on the first)
   std::vector<GpuOpInFlight> gpu_in_flight_;
 
   std::mutex mutex_;  // guards what submit() and finalize() share with the engine thread

@@ -38,9 +38,19 @@ class GpuCollectives {
   virtual void abort() = 0;
 };
 
-// NCCL on the device that holds `sample_pointer`; the unique id travels over `host` (rank 0 makes
-// it, everyone receives it by broadcast). Throws ddl::Error when NCCL (nccl_library.hpp) or a GPU
-// is not there.
-std::unique_ptr<GpuCollectives> make_nccl_collectives(Collectives& host, const void* sample_pointer);
+// How a world's CUDA ops run, agreed by every rank (over `host`) on the first one.
+struct GpuRoute {
+  std::unique_ptr<GpuCollectives> nccl;  // NCCL on the GPU of `sample_pointer`: every rank has a GPU of its own
+  std::string via_host_because;          // otherwise: why they go through host memory (DeviceMemory)
+};
+struct GpuRouteAsked {
+  bool via_host = false;  // DDL_CUDA_VIA_HOST
+  bool check_gpu = true;  // false: the buffers are not the CUDA runtime's (the engine's tests stage host memory)
+};
+// NCCL where every rank has a GPU of its own and NCCL loads on every rank; through host memory
+// where a rank asked for it (DDL_CUDA_VIA_HOST), NCCL does not load on some rank, or ranks share a
+// GPU. Throws ddl::Error, on every rank, when some rank cannot run CUDA ops at all (no GPU, a
+// buffer that is not GPU memory, a build without CUDA).
+GpuRoute agree_on_gpu_route(Collectives& host, const void* sample_pointer, const GpuRouteAsked& asked);
 
 }  // namespace ddl::runtime

@@ -2,10 +2,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
-
-#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -14,20 +15,20 @@
 #include "runtime/src/transports/nccl_library.hpp"
 
 #if DDL_WITH_NCCL
-#include <cuda.h>  // the driver API's types only: its one function here is looked up through the runtime
 #include <cuda_runtime.h>
+
+#include "runtime/src/transports/cuda_device.hpp"
 #endif
 
 namespace ddl::runtime {
 
+namespace {
+constexpr const char* kViaHostAsked = "DDL_CUDA_VIA_HOST=1 asks for it";
+}
+
 #if DDL_WITH_NCCL
 
 namespace {
-
-void check_cuda(cudaError_t rc, const char* what) {
-  if (rc != cudaSuccess)
-    throw Error(fmt::format("{}: {}", what, cudaGetErrorString(rc)), "is a GPU visible to this worker (CUDA_VISIBLE_DEVICES, nvidia-smi)?");
-}
 
 // NCCL's entry points: loaded at run time (nccl_library.hpp), present once a communicator exists.
 const NcclLibrary::Api& nccl() { return nccl_api(); }
@@ -51,97 +52,6 @@ ncclDataType_t nccl_type(ddl_dtype t) {
   return ncclFloat32;
 }
 
-void require_a_gpu() {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0)
-    throw Error("a CUDA collective was called but no GPU is visible to this worker",
-                "check CUDA_VISIBLE_DEVICES and nvidia-smi; host buffers use the non-CUDA functions");
-}
-
-// The GPU that holds `pointer` (NULL: the current one; an empty buffer may come as NULL); throws if
-// it is not GPU memory.
-int device_of(const void* pointer) {
-  if (pointer == nullptr) {
-    int current = 0;
-    check_cuda(cudaGetDevice(&current), "cannot read the current GPU");
-    return current;
-  }
-  cudaPointerAttributes attributes{};
-  check_cuda(cudaPointerGetAttributes(&attributes, pointer), "cannot inspect the GPU buffer");
-  if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged)
-    throw Error("a CUDA collective was given a buffer that is not CUDA device memory", "use the host functions for host buffers");
-  return attributes.device;
-}
-
-// Whether `device`'s primary context exists. Selecting a device creates its context (hundreds of MiB
-// on a GPU this rank may not use), so a thread is only switched back to a device already in use, as
-// torch's own device guards do. The driver's function is looked up through the runtime: libddl does
-// not link libcuda. Unknown (no such entry point): true.
-bool has_primary_context(int device) {
-  using GetState = CUresult (*)(CUdevice, unsigned int*, int*);
-  using GetDevice = CUresult (*)(CUdevice*, int);
-  static const auto [get_state, get_device] = [] {
-    void* state = nullptr;
-    void* device_of_ordinal = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-#if CUDART_VERSION >= 12050
-    if (cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &state, 12000, cudaEnableDefault, &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess ||
-        cudaGetDriverEntryPointByVersion("cuDeviceGet", &device_of_ordinal, 12000, cudaEnableDefault, &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess)
-#else
-    if (cudaGetDriverEntryPoint("cuDevicePrimaryCtxGetState", &state, cudaEnableDefault, &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess ||
-        cudaGetDriverEntryPoint("cuDeviceGet", &device_of_ordinal, cudaEnableDefault, &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess)
-#endif
-      return std::pair<GetState, GetDevice>{nullptr, nullptr};
-    return std::pair{reinterpret_cast<GetState>(state), reinterpret_cast<GetDevice>(device_of_ordinal)};
-  }();
-  if (get_state == nullptr) return true;
-  CUdevice handle = 0;
-  unsigned int flags = 0;
-  int active = 0;
-  return get_device(&handle, device) == CUDA_SUCCESS && get_state(handle, &flags, &active) == CUDA_SUCCESS && active != 0;
-}
-
-// Makes `device` the calling thread's GPU until restore(). Rounds run on the engine thread or on
-// the thread of a caller of a blocking op, whose own current GPU stays as it was where that GPU is in
-// use; a thread that never chose one (the engine thread) simply stays on the communicator's.
-class CurrentDevice {
- public:
-  void select(int device) {
-    check_cuda(cudaGetDevice(&previous_), "cannot read the current GPU");
-    if (previous_ != device) check_cuda(cudaSetDevice(device), "cannot select the communicator's GPU");
-    selected_ = device;
-  }
-  void restore() {
-    if (previous_ != selected_ && has_primary_context(previous_)) cudaSetDevice(previous_);  // none selected: both -1
-    previous_ = selected_ = -1;
-  }
-
- private:
-  int previous_ = -1, selected_ = -1;
-};
-
-// "host/PCI bus id" of a GPU: equal on two ranks only when they would share one GPU.
-std::string gpu_identity(int device) {
-  char bus_id[64] = {};
-  check_cuda(cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, device), "cannot read the GPU's PCI bus id");
-  char host[256] = {};
-  gethostname(host, sizeof host - 1);
-  return fmt::format("{}/{}", host, bus_id);
-}
-
-// NCCL refuses a communicator with two ranks on one GPU ("invalid usage"); say which ranks and why.
-void refuse_shared_gpus(const std::vector<std::string>& gpus) {
-  for (size_t a = 0; a < gpus.size(); ++a)
-    for (size_t b = a + 1; b < gpus.size(); ++b)
-      if (gpus[a] == gpus[b])
-        throw Error(fmt::format("ranks {} and {} both use GPU {}, and NCCL needs a GPU of its own for each rank", a, b, gpus[a]),
-                    "start one worker per GPU (ddl run without --share-gpus, or fewer workers), or keep CUDA tensors off the collectives");
-}
-
 ncclRedOp_t nccl_op(ddl_reduce_op op) {
   switch (op) {
     case DDL_SUM: return ncclSum;
@@ -155,32 +65,13 @@ ncclRedOp_t nccl_op(ddl_reduce_op op) {
 
 class NcclCollectives final : public GpuCollectives {
  public:
-  // Every rank takes part in the same host collectives whatever fails locally (another rank's
-  // buffer, its GPU), then all ranks agree whether any failed: a rank that threw early would leave
-  // the host transport out of step with its peers.
-  NcclCollectives(Collectives& host, const void* sample_pointer) {
-    ncclUniqueId id{};
-    std::string local_error, local_hint;
-    try {
-      nccl();  // loads NCCL, or says what to set or load: before the GPU, which a machine without NCCL may lack too
-      require_a_gpu();
-      device_ = device_of(sample_pointer);
-      if (host.rank() == 0) check_nccl(nccl().GetUniqueId(&id), "ncclGetUniqueId");
-    } catch (const Error& e) {
-      local_error = e.what();
-      local_hint = e.hint();
-    }
-    host.broadcast(&id, sizeof id, 0);
-    const std::vector<std::string> gpus = host.allgather_bytes(local_error.empty() ? gpu_identity(device_) : std::string());
-    if (!local_error.empty()) throw Error(local_error, local_hint);
-    if (std::find(gpus.begin(), gpus.end(), std::string()) != gpus.end())
-      throw Error("another rank could not set up NCCL for this op; its own error says why");
-    refuse_shared_gpus(gpus);
+  // A communicator of every rank on `device`, from rank 0's `id`. Every rank has one or none has:
+  // a rank whose init failed alone would leave the others running the next CUDA ops' host steps
+  // (alltoallv's count check) without it.
+  NcclCollectives(Collectives& host, int device, const ncclUniqueId& id) : device_(device), size_(host.size()) {
     current_.select(device_);  // ncclCommInitRank binds the communicator to the current GPU
     const ncclResult_t rc = nccl().CommInitRank(&comm_, host.size(), id, host.rank());
     current_.restore();
-    // Every rank has a communicator or none has: a rank whose init failed alone would leave the
-    // others running the next CUDA ops' host steps (alltoallv's count check) without it.
     const bool made = rc == ncclSuccess || rc == ncclInProgress;
     const std::vector<std::string> made_by = host.allgather_bytes(made ? "1" : "0");
     if (std::find(made_by.begin(), made_by.end(), "0") != made_by.end()) {
@@ -189,7 +80,6 @@ class NcclCollectives final : public GpuCollectives {
       if (!made) check_nccl(rc, "ncclCommInitRank");
       throw Error("another rank could not create its NCCL communicator; its own error says why");
     }
-    size_ = host.size();
   }
 
   ~NcclCollectives() override {
@@ -237,7 +127,7 @@ class NcclCollectives final : public GpuCollectives {
     if (rc == cudaSuccess) rc = cudaEventRecord(event, static_cast<cudaStream_t>(stream));
     current_.restore();
     if (rc != cudaSuccess && event != nullptr) cudaEventDestroy(event);
-    check_cuda(rc, "cannot mark the end of a GPU collective on its stream");
+    cuda::check(rc, "cannot mark the end of a GPU collective on its stream");
     return event;
   }
   // The group runs on the communicator's GPU, whichever thread's round enqueues it.
@@ -266,7 +156,7 @@ class NcclCollectives final : public GpuCollectives {
     cudaError_t rc = cudaEventQuery(static_cast<cudaEvent_t>(token));
     current_.restore();
     if (rc == cudaErrorNotReady) return false;
-    check_cuda(rc, "waiting for a GPU collective");
+    cuda::check(rc, "waiting for a GPU collective");
     return true;
   }
   void release(Token token) override {
@@ -287,20 +177,94 @@ class NcclCollectives final : public GpuCollectives {
  private:
   int device_ = 0;
   int size_ = 0;
-  CurrentDevice current_;  // only one thread at a time runs rounds
-  bool in_group_ = false;  // between group_start() and group_end()
+  cuda::CurrentDevice current_;  // only one thread at a time runs rounds
+  bool in_group_ = false;        // between group_start() and group_end()
   ncclComm_t comm_ = nullptr;
 };
 
+// What one rank can do, as it tells the others: 'N' and its GPU's identity (NCCL loads and the
+// buffer is on a GPU), 'H' and why its CUDA ops should go through host memory, or 'E' and why none
+// can run, with a hint after a newline. A DDL_NCCL_LIBRARY that does not load is an error, not a
+// reason to go through the host (the variable promises no quiet fallback); without a GPU the error
+// is NCCL's when it does not load either (what a GPU node would then lack too), else the GPU's.
+std::string gpu_verdict(const void* sample_pointer, const GpuRouteAsked& asked, int& device) {
+  if (asked.via_host && !asked.check_gpu) return "H" + std::string(kViaHostAsked);
+  std::optional<Error> no_nccl;
+  if (!asked.via_host) {
+    try {
+      nccl();  // loads NCCL, or says what to set or load
+    } catch (const Error& e) {
+      no_nccl = e;
+    }
+  }
+  const char* named = std::getenv("DDL_NCCL_LIBRARY");
+  if (no_nccl && named != nullptr && *named != '\0') return fmt::format("E{}\n{}", no_nccl->what(), no_nccl->hint());
+  try {
+    cuda::require_a_gpu();
+    device = cuda::device_of(sample_pointer);
+  } catch (const Error& e) {
+    const Error& first = no_nccl ? *no_nccl : e;
+    return fmt::format("E{}\n{}", first.what(), first.hint());
+  }
+  if (asked.via_host) return "H" + std::string(kViaHostAsked);
+  if (no_nccl) return fmt::format("Hno NCCL loads ({})", no_nccl->what());
+  return "N" + cuda::gpu_identity(device);
+}
+
+// Two ranks with one GPU identity, if any: NCCL refuses a communicator with two ranks on one GPU.
+std::optional<std::pair<size_t, size_t>> ranks_sharing_a_gpu(const std::vector<std::string>& verdicts) {
+  for (size_t a = 0; a < verdicts.size(); ++a)
+    for (size_t b = a + 1; b < verdicts.size(); ++b)
+      if (verdicts[a] == verdicts[b]) return std::pair{a, b};
+  return std::nullopt;
+}
+
 }  // namespace
 
-std::unique_ptr<GpuCollectives> make_nccl_collectives(Collectives& host, const void* sample_pointer) {
-  return std::make_unique<NcclCollectives>(host, sample_pointer);
+GpuRoute agree_on_gpu_route(Collectives& host, const void* sample_pointer, const GpuRouteAsked& asked) {
+  int device = 0;
+  const std::string mine = gpu_verdict(sample_pointer, asked, device);
+  const std::vector<std::string> verdicts = host.allgather_bytes(mine);
+  if (mine[0] == 'E') {
+    const size_t newline = mine.find('\n');
+    throw Error(mine.substr(1, newline - 1), mine.substr(newline + 1));
+  }
+  GpuRoute route;
+  for (size_t r = 0; r < verdicts.size(); ++r) {
+    if (verdicts[r][0] == 'E')
+      throw Error(fmt::format("rank {} cannot run CUDA collectives: {}", r, verdicts[r].substr(1, verdicts[r].find('\n') - 1)));
+    if (verdicts[r][0] == 'H' && route.via_host_because.empty())
+      route.via_host_because = fmt::format("rank {}: {}", r, verdicts[r].substr(1));
+  }
+  if (!route.via_host_because.empty()) return route;
+  if (auto shared = ranks_sharing_a_gpu(verdicts)) {
+    route.via_host_because = fmt::format("ranks {} and {} share GPU {}, and NCCL needs a GPU of its own for each rank", shared->first,
+                                         shared->second, verdicts[shared->first].substr(1));
+    return route;
+  }
+  ncclUniqueId id{};
+  std::string no_id;
+  if (host.rank() == 0) {
+    const ncclResult_t rc = nccl().GetUniqueId(&id);
+    if (rc != ncclSuccess) no_id = nccl().GetErrorString(rc);
+  }
+  host.broadcast(&id, sizeof id, 0);
+  std::vector<std::string> id_made = host.allgather_bytes(no_id);
+  if (!id_made[0].empty()) throw Error(fmt::format("ncclGetUniqueId failed on rank 0: {}", id_made[0]));
+  route.nccl = std::make_unique<NcclCollectives>(host, device, id);
+  return route;
 }
 
 #else
 
-std::unique_ptr<GpuCollectives> make_nccl_collectives(Collectives&, const void*) { throw Error(nccl_library().error); }
+GpuRoute agree_on_gpu_route(Collectives& host, const void*, const GpuRouteAsked& asked) {
+  const bool via_host = asked.via_host && !asked.check_gpu;  // a build without CUDA has no GPU to check
+  const std::vector<std::string> verdicts = host.allgather_bytes(via_host ? "H" : "E");
+  if (!via_host) throw Error(nccl_library().error);
+  for (size_t r = 0; r < verdicts.size(); ++r)
+    if (verdicts[r] != "H") throw Error(fmt::format("rank {} cannot run CUDA collectives: {}", r, nccl_library().error));
+  return GpuRoute{nullptr, kViaHostAsked};
+}
 
 #endif
 
