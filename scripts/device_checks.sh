@@ -70,6 +70,13 @@ run_checks() {
   one nccl_collectives "$device/bin/gpu_checks"
   one ddl_torch_gpu "$python" torch_gpu_checks.py
   one torch_backend_gpu "$python" torch_backend_gpu_checks.py
+  # Ranks sharing one GPU, where CUDA ops go through host memory (NCCL needs a GPU per rank), and
+  # one rank asking for that route.
+  for ranks in 2 4; do
+    one "shared_gpu_${ranks}_ranks" env CUDA_VISIBLE_DEVICES=0 "$DDL_BIN" run -np "$ranks" --share-gpus -- "$device/bin/gpu_checks" shared
+    one "ddl_torch_shared_gpu_${ranks}_ranks" env CUDA_VISIBLE_DEVICES=0 DDL_GPU_CHECK_RANKS="$ranks" "$python" torch_gpu_checks.py
+  done
+  one cuda_via_host env DDL_CUDA_VIA_HOST=1 "$device/bin/gpu_checks" shared
   # The CPU checks again on this machine's torch 2.x (CI has Debian's 1.13 only), as CPU workers
   # (--cpu: ddl run would otherwise start one worker per GPU, and refuse more). DDL_DEVICE_GPU_ONLY=1
   # skips them and the CPU benchmark, for a session with little device time left.
