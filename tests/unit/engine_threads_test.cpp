@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -345,6 +346,76 @@ float input(int rank, int op, size_t j) { return static_cast<float>((rank + 1) *
 float expected_sum(int size, int op, size_t j) {
   return static_cast<float>((op + 1) * size * (size + 1) / 2) + static_cast<float>(size) * static_cast<float>(j);
 }
+
+// NCCL as the engine sees it, played on host memory over the rank's own transport: NCCL's ops of
+// a group run at group_end() (as NCCL puts them on their streams only then), everything else at
+// once, in call order (one stream's order). A copy enqueued inside a group thus runs before the
+// group's reductions, as on a GPU, and a test sees the wrong result. It counts what the engine
+// asked: reductions (on the Probe's wire), marks (events) and fusion buffers not given back (in
+// counts that outlive it: the engine destroys it).
+struct PlayedGpuCounts {
+  std::atomic<int> marks{0}, buffers_held{0};
+};
+class HostPlayedGpu final : public GpuCollectives {
+ public:
+  HostPlayedGpu(Collectives& host, std::shared_ptr<PlayedGpuCounts> counts = std::make_shared<PlayedGpuCounts>())
+      : host_(host), counts_(std::move(counts)) {}
+  void group_start() override { in_group_ = true; }
+  void group_end() override {
+    in_group_ = false;
+    for (auto& run : deferred_) run();
+    deferred_.clear();
+  }
+  void allreduce(const void* send, void* recv, size_t count, ddl_dtype dtype, ddl_reduce_op op, void*) override {
+    enqueue([=, this] {
+      const size_t bytes = count * dtype_size(dtype);
+      if (send != recv && bytes > 0) std::memmove(recv, send, bytes);
+      host_.allreduce(recv, count, dtype_size(dtype), reduce_function(dtype, op));
+      if (op == DDL_AVERAGE) divide_by_world_size(recv, count, dtype, host_.size());
+    });
+  }
+  void broadcast(void* data, size_t count, ddl_dtype dtype, int root, void*) override {
+    enqueue([=, this] { host_.broadcast(data, count * dtype_size(dtype), root); });
+  }
+  void allgather(const void* send, void* recv, size_t count, ddl_dtype dtype, void*) override {
+    enqueue([=, this] { host_.allgatherv(send, recv, std::vector<size_t>(static_cast<size_t>(host_.size()), count * dtype_size(dtype))); });
+  }
+  void reduce_scatter(const void*, void*, size_t, ddl_dtype, ddl_reduce_op, void*) override { throw std::logic_error("not played"); }
+  void alltoallv(const void*, const std::vector<size_t>&, void*, const std::vector<size_t>&, ddl_dtype, void*) override {
+    throw std::logic_error("not played");
+  }
+  void* buffer(size_t bytes, void*) override {
+    buffers_.emplace_back(std::max<size_t>(bytes, 1));
+    ++counts_->buffers_held;
+    return buffers_.back().data();
+  }
+  void release_buffer(void* buffer, void*) override {
+    counts_->buffers_held -= static_cast<int>(std::erase_if(buffers_, [&](const std::vector<char>& b) { return b.data() == buffer; }));
+  }
+  void copy(void* to, const void* from, size_t bytes, void*) override {
+    if (bytes > 0) std::memcpy(to, from, bytes);
+  }
+  Token mark(void* stream) override {
+    ++counts_->marks;
+    return stream == nullptr ? this : stream;
+  }
+  bool done(Token) override { return true; }
+  void release(Token) override {}
+  void abort() override {}
+
+ private:
+  void enqueue(std::function<void()> run) {
+    if (in_group_)
+      deferred_.push_back(std::move(run));
+    else
+      run();
+  }
+  Collectives& host_;
+  std::shared_ptr<PlayedGpuCounts> counts_;
+  bool in_group_ = false;
+  std::vector<std::function<void()>> deferred_;
+  std::list<std::vector<char>> buffers_;
+};
 
 OpSpec cuda_spec(OpSpec s) {
   s.cuda = true;
@@ -1497,6 +1568,67 @@ TEST_SUITE("engine_threads") {
         });
       }
     }
+  }
+
+  TEST_CASE("CUDA allreduces fuse: one NCCL reduction per fusion buffer and stream, one event per stream, copies outside the group") {
+    std::vector<std::shared_ptr<PlayedGpuCounts>> counts(8);
+    WorldOptions options;
+    options.config = [&](int rank) {
+      EngineConfig c;
+      auto mine = counts.at(static_cast<size_t>(rank)) = std::make_shared<PlayedGpuCounts>();
+      c.gpu_collectives = [mine](Collectives& host) { return std::make_unique<HostPlayedGpu>(host, mine); };
+      return c;
+    };
+    for_each_world(options, [&](RankContext& ctx) {
+      PlayedGpuCounts& played = *counts.at(static_cast<size_t>(ctx.rank));
+      // Sixteen allreduces on one stream, agreed in one round: one reduction of all of them, one event.
+      CHECK_WIRE(sixteen_allreduces(ctx, "grad", true), {{16 * 64, 4}});
+      CHECK(played.marks == 1);
+      // Two streams, and a broadcast among them: one reduction per stream's buffer, each op right.
+      int stream_a = 0, stream_b = 0;
+      std::vector<std::vector<float>> in(8), out(8);
+      std::vector<int64_t> shared(3, ctx.rank == 0 ? 5 : -1);
+      std::vector<std::shared_ptr<OpState>> ops;
+      for (int i = 0; i < 8; ++i) {
+        for (size_t j = 0; j < 32; ++j) in[i].push_back(input(ctx.rank, i, j));
+        out[i].assign(32, -1);
+      }
+      {
+        Paused paused(ctx.probe);
+        for (int i = 0; i < 8; ++i) {
+          ops.push_back(ctx.engine->submit(fmt::format("two.{}", i), cuda_spec(allreduce_spec(DDL_FLOAT32, 32)), in[i].data(),
+                                           out[i].data(), i % 2 == 0 ? static_cast<void*>(&stream_a) : static_cast<void*>(&stream_b)));
+          if (i == 3) {
+            OpSpec broadcast = cuda_spec(allreduce_spec(DDL_INT64, 3));
+            broadcast.kind = OpKind::Broadcast;
+            ops.push_back(ctx.engine->submit("between", broadcast, shared.data(), shared.data(), &stream_a));
+          }
+        }
+      }
+      for (auto& op : ops) succeeded(op, "an op on two streams");
+      for (int i = 0; i < 8; ++i) {
+        bool right = true;
+        for (size_t j = 0; j < 32; ++j) right = right && out[i][j] == expected_sum(ctx.size, i, j);
+        CHECK_MESSAGE(right, "two.", i, " has a wrong sum");
+      }
+      CHECK(shared == std::vector<int64_t>(3, 5));
+      CHECK_WIRE(ctx.probe.take_allreduces(), {{4 * 32, 4}, {4 * 32, 4}});
+      CHECK(played.marks == 3);  // one more per stream
+      CHECK(played.buffers_held == 0);
+    });
+  }
+
+  TEST_CASE("a CUDA allreduce alone is not copied: NCCL reduces it where it lies; DDL_FUSION_THRESHOLD=0 fuses nothing") {
+    WorldOptions options;
+    options.config = [](int) {
+      EngineConfig c;
+      c.fusion_threshold = 0;
+      c.gpu_collectives = [](Collectives& host) { return std::make_unique<HostPlayedGpu>(host); };
+      return c;
+    };
+    for_each_world(options, [](RankContext& ctx) {
+      CHECK_WIRE(sixteen_allreduces(ctx, "unfused", true), std::vector<WireAllreduce>(16, {64, 4}));
+    });
   }
 
 }  // TEST_SUITE

@@ -631,6 +631,10 @@ void Engine::route_cuda_ops(std::vector<PendingOp*>& ops) {
 
 bool Engine::cuda_route_ready(const std::vector<PendingOp*>& cuda_ops) {
   if (gpu_ || cuda_via_host_) return true;
+  if (config_.gpu_collectives) {
+    gpu_ = config_.gpu_collectives(*collectives_);
+    return true;
+  }
   try {
     const GpuRouteAsked asked{config_.cuda_via_host, config_.device_memory == nullptr};
     GpuRoute route = agree_on_gpu_route(*collectives_, gpu_buffer_of(cuda_ops), asked);
@@ -726,9 +730,26 @@ void Engine::enqueue_gpu_ops(std::vector<PendingOp*> ops) {
   // Every rank checks the same alltoallvs in the same order (host collectives); a failed one is gone.
   std::erase_if(ops, [&](PendingOp* op) { return op->spec.kind == OpKind::Alltoallv && !gpu_alltoallv_counts_agree(*op); });
   if (ops.empty()) return;
+  // CUDA allreduces fuse as host ones do: copied into a fusion buffer on their stream, reduced by
+  // one NCCL call, copied out. The copies stay outside the NCCL group, whose ops reach the stream
+  // only at its end.
+  std::vector<PendingOp*> allreduces, others;
+  for (PendingOp* op : ops) (op->spec.kind == OpKind::Allreduce ? allreduces : others).push_back(op);
+  std::vector<GpuFusion> fused;
+  for (std::vector<PendingOp*>& group : fusion_groups(allreduces)) {
+    if (group.size() == 1)
+      others.push_back(group[0]);
+    else
+      fused.push_back(fill_gpu_fusion_buffer(std::move(group)));
+  }
+  const auto launched = Clock::now();
   gpu_->group_start();
-  for (PendingOp* op : ops) {
-    record_wait(*op, Clock::now());
+  for (const GpuFusion& f : fused) {
+    const OpSpec& s = f.ops[0]->spec;
+    gpu_->allreduce(f.buffer, f.buffer, f.count, s.dtype, s.reduce, f.ops[0]->stream);
+  }
+  for (PendingOp* op : others) {
+    record_wait(*op, launched);
     const OpSpec& s = op->spec;
     switch (s.kind) {
       case OpKind::Allreduce: gpu_->allreduce(op->send, op->recv, s.count, s.dtype, s.reduce, op->stream); break;
@@ -742,10 +763,62 @@ void Engine::enqueue_gpu_ops(std::vector<PendingOp*> ops) {
     }
   }
   gpu_->group_end();
-  // Only now are the ops on their streams: an event recorded inside the group could complete
-  // before NCCL had put anything there.
   const auto enqueued = Clock::now();
-  for (PendingOp* op : ops) gpu_in_flight_.push_back({op->name, gpu_->mark(op->stream), enqueued});
+  for (const GpuFusion& f : fused) empty_gpu_fusion_buffer(f, launched, enqueued);
+  mark_gpu_ops_by_stream(ops, enqueued);
+}
+
+Engine::GpuFusion Engine::fill_gpu_fusion_buffer(std::vector<PendingOp*> ops) {
+  GpuFusion f;
+  const size_t element = dtype_size(ops[0]->spec.dtype);
+  for (PendingOp* op : ops) f.count += op->spec.count;
+  void* stream = ops[0]->stream;
+  f.started = Clock::now();
+  f.buffer = static_cast<char*>(gpu_->buffer(f.count * element, stream));
+  size_t offset = 0;
+  for (PendingOp* op : ops) {
+    record_wait(*op, f.started);
+    gpu_->copy(f.buffer + offset * element, op->send, op->spec.count * element, stream);
+    offset += op->spec.count;
+  }
+  f.ops = std::move(ops);
+  return f;
+}
+
+// The results out of the fusion buffer, and the buffer back to its pool, all on the group's stream.
+// The timeline's phases for these ops are when the engine enqueued each part; the GPU's own time
+// for the whole is the NCCL phase that follows (until the stream's event completes).
+void Engine::empty_gpu_fusion_buffer(const GpuFusion& f, Clock::time_point launched, Clock::time_point reduced) {
+  const size_t element = dtype_size(f.ops[0]->spec.dtype);
+  void* stream = f.ops[0]->stream;
+  size_t offset = 0;
+  for (PendingOp* op : f.ops) {
+    gpu_->copy(op->recv, f.buffer + offset * element, op->spec.count * element, stream);
+    offset += op->spec.count;
+  }
+  gpu_->release_buffer(f.buffer, stream);
+  const auto copied = Clock::now();
+  for (PendingOp* op : f.ops) {
+    timeline_.record(op->name, "MEMCPY_IN_FUSION_BUFFER", f.started, launched);
+    timeline_.record(op->name, "ALLREDUCE", launched, reduced);
+    timeline_.record(op->name, "MEMCPY_OUT_FUSION_BUFFER", reduced, copied);
+  }
+}
+
+// One event per stream, after everything the round enqueued there: the ops on it complete together
+// (a step's gradients on torch's current stream are one wait, not one per gradient). Only after the
+// NCCL group has ended are its ops on their streams: an event recorded inside it could complete first.
+void Engine::mark_gpu_ops_by_stream(const std::vector<PendingOp*>& ops, Clock::time_point enqueued) {
+  std::vector<GpuOpInFlight> marked;
+  for (PendingOp* op : ops) {
+    auto same = std::find_if(marked.begin(), marked.end(), [&](const GpuOpInFlight& g) { return g.stream == op->stream; });
+    if (same == marked.end()) same = marked.insert(marked.end(), GpuOpInFlight{{}, nullptr, enqueued, op->stream});
+    same->names.push_back(op->name);
+  }
+  for (GpuOpInFlight& g : marked) {
+    g.token = gpu_->mark(g.stream);
+    gpu_in_flight_.push_back(std::move(g));
+  }
 }
 
 void Engine::poll_gpu_ops() {
@@ -753,33 +826,47 @@ void Engine::poll_gpu_ops() {
   for (size_t i = 0; i < gpu_in_flight_.size();) {
     GpuOpInFlight& g = gpu_in_flight_[i];
     if (!gpu_->done(g.token)) {
-      if (now - g.started > config_.timeout) throw TimeoutError(fmt::format("CUDA op '{}' timed out", g.name));
+      if (now - g.started > config_.timeout) throw TimeoutError(fmt::format("CUDA op '{}' timed out", g.names[0]));
       ++i;
       continue;
     }
     gpu_->release(g.token);
-    timeline_.record(g.name, "NCCL", g.started, now);
-    finish(in_flight_.at(g.name), DDL_SUCCESS);
+    std::vector<PendingOp*> done;
+    for (const std::string& name : g.names) {
+      timeline_.record(name, "NCCL", g.started, now);
+      done.push_back(&in_flight_.at(name));
+    }
+    finish(done, DDL_SUCCESS);
     gpu_in_flight_.erase(gpu_in_flight_.begin() + static_cast<long>(i));
   }
 }
 
-void Engine::run_allreduces(const std::vector<PendingOp*>& ops) {
+// Allreduces of one dtype, reduction, compression and stream, in the agreed order, up to the
+// fusion threshold's bytes together (each alone with a threshold of 0).
+std::vector<std::vector<Engine::PendingOp*>> Engine::fusion_groups(const std::vector<PendingOp*>& ops) const {
+  std::vector<std::vector<PendingOp*>> groups;
   std::vector<bool> taken(ops.size(), false);
   for (size_t i = 0; i < ops.size(); ++i) {
     if (taken[i]) continue;
-    std::vector<PendingOp*> group{ops[i]};
+    std::vector<PendingOp*>& group = groups.emplace_back(1, ops[i]);
     taken[i] = true;
     size_t bytes = bytes_of(ops[i]->spec);
     for (size_t j = i + 1; j < ops.size() && config_.fusion_threshold > 0; ++j) {
       const OpSpec& a = ops[i]->spec;
       const OpSpec& b = ops[j]->spec;
-      if (taken[j] || a.dtype != b.dtype || a.reduce != b.reduce || a.compress_fp16 != b.compress_fp16) continue;
+      if (taken[j] || a.dtype != b.dtype || a.reduce != b.reduce || a.compress_fp16 != b.compress_fp16 || ops[i]->stream != ops[j]->stream)
+        continue;
       if (bytes + bytes_of(b) > config_.fusion_threshold) continue;
       bytes += bytes_of(b);
       group.push_back(ops[j]);
       taken[j] = true;
     }
+  }
+  return groups;
+}
+
+void Engine::run_allreduces(const std::vector<PendingOp*>& ops) {
+  for (const std::vector<PendingOp*>& group : fusion_groups(ops)) {
     if (group.size() == 1 && !group[0]->spec.compress_fp16)
       run_single(*group[0]);
     else

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -86,6 +87,9 @@ struct EngineConfig {
   bool cuda_via_host = false;
   // The copies between GPU and host for that; empty: the CUDA runtime's, made when first needed.
   std::shared_ptr<DeviceMemory> device_memory;
+  // Where CUDA ops go when set, on every rank (the engine's tests play GPU collectives on host
+  // memory); empty: the route the ranks agree on (agree_on_gpu_route).
+  std::function<std::unique_ptr<GpuCollectives>(Collectives& host)> gpu_collectives;
 };
 
 class Engine : public std::enable_shared_from_this<Engine> {
@@ -160,10 +164,18 @@ class Engine : public std::enable_shared_from_this<Engine> {
     size_t device_result_bytes = 0;
     std::string staging_error;  // a copy between GPU and host failed: the op fails with it
   };
-  // A CUDA op enqueued on its stream, waiting for its event.
+  // A round's CUDA ops on one stream, enqueued there, waiting for the stream's event.
   struct GpuOpInFlight {
-    std::string name;
+    std::vector<std::string> names;
     GpuCollectives::Token token;
+    Clock::time_point started;
+    void* stream = nullptr;
+  };
+  // CUDA allreduces fused: copied into `buffer` (GPU memory), reduced there as one.
+  struct GpuFusion {
+    std::vector<PendingOp*> ops;
+    char* buffer = nullptr;
+    size_t count = 0;  // elements of all of them
     Clock::time_point started;
   };
 
@@ -240,6 +252,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::optional<Proposing> proposing_;
   bool is_proposed(const std::string& name) const;  // mutex_ held
   void enqueue_gpu_ops(std::vector<PendingOp*> ops);
+  std::vector<std::vector<PendingOp*>> fusion_groups(const std::vector<PendingOp*>& ops) const;
+  GpuFusion fill_gpu_fusion_buffer(std::vector<PendingOp*> ops);
+  void empty_gpu_fusion_buffer(const GpuFusion& f, Clock::time_point launched, Clock::time_point reduced);
+  void mark_gpu_ops_by_stream(const std::vector<PendingOp*>& ops, Clock::time_point enqueued);
   // The route of CUDA ops, agreed by every rank on the first (NCCL, or through host memory); false
   // when there is none, and then `cuda_ops` have failed.
   bool cuda_route_ready(const std::vector<PendingOp*>& cuda_ops);

@@ -29,6 +29,14 @@ class GpuCollectives {
   // the sum of recv_counts before r. Counts in elements, one per rank.
   virtual void alltoallv(const void* send, const std::vector<size_t>& send_counts, void* recv, const std::vector<size_t>& recv_counts,
                          ddl_dtype dtype, void* stream) = 0;
+  // A fusion buffer: `bytes` of GPU memory for work enqueued on `stream`, given back with
+  // release_buffer() on the same stream once that work is enqueued (stream-ordered: the memory is
+  // reused only after the work before the release has run).
+  virtual void* buffer(size_t bytes, void* stream) = 0;
+  virtual void release_buffer(void* buffer, void* stream) = 0;
+  // Enqueues a copy of `bytes` of GPU memory on `stream`. Outside a group: inside one, NCCL's ops
+  // are not on the stream yet, and the copy would run before them.
+  virtual void copy(void* to, const void* from, size_t bytes, void* stream) = 0;
   // After group_end(): a token that completes once everything enqueued on `stream` so far has.
   virtual Token mark(void* stream) = 0;
   // Whether the op of `token` finished; throws ddl::Error on an asynchronous NCCL error.

@@ -84,6 +84,7 @@ class NcclCollectives final : public GpuCollectives {
 
   ~NcclCollectives() override {
     if (comm_ != nullptr) nccl().CommDestroy(comm_);
+    if (pool_ != nullptr) cudaMemPoolDestroy(pool_);
   }
 
   void allreduce(const void* send, void* recv, size_t count, ddl_dtype dtype, ddl_reduce_op op, void* stream) override {
@@ -119,6 +120,31 @@ class NcclCollectives final : public GpuCollectives {
       from += send_counts[p] * element;
       to += recv_counts[p] * element;
     }
+  }
+  // From a pool of this GPU's own that keeps what it has (a release threshold of all of it), so a
+  // fusion buffer costs no cudaMalloc once the pool holds one as large; other users of the GPU
+  // (torch's caching allocator, the device's default pool) are not touched.
+  void* buffer(size_t bytes, void* stream) override {
+    current_.select(device_);
+    cudaError_t rc = pool_ == nullptr ? make_pool() : cudaSuccess;
+    void* memory = nullptr;
+    if (rc == cudaSuccess) rc = cudaMallocFromPoolAsync(&memory, std::max<size_t>(bytes, 1), pool_, static_cast<cudaStream_t>(stream));
+    current_.restore();
+    cuda::check(rc, "cannot allocate a fusion buffer on the GPU");
+    return memory;
+  }
+  void release_buffer(void* buffer, void* stream) override {
+    current_.select(device_);
+    const cudaError_t rc = cudaFreeAsync(buffer, static_cast<cudaStream_t>(stream));
+    current_.restore();
+    cuda::check(rc, "cannot release a fusion buffer");
+  }
+  void copy(void* to, const void* from, size_t bytes, void* stream) override {
+    if (bytes == 0) return;
+    current_.select(device_);
+    const cudaError_t rc = cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream));
+    current_.restore();
+    cuda::check(rc, "cannot copy a GPU buffer to or from the fusion buffer");
   }
   Token mark(void* stream) override {
     cudaEvent_t event = nullptr;
@@ -175,10 +201,22 @@ class NcclCollectives final : public GpuCollectives {
   }
 
  private:
+  cudaError_t make_pool() {
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device_;
+    cudaError_t rc = cudaMemPoolCreate(&pool_, &props);
+    if (rc != cudaSuccess) return rc;
+    uint64_t keep_all = UINT64_MAX;
+    return cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep_all);
+  }
+
   int device_ = 0;
   int size_ = 0;
-  cuda::CurrentDevice current_;  // only one thread at a time runs rounds
-  bool in_group_ = false;        // between group_start() and group_end()
+  cudaMemPool_t pool_ = nullptr;  // fusion buffers
+  cuda::CurrentDevice current_;   // only one thread at a time runs rounds
+  bool in_group_ = false;         // between group_start() and group_end()
   ncclComm_t comm_ = nullptr;
 };
 
