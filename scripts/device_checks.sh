@@ -96,6 +96,10 @@ run_checks() {
     grep -h "^lightning" "$logs"/lightning_*.log
     timeout 300 "$DDL_BIN" run -np "$gpus" -- "$python" bench/gpu_allreduce_bench.py -e 64M > "$logs/gpu_allreduce_bench.txt" 2>&1 || failed=1
     cat "$logs/gpu_allreduce_bench.txt"
+    timeout 300 "$DDL_BIN" run -np "$gpus" -- "$python" bench/gpu_train_step_bench.py > "$logs/gpu_train_step_bench.txt" 2>&1 || failed=1
+    cat "$logs/gpu_train_step_bench.txt"
+    DDL_TIMELINE="$logs/train_step_timeline.json" timeout 300 "$DDL_BIN" run -np 1 -- "$python" bench/gpu_train_step_bench.py --model many --rounds 1 --steps 30 \
+      > "$logs/gpu_train_step_timeline.txt" 2>&1 || failed=1
   fi
   # The Python layer's cost per op (issue 21) on this machine's many idle cores, CPU tensors.
   if [ $cpu = 1 ]; then
