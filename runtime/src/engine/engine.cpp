@@ -841,8 +841,8 @@ void Engine::poll_gpu_ops() {
   }
 }
 
-// Allreduces of one dtype, reduction, compression and stream, in the agreed order, up to the
-// fusion threshold's bytes together (each alone with a threshold of 0).
+// Allreduces of one dtype, reduction, compression and (on the GPU) stream, in the agreed order, up
+// to the fusion threshold's bytes together (each alone with a threshold of 0).
 std::vector<std::vector<Engine::PendingOp*>> Engine::fusion_groups(const std::vector<PendingOp*>& ops) const {
   std::vector<std::vector<PendingOp*>> groups;
   std::vector<bool> taken(ops.size(), false);
@@ -854,8 +854,8 @@ std::vector<std::vector<Engine::PendingOp*>> Engine::fusion_groups(const std::ve
     for (size_t j = i + 1; j < ops.size() && config_.fusion_threshold > 0; ++j) {
       const OpSpec& a = ops[i]->spec;
       const OpSpec& b = ops[j]->spec;
-      if (taken[j] || a.dtype != b.dtype || a.reduce != b.reduce || a.compress_fp16 != b.compress_fp16 || ops[i]->stream != ops[j]->stream)
-        continue;
+      if (taken[j] || a.dtype != b.dtype || a.reduce != b.reduce || a.compress_fp16 != b.compress_fp16) continue;
+      if (on_gpu(*ops[i]) && ops[i]->stream != ops[j]->stream) continue;  // a host op's stream (the C API passes any) means nothing
       if (bytes + bytes_of(b) > config_.fusion_threshold) continue;
       bytes += bytes_of(b);
       group.push_back(ops[j]);

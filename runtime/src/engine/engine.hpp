@@ -253,6 +253,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   bool is_proposed(const std::string& name) const;  // mutex_ held
   void enqueue_gpu_ops(std::vector<PendingOp*> ops);
   std::vector<std::vector<PendingOp*>> fusion_groups(const std::vector<PendingOp*>& ops) const;
+  static bool on_gpu(const PendingOp& op) { return op.spec.cuda && !op.staged && !op.stand_in; }  // NCCL's
   GpuFusion fill_gpu_fusion_buffer(std::vector<PendingOp*> ops);
   void empty_gpu_fusion_buffer(const GpuFusion& f, Clock::time_point launched, Clock::time_point reduced);
   void mark_gpu_ops_by_stream(const std::vector<PendingOp*>& ops, Clock::time_point enqueued);
