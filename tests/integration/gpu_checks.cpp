@@ -73,8 +73,8 @@ std::vector<T> host_copy_of(const T* d, size_t n) {
 // more), or through host memory reduced as well.
 void check_reducescatter(cudaStream_t stream) {
   const size_t per_rank = 3, n = per_rank * static_cast<size_t>(g_size);
-  std::vector<float> in(n);
-  for (size_t i = 0; i < n; ++i) in[i] = static_cast<float>(g_rank) + static_cast<float>(i);
+  std::vector<float> in(n + 1);  // the unequal blocks below take one element more
+  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(g_rank) + static_cast<float>(i);
   float* dsend = device_copy_of(in);
   float* drecv = device_copy_of(std::vector<float>(per_rank + 1, -1.0f));
   std::vector<size_t> counts(static_cast<size_t>(g_size), per_rank);

@@ -168,8 +168,12 @@ DDL_API ddl_status ddl_alltoall_async(const char* name, const void* send, void* 
 /* CUDA device buffers go through NCCL, enqueued on `stream` (a cudaStream_t; NULL is the default
  * stream) after the work already on it; the handle completes when the result is in recv.
  * Negotiation, names and mismatch errors work as for host buffers (a name used with a host buffer
- * on one rank and a CUDA buffer on another is a mismatch). Without NCCL (see ddl_nccl_version), or
- * without a visible GPU, they fail with DDL_ERROR_UNSUPPORTED and host operations are unaffected. */
+ * on one rank and a CUDA buffer on another is a mismatch). Where ranks share a GPU, NCCL does not
+ * load on some rank, or DDL_CUDA_VIA_HOST=1, every rank's CUDA ops go through host memory instead
+ * (copied after the work already on `stream`, results copied back before the handle completes).
+ * Without a visible GPU, or with a DDL_NCCL_LIBRARY that does not load, they fail with
+ * DDL_ERROR_UNSUPPORTED and host operations are unaffected. Ops in flight together must not share
+ * buffers. */
 DDL_API ddl_status ddl_allreduce_cuda_async(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype, ddl_reduce_op op,
                                             void* stream, ddl_handle* handle);
 DDL_API ddl_status ddl_broadcast_cuda_async(const char* name, void* buffer, size_t count, ddl_dtype dtype, int root, void* stream,

@@ -610,49 +610,75 @@ void Engine::execute(const std::vector<ReadyOp>& ready) {
 }
 
 // CUDA ops in `ops` either stay for NCCL, or are staged in host memory (and then run as host ops
-// do), or fail (no route: they leave `ops`).
+// do), or fail (no route, or a rank could not copy its input to the host): then they leave `ops`
+// before they are finished (finish() may free them).
 void Engine::route_cuda_ops(std::vector<PendingOp*>& ops) {
   std::vector<PendingOp*> cuda_ops;
   for (PendingOp* op : ops)
     if (op->spec.cuda && !op->stand_in) cuda_ops.push_back(op);
   if (cuda_ops.empty()) return;
-  if (!cuda_route_ready(cuda_ops)) {
-    std::erase_if(ops, [](const PendingOp* op) { return op->spec.cuda && !op->stand_in; });
-    return;
+  std::optional<std::string> no_route = choose_cuda_route(cuda_ops);
+  if (!no_route && cuda_via_host_) {
+    for (PendingOp* op : ops) {
+      if (op->stand_in)
+        op->staged = true;  // host buffers already
+      else if (op->spec.cuda)
+        stage_on_host(*op);
+    }
+    no_route = copies_to_host_failed(cuda_ops);
   }
-  if (!cuda_via_host_) return;
-  for (PendingOp* op : ops) {
-    if (op->stand_in)
-      op->staged = true;  // host buffers already
-    else if (op->spec.cuda)
-      stage_on_host(*op);
+  if (!no_route) return;
+  std::erase_if(ops, [](const PendingOp* op) { return op->spec.cuda && !op->stand_in; });
+  for (PendingOp* op : cuda_ops) {
+    op->staging_error.clear();  // every rank fails them alike, naming the rank whose copy failed
+    finish(*op, no_route_status_, fmt::format("op '{}': {}", op->name, *no_route));
   }
 }
 
-bool Engine::cuda_route_ready(const std::vector<PendingOp*>& cuda_ops) {
-  if (gpu_ || cuda_via_host_) return true;
+// Every rank says whether it could copy this round's CUDA inputs to the host (one allgather): a rank
+// that could not would put zeros in its peers' results (a broadcast root's, an allgather's block),
+// so the round's CUDA ops fail on every rank, naming it.
+std::optional<std::string> Engine::copies_to_host_failed(const std::vector<PendingOp*>& cuda_ops) {
+  std::string mine = "C";  // not an announcement: a mark that tells it from one in a transport's trace
+  for (PendingOp* op : cuda_ops)
+    if (!op->staging_error.empty()) {
+      mine += op->staging_error;
+      break;
+    }
+  const std::vector<std::string> all = collectives_->allgather_bytes(mine);
+  for (size_t r = 0; r < all.size(); ++r)
+    if (all[r].size() > 1) {
+      no_route_status_ = DDL_ERROR_INTERNAL;
+      return fmt::format("rank {} could not copy its CUDA buffer to the host: {}", r, all[r].substr(1));
+    }
+  return std::nullopt;
+}
+
+// On the first CUDA op: the route every rank agrees on (nullopt), or why there is none.
+std::optional<std::string> Engine::choose_cuda_route(const std::vector<PendingOp*>& cuda_ops) {
+  if (gpu_ || cuda_via_host_) return std::nullopt;
   if (config_.gpu_collectives) {
     gpu_ = config_.gpu_collectives(*collectives_);
-    return true;
+    return std::nullopt;
   }
   try {
     const GpuRouteAsked asked{config_.cuda_via_host, config_.device_memory == nullptr};
     GpuRoute route = agree_on_gpu_route(*collectives_, gpu_buffer_of(cuda_ops), asked);
     if (route.nccl) {
       gpu_ = std::move(route.nccl);
-      return true;
+      return std::nullopt;
     }
     if (!config_.device_memory) config_.device_memory = make_cuda_memory();
     cuda_via_host_ = true;
     say_cuda_goes_via_host(route.via_host_because);
-    return true;
+    return std::nullopt;
   } catch (const PeerLostError&) {
     throw;  // the transport broke: every op fails (run_guarded)
   } catch (const TimeoutError&) {
     throw;
   } catch (const Error& e) {  // alike on every rank: agree_on_gpu_route and make_cuda_memory decide alike
-    for (PendingOp* op : cuda_ops) finish(*op, DDL_ERROR_UNSUPPORTED, fmt::format("op '{}': {}", op->name, e.what()));
-    return false;
+    no_route_status_ = DDL_ERROR_UNSUPPORTED;
+    return std::string(e.what());
   }
 }
 
@@ -666,8 +692,9 @@ void Engine::say_cuda_goes_via_host(const std::string& because) {
 }
 
 // The op's input is copied to host memory and its buffers point there; its result goes back to the
-// GPU in finish(). A failed copy leaves zeros in its place, so that this rank still takes part in
-// the collective (its peers wait for it), and the op fails here with the copy's error.
+// GPU in finish(). A failed copy is noted in the op (copies_to_host_failed then fails the round's
+// CUDA ops on every rank). All of a round's inputs are copied before any of its ops runs: ops in
+// flight together must not share buffers (as in Horovod).
 void Engine::stage_on_host(PendingOp& op) {
   const OpSpec& s = op.spec;
   const size_t element = dtype_size(s.dtype);
@@ -694,7 +721,6 @@ void Engine::stage_on_host(PendingOp& op) {
   try {
     config_.device_memory->to_host(op.staging.data(), device_in, in, op.stream);
   } catch (const std::exception& e) {
-    std::fill(op.staging.begin(), op.staging.end(), 0);
     op.staging_error = e.what();
   }
   timeline_.record(op.name, "MEMCPY_TO_HOST", started, Clock::now());
@@ -734,7 +760,7 @@ void Engine::enqueue_gpu_ops(std::vector<PendingOp*> ops) {
   // one NCCL call, copied out. The copies stay outside the NCCL group, whose ops reach the stream
   // only at its end.
   std::vector<PendingOp*> allreduces, others;
-  for (PendingOp* op : ops) (op->spec.kind == OpKind::Allreduce ? allreduces : others).push_back(op);
+  for (PendingOp* op : ops) (op->spec.kind == OpKind::Allreduce && gpu_->fuses() ? allreduces : others).push_back(op);
   std::vector<GpuFusion> fused;
   for (std::vector<PendingOp*>& group : fusion_groups(allreduces)) {
     if (group.size() == 1)
@@ -772,8 +798,10 @@ Engine::GpuFusion Engine::fill_gpu_fusion_buffer(std::vector<PendingOp*> ops) {
   GpuFusion f;
   const size_t element = dtype_size(ops[0]->spec.dtype);
   for (PendingOp* op : ops) f.count += op->spec.count;
-  void* stream = ops[0]->stream;
+  void* stream = ops[0]->stream;  // the group's: the others' streams wait for it and it for them
   f.started = Clock::now();
+  for (PendingOp* op : ops)
+    if (op->stream != stream) gpu_->order_after(stream, op->stream);
   f.buffer = static_cast<char*>(gpu_->buffer(f.count * element, stream));
   size_t offset = 0;
   for (PendingOp* op : ops) {
@@ -797,6 +825,8 @@ void Engine::empty_gpu_fusion_buffer(const GpuFusion& f, Clock::time_point launc
     offset += op->spec.count;
   }
   gpu_->release_buffer(f.buffer, stream);
+  for (PendingOp* op : f.ops)
+    if (op->stream != stream) gpu_->order_after(op->stream, stream);  // its event (mark) then follows the copy out
   const auto copied = Clock::now();
   for (PendingOp* op : f.ops) {
     timeline_.record(op->name, "MEMCPY_IN_FUSION_BUFFER", f.started, launched);
@@ -841,8 +871,9 @@ void Engine::poll_gpu_ops() {
   }
 }
 
-// Allreduces of one dtype, reduction, compression and (on the GPU) stream, in the agreed order, up
-// to the fusion threshold's bytes together (each alone with a threshold of 0).
+// Allreduces of one dtype, reduction and compression, in the agreed order, up to the fusion
+// threshold's bytes together (each alone with a threshold of 0): from the agreed specs alone, so
+// every rank groups alike (a CUDA op's stream is this rank's own).
 std::vector<std::vector<Engine::PendingOp*>> Engine::fusion_groups(const std::vector<PendingOp*>& ops) const {
   std::vector<std::vector<PendingOp*>> groups;
   std::vector<bool> taken(ops.size(), false);
@@ -855,7 +886,6 @@ std::vector<std::vector<Engine::PendingOp*>> Engine::fusion_groups(const std::ve
       const OpSpec& a = ops[i]->spec;
       const OpSpec& b = ops[j]->spec;
       if (taken[j] || a.dtype != b.dtype || a.reduce != b.reduce || a.compress_fp16 != b.compress_fp16) continue;
-      if (on_gpu(*ops[i]) && ops[i]->stream != ops[j]->stream) continue;  // a host op's stream (the C API passes any) means nothing
       if (bytes + bytes_of(b) > config_.fusion_threshold) continue;
       bytes += bytes_of(b);
       group.push_back(ops[j]);

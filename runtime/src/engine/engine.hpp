@@ -253,14 +253,15 @@ class Engine : public std::enable_shared_from_this<Engine> {
   bool is_proposed(const std::string& name) const;  // mutex_ held
   void enqueue_gpu_ops(std::vector<PendingOp*> ops);
   std::vector<std::vector<PendingOp*>> fusion_groups(const std::vector<PendingOp*>& ops) const;
-  static bool on_gpu(const PendingOp& op) { return op.spec.cuda && !op.staged && !op.stand_in; }  // NCCL's
   GpuFusion fill_gpu_fusion_buffer(std::vector<PendingOp*> ops);
   void empty_gpu_fusion_buffer(const GpuFusion& f, Clock::time_point launched, Clock::time_point reduced);
   void mark_gpu_ops_by_stream(const std::vector<PendingOp*>& ops, Clock::time_point enqueued);
-  // The route of CUDA ops, agreed by every rank on the first (NCCL, or through host memory); false
-  // when there is none, and then `cuda_ops` have failed.
-  bool cuda_route_ready(const std::vector<PendingOp*>& cuda_ops);
-  void route_cuda_ops(std::vector<PendingOp*>& ops);  // see cuda_route_ready; staged ops then run as host ops
+  // The route of CUDA ops, agreed by every rank on the first (NCCL, or through host memory);
+  // nullopt when there is one, else why not (and no_route_status_ the status their ops fail with).
+  std::optional<std::string> choose_cuda_route(const std::vector<PendingOp*>& cuda_ops);
+  std::optional<std::string> copies_to_host_failed(const std::vector<PendingOp*>& cuda_ops);
+  ddl_status no_route_status_ = DDL_ERROR_UNSUPPORTED;
+  void route_cuda_ops(std::vector<PendingOp*>& ops);  // see choose_cuda_route; staged ops then run as host ops
   void say_cuda_goes_via_host(const std::string& because);
   void stage_on_host(PendingOp& op);          // a CUDA op's input to host memory: it then runs as a host op
   void copy_result_to_device(PendingOp& op);  // a staged op's result back to its CUDA buffer

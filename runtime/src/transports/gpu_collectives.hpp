@@ -37,6 +37,10 @@ class GpuCollectives {
   // Enqueues a copy of `bytes` of GPU memory on `stream`. Outside a group: inside one, NCCL's ops
   // are not on the stream yet, and the copy would run before them.
   virtual void copy(void* to, const void* from, size_t bytes, void* stream) = 0;
+  // Work enqueued on `later` from now on waits for what is enqueued on `earlier` so far.
+  virtual void order_after(void* later, void* earlier) = 0;
+  // Whether CUDA allreduces fuse (buffer() works): alike on every rank, agreed when it was made.
+  virtual bool fuses() const = 0;
   // After group_end(): a token that completes once everything enqueued on `stream` so far has.
   virtual Token mark(void* stream) = 0;
   // Whether the op of `token` finished; throws ddl::Error on an asynchronous NCCL error.

@@ -68,18 +68,31 @@ class NcclCollectives final : public GpuCollectives {
   // A communicator of every rank on `device`, from rank 0's `id`. Every rank has one or none has:
   // a rank whose init failed alone would leave the others running the next CUDA ops' host steps
   // (alltoallv's count check) without it.
+  // Each rank also says whether its GPU has memory pools (fusion buffers come from one): CUDA
+  // allreduces fuse only where every rank's does, so that all group them alike.
   NcclCollectives(Collectives& host, int device, const ncclUniqueId& id) : device_(device), size_(host.size()) {
-    current_.select(device_);  // ncclCommInitRank binds the communicator to the current GPU
-    const ncclResult_t rc = nccl().CommInitRank(&comm_, host.size(), id, host.rank());
-    current_.restore();
-    const bool made = rc == ncclSuccess || rc == ncclInProgress;
-    const std::vector<std::string> made_by = host.allgather_bytes(made ? "1" : "0");
+    ncclResult_t rc = ncclInternalError;
+    std::string why_not;
+    int pools = 0;
+    try {
+      current_.select(device_);  // ncclCommInitRank binds the communicator to the current GPU
+      rc = nccl().CommInitRank(&comm_, host.size(), id, host.rank());
+      if (cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device_) != cudaSuccess) pools = 0;
+      current_.restore();
+    } catch (const Error& e) {
+      current_.restore();
+      why_not = e.what();
+    }
+    const bool made = why_not.empty() && (rc == ncclSuccess || rc == ncclInProgress);
+    const std::vector<std::string> made_by = host.allgather_bytes(made ? (pools != 0 ? "1p" : "1") : "0");
     if (std::find(made_by.begin(), made_by.end(), "0") != made_by.end()) {
       if (made) nccl().CommAbort(comm_);
       comm_ = nullptr;
+      if (!why_not.empty()) throw Error(why_not);
       if (!made) check_nccl(rc, "ncclCommInitRank");
       throw Error("another rank could not create its NCCL communicator; its own error says why");
     }
+    fuses_ = std::all_of(made_by.begin(), made_by.end(), [](const std::string& m) { return m == "1p"; });
   }
 
   ~NcclCollectives() override {
@@ -146,6 +159,17 @@ class NcclCollectives final : public GpuCollectives {
     current_.restore();
     cuda::check(rc, "cannot copy a GPU buffer to or from the fusion buffer");
   }
+  void order_after(void* later, void* earlier) override {
+    current_.select(device_);
+    cudaEvent_t event = nullptr;
+    cudaError_t rc = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+    if (rc == cudaSuccess) rc = cudaEventRecord(event, static_cast<cudaStream_t>(earlier));
+    if (rc == cudaSuccess) rc = cudaStreamWaitEvent(static_cast<cudaStream_t>(later), event, 0);
+    if (event != nullptr) cudaEventDestroy(event);  // released once the wait no longer needs it
+    current_.restore();
+    cuda::check(rc, "cannot order one CUDA stream after another");
+  }
+  bool fuses() const override { return fuses_; }
   Token mark(void* stream) override {
     cudaEvent_t event = nullptr;
     current_.select(device_);  // an event is made on the current GPU, and must be the stream's
@@ -215,8 +239,9 @@ class NcclCollectives final : public GpuCollectives {
   int device_ = 0;
   int size_ = 0;
   cudaMemPool_t pool_ = nullptr;  // fusion buffers
-  cuda::CurrentDevice current_;   // only one thread at a time runs rounds
-  bool in_group_ = false;         // between group_start() and group_end()
+  bool fuses_ = false;
+  cuda::CurrentDevice current_;  // only one thread at a time runs rounds
+  bool in_group_ = false;        // between group_start() and group_end()
   ncclComm_t comm_ = nullptr;
 };
 
@@ -237,16 +262,18 @@ std::string gpu_verdict(const void* sample_pointer, const GpuRouteAsked& asked, 
   }
   const char* named = std::getenv("DDL_NCCL_LIBRARY");
   if (no_nccl && named != nullptr && *named != '\0') return fmt::format("E{}\n{}", no_nccl->what(), no_nccl->hint());
+  std::string identity;
   try {
     cuda::require_a_gpu();
     device = cuda::device_of(sample_pointer);
+    identity = cuda::gpu_identity(device);
   } catch (const Error& e) {
     const Error& first = no_nccl ? *no_nccl : e;
     return fmt::format("E{}\n{}", first.what(), first.hint());
   }
   if (asked.via_host) return "H" + std::string(kViaHostAsked);
   if (no_nccl) return fmt::format("Hno NCCL loads ({})", no_nccl->what());
-  return "N" + cuda::gpu_identity(device);
+  return "N" + identity;
 }
 
 // Two ranks with one GPU identity, if any: NCCL refuses a communicator with two ranks on one GPU.
