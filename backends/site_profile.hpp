@@ -51,6 +51,8 @@ struct SiteProfile {
   std::string launcher;               // srun, pals, mpirun
   std::string gpu_order = "as-listed";
   int hang_timeout = 0;                          // seconds: the `ddl run` line's --hang-timeout; 0: none
+  std::string nccl_network;                      // the network NCCL must reach between nodes: "ofi" (Slingshot), "" unchecked
+  std::string nccl_network_fix;                  // what makes it reach it (a module, a variable)
   std::map<std::string, std::string> defaults;   // option -> value when the user gives none
   std::vector<std::string> required;             // options that must have a value
   std::map<std::string, OptionRule> patterns;    // option -> rule its value must follow

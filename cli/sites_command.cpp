@@ -67,6 +67,11 @@ int SitesCommand::execute() const {
   for (const auto& [name, value] : p.environment)
     std::printf("%-16s %-40s  [%s]\n", ("environment." + name).c_str(), value.c_str(), from("environment").c_str());
   if (p.container) row("container", fmt::format("{}: {}", p.container->kind, fmt::join(p.container->wrap, " ")));
+  if (p.hang_timeout > 0) row("hang_timeout", std::to_string(p.hang_timeout));
+  if (!p.nccl_network.empty()) {
+    row("nccl_network", p.nccl_network);
+    row("nccl_network_fix", p.nccl_network_fix);
+  }
   row("notes", p.notes);
   return 0;
 }

@@ -19,6 +19,7 @@
 #include "ddl/build_features.hpp"
 #include "launcher/gpu_inventory.hpp"
 #include "launcher/host.hpp"
+#include "launcher/nccl_network.hpp"
 
 namespace ddl::launcher {
 
@@ -384,11 +385,47 @@ std::string full_host_name() {
   return full;
 }
 
-CapabilitySection site_section(const Environment& env) {
+// The network NCCL would use between nodes (nccl_network.hpp), and whether it is the one each
+// matching site profile expects (Slingshot's OFI plugin): where it is not, said loudly, with the fix.
+CapabilitySection nccl_network_section(const Environment& env, const std::vector<backends::ListedSite>& listed,
+                                       const std::vector<std::string>& sites) {
+  CapabilitySection s{"NCCL network (between nodes)", {}};
+  const NcclNetwork n = inspect_nccl_network(env);
+  if (n.plugins_off) s.items.push_back(item(false, "net plugin", "", "NCCL_NET_PLUGIN=none: NCCL uses its own sockets or InfiniBand"));
+  if (const NetPluginCandidate* p = n.plugin())
+    s.items.push_back(
+        item(true, "net plugin", p->network,
+             fmt::format("{} ({}), API v{}{}", p->name, p->path, fmt::join(p->net_versions, " v"),
+                         p->collnet_versions.empty() ? "" : fmt::format(", CollNet v{}", fmt::join(p->collnet_versions, " v")))));
+  else if (!n.plugins_off)
+    for (const auto& c : n.tried)
+      s.items.push_back(item(false, "net plugin " + c.name, "", fmt::format("{}: NCCL uses its own sockets or InfiniBand", c.error)));
+  if (!n.on_loader_path.empty())
+    s.items.push_back(item(true, "on LD_LIBRARY_PATH", "", fmt::format("{}", fmt::join(n.on_loader_path, ", "))));
+  if (!n.libfabric_providers)
+    s.items.push_back(item(false, "libfabric", "", "no fi_info on PATH"));
+  else if (!n.fi_info_error.empty())
+    s.items.push_back(item(false, "libfabric", "", n.fi_info_error));
+  else
+    s.items.push_back(item(!n.libfabric_providers->empty(), "libfabric", "",
+                           fmt::format("providers: {} (fi_info -l)", fmt::join(*n.libfabric_providers, ", "))));
+  std::vector<std::string> settings;
+  for (const auto& [name, value] : n.settings) settings.push_back(fmt::format("{}={}", name, value));
+  s.items.push_back(
+      item(!settings.empty(), "NCCL/FI settings", "", settings.empty() ? "none set" : fmt::format("{}", fmt::join(settings, " "))));
+  for (const auto& site : listed) {
+    if (!site.profile || site.profile->nccl_network.empty() || std::find(sites.begin(), sites.end(), site.name) == sites.end()) continue;
+    const auto miss = n.misses(site.profile->nccl_network);
+    s.items.push_back(miss ? item(false, "site " + site.name + " expects " + site.profile->nccl_network, "",
+                                  fmt::format("WARNING: {}; fix: {}", *miss, site.profile->nccl_network_fix))
+                           : item(true, "site " + site.name + " expects " + site.profile->nccl_network, "", "NCCL reaches it"));
+  }
+  return s;
+}
+
+CapabilitySection site_section(const std::string& host, const std::vector<backends::ListedSite>& listed,
+                               const std::vector<std::string>& sites) {
   CapabilitySection s{"Site", {}};
-  const std::string host = full_host_name();
-  const auto listed = backends::list_sites();  // every profile read once: for matching, and to name broken ones
-  const auto sites = backends::matching_sites(listed, host, env);
   if (sites.empty())
     s.items.push_back(item(false, "site profile", "", fmt::format("none matches this machine ({}); ddl sites lists them", host)));
   for (const auto& name : sites) s.items.push_back(item(true, "site " + name, "", fmt::format("ddl submit --site {} ...", name)));
@@ -409,9 +446,13 @@ std::vector<CapabilitySection> capability_report(const Environment& env, const C
   report.push_back(frameworks.get());
   report.push_back(std::move(controllers));
   report.push_back(tensor_ops_section(env, inventory, nccl));
+  const auto listed = backends::list_sites();  // every profile read once: for matching, and to name broken ones
+  const std::string host = full_host_name();
+  const auto sites = backends::matching_sites(listed, host, env);
+  report.push_back(nccl_network_section(env, listed, sites));
   report.push_back(gpus_section(env, inventory));
   report.push_back(allocation_section(env, inventory));
-  report.push_back(site_section(env));
+  report.push_back(site_section(host, listed, sites));
   return report;
 }
 
