@@ -19,6 +19,7 @@
 #include "common/worker_contract.hpp"
 #include "launcher/gpu_inventory.hpp"
 #include "launcher/host.hpp"
+#include "launcher/nccl_network.hpp"
 #include "launcher/port_reservation.hpp"
 #include "launcher/program_separators.hpp"
 #include "launcher/relayed_output.hpp"
@@ -280,6 +281,9 @@ RunOutcome run_in_allocation(const RunRequest& request, const backends::Allocati
 
   const AllocationShape shape = shape_of(allocation, env);
   const WorldPlan plan = plan_in_allocation(request, allocation, shape);
+  // NCCL falling back to TCP between nodes is silent and costly: said before anything starts.
+  if (plan.gpu_workers && plan.num_nodes > 1)
+    if (auto warning = site_network_warning(env)) std::fprintf(stderr, "ddl: %s\n", warning->c_str());
   if (request.supervision.shown_ranks) request.supervision.shown_ranks->check_within(plan.world_size());
   resolve_program(request.command.front(), lookup(env, "PATH").value_or("/usr/bin:/bin"));  // 127 before anything starts
   const TaskLauncher launcher = choose_launcher(request, allocation.scheduler);

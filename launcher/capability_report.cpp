@@ -1,7 +1,6 @@
 #include "launcher/capability_report.hpp"
 
 #include <dlfcn.h>
-#include <netdb.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -370,19 +369,6 @@ CapabilitySection allocation_section(const Environment& env, const GpuInventory&
   s.items.push_back(item(true, fmt::format("{} job {}", backends::scheduler_name(a.scheduler), a.job_id), "",
                          fmt::format("{} node(s), {} GPU(s) per node", a.num_nodes, gpus)));
   return s;
-}
-
-std::string full_host_name() {
-  const std::string short_name = host_name();
-  addrinfo hints{};
-  hints.ai_flags = AI_CANONNAME;
-  addrinfo* found = nullptr;
-  std::string full = short_name;
-  if (::getaddrinfo(short_name.c_str(), nullptr, &hints, &found) == 0) {
-    if (found != nullptr && found->ai_canonname != nullptr) full = found->ai_canonname;
-    ::freeaddrinfo(found);
-  }
-  return full;
 }
 
 // The network NCCL would use between nodes (nccl_network.hpp), and whether it is the one each

@@ -96,4 +96,19 @@ void raise_open_file_limit() {
   }
 }
 
+// The canonical name of this host (its short name resolved with AI_CANONNAME), which site
+// profiles match ("nid001234.perlmutter.nersc.gov"); the short name when it does not resolve.
+std::string full_host_name() {
+  const std::string short_name = host_name();
+  addrinfo hints{};
+  hints.ai_flags = AI_CANONNAME;
+  addrinfo* found = nullptr;
+  std::string full = short_name;
+  if (::getaddrinfo(short_name.c_str(), nullptr, &hints, &found) == 0) {
+    if (found != nullptr && found->ai_canonname != nullptr) full = found->ai_canonname;
+    ::freeaddrinfo(found);
+  }
+  return full;
+}
+
 }  // namespace ddl::launcher

@@ -6,6 +6,7 @@
 namespace ddl::launcher {
 
 std::string host_name();
+std::string full_host_name();
 // The path of this ddl binary, for the commands and scripts that run it again.
 std::string this_executable();
 // CPUs this process may run on (its affinity mask), at least 1.

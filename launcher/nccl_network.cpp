@@ -12,6 +12,8 @@
 #include <fmt/format.h>
 
 #include "backends/command.hpp"
+#include "backends/site_profile.hpp"
+#include "launcher/host.hpp"
 
 namespace ddl::launcher {
 
@@ -89,7 +91,8 @@ void read_libfabric(NcclNetwork& n) {
   std::vector<std::string> providers;
   std::istringstream lines(r.out);
   for (std::string line; std::getline(lines, line);)
-    if (!line.empty() && !std::isspace(static_cast<unsigned char>(line[0])) && line.back() == ':') providers.push_back(line.substr(0, line.size() - 1));
+    if (!line.empty() && !std::isspace(static_cast<unsigned char>(line[0])) && line.back() == ':')
+      providers.push_back(line.substr(0, line.size() - 1));
   if (!r.ok() && providers.empty()) n.fi_info_error = fmt::format("fi_info -l failed: {}", r.err.empty() ? r.out : r.err);
   n.libfabric_providers = std::move(providers);
 }
@@ -111,9 +114,10 @@ std::optional<std::string> NcclNetwork::misses(const std::string& expected) cons
     // The last one tried says most (NCCL_NET_PLUGIN=x: libnccl-net-x.so); dlerror names the file.
     const NetPluginCandidate& last = tried.back();
     const std::string why = last.error.starts_with(last.name) ? last.error : last.name + ": " + last.error;
-    return fmt::format("no NCCL net plugin loads ({}), so NCCL falls back to its own TCP sockets between nodes, silently and several "
-                       "times slower",
-                       why);
+    return fmt::format(
+        "no NCCL net plugin loads ({}), so NCCL falls back to its own TCP sockets between nodes, silently and several "
+        "times slower",
+        why);
   }
   const std::string network = lower(p->network);
   if (network.find("libfabric") == std::string::npos && network.find("ofi") == std::string::npos)
@@ -121,6 +125,20 @@ std::optional<std::string> NcclNetwork::misses(const std::string& expected) cons
   for (const auto& [name, value] : settings)
     if (name == "NCCL_NET" && lower(value) != network)
       return fmt::format("NCCL_NET={} makes NCCL use that network instead of its plugin's '{}'", value, p->network);
+  return std::nullopt;
+}
+
+std::optional<std::string> site_network_warning(const Environment& env) {
+  const auto listed = backends::list_sites();
+  const auto sites = backends::matching_sites(listed, full_host_name(), env);
+  std::optional<NcclNetwork> network;  // inspected once, only where a profile expects something
+  for (const auto& site : listed) {
+    if (!site.profile || site.profile->nccl_network.empty() || std::find(sites.begin(), sites.end(), site.name) == sites.end()) continue;
+    if (!network) network = inspect_nccl_network(env);
+    if (auto miss = network->misses(site.profile->nccl_network))
+      return fmt::format("WARNING: site {} expects NCCL to reach its nodes through {}, but {}; fix: {}", site.name,
+                         site.profile->nccl_network, *miss, site.profile->nccl_network_fix);
+  }
   return std::nullopt;
 }
 

@@ -16,20 +16,20 @@ namespace ddl::launcher {
 
 // One library NCCL would try, in its order.
 struct NetPluginCandidate {
-  std::string name;                    // as NCCL asks the loader for it ("libnccl-net.so")
+  std::string name;  // as NCCL asks the loader for it ("libnccl-net.so")
   bool loads = false;
-  std::string path;                    // the file it loaded from
-  std::string network;                 // the name the plugin gives its network ("AWS Libfabric"), if it says
-  std::vector<int> net_versions;       // ncclNetPlugin_vN it exports, newest first
-  std::vector<int> collnet_versions;   // ncclCollNetPlugin_vN
-  std::string error;                   // why it does not load, or exports no ncclNetPlugin_vN
+  std::string path;                   // the file it loaded from
+  std::string network;                // the name the plugin gives its network ("AWS Libfabric"), if it says
+  std::vector<int> net_versions;      // ncclNetPlugin_vN it exports, newest first
+  std::vector<int> collnet_versions;  // ncclCollNetPlugin_vN
+  std::string error;                  // why it does not load, or exports no ncclNetPlugin_vN
 };
 
 struct NcclNetwork {
-  std::string plugin_setting;                   // NCCL_NET_PLUGIN ("" when unset)
-  bool plugins_off = false;                     // NCCL_NET_PLUGIN=none
-  std::vector<NetPluginCandidate> tried;        // in NCCL's order; the first usable one is NCCL's
-  std::vector<std::string> on_loader_path;      // every libnccl-net*.so in LD_LIBRARY_PATH's folders
+  std::string plugin_setting;                                   // NCCL_NET_PLUGIN ("" when unset)
+  bool plugins_off = false;                                     // NCCL_NET_PLUGIN=none
+  std::vector<NetPluginCandidate> tried;                        // in NCCL's order; the first usable one is NCCL's
+  std::vector<std::string> on_loader_path;                      // every libnccl-net*.so in LD_LIBRARY_PATH's folders
   std::optional<std::vector<std::string>> libfabric_providers;  // fi_info -l; nullopt: no fi_info
   std::string fi_info_error;
   std::vector<std::pair<std::string, std::string>> settings;  // NCCL_* and FI_* in effect, by name
@@ -41,5 +41,9 @@ struct NcclNetwork {
 };
 
 NcclNetwork inspect_nccl_network(const Environment& env);
+
+// `ddl run`'s word on it before a multi-node GPU run on a machine a site profile matches that
+// expects a network (nccl_network): "WARNING: ...; fix: ..." when NCCL would miss it.
+std::optional<std::string> site_network_warning(const Environment& env);
 
 }  // namespace ddl::launcher
