@@ -179,6 +179,26 @@ void refuse_option_like_words(const SiteProfile& site, const std::map<std::strin
     }
 }
 
+// Slurm: a list of indices and ranges with steps, at most N at once ("0-15%4", "1,3,5-9:2");
+// PBS: one range (-J 0-15[:step][%N]), which PBS wants of two elements at least.
+void check_array(const SiteProfile& site, const std::string& spec) {
+  static const std::regex slurm(R"((\d{1,7}(-\d{1,7}(:\d{1,7})?)?)(,\d{1,7}(-\d{1,7}(:\d{1,7})?)?){0,63}(%\d{1,7})?)");
+  static const std::regex pbs(R"((\d{1,7})-(\d{1,7})(:\d{1,7})?(%\d{1,7})?)");
+  std::smatch m;
+  if (site.scheduler == Scheduler::Slurm) {
+    if (spec.size() > 1024 || !std::regex_match(spec, slurm))
+      throw UsageError(fmt::format("--array '{}' is not a Slurm array", spec.substr(0, 64)),
+                       "give indices and ranges with an optional step and limit, e.g. --array 0-15%4 or --array 1,3,5-9:2");
+    return;
+  }
+  if (!std::regex_match(spec, m, pbs))
+    throw UsageError(fmt::format("--array '{}': site '{}' uses PBS, whose arrays are one range (-J START-END[:STEP][%N])",
+                                 spec.substr(0, 64), site.name),
+                     "give a range, e.g. --array 0-15%4");
+  if (std::stol(m[2].str()) <= std::stol(m[1].str()))
+    throw UsageError(fmt::format("--array '{}': a PBS array needs an end above its start", spec), "e.g. --array 0-15");
+}
+
 std::string directive_prefix(const SiteProfile& site) { return site.scheduler == Scheduler::Slurm ? "#SBATCH " : "#PBS "; }
 
 void slurm_directives(const SiteProfile& site, const std::map<std::string, std::string>& v, const JobRequest& job,
@@ -201,6 +221,7 @@ void slurm_directives(const SiteProfile& site, const std::map<std::string, std::
     d.emplace_back("--requeue");
     d.emplace_back("--open-mode=append");  // each start's output goes on in the same file
   }
+  if (job.array) d.push_back("--array=" + *job.array);
 }
 
 // Slurm's time forms as PBS's HH:MM:SS: PBS reads a bare "30" as seconds and refuses days.
@@ -223,6 +244,7 @@ void pbs_directives(const SiteProfile& site, const std::map<std::string, std::st
   }
   d.emplace_back("-j oe");                  // one output file, as Slurm writes
   if (job.requeue) d.emplace_back("-r y");  // rerunnable: a preempted job (Polaris' preemptable queue) runs again
+  if (job.array) d.push_back("-J " + *job.array);
 }
 
 std::string ddl_run_line(const SiteProfile& site, const std::map<std::string, std::string>& v, const JobRequest& job) {
@@ -374,6 +396,7 @@ void check_site_rules(const SiteProfile& site, const JobRequest& job) {
                      "drop --max-requeues");
   if (job.command.empty() && job.body.empty())
     throw UsageError("no program to run", "put it after --: ddl submit --site NAME ... -- python train.py");
+  if (job.array) check_array(site, *job.array);
 }
 
 JobScript render_job_script(const SiteProfile& site, const JobRequest& job) {
@@ -384,7 +407,8 @@ JobScript render_job_script(const SiteProfile& site, const JobRequest& job) {
 
   std::vector<std::string> directives;
   if (site.scheduler == Scheduler::Slurm) {
-    if (!v.count("output")) result.values["output"] = "ddl-%j.out";
+    // An array's elements each get a file of their own: the array's id and the element's index.
+    if (!v.count("output")) result.values["output"] = job.array ? "ddl-%A_%a.out" : "ddl-%j.out";
     slurm_directives(site, result.values, job, directives);
   } else {
     pbs_directives(site, v, job, directives);

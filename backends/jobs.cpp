@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <map>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -172,7 +174,7 @@ std::vector<JobState> my_jobs(Scheduler scheduler) {
   if (scheduler == Scheduler::Slurm) {
     // No job name: it may hold '|' and newlines, and no listing shows it. %r and %N rather than
     // %R, which is the one or the other, and puts a reason in parentheses.
-    CommandResult r = run_command({"squeue", "-h", "-u", user, "-o", "%i|%T|%r|%N|"});
+    CommandResult r = run_command({"squeue", "-h", "-r", "-u", user, "-o", "%i|%T|%r|%N|"});
     if (!r.ok()) throw Error("squeue failed: " + tool_error(r), "check that Slurm's tools work here (sinfo)");
     std::istringstream lines(r.out);
     for (std::string line; std::getline(lines, line);) {
@@ -194,6 +196,50 @@ std::vector<JobState> my_jobs(Scheduler scheduler) {
     }
   }
   return jobs;
+}
+
+std::vector<JobState> array_elements(Scheduler scheduler, const std::string& id) {
+  if (!looks_like_job_id(id)) throw UsageError(not_a_job_id(id), "give the number sbatch or qsub printed");
+  std::vector<JobState> elements;
+  if (scheduler == Scheduler::Slurm) {
+    // -r: one line per element, pending ones too; -t all: ended ones while Slurm still knows them.
+    CommandResult r = run_squeue({"squeue", "-h", "-r", "-t", "all", "-j", id, "-o", "%i|%T|%r|%N|"});
+    std::istringstream lines(r.out);
+    for (std::string line; std::getline(lines, line);) {
+      const std::string element = line.substr(0, line.find('|'));  // "123_4"
+      if (!looks_like_job_id(element)) continue;
+      if (auto state = job_state(scheduler, element)) {
+        state->id = element;  // squeue's JobID is the element's own number
+        elements.push_back(std::move(*state));
+      }
+    }
+    // By index: squeue lists the running ones first.
+    auto index = [](const JobState& e) { return std::stol(e.id.substr(e.id.find('_') + 1)); };
+    std::sort(elements.begin(), elements.end(), [&](const JobState& a, const JobState& b) { return index(a) < index(b); });
+    return elements;
+  }
+  // qsub names an array "123[].server"; -t lists its subjobs, -x those that ended too.
+  CommandResult r = run_command({"qstat", "-t", "-x", "-f", "-F", "json", id});
+  for (JobState& s : pbs_jobs_from_qstat_json(r.out))
+    if (s.id.find("[]") == std::string::npos) elements.push_back(std::move(s));
+  return elements;
+}
+
+std::optional<std::vector<JobState>> follow_array(Scheduler scheduler, const std::string& id, std::chrono::seconds timeout,
+                                                  const std::function<void(const JobState&)>& on_change) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::map<std::string, JobState> last;
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::vector<JobState> now = array_elements(scheduler, id);
+    for (const JobState& e : now) {
+      auto it = last.find(e.id);
+      if (shows_change(it == last.end() ? std::nullopt : std::optional<JobState>(it->second), e)) on_change(e);
+      last[e.id] = e;
+    }
+    if (!now.empty() && std::all_of(now.begin(), now.end(), [](const JobState& e) { return e.finished; })) return now;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  return std::nullopt;
 }
 
 void cancel_job(Scheduler scheduler, const std::string& id) {

@@ -42,8 +42,16 @@ std::vector<JobState> pbs_jobs_from_qstat_json(const std::string& qstat_json);
 // How job `id` is now; nullopt when the scheduler no longer knows it.
 std::optional<JobState> job_state(Scheduler scheduler, const std::string& id);
 
-// The current user's jobs.
+// The current user's jobs (each element of an array on its own).
 std::vector<JobState> my_jobs(Scheduler scheduler);
+
+// The elements of job array `id` as they are now (Slurm: "123_0", ...; PBS: "123[0].server", ...).
+std::vector<JobState> array_elements(Scheduler scheduler, const std::string& id);
+
+// Polls array `id` until every element ended or `timeout` passes, calling `on_change` whenever an
+// element's state, reason or nodes change; returns the elements once all ended, else nullopt.
+std::optional<std::vector<JobState>> follow_array(Scheduler scheduler, const std::string& id, std::chrono::seconds timeout,
+                                                  const std::function<void(const JobState&)>& on_change);
 
 // Cancels job `id`; throws ddl::Error with the scheduler's message when it cannot.
 void cancel_job(Scheduler scheduler, const std::string& id);

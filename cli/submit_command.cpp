@@ -26,6 +26,7 @@ struct SubmitFlags {
   std::string signal;
   bool requeue = false;
   int max_requeues = -1;
+  std::string array;
   bool dry_run = false, wait = false;
   int wait_timeout = 0;
 };
@@ -45,6 +46,9 @@ SubmitCommand::SubmitCommand(CLI::App& app) : flags_(std::make_shared<SubmitFlag
                  "(ddl run --requeue-signal); PBS: the job is rerunnable (-r y)");
   app_->add_option("--max-requeues", f.max_requeues, "With --requeue on Slurm: requeue the job at most this many times (default 5)")
       ->check(CLI::Range(0, 1000000).description("0 to 1000000"));
+  app_->add_option("--array", f.array,
+                   "A job array: one job per index, e.g. 0-15%4 (16 elements, at most 4 at once); each element's workers get "
+                   "DDL_ARRAY_INDEX (Slurm --array, PBS -J)");
   app_->add_flag("--dry-run", f.dry_run, "Print the script instead of submitting it");
   app_->add_flag("--wait", f.wait, "Follow the job until it ends, then show its output's tail; exit with its code");
   app_->add_option("--wait-timeout", f.wait_timeout, "Give up following after this many seconds (default: no limit)")
@@ -53,6 +57,32 @@ SubmitCommand::SubmitCommand(CLI::App& app) : flags_(std::make_shared<SubmitFlag
   show_program_in_usage(*app_);
   app_->footer("Example: ddl submit --site perlmutter -N 2 -t 01:00:00 -q regular -A m1234_g -- python train.py");
 }
+
+namespace {
+
+// A submitted array: its elements, and with --wait each element's end (exit: the first element's
+// non-zero code, else 0).
+int follow_array(const backends::SiteProfile& site, const std::string& id, const std::string& output, std::optional<int> wait_timeout) {
+  std::printf("submitted job array %s to %s (site %s); output: %s\n", id.c_str(), backends::scheduler_name(site.scheduler),
+              site.name.c_str(), output.c_str());
+  std::fflush(stdout);
+  if (!wait_timeout) return 0;
+  const auto timeout = std::chrono::seconds(*wait_timeout > 0 ? *wait_timeout : 365 * 24 * 3600);
+  const auto ended = backends::follow_array(site.scheduler, id, timeout, print_job_status);
+  if (!ended) {
+    std::fprintf(stderr, "ddl: error: stopped following job array %s before every element ended (--wait-timeout)\n", id.c_str());
+    return 1;
+  }
+  int code = 0;
+  for (const auto& element : *ended) {
+    std::printf("element %s: %s, exit %s\n", element.id.c_str(), element.state.c_str(),
+                element.exit_code ? std::to_string(*element.exit_code).c_str() : "unknown");
+    if (code == 0 && element.exit_code.value_or(1) != 0) code = element.exit_code.value_or(1);
+  }
+  return code;
+}
+
+}  // namespace
 
 int SubmitCommand::execute(const std::optional<std::vector<std::string>>& program) const {
   const SubmitFlags& f = *flags_;
@@ -70,6 +100,7 @@ int SubmitCommand::execute(const std::optional<std::vector<std::string>>& progra
     if (!f.requeue) throw UsageError("--max-requeues is for --requeue", "add --requeue, or drop --max-requeues");
     job.max_requeues = f.max_requeues;
   }
+  if (!f.array.empty()) job.array = f.array;
   job.command = program ? *program : app_->remaining();
   const std::vector<std::string> stray = program ? app_->remaining() : std::vector<std::string>{};
   if (!stray.empty() || (!program && !job.command.empty() && job.command.front().starts_with("-")))
@@ -85,6 +116,7 @@ int SubmitCommand::execute(const std::optional<std::vector<std::string>>& progra
     return 0;
   }
   const std::string id = backends::submit_job(site.scheduler, script.text);
+  if (job.array) return follow_array(site, id, script.output, f.wait ? std::optional<int>(f.wait_timeout) : std::nullopt);
   auto state = backends::job_state(site.scheduler, id);
   const std::string output = state && !state->output.empty() ? state->output : script.output;
   std::printf("submitted job %s to %s (site %s); output: %s\n", id.c_str(), backends::scheduler_name(site.scheduler), site.name.c_str(),

@@ -16,6 +16,8 @@ inline constexpr const char* kStoreAddr = "DDL_STORE_ADDR";        // host:port 
 inline constexpr const char* kStoreToken = "DDL_STORE_TOKEN";      // the per-run secret the store demands
 inline constexpr const char* kRunId = "DDL_RUN_ID";                // this run's id (job id + step under a scheduler)
 inline constexpr const char* kRequeueCount = "DDL_REQUEUE_COUNT";  // how often the batch job was requeued (Slurm's SLURM_RESTART_COUNT)
+inline constexpr const char* kArrayIndex =
+    "DDL_ARRAY_INDEX";  // in a job array: this element's index (SLURM_ARRAY_TASK_ID, PBS_ARRAY_INDEX)
 
 // Set by the supervisor that starts the worker (ddl run, a host's agent, ddl exec), for its hang
 // watchdog: the folder where each rank leaves signs of life and its stacks, and the signal that asks

@@ -130,7 +130,7 @@ const char* const kExportedToTasks[] = {contract::kStoreAddr,
                                         "TORCHELASTIC_RESTART_COUNT",
                                         "TORCHELASTIC_MAX_RESTARTS"};
 // Passed on where the launcher's environment has them: --torch-backend sets both.
-const char* const kExportedWhenSet[] = {"LD_LIBRARY_PATH", "PYTHONPATH", "DDL_TORCH_BACKEND"};
+const char* const kExportedWhenSet[] = {"LD_LIBRARY_PATH", "PYTHONPATH", "DDL_TORCH_BACKEND", contract::kArrayIndex};
 
 // mpirun starts the tasks of other nodes (over ssh) in an environment of their own, not ddl run's:
 // it passes on the variables it is told to (-x NAME). So every variable of ddl run's environment

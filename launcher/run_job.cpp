@@ -49,6 +49,15 @@ std::string what_failed(const WorkerFailure& f) {
 
 RunOutcome run_once(const RunRequest& request, const Environment& env, const std::function<void(const std::string&)>& log);
 
+// This element's index in a job array (ddl submit --array), as the scheduler gives it.
+std::optional<std::string> array_index(const Environment& env) {
+  for (const char* name : {"SLURM_ARRAY_TASK_ID", "PBS_ARRAY_INDEX"})
+    if (auto index = lookup(env, name); index && !index->empty() && index->size() <= 10 &&
+                                        std::all_of(index->begin(), index->end(), [](char c) { return c >= '0' && c <= '9'; }))
+      return index;
+  return std::nullopt;
+}
+
 }  // namespace
 
 RunOutcome run_job(const RunRequest& request, const Environment& launcher_env, const std::function<void(const std::string&)>& log) {
@@ -56,6 +65,7 @@ RunOutcome run_job(const RunRequest& request, const Environment& launcher_env, c
   Environment env = with_python_startup_hook(launcher_env, request.torch_backend, this_executable());
   const int requeues = requeue_count(launcher_env);
   env[contract::kRequeueCount] = std::to_string(requeues);
+  if (auto index = array_index(launcher_env)) env[contract::kArrayIndex] = *index;
   if (request.straggler_report_every) env[contract::kReportStragglers] = std::to_string(*request.straggler_report_every);
   RunRequest attempt = request;
   attempt.supervision.append_output = requeues > 0;

@@ -16,7 +16,7 @@ from ddl_testing import DDL, PYTHON, lines_by_rank
 
 SHOW_WORKER = ("import os, sys, json; print('WORKER ' + json.dumps({k: os.environ.get(k) for k in "
                "['RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'GROUP_RANK', 'CUDA_VISIBLE_DEVICES', 'MASTER_ADDR', 'OMP_NUM_THREADS', "
-               "'OMPI_MCA_pml', 'OMPI_COMM_WORLD_RANK', 'DDL_RUN_ID']} | {'cwd': os.getcwd(), 'argv': sys.argv[1:]}))")
+               "'OMPI_MCA_pml', 'OMPI_COMM_WORLD_RANK', 'DDL_RUN_ID', 'DDL_ARRAY_INDEX']} | {'cwd': os.getcwd(), 'argv': sys.argv[1:]}))")
 
 
 def render(*args, program_args=()):
@@ -63,6 +63,24 @@ class PbsScriptsWithoutPbs(unittest.TestCase):
                 self.assertEqual(w["MASTER_ADDR"], socket.gethostname())
                 self.assertEqual(w["cwd"], tmp)                         # cd "$PBS_O_WORKDIR"
                 self.assertTrue(w["DDL_RUN_ID"].startswith("4242.pbs-test"))
+
+    def test_an_array_element_s_workers_get_its_index_and_the_directive_is_one_range(self):
+        script = render("--site", "sockeye", "-N", "1", "-A", "st-alice-1-gpu", "-t", "00:10:00", "--array", "0-15%4")
+        self.assertIn("#PBS -J 0-15%4\n", script)
+        with tempfile.TemporaryDirectory() as tmp:
+            result = run_as_pbs_job(script, tmp, extra_env={"PBS_ARRAY_INDEX": "7", "PBS_JOBID": "4243[7].pbs-test"})
+            self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+            found = workers(result.stdout)
+            self.assertEqual(sorted(found), [0, 1, 2, 3])
+            self.assertEqual({w["DDL_ARRAY_INDEX"] for w in found.values()}, {"7"})
+        plain = run_as_pbs_job(render("--site", "sockeye", "-N", "1", "-A", "st-alice-1-gpu", "-t", "00:10:00"), tempfile.mkdtemp())
+        self.assertEqual({w["DDL_ARRAY_INDEX"] for w in workers(plain.stdout).values()}, {None})
+        for spec, why in (("1,3,5", "whose arrays are one range"), ("4-4", "needs an end above its start"), ("x", "one range")):
+            refused = subprocess.run([DDL, "submit", "--site", "sockeye", "-A", "st-alice-1-gpu", "--array", spec, "--dry-run", "--", "true"],
+                                     capture_output=True, text=True, timeout=60)
+            self.assertEqual(refused.returncode, 2, refused.stdout)
+            self.assertIn(f"--array '{spec}'", refused.stderr)
+            self.assertIn(why, refused.stderr)
 
     def test_program_arguments_reach_every_rank_unchanged_through_mpirun(self):
         # mpirun reads a lone ":" as the start of another program (MPMD): the words would vanish,

@@ -324,6 +324,37 @@ class Slurm(unittest.TestCase):
                 self.assertEqual(w["DDL_TEST_MODULE_NCCL"], "2.15.5-ofi")
                 self.assertEqual(w["FI_MR_CACHE_MONITOR"], "userfaultfd")  # the profile's environment
 
+    def test_a_job_array_runs_each_element_with_its_index_and_wait_reports_every_end(self):
+        element = ("import os, sys; print('element', os.environ['DDL_ARRAY_INDEX'], os.environ['SLURM_ARRAY_TASK_ID'], os.environ['RANK'], "
+                   "flush=True); sys.exit(3 if os.environ['DDL_ARRAY_INDEX'] == '2' else 0)")
+        with tempfile.TemporaryDirectory() as tmp:
+            dry = self.submit("--site", "slurm", "--gpus-per-node", "0", "--array", "0-2%2", "--dry-run", "--", PYTHON, "-c", element, cwd=tmp)
+            self.assertEqual(dry.returncode, 0, dry.stderr)
+            self.assertIn("#SBATCH --array=0-2%2\n", dry.stdout)
+            self.assertIn("#SBATCH --output=ddl-%A_%a.out\n", dry.stdout)  # one file per element
+            result = self.submit("--site", "slurm", "--gpus-per-node", "0", "--array", "0-2%2", "--wait", "--", PYTHON, "-c", element,
+                                 cwd=tmp, timeout=300)
+            self.assertEqual(result.returncode, 3, result.stdout + result.stderr)  # the first element that failed
+            array = re.search(r"submitted job array (\d+) to Slurm \(site slurm\); output: ddl-%A_%a.out", result.stdout).group(1)
+            for i in range(3):
+                self.assertRegex(result.stdout, rf"element {array}_{i}: \w+, exit {3 if i == 2 else 0}\n")
+                with open(os.path.join(tmp, f"ddl-{array}_{i}.out")) as f:
+                    self.assertIn(f"element {i} {i} 0", f.read())
+            # ddl status lists a held array's elements one by one (squeue alone shows them as one line).
+            held = self.submit("--site", "slurm", "--gpus-per-node", "0", "--array", "0-1", "--directive=--hold", "--", "true", cwd=tmp)
+            self.assertEqual(held.returncode, 0, held.stdout + held.stderr)
+            held_id = re.search(r"submitted job array (\d+)", held.stdout).group(1)
+            try:
+                listed = run([DDL, "status"])
+                self.assertEqual(listed.returncode, 0, listed.stderr)
+                for i in range(2):
+                    self.assertRegex(listed.stdout, rf"job {held_id}_{i} PENDING")
+            finally:
+                run(["scancel", held_id])
+        bad = self.submit("--site", "slurm", "--array", "1-x", "--dry-run", "--", "true", cwd="/")
+        self.assertEqual(bad.returncode, 2)
+        self.assertIn("--array '1-x' is not a Slurm array", bad.stderr)
+
     def test_user_values_with_shell_syntax_stay_inert_text(self):
         with tempfile.TemporaryDirectory() as tmp:
             pwned = os.path.join(tmp, "pwned")

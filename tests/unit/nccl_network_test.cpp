@@ -14,8 +14,9 @@ TEST_CASE("ddl run warns where a matching site expects OFI and no NCCL net plugi
   perlmutter["NERSC_HOST"] = "perlmutter";
   const auto warning = site_network_warning(perlmutter);
   REQUIRE(warning.has_value());
-  CHECK(warning->starts_with("WARNING: site perlmutter expects NCCL to reach its nodes through ofi, but no NCCL net plugin loads "
-                             "(libnccl-net-ddl-test-nowhere.so: cannot open shared object file"));
+  CHECK(
+      warning->starts_with("WARNING: site perlmutter expects NCCL to reach its nodes through ofi, but no NCCL net plugin loads "
+                           "(libnccl-net-ddl-test-nowhere.so: cannot open shared object file"));
   CHECK(warning->find("; fix: load NERSC's NCCL with the OFI plugin") != std::string::npos);
   CHECK_FALSE(site_network_warning(no_plugin).has_value());  // no profile that expects anything matches
 
