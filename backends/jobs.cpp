@@ -3,8 +3,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <map>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -186,7 +188,7 @@ std::vector<JobState> my_jobs(Scheduler scheduler) {
       jobs.push_back(s);
     }
   } else {
-    CommandResult r = run_command({"qstat", "-f", "-F", "json", "-u", user});
+    CommandResult r = run_command({"qstat", "-t", "-f", "-F", "json", "-u", user});  // -t: an array's subjobs too
     if (!r.ok()) throw Error("qstat failed: " + tool_error(r), "check that PBS's tools work here (qstat -B)");
     for (JobState& s : pbs_jobs_from_qstat_json(r.out)) {  // the list shows what squeue's does
       s.output.clear();
@@ -198,48 +200,93 @@ std::vector<JobState> my_jobs(Scheduler scheduler) {
   return jobs;
 }
 
+namespace {
+
+// One line of `squeue -r -O ArrayJobID,ArrayTaskID,State,Reason,NodeList,exit_code` (each ending
+// in '|'): an element as "123_4"; nullopt for a line that is no array element.
+std::optional<JobState> slurm_element(const std::string& line) {
+  std::vector<std::string> f;
+  for (size_t at = 0, bar; (bar = line.find('|', at)) != std::string::npos; at = bar + 1) f.push_back(line.substr(at, bar - at));
+  if (f.size() < 6 || f[1] == "N/A" || !looks_like_job_id(f[0] + "_" + f[1])) return std::nullopt;
+  JobState e;
+  e.id = f[0] + "_" + f[1];
+  e.state = f[2];
+  e.reason = f[3] == "None" ? "" : f[3];
+  e.nodes = f[4] == "(null)" ? "" : f[4];
+  e.finished = slurm_state_is_final(e.state);
+  if (e.finished) e.exit_code = slurm::exit_status(f[5]);
+  return e;
+}
+
+// Element ids sort by index ("123_10" after "123_9"), whatever squeue's or qstat's order.
+uint64_t element_index(const std::string& id) {
+  const size_t at = id.find_first_of("_[");
+  uint64_t index = 0;
+  for (size_t k = at == std::string::npos ? id.size() : at + 1;
+       k < id.size() && std::isdigit(static_cast<unsigned char>(id[k])) && index < (uint64_t{1} << 60); ++k)
+    index = index * 10 + static_cast<uint64_t>(id[k] - '0');
+  return index;
+}
+
+}  // namespace
+
 std::vector<JobState> array_elements(Scheduler scheduler, const std::string& id) {
   if (!looks_like_job_id(id)) throw UsageError(not_a_job_id(id), "give the number sbatch or qsub printed");
   std::vector<JobState> elements;
   if (scheduler == Scheduler::Slurm) {
-    // -r: one line per element, pending ones too; -t all: ended ones while Slurm still knows them.
-    CommandResult r = run_squeue({"squeue", "-h", "-r", "-t", "all", "-j", id, "-o", "%i|%T|%r|%N|"});
+    // One squeue for the whole array: -r, one line per element (pending ones too); -t all, ended
+    // ones while Slurm still knows them (MinJobAge).
+    CommandResult r = run_squeue(
+        {"squeue", "-h", "-r", "-t", "all", "-j", id, "-O", "ArrayJobID:|,ArrayTaskID:|,State:|,Reason:|,NodeList:|,exit_code:|"});
     std::istringstream lines(r.out);
-    for (std::string line; std::getline(lines, line);) {
-      const std::string element = line.substr(0, line.find('|'));  // "123_4"
-      if (!looks_like_job_id(element)) continue;
-      if (auto state = job_state(scheduler, element)) {
-        state->id = element;  // squeue's JobID is the element's own number
-        elements.push_back(std::move(*state));
-      }
-    }
-    // By index: squeue lists the running ones first.
-    auto index = [](const JobState& e) { return std::stol(e.id.substr(e.id.find('_') + 1)); };
-    std::sort(elements.begin(), elements.end(), [&](const JobState& a, const JobState& b) { return index(a) < index(b); });
-    return elements;
+    for (std::string line; std::getline(lines, line);)
+      if (auto e = slurm_element(line)) elements.push_back(std::move(*e));
+  } else {
+    // qsub names an array "123[].server"; -t lists its subjobs, -x those that ended too.
+    CommandResult r = run_command({"qstat", "-t", "-x", "-f", "-F", "json", id});
+    if (!r.ok() && (r.err + r.out).find("Unknown Job Id") == std::string::npos)
+      throw Error(fmt::format("qstat -t -f {} failed: {}", id, tool_error(r)), "check that PBS's tools work here (qstat -B)");
+    for (JobState& e : pbs_jobs_from_qstat_json(r.out))
+      if (e.id.find("[]") == std::string::npos) elements.push_back(std::move(e));
   }
-  // qsub names an array "123[].server"; -t lists its subjobs, -x those that ended too.
-  CommandResult r = run_command({"qstat", "-t", "-x", "-f", "-F", "json", id});
-  for (JobState& s : pbs_jobs_from_qstat_json(r.out))
-    if (s.id.find("[]") == std::string::npos) elements.push_back(std::move(s));
+  std::sort(elements.begin(), elements.end(),
+            [](const JobState& a, const JobState& b) { return element_index(a.id) < element_index(b.id); });
   return elements;
 }
 
 std::optional<std::vector<JobState>> follow_array(Scheduler scheduler, const std::string& id, std::chrono::seconds timeout,
                                                   const std::function<void(const JobState&)>& on_change) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  std::map<std::string, JobState> last;
-  while (std::chrono::steady_clock::now() < deadline) {
-    std::vector<JobState> now = array_elements(scheduler, id);
+  std::map<std::string, JobState> seen;  // every element ever listed, as last seen
+  int empty_polls = 0;
+  // One squeue or qstat per poll, every 2 s: an array of many elements costs the scheduler no more.
+  for (;; std::this_thread::sleep_for(std::chrono::seconds(2))) {
+    const std::vector<JobState> now = array_elements(scheduler, id);
+    std::set<std::string> listed;
     for (const JobState& e : now) {
-      auto it = last.find(e.id);
-      if (shows_change(it == last.end() ? std::nullopt : std::optional<JobState>(it->second), e)) on_change(e);
-      last[e.id] = e;
+      auto it = seen.find(e.id);
+      if (shows_change(it == seen.end() ? std::nullopt : std::optional<JobState>(it->second), e)) on_change(e);
+      seen[e.id] = e;
+      listed.insert(e.id);
     }
-    if (!now.empty() && std::all_of(now.begin(), now.end(), [](const JobState& e) { return e.finished; })) return now;
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    // An element the scheduler no longer lists has ended (Slurm forgets ended jobs after MinJobAge)
+    // with an end not seen: unknown.
+    for (auto& [element, last] : seen)
+      if (!listed.count(element) && !last.finished) {
+        last.finished = true;
+        last.state = "ENDED (no longer listed)";
+        last.exit_code.reset();
+      }
+    empty_polls = now.empty() ? empty_polls + 1 : 0;
+    const bool all_ended = !seen.empty() && std::all_of(seen.begin(), seen.end(), [](const auto& e) { return e.second.finished; });
+    // Listed before, or never listed in a minute: the scheduler is done with the array.
+    if (all_ended || (empty_polls > 0 && !seen.empty()) || empty_polls >= 30) break;
+    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
   }
-  return std::nullopt;
+  std::vector<JobState> ended;
+  for (auto& [element, last] : seen) ended.push_back(last);
+  std::sort(ended.begin(), ended.end(), [](const JobState& a, const JobState& b) { return element_index(a.id) < element_index(b.id); });
+  return ended;
 }
 
 void cancel_job(Scheduler scheduler, const std::string& id) {

@@ -69,15 +69,24 @@ int follow_array(const backends::SiteProfile& site, const std::string& id, const
   if (!wait_timeout) return 0;
   const auto timeout = std::chrono::seconds(*wait_timeout > 0 ? *wait_timeout : 365 * 24 * 3600);
   const auto ended = backends::follow_array(site.scheduler, id, timeout, print_job_status);
+  if (::isatty(STDOUT_FILENO)) std::printf("\n");
   if (!ended) {
     std::fprintf(stderr, "ddl: error: stopped following job array %s before every element ended (--wait-timeout)\n", id.c_str());
+    return 1;
+  }
+  if (ended->empty()) {
+    std::fprintf(stderr, "ddl: error: the scheduler never listed an element of job array %s\n", id.c_str());
     return 1;
   }
   int code = 0;
   for (const auto& element : *ended) {
     std::printf("element %s: %s, exit %s\n", element.id.c_str(), element.state.c_str(),
                 element.exit_code ? std::to_string(*element.exit_code).c_str() : "unknown");
-    if (code == 0 && element.exit_code.value_or(1) != 0) code = element.exit_code.value_or(1);
+    // An element that did not complete (cancelled, failed before it ran: "0:0") or whose end is
+    // unknown counts as a failure.
+    const bool completed = element.state == "COMPLETED" || element.state == "F" || element.state == "X";
+    const int its = element.exit_code.value_or(1) != 0 ? element.exit_code.value_or(1) : completed ? 0 : 1;
+    if (code == 0) code = its;
   }
   return code;
 }

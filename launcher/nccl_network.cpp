@@ -1,10 +1,18 @@
 #include "launcher/nccl_network.hpp"
 
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <link.h>
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstring>
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <filesystem>
 #include <regex>
 #include <sstream>
@@ -35,7 +43,8 @@ std::vector<int> exported_versions(void* library, const char* prefix) {
 }
 
 // Loads `name` as NCCL does (RTLD_NOW | RTLD_LOCAL: a missing symbol fails here, as it would
-// there), reads what it exports, and unloads it.
+// there) and reads what it exports. Run in a child process (probe_plugin): the plugin's
+// constructors and libraries never run inside ddl.
 NetPluginCandidate try_plugin(const std::string& name) {
   NetPluginCandidate c;
   c.name = name;
@@ -52,14 +61,113 @@ NetPluginCandidate try_plugin(const std::string& name) {
   c.net_versions = exported_versions(library, "ncclNetPlugin_v");
   c.collnet_versions = exported_versions(library, "ncclCollNetPlugin_v");
   if (c.net_versions.empty()) {
-    c.error = "it exports no ncclNetPlugin_vN: not an NCCL net plugin NCCL can use";
+    c.error = "it exports no ncclNetPlugin_vN, so NCCL uses its own sockets or InfiniBand";
   } else {
     // Every ncclNet_vN_t begins with the network's name (what NCCL_NET selects).
     const auto* api = static_cast<const char* const*>(::dlsym(library, fmt::format("ncclNetPlugin_v{}", c.net_versions[0]).c_str()));
-    if (api != nullptr && *api != nullptr) c.network = std::string(*api).substr(0, 128);
+    if (api != nullptr && *api != nullptr) c.network.assign(*api, ::strnlen(*api, 128));
   }
-  ::dlclose(library);
   return c;
+}
+
+std::string joined(const std::vector<int>& numbers) {
+  std::string out;
+  for (int n : numbers) out += std::to_string(n) + " ";
+  return out;
+}
+
+std::vector<int> numbers_of(const std::string& line) {
+  std::vector<int> out;
+  std::istringstream words(line);
+  for (int n; words >> n;) out.push_back(n);
+  return out;
+}
+
+void write_all(int fd, const std::string& text) {
+  for (size_t at = 0; at < text.size();) {
+    const ssize_t n = ::write(fd, text.data() + at, text.size() - at);
+    if (n <= 0) return;
+    at += static_cast<size_t>(n);
+  }
+}
+
+// What the child wrote, until it closes the pipe (`closed`) or `deadline`.
+std::string read_until(int fd, std::chrono::steady_clock::time_point deadline, bool& closed) {
+  std::string text;
+  closed = false;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+    pollfd p{fd, POLLIN, 0};
+    if (left <= 0 || ::poll(&p, 1, static_cast<int>(left)) <= 0) return text;
+    char buffer[4096];
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n <= 0) {
+      closed = n == 0;
+      return text;
+    }
+    text.append(buffer, static_cast<size_t>(n));
+  }
+}
+
+NetPluginCandidate parse_probe(const std::string& name, const std::string& text) {
+  NetPluginCandidate c;
+  c.name = name;
+  std::istringstream lines(text);
+  std::string loads, nets, collnets;
+  std::getline(lines, loads);
+  std::getline(lines, c.path);
+  std::getline(lines, c.network);
+  std::getline(lines, nets);
+  std::getline(lines, collnets);
+  std::getline(lines, c.error);
+  c.loads = loads == "1";
+  c.net_versions = numbers_of(nets);
+  c.collnet_versions = numbers_of(collnets);
+  if (loads.empty()) c.error = "loading it ended without an answer";
+  return c;
+}
+
+// try_plugin in a forked child, its answer back over a pipe, one field a line; a child that
+// crashes or hangs (10 s) is the answer too.
+NetPluginCandidate probe_plugin(const std::string& name) {
+  NetPluginCandidate failed;
+  failed.name = name;
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) {
+    failed.error = "cannot probe it (pipe failed)";
+    return failed;
+  }
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::close(fds[0]);
+    const NetPluginCandidate found = try_plugin(name);
+    std::string error = found.error;
+    std::replace(error.begin(), error.end(), '\n', ' ');
+    write_all(fds[1], fmt::format("{}\n{}\n{}\n{}\n{}\n{}\n", found.loads ? 1 : 0, found.path, found.network, joined(found.net_versions),
+                                  joined(found.collnet_versions), error));
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  if (child < 0) {
+    ::close(fds[0]);
+    failed.error = "cannot probe it (fork failed)";
+    return failed;
+  }
+  bool closed = false;
+  const std::string text = read_until(fds[0], std::chrono::steady_clock::now() + std::chrono::seconds(10), closed);
+  ::close(fds[0]);
+  if (!closed) ::kill(child, SIGKILL);  // still at it after 10 s (a child that closed the pipe is ending)
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  if (!closed) {
+    failed.error = "loading it did not finish within 10 s";
+    return failed;
+  }
+  if (WIFSIGNALED(status)) {
+    failed.error = fmt::format("loading it crashed ({})", ::strsignal(WTERMSIG(status)));
+    return failed;
+  }
+  return parse_probe(name, text);
 }
 
 // NCCL's order: NCCL_NET_PLUGIN as given, then libnccl-net-<it>.so; unset, libnccl-net.so.
@@ -99,10 +207,11 @@ void read_libfabric(NcclNetwork& n) {
 
 }  // namespace
 
+// NCCL takes the first library that opens; one without a net API leaves NCCL on its own transports.
 const NetPluginCandidate* NcclNetwork::plugin() const {
   if (plugins_off) return nullptr;
   for (const auto& c : tried)
-    if (c.loads && !c.net_versions.empty()) return &c;
+    if (c.loads) return c.net_versions.empty() ? nullptr : &c;
   return nullptr;
 }
 
@@ -128,7 +237,7 @@ std::optional<std::string> NcclNetwork::misses(const std::string& expected) cons
   return std::nullopt;
 }
 
-std::optional<std::string> site_network_warning(const Environment& env) {
+std::optional<std::string> site_network_warning(const Environment& env) try {
   const auto listed = backends::list_sites();
   const auto sites = backends::matching_sites(listed, full_host_name(), env);
   std::optional<NcclNetwork> network;  // inspected once, only where a profile expects something
@@ -140,6 +249,8 @@ std::optional<std::string> site_network_warning(const Environment& env) {
                          site.profile->nccl_network, *miss, site.profile->nccl_network_fix);
   }
   return std::nullopt;
+} catch (const std::exception&) {
+  return std::nullopt;  // a warning that cannot be worked out stops no run
 }
 
 NcclNetwork inspect_nccl_network(const Environment& env) {
@@ -147,7 +258,10 @@ NcclNetwork inspect_nccl_network(const Environment& env) {
   n.plugin_setting = lookup(env, "NCCL_NET_PLUGIN").value_or("");
   n.plugins_off = lower(n.plugin_setting) == "none";
   if (!n.plugins_off)
-    for (const auto& name : plugin_names(n.plugin_setting)) n.tried.push_back(try_plugin(name));
+    for (const auto& name : plugin_names(n.plugin_setting)) {
+      n.tried.push_back(probe_plugin(name));
+      if (n.tried.back().loads) break;  // as NCCL: the first that opens is the one
+    }
   n.on_loader_path = plugins_on_loader_path(env);
   read_libfabric(n);
   for (const auto& [name, value] : env)

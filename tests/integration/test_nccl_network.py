@@ -28,6 +28,12 @@ OTHER_NETWORK = textwrap.dedent("""
     struct net { const char* name; void* init; };
     struct net ncclNetPlugin_v6 = {"IBext", 0};
 """)
+CRASHES = textwrap.dedent("""
+    #include <stdlib.h>
+    struct net { const char* name; void* init; };
+    struct net ncclNetPlugin_v8 = {"AWS Libfabric", 0};
+    __attribute__((constructor)) static void start(void) { abort(); }
+""")
 FI_INFO = "#!/bin/sh\n[ \"$1\" = -l ] || exit 2\nprintf 'cxi:\\n    version: 1.0\\ntcp:\\n    version: 116.10\\nshm:\\n    version: 200.0\\n'\n"
 
 
@@ -44,7 +50,7 @@ class NcclNetwork(unittest.TestCase):
         self.addCleanup(self.tmp.cleanup)
         self.folders = {}
         for name, file_name, source in (("good", "libnccl-net.so", GOOD), ("missing", "libnccl-net-ofi.so", MISSING_SYMBOL),
-                                        ("other", "libnccl-net.so", OTHER_NETWORK)):
+                                        ("other", "libnccl-net.so", OTHER_NETWORK), ("crashes", "libnccl-net.so", CRASHES)):
             folder = self.folders[name] = os.path.join(self.tmp.name, name)
             os.makedirs(folder)
             compile_plugin(folder, file_name, source)
@@ -103,6 +109,12 @@ class NcclNetwork(unittest.TestCase):
         out = self.section(LD_LIBRARY_PATH=self.folders["good"], NCCL_NET_PLUGIN="none")
         self.assertIn("  [ ] net plugin (NCCL_NET_PLUGIN=none: NCCL uses its own sockets or InfiniBand)", out)
         self.assertIn("WARNING: NCCL_NET_PLUGIN=none turns NCCL's net plugins off", out)
+
+    def test_a_plugin_that_crashes_as_it_loads_is_named_and_ddl_goes_on(self):
+        # The plugin is loaded in a child process: its crash is a line of the report, not ddl's end.
+        out = self.section(LD_LIBRARY_PATH=self.folders["crashes"])
+        self.assertIn("  [ ] net plugin libnccl-net.so (loading it crashed (Aborted): NCCL uses its own sockets or InfiniBand)", out)
+        self.assertIn("  [ ] site perlmutter expects ofi (WARNING: no NCCL net plugin loads (libnccl-net.so: loading it crashed (Aborted))", out)
 
     def test_a_machine_no_profile_expects_anything_of_gets_no_verdict(self):
         out = self.section(NERSC_HOST="")
