@@ -3,6 +3,8 @@
 // writes and checks them, libddl reads them; neither spells one as a literal of its own.
 #pragma once
 
+#include <string_view>
+
 namespace ddl::contract {
 
 // Set by `ddl run` for every worker.
@@ -49,8 +51,10 @@ inline constexpr const char* kTimeline = "DDL_TIMELINE";    // file.json: a Chro
 inline constexpr const char* kBootstrap = "DDL_BOOTSTRAP";  // store, pmix or single
 inline constexpr const char* kShm = "DDL_SHM";              // 0: no shared memory between ranks
 inline constexpr const char* kGlooAddr = "DDL_GLOO_ADDR";   // the address peers reach this rank at
-// Set and not 0: CUDA ops go through host memory and the host transports, not NCCL (as they do
+// On (flag_on): CUDA ops go through host memory and the host transports, not NCCL (as they do
 // anyway where ranks share a GPU or NCCL does not load on some rank).
 inline constexpr const char* kCudaViaHost = "DDL_CUDA_VIA_HOST";
+// A flag setting's value: on when set to anything but empty or "0".
+inline constexpr bool flag_on(std::string_view value) { return !value.empty() && value != "0"; }
 
 }  // namespace ddl::contract

@@ -309,8 +309,7 @@ CapabilitySection controllers_section() {
 CapabilitySection tensor_ops_section(const Environment& env, const GpuInventory& inventory, const RuntimeNccl& nccl_used) {
   CapabilitySection s{"Tensor operations", {}};
   const std::string nccl = DDL_BUILD_NCCL_VERSION;
-  const std::string asked = lookup(env, contract::kCudaViaHost).value_or("");
-  const bool via_host_asked = !asked.empty() && asked != "0";  // as libddl reads it
+  const bool via_host_asked = contract::flag_on(lookup(env, contract::kCudaViaHost).value_or(""));
   if (nccl.empty())
     s.items.push_back(item(false, "NCCL", "", "not compiled in: CUDA buffers are unsupported"));
   else if (nccl_used.version.empty())
@@ -399,12 +398,11 @@ CapabilitySection nccl_network_section(const Environment& env, const std::vector
   for (const auto& [name, value] : n.settings) settings.push_back(fmt::format("{}={}", name, value));
   s.items.push_back(
       item(!settings.empty(), "NCCL/FI settings", "", settings.empty() ? "none set" : fmt::format("{}", fmt::join(settings, " "))));
-  for (const auto& site : listed) {
-    if (!site.profile || site.profile->nccl_network.empty() || std::find(sites.begin(), sites.end(), site.name) == sites.end()) continue;
-    const auto miss = n.misses(site.profile->nccl_network);
-    s.items.push_back(miss ? item(false, "site " + site.name + " expects " + site.profile->nccl_network, "",
-                                  fmt::format("WARNING: {}; fix: {}", *miss, site.profile->nccl_network_fix))
-                           : item(true, "site " + site.name + " expects " + site.profile->nccl_network, "", "NCCL reaches it"));
+  for (const backends::SiteProfile* site : sites_expecting_a_network(listed, sites)) {
+    const std::string name = "site " + site->name + " expects " + site->nccl_network;
+    const auto miss = n.misses(site->nccl_network);
+    s.items.push_back(miss ? item(false, name, "", fmt::format("WARNING: {}; fix: {}", *miss, site->nccl_network_fix))
+                           : item(true, name, "", "NCCL reaches it"));
   }
   return s;
 }

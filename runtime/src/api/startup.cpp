@@ -89,7 +89,7 @@ runtime::EngineConfig engine_config(int rank) {
     c.report_stragglers = true;
     c.straggler_interval = std::chrono::seconds(ddl::whole_number(s, 365LL * 24 * 3600).value_or(0));
   }
-  if (const char* v = std::getenv(contract::kCudaViaHost); v != nullptr) c.cuda_via_host = std::string(v) != "" && std::string(v) != "0";
+  if (const char* v = std::getenv(contract::kCudaViaHost); v != nullptr) c.cuda_via_host = contract::flag_on(v);
   return c;
 }
 

@@ -612,33 +612,30 @@ void Engine::execute(const std::vector<ReadyOp>& ready) {
 // CUDA ops in `ops` either stay for NCCL, or are staged in host memory (and then run as host ops
 // do), or fail (no route, or a rank could not copy its input to the host): then they leave `ops`
 // before they are finished (finish() may free them).
+// (A rank in ddl_join stands in for no CUDA op: the negotiator fails those, so every CUDA op here
+// was submitted on this rank.)
 void Engine::route_cuda_ops(std::vector<PendingOp*>& ops) {
   std::vector<PendingOp*> cuda_ops;
   for (PendingOp* op : ops)
-    if (op->spec.cuda && !op->stand_in) cuda_ops.push_back(op);
+    if (op->spec.cuda) cuda_ops.push_back(op);
   if (cuda_ops.empty()) return;
-  std::optional<std::string> no_route = choose_cuda_route(cuda_ops);
+  std::optional<NoCudaRoute> no_route = choose_cuda_route(cuda_ops);
   if (!no_route && cuda_via_host_) {
-    for (PendingOp* op : ops) {
-      if (op->stand_in)
-        op->staged = true;  // host buffers already
-      else if (op->spec.cuda)
-        stage_on_host(*op);
-    }
+    for (PendingOp* op : cuda_ops) stage_on_host(*op);
     no_route = copies_to_host_failed(cuda_ops);
   }
   if (!no_route) return;
-  std::erase_if(ops, [](const PendingOp* op) { return op->spec.cuda && !op->stand_in; });
+  std::erase_if(ops, [](const PendingOp* op) { return op->spec.cuda; });
   for (PendingOp* op : cuda_ops) {
     op->staging_error.clear();  // every rank fails them alike, naming the rank whose copy failed
-    finish(*op, no_route_status_, fmt::format("op '{}': {}", op->name, *no_route));
+    finish(*op, no_route->status, fmt::format("op '{}': {}", op->name, no_route->why));
   }
 }
 
 // Every rank says whether it could copy this round's CUDA inputs to the host (one allgather): a rank
 // that could not would put zeros in its peers' results (a broadcast root's, an allgather's block),
 // so the round's CUDA ops fail on every rank, naming it.
-std::optional<std::string> Engine::copies_to_host_failed(const std::vector<PendingOp*>& cuda_ops) {
+std::optional<Engine::NoCudaRoute> Engine::copies_to_host_failed(const std::vector<PendingOp*>& cuda_ops) {
   std::string mine = "C";  // not an announcement: a mark that tells it from one in a transport's trace
   for (PendingOp* op : cuda_ops)
     if (!op->staging_error.empty()) {
@@ -647,15 +644,13 @@ std::optional<std::string> Engine::copies_to_host_failed(const std::vector<Pendi
     }
   const std::vector<std::string> all = collectives_->allgather_bytes(mine);
   for (size_t r = 0; r < all.size(); ++r)
-    if (all[r].size() > 1) {
-      no_route_status_ = DDL_ERROR_INTERNAL;
-      return fmt::format("rank {} could not copy its CUDA buffer to the host: {}", r, all[r].substr(1));
-    }
+    if (all[r].size() > 1)
+      return NoCudaRoute{DDL_ERROR_INTERNAL, fmt::format("rank {} could not copy its CUDA buffer to the host: {}", r, all[r].substr(1))};
   return std::nullopt;
 }
 
 // On the first CUDA op: the route every rank agrees on (nullopt), or why there is none.
-std::optional<std::string> Engine::choose_cuda_route(const std::vector<PendingOp*>& cuda_ops) {
+std::optional<Engine::NoCudaRoute> Engine::choose_cuda_route(const std::vector<PendingOp*>& cuda_ops) {
   if (gpu_ || cuda_via_host_) return std::nullopt;
   if (config_.gpu_collectives) {
     gpu_ = config_.gpu_collectives(*collectives_);
@@ -677,8 +672,7 @@ std::optional<std::string> Engine::choose_cuda_route(const std::vector<PendingOp
   } catch (const TimeoutError&) {
     throw;
   } catch (const Error& e) {  // alike on every rank: agree_on_gpu_route and make_cuda_memory decide alike
-    no_route_status_ = DDL_ERROR_UNSUPPORTED;
-    return std::string(e.what());
+    return NoCudaRoute{DDL_ERROR_UNSUPPORTED, e.what()};
   }
 }
 
@@ -1164,7 +1158,6 @@ Engine::PendingOp& Engine::stand_in_for(const ReadyOp& ready) {
   if (!joined_) throw std::runtime_error(fmt::format("op '{}' was agreed but never submitted on rank {}", ready.name(), rank_));
   auto& [op, buffer] = stand_ins_.emplace_back();
   op = PendingOp{ready.name(), ready.spec(), nullptr, nullptr, std::make_shared<OpState>(), Clock::now(), nullptr};
-  op.stand_in = true;
   const OpSpec& s = ready.spec();
   const size_t element = dtype_size(s.dtype);
   if (s.kind == OpKind::Allreduce) {

@@ -155,7 +155,6 @@ class Engine : public std::enable_shared_from_this<Engine> {
     Clock::time_point agreed;                      // when every rank had submitted it
     int join_result = -1;                          // a join: the last rank to join
     std::vector<size_t> send_counts, recv_counts;  // alltoallv: this rank's blocks; allgather-any: {its count}
-    bool stand_in = false;                         // stand_in_for's: host buffers whatever the spec says
     // A CUDA op run through host memory (stage_on_host): send and recv point into `staging`, and
     // the result goes back to `device_result` before the op completes.
     bool staged = false;
@@ -256,11 +255,15 @@ class Engine : public std::enable_shared_from_this<Engine> {
   GpuFusion fill_gpu_fusion_buffer(std::vector<PendingOp*> ops);
   void empty_gpu_fusion_buffer(const GpuFusion& f, Clock::time_point launched, Clock::time_point reduced);
   void mark_gpu_ops_by_stream(const std::vector<PendingOp*>& ops, Clock::time_point enqueued);
+  // Why a round's CUDA ops cannot run, and the status they fail with on every rank.
+  struct NoCudaRoute {
+    ddl_status status;
+    std::string why;
+  };
   // The route of CUDA ops, agreed by every rank on the first (NCCL, or through host memory);
-  // nullopt when there is one, else why not (and no_route_status_ the status their ops fail with).
-  std::optional<std::string> choose_cuda_route(const std::vector<PendingOp*>& cuda_ops);
-  std::optional<std::string> copies_to_host_failed(const std::vector<PendingOp*>& cuda_ops);
-  ddl_status no_route_status_ = DDL_ERROR_UNSUPPORTED;
+  // nullopt when there is one.
+  std::optional<NoCudaRoute> choose_cuda_route(const std::vector<PendingOp*>& cuda_ops);
+  std::optional<NoCudaRoute> copies_to_host_failed(const std::vector<PendingOp*>& cuda_ops);
   void route_cuda_ops(std::vector<PendingOp*>& ops);  // see choose_cuda_route; staged ops then run as host ops
   void say_cuda_goes_via_host(const std::string& because);
   void stage_on_host(PendingOp& op);          // a CUDA op's input to host memory: it then runs as a host op

@@ -1,6 +1,7 @@
-// What libddl asks of the CUDA runtime for the GPU collectives: which GPU holds a buffer, making
-// a GPU a thread's current one and back without making contexts, and copies between a GPU and the
-// host. Built with CUDA only (DDL_WITH_NCCL); the functions throw ddl::Error on a CUDA failure.
+// What libddl asks of the CUDA runtime for the GPU collectives: which GPU holds a buffer, and
+// making a GPU a thread's current one and back without making contexts (cuda_device.cpp also holds
+// the CUDA runtime's DeviceMemory). Built with CUDA only (DDL_WITH_NCCL); the functions throw
+// ddl::Error on a CUDA failure.
 #pragma once
 
 #if DDL_WITH_NCCL

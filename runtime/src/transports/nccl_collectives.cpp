@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <optional>
 #include <string>
 #include <utility>
@@ -260,8 +259,7 @@ std::string gpu_verdict(const void* sample_pointer, const GpuRouteAsked& asked, 
       no_nccl = e;
     }
   }
-  const char* named = std::getenv("DDL_NCCL_LIBRARY");
-  if (no_nccl && named != nullptr && *named != '\0') return fmt::format("E{}\n{}", no_nccl->what(), no_nccl->hint());
+  if (no_nccl && nccl_library().named) return fmt::format("E{}\n{}", no_nccl->what(), no_nccl->hint());
   std::string identity;
   try {
     cuda::require_a_gpu();

@@ -93,6 +93,7 @@ NcclLibrary load() {
   NcclLibrary lib;
   const char* override_path = std::getenv(kOverride);
   if (override_path != nullptr && *override_path != '\0') {
+    lib.named = true;
     const std::string where = fmt::format("{}={}", kOverride, override_path);
     void* handle = ::dlopen(override_path, RTLD_NOW | RTLD_LOCAL);
     if (handle == nullptr) {

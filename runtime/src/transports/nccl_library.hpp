@@ -20,6 +20,7 @@ struct NcclLibrary {
   std::string version;  // "2.28.9": what ncclGetVersion says
   std::string path;     // the file it came from
   std::string origin;   // "DDL_NCCL_LIBRARY", "already loaded" or "loader path"
+  bool named = false;   // DDL_NCCL_LIBRARY is set: that file or no NCCL (no fallback), loaded or not
   std::string error;    // when not loaded: why, and what to set or load
 #if DDL_WITH_NCCL
   // The entry points libddl calls (ncclAllReduce as api.AllReduce); all set when `loaded`.
