@@ -278,9 +278,9 @@ std::optional<std::vector<JobState>> follow_array(Scheduler scheduler, const std
         last.exit_code.reset();
       }
     empty_polls = now.empty() ? empty_polls + 1 : 0;
+    // Every element seen has ended (those no longer listed too), or none was listed in a minute.
     const bool all_ended = !seen.empty() && std::all_of(seen.begin(), seen.end(), [](const auto& e) { return e.second.finished; });
-    // Listed before, or never listed in a minute: the scheduler is done with the array.
-    if (all_ended || (empty_polls > 0 && !seen.empty()) || empty_polls >= 30) break;
+    if (all_ended || empty_polls >= 30) break;
     if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
   }
   std::vector<JobState> ended;

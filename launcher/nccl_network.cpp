@@ -20,7 +20,6 @@
 #include <fmt/format.h>
 
 #include "backends/command.hpp"
-#include "backends/site_profile.hpp"
 #include "launcher/host.hpp"
 
 namespace ddl::launcher {
@@ -237,17 +236,24 @@ std::optional<std::string> NcclNetwork::misses(const std::string& expected) cons
   return std::nullopt;
 }
 
+std::vector<const backends::SiteProfile*> sites_expecting_a_network(const std::vector<backends::ListedSite>& listed,
+                                                                    const std::vector<std::string>& matching) {
+  std::vector<const backends::SiteProfile*> expecting;
+  for (const auto& site : listed)
+    if (site.profile && !site.profile->nccl_network.empty() && std::find(matching.begin(), matching.end(), site.name) != matching.end())
+      expecting.push_back(&*site.profile);
+  return expecting;
+}
+
 std::optional<std::string> site_network_warning(const Environment& env) try {
   const auto listed = backends::list_sites();
-  const auto sites = backends::matching_sites(listed, full_host_name(), env);
-  std::optional<NcclNetwork> network;  // inspected once, only where a profile expects something
-  for (const auto& site : listed) {
-    if (!site.profile || site.profile->nccl_network.empty() || std::find(sites.begin(), sites.end(), site.name) == sites.end()) continue;
-    if (!network) network = inspect_nccl_network(env);
-    if (auto miss = network->misses(site.profile->nccl_network))
-      return fmt::format("WARNING: site {} expects NCCL to reach its nodes through {}, but {}; fix: {}", site.name,
-                         site.profile->nccl_network, *miss, site.profile->nccl_network_fix);
-  }
+  const auto expecting = sites_expecting_a_network(listed, backends::matching_sites(listed, full_host_name(), env));
+  if (expecting.empty()) return std::nullopt;  // the plugin is probed only where a profile expects something
+  const NcclNetwork network = inspect_nccl_network(env);
+  for (const backends::SiteProfile* site : expecting)
+    if (auto miss = network.misses(site->nccl_network))
+      return fmt::format("WARNING: site {} expects NCCL to reach its nodes through {}, but {}; fix: {}", site->name, site->nccl_network,
+                         *miss, site->nccl_network_fix);
   return std::nullopt;
 } catch (const std::exception&) {
   return std::nullopt;  // a warning that cannot be worked out stops no run

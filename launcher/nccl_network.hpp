@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "backends/site_profile.hpp"
 #include "common/environment.hpp"
 
 namespace ddl::launcher {
@@ -41,6 +42,11 @@ struct NcclNetwork {
 };
 
 NcclNetwork inspect_nccl_network(const Environment& env);
+
+// The profiles among `listed` that match this machine (`matching`, backends::matching_sites) and
+// expect a network (nccl_network): check-build's verdict lines and ddl run's warning.
+std::vector<const backends::SiteProfile*> sites_expecting_a_network(const std::vector<backends::ListedSite>& listed,
+                                                                    const std::vector<std::string>& matching);
 
 // `ddl run`'s word on it before a multi-node GPU run on a machine a site profile matches that
 // expects a network (nccl_network): "WARNING: ...; fix: ..." when NCCL would miss it.
