@@ -8,7 +8,7 @@
 # Any report, crash or leak fails the run. The Python tests are left out: a Python interpreter
 # cannot load an ASan-built libddl. NCCL is off in this build (no GPU here to exercise it).
 # Known third-party noise is suppressed in tests/sanitizers/*.supp, each entry with its reason.
-# Longer fuzzing: scripts/fuzz.sh (docs/fuzzing.md).
+# Longer fuzzing: scripts/fuzz.sh (docs/fuzzing.md). With --build-only: the two builds, no runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -18,14 +18,15 @@ CC=clang-14 CXX=clang++-14 cmake -S . -B build-sanitizers -DCMAKE_BUILD_TYPE=Deb
   -DDDL_FUZZ_SECONDS="${DDL_FUZZ_SECONDS:-15}" -DDDL_WITH_NCCL=OFF >/dev/null
 cmake --build build-sanitizers -j "$(nproc)" --target ddl_unit_tests collective_checks ddl cpp_train ddl_rendezvous_bench \
   ddl_fuzzers -- --no-print-directory >/dev/null
+CC=clang-14 CXX=clang++-14 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DDDL_SANITIZE=thread -DDDL_WITH_NCCL=OFF >/dev/null
+cmake --build build-tsan -j "$(nproc)" --target ddl_unit_tests -- --no-print-directory >/dev/null
+[ "${1:-}" = --build-only ] && exit 0  # scripts/test.sh builds both while the main tests run
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:halt_on_error=1:detect_stack_use_after_return=0"
 export LSAN_OPTIONS="suppressions=$root/tests/sanitizers/lsan.supp:print_suppressions=0"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 ctest --test-dir build-sanitizers --output-on-failure -j 1 \
   -R '^(unit|integration\.(collectives|supervision|concurrency_and_store)|fuzz\..*)$'
 
-CC=clang-14 CXX=clang++-14 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DDDL_SANITIZE=thread -DDDL_WITH_NCCL=OFF >/dev/null
-cmake --build build-tsan -j "$(nproc)" --target ddl_unit_tests -- --no-print-directory >/dev/null
 echo "sanitizers: ThreadSanitizer on the engine, store and C++ API tests"
 TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$root/tests/sanitizers/tsan.supp" \
   build-tsan/tests/ddl_unit_tests -sf='*engine_threads_test.cpp,*store_test.cpp,*negotiator_test.cpp,*cpp_api_test.cpp'

@@ -12,6 +12,8 @@ import subprocess
 import tempfile
 import unittest
 
+from ddl_testing import BUILD_NICENESS
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 HIDDEN = ("fmt", "CLI11", "nlohmann_json")
 
@@ -43,7 +45,7 @@ class DependencyFallback(unittest.TestCase):
                       result.stdout)
         self.assertIn("-- ddl: CLI11 not found: building the pinned ", result.stdout)
         self.assertIn("-- ddl: nlohmann_json not found: building the pinned ", result.stdout)
-        built = subprocess.run(["cmake", "--build", build, "-j2", "--target", "ddl"], capture_output=True, text=True,
+        built = subprocess.run([*BUILD_NICENESS.split(), "cmake", "--build", build, "-j2", "--target", "ddl"], capture_output=True, text=True,
                                timeout=1800)
         self.assertEqual(built.returncode, 0, built.stdout[-3000:] + built.stderr[-3000:])
         ddl = os.path.join(build, "cli", "ddl")

@@ -15,7 +15,7 @@ import tempfile
 import textwrap
 import unittest
 
-from ddl_testing import copy_checkout, unprivileged_user
+from ddl_testing import BUILD_NICENESS, copy_checkout, unprivileged_user
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 CONSUMER = os.path.join(ROOT, "tests", "integration", "consumer")
@@ -72,7 +72,7 @@ class ModuleFile(unittest.TestCase):
         # The user's own build: everything ddl needs is on this machine, so nothing may be downloaded.
         cls.login_shell(None, f"cmake -S {cls.source} -B {cls.build} -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF "
                               "-DDDL_BUILD_EXTRAS=OFF -DFETCHCONTENT_FULLY_DISCONNECTED=ON >/dev/null\n"
-                              f"cmake --build {cls.build} -j $(nproc) >/dev/null\n"
+                              f"{BUILD_NICENESS} cmake --build {cls.build} -j $(nproc) >/dev/null\n"
                               f"cmake --install {cls.build} --prefix {cls.prefix} >/dev/null\n", timeout=1500)
         with open(os.path.join(cls.build, "install_manifest.txt")) as f:
             cls.manifest = f.read().split()

@@ -10,7 +10,7 @@ import tempfile
 import textwrap
 import unittest
 
-from ddl_testing import copy_checkout, unprivileged_user
+from ddl_testing import BUILD_NICENESS, copy_checkout, unprivileged_user
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 USER = "ddl-pip-test"
@@ -47,7 +47,7 @@ class PipInstall(unittest.TestCase):
 
     def install_and_train(self, venv, what):
         pip = (f"/usr/bin/python3 -m venv --system-site-packages {venv}\n"
-               f"{venv}/bin/python -m pip install --disable-pip-version-check --no-input --quiet "
+               f"{BUILD_NICENESS} {venv}/bin/python -m pip install --disable-pip-version-check --no-input --quiet "
                f"--config-settings=cmake.define.FETCHCONTENT_FULLY_DISCONNECTED=ON {what}\n")
         self.as_user(pip)
         # A login shell that knows nothing of ddl: the venv's own ddl, Python, libddl.
