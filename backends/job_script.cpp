@@ -199,6 +199,20 @@ void check_array(const SiteProfile& site, const std::string& spec) {
     throw UsageError(fmt::format("--array '{}': a PBS array needs an end above its start", spec), "e.g. --array 0-15");
 }
 
+// Slurm: host names and node ranges. PBS has no way to keep a job off named nodes (a select names
+// the hosts it wants, never the ones it does not), so there it is refused.
+void check_exclude(const SiteProfile& site, const std::string& hosts) {
+  static const std::regex slurm_hosts(
+      R"([A-Za-z0-9._\-]+(\[[0-9,\-]+\][A-Za-z0-9._\-]*)*(,[A-Za-z0-9._\-]+(\[[0-9,\-]+\][A-Za-z0-9._\-]*)*)*)");
+  if (site.scheduler != Scheduler::Slurm)
+    throw UsageError(fmt::format("--exclude: site '{}' uses PBS, which cannot keep a job off named nodes", site.name),
+                     "ask for the nodes you need and leave bad ones out inside the job: --exclude on the script's ddl run line "
+                     "(with a spare node), or ask the site to take the node offline");
+  if (hosts.size() > 4096 || !std::regex_match(hosts, slurm_hosts))
+    throw UsageError(fmt::format("--exclude '{}' is not a Slurm node list", hosts.substr(0, 64)),
+                     "give host names or node ranges separated by commas, e.g. --exclude nid001234,nid[002000-002003]");
+}
+
 std::string directive_prefix(const SiteProfile& site) { return site.scheduler == Scheduler::Slurm ? "#SBATCH " : "#PBS "; }
 
 void slurm_directives(const SiteProfile& site, const std::map<std::string, std::string>& v, const JobRequest& job,
@@ -222,6 +236,7 @@ void slurm_directives(const SiteProfile& site, const std::map<std::string, std::
     d.emplace_back("--open-mode=append");  // each start's output goes on in the same file
   }
   if (job.array) d.push_back("--array=" + *job.array);
+  if (job.exclude) d.push_back("--exclude=" + *job.exclude);
 }
 
 // Slurm's time forms as PBS's HH:MM:SS: PBS reads a bare "30" as seconds and refuses days.
@@ -397,6 +412,7 @@ void check_site_rules(const SiteProfile& site, const JobRequest& job) {
   if (job.command.empty() && job.body.empty())
     throw UsageError("no program to run", "put it after --: ddl submit --site NAME ... -- python train.py");
   if (job.array) check_array(site, *job.array);
+  if (job.exclude) check_exclude(site, *job.exclude);
 }
 
 JobScript render_job_script(const SiteProfile& site, const JobRequest& job) {

@@ -21,6 +21,7 @@ struct JobRequest {
   bool requeue = false;                        // --requeue: ddl run requeues the job on that signal (PBS: rerunnable)
   std::optional<int> max_requeues;             // --max-requeues, for ddl run
   std::optional<std::string> array;            // --array: the elements of a job array ("0-15%4"; Slurm --array, PBS -J)
+  std::optional<std::string> exclude;          // --exclude: nodes the job must not get ("nid[001-004],gpu7"; Slurm only)
   std::vector<std::string> command;            // the program and its arguments
   std::string ddl_program = "ddl";             // how the script calls ddl (an absolute path when submitting)
   std::string ddl_version;

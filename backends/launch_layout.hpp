@@ -14,6 +14,7 @@ struct TaskLayout {
   int cpus_per_task = 1;
   std::vector<std::string> task_command;    // what each task runs: ddl exec ... -- program args
   std::vector<std::string> exported_names;  // variables of the launcher's environment every task needs
+  std::vector<std::string> hosts;           // the nodes to run on, in order (num_nodes of them); empty: the launcher's first nodes
 };
 
 // A task launcher's output line split into the task's rank and its text.

@@ -101,7 +101,7 @@ struct RunFlags {
   std::string launcher = "auto";
   std::string gpu_order = "as-listed";
   std::string mpi = "auto";
-  std::string hosts, hostfile, rsh;
+  std::string hosts, hostfile, rsh, exclude;
   std::string torch_backend;
 };
 
@@ -190,6 +190,10 @@ RunCommand::RunCommand(CLI::App& app) : flags_(std::make_shared<RunFlags>()) {
   app_->add_option("--rsh", f.rsh,
                    fmt::format("Remote shell for -H/--hostfile, split at blanks (default: {})", launcher::kDefaultRemoteShell))
       ->check(not_empty());
+  app_->add_option("--exclude", f.exclude,
+                   "Leave these hosts out (node1,node7; a Slurm node range inside Slurm): of -H/--hostfile's, or of the "
+                   "allocation's nodes")
+      ->check(not_empty());
   app_->add_option("--gpu-order", f.gpu_order, "as-listed, or reverse: local rank 0 gets the node's last GPU (Polaris)")
       ->check(CLI::IsMember({"as-listed", "reverse"}))
       ->capture_default_str();
@@ -222,6 +226,7 @@ int RunCommand::execute(const std::optional<std::vector<std::string>>& program) 
   if (!f.hostfile.empty()) request.hosts = launcher::read_hostfile(f.hostfile);
   if (!f.rsh.empty() && request.hosts.empty()) throw UsageError("--rsh is for -H/--hostfile", "add -H host1:4,host2:4, or drop --rsh");
   request.remote_shell = f.rsh;
+  request.exclude = f.exclude;
   request.max_restarts = f.max_restarts;
   request.torch_backend = f.torch_backend;
   request.launcher = f.launcher == "local"    ? launcher::TaskLauncher::Local

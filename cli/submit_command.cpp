@@ -12,6 +12,7 @@
 #include "backends/site_profile.hpp"
 #include "cli/batch_flags.hpp"
 #include "cli/job_output.hpp"
+#include "cli/validators.hpp"
 #include "common/error.hpp"
 #include "launcher/host.hpp"
 #include "launcher/requeue.hpp"
@@ -27,6 +28,7 @@ struct SubmitFlags {
   bool requeue = false;
   int max_requeues = -1;
   std::string array;
+  std::string exclude;
   bool dry_run = false, wait = false;
   int wait_timeout = 0;
 };
@@ -49,6 +51,8 @@ SubmitCommand::SubmitCommand(CLI::App& app) : flags_(std::make_shared<SubmitFlag
   app_->add_option("--array", f.array,
                    "A job array: one job per index, e.g. 0-15%4 (16 elements, at most 4 at once); each element's workers get "
                    "DDL_ARRAY_INDEX (Slurm --array, PBS -J)");
+  app_->add_option("--exclude", f.exclude, "Nodes the job must not get, e.g. nid001234,nid[002000-002003] (Slurm --exclude)")
+      ->check(not_empty());
   app_->add_flag("--dry-run", f.dry_run, "Print the script instead of submitting it");
   app_->add_flag("--wait", f.wait, "Follow the job until it ends, then show its output's tail; exit with its code");
   app_->add_option("--wait-timeout", f.wait_timeout, "Give up following after this many seconds (default: no limit)")
@@ -110,6 +114,7 @@ int SubmitCommand::execute(const std::optional<std::vector<std::string>>& progra
     job.max_requeues = f.max_requeues;
   }
   if (!f.array.empty()) job.array = f.array;
+  if (!f.exclude.empty()) job.exclude = f.exclude;
   job.command = program ? *program : app_->remaining();
   const std::vector<std::string> stray = program ? app_->remaining() : std::vector<std::string>{};
   if (!stray.empty() || (!program && !job.command.empty() && job.command.front().starts_with("-")))

@@ -19,6 +19,7 @@
 #include "common/worker_contract.hpp"
 #include "launcher/gpu_inventory.hpp"
 #include "launcher/host.hpp"
+#include "launcher/host_exclusion.hpp"
 #include "launcher/nccl_network.hpp"
 #include "launcher/port_reservation.hpp"
 #include "launcher/program_separators.hpp"
@@ -53,7 +54,24 @@ struct AllocationShape {
   int gpus_per_node = 0;
   int cpus_per_node = 1;
   std::vector<int> tasks_per_node;  // what the allocation asked srun to start on each node, if known
+  bool hosts_excluded = false;      // --exclude left some of the allocation's nodes out of `hosts`
 };
+
+// The allocation's nodes less those --exclude names (Slurm's node ranges expanded by Slurm).
+void leave_out_excluded(AllocationShape& shape, const backends::Allocation& allocation, const RunRequest& request,
+                        const std::function<void(const std::string&)>& log) {
+  if (request.exclude.empty()) return;
+  const bool slurm = allocation.scheduler == Scheduler::Slurm;
+  const HostExclusion exclusion(request.exclude, slurm ? HostExclusion::RangeExpander(backends::slurm::expand_hostlist) : nullptr);
+  const auto left = exclusion.hosts_left(
+      shape.hosts, fmt::format("{} job {}'s nodes", backends::scheduler_name(allocation.scheduler), allocation.job_id), log);
+  std::vector<int> tasks_left;
+  for (size_t i = 0; i < shape.hosts.size() && i < shape.tasks_per_node.size(); ++i)
+    if (!exclusion.covers(shape.hosts[i])) tasks_left.push_back(shape.tasks_per_node[i]);
+  shape.hosts_excluded = left.size() < shape.hosts.size();
+  shape.hosts = left;
+  shape.tasks_per_node = tasks_left;
+}
 
 AllocationShape shape_of(const backends::Allocation& allocation, const Environment& env) {
   AllocationShape shape;
@@ -92,7 +110,8 @@ WorldPlan plan_in_allocation(const RunRequest& request, const backends::Allocati
   const int nodes = static_cast<int>(shape.hosts.size());
   const char* scheduler = backends::scheduler_name(allocation.scheduler);
   if (launch.num_nodes && *launch.num_nodes > nodes)
-    throw UsageError(fmt::format("-N {} but {} job {} holds {} node(s)", *launch.num_nodes, scheduler, allocation.job_id, nodes),
+    throw UsageError(fmt::format("-N {} but {} job {} holds {} node(s){}", *launch.num_nodes, scheduler, allocation.job_id, nodes,
+                                 shape.hosts_excluded ? " besides those --exclude leaves out" : ""),
                      fmt::format("use -N {} or fewer, or ask the scheduler for more nodes", nodes));
   if (launch.gpus_per_node && *launch.gpus_per_node > shape.gpus_per_node && !launch.share_gpus)
     throw UsageError(fmt::format("--gpus-per-node {} but {} job {} gives {} GPU(s) per node", *launch.gpus_per_node, scheduler,
@@ -173,6 +192,8 @@ PreparedLaunch launch_command(const RunRequest& request, TaskLauncher launcher, 
   layout.num_nodes = plan.num_nodes;
   layout.tasks_per_node = plan.workers_per_node;
   layout.cpus_per_task = cpus_per_task(request, plan, shape);
+  // Named only when --exclude left nodes out: the launcher's own choice is the allocation's first nodes.
+  if (shape.hosts_excluded) layout.hosts.assign(shape.hosts.begin(), shape.hosts.begin() + plan.num_nodes);
   // --relay: each task's unfinished lines reach ddl run, which srun, mpiexec and mpirun would hold.
   layout.task_command = {this_executable(), "exec", "--relay", "--grace-period",
                          fmt::format("{}", static_cast<double>(request.supervision.grace_period.count()) / 1000)};
@@ -279,7 +300,8 @@ RunOutcome run_in_allocation(const RunRequest& request, const backends::Allocati
   if (request.command.empty()) throw UsageError("no program to run", "put the program after --: ddl run -- python train.py");
   Supervisor supervisor(request.supervision);  // before any thread (the store) starts
 
-  const AllocationShape shape = shape_of(allocation, env);
+  AllocationShape shape = shape_of(allocation, env);
+  leave_out_excluded(shape, allocation, request, log);
   const WorldPlan plan = plan_in_allocation(request, allocation, shape);
   // NCCL falling back to TCP between nodes is silent and costly: said before anything starts.
   if (plan.gpu_workers && plan.num_nodes > 1)

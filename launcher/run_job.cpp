@@ -9,6 +9,7 @@
 #include "launcher/allocation_run.hpp"
 #include "launcher/gpu_inventory.hpp"
 #include "launcher/host.hpp"
+#include "launcher/host_exclusion.hpp"
 #include "launcher/port_reservation.hpp"
 #include "launcher/remote_run.hpp"
 #include "launcher/store_server.hpp"
@@ -99,7 +100,10 @@ RunOutcome run_once(const RunRequest& request, const Environment& env, const std
     if (request.launcher != TaskLauncher::Auto && request.launcher != TaskLauncher::Local)
       throw UsageError("-H/--hostfile starts workers through the remote shell, and --launcher names another launcher",
                        "drop --launcher, or drop -H/--hostfile to use the allocation's launcher");
-    return run_on_hosts(request, env, log);
+    if (request.exclude.empty()) return run_on_hosts(request, env, log);
+    RunRequest on_hosts_left = request;
+    on_hosts_left.hosts = HostExclusion(request.exclude, nullptr).hosts_left(request.hosts, "the hosts of -H/--hostfile", log);
+    return run_on_hosts(on_hosts_left, env, log);
   }
   const backends::Allocation allocation = backends::detect_allocation(env);
   const bool in_allocation = allocation.scheduler != backends::Scheduler::None;
@@ -107,6 +111,11 @@ RunOutcome run_once(const RunRequest& request, const Environment& env, const std
   if (request.launcher != TaskLauncher::Local && request.launcher != TaskLauncher::Auto)
     throw UsageError("--launcher srun/mpirun/pals needs a Slurm or PBS allocation, and this shell is not inside one",
                      "drop --launcher to start the workers on this machine, or run inside salloc/sbatch/qsub");
+  if (!request.exclude.empty())
+    throw UsageError(
+        "--exclude leaves hosts out of a run on several (-H/--hostfile, or a Slurm or PBS allocation), and this run "
+        "is on this machine alone",
+        "drop --exclude, or give the hosts with -H/--hostfile");
   require_single_node(request.launch);
   if (request.command.empty()) throw UsageError("no program to run", "put the program after --: ddl run -np 4 -- python train.py");
 

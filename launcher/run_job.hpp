@@ -29,6 +29,7 @@ struct RunRequest {
   SupervisorOptions supervision;
   std::vector<HostSlots> hosts;               // -H / --hostfile: run on these hosts over the remote shell
   std::string remote_shell;                   // --rsh: the remote shell command; empty for the default
+  std::string exclude;                        // --exclude: hosts to leave out of -H's or the allocation's (host_exclusion.hpp)
   int max_restarts = 0;                       // --max-restarts: start the workers again after a failure, this many times
   std::optional<RequeuePolicy> requeue;       // --requeue-signal: requeue the Slurm job when its signal ends the run
   std::optional<int> straggler_report_every;  // --report-stragglers: seconds between reports (0: at the end only)

@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "backends/command.hpp"
 #include "common/error.hpp"
@@ -46,6 +47,7 @@ std::vector<std::string> pals_command(const TaskLayout& layout) {
                                    "--cpu-bind",
                                    "depth",
                                    "--label"};
+  if (!layout.hosts.empty()) argv.insert(argv.end(), {"--hosts", fmt::format("{}", fmt::join(layout.hosts, ","))});
   // PALS passes the whole environment by default; --envlist is not used so PATH etc. still go.
   argv.insert(argv.end(), layout.task_command.begin(), layout.task_command.end());
   return argv;
@@ -54,14 +56,15 @@ std::vector<std::string> pals_command(const TaskLayout& layout) {
 std::vector<std::string> openmpi_command(const TaskLayout& layout, const std::string& nodefile, bool as_root) {
   std::vector<std::string> argv = {"mpirun"};
   if (as_root) argv.emplace_back("--allow-run-as-root");
-  const std::vector<std::string> placement = {"-np",
-                                              std::to_string(layout.num_nodes * layout.tasks_per_node),
-                                              "--hostfile",
-                                              nodefile,
-                                              "--map-by",
-                                              fmt::format("ppr:{}:node", layout.tasks_per_node),
-                                              "--bind-to",
-                                              "none",
+  std::vector<std::string> hosts = {"--hostfile", nodefile};
+  if (!layout.hosts.empty()) {
+    std::vector<std::string> with_slots;
+    for (const auto& host : layout.hosts) with_slots.push_back(fmt::format("{}:{}", host, layout.tasks_per_node));
+    hosts = {"--host", fmt::format("{}", fmt::join(with_slots, ","))};
+  }
+  argv.insert(argv.end(), {"-np", std::to_string(layout.num_nodes * layout.tasks_per_node)});
+  argv.insert(argv.end(), hosts.begin(), hosts.end());
+  const std::vector<std::string> placement = {"--map-by",        fmt::format("ppr:{}:node", layout.tasks_per_node), "--bind-to", "none",
                                               "--oversubscribe",  // PBS may list a node fewer times than it runs tasks
                                               "--tag-output"};
   argv.insert(argv.end(), placement.begin(), placement.end());

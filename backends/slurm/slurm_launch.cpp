@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "backends/command.hpp"
 #include "common/error.hpp"
@@ -121,6 +122,7 @@ std::vector<std::string> srun_command(const TaskLayout& layout, const std::strin
                                    // Ranks node by node, as ddl's plan numbers them.
                                    "--distribution=block"};
   if (!mpi_plugin.empty()) argv.push_back("--mpi=" + mpi_plugin);
+  if (!layout.hosts.empty()) argv.push_back(fmt::format("--nodelist={}", fmt::join(layout.hosts, ",")));
   argv.insert(argv.end(), layout.task_command.begin(), layout.task_command.end());
   return argv;
 }

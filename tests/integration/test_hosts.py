@@ -202,6 +202,15 @@ class HostsTest(unittest.TestCase):
             self.assertEqual({r: w["host"] for r, w in workers(result.stdout).items()},
                              {0: "ddlhost1", 1: "ddlhost1", 2: "ddlhost2", 3: "ddlhost2"})
 
+    def test_exclude_leaves_hosts_out_unreached_and_the_run_goes_on_the_others(self):
+        # nosuchhost would fail the run if it were reached; ddlhost1, left out too, is the launching host.
+        result = self.run_on_hosts("--cpu", "-H", "ddlhost1:2,nosuchhost:2,ddlhost2:2", "--exclude", "nosuchhost,ddlhost1")
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        found = workers(result.stdout)
+        self.assertEqual({r: (w["host"], w["WORLD_SIZE"], w["MASTER_ADDR"]) for r, w in found.items()},
+                         {r: ("ddlhost2", "2", "ddlhost2") for r in (0, 1)})
+        self.assertIn("ddl: leaving out 2 of the hosts of -H/--hostfile: running on ddlhost2\n", result.stderr)
+
     def test_np_alone_fills_the_first_host_first(self):
         result = self.run_on_hosts("--cpu", "-H", "ddlhost1:4,ddlhost2:4", "-np", "2")
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
@@ -474,6 +483,10 @@ class HostsTest(unittest.TestCase):
             (["-H", "ddlhost1:2,ddlhost2:1", "-np", "4"], 2, "-np 4 is more than the 3 slots of the hosts"),
             (["-H", "ddlhost1:x"], 2, "-H: 'ddlhost1:x' has no whole slot count"),
             (["-H", "a;rm -rf /:1"], 2, "is not a host name"),
+            (["-H", "ddlhost1:1,ddlhost2:1", "--exclude", "ddlhost1,ddlhost2"], 2,
+             "--exclude ddlhost1,ddlhost2 leaves none of the hosts of -H/--hostfile (ddlhost1,ddlhost2)"),
+            (["-H", "ddlhost1:1", "--exclude", "ddlhost[1-2]"], 2, "--exclude ddlhost[1-2]: a node range is expanded by Slurm"),
+            (["--exclude", "ddlhost2"], 2, "--exclude leaves hosts out of a run on several"),
             # a host that resolves but where nothing answers on the remote shell's port
             (["-H", "ddlhost1:1,ddlhost2:1", "--rsh", "ssh -p 2222"], 255, "cannot reach ddlhost2 through ssh: ssh: connect to host ddlhost2 port 2222: Connection refused"),
             # ssh that offers no key: the host refuses it

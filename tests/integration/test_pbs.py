@@ -26,11 +26,12 @@ def render(*args, program_args=()):
     return result.stdout
 
 
-def run_as_pbs_job(script, workdir, gpus="0,1,2,3", extra_env=None):
-    """Runs `script` with bash as PBS would on the job's first node (this host), with `extra_env` too."""
+def run_as_pbs_job(script, workdir, gpus="0,1,2,3", extra_env=None, other_nodes=()):
+    """Runs `script` with bash as PBS would on the job's first node (this host), with `extra_env` too;
+    `other_nodes` are written into the node file before this host."""
     nodefile = os.path.join(workdir, "nodefile")
     with open(nodefile, "w") as f:
-        f.write(socket.gethostname() + "\n")
+        f.write("".join(f"{node}\n" for node in (*other_nodes, socket.gethostname())))
     path = os.path.join(workdir, "job.sh")
     with open(path, "w") as f:
         f.write(script)
@@ -127,6 +128,27 @@ class PbsScriptsWithoutPbs(unittest.TestCase):
             self.assertEqual(result.returncode, 0, (result.stdout + result.stderr)[-2000:])
             said = {rank: lines for rank, lines in lines_by_rank(result.stdout).items() if rank is not None}
             self.assertEqual(said, {0: ["rank0 says [1,1]<stdout>:FAKE", "normal from 0"], 1: ["quiet", "normal from 1"]})
+
+    def test_a_node_left_out_with_exclude_gets_no_task_from_mpirun(self):
+        # The node file's first node does not exist: mpirun would fail on it, so the run shows it
+        # was left out (mpirun --host this-host:4 instead of the node file).
+        script = render("--site", "sockeye", "-N", "1", "-A", "st-alice-1-gpu", "-t", "00:10:00")
+        job = re.sub(r"( run -N 1 )", r"\1--exclude bad-node-7.pbs-test ", script, count=1)
+        self.assertNotEqual(job, script)
+        with tempfile.TemporaryDirectory() as tmp:
+            result = run_as_pbs_job(job, tmp, other_nodes=("bad-node-7.pbs-test",))
+            self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+            self.assertEqual(sorted(workers(result.stdout)), [0, 1, 2, 3])
+            self.assertIn(f"ddl: leaving out 1 of PBS job 4242.pbs-test's nodes: running on {socket.gethostname()}\n", result.stderr)
+            # Without it the same job's mpirun goes to the bad node first, and fails.
+            failed = run_as_pbs_job(script, tmp, other_nodes=("bad-node-7.pbs-test",))
+            self.assertNotEqual(failed.returncode, 0, failed.stdout)
+        # ddl submit cannot: a PBS select names the nodes a job wants, never those it does not.
+        refused = subprocess.run([DDL, "submit", "--site", "sockeye", "-N", "1", "-A", "st-alice-1-gpu", "-t", "00:10:00", "--exclude",
+                                  "bad-node-7", "--dry-run", "--", "true"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(refused.returncode, 2, refused.stdout + refused.stderr)
+        self.assertIn("ddl: error: --exclude: site 'sockeye' uses PBS, which cannot keep a job off named nodes", refused.stderr)
+        self.assertEqual(refused.stdout, "")
 
     def test_ncpus_that_is_no_count_is_an_error_naming_it_not_threads_by_the_million(self):
         # Read with atoi, NCPUS=99999999999 gave each worker OMP_NUM_THREADS=607876095.

@@ -89,6 +89,26 @@ class Slurm(unittest.TestCase):
         self.assertEqual(result.returncode, 2, result.stderr)
         self.assertIn("-N 2 but Slurm job", result.stderr)
 
+    def test_exclude_of_the_allocation_s_only_node_is_an_error_and_another_name_is_only_said(self):
+        result = self.salloc("run", "--cpu", "--exclude", self.node, "--", "true")
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertRegex(result.stderr, rf"ddl: error: --exclude {self.node} leaves none of Slurm job \d+'s nodes \({self.node}\)")
+        result = self.salloc("run", "--cpu", "-np", "2", "--exclude", "nid[001-002]", "--", "sh", "-c", "echo at $SLURM_NODEID")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertRegex(result.stderr, rf"ddl: --exclude nid001,nid002: not among Slurm job \d+'s nodes \({self.node}\); nothing to "
+                                        "leave out for it")
+        self.assertEqual(sorted(lines_by_rank(result.stdout).items()), [(0, ["at 0"]), (1, ["at 0"])])
+
+    def test_submit_exclude_reaches_slurm_which_keeps_the_job_off_the_node(self):
+        # The cluster has one node: a job kept off it cannot run, and sbatch says so at once.
+        with tempfile.TemporaryDirectory() as tmp:
+            result = self.submit("--site", "slurm", "--exclude", self.node, "--", "true", cwd=tmp)
+            self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
+            self.assertIn("Requested node configuration is not available", result.stderr)
+            dry = self.submit("--site", "slurm", "--exclude", f"{self.node},nid[001-004]", "--dry-run", "--", "true", cwd=tmp)
+            self.assertEqual(dry.returncode, 0, dry.stderr)
+            self.assertIn(f"#SBATCH --exclude={self.node},nid[001-004]\n", dry.stdout)
+
     def test_a_step_srun_cannot_start_is_reported_as_srun_s_failure(self):
         result = self.salloc("run", "--cpus-per-task", "100000", "--", "true")
         self.assertNotEqual(result.returncode, 0)

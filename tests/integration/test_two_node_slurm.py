@@ -151,6 +151,26 @@ class TwoNodeSlurm(unittest.TestCase):
                       if re.search(r"srun|ntasks", line, re.IGNORECASE) and not line.startswith("salloc:")]
         self.assertEqual(complaints, [])
 
+    def test_exclude_keeps_the_workers_off_a_node_and_the_run_goes_on_the_other(self):
+        # The node left out is the first one, where ddl run itself runs and hosts the store: node 0
+        # of the run is then ddlhost2, and its workers reach the store back on ddlhost1.
+        result = self.salloc(["--ntasks-per-node", "2"], "--cpu", "--exclude", "ddlhost[1]", "--", PYTHON, "-c", WORKER,
+                             self.marker, "exit")
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        found = workers(result.stdout)
+        self.assertEqual({r: (w["host"], w["WORLD_SIZE"], w["DDL_NUM_NODES"], w["MASTER_ADDR"]) for r, w in found.items()},
+                         {r: ("ddlhost2", "2", "1", "ddlhost2") for r in (0, 1)})
+        self.assertRegex(result.stderr, r"ddl: leaving out 1 of Slurm job \d+'s nodes: running on ddlhost2\n")
+        result = self.salloc(["--ntasks-per-node", "2"], "--cpu", "--exclude", "ddlhost1", "--", CHECKS, "world", timeout=300)
+        self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
+        lines = lines_by_rank(result.stdout)
+        for rank in (0, 1):
+            self.assertIn(f"world rank {rank} size 2 local {rank}/2 node 0", lines.get(rank, []))
+            self.assertTrue(any(line.startswith("PASS") for line in lines[rank]), lines[rank])
+        result = self.salloc([], "-N", "2", "--cpu", "--exclude", "ddlhost2", "--", "true")
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertRegex(result.stderr, r"ddl: error: -N 2 but Slurm job \d+ holds 1 node\(s\) besides those --exclude leaves out")
+
     def test_libddl_bootstraps_through_pmix_on_both_nodes_without_ddl_run(self):
         # No ddl run, so no store: the workers find each other through Slurm's PMIx servers alone.
         result = self.on_ddlhost1("salloc", "-N", "2", "--ntasks-per-node", "2", "srun", "--mpi=pmix", CHECKS, "world",

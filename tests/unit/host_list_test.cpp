@@ -1,6 +1,7 @@
 #include <doctest/doctest.h>
 
 #include "common/error.hpp"
+#include "launcher/host_exclusion.hpp"
 #include "launcher/host_list.hpp"
 #include "launcher/remote_job.hpp"
 #include "launcher/remote_run.hpp"
@@ -205,4 +206,38 @@ TEST_CASE("the job a remote host's agent reads round-trips, and the launching ho
   std::string wrong = encode_remote_job(job);
   wrong.replace(wrong.find("[4,2]"), 5, "[4,0]");
   CHECK_THROWS_AS(decode_remote_job(wrong), ddl::Error);
+}
+
+TEST_CASE("--exclude: names and short names left out in order, unknown names said, none left an error") {
+  std::vector<std::string> notes;
+  auto note = [&](const std::string& line) { notes.push_back(line); };
+  const HostExclusion exclusion("nid002,nid009.chn.site.gov", nullptr);
+  CHECK(exclusion.covers("nid002"));
+  CHECK(exclusion.covers("nid002.chn.site.gov"));
+  CHECK(exclusion.covers("nid009"));
+  CHECK_FALSE(exclusion.covers("nid0021"));
+  const std::vector<std::string> hosts{"nid001.chn.site.gov", "nid002.chn.site.gov", "nid003.chn.site.gov"};
+  CHECK(exclusion.hosts_left(hosts, "the hosts", note) == std::vector<std::string>{"nid001.chn.site.gov", "nid003.chn.site.gov"});
+  REQUIRE(notes.size() == 2);
+  CHECK(notes[0] ==
+        "--exclude nid009.chn.site.gov: not among the hosts (nid001.chn.site.gov,nid002.chn.site.gov,nid003.chn.site.gov); "
+        "nothing to leave out for it");
+  CHECK(notes[1] == "leaving out 1 of the hosts: running on nid001.chn.site.gov,nid003.chn.site.gov");
+
+  const std::vector<HostSlots> slots{{"a", 4}, {"b", 2}, {"c", 8}};
+  CHECK(pairs(HostExclusion("b", nullptr).hosts_left(slots, "-H's hosts", nullptr)) == Pairs{{"a", 4}, {"c", 8}});
+  CHECK(usage_error_of([&] { HostExclusion("a,b,c", nullptr).hosts_left(slots, "-H's hosts", nullptr); }) ==
+        "--exclude a,b,c leaves none of -H's hosts (a,b,c)");
+}
+
+TEST_CASE("--exclude: a Slurm node range needs Slurm to expand it; empty names are refused") {
+  CHECK(usage_error_of([] { HostExclusion("nid[001-003]", nullptr); }) ==
+        "--exclude nid[001-003]: a node range is expanded by Slurm, and this run is not in a Slurm job");
+  const HostExclusion expanded("nid[001-002]", [](const std::string& range) {
+    CHECK(range == "nid[001-002]");
+    return std::vector<std::string>{"nid001", "nid002"};
+  });
+  CHECK(expanded.names() == std::vector<std::string>{"nid001", "nid002"});
+  CHECK(usage_error_of([] { HostExclusion("a,,b", nullptr); }) == "--exclude 'a,,b': an empty or blank host name");
+  CHECK(usage_error_of([] { HostExclusion("a,", nullptr); }) == "--exclude 'a,': an empty or blank host name");
 }

@@ -1,6 +1,7 @@
 // The launch lines and output formats of srun, Cray PALS mpiexec and OpenMPI mpirun.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <fstream>
@@ -237,4 +238,21 @@ TEST_CASE("the PBS node file: 300,000 distinct hosts are read in one pass") {
   REQUIRE(hosts.size() == 300000);
   CHECK(hosts.front() == "n0");
   CHECK(hosts.back() == "n299999");
+}
+
+TEST_CASE("nodes named after --exclude: srun --nodelist, PALS --hosts, mpirun --host with slots") {
+  TaskLayout layout = two_by_four();
+  layout.hosts = {"nid002", "nid004"};
+  const auto srun = slurm::srun_command(layout, "");
+  CHECK(std::count(srun.begin(), srun.end(), "--nodelist=nid002,nid004") == 1);
+  CHECK(std::find(srun.begin(), srun.end(), "--nodelist=nid002,nid004") < std::find(srun.begin(), srun.end(), "/opt/ddl/bin/ddl"));
+  const auto pals = pbs::pals_command(layout);
+  const auto hosts = std::find(pals.begin(), pals.end(), "--hosts");
+  REQUIRE(hosts != pals.end());
+  CHECK(*(hosts + 1) == "nid002,nid004");
+  CHECK(hosts < std::find(pals.begin(), pals.end(), "/opt/ddl/bin/ddl"));
+  const auto mpirun = pbs::openmpi_command(layout, "/var/spool/pbs/aux/1.pbs", false);
+  const std::vector<std::string> placement(mpirun.begin(), mpirun.begin() + 5);
+  CHECK(placement == std::vector<std::string>{"mpirun", "-np", "8", "--host", "nid002:4,nid004:4"});
+  CHECK(std::find(mpirun.begin(), mpirun.end(), "--hostfile") == mpirun.end());
 }
