@@ -1,7 +1,10 @@
 #include "backends/job_script.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 #include <regex>
 #include <set>
 
@@ -202,13 +205,25 @@ void check_array(const SiteProfile& site, const std::string& spec) {
 // Slurm: host names and node ranges. PBS has no way to keep a job off named nodes (a select names
 // the hosts it wants, never the ones it does not), so there it is refused.
 void check_exclude(const SiteProfile& site, const std::string& hosts) {
-  static const std::regex slurm_hosts(
-      R"([A-Za-z0-9._\-]+(\[[0-9,\-]+\][A-Za-z0-9._\-]*)*(,[A-Za-z0-9._\-]+(\[[0-9,\-]+\][A-Za-z0-9._\-]*)*)*)");
   if (site.scheduler != Scheduler::Slurm)
     throw UsageError(fmt::format("--exclude: site '{}' uses PBS, which cannot keep a job off named nodes", site.name),
                      "ask for the nodes you need and leave bad ones out inside the job: --exclude on the script's ddl run line "
                      "(with a spare node), or ask the site to take the node offline");
-  if (hosts.size() > 4096 || !std::regex_match(hosts, slurm_hosts))
+  // Slurm reads a value with '/' as a file of node names (a site's list of bad nodes).
+  if (hosts.find('/') != std::string::npos) {
+    if (hosts.find('\n') != std::string::npos || ::access(hosts.c_str(), R_OK) != 0)
+      throw UsageError(fmt::format("--exclude {}: Slurm reads a value with '/' as a file of node names, and this is not a readable file",
+                                   hosts.substr(0, 256)),
+                       "give the file's path, or the nodes: --exclude nid001234,nid[002000-002003]");
+    return;
+  }
+  if (hosts.size() > 65536)
+    throw UsageError(fmt::format("--exclude: a list of {} characters is too long for a directive", hosts.size()),
+                     "put the nodes in a file, one per line, and give its path: --exclude ./bad-nodes");
+  // The characters of host names and node ranges; Slurm itself reads the list when the job is submitted.
+  const auto host_list_character = [](unsigned char c) { return std::isalnum(c) || std::strchr("._-,[]", c) != nullptr; };
+  if (hosts.empty() || hosts.front() == ',' || hosts.back() == ',' || hosts.find(",,") != std::string::npos ||
+      !std::all_of(hosts.begin(), hosts.end(), host_list_character))
     throw UsageError(fmt::format("--exclude '{}' is not a Slurm node list", hosts.substr(0, 64)),
                      "give host names or node ranges separated by commas, e.g. --exclude nid001234,nid[002000-002003]");
 }
@@ -236,7 +251,8 @@ void slurm_directives(const SiteProfile& site, const std::map<std::string, std::
     d.emplace_back("--open-mode=append");  // each start's output goes on in the same file
   }
   if (job.array) d.push_back("--array=" + *job.array);
-  if (job.exclude) d.push_back("--exclude=" + *job.exclude);
+  if (job.exclude)  // a node list as it is (check_exclude allows no character a directive would need quoted), a file as a word
+    d.push_back("--exclude=" + (job.exclude->find('/') != std::string::npos ? slurm_directive_word(*job.exclude) : *job.exclude));
 }
 
 // Slurm's time forms as PBS's HH:MM:SS: PBS reads a bare "30" as seconds and refuses days.

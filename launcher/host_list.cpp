@@ -18,14 +18,6 @@ namespace {
 
 constexpr int kMostSlots = 1 << 20;
 
-// Letters, digits, '.', '-', '_' and ':' of IPv6 in brackets are all a host name may hold here;
-// anything else would reach the remote shell's command line.
-bool valid_host_name(std::string_view name) {
-  if (name.empty() || name.size() > 253 || name.front() == '-') return false;
-  return std::all_of(name.begin(), name.end(),
-                     [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_'; });
-}
-
 std::optional<int> slot_count(std::string_view text) {
   int n = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
@@ -65,6 +57,12 @@ HostSlots host_and_slots(const std::string& entry, const std::string& where, con
 }
 
 }  // namespace
+
+bool valid_host_name(std::string_view name) {
+  if (name.empty() || name.size() > 253 || name.front() == '-') return false;
+  return std::all_of(name.begin(), name.end(),
+                     [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_'; });
+}
 
 std::vector<HostSlots> parse_host_flag(const std::string& value) {
   std::vector<HostSlots> hosts;

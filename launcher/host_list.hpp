@@ -2,9 +2,14 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace ddl::launcher {
+
+// Letters, digits, '.', '-' and '_', not starting with '-': all a host name may hold here, since
+// anything else would reach the remote shell's command line.
+bool valid_host_name(std::string_view name);
 
 struct HostSlots {
   std::string name;

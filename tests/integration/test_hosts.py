@@ -485,7 +485,7 @@ class HostsTest(unittest.TestCase):
             (["-H", "a;rm -rf /:1"], 2, "is not a host name"),
             (["-H", "ddlhost1:1,ddlhost2:1", "--exclude", "ddlhost1,ddlhost2"], 2,
              "--exclude ddlhost1,ddlhost2 leaves none of the hosts of -H/--hostfile (ddlhost1,ddlhost2)"),
-            (["-H", "ddlhost1:1", "--exclude", "ddlhost[1-2]"], 2, "--exclude ddlhost[1-2]: a node range is expanded by Slurm"),
+            (["-H", "ddlhost1:1", "--exclude", "ddlhost[1-2]"], 2, "--exclude ddlhost[1-2]: a node range is read by Slurm for the nodes of a Slurm allocation only"),
             (["--exclude", "ddlhost2"], 2, "--exclude leaves hosts out of a run on several"),
             # a host that resolves but where nothing answers on the remote shell's port
             (["-H", "ddlhost1:1,ddlhost2:1", "--rsh", "ssh -p 2222"], 255, "cannot reach ddlhost2 through ssh: ssh: connect to host ddlhost2 port 2222: Connection refused"),

@@ -98,6 +98,7 @@ class Slurm(unittest.TestCase):
         self.assertRegex(result.stderr, rf"ddl: --exclude nid001,nid002: not among Slurm job \d+'s nodes \({self.node}\); nothing to "
                                         "leave out for it")
         self.assertEqual(sorted(lines_by_rank(result.stdout).items()), [(0, ["at 0"]), (1, ["at 0"])])
+        self.assertNotIn("leaving out", result.stderr)  # nothing was: srun chose the nodes as without --exclude
 
     def test_submit_exclude_reaches_slurm_which_keeps_the_job_off_the_node(self):
         # The cluster has one node: a job kept off it cannot run, and sbatch says so at once.

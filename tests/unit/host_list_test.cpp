@@ -1,4 +1,5 @@
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include "common/error.hpp"
 #include "launcher/host_exclusion.hpp"
@@ -230,14 +231,36 @@ TEST_CASE("--exclude: names and short names left out in order, unknown names sai
         "--exclude a,b,c leaves none of -H's hosts (a,b,c)");
 }
 
-TEST_CASE("--exclude: a Slurm node range needs Slurm to expand it; empty names are refused") {
+TEST_CASE("--exclude: a Slurm node range needs Slurm to expand it; names are checked, addresses match only themselves") {
   CHECK(usage_error_of([] { HostExclusion("nid[001-003]", nullptr); }) ==
-        "--exclude nid[001-003]: a node range is expanded by Slurm, and this run is not in a Slurm job");
+        "--exclude nid[001-003]: a node range is read by Slurm for the nodes of a Slurm allocation only");
   const HostExclusion expanded("nid[001-002]", [](const std::string& range) {
     CHECK(range == "nid[001-002]");
     return std::vector<std::string>{"nid001", "nid002"};
   });
   CHECK(expanded.names() == std::vector<std::string>{"nid001", "nid002"});
-  CHECK(usage_error_of([] { HostExclusion("a,,b", nullptr); }) == "--exclude 'a,,b': an empty or blank host name");
-  CHECK(usage_error_of([] { HostExclusion("a,", nullptr); }) == "--exclude 'a,': an empty or blank host name");
+  CHECK(usage_error_of([] {
+          HostExclusion("nid[001-", [](const std::string&) -> std::vector<std::string> { throw ddl::Error("scontrol: bad", "hint"); });
+        }) == "--exclude nid[001-: not a Slurm node list (scontrol: bad)");
+  CHECK(usage_error_of([] { HostExclusion("a,,b", nullptr); }) == "--exclude 'a,,b': '' is not a host name");
+  CHECK(usage_error_of([] { HostExclusion("a,", nullptr); }) == "--exclude 'a,': '' is not a host name");
+  CHECK(usage_error_of([] { HostExclusion("a;rm -rf /", nullptr); }) == "--exclude 'a;rm -rf /': 'a;rm -rf /' is not a host name");
+  CHECK(usage_error_of([] { HostExclusion("node7:4", nullptr); }) == "--exclude node7:4: a host name, without -H's slot count");
+  CHECK(HostExclusion("a, b", nullptr).names() == std::vector<std::string>{"a", "b"});
+  // 10.0.0.1's "short name" is not 10: an address is one host.
+  const HostExclusion address("10.0.0.2", nullptr);
+  CHECK_FALSE(address.covers("10.0.0.1"));
+  CHECK(address.covers("10.0.0.2"));
+  CHECK(address.hosts_left({"10.0.0.1", "10.0.0.2", "10.0.0.3"}, "the hosts", nullptr) == std::vector<std::string>{"10.0.0.1", "10.0.0.3"});
+}
+
+TEST_CASE("--exclude: what is said of thousands of nodes is the first few and a count") {
+  std::vector<std::string> hosts;
+  for (int i = 0; i < 5000; ++i) hosts.push_back(fmt::format("nid{:06}", i));
+  std::vector<std::string> notes;
+  HostExclusion("nid000000", nullptr).hosts_left(hosts, "the nodes", [&](const std::string& line) { notes.push_back(line); });
+  REQUIRE(notes.size() == 1);
+  CHECK(notes[0] ==
+        "leaving out 1 of the nodes: running on nid000001,nid000002,nid000003,nid000004,nid000005,nid000006,nid000007,"
+        "nid000008,... (4999 in all)");
 }

@@ -141,6 +141,33 @@ TEST_CASE("each site's rules are one usage error naming the rule and the fix") {
                        ddl::UsageError);
 }
 
+TEST_CASE("--exclude: Slurm's directive with names and ranges; anything else, or a PBS site, is refused") {
+  JobRequest slurm_job = job({{"account", "m1_g"}});
+  slurm_job.exclude = "nid001234,nid[002000-002003]";
+  CHECK(render_job_script(load_site("perlmutter"), slurm_job).text.find("#SBATCH --exclude=nid001234,nid[002000-002003]\n") !=
+        std::string::npos);
+  for (const char* bad : {"a b", "x;rm -rf ~", ",a", "a,", "a,,b", "$(id)"}) {
+    slurm_job.exclude = bad;
+    CHECK_THROWS_WITH_AS(render_job_script(load_site("perlmutter"), slurm_job), doctest::Contains("is not a Slurm node list"),
+                         ddl::UsageError);
+  }
+  slurm_job.exclude = std::string(100000, 'a');
+  CHECK_THROWS_WITH_AS(render_job_script(load_site("perlmutter"), slurm_job),
+                       doctest::Contains("--exclude: a list of 100000 characters is too long for a directive"), ddl::UsageError);
+  // Slurm's file form: a readable file, or an error naming it.
+  slurm_job.exclude = DDL_SOURCE_ROOT "/README.md";
+  CHECK(render_job_script(load_site("perlmutter"), slurm_job).text.find("#SBATCH --exclude=" DDL_SOURCE_ROOT "/README.md\n") !=
+        std::string::npos);
+  slurm_job.exclude = "/nonexistent/bad-nodes";
+  CHECK_THROWS_WITH_AS(render_job_script(load_site("perlmutter"), slurm_job),
+                       doctest::Contains("--exclude /nonexistent/bad-nodes: Slurm reads a value with '/' as a file of node names"),
+                       ddl::UsageError);
+  JobRequest pbs_job = job({{"account", "st-a-1-gpu"}});
+  pbs_job.exclude = "node7";
+  CHECK_THROWS_WITH_AS(render_job_script(load_site("sockeye"), pbs_job),
+                       doctest::Contains("--exclude: site 'sockeye' uses PBS, which cannot keep a job off named nodes"), ddl::UsageError);
+}
+
 TEST_CASE("--requeue: Slurm's signal goes to ddl run, which requeues; PBS gets a rerunnable job") {
   UserSites none({});
   JobRequest requeue = job({{"nodes", "1"}, {"gpus_per_node", "4"}});
