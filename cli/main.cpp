@@ -16,6 +16,7 @@
 #include "cli/exec_command.hpp"
 #include "cli/job_commands.hpp"
 #include "cli/jupyter_command.hpp"
+#include "cli/preflight_probe_command.hpp"
 #include "cli/run_command.hpp"
 #include "cli/sites_command.hpp"
 #include "cli/submit_command.hpp"
@@ -217,6 +218,7 @@ int run_ddl(int argc, char** argv) {
   ddl::cli::JupyterCommand jupyter(app);
   ddl::cli::CheckBuildCommand check_build(app);
   ddl::cli::AgentCommand agent(app);
+  ddl::cli::PreflightProbeCommand preflight_probe(app);
 
   const SplitArguments split = split_arguments(app, argc, argv);
   std::optional<std::vector<std::string>> program;
@@ -245,6 +247,7 @@ int run_ddl(int argc, char** argv) {
     if (jupyter.selected()) return jupyter.execute();
     if (check_build.selected()) return check_build.execute();
     if (agent.selected()) return agent.execute();
+    if (preflight_probe.selected()) return preflight_probe.execute();
   } catch (const ddl::Error& e) {
     print_error(e.what(), e.hint());
     return exit_status_for(e);

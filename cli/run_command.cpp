@@ -102,6 +102,7 @@ struct RunFlags {
   std::string gpu_order = "as-listed";
   std::string mpi = "auto";
   std::string hosts, hostfile, rsh, exclude;
+  std::string preflight;
   std::string torch_backend;
 };
 
@@ -194,6 +195,10 @@ RunCommand::RunCommand(CLI::App& app) : flags_(std::make_shared<RunFlags>()) {
                    "Leave these hosts out (node1,node7; a Slurm node range inside Slurm): of -H/--hostfile's, or of the "
                    "allocation's nodes")
       ->check(not_empty());
+  app_->add_option("--preflight", f.preflight,
+                   "Before the program, probe every worker's place (a CUDA context on its GPU, libddl's allreduce among all "
+                   "ranks) and stop, naming each host that failed and why; with 'exclude', leave those hosts out instead")
+      ->expected(0, 1);
   app_->add_option("--gpu-order", f.gpu_order, "as-listed, or reverse: local rank 0 gets the node's last GPU (Polaris)")
       ->check(CLI::IsMember({"as-listed", "reverse"}))
       ->capture_default_str();
@@ -227,6 +232,12 @@ int RunCommand::execute(const std::optional<std::vector<std::string>>& program) 
   if (!f.rsh.empty() && request.hosts.empty()) throw UsageError("--rsh is for -H/--hostfile", "add -H host1:4,host2:4, or drop --rsh");
   request.remote_shell = f.rsh;
   request.exclude = f.exclude;
+  if (app_->count("--preflight") > 0) {
+    if (!f.preflight.empty() && f.preflight != "exclude")
+      throw UsageError(fmt::format("--preflight {}: not a preflight mode", f.preflight),
+                       "give --preflight alone (stop when a probe fails) or --preflight exclude (leave failed hosts out)");
+    request.preflight = f.preflight == "exclude" ? launcher::PreflightMode::Exclude : launcher::PreflightMode::Check;
+  }
   request.max_restarts = f.max_restarts;
   request.torch_backend = f.torch_backend;
   request.launcher = f.launcher == "local"    ? launcher::TaskLauncher::Local

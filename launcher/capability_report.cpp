@@ -18,6 +18,7 @@
 #include "ddl/build_features.hpp"
 #include "launcher/gpu_inventory.hpp"
 #include "launcher/host.hpp"
+#include "launcher/libddl_location.hpp"
 #include "launcher/nccl_network.hpp"
 
 namespace ddl::launcher {
@@ -62,15 +63,8 @@ struct RuntimeNccl {
 
 RuntimeNccl ask_libddl_for_nccl(const Environment& env) {
   RuntimeNccl answer;
-  const auto bin = std::filesystem::path(this_executable()).parent_path();
-  std::vector<std::string> candidates;
-  if (auto explicit_path = lookup(env, "DDL_LIBRARY"); explicit_path && !explicit_path->empty())
-    candidates.push_back(*explicit_path);  // as ddl's Python package honours it
-  else
-    candidates = {(bin / ".." / "lib" / DDL_LIBDDL_SONAME).lexically_normal().string(),       // PREFIX/bin/ddl, PREFIX/lib
-                  (bin / ".." / "runtime" / DDL_LIBDDL_SONAME).lexically_normal().string()};  // the build tree
   std::vector<std::string> failures;
-  for (const auto& path : candidates) {
+  for (const auto& path : libddl_candidates(env)) {
     void* libddl = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (libddl == nullptr) {
       const char* why = ::dlerror();

@@ -1,6 +1,12 @@
 #include "launcher/run_job.hpp"
 
+#include <stdlib.h>
+
+#include <algorithm>
+#include <filesystem>
+
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "backends/allocation.hpp"
 #include "common/error.hpp"
@@ -59,6 +65,89 @@ std::optional<std::string> array_index(const Environment& env) {
   return std::nullopt;
 }
 
+// The hosts of `found` that failed, each with its reason, on one line.
+std::string failed_hosts_said(const PreflightFindings& found) {
+  std::vector<std::string> said;
+  for (const auto& [host, why] : found.failed_hosts) said.push_back(fmt::format("{} ({})", host, why));
+  return fmt::format("{}", fmt::join(said, "; "));
+}
+
+struct ProbeRun {
+  RunOutcome outcome;
+  PreflightFindings found;
+};
+
+// The probes of `stage` in the workers' places: the same hosts, launcher and counts as the program
+// would get, their output to a folder of their own instead of the terminal.
+ProbeRun run_probes(const RunRequest& request, ProbeStage stage, const Environment& env,
+                    const std::function<void(const std::string&)>& log) {
+  RunRequest probe = request;
+  probe.command = {this_executable(), "preflight-probe"};
+  if (stage == ProbeStage::AmongAll) probe.command.emplace_back("--among-all");
+  probe.max_restarts = 0;
+  probe.supervision.finish_on.reset();
+  probe.supervision.shown_ranks = RankSelection::none();
+  probe.supervision.hang_timeout.reset();
+  std::string dir = (std::filesystem::temp_directory_path() / "ddl-preflight-XXXXXX").string();
+  if (::mkdtemp(dir.data()) == nullptr)
+    throw Error(fmt::format("cannot make a folder for the preflight probes' output in {}", dir), "check TMPDIR");
+  struct Removed {
+    std::string dir;
+    ~Removed() { std::filesystem::remove_all(dir); }
+  } removed{dir};
+  probe.supervision.output_dir = dir;
+  Environment probe_env = env;
+  probe_env[contract::kTimeout.name] = "60";  // a rank that never comes is a failure in a minute, not a hang
+  ProbeRun run{run_once(probe, probe_env, log), {}};
+  run.found = read_probe_outputs(dir);
+  const auto& failure = run.outcome.failure;
+  if (failure && failure->rank >= 0 && !failure->host.empty()) run.found.failed_hosts.emplace(failure->host, what_failed(*failure));
+  if (run.found.failed_hosts.empty() && !run.outcome.interrupted_by && (!run.found.ranks_unheard.empty() || failure))
+    throw Error(fmt::format("preflight: the probes did not all report ({}ranks without a verdict: {})",
+                            failure ? what_failed(*failure) + "; " : "", fmt::join(run.found.ranks_unheard, ",")),
+                "run again; if it happens again, `ddl run ... -- true` shows what fails");
+  return run;
+}
+
+// --preflight: each worker's place checks its own GPU and libddl; where those passed, libddl's
+// allreduce runs among all the ranks. Every probe passed: the run goes on as asked. A host failed
+// its own: an error naming it and why, or with --preflight exclude the request leaves it out
+// (when another host passed). The allreduce failed: an error, since no one host is to blame.
+// Returns a probe run's outcome when a signal stopped it.
+std::optional<RunOutcome> run_preflight(RunRequest& request, const Environment& env, const std::function<void(const std::string&)>& log) {
+  log("preflight: probing every worker's place: its GPU and libddl, then libddl's allreduce among all ranks");
+  // To leave a host out, the spare ones must be known good: every host is probed, not only -N's.
+  RunRequest every_host = request;
+  if (request.preflight == PreflightMode::Exclude) {
+    every_host.launch.num_nodes.reset();
+    if (!every_host.launch.workers_per_node && !every_host.launch.gpus_per_node) every_host.launch.total_workers.reset();
+  }
+  ProbeRun own = run_probes(every_host, ProbeStage::OnEachHost, env, log);
+  if (own.outcome.interrupted_by) return own.outcome;
+  if (!own.found.failed_hosts.empty()) {
+    std::vector<std::string> hosts;
+    for (const auto& [host, why] : own.found.failed_hosts) hosts.push_back(host);
+    const std::string listed = fmt::format("{}", fmt::join(hosts, ","));
+    const bool another_host_passed = std::any_of(own.found.hosts_passed.begin(), own.found.hosts_passed.end(),
+                                                 [&](const std::string& host) { return own.found.failed_hosts.count(host) == 0; });
+    if (request.preflight != PreflightMode::Exclude || !another_host_passed)
+      throw Error(
+          fmt::format("preflight: {} host(s) failed, so the program was not started: {}", hosts.size(), failed_hosts_said(own.found)),
+          another_host_passed ? fmt::format("leave them out: --exclude {} (or --preflight exclude, with nodes to spare)", listed)
+                              : std::string("fix what it names, or run on other nodes"));
+    log(fmt::format("preflight: leaving out {} host(s) that failed: {}", hosts.size(), failed_hosts_said(own.found)));
+    request.exclude = request.exclude.empty() ? listed : request.exclude + "," + listed;
+  }
+  ProbeRun among = run_probes(request, ProbeStage::AmongAll, env, log);
+  if (among.outcome.interrupted_by) return among.outcome;
+  if (!among.found.failed_hosts.empty())
+    throw Error(fmt::format("preflight: libddl's allreduce among the ranks failed, so the program was not started: {}",
+                            failed_hosts_said(among.found)),
+                "check the network between the hosts (a rank's host name must resolve and its ports be reachable from the others)");
+  log(fmt::format("preflight: {} rank(s) on {} host(s) passed", among.found.ranks_passed, among.found.hosts_passed.size()));
+  return std::nullopt;
+}
+
 }  // namespace
 
 RunOutcome run_job(const RunRequest& request, const Environment& launcher_env, const std::function<void(const std::string&)>& log) {
@@ -76,6 +165,8 @@ RunOutcome run_job(const RunRequest& request, const Environment& launcher_env, c
     attempt.supervision.finish_on = finish_request(*request.requeue, launcher_env, request.supervision.grace_period);
   }
   attempt.run_tag = random_hex(8);  // TORCHELASTIC_RUN_ID stays the same across restarts, as torchrun's
+  if (request.preflight != PreflightMode::Off)
+    if (auto stopped = run_preflight(attempt, env, log)) return *stopped;
   for (attempt.restart_count = 0;; ++attempt.restart_count) {
     RunOutcome outcome = run_once(attempt, env, log);
     if (outcome.finished_on && request.requeue) {

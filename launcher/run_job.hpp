@@ -10,6 +10,7 @@
 #include "common/environment.hpp"
 #include "launcher/gpu_inventory.hpp"
 #include "launcher/host_list.hpp"
+#include "launcher/preflight.hpp"
 #include "launcher/requeue.hpp"
 #include "launcher/supervisor.hpp"
 #include "launcher/world_plan.hpp"
@@ -27,15 +28,16 @@ struct RunRequest {
   std::string srun_mpi = "auto";     // srun --mpi: auto (pmix when Slurm offers it), none, or a plugin
   std::vector<std::string> command;  // program and its arguments
   SupervisorOptions supervision;
-  std::vector<HostSlots> hosts;               // -H / --hostfile: run on these hosts over the remote shell
-  std::string remote_shell;                   // --rsh: the remote shell command; empty for the default
-  std::string exclude;                        // --exclude: hosts to leave out of -H's or the allocation's (host_exclusion.hpp)
-  int max_restarts = 0;                       // --max-restarts: start the workers again after a failure, this many times
-  std::optional<RequeuePolicy> requeue;       // --requeue-signal: requeue the Slurm job when its signal ends the run
-  std::optional<int> straggler_report_every;  // --report-stragglers: seconds between reports (0: at the end only)
-  std::string torch_backend;                  // --torch-backend: the torch.distributed backend every group runs on (empty: the script's)
-  int restart_count = 0;                      // which start this is (0: the first); run_job sets it
-  std::string run_tag;                        // random, the same for every restart: part of DDL_RUN_ID; run_job sets it
+  std::vector<HostSlots> hosts;                  // -H / --hostfile: run on these hosts over the remote shell
+  std::string remote_shell;                      // --rsh: the remote shell command; empty for the default
+  std::string exclude;                           // --exclude: hosts to leave out of -H's or the allocation's (host_exclusion.hpp)
+  PreflightMode preflight = PreflightMode::Off;  // --preflight: probe every worker's place first (preflight.hpp)
+  int max_restarts = 0;                          // --max-restarts: start the workers again after a failure, this many times
+  std::optional<RequeuePolicy> requeue;          // --requeue-signal: requeue the Slurm job when its signal ends the run
+  std::optional<int> straggler_report_every;     // --report-stragglers: seconds between reports (0: at the end only)
+  std::string torch_backend;                     // --torch-backend: the torch.distributed backend every group runs on (empty: the script's)
+  int restart_count = 0;                         // which start this is (0: the first); run_job sets it
+  std::string run_tag;                           // random, the same for every restart: part of DDL_RUN_ID; run_job sets it
 };
 
 // Runs the job and returns how it ended. After a worker failure, with restarts left, every worker

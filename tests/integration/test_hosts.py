@@ -211,6 +211,37 @@ class HostsTest(unittest.TestCase):
                          {r: ("ddlhost2", "2", "ddlhost2") for r in (0, 1)})
         self.assertIn("ddl: leaving out 2 of the hosts of -H/--hostfile: running on ddlhost2\n", result.stderr)
 
+    def break_libddl_on(self, host):
+        """Makes libddl unloadable on `host` alone, as a broken installation or file system would: an
+        empty file bound over it in that host's own mount namespace, until the test ends."""
+        libddl = os.path.realpath(os.path.join(os.path.dirname(os.path.abspath(DDL)), "..", "runtime", "libddl.so.0"))
+        self.assertTrue(os.path.isfile(libddl), libddl)
+        broken = bed("exec", host, "mount", "--bind", "/dev/null", libddl)
+        self.assertEqual(broken.returncode, 0, broken.stdout + broken.stderr)
+        self.addCleanup(bed, "exec", host, "umount", libddl)
+
+    def test_preflight_names_the_host_whose_probe_fails_and_exclude_runs_on_the_others(self):
+        ran = os.path.join(self.shared, f"ran.{self.marker}")
+        result = on_host("ddlhost1", DDL, "run", "--cpu", "-H", "ddlhost1:2,ddlhost2:2", "--preflight", "--", "touch", ran)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)  # every probe passes on a good bed
+        self.assertIn("ddl: preflight: 4 rank(s) on 2 host(s) passed\n", result.stderr)
+        self.assertTrue(os.path.exists(ran))
+        os.remove(ran)
+        self.break_libddl_on("ddlhost2")
+        result = on_host("ddlhost1", DDL, "run", "--cpu", "-H", "ddlhost1:2,ddlhost2:2", "--preflight", "--", "touch", ran)
+        self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
+        self.assertRegex(result.stderr, r"ddl: error: preflight: 1 host\(s\) failed, so the program was not started: ddlhost2 "
+                                        r"\(libddl does not load: .*libddl\.so\.0: file too short\)\n")
+        self.assertIn("hint: leave them out: --exclude ddlhost2", result.stderr)
+        self.assertFalse(os.path.exists(ran), "the program ran")
+        result = self.run_on_hosts("--cpu", "-H", "ddlhost1:2,ddlhost2:2", "--preflight", "exclude")
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertEqual({r: (w["host"], w["WORLD_SIZE"]) for r, w in workers(result.stdout).items()},
+                         {0: ("ddlhost1", "2"), 1: ("ddlhost1", "2")})
+        self.assertIn("ddl: preflight: leaving out 1 host(s) that failed: ddlhost2 (libddl does not load", result.stderr)
+        self.assertIn("ddl: preflight: 2 rank(s) on 1 host(s) passed\n", result.stderr)
+        self.assertNotIn("ddl-preflight", result.stdout)  # the probes' own lines stay off the terminal
+
     def test_np_alone_fills_the_first_host_first(self):
         result = self.run_on_hosts("--cpu", "-H", "ddlhost1:4,ddlhost2:4", "-np", "2")
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)

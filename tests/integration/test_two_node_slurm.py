@@ -171,6 +171,27 @@ class TwoNodeSlurm(unittest.TestCase):
         self.assertEqual(result.returncode, 2, result.stderr)
         self.assertRegex(result.stderr, r"ddl: error: -N 2 but Slurm job \d+ holds 1 node\(s\) besides those --exclude leaves out")
 
+    def test_preflight_exclude_runs_on_the_spare_node_when_the_first_fails_its_probe(self):
+        # ddlhost1's libddl made unloadable in its own mount namespace, as a broken node's would be.
+        libddl = os.path.realpath(os.path.join(os.path.dirname(DDL), "..", "runtime", "libddl.so.0"))
+        broken = bed("exec", "ddlhost1", "mount", "--bind", "/dev/null", libddl)
+        self.assertEqual(broken.returncode, 0, broken.stdout + broken.stderr)
+        self.addCleanup(bed, "exec", "ddlhost1", "umount", libddl)
+        result = self.salloc(["--ntasks-per-node", "2"], "--cpu", "-N", "1", "--preflight", "exclude", "--", PYTHON, "-c", WORKER,
+                             self.marker, "exit", timeout=300)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertEqual({r: (w["host"], w["WORLD_SIZE"]) for r, w in workers(result.stdout).items()},
+                         {0: ("ddlhost2", "2"), 1: ("ddlhost2", "2")})
+        self.assertIn("ddl: preflight: leaving out 1 host(s) that failed: ddlhost1 (libddl does not load", result.stderr)
+        self.assertIn("ddl: preflight: 2 rank(s) on 1 host(s) passed\n", result.stderr)
+        # Without exclude the run stops before the program, naming the node.
+        result = self.salloc(["--ntasks-per-node", "2"], "--cpu", "--preflight", "--", PYTHON, "-c", WORKER, self.marker, "exit",
+                             timeout=300)
+        self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
+        self.assertIn("ddl: error: preflight: 1 host(s) failed, so the program was not started: ddlhost1 (libddl does not load",
+                      result.stderr)
+        self.assertEqual(workers(result.stdout), {})
+
     def test_libddl_bootstraps_through_pmix_on_both_nodes_without_ddl_run(self):
         # No ddl run, so no store: the workers find each other through Slurm's PMIx servers alone.
         result = self.on_ddlhost1("salloc", "-N", "2", "--ntasks-per-node", "2", "srun", "--mpi=pmix", CHECKS, "world",

@@ -1,0 +1,214 @@
+#include "launcher/preflight.hpp"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "launcher/host.hpp"
+#include "launcher/libddl_location.hpp"
+
+namespace ddl::launcher {
+
+namespace {
+
+constexpr const char* kVerdictPrefix = "ddl-preflight: ";
+
+// The CUDA driver's calls the probe makes, loaded from libcuda (the driver: on every GPU node).
+struct CudaDriver {
+  using Result = int;
+  Result (*init)(unsigned) = nullptr;
+  Result (*device_get_count)(int*) = nullptr;
+  Result (*device_get)(int*, int) = nullptr;
+  Result (*primary_ctx_retain)(void**, int) = nullptr;
+  Result (*ctx_set_current)(void*) = nullptr;
+  Result (*mem_alloc)(unsigned long long*, size_t) = nullptr;
+  Result (*memset_d8)(unsigned long long, unsigned char, size_t) = nullptr;
+  Result (*ctx_synchronize)() = nullptr;
+  Result (*mem_free)(unsigned long long) = nullptr;
+  Result (*error_name)(Result, const char**) = nullptr;
+
+  std::string failure(const char* call, Result result) const {
+    const char* name = nullptr;
+    if (error_name != nullptr) error_name(result, &name);
+    return fmt::format("{} returned {}", call, name != nullptr ? name : std::to_string(result));
+  }
+};
+
+template <typename F>
+bool load(void* library, const char* symbol, F& function) {
+  function = reinterpret_cast<F>(::dlsym(library, symbol));
+  return function != nullptr;
+}
+
+// A context on the worker's GPU (the first it sees: ddl pins one per worker), a MiB of device
+// memory set and synchronized: what a bad GPU (ECC errors, a lost device, a full memory) fails.
+std::optional<std::string> check_cuda_context() {
+  void* library = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (library == nullptr) {
+    const char* why = ::dlerror();
+    return fmt::format("the CUDA driver does not load ({})", why != nullptr ? why : "libcuda.so.1");
+  }
+  CudaDriver cu;
+  load(library, "cuGetErrorName", cu.error_name);
+  if (!load(library, "cuInit", cu.init) || !load(library, "cuDeviceGetCount", cu.device_get_count) ||
+      !load(library, "cuDeviceGet", cu.device_get) || !load(library, "cuDevicePrimaryCtxRetain", cu.primary_ctx_retain) ||
+      !load(library, "cuCtxSetCurrent", cu.ctx_set_current) || !load(library, "cuMemAlloc_v2", cu.mem_alloc) ||
+      !load(library, "cuMemsetD8_v2", cu.memset_d8) || !load(library, "cuCtxSynchronize", cu.ctx_synchronize) ||
+      !load(library, "cuMemFree_v2", cu.mem_free))
+    return "libcuda.so.1 lacks a call of the CUDA driver API";
+  if (int r = cu.init(0); r != 0) return cu.failure("cuInit", r);
+  int count = 0;
+  if (int r = cu.device_get_count(&count); r != 0) return cu.failure("cuDeviceGetCount", r);
+  if (count == 0) return "no GPU is visible (CUDA_VISIBLE_DEVICES names none this node has)";
+  int device = 0;
+  if (int r = cu.device_get(&device, 0); r != 0) return cu.failure("cuDeviceGet", r);
+  void* context = nullptr;
+  if (int r = cu.primary_ctx_retain(&context, device); r != 0) return cu.failure("cuDevicePrimaryCtxRetain", r);
+  if (int r = cu.ctx_set_current(context); r != 0) return cu.failure("cuCtxSetCurrent", r);
+  constexpr size_t kBytes = 1 << 20;
+  unsigned long long memory = 0;
+  if (int r = cu.mem_alloc(&memory, kBytes); r != 0) return cu.failure("cuMemAlloc", r);
+  if (int r = cu.memset_d8(memory, 1, kBytes); r != 0) return cu.failure("cuMemsetD8", r);
+  if (int r = cu.ctx_synchronize(); r != 0) return cu.failure("cuCtxSynchronize", r);
+  cu.mem_free(memory);
+  return std::nullopt;
+}
+
+// libddl's calls the probe makes.
+struct Libddl {
+  int (*init)() = nullptr;
+  int (*finalize)() = nullptr;
+  int (*size)(int*) = nullptr;
+  int (*allreduce)(const char*, const void*, void*, size_t, int, int) = nullptr;
+  const char* (*last_error)() = nullptr;
+};
+
+// This worker's libddl, loaded with the calls the probe makes: a broken installation or file
+// system fails here. Throws nothing; `why` says what failed.
+std::optional<Libddl> load_libddl(const Environment& env, std::string& why) {
+  std::vector<std::string> failures;
+  void* library = nullptr;
+  for (const auto& path : libddl_candidates(env)) {
+    if ((library = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)) != nullptr) break;
+    const char* error = ::dlerror();
+    failures.push_back(error != nullptr ? error : path);
+  }
+  if (library == nullptr) {
+    why = fmt::format("libddl does not load: {}", fmt::join(failures, "; "));
+    return std::nullopt;
+  }
+  Libddl ddl;
+  if (!load(library, "ddl_init", ddl.init) || !load(library, "ddl_finalize", ddl.finalize) || !load(library, "ddl_size", ddl.size) ||
+      !load(library, "ddl_allreduce", ddl.allreduce) || !load(library, "ddl_last_error", ddl.last_error)) {
+    why = "libddl lacks a call of its C API (an older libddl?)";
+    return std::nullopt;
+  }
+  return ddl;
+}
+
+// libddl's start-up (the run's store, shared memory, Gloo) and one allreduce of every rank's 1:
+// what a broken network or /dev/shm fails. `ranks` gets the world's size.
+std::optional<std::string> check_allreduce(const Libddl& ddl, int& ranks) {
+  constexpr int kFloat64 = 3, kSum = 0;  // DDL_FLOAT64, DDL_SUM of ddl.h
+  if (ddl.init() != 0) return fmt::format("libddl's start-up: {}", ddl.last_error());
+  ddl.size(&ranks);
+  const double one = 1;
+  double sum = 0;
+  std::optional<std::string> failure;
+  if (ddl.allreduce("ddl.preflight", &one, &sum, 1, kFloat64, kSum) != 0)
+    failure = fmt::format("libddl's allreduce: {}", ddl.last_error());
+  else if (sum != ranks)
+    failure = fmt::format("libddl's allreduce of every rank's 1 gave {}, not {}", sum, ranks);
+  ddl.finalize();
+  return failure;
+}
+
+// ddl pins one GPU per GPU worker; a CPU worker has none or, inherited, several.
+std::optional<std::string> pinned_gpu(const Environment& env) {
+  auto visible = lookup(env, "CUDA_VISIBLE_DEVICES");
+  if (!visible || visible->empty() || visible->find(',') != std::string::npos) return std::nullopt;
+  return *visible;
+}
+
+}  // namespace
+
+int run_preflight_probe(ProbeStage stage, const Environment& env) {
+  const std::string host = host_name();
+  std::vector<std::string> failures, passed;
+  if (auto gpu = pinned_gpu(env); gpu && stage == ProbeStage::OnEachHost) {
+    if (auto why = check_cuda_context())
+      failures.push_back(fmt::format("GPU {}: {}", *gpu, *why));
+    else
+      passed.push_back(fmt::format("a CUDA context on GPU {}", *gpu));
+  }
+  std::string why;
+  if (auto ddl = load_libddl(env, why); !ddl) {
+    failures.push_back(why);
+  } else if (stage == ProbeStage::OnEachHost) {
+    passed.emplace_back("libddl loads");
+  } else {
+    int ranks = 0;
+    if (auto failed = check_allreduce(*ddl, ranks))
+      failures.push_back(*failed);
+    else
+      passed.push_back(fmt::format("libddl's allreduce among {} ranks", ranks));
+  }
+  if (failures.empty())
+    std::printf("%sok on %s: %s\n", kVerdictPrefix, host.c_str(), fmt::format("{}", fmt::join(passed, ", ")).c_str());
+  else
+    std::printf("%sfailed on %s: %s\n", kVerdictPrefix, host.c_str(), fmt::format("{}", fmt::join(failures, "; ")).c_str());
+  std::fflush(stdout);
+  return 0;
+}
+
+std::optional<ProbeVerdict> probe_verdict(const std::string& output) {
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    if (!line.starts_with(kVerdictPrefix)) continue;
+    std::string_view rest = std::string_view(line).substr(std::string_view(kVerdictPrefix).size());
+    ProbeVerdict verdict;
+    verdict.ok = rest.starts_with("ok on ");
+    if (!verdict.ok && !rest.starts_with("failed on ")) continue;
+    rest.remove_prefix(verdict.ok ? 6 : 10);
+    const size_t colon = rest.find(": ");
+    if (colon == std::string_view::npos) continue;
+    verdict.host = rest.substr(0, colon);
+    verdict.detail = rest.substr(colon + 2);
+    return verdict;
+  }
+  return std::nullopt;
+}
+
+PreflightFindings read_probe_outputs(const std::string& dir) {
+  PreflightFindings found;
+  std::map<int, std::string> outputs;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    int rank = -1;
+    if (std::sscanf(name.c_str(), "rank.%d.out", &rank) != 1 || name != fmt::format("rank.{}.out", rank)) continue;
+    std::ifstream file(entry.path());
+    outputs[rank] = std::string(std::istreambuf_iterator<char>(file), {});
+  }
+  for (const auto& [rank, output] : outputs) {
+    const auto verdict = probe_verdict(output);
+    if (!verdict) {
+      found.ranks_unheard.push_back(rank);
+    } else if (!verdict->ok) {
+      found.failed_hosts.emplace(verdict->host, verdict->detail);
+    } else {
+      ++found.ranks_passed;
+      if (std::find(found.hosts_passed.begin(), found.hosts_passed.end(), verdict->host) == found.hosts_passed.end())
+        found.hosts_passed.push_back(verdict->host);
+    }
+  }
+  return found;
+}
+
+}  // namespace ddl::launcher
