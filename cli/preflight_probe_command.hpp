@@ -15,6 +15,7 @@ class PreflightProbeCommand {
  private:
   CLI::App* app_;
   bool among_all_ = false;
+  bool cpu_ = false;
 };
 
 }  // namespace ddl::cli

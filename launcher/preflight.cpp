@@ -1,6 +1,10 @@
 #include "launcher/preflight.hpp"
 
 #include <dlfcn.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <csignal>
 
 #include <algorithm>
 #include <cstdio>
@@ -19,6 +23,21 @@ namespace ddl::launcher {
 namespace {
 
 constexpr const char* kVerdictPrefix = "ddl-preflight: ";
+
+// What the probe does now, said if it takes too long (a wedged GPU can block cuInit for ever).
+const char* volatile current_step = "starting";
+char verdict_start[512];
+
+extern "C" void on_probe_deadline(int) {
+  // Only async-signal-safe calls: the line is put together from what was prepared before.
+  const char* parts[] = {verdict_start, "timed out in ", current_step, "\n"};
+  for (const char* part : parts) {
+    size_t length = 0;
+    while (part[length] != '\0') ++length;
+    if (::write(STDOUT_FILENO, part, length) < 0) break;
+  }
+  ::_exit(0);
+}
 
 // The CUDA driver's calls the probe makes, loaded from libcuda (the driver: on every GPU node).
 struct CudaDriver {
@@ -63,6 +82,7 @@ std::optional<std::string> check_cuda_context() {
       !load(library, "cuMemsetD8_v2", cu.memset_d8) || !load(library, "cuCtxSynchronize", cu.ctx_synchronize) ||
       !load(library, "cuMemFree_v2", cu.mem_free))
     return "libcuda.so.1 lacks a call of the CUDA driver API";
+  current_step = "cuInit";
   if (int r = cu.init(0); r != 0) return cu.failure("cuInit", r);
   int count = 0;
   if (int r = cu.device_get_count(&count); r != 0) return cu.failure("cuDeviceGetCount", r);
@@ -70,10 +90,12 @@ std::optional<std::string> check_cuda_context() {
   int device = 0;
   if (int r = cu.device_get(&device, 0); r != 0) return cu.failure("cuDeviceGet", r);
   void* context = nullptr;
+  current_step = "making a CUDA context";
   if (int r = cu.primary_ctx_retain(&context, device); r != 0) return cu.failure("cuDevicePrimaryCtxRetain", r);
   if (int r = cu.ctx_set_current(context); r != 0) return cu.failure("cuCtxSetCurrent", r);
   constexpr size_t kBytes = 1 << 20;
   unsigned long long memory = 0;
+  current_step = "setting device memory";
   if (int r = cu.mem_alloc(&memory, kBytes); r != 0) return cu.failure("cuMemAlloc", r);
   if (int r = cu.memset_d8(memory, 1, kBytes); r != 0) return cu.failure("cuMemsetD8", r);
   if (int r = cu.ctx_synchronize(); r != 0) return cu.failure("cuCtxSynchronize", r);
@@ -130,24 +152,30 @@ std::optional<std::string> check_allreduce(const Libddl& ddl, int& ranks) {
   return failure;
 }
 
-// ddl pins one GPU per GPU worker; a CPU worker has none or, inherited, several.
-std::optional<std::string> pinned_gpu(const Environment& env) {
+// ddl pins one GPU per GPU worker (CUDA_VISIBLE_DEVICES); a CPU worker was told so (--cpu).
+std::optional<std::string> pinned_gpu(bool cpu, const Environment& env) {
   auto visible = lookup(env, "CUDA_VISIBLE_DEVICES");
-  if (!visible || visible->empty() || visible->find(',') != std::string::npos) return std::nullopt;
+  if (cpu || !visible || visible->empty()) return std::nullopt;
   return *visible;
 }
 
 }  // namespace
 
-int run_preflight_probe(ProbeStage stage, const Environment& env) {
+int run_preflight_probe(ProbeStage stage, bool cpu, const Environment& env) {
   const std::string host = host_name();
+  const std::string node = lookup(env, "GROUP_RANK").value_or("?");
+  std::snprintf(verdict_start, sizeof verdict_start, "%sfailed on %s [node %s]: ", kVerdictPrefix, host.c_str(), node.c_str());
+  std::signal(SIGALRM, on_probe_deadline);
+  ::alarm(kProbeStepSeconds);
   std::vector<std::string> failures, passed;
-  if (auto gpu = pinned_gpu(env); gpu && stage == ProbeStage::OnEachHost) {
+  if (auto gpu = pinned_gpu(cpu, env); gpu && stage == ProbeStage::OnEachHost) {
     if (auto why = check_cuda_context())
       failures.push_back(fmt::format("GPU {}: {}", *gpu, *why));
     else
       passed.push_back(fmt::format("a CUDA context on GPU {}", *gpu));
   }
+  current_step = stage == ProbeStage::OnEachHost ? "loading libddl" : "libddl's start-up and allreduce";
+  ::alarm(kProbeStepSeconds);
   std::string why;
   if (auto ddl = load_libddl(env, why); !ddl) {
     failures.push_back(why);
@@ -160,10 +188,12 @@ int run_preflight_probe(ProbeStage stage, const Environment& env) {
     else
       passed.push_back(fmt::format("libddl's allreduce among {} ranks", ranks));
   }
+  ::alarm(0);
   if (failures.empty())
-    std::printf("%sok on %s: %s\n", kVerdictPrefix, host.c_str(), fmt::format("{}", fmt::join(passed, ", ")).c_str());
+    std::printf("%sok on %s [node %s]: %s\n", kVerdictPrefix, host.c_str(), node.c_str(),
+                fmt::format("{}", fmt::join(passed, ", ")).c_str());
   else
-    std::printf("%sfailed on %s: %s\n", kVerdictPrefix, host.c_str(), fmt::format("{}", fmt::join(failures, "; ")).c_str());
+    std::printf("%s%s\n", verdict_start, fmt::format("{}", fmt::join(failures, "; ")).c_str());
   std::fflush(stdout);
   return 0;
 }
@@ -177,17 +207,19 @@ std::optional<ProbeVerdict> probe_verdict(const std::string& output) {
     verdict.ok = rest.starts_with("ok on ");
     if (!verdict.ok && !rest.starts_with("failed on ")) continue;
     rest.remove_prefix(verdict.ok ? 6 : 10);
-    const size_t colon = rest.find(": ");
-    if (colon == std::string_view::npos) continue;
-    verdict.host = rest.substr(0, colon);
-    verdict.detail = rest.substr(colon + 2);
+    const size_t node = rest.find(" [node ");
+    const size_t colon = rest.find("]: ");
+    if (node == std::string_view::npos || colon == std::string_view::npos || colon < node) continue;
+    verdict.host = rest.substr(0, node);
+    const std::string_view digits = rest.substr(node + 7, colon - node - 7);
+    if (std::from_chars(digits.data(), digits.data() + digits.size(), verdict.node).ptr != digits.data() + digits.size()) verdict.node = -1;
+    verdict.detail = rest.substr(colon + 3);
     return verdict;
   }
   return std::nullopt;
 }
 
-PreflightFindings read_probe_outputs(const std::string& dir) {
-  PreflightFindings found;
+PreflightFindings read_probe_outputs(const std::string& dir, const std::function<std::string(const ProbeVerdict&)>& host_of) {
   std::map<int, std::string> outputs;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
@@ -196,16 +228,20 @@ PreflightFindings read_probe_outputs(const std::string& dir) {
     std::ifstream file(entry.path());
     outputs[rank] = std::string(std::istreambuf_iterator<char>(file), {});
   }
+  PreflightFindings found;
   for (const auto& [rank, output] : outputs) {
     const auto verdict = probe_verdict(output);
     if (!verdict) {
       found.ranks_unheard.push_back(rank);
-    } else if (!verdict->ok) {
-      found.failed_hosts.emplace(verdict->host, verdict->detail);
+      continue;
+    }
+    const std::string host = host_of ? host_of(*verdict) : verdict->host;
+    if (!verdict->ok) {
+      found.failed_hosts.emplace(host, verdict->detail);
     } else {
       ++found.ranks_passed;
-      if (std::find(found.hosts_passed.begin(), found.hosts_passed.end(), verdict->host) == found.hosts_passed.end())
-        found.hosts_passed.push_back(verdict->host);
+      if (std::find(found.hosts_passed.begin(), found.hosts_passed.end(), host) == found.hosts_passed.end())
+        found.hosts_passed.push_back(host);
     }
   }
   return found;

@@ -6,6 +6,7 @@
 // them out), where other hosts passed.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -26,14 +27,17 @@ enum class PreflightMode {
 // whose failure (a network between the hosts) belongs to no one host.
 enum class ProbeStage { OnEachHost, AmongAll };
 
-// The probe, in a worker's place: prints one line, "ddl-preflight: ok on HOST: WHAT" or
-// "ddl-preflight: failed on HOST: WHY", and exits 0 either way (a failure must not stop the
-// other probes before they said theirs).
-int run_preflight_probe(ProbeStage stage, const Environment& env);
+// The probe, in a worker's place: prints one line, "ddl-preflight: ok on HOST [node N]: WHAT" or
+// "ddl-preflight: failed on HOST [node N]: WHY" (N: its GROUP_RANK), and exits 0 either way (a
+// failure must not stop the other probes before they said theirs). A step that takes longer than
+// kProbeStepSeconds (a wedged GPU) is a failure too ("timed out in cuInit"). `cpu`: the worker has no GPU to check.
+inline constexpr unsigned kProbeStepSeconds = 120;
+int run_preflight_probe(ProbeStage stage, bool cpu, const Environment& env);
 
 // One probe's word, from the output it printed; nullopt when it printed none.
 struct ProbeVerdict {
-  std::string host;
+  std::string host;  // as the probe's host calls itself
+  int node = -1;     // its node's place in the run
   bool ok = false;
   std::string detail;  // what passed, or why it failed
 };
@@ -47,7 +51,8 @@ struct PreflightFindings {
   std::vector<int> ranks_unheard;                   // ranks whose probe printed no verdict
 };
 
-// Reads DIR/rank.N.out (ddl run --output-dir's files) of every probe.
-PreflightFindings read_probe_outputs(const std::string& dir);
+// Reads every DIR/rank.N.out (ddl run --output-dir's files; a rank that wrote nothing may have
+// none); `host_of` names a verdict's host (the name the run knows it by), its own name if empty.
+PreflightFindings read_probe_outputs(const std::string& dir, const std::function<std::string(const ProbeVerdict&)>& host_of);
 
 }  // namespace ddl::launcher

@@ -84,6 +84,7 @@ ProbeRun run_probes(const RunRequest& request, ProbeStage stage, const Environme
   RunRequest probe = request;
   probe.command = {this_executable(), "preflight-probe"};
   if (stage == ProbeStage::AmongAll) probe.command.emplace_back("--among-all");
+  if (request.launch.cpu_only) probe.command.emplace_back("--cpu");
   probe.max_restarts = 0;
   probe.supervision.finish_on.reset();
   probe.supervision.shown_ranks = RankSelection::none();
@@ -93,19 +94,36 @@ ProbeRun run_probes(const RunRequest& request, ProbeStage stage, const Environme
     throw Error(fmt::format("cannot make a folder for the preflight probes' output in {}", dir), "check TMPDIR");
   struct Removed {
     std::string dir;
-    ~Removed() { std::filesystem::remove_all(dir); }
+    ~Removed() {
+      std::error_code ignored;
+      std::filesystem::remove_all(dir, ignored);
+    }
   } removed{dir};
   probe.supervision.output_dir = dir;
   Environment probe_env = env;
-  probe_env[contract::kTimeout.name] = "60";  // a rank that never comes is a failure in a minute, not a hang
+  // A rank that never comes is a failure in a minute, not a hang, unless the user allows longer.
+  const auto asked = lookup(env, contract::kTimeout.name);
+  if (!asked || asked->empty() || timeout_setting(*asked) < std::chrono::seconds(60)) probe_env[contract::kTimeout.name] = "60";
   ProbeRun run{run_once(probe, probe_env, log), {}};
-  run.found = read_probe_outputs(dir);
+  // -H hosts go by the names the user gave (an address, an ssh alias): node N is the N-th host left.
+  std::vector<std::string> named;
+  if (!request.hosts.empty()) {
+    const auto hosts =
+        request.exclude.empty() ? request.hosts : HostExclusion(request.exclude, nullptr).hosts_left(request.hosts, "", nullptr);
+    for (const auto& host : hosts) named.push_back(host.name);
+  }
+  run.found = read_probe_outputs(dir, [&](const ProbeVerdict& verdict) {
+    return verdict.node >= 0 && verdict.node < static_cast<int>(named.size()) ? named[static_cast<size_t>(verdict.node)] : verdict.host;
+  });
+  // A host that could not be reached, or ran no probe, is said by the launch itself.
   const auto& failure = run.outcome.failure;
-  if (failure && failure->rank >= 0 && !failure->host.empty()) run.found.failed_hosts.emplace(failure->host, what_failed(*failure));
+  const bool launcher_named = failure && (failure->host == "srun" || failure->host == "mpirun" || failure->host == "mpiexec");
+  if (failure && !failure->host.empty() && !launcher_named) run.found.failed_hosts.emplace(failure->host, what_failed(*failure));
   if (run.found.failed_hosts.empty() && !run.outcome.interrupted_by && (!run.found.ranks_unheard.empty() || failure))
-    throw Error(fmt::format("preflight: the probes did not all report ({}ranks without a verdict: {})",
-                            failure ? what_failed(*failure) + "; " : "", fmt::join(run.found.ranks_unheard, ",")),
-                "run again; if it happens again, `ddl run ... -- true` shows what fails");
+    throw Error(
+        fmt::format("preflight: the probes did not all report ({})",
+                    failure ? what_failed(*failure) : fmt::format("no verdict from rank(s) {}", fmt::join(run.found.ranks_unheard, ","))),
+        "run again; if it happens again, `ddl run ... -- true` shows what fails");
   return run;
 }
 

@@ -241,6 +241,11 @@ class HostsTest(unittest.TestCase):
         self.assertIn("ddl: preflight: leaving out 1 host(s) that failed: ddlhost2 (libddl does not load", result.stderr)
         self.assertIn("ddl: preflight: 2 rank(s) on 1 host(s) passed\n", result.stderr)
         self.assertNotIn("ddl-preflight", result.stdout)  # the probes' own lines stay off the terminal
+        # Hosts named by address: the failed one is left out by the name -H gave it.
+        result = self.run_on_hosts("--cpu", "-H", "198.18.0.11:2,198.18.0.12:2", "--preflight", "exclude")
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertEqual({w["host"] for w in workers(result.stdout).values()}, {"ddlhost1"})
+        self.assertIn("ddl: preflight: leaving out 1 host(s) that failed: 198.18.0.12 (libddl does not load", result.stderr)
 
     def test_np_alone_fills_the_first_host_first(self):
         result = self.run_on_hosts("--cpu", "-H", "ddlhost1:4,ddlhost2:4", "-np", "2")
