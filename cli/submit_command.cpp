@@ -125,6 +125,10 @@ int SubmitCommand::execute(const std::optional<std::vector<std::string>>& progra
 
   const backends::SiteProfile site = backends::load_site(f.site);
   const backends::JobScript script = backends::render_job_script(site, job);
+  if (job.array && site.scheduler == backends::Scheduler::Slurm && script.output.find("%a") == std::string::npos)
+    std::fprintf(stderr,
+                 "ddl: note: --output %s has no %%a, so every element of the array writes to that one file (%%A_%%a keeps them apart)\n",
+                 script.output.c_str());
   if (f.dry_run) {
     std::fputs(script.text.c_str(), stdout);
     return 0;

@@ -100,6 +100,14 @@ class Slurm(unittest.TestCase):
         self.assertEqual(sorted(lines_by_rank(result.stdout).items()), [(0, ["at 0"]), (1, ["at 0"])])
         self.assertNotIn("leaving out", result.stderr)  # nothing was: srun chose the nodes as without --exclude
 
+    def test_an_array_whose_output_has_no_element_index_is_said_to_share_one_file(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            shared = self.submit("--site", "slurm", "--array", "0-1", "-o", "sweep.out", "--dry-run", "--", "true", cwd=tmp)
+            self.assertEqual(shared.returncode, 0, shared.stderr)
+            self.assertIn("ddl: note: --output sweep.out has no %a, so every element of the array writes to that one file", shared.stderr)
+            apart = self.submit("--site", "slurm", "--array", "0-1", "-o", "sweep-%A_%a.out", "--dry-run", "--", "true", cwd=tmp)
+            self.assertEqual((apart.returncode, apart.stderr), (0, ""))
+
     def test_submit_exclude_reaches_slurm_which_keeps_the_job_off_the_node(self):
         # The cluster has one node: a job kept off it cannot run, and sbatch says so at once.
         with tempfile.TemporaryDirectory() as tmp:
