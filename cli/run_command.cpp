@@ -194,10 +194,12 @@ RunCommand::RunCommand(CLI::App& app) : flags_(std::make_shared<RunFlags>()) {
   app_->add_option("--exclude", f.exclude,
                    "Leave these hosts out (node1,node7; a Slurm node range inside Slurm): of -H/--hostfile's, or of the "
                    "allocation's nodes")
+      ->type_name("HOSTS")
       ->check(not_empty());
   app_->add_option("--preflight", f.preflight,
                    "Before the program, probe every worker's place (a CUDA context on its GPU, libddl's allreduce among all "
                    "ranks) and stop, naming each host that failed and why; with 'exclude', leave those hosts out instead")
+      ->type_name("[exclude]")
       ->expected(0, 1);
   app_->add_option("--gpu-order", f.gpu_order, "as-listed, or reverse: local rank 0 gets the node's last GPU (Polaris)")
       ->check(CLI::IsMember({"as-listed", "reverse"}))
