@@ -14,11 +14,14 @@ cd "$(dirname "$0")/.."
 root=$PWD
 bash scripts/install_packages.sh clang-14 libclang-rt-14-dev  # only clang has libFuzzer
 
-CC=clang-14 CXX=clang++-14 cmake -S . -B build-sanitizers -DCMAKE_BUILD_TYPE=Debug -DDDL_FUZZ=ON \
+# -O1, as the sanitizers' authors advise: the instrumented tests run several times faster than at
+# -O0, with every report and assert (a Debug build) kept.
+optimized_debug=(-DCMAKE_BUILD_TYPE=Debug "-DCMAKE_C_FLAGS_DEBUG=-g -O1" "-DCMAKE_CXX_FLAGS_DEBUG=-g -O1")
+CC=clang-14 CXX=clang++-14 cmake -S . -B build-sanitizers "${optimized_debug[@]}" -DDDL_FUZZ=ON \
   -DDDL_FUZZ_SECONDS="${DDL_FUZZ_SECONDS:-15}" -DDDL_WITH_NCCL=OFF >/dev/null
 cmake --build build-sanitizers -j "$(nproc)" --target ddl_unit_tests collective_checks ddl cpp_train ddl_rendezvous_bench \
   ddl_fuzzers -- --no-print-directory >/dev/null
-CC=clang-14 CXX=clang++-14 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DDDL_SANITIZE=thread -DDDL_WITH_NCCL=OFF >/dev/null
+CC=clang-14 CXX=clang++-14 cmake -S . -B build-tsan "${optimized_debug[@]}" -DDDL_SANITIZE=thread -DDDL_WITH_NCCL=OFF >/dev/null
 cmake --build build-tsan -j "$(nproc)" --target ddl_unit_tests -- --no-print-directory >/dev/null
 [ "${1:-}" = --build-only ] && exit 0  # scripts/test.sh builds both while the main tests run
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:halt_on_error=1:detect_stack_use_after_return=0"
