@@ -18,7 +18,7 @@
 #include "ddl/build_features.hpp"
 #include "launcher/gpu_inventory.hpp"
 #include "launcher/host.hpp"
-#include "launcher/libddl_location.hpp"
+#include "launcher/install_layout.hpp"
 #include "launcher/nccl_network.hpp"
 
 namespace ddl::launcher {
@@ -177,35 +177,16 @@ CapabilityItem probe_framework(const std::string& python, const std::string& nam
   return item(true, name, text("version"), text("detail"));
 }
 
-// ddl's own Python package, looked up beside this ddl: BUILD/python (build tree) or
-// PREFIX/lib/python3/dist-packages (installed), then wherever the Python's own path finds it.
-// The first line of a probe of ddl's package: puts it on the path from where this ddl lives.
-std::string ddl_package_path_line() {
-  const auto bin = std::filesystem::path(this_executable()).parent_path();
-  const auto build_tree = (bin / ".." / "python").lexically_normal().string();
-  const auto installed = (bin / ".." / "lib" / "python3" / "dist-packages").lexically_normal().string();
-  return fmt::format("import json, os, sys\nsys.path[:0] = [p for p in ({}, {}) if os.path.isdir(os.path.join(p, 'ddl'))]\n",
-                     nlohmann::json(build_tree).dump(), nlohmann::json(installed).dump());
-}
-
-std::string ddl_torch_probe() {
-  return ddl_package_path_line() +
-         "import ddl, ddl.torch as hvd, ddl._lib as lib, ddl.common.fastpath as fast, torch\n"
-         "print(json.dumps({'version': ddl.__version__, 'detail': 'Horovod API on torch %s; %s; %s; libddl %s' % (torch.__version__, "
-         "('NCCL %s for CUDA tensors (%s, %s)' % (lib.lib.ddl_nccl_version().decode(), lib.lib.ddl_nccl_path().decode(), "
-         "lib.lib.ddl_nccl_origin().decode())) if hvd.nccl_built() else 'host tensors only (no NCCL)', "
-         "'per-op calls compiled' if fast.compiled else 'per-op calls through ctypes (%s)' % fast.why_not_compiled, "
-         "lib.lib._name)}))";
-}
-
-// ddl.tensorflow and ddl.keras load together (the Keras face is part of the TensorFlow one).
-std::string ddl_tensorflow_probe() {
-  return ddl_package_path_line() +
-         "os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')\n"
-         "import ddl, ddl.tensorflow as hvd, ddl.keras, ddl._lib as lib, tensorflow as tf\n"
-         "print(json.dumps({'version': ddl.__version__, 'detail': 'Horovod TensorFlow and Keras APIs on tensorflow %s, "
-         "Keras %s; host tensors (GPU tensors through the host); libddl %s' % (tf.__version__, "
-         "getattr(tf.keras, '__version__', None) or __import__('keras').__version__, lib.lib._name)}))";
+// The probe of one of ddl's faces: ddl's package is put on the path from beside this ddl (where its
+// layout puts it), then the package's public probe (ddl.capabilities) answers as one JSON line.
+std::string ddl_face_probe(const std::string& face) {
+  nlohmann::json folders = python_package_folders(this_executable());
+  return fmt::format(
+      "import os, sys\n"
+      "sys.path[:0] = [p for p in {} if os.path.isdir(os.path.join(p, 'ddl'))]\n"
+      "from ddl import capabilities\n"
+      "sys.exit(capabilities.main([{}]))",
+      folders.dump(), nlohmann::json(face).dump());
 }
 
 CapabilitySection frameworks_section(const CapabilityOptions& options) {
@@ -228,9 +209,10 @@ CapabilitySection frameworks_section(const CapabilityOptions& options) {
   probes.reserve(kFrameworkProbes.size());
   for (const auto& [name, code] : kFrameworkProbes)
     probes.push_back(std::async(std::launch::async, probe_framework, executable, name, code, options.probe_timeout));
-  probes.push_back(std::async(std::launch::async, probe_framework, executable, "ddl.torch", ddl_torch_probe(), options.probe_timeout));
   probes.push_back(
-      std::async(std::launch::async, probe_framework, executable, "ddl.tensorflow", ddl_tensorflow_probe(), options.probe_timeout));
+      std::async(std::launch::async, probe_framework, executable, "ddl.torch", ddl_face_probe("torch"), options.probe_timeout));
+  probes.push_back(
+      std::async(std::launch::async, probe_framework, executable, "ddl.tensorflow", ddl_face_probe("tensorflow"), options.probe_timeout));
   for (auto& p : probes) s.items.push_back(p.get());
   return s;
 }

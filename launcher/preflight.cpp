@@ -16,7 +16,7 @@
 #include <fmt/ranges.h>
 
 #include "launcher/host.hpp"
-#include "launcher/libddl_location.hpp"
+#include "launcher/install_layout.hpp"
 
 namespace ddl::launcher {
 

@@ -7,38 +7,17 @@
 #include <fmt/ranges.h>
 
 #include "common/error.hpp"
+#include "launcher/install_layout.hpp"
 
 namespace ddl::launcher {
 
 namespace fs = std::filesystem;
 
-std::vector<std::string> torch_backend_hook_candidates(const std::string& executable) {
-  const fs::path bin = fs::path(executable).parent_path();
-  const fs::path prefix = (bin / "..").lexically_normal();
-  std::vector<std::string> found{
-      (prefix / "python" / "ddl" / "_startup").string(),                             // the build tree: BUILD/cli/ddl
-      (prefix / "lib" / "python3" / "dist-packages" / "ddl" / "_startup").string(),  // cmake --install
-  };
-  // pip into a venv or conda env (ENV/bin/ddl, ENV/lib/python3.X/site-packages/ddl), Debian's system
-  // pip (/usr/local/lib/python3.X/dist-packages), and lib64 layouts.
-  std::vector<std::string> site_packages;
-  for (const char* lib : {"lib", "lib64"}) {
-    std::error_code ec;
-    for (const auto& entry : fs::directory_iterator(prefix / lib, ec))
-      if (entry.path().filename().string().rfind("python3.", 0) == 0)
-        for (const char* packages : {"site-packages", "dist-packages"})
-          site_packages.push_back((entry.path() / packages / "ddl" / "_startup").string());
-  }
-  std::sort(site_packages.begin(), site_packages.end());
-  found.insert(found.end(), site_packages.begin(), site_packages.end());
-  return found;
-}
-
 namespace {
 
 // The first candidate folder that holds the hook; "" if none does.
 std::string installed_hook(const std::string& executable) {
-  const auto candidates = torch_backend_hook_candidates(executable);
+  const auto candidates = startup_hook_folders(executable);
   auto hook = std::find_if(candidates.begin(), candidates.end(), [](const std::string& dir) {
     std::error_code ec;
     return fs::is_regular_file(fs::path(dir) / "sitecustomize.py", ec);
@@ -55,7 +34,7 @@ Environment with_python_startup_hook(const Environment& env, const std::string& 
   const std::string hook = installed_hook(executable);
   if (hook.empty() && !backend.empty())
     throw UsageError(fmt::format("--torch-backend ddl: ddl's Python package is not beside this ddl (looked in {})",
-                                 fmt::join(torch_backend_hook_candidates(executable), ", ")),
+                                 fmt::join(startup_hook_folders(executable), ", ")),
                      "install ddl with pip or cmake --install (which install the package beside the command)");
   Environment out = env;
   if (!backend.empty()) out["DDL_TORCH_BACKEND"] = backend;

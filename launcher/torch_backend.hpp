@@ -11,10 +11,6 @@
 
 namespace ddl::launcher {
 
-// The folders where ddl's Python package may hold its startup hook (ddl/_startup), beside the ddl
-// executable at `executable`: the build tree, a `cmake --install` prefix, a pip venv or conda env.
-std::vector<std::string> torch_backend_hook_candidates(const std::string& executable);
-
 // `env` with the hook's folder first on PYTHONPATH, where ddl's Python package lies beside
 // `executable` (else `env` as it is, when no backend is asked for), and with `backend` (only "ddl";
 // empty: none) DDL_TORCH_BACKEND set. Throws ddl::UsageError naming the flag when the backend is

@@ -114,6 +114,16 @@ class CheckBuild(unittest.TestCase):
         self.assertIn(f"  [ ] ddl.tensorflow (installed, but needs tensorflow, which {python} cannot import "
                       "(No module named 'tensorflow'))", result.stdout)
 
+    def test_the_package_answers_for_its_faces_itself_as_check_build_shows_it(self):
+        env = dict(os.environ, PYTHONPATH=os.path.join(BUILD, "python"))
+        probe = subprocess.run([PYTHON, "-m", "ddl.capabilities", "torch"], env=env, capture_output=True, text=True, timeout=300)
+        self.assertEqual(probe.returncode, 0, probe.stderr)
+        said = json.loads(probe.stdout)
+        self.assertIn(f"  [X] ddl.torch {said['version']} ({said['detail']})", self.check_build().stdout)
+        usage = subprocess.run([PYTHON, "-m", "ddl.capabilities", "mxnet"], env=env, capture_output=True, text=True, timeout=60)
+        self.assertEqual((usage.returncode, usage.stdout), (2, ""))
+        self.assertIn("usage: python -m ddl.capabilities {torch|tensorflow}", usage.stderr)
+
     def test_the_site_profile_that_matches_this_machine(self):
         self.assertIn("  [X] site perlmutter (ddl submit --site perlmutter ...)", self.check_build(env={"NERSC_HOST": "perlmutter"}).stdout)
         with tempfile.TemporaryDirectory() as config:
