@@ -1073,7 +1073,9 @@ TEST_SUITE("engine_threads") {
           CHECK(o.status == DDL_ERROR_TIMEOUT);
           const std::string missing = ctx.size == 2 ? "0" : fmt::format("0-{}", last - 1);
           CHECK(o.message ==
-                fmt::format("op 'orphan' timed out: rank(s) {} never submitted it (raise DDL_TIMEOUT if they are only slow)", missing));
+                fmt::format("op 'orphan' timed out: rank(s) {} never submitted it within the timeout of 0.5 s (raise DDL_TIMEOUT if they "
+                            "are only slow)",
+                            missing));
         }
         // A stalled op fails alone: the engines go on (once the orphan is gone: ops the other ranks
         // submitted while the last rank waited for it would stall too).

@@ -191,7 +191,10 @@ ddl_status ddl_process_set_create_among(const int* ranks, int count, const char*
     auto config = engine_config(rt.engine->rank());
     config.timeline_path.clear();  // the world's engine owns the timeline file
     config.world_ranks = sorted;
-    if (timeout_seconds > 0.0) config.timeout = std::chrono::milliseconds(static_cast<long long>(timeout_seconds * 1000.0));
+    if (timeout_seconds > 0.0) {
+      config.timeout = std::chrono::milliseconds(static_cast<long long>(timeout_seconds * 1000.0));
+      config.timeout_setting = "the timeout this process set was made with";
+    }
     try {
       set->engine = std::make_shared<Engine>(process_set_collectives(rt, fmt::format("among.{}/", key), *set, config), config);
     } catch (const std::exception& e) {

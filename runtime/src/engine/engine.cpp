@@ -73,10 +73,12 @@ Engine::Engine(std::unique_ptr<Collectives> collectives, EngineConfig config)
     next_straggler_report_ = Clock::now() + config_.straggler_interval;
   }
   // Which ops fuse decides which collectives run, so every rank must use the same threshold: rank
-  // 0's, like its clock for stalls.
-  uint64_t threshold = config_.fusion_threshold;
-  collectives_->broadcast(&threshold, sizeof threshold, 0);
-  config_.fusion_threshold = static_cast<size_t>(threshold);
+  // 0's. Rank 0's clock decides which ops stalled, so its timeout is every rank's too.
+  uint64_t agreed[2] = {config_.fusion_threshold, static_cast<uint64_t>(config_.timeout.count())};
+  collectives_->broadcast(agreed, sizeof agreed, 0);
+  config_.fusion_threshold = static_cast<size_t>(agreed[0]);
+  config_.timeout = std::chrono::milliseconds(static_cast<long long>(agreed[1]));
+  negotiator_.say_timeout(config_.timeout, config_.timeout_setting);
   last_round_ = Clock::now().time_since_epoch().count();  // the broadcast above: the first cycle counts from here
   thread_ = std::thread([this] { run_loop(); });
 }

@@ -74,9 +74,10 @@ struct EngineConfig {
   size_t fusion_threshold = static_cast<size_t>(contract::kFusionThreshold.fallback);                    // 0 = no fusion
   // An op waiting longer for a rank fails.
   std::chrono::milliseconds timeout{static_cast<long long>(contract::kTimeout.fallback * 1000)};
-  std::string timeline_path;     // DDL_TIMELINE for this rank; empty = none
-  std::string progress_path;     // the hang watchdog's file for this rank (DDL_WATCH_DIR); empty = none
-  std::vector<int> world_ranks;  // a process set's members, which errors name; empty: the world
+  std::string timeout_setting = contract::kTimeout.name;  // what a user raises it with, for the message of an op that timed out
+  std::string timeline_path;                              // DDL_TIMELINE for this rank; empty = none
+  std::string progress_path;                              // the hang watchdog's file for this rank (DDL_WATCH_DIR); empty = none
+  std::vector<int> world_ranks;                           // a process set's members, which errors name; empty: the world
   // DDL_REPORT_STRAGGLERS (the world's engine only): rank 0 writes on stderr which ranks the others
   // waited for (StragglerTally), when it finalizes and, when set, every this often.
   bool report_stragglers = false;

@@ -324,8 +324,8 @@ std::vector<int> Negotiator::missing_ranks(const CachedWait& w) const {
 }
 
 std::string Negotiator::stall_message(const std::string& name, const std::vector<int>& missing) const {
-  return fmt::format("op '{}' timed out: {} never submitted it (raise DDL_TIMEOUT if they are only slow)", name,
-                     ranks_named(missing, "rank(s)"));
+  return fmt::format("op '{}' timed out: {} never submitted it within the timeout of {:g} s (raise {} if they are only slow)", name,
+                     ranks_named(missing, "rank(s)"), static_cast<double>(timeout_.count()) / 1000.0, timeout_setting_);
 }
 
 std::string Negotiator::ranks_named(const std::vector<int>& ranks, const char* word) const {

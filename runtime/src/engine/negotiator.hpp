@@ -56,6 +56,11 @@ class Negotiator {
   explicit Negotiator(int world_size, size_t cache_capacity = 4096) : size_(world_size), cache_capacity_(cache_capacity) {}
   // A process set's negotiator: its errors name its members by world rank.
   void name_ranks_by(std::vector<int> world_ranks) { world_ranks_ = std::move(world_ranks); }
+  // The timeout an op that timed out names, and what sets it ("DDL_TIMEOUT").
+  void say_timeout(std::chrono::milliseconds timeout, std::string setting) {
+    timeout_ = timeout;
+    timeout_setting_ = std::move(setting);
+  }
   // Tells `tally` (which outlives this negotiator) of every op agreed: who announced it last, and
   // how much later. Without one, nothing is tracked.
   void count_stragglers(StragglerTally* tally) { stragglers_ = tally; }
@@ -147,7 +152,9 @@ class Negotiator {
 
   int size_;
   StragglerTally* stragglers_ = nullptr;
-  std::vector<int> world_ranks_;  // set rank -> world rank, for messages; empty: the world's own
+  std::vector<int> world_ranks_;          // set rank -> world rank, for messages; empty: the world's own
+  std::chrono::milliseconds timeout_{0};  // for messages only: rank 0's engine decides what expired
+  std::string timeout_setting_ = "DDL_TIMEOUT";
   // "rank 0,2", or a set's "world rank 3,5" (`word`: "rank" or "rank(s)")
   std::string ranks_named(const std::vector<int>& ranks, const char* word) const;
   std::vector<bool> joined_;  // ranks whose last announcement said they wait in ddl_join
