@@ -7,7 +7,7 @@
 #
 #   bash scripts/torch_distributed_suite.sh [OUT_DIR] [unittest arguments, e.g. -k all_reduce]
 #
-# Environment: BACKENDS (default "gloo ddl"), WORLD_SIZE (default 2), DDL_BUILD_DIR (default
+# Environment: BACKENDS (default "gloo ddl"), WORLD_SIZE (default 2), GATES_OF, DDL_BUILD_DIR (default
 # ./build; its python/ is the ddl package used). Writes OUT_DIR/BACKEND-WORLD_SIZE.log per backend,
 # then prints each backend's counts (ok / skipped / FAIL / ERROR) and every test whose outcome
 # differs between the backends. The whole suite at world size 2 is several hundred tests: over an
@@ -17,7 +17,9 @@
 # ($DDL_TORCH_SUITE_VENV, default /var/cache/ddl/torch-suite-venv, --system-site-packages).
 # A backend the suite does not know is a "plugin" to it; ddl also declares what it does (DDP,
 # subgroups), as the suite's DistTestCases.backend_feature lets a backend say. Tests the suite gates
-# on a backend's name ("Test requires backend to be one of {'nccl', 'gloo'}") skip on ddl.
+# on a backend's name ("Test requires backend to be one of {'nccl', 'gloo'}") skip on ddl, unless
+# GATES_OF=gloo: then every backend's tests are chosen as for gloo (the suite's file is not edited;
+# its skips are decided under gloo's name, and the tests run on the backend they were given).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -50,11 +52,18 @@ from torch.testing._internal.common_utils import run_tests
 import ddl.distributed  # noqa: F401  (registers "ddl", in every spawned process too)
 
 BACKEND = os.environ["BACKEND"]
-if BACKEND == "ddl":  # before the suite's tests are defined: their skips are decided then
+# The backend whose name the suite's skips are decided by, when its tests are defined (at import):
+# GATES_OF=gloo lets ddl enter the tests the suite gates on gloo's name. The tests then run with
+# BACKEND, which the suite reads again at run time.
+GATES_OF = os.environ.get("GATES_OF") or BACKEND
+if BACKEND == "ddl":  # what ddl does, to the skips decided now and to the checks at run time
     for feature in ("plugin", "ddp", "subgroup"):
         DistTestCases.backend_feature[feature].add("ddl")
+os.environ["BACKEND"] = GATES_OF
+import torch.testing._internal.distributed.distributed_test as suite  # noqa: E402
 
-from torch.testing._internal.distributed.distributed_test import DistributedTest, TestDistBackend  # noqa: E402
+suite.BACKEND = os.environ["BACKEND"] = BACKEND
+DistributedTest, TestDistBackend = suite.DistributedTest, suite.TestDistBackend
 
 
 class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):

@@ -490,10 +490,11 @@ class ProcessGroupDDL(dist.ProcessGroup):
         """torch's abort: the group's thread ends after the ops already handed to it; nothing waits."""
         self._completer.stop()
 
-    def __del__(self):
-        # Not while the interpreter ends (_stop_completers has ended the threads), nor for a group
-        # whose making failed before it had a thread.
-        if not sys.is_finalizing() and getattr(self, "_completer", None) is not None:
+    def __del__(self, _is_finalizing=sys.is_finalizing):
+        # Not while the interpreter ends (_stop_completers has ended the threads; the module's globals,
+        # sys among them, may be gone: hence the bound default), nor for a group whose making failed
+        # before it had a thread.
+        if not _is_finalizing() and getattr(self, "_completer", None) is not None:
             self.shutdown()
 
     # ---- the machinery every op shares ----
@@ -576,6 +577,8 @@ class ProcessGroupDDL(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         op = _libddl_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         _same_device(tensors)
+        if any(t.is_sparse for t in tensors):
+            return self._sparse_allreduce(_single(tensors, "all_reduce of sparse tensors"), op)
         dense = [_dense(t) for t in tensors]
         views = [_reducible(t, op) for t in dense]
 
@@ -586,6 +589,59 @@ class ProcessGroupDDL(dist.ProcessGroup):
                              view.numel(), dtype, view_op, ctypes.byref(options))
 
         return self._launch(submit, lambda: _write_back(tensors, dense) or tensors, views, overlaps=True)
+
+    def _sparse_allreduce(self, tensor, op):
+        """SUM of a sparse COO tensor, as gloo's: every rank's indices and values are gathered (their
+        numbers of entries differ by rank) and summed here, duplicates added by coalesce(); the result
+        is written into `tensor` (its number of entries changes). Ranks must agree on the tensor's
+        size, which the values' op carries as its shape."""
+        if op != L.SUM:
+            raise ValueError("the ddl backend reduces sparse tensors with SUM only, as gloo does")
+        if tensor.layout != torch.sparse_coo or tensor.sparse_dim() == 0:
+            raise ValueError("the ddl backend reduces sparse COO tensors with at least one sparse dimension, "
+                             f"not this {tensor.layout} one of {tensor.sparse_dim()}")
+        local = tensor.detach().coalesce().cpu()  # gathered through host memory, as libddl's any-count ops are
+        indices = local._indices().t().contiguous()  # one row of sparse_dim indices per entry
+        entry_shape = tuple(local._values().shape[1:])  # the dense part of one entry
+        values, dtype = _movable(local._values().reshape(-1))
+        size = tuple(tensor.shape)
+        n = self.size()
+        handles = []
+
+        def submit(payload, payload_dtype, shape):
+            options = self._sequence_options()
+            dims = (ctypes.c_longlong * len(shape))(*shape)
+            options.shape, options.ndim = dims, len(shape)
+            handles.append(L.submit(L.lib.ddl_allgather_any_ex, self._name("allreduce.sparse"), _pointer(payload),
+                                    payload.numel(), payload_dtype, ctypes.byref(options)))
+
+        try:
+            submit(indices, L.INT64, (local.sparse_dim(),))
+            submit(values, dtype, size)  # the size: ranks that disagree on it fail the op together
+        except BaseException:
+            L.wait_quietly(handles)
+            raise
+
+        def read(handle, like):
+            """Every rank's elements of one op, in rank order, as a 1-D tensor of `like`'s dtype."""
+            counts, data = L.gathered(handle, n)
+            out = like.new_empty((sum(counts),))
+            if out.numel():
+                ctypes.memmove(out.data_ptr(), data, out.numel() * out.element_size())
+            return out
+
+        def finish():
+            try:
+                every_index, every_value = read(handles[0], indices), read(handles[1], values)
+            finally:
+                L.wait_quietly(handles)
+            entries = every_index.numel() // local.sparse_dim()
+            every_value = every_value.view(local.dtype).reshape((entries,) + entry_shape)
+            total = torch.sparse_coo_tensor(every_index.reshape(entries, local.sparse_dim()).t(), every_value, size)
+            tensor.copy_(total.coalesce().to(tensor.device))
+            return [tensor]
+
+        return _work(_Op([], finish, (indices, values)), self._completer, _torch_caller())
 
     def allreduce_coalesced(self, tensors, opts=None):
         # libddl fuses ops submitted together, so the tensors go as separate ops, unless two of them

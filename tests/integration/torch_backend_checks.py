@@ -346,6 +346,34 @@ def errors(rank):
         check("and one that works broadcasts", matched, torch.ones(8))
 
 
+def sparse(rank):
+    """SUM of sparse COO tensors, as gloo's: entries that differ in number by rank (none on rank 1),
+    repeated indices, a dense part per entry; the result is written into the tensor."""
+    def made(dtype):
+        if rank == 1:
+            return torch.sparse_coo_tensor(torch.zeros((2, 0), dtype=torch.int64), torch.zeros((0, 3), dtype=dtype), (4, 5, 3))
+        entries = rank + 2
+        indices = torch.tensor([[(rank + i) % 4 for i in range(entries)], [i % 5 for i in range(entries)]])
+        indices[:, -1] = indices[:, 0]  # one index twice
+        return torch.sparse_coo_tensor(indices, data(rank + 20, (entries, 3)).to(dtype), (4, 5, 3))
+
+    for dtype in (torch.float32, torch.float64, torch.int64):
+        def run(group, dtype=dtype):
+            t = made(dtype)
+            dist.all_reduce(t, group=group)
+            assert t.is_sparse and t.is_coalesced(), t
+            return t.to_dense()
+        check(f"all_reduce of a sparse {dtype} tensor", *both(run))
+
+    def asynchronously(group):
+        t = made(torch.float32)
+        dist.all_reduce(t, group=group, async_op=True).wait()
+        return t.to_dense()
+    check("all_reduce of a sparse tensor, async_op", *both(asynchronously))
+    expect_error(ValueError, "SUM only", dist.all_reduce, made(torch.float32), op=dist.ReduceOp.MAX, group=DDL)
+    check("all_reduce MAX of a sparse tensor refused", torch.ones(1), torch.ones(1))
+
+
 def futures_and_aliases(rank):
     def expanded(group):  # one element shown three times: each shows the sum
         t = torch.tensor([float(rank + 1)]).expand(3)
@@ -397,7 +425,7 @@ if __name__ == "__main__":
     DDL = dist.group.WORLD
     GLOO = dist.new_group(list(range(SIZE)), backend="gloo")
     assert dist.get_backend() == "ddl", dist.get_backend()
-    for part in (reductions, moves, asynchronous, subgroups, torch2, strided, errors, futures_and_aliases):
+    for part in (reductions, moves, asynchronous, subgroups, torch2, strided, errors, futures_and_aliases, sparse):
         part(RANK)
     print(f"checks passed: {passed}", flush=True)
     dist.destroy_process_group()
