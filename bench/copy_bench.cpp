@@ -1,4 +1,4 @@
-// glibc's memcpy against libddl's copy_bytes (runtime/src/engine/copy_bytes.cpp) at the sizes
+// glibc's memcpy against libddl's copy_bytes (runtime/src/core/copy_bytes.cpp) at the sizes
 // libddl copies: one gradient into the fusion buffer, one shared-memory slot. Single thread,
 // source and destination reused (in cache up to the cache's size), GB/s = bytes / time.
 //
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/src/engine/copy_bytes.hpp"
+#include "runtime/src/core/copy_bytes.hpp"
 
 namespace {
 

@@ -1,5 +1,5 @@
 // Fuzz target `negotiation`: the engine's negotiation messages (Announcement::parse, the decoder of
-// what every rank allgathers each round, runtime/src/engine/op_spec.cpp) and the Negotiator
+// what every rank allgathers each round, runtime/src/engine/announcement.cpp) and the Negotiator
 // (runtime/src/engine/negotiator.cpp) that merges the decoded rounds.
 //
 //   byte 0   world size: 1 + (byte & 3)
@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "rendezvous/store_protocol.hpp"
+#include "runtime/src/engine/announcement.hpp"
 #include "runtime/src/engine/negotiator.hpp"
-#include "runtime/src/engine/op_spec.hpp"
 
 using namespace ddl::runtime;
 

@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "runtime/src/engine/copy_bytes.hpp"
+#include "runtime/src/core/copy_bytes.hpp"
 
 using ddl::runtime::copy_bytes;
 using ddl::runtime::move_bytes;

@@ -5,7 +5,7 @@
 #include <limits>
 #include <vector>
 
-#include "runtime/src/engine/dtype.hpp"
+#include "runtime/src/core/dtype.hpp"
 
 using namespace ddl::runtime;
 

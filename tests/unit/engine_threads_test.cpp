@@ -97,22 +97,22 @@ class Probe final : public Collectives {
     record(mine(), outcome == ProposalOutcome::Ran);
     return outcome;
   }
-  void allreduce(void* data, size_t count, size_t element_size, ReduceFunction reduce) override {
+  void allreduce(void* data, size_t bytes, size_t element_size, ReduceFunction reduce) override {
     {
       std::lock_guard lock(mutex_);
-      allreduces_.push_back({count, element_size});
+      allreduces_.push_back({bytes / element_size, element_size});
     }
-    live().allreduce(data, count, element_size, reduce);
+    live().allreduce(data, bytes, element_size, reduce);
   }
   // Passed on, so that a transport that reduces a fused allreduce without a fusion buffer (shared
   // memory) does; recorded as one allreduce of the pieces' elements.
   bool reduces_pieces() const override { return reduces_pieces_; }
   void allreduce_pieces(std::span<const ReducePiece> pieces, size_t element_size, ReduceFunction reduce) override {
-    size_t count = 0;
-    for (const ReducePiece& piece : pieces) count += piece.count;
+    size_t bytes = 0;
+    for (const ReducePiece& piece : pieces) bytes += piece.bytes;
     {
       std::lock_guard lock(mutex_);
-      allreduces_.push_back({count, element_size});
+      allreduces_.push_back({bytes / element_size, element_size});
     }
     live().allreduce_pieces(pieces, element_size, reduce);
   }
@@ -373,7 +373,7 @@ class HostPlayedGpu final : public GpuCollectives {
     enqueue([=, this] {
       const size_t bytes = count * dtype_size(dtype);
       if (send != recv && bytes > 0) std::memmove(recv, send, bytes);
-      host_.allreduce(recv, count, dtype_size(dtype), reduce_function(dtype, op));
+      host_.allreduce(recv, bytes, dtype_size(dtype), reduce_function(dtype, op));
       if (op == DDL_AVERAGE) divide_by_world_size(recv, count, dtype, host_.size());
     });
   }
@@ -1441,8 +1441,8 @@ TEST_SUITE("engine_threads") {
       Outcome proposed;
       if (ctx.rank == 0) {
         // Thread `proposer` proposes "dup" and is parked in that round, its op in neither the inbox
-        // nor in flight: another "dup" must be refused in the submitting call all the same (it was
-        // queued, then announced twice or left waiting for a second "dup" of the other ranks).
+        // nor in flight: another "dup" must be refused in the submitting call all the same (queued,
+        // it would be announced twice or left waiting for a second "dup" of the other ranks).
         ctx.probe.hold();
         std::thread proposer([&] { proposed = run_op(ctx, "dup", allreduce_spec(DDL_FLOAT32, a.size()), a.data(), a.data()); });
         const auto join = std::shared_ptr<void>(nullptr, [&](void*) { proposer.join(); });  // even when a check throws

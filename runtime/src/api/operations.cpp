@@ -12,7 +12,7 @@
 
 #include "ddl/ddl.h"
 #include "runtime/src/api/api_state.hpp"
-#include "runtime/src/engine/dtype.hpp"
+#include "runtime/src/core/dtype.hpp"
 #include "runtime/src/engine/engine.hpp"
 
 struct ddl_handle_s {
@@ -227,8 +227,8 @@ ddl_status ddl_allgatherv_ex(const char* name, const void* send, void* recv, con
   return with_target(options, [&](Target& t, const ddl_op_options& o, std::vector<int64_t> shape) {
     std::vector<uint64_t> counts(recv_counts, recv_counts + t.size);
     const uint64_t total = sum_of(recv_counts, t.size);
-    // The send buffer holds this rank's count only: none may come as NULL (refusing it left the
-    // other ranks waiting for this one).
+    // The send buffer holds this rank's count only: none may come as NULL (refusing it would leave
+    // the other ranks waiting for this one).
     if (auto s = check_common(recv, total, dtype); s != DDL_SUCCESS) return s;
     if (counts[static_cast<size_t>(t.rank)] > 0 && send == nullptr)
       return fail(DDL_ERROR_INVALID_ARGUMENT, "allgatherv: the send buffer is NULL");
@@ -324,7 +324,7 @@ ddl_status ddl_reducescatter_ex(const char* name, const void* send, void* recv, 
     std::vector<uint64_t> counts(recv_counts, recv_counts + t.size);
     const uint64_t total = sum_of(recv_counts, t.size);
     // The output holds this rank's share only: none (fewer rows than ranks) may come as NULL, as
-    // an empty tensor's storage does; refusing it here left the other ranks waiting for this one.
+    // an empty tensor's storage does; refusing it here would leave the other ranks waiting for this one.
     if (auto s = check_common(recv, counts[static_cast<size_t>(t.rank)], dtype); s != DDL_SUCCESS) return s;
     if (too_many_bytes(total, dtype)) return refuse_byte_count(total, dtype);
     if (send == nullptr && total > 0) return fail(DDL_ERROR_INVALID_ARGUMENT, "the send buffer is NULL");

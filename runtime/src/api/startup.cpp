@@ -25,7 +25,7 @@
 #include "rendezvous/pmix_store.hpp"
 #include "rendezvous/tcp_store_client.hpp"
 #include "runtime/src/api/api_state.hpp"
-#include "runtime/src/engine/dtype.hpp"
+#include "runtime/src/core/dtype.hpp"
 #include "runtime/src/transports/collectives.hpp"
 #include "runtime/src/transports/nccl_library.hpp"
 
@@ -62,7 +62,7 @@ int env_int(const char* name, int fallback) {
   errno = 0;
   long n = std::strtol(v, &end, 10);
   if (*end != '\0') throw ddl::Error(fmt::format("{}='{}' is not a whole number", name, v));
-  // Cast to int, 4294967296 became rank 0: a second rank 0, silently.
+  // Cast to int, 4294967296 would become rank 0: a second rank 0, silently.
   if (errno == ERANGE || n < INT_MIN || n > INT_MAX) throw ddl::Error(fmt::format("{}='{}' is out of range", name, v));
   return static_cast<int>(n);
 }

@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 
 #include "common/error.hpp"
-#include "runtime/src/engine/copy_bytes.hpp"
+#include "runtime/src/core/copy_bytes.hpp"
 
 namespace ddl::runtime {
 
@@ -487,7 +487,7 @@ std::unique_lock<std::mutex> Engine::take_round_for_caller(OpState* awaited) {
 std::optional<ddl_status> Engine::run_proposed(PendingOp& op, const Offer& offer, std::string& message) {
   const OpSpec& s = op.spec;
   const size_t element = dtype_size(s.dtype);
-  ProposedOp proposed{offer.proposal, s.kind, op.send, op.recv, s.count, element, nullptr, s.root};
+  ProposedOp proposed{offer.proposal, s.kind, op.send, op.recv, s.count * element, element, nullptr, s.root};
   if (s.kind == OpKind::Allreduce) {
     proposed.reduce = reduce_function(s.dtype, s.reduce);
     if (s.prescale != 1.0) {  // scaled in a copy: the input stays as it was if the op goes on as any other
@@ -560,10 +560,10 @@ std::optional<ddl_status> Engine::run_proposed(PendingOp& op, const Offer& offer
 void Engine::run_agreed(const ProposedOp& op) {
   switch (op.kind) {
     case OpKind::Allreduce:
-      if (op.send != op.recv) move_bytes(op.recv, op.send, op.count * op.element_size);
-      collectives_->allreduce(op.recv, op.count, op.element_size, op.reduce);
+      if (op.send != op.recv) move_bytes(op.recv, op.send, op.bytes);
+      collectives_->allreduce(op.recv, op.bytes, op.element_size, op.reduce);
       break;
-    case OpKind::Broadcast: collectives_->broadcast(op.recv, op.count * op.element_size, op.root); break;
+    case OpKind::Broadcast: collectives_->broadcast(op.recv, op.bytes, op.root); break;
     default: break;  // a barrier: gathering every rank's announcement was one
   }
 }
@@ -921,7 +921,7 @@ void Engine::run_fused_allreduce(const std::vector<PendingOp*>& ops) {
     offset += op->spec.count;
   }
   auto t1 = Clock::now();
-  collectives_->allreduce(fusion_buffer_.data(), total_count, wire_element_size, reduce_function(wire, reduce));
+  collectives_->allreduce(fusion_buffer_.data(), total_count * wire_element_size, wire_element_size, reduce_function(wire, reduce));
   auto t2 = Clock::now();
   offset = 0;
   for (PendingOp* op : ops) {
@@ -946,7 +946,7 @@ bool Engine::run_fused_allreduce_in_place(const std::vector<PendingOp*>& ops) {
   if (!collectives_->reduces_pieces() || first.compress_fp16) return false;
   if (std::any_of(ops.begin(), ops.end(), [](const PendingOp* op) { return op->spec.prescale != 1.0; })) return false;
   pieces_.clear();
-  for (PendingOp* op : ops) pieces_.push_back({op->send, op->recv, op->spec.count});
+  for (PendingOp* op : ops) pieces_.push_back({op->send, op->recv, op->spec.count * dtype_size(op->spec.dtype)});
   const auto start = Clock::now();
   for (PendingOp* op : ops) record_wait(*op, start);
   collectives_->allreduce_pieces(pieces_, dtype_size(first.dtype), reduce_function(first.dtype, first.reduce));
@@ -978,7 +978,7 @@ void Engine::run_single(PendingOp& op) {
     case OpKind::Allreduce:
       if (op.send != op.recv) move_bytes(op.recv, op.send, bytes);
       scale(op.recv, s.count, s.dtype, s.prescale);
-      collectives_->allreduce(op.recv, s.count, element, reduce_function(s.dtype, s.reduce));
+      collectives_->allreduce(op.recv, s.count * element, element, reduce_function(s.dtype, s.reduce));
       finish_reduction(op.recv, s.count, s);
       break;
     case OpKind::Broadcast: collectives_->broadcast(op.recv, bytes, s.root); break;
@@ -1019,7 +1019,7 @@ void Engine::run_reducescatter(PendingOp& op) {
   if (scratch_.size() < s.count * element) scratch_.resize(s.count * element);
   copy_bytes(scratch_.data(), op.send, s.count * element);
   scale(scratch_.data(), s.count, s.dtype, s.prescale);
-  collectives_->allreduce(scratch_.data(), s.count, element, reduce_function(s.dtype, s.reduce));
+  collectives_->allreduce(scratch_.data(), s.count * element, element, reduce_function(s.dtype, s.reduce));
   size_t offset = 0;
   for (int r = 0; r < rank_; ++r) offset += s.counts[static_cast<size_t>(r)];
   const size_t mine = s.counts[static_cast<size_t>(rank_)];
@@ -1038,7 +1038,7 @@ size_t Engine::exchange_blocks(const PendingOp& op, bool& mismatch) {
   const auto ranks = static_cast<size_t>(size_);
   int64_t agreed[2] = {0, mismatch ? 1 : 0};  // the largest block, and whether any rank's counts mismatch
   for (size_t c : op.send_counts) agreed[0] = std::max(agreed[0], static_cast<int64_t>(c));
-  collectives_->allreduce(agreed, 2, sizeof(int64_t), reduce_function(DDL_INT64, DDL_MAX));
+  collectives_->allreduce(agreed, sizeof agreed, sizeof(int64_t), reduce_function(DDL_INT64, DDL_MAX));
   mismatch = agreed[1] != 0;
   if (mismatch) return 0;
   const int64_t block = agreed[0];
@@ -1099,7 +1099,7 @@ bool Engine::gpu_alltoallv_counts_agree(PendingOp& op) {
   const std::vector<uint64_t> sent_to_me = counts_sent_to_me(op);
   const std::optional<size_t> differing = first_unexpected_count(op, sent_to_me);
   int64_t any_mismatch = differing.has_value() ? 1 : 0;
-  collectives_->allreduce(&any_mismatch, 1, sizeof any_mismatch, reduce_function(DDL_INT64, DDL_MAX));
+  collectives_->allreduce(&any_mismatch, sizeof any_mismatch, sizeof any_mismatch, reduce_function(DDL_INT64, DDL_MAX));
   if (any_mismatch == 0) return true;
   finish(op, DDL_ERROR_MISMATCH, alltoallv_mismatch(op, sent_to_me, differing));
   return false;

@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "common/worker_contract.hpp"
+#include "runtime/src/core/op_spec.hpp"
 #include "runtime/src/engine/negotiator.hpp"
-#include "runtime/src/engine/op_spec.hpp"
 #include "runtime/src/engine/progress_mark.hpp"
 #include "runtime/src/engine/timeline.hpp"
 #include "runtime/src/transports/collectives.hpp"
@@ -309,7 +309,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   OpTable in_flight_;                    // submitted on this rank, announced, not yet finished
   // Nodes of finished ops, which add_to_inbox fills again: a node (and its name's and shape's room)
   // is then made and freed by the submitting thread. Freed by the engine thread instead, the memory
-  // of every op crossed threads, and malloc's arenas and their locks made submitting twice as dear.
+  // of every op would cross threads, and malloc's arenas and their locks would make submitting twice as dear.
   std::vector<OpTable::node_type> spare_nodes_;
   static constexpr size_t kSpareNodes = 4096;
   bool finalize_requested_ = false;
@@ -325,7 +325,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   Clock::time_point last_progress_{};                               // mutex_: the last round that announced or ran something
   // mutex_: the last round in which this rank announced ops announced them all by response-cache id
   // (a training loop's later steps). Its ops then wait for the next cycle, so that one round
-  // agrees all that came within it (and fuses them), where a round per op ran before.
+  // agrees all that came within it (and fuses them) rather than running a round per op.
   bool steady_ = false;
   size_t inbox_bytes_ = 0;  // mutex_: the data of the ops in inbox_
   static constexpr size_t kEagerRoundBytes = size_t{1} << 20;

@@ -10,7 +10,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "runtime/src/engine/op_spec.hpp"
+#include "runtime/src/core/op_spec.hpp"
+#include "runtime/src/engine/announcement.hpp"
 #include "runtime/src/engine/stragglers.hpp"
 
 namespace ddl::runtime {

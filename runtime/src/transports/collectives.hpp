@@ -1,5 +1,7 @@
 // The transport under the engine: blocking collectives on host memory among the world's ranks.
 // Only the thread running the engine's rounds calls them, one at a time, in the same order on every rank.
+// Every size here is in bytes; a reduction also names its element's size, which the bytes are a
+// multiple of.
 #pragma once
 
 #include <chrono>
@@ -11,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/src/engine/dtype.hpp"
-#include "runtime/src/engine/op_spec.hpp"
+#include "runtime/src/core/dtype.hpp"
+#include "runtime/src/core/op_spec.hpp"
 
 namespace gloo::rendezvous {
 class Store;
@@ -20,22 +22,22 @@ class Store;
 
 namespace ddl::runtime {
 
-// One tensor of a fused allreduce: `count` elements of this rank's input at `send`, the result into
-// `recv` (which may be `send`).
+// One tensor of a fused allreduce: `bytes` of this rank's input at `send`, the result into `recv`
+// (which may be `send`).
 struct ReducePiece {
   const void* send = nullptr;
   void* recv = nullptr;
-  size_t count = 0;
+  size_t bytes = 0;
 };
 
 // An op this rank proposes to run in the round that announces it (see Engine::run).
 struct ProposedOp {
   Proposal proposal;
-  OpKind kind = OpKind::Barrier;  // Allreduce, Broadcast or Barrier
-  const void* send = nullptr;     // allreduce: this rank's input
-  void* recv = nullptr;           // allreduce: the result; broadcast: the buffer (the source on the root)
-  size_t count = 0;
-  size_t element_size = 0;
+  OpKind kind = OpKind::Barrier;    // Allreduce, Broadcast or Barrier
+  const void* send = nullptr;       // allreduce: this rank's input
+  void* recv = nullptr;             // allreduce: the result; broadcast: the buffer (the source on the root)
+  size_t bytes = 0;                 // allreduce, broadcast
+  size_t element_size = 0;          // allreduce: `bytes` is a multiple of it
   ReduceFunction reduce = nullptr;  // allreduce
   int root = 0;                     // broadcast
 };
@@ -65,11 +67,12 @@ class Collectives {
     round = allgather_bytes(mine());
     return ProposalOutcome::Announced;
   }
-  // In place: data[i] = reduce over ranks, elements of `element_size` bytes.
-  virtual void allreduce(void* data, size_t count, size_t element_size, ReduceFunction reduce) = 0;
+  // In place: each element of `data` (`bytes` of elements of `element_size` bytes) = reduce over ranks.
+  virtual void allreduce(void* data, size_t bytes, size_t element_size, ReduceFunction reduce) = 0;
   // Whether allreduce_pieces works here; every rank gets the same answer.
   virtual bool reduces_pieces() const { return false; }
-  // One allreduce of the pieces' inputs back to back (as if packed into one buffer), reduced
+  // One allreduce of the pieces' inputs back to back (as if packed into one buffer; each piece a
+  // multiple of `element_size` bytes), reduced
   // straight from and into the pieces' buffers, which must not overlap one another: a fused
   // allreduce without a fusion buffer. Only where reduces_pieces() (the engine packs a fusion
   // buffer and calls allreduce elsewhere).

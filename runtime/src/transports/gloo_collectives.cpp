@@ -82,12 +82,12 @@ class GlooCollectives final : public Collectives {
     return out;
   }
 
-  void allreduce(void* data, size_t count, size_t element_size, ReduceFunction reduce) override {
-    if (count == 0) return;
+  void allreduce(void* data, size_t bytes, size_t element_size, ReduceFunction reduce) override {
+    if (bytes == 0) return;
     with_element_type(element_size, [&](auto type) {
       using T = decltype(type);
       gloo::AllreduceOptions opts(context_);
-      opts.setOutput(static_cast<T*>(data), count);
+      opts.setOutput(static_cast<T*>(data), bytes / element_size);
       opts.setReduceFunction(reduce);
       opts.setTimeout(timeout_);
       gloo_call([&] { gloo::allreduce(opts); });

@@ -49,16 +49,18 @@ class HierarchicalCollectives final : public Collectives {
 
   // The host's sum in shared memory; slice l of it summed across hosts by local rank l (one slice
   // per local rank that every host has); the slices shared again in shared memory.
-  void allreduce(void* data, size_t count, size_t element_size, ReduceFunction reduce) override {
-    if (count == 0) return;
-    local_->allreduce(data, count, element_size, reduce);
+  void allreduce(void* data, size_t bytes, size_t element_size, ReduceFunction reduce) override {
+    if (bytes == 0) return;
+    local_->allreduce(data, bytes, element_size, reduce);
+    // The slices split the elements, never one element.
+    const size_t count = bytes / element_size;
     const auto lanes = static_cast<size_t>(lanes_);
-    std::vector<size_t> bytes(static_cast<size_t>(local_->size()), 0);
-    for (size_t l = 0; l < lanes; ++l) bytes[l] = (count * (l + 1) / lanes - count * l / lanes) * element_size;
+    std::vector<size_t> slice_bytes(static_cast<size_t>(local_->size()), 0);
+    for (size_t l = 0; l < lanes; ++l) slice_bytes[l] = (count * (l + 1) / lanes - count * l / lanes) * element_size;
     const auto mine = static_cast<size_t>(local_->rank());
     char* slice = static_cast<char*>(data) + (mine < lanes ? count * mine / lanes * element_size : 0);
-    if (bytes[mine] > 0) cross_->allreduce(slice, bytes[mine] / element_size, element_size, reduce);
-    local_->allgatherv(slice, data, bytes);
+    if (slice_bytes[mine] > 0) cross_->allreduce(slice, slice_bytes[mine], element_size, reduce);
+    local_->allgatherv(slice, data, slice_bytes);
   }
 
   // Across hosts among the ranks with the root's local rank, then within each host from it; a

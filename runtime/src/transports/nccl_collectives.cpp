@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 
 #include "common/error.hpp"
-#include "runtime/src/engine/dtype.hpp"
+#include "runtime/src/core/dtype.hpp"
 #include "runtime/src/transports/nccl_library.hpp"
 
 #if DDL_WITH_NCCL
@@ -100,7 +100,7 @@ class NcclCollectives final : public GpuCollectives {
   }
 
   void allreduce(const void* send, void* recv, size_t count, ddl_dtype dtype, ddl_reduce_op op, void* stream) override {
-    // NCCL 2.28.9 on one rank left the last elements of an out-of-place ncclAvg unwritten (H100:
+    // NCCL 2.28.9 on one rank leaves the last elements of an out-of-place ncclAvg unwritten (H100:
     // 4097 and 4913 floats, 5000 and 65537 doubles); one rank's average is its sum, which is right.
     if (op == DDL_AVERAGE && size_ == 1) op = DDL_SUM;
     check_nccl(nccl().AllReduce(send, recv, count, nccl_type(dtype), nccl_op(op), comm_, static_cast<cudaStream_t>(stream)),

@@ -34,7 +34,7 @@
 
 #include "common/error.hpp"
 #include "common/random_hex.hpp"
-#include "runtime/src/engine/copy_bytes.hpp"
+#include "runtime/src/core/copy_bytes.hpp"
 #include "runtime/src/transports/collectives.hpp"
 
 namespace ddl::runtime {
@@ -102,7 +102,7 @@ class Pieces {
     size_t at = 0;
     for (size_t i = 0; i < pieces.size(); ++i) {
       starts_[i] = at;
-      at += pieces[i].count * element_size;
+      at += pieces[i].bytes;
     }
     bytes_ = at;
   }
@@ -117,7 +117,7 @@ class Pieces {
     if (begin >= end) return;
     size_t i = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), begin) - starts_.begin()) - 1;
     for (; i < pieces_.size() && starts_[i] < end; ++i) {
-      const size_t piece_end = starts_[i] + pieces_[i].count * element_size_;
+      const size_t piece_end = starts_[i] + pieces_[i].bytes;
       const size_t from = std::max(begin, starts_[i]), to = std::min(end, piece_end);
       if (from < to) part(pieces_[i], from - starts_[i], from, to - from);
     }
@@ -176,8 +176,8 @@ class SharedMemory final : public Collectives {
 
   bool reduces_pieces() const override { return true; }
 
-  void allreduce(void* data, size_t count, size_t element_size, ReduceFunction reduce) override {
-    const ReducePiece whole{data, data, count};
+  void allreduce(void* data, size_t bytes, size_t element_size, ReduceFunction reduce) override {
+    const ReducePiece whole{data, data, bytes};
     allreduce_pieces({&whole, 1}, element_size, reduce);
   }
 
@@ -359,7 +359,6 @@ class SharedMemory final : public Collectives {
     return bytes <= sizeof(RoundLine::inline_data) ? round_line(set, r).inline_data : slot(set, r) + chunk_ / 2;
   }
   size_t data_room() const { return chunk_ / 2; }
-  size_t bytes_of(const ProposedOp& op) const { return op.count * op.element_size; }
 
   // Publishes this rank's line of step `number` and waits for every peer's.
   void publish_and_wait(int set, uint64_t number) {
@@ -423,7 +422,7 @@ class SharedMemory final : public Collectives {
   // op is small enough to run from there; returns whether it is (the same answer on every rank that proposed it, as
   // the proposal names the op's size).
   bool publish_data(int set, const ProposedOp& op) {
-    const size_t bytes = bytes_of(op);
+    const size_t bytes = op.bytes;
     switch (op.kind) {
       case OpKind::Allreduce:
         if (bytes > std::min(small_allreduce_bytes_, data_room())) return false;
@@ -447,11 +446,11 @@ class SharedMemory final : public Collectives {
   // Runs the op every rank proposed from the data published with the proposals (a barrier has none:
   // every rank having published the round was it).
   void run_from_slots(int set, const ProposedOp& op) {
-    if (op.kind == OpKind::Allreduce && op.count > 0)
-      reduce_in_rank_order(static_cast<char*>(op.recv), op.count, op.reduce,
-                           [&](int r) -> const char* { return data_in(set, r, bytes_of(op)); });
+    if (op.kind == OpKind::Allreduce && op.bytes > 0)
+      reduce_in_rank_order(static_cast<char*>(op.recv), op.bytes / op.element_size, op.reduce,
+                           [&](int r) -> const char* { return data_in(set, r, op.bytes); });
     else if (op.kind == OpKind::Broadcast && rank_ != op.root)
-      copy_bytes(op.recv, data_in(set, op.root, bytes_of(op)), bytes_of(op));
+      copy_bytes(op.recv, data_in(set, op.root, op.bytes), op.bytes);
   }
 
   // The set the next chunk uses: the sets alternate over every chunk of every operation.

@@ -1,4 +1,4 @@
-#include "runtime/src/engine/copy_bytes.hpp"
+#include "runtime/src/core/copy_bytes.hpp"
 #include "runtime/src/transports/collectives.hpp"
 
 namespace ddl::runtime {
@@ -10,7 +10,7 @@ class SingleProcess final : public Collectives {
   int rank() const override { return 0; }
   int size() const override { return 1; }
   std::vector<std::string> allgather_bytes(const std::string& mine) override { return {mine}; }
-  void allreduce(void* /*data*/, size_t /*count*/, size_t /*element_size*/, ReduceFunction /*reduce*/) override {
+  void allreduce(void* /*data*/, size_t /*bytes*/, size_t /*element_size*/, ReduceFunction /*reduce*/) override {
   }  // one contribution: already the result
   void broadcast(void* /*data*/, size_t /*bytes*/, int /*root*/) override {}
   void allgatherv(const void* send, void* recv, const std::vector<size_t>& bytes) override {

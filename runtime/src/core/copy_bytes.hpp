@@ -7,7 +7,7 @@ namespace ddl::runtime {
 
 // memcpy(to, from, bytes), for buffers that do not overlap, without glibc's `rep movsb` range.
 // glibc 2.36 copies blocks from about 2 KiB up to a cache-size threshold with `rep movsb`, which on
-// the AMD EPYC (Zen 3) machine of bench/copy_bench.cpp ran ~15x slower than plain vector moves
+// the AMD EPYC (Zen 3) machine of bench/copy_bench.cpp runs ~15x slower than plain vector moves
 // (docs/benchmarks.md). Fusion copies blocks that size, one gradient at a time, and the
 // shared-memory collectives copy chunks in and out of their slots.
 void copy_bytes(void* to, const void* from, size_t bytes);

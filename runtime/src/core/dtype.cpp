@@ -1,4 +1,4 @@
-#include "runtime/src/engine/dtype.hpp"
+#include "runtime/src/core/dtype.hpp"
 
 #include <math.h>
 

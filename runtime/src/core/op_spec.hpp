@@ -1,4 +1,5 @@
-// What one named collective is, as every rank must agree on it, and how ranks announce theirs.
+// What one collective is, as every rank must agree on it, and a rank's offer to run one at once (a
+// Proposal). Below both the engine and the transports (runtime/src/core).
 #pragma once
 
 #include <array>
@@ -72,19 +73,6 @@ struct Proposal {
   bool operator==(const Proposal&) const = default;
   static Proposal for_cached(const OpSpec& spec, uint32_t cache_id);
   static Proposal for_unnamed(const OpSpec& spec, uint64_t unnamed_index);
-};
-
-// What one rank tells the others in one negotiation round.
-struct Announcement {
-  std::vector<std::pair<std::string, OpSpec>> submitted;  // ops newly submitted since the last round
-  std::vector<uint32_t> cached;                           // more of them, as response-cache ids
-  bool finalizing = false;                                // this rank called ddl_finalize
-  bool joined = false;                                    // this rank waits in ddl_join
-  std::vector<std::string> expired;                       // rank 0 only: ops that waited too long
-  Proposal proposal;                                      // the one op above, offered to run in this round (then nothing else is announced)
-
-  std::string serialize() const;
-  static Announcement parse(const std::string& bytes);  // throws std::runtime_error when malformed
 };
 
 }  // namespace ddl::runtime

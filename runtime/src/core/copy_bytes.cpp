@@ -1,4 +1,4 @@
-#include "runtime/src/engine/copy_bytes.hpp"
+#include "runtime/src/core/copy_bytes.hpp"
 
 #include <cstdint>
 #include <cstring>
@@ -9,7 +9,7 @@ namespace {
 // Outside [kLibcBelow, kLibcFrom) glibc's memcpy is as fast or faster: below, it moves vectors
 // itself; from kLibcFrom up it streams large blocks past the cache. (Its `rep movsb` range ends
 // below 128 KiB in a loop over hot buffers, but a 2-rank 512 KiB allreduce, whose 256 KiB copies
-// go to and from shared memory another core just touched, took 270 us with memcpy and 80 us
+// go to and from shared memory another core just touched, takes 270 us with memcpy and 80 us
 // without: every copy that fits a shared-memory slot is done here.)
 constexpr size_t kLibcBelow = 2 << 10;
 constexpr size_t kLibcFrom = 4 << 20;
