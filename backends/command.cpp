@@ -16,7 +16,7 @@ namespace {
 // Boost.Process (1.74) makes a child's pipes without close-on-exec, and the parent closes the
 // child's ends only after the fork. A child that another thread forks meanwhile inherits those
 // write ends, and the first child's output then never ends while the second lives: check-build's
-// probes run at once, and a hanging `import tensorflow` made a broken `import horovod` time out
+// probes run at once, and a hanging `import tensorflow` would make a broken `import horovod` time out
 // too. Children are therefore started one at a time; they still run at once.
 std::mutex g_starting_a_child;
 }  // namespace

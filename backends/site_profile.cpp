@@ -174,9 +174,9 @@ std::optional<std::string> builtin_text(const std::string& name) {
 }
 
 // Every "{{" in a text a script is filled from opens {{option}}, an option of `ddl submit` or one
-// the script derives (tasks_per_node, cpus_per_node): an unclosed one was written into the script
-// as it was, and an unknown one asked the user for a flag that does not exist.
-// Scanned by hand, in one pass: std::regex recursed once per character of a long name.
+// the script derives (tasks_per_node, cpus_per_node): an unclosed one would be written into the
+// script as it is, and an unknown one would ask the user for a flag that does not exist.
+// Scanned by hand, in one pass: std::regex recurses once per character of a long name.
 void check_placeholders(const std::string& source, const std::string& field, const std::string& text) {
   std::vector<std::string> known = {"tasks_per_node", "cpus_per_node"};
   for (const BatchOption& option : batch_options()) known.emplace_back(option.key);
@@ -209,7 +209,7 @@ void check_pattern(const std::string& source, const std::string& field, const st
 }
 
 // A key the profile format does not have in object `j` (the profile itself when `field` is empty):
-// a misspelt one ("cpus_per_node" in a partition) was ignored, and the script silently lacked it.
+// a misspelt one ("cpus_per_node" in a partition) would be ignored, and the script would silently lack it.
 void refuse_unknown_keys(const json& j, const std::string& source, const std::string& field, const std::vector<std::string>& known) {
   for (const auto& [key, value] : j.items())
     if (std::find(known.begin(), known.end(), key) == known.end())
@@ -217,8 +217,8 @@ void refuse_unknown_keys(const json& j, const std::string& source, const std::st
                     fmt::format("is not a {} field (known: {})", field.empty() ? "profile" : field, fmt::join(known, ", ")));
 }
 
-// `ddl jupyter`'s defaults: the two it reads, of the kinds it reads (a number there was an uncaught
-// type error; "program": "emacs" ran `jupyter emacs`).
+// `ddl jupyter`'s defaults: the two it reads, of the kinds it reads (a number there would be an
+// uncaught type error; "program": "emacs" would run `jupyter emacs`).
 void check_jupyter_defaults(const json& jupyter, const std::string& source) {
   if (!jupyter.is_object()) profile_error(source, "jupyter", "must be an object");
   for (const auto& [key, value] : jupyter.items()) {
@@ -232,7 +232,7 @@ void check_jupyter_defaults(const json& jupyter, const std::string& source) {
 }
 
 // The text of a user's profile file. Only a regular file (a symlink to one too) is read: a FIFO
-// would block `ddl sites` on open(), /dev/zero would never end, a directory failed deep in the stream.
+// would block `ddl sites` on open(), /dev/zero would never end, a directory would fail deep in the stream.
 std::string read_profile_file(const fs::path& path) {
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);

@@ -11,7 +11,7 @@ void add_job_options(CLI::App& app, std::map<std::string, std::string>& options,
     app.add_option_function<std::string>(
            std::string(option.flags), [&options, key = std::string(option.key)](const std::string& v) { options[key] = v; },
            std::string(option.help))
-        ->check(not_empty());  // an empty -J or -A was taken as none given
+        ->check(not_empty());  // an empty -J or -A would be taken as none given
   }
 }
 

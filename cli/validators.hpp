@@ -47,7 +47,7 @@ inline CLI::Validator seconds_at_most(double most) {
       "SECONDS");
 }
 
-// A value that says something: an empty -H or --output-dir was taken as no flag at all.
+// A value that says something: an empty -H or --output-dir would be taken as no flag at all.
 inline CLI::Validator not_empty() {
   return CLI::Validator(
       [](std::string& text) -> std::string {

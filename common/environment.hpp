@@ -18,9 +18,9 @@ using Environment = std::map<std::string, std::string>;
 Environment current_environment();
 // Whether `name` is a shell variable name: [A-Za-z_][A-Za-z0-9_]*. Checked by hand, in linear
 // time: libstdc++'s std::regex recurses once per character matched, and a name of 100,000
-// characters (the kernel allows 128 KiB) overflowed the stack.
+// characters (the kernel allows 128 KiB) would overflow the stack.
 bool is_variable_name(std::string_view name);
-// `text` as a whole number from 0 to `maximum` (digits only), or nullopt: atoi read "99999999999"
+// `text` as a whole number from 0 to `maximum` (digits only), or nullopt: atoi reads "99999999999"
 // as 1215752191 or a negative number, and "4x" as 4.
 std::optional<long long> whole_number(std::string_view text, long long maximum);
 // "NAME=value" strings, in the form execve() takes.

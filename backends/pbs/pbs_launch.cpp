@@ -18,7 +18,7 @@ namespace ddl::backends::pbs {
 std::vector<std::string> nodefile_hosts(const std::string& path) {
   std::stringstream in(read_text_file(path, "PBS_NODEFILE"));
   std::vector<std::string> hosts;
-  std::unordered_set<std::string> seen;  // a search of `hosts` per line was quadratic: minutes for 300,000 lines
+  std::unordered_set<std::string> seen;  // a search of `hosts` per line would be quadratic: minutes for 300,000 lines
   for (std::string line; std::getline(in, line);) {
     line.erase(0, line.find_first_not_of(" \t"));
     line.erase(line.find_last_not_of(" \t\r") + 1);

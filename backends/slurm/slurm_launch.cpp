@@ -24,7 +24,7 @@ constexpr long long kMostCount = 1 << 20;
 
 // The count Slurm wrote at the start of `var`'s value `text`: digits, followed by nothing or by
 // one of `may_follow` ("4(x2),2" for SLURM_JOB_CPUS_PER_NODE). Anything else (a value set by hand:
-// "abc", 99999999999) is an error naming the variable; read with atoi it wrapped around or became 0.
+// "abc", 99999999999) is an error naming the variable; read with atoi it would wrap around or become 0.
 int slurm_count(const char* var, std::string_view text, std::string_view may_follow = "") {
   const size_t digits = std::min(text.find_first_not_of("0123456789"), text.size());
   const bool ends_well = digits == text.size() || may_follow.find(text[digits]) != std::string_view::npos;
@@ -141,7 +141,7 @@ int signal_named(const std::string& how) {
 
 std::optional<FailedTask> failed_task(const std::deque<std::string>& srun_stderr) {
   // srun's reports are short: longer lines are not read, and the numbers are bounded, since
-  // std::regex recurses once per character it matches (a 40,000-character line was a segfault).
+  // std::regex recurses once per character it matches (a 40,000-character line would be a segfault).
   constexpr size_t kLongestReport = 4096;
   static const std::regex report(R"(^srun: error: ([^:\s]+): tasks? (\d{1,9})(?![0-9])[^:]*: (.*)$)");
   static const std::regex exited(R"(^Exited with exit code (\d{1,9})$)");

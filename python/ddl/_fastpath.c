@@ -1,10 +1,10 @@
-/* ddl._fastpath: the per-op calls of ddl's Python faces, compiled (issue 21).
+/* ddl._fastpath: the per-op calls of ddl's Python faces, compiled (docs/python-overhead.md).
  *
  * ctypes converts each argument of a call through Python-level machinery: submitting one allreduce
  * through ddl_allreduce_ex's eight arguments costs about 1 µs that way, more than libddl takes to
  * queue the op. This module makes the same calls for a small fraction of that.
  *
- * It links against nothing. ddl/_lib.py loads libddl with ctypes, as before, and hands this module
+ * It links against nothing. ddl/_lib.py loads libddl with ctypes either way, and hands this module
  * the addresses of the functions it calls (bind()), so both always talk to the same library. It is
  * built against CPython's stable ABI (abi3, 3.10 and later) and against no framework, so one build
  * serves every Python and every PyTorch or TensorFlow version. Where it is missing or does not load,
@@ -109,7 +109,7 @@ static PyObject* wait(PyObject* self, PyObject* handle_object) {
   return PyLong_FromLong(wait_for(handle));
 }
 
-/* ---- a whole allreduce_async_ of a tensor, for the common case (issue 21) ----
+/* ---- a whole allreduce_async_ of a tensor, for the common case ----
  *
  * A training step's gradients are contiguous host tensors of a dtype libddl reduces, named, in the
  * world's set, without scaling. For those, allreduce_tensor does in C what ddl.torch's Python path
@@ -413,7 +413,7 @@ static PyObject* finish_record(PyObject* number, PyObject* record, ddl_status* s
   return output;
 }
 
-/* ---- allreduce_async_ and synchronize themselves (issue 21) ----
+/* ---- allreduce_async_ and synchronize themselves ----
  *
  * A Python function around allreduce_tensor and the finishing of its ops costs a frame and its argument binding
  * per op, a fifth of what is left of a gradient's path. So the face's allreduce_async_ and

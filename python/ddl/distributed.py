@@ -1043,8 +1043,8 @@ def _create_process_group(options, pg_options=None):
     timeout = options.timeout if isinstance(options.timeout, datetime.timedelta) else datetime.timedelta(minutes=30)
     group = ProcessGroupDDL(rank, size, world_ranks, _key_for(options, rank), timeout)
     # Kept as gloo's group keeps it: torch's store (rank 0's server among them) stays up until the
-    # group is gone, after its ops. Dropped at destroy_process_group while a peer still polled it in
-    # init_process_group's barrier, it left that peer with "Broken pipe".
+    # group is gone, after its ops. Dropped at destroy_process_group while a peer still polls it in
+    # init_process_group's barrier, it would leave that peer with "Broken pipe".
     group._store = options.store
     return group
 

@@ -53,7 +53,7 @@ TEST_CASE("bad arguments are errors with a message, not crashes") {
   ::unsetenv("DDL_BOOTSTRAP");
 }
 
-// Cast to int, DDL_RANK=4294967296 was rank 0: a second rank 0 that no check saw.
+// Cast to int, DDL_RANK=4294967296 would be rank 0: a second rank 0 that no check sees.
 TEST_CASE("rank and placement variables out of range fail ddl_init, naming them") {
   ::setenv("DDL_BOOTSTRAP", "store", 1);
   ::setenv("DDL_STORE_ADDR", "127.0.0.1:1", 1);  // never reached: the variables are checked first

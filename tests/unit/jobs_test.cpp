@@ -8,8 +8,8 @@
 using ddl::backends::looks_like_job_id;
 using ddl::backends::scheduler_unreachable;
 
-// OpenPBS writes a value of digits alone unquoted (openpbs#1255): `ddl submit -J 42` then made
-// `ddl status` stop with a JSON type error ("this is a bug").
+// OpenPBS writes a value of digits alone unquoted (openpbs#1255): after `ddl submit -J 42`, a reader
+// that takes only text there would stop `ddl status` with a JSON type error ("this is a bug").
 TEST_CASE("qstat's JSON: numbers where text was expected, entries that are no objects, exit codes of every range") {
   const auto jobs = ddl::backends::pbs_jobs_from_qstat_json(R"({"Jobs": {
     "12.pbs": {"Job_Name": 42, "job_state": "F", "Output_Path": "login1:/home/a/42.o12", "Exit_status": 271},
@@ -35,7 +35,7 @@ TEST_CASE("qstat's JSON: numbers where text was expected, entries that are no ob
     CHECK(ddl::backends::pbs_jobs_from_qstat_json(not_qstat).empty());
 }
 
-// std::regex recurses once per character it matches: `ddl cancel` of 100,000 digits was a segfault.
+// std::regex recurses once per character it matches: `ddl cancel` of 100,000 digits would be a segfault.
 TEST_CASE("a job id of 100,000 digits is no job id, not a crash") {
   CHECK(looks_like_job_id("4242"));
   CHECK(looks_like_job_id("4242.pbs01"));

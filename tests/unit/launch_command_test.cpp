@@ -164,8 +164,8 @@ TEST_CASE("srun's report of the failed task: rank, host, exit code or signal") {
   CHECK_FALSE(slurm::failed_task({"srun: error: Unable to allocate resources: Invalid account"}));
 }
 
-// A task's words pass through srun's stderr: std::regex recursed once per character (a segfault at
-// 40,000), and std::stoi threw on a number past int's range ("this is a bug").
+// A task's words pass through srun's stderr: std::regex recurses once per character (a segfault at
+// 40,000), and std::stoi throws on a number past int's range ("this is a bug").
 TEST_CASE("srun's report: a line of 40,000 characters or a number past int's range is not read as one") {
   CHECK_FALSE(slurm::failed_task({"srun: error: nid001: task 0: " + std::string(40000, 'x')}));
   CHECK_FALSE(slurm::failed_task({"srun: error: nid001: task 99999999999: Exited with exit code 3"}));
@@ -185,8 +185,8 @@ TEST_CASE("Slurm allocation facts: GPUs and CPUs per node in every form Slurm wr
   CHECK(slurm::cpus_per_node({{"SLURM_JOB_CPUS_PER_NODE", "128(x2)"}}) == 128);
 }
 
-// Found by tests/fuzz (fuzz_slurm_tasks): the sum of the counts overflowed an int. And read with
-// atoi, 99999999999 wrapped to 1215752191 srun tasks, "abc" became 0 GPUs.
+// The sum of the counts can overflow an int (a case of tests/fuzz's fuzz_slurm_tasks). And read with
+// atoi, 99999999999 would wrap to 1215752191 srun tasks, "abc" would become 0 GPUs.
 TEST_CASE("counts Slurm would not write are an error naming the variable, not a wrapped or zero count") {
   CHECK_THROWS_WITH_AS(slurm::gpus_per_node({{"SLURM_GPUS_PER_NODE", "a100:2000000000,v100:2000000000"}}),
                        doctest::Contains("SLURM_GPUS_PER_NODE="), ddl::Error);
@@ -223,7 +223,7 @@ TEST_CASE("the PBS node file: distinct hosts in order; a missing file names it")
   CHECK_THROWS_WITH_AS(pbs::nodefile_hosts(path), doctest::Contains("/tmp/ddl_unit_nodefile"), ddl::Error);
 }
 
-// Each line was searched for among the hosts before it: 300,000 lines took minutes, with signals
+// Searching for each line among the hosts before it, 300,000 lines would take minutes, with signals
 // blocked (ddl run could not be stopped).
 TEST_CASE("the PBS node file: 300,000 distinct hosts are read in one pass") {
   const std::string path = "/tmp/ddl_unit_nodefile_large";

@@ -278,9 +278,9 @@ TEST_CASE("a waiting join stalls only after DDL_TIMEOUT without any op running, 
   CHECK(std::find(late.begin(), late.end(), "ddl.join") != late.end());
 }
 
-// Found by tests/fuzz (fuzz_negotiation): a message naming one op twice counted as a second rank,
-// and (with rank 0's expired list naming the op too) made merge() look up an entry it had already
-// erased, a crash on every rank (tests/fuzz/corpus/negotiation/crash_same_op_twice). A rank never
+// A message naming one op twice, counted as a second rank, would (with rank 0's expired list naming
+// the op too) make merge() look up an entry it had already erased, a crash on every rank
+// (tests/fuzz/corpus/negotiation/crash_same_op_twice, of fuzz_negotiation). A rank never
 // has one name pending twice, so such a message is corrupt: an error, never counted.
 TEST_CASE("a message announcing one op twice is an error, not a second rank") {
   Negotiator n(2);

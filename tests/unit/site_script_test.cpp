@@ -420,7 +420,7 @@ TEST_CASE("hostile profiles are usage errors naming the file and field, never a 
 }
 
 // libstdc++'s std::regex recurses once per character it matches and per level it parses: each of
-// these was a segfault.
+// these would be a segfault.
 TEST_CASE("profiles and values long enough to overflow std::regex are refused or unmatched, never a crash") {
   const std::string letters(100000, 'a');
   const std::string nested = std::string(300, '(') + "a" + std::string(300, ')');
@@ -465,9 +465,9 @@ TEST_CASE("a profile path that is no regular file is a usage error naming it; th
                    {"numbered", R"({"scheduler": "slurm", "jupyter": {"program": 5}})"},
                    {"emacs", R"({"scheduler": "slurm", "jupyter": {"program": "emacs"}})"}});
   const fs::path dir = sites.dir / "ddl" / "sites";
-  fs::create_directories(dir / "adir.json");                  // a directory failed in the stream: "a bug in ddl"
-  REQUIRE(::mkfifo((dir / "fifo.json").c_str(), 0600) == 0);  // open() of a FIFO blocked `ddl sites`
-  fs::create_symlink("/dev/zero", dir / "zero.json");         // never ended
+  fs::create_directories(dir / "adir.json");                  // a directory would fail in the stream: "a bug in ddl"
+  REQUIRE(::mkfifo((dir / "fifo.json").c_str(), 0600) == 0);  // open() of a FIFO would block `ddl sites`
+  fs::create_symlink("/dev/zero", dir / "zero.json");         // would never end
   fs::create_symlink("loop2.json", dir / "loop1.json");
   fs::create_symlink("loop1.json", dir / "loop2.json");
   CHECK_THROWS_WITH_AS(load_site("adir"), doctest::Contains("adir.json: is a directory, not a regular file"), ddl::UsageError);
@@ -485,7 +485,7 @@ TEST_CASE("a profile path that is no regular file is a usage error naming it; th
   CHECK(std::count_if(listed.begin(), listed.end(), [](const ListedSite& l) { return !l.profile; }) == 7);
 }
 
-// Found by tests/fuzz (fuzz_site_profile): 999999 GPUs x 999999 cores per task overflowed an int.
+// 999999 GPUs x 999999 cores per task overflow an int (a case of tests/fuzz's fuzz_site_profile).
 TEST_CASE("the largest counts a profile may default to multiply without overflow") {
   UserSites sites(
       std::map<std::string, std::string>{{"big", R"({"scheduler": "pbs", "defaults": {"gpus_per_node": 999999, "cpus_per_task": 999999},

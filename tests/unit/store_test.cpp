@@ -118,7 +118,7 @@ TEST_CASE("add counts only on a whole integer in 64 bits: no blanks, trailing by
 
 TEST_CASE("a burst of many pipelined requests is answered whole and in order") {
   // 20000 sets, then a get of each tenth, sent before reading any answer: the server handles the
-  // burst in batches (it once moved the rest of its buffer after every request).
+  // burst in batches, rather than moving the rest of its buffer after every request.
   StoreServer server({.token = kToken});
   int fd = raw_connect(server.port());
   using ddl::store::Op;

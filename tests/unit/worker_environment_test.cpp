@@ -18,7 +18,7 @@ RunContext sample_run() {
 }
 }  // namespace
 
-// atoi read "99999999999" as 1215752191 (NCPUS: that many OpenMP threads per worker) or -1.
+// atoi reads "99999999999" as 1215752191 (NCPUS: that many OpenMP threads per worker) or -1.
 TEST_CASE("counts from the environment are whole numbers within range, or nothing") {
   CHECK(ddl::whole_number("0", 10) == 0);
   CHECK(ddl::whole_number("16", 1 << 20) == 16);

@@ -71,8 +71,8 @@ TEST_SUITE("worker_process") {
     CHECK(WEXITSTATUS(status) == 42);  // the grandchild died of SIGTERM
   }
 
-  // ddl run -H looks up every host name with the signals already blocked: Ctrl-C waited for all
-  // the lookups (minutes for thousands of names); now each lookup is followed by this check.
+  // ddl run -H looks up every host name with the signals already blocked, so each lookup is followed
+  // by this check: otherwise Ctrl-C would wait for all the lookups (minutes for thousands of names).
   TEST_CASE("a stopping signal that comes before the run is seen; one meant for workers is dropped") {
     ddl::launcher::Supervisor supervisor({});
     CHECK(supervisor.signal_before_run() == 0);

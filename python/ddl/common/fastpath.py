@@ -1,4 +1,4 @@
-"""libddl's per-op calls on the faces' hot paths (issue 21, docs/python-overhead.md).
+"""libddl's per-op calls on the faces' hot paths (docs/python-overhead.md).
 
     handle = allreduce(name, send, recv, count, dtype, op, options_address)   # ddl_allreduce_ex (name: bytes or None)
     status = wait(handle)                                                     # ddl_wait, GIL released

@@ -54,7 +54,7 @@ def _sorted_ranks(ranks):
     ranks = list(ranks)
     if not all(isinstance(r, numbers.Integral) and not isinstance(r, bool) for r in ranks):
         raise ValueError(f"ProcessSet takes integer ranks, not {ranks!r}")
-    # libddl takes C ints: 2**32 + 1 was passed on as rank 1, a set other than the one asked for.
+    # libddl takes C ints: 2**32 + 1 would pass on as rank 1, a set other than the one asked for.
     for r in ranks:
         if not 0 <= r < 2**31:
             raise ValueError(f"ProcessSet rank {int(r)} is out of range: ranks run from 0 to the world's size - 1")

@@ -13,7 +13,7 @@ def row_elements(shape):
 
 # Rows of no elements (a tensor of shape (k, 0)): counts of elements, all 0, cannot say how many rows
 # each rank has, so such an op sends row counts instead, one int64 per destination (each face's
-# payload), and its result is an empty tensor of the gathered rows (the shape came back as (0, 0)).
+# payload), and its result is an empty tensor of the gathered rows (of shape (rows, 0), not (0, 0)).
 def row_counts_received(ptr, total):
     """The `total` int64 row counts at `ptr` (ddl_gathered's data) that ranks sent as such a payload."""
     return list((ctypes.c_int64 * total).from_address(ptr.value)) if total else []

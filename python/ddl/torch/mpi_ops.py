@@ -289,7 +289,7 @@ def _single(handle_of_group):
 
 def _allreduce_one_async(tensor, output, name, op, prescale, postscale, process_set):
     """One allreduce: contiguous host tensors of libddl's dtypes take a short path (this is every
-    gradient of a DistributedOptimizer step; each step of it counts, issue 21); the rest go through
+    gradient of a DistributedOptimizer step, where each step of it counts); the rest go through
     the general one, which also raises for what cannot be reduced."""
     dtype = _DTYPES.get(tensor.dtype)
     if dtype is None or not tensor.is_cpu or not tensor.is_contiguous() or not output.is_contiguous():
@@ -371,7 +371,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
 
 
 # A gradient's allreduce_async_ and its synchronize, each one compiled call without a Python frame
-# around it (issue 21), where ddl/_fastpath is built; the Python functions above otherwise.
+# around it, where ddl/_fastpath is built; the Python functions above otherwise.
 _synchronize_general = synchronize  # the Python one, which also finishes the compiled path's records
 allreduce_async_, synchronize = _fast.tensor_entries(allreduce_async_, synchronize, L.raise_for)
 

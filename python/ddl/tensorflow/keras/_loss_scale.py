@@ -4,8 +4,8 @@ skips a step together.
 Keras' LossScaleOptimizer, which model.compile puts around the optimizer under a mixed_float16
 policy, applies a step only when the gradients are all finite, and skips it otherwise (halving the
 scale). It checks the gradients before the optimizer inside it sees them, and that optimizer is
-where ddl reduces them: a rank whose gradients overflowed skipped the step, and its reduction with
-it, while the others reduced, so their ops paired across steps and the replicas went apart. (Horovod
+where ddl reduces them: a rank whose gradients overflow would skip the step, and its reduction with
+it, while the others reduce, so their ops would pair across steps and the replicas drift apart. (Horovod
 reduces in compute_gradients, before the check; Keras 3's model.fit has no such step.) Here the
 check itself is agreed: finite only where every rank of the optimizer's process set found its
 gradients finite (one small allreduce, MIN, per step), as a check of reduced gradients would find.
