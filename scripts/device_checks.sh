@@ -88,6 +88,12 @@ run_checks() {
     one torch_backend_cpu "$DDL_BIN" run --cpu -np 3 -- "$python" torch_backend_checks.py
     one ddp_example_cpu "$DDL_BIN" run --cpu -np 4 --torch-backend ddl -- "$python" ../../examples/pytorch_ddp.py --epochs 2
     one lightning_cpu "$DDL_BIN" run --cpu -np 2 -- "$python" lightning_train.py --backend ddl
+    # A real torchrun (Debian's torch 1.13 torchrun fails under Python 3.11 before any worker
+    # starts, so CI plays its environment): the ddl backend and ddl.torch take the world from
+    # torchrun's variables and store. torch_backend_checks.py imports ddl.distributed itself.
+    local torchrun=("$python" -m torch.distributed.run --standalone --nnodes 1)
+    one torchrun_backend_cpu env CUDA_VISIBLE_DEVICES= "${torchrun[@]}" --nproc-per-node 3 torch_backend_checks.py
+    one torchrun_ddl_torch_cpu env CUDA_VISIBLE_DEVICES= "${torchrun[@]}" --nproc-per-node 2 torch_api_checks.py
   fi
   if "$python" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
     local gpus
