@@ -15,17 +15,15 @@
 #include "backends/slurm/slurm_launch.hpp"
 #include "common/environment.hpp"
 #include "common/error.hpp"
-#include "common/random_hex.hpp"
 #include "common/worker_contract.hpp"
 #include "launcher/gpu_inventory.hpp"
 #include "launcher/host.hpp"
 #include "launcher/host_exclusion.hpp"
 #include "launcher/nccl_network.hpp"
-#include "launcher/port_reservation.hpp"
 #include "launcher/program_separators.hpp"
 #include "launcher/relayed_output.hpp"
 #include "launcher/remote_job.hpp"
-#include "launcher/store_server.hpp"
+#include "launcher/run_services.hpp"
 #include "launcher/worker_process.hpp"
 
 namespace ddl::launcher {
@@ -310,21 +308,18 @@ RunOutcome run_in_allocation(const RunRequest& request, const backends::Allocati
   resolve_program(request.command.front(), lookup(env, "PATH").value_or("/usr/bin:/bin"));  // 127 before anything starts
   const TaskLauncher launcher = choose_launcher(request, allocation.scheduler);
 
-  raise_open_file_limit();
-  const std::string token = random_hex(16);
-  StoreServer store({.bind_host = "0.0.0.0", .token = token, .log = log});
-  PortReservation master_port;  // on this node: node 0 when ddl runs in the batch script
+  const RunServices services("0.0.0.0", host_name(), log);  // MASTER_PORT: node 0 when ddl runs in the batch script
 
   Environment launcher_env = env;
-  launcher_env[contract::kStoreAddr] = fmt::format("{}:{}", host_name(), store.port());
-  launcher_env[contract::kStoreToken] = token;
+  launcher_env[contract::kStoreAddr] = services.store_addr();
+  launcher_env[contract::kStoreToken] = services.store_token();
   launcher_env[contract::kRunId] = fmt::format("{}-{}", allocation.job_id, request.run_tag.substr(0, 4));
   launcher_env[contract::kSize] = std::to_string(plan.world_size());
   launcher_env[contract::kLocalSize] = std::to_string(plan.workers_per_node);
   launcher_env[contract::kNumNodes] = std::to_string(plan.num_nodes);
   launcher_env["DDL_GPU_WORKERS"] = plan.gpu_workers ? "1" : "0";
   launcher_env["MASTER_ADDR"] = shape.hosts.front();
-  launcher_env["MASTER_PORT"] = std::to_string(master_port.port());
+  launcher_env["MASTER_PORT"] = std::to_string(services.master_port());
   launcher_env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(request.restart_count);
   launcher_env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(request.max_restarts);
 
@@ -342,6 +337,7 @@ RunOutcome run_in_allocation(const RunRequest& request, const backends::Allocati
   RunOutcome outcome = supervisor.run({task_launcher});
   explain_failure(outcome, launcher, shape, plan, *launcher_reports);
   if (outcome.hung_after) outcome.workers_stopped = plan.world_size();  // the launcher's tasks, not the launcher
+  services.report_rejections();
   return outcome;
 }
 

@@ -17,13 +17,11 @@
 #include "backends/launch_layout.hpp"
 #include "common/error.hpp"
 #include "common/net_address.hpp"
-#include "common/random_hex.hpp"
 #include "launcher/host.hpp"
 #include "launcher/host_agent.hpp"
-#include "launcher/port_reservation.hpp"
 #include "launcher/relayed_output.hpp"
 #include "launcher/remote_job.hpp"
-#include "launcher/store_server.hpp"
+#include "launcher/run_services.hpp"
 #include "launcher/worker_environment.hpp"
 #include "launcher/worker_process.hpp"
 
@@ -205,28 +203,25 @@ void explain_remote_failure(WorkerFailure& f, const RemoteHost& host, const std:
 }  // namespace
 
 HostsPlan plan_on_hosts(const LaunchRequest& launch, const std::vector<HostSlots>& hosts, int gpus_here) {
-  LaunchRequest r = launch;
   const size_t named = hosts.size();
-  if (r.num_nodes && static_cast<size_t>(*r.num_nodes) > named)
-    throw UsageError(fmt::format("-N {} but the host list names {} host(s)", *r.num_nodes, named), "name more hosts, or use a smaller -N");
-  const std::vector<HostSlots> candidates(hosts.begin(), hosts.begin() + (r.num_nodes ? *r.num_nodes : static_cast<long>(named)));
-  if (r.workers_per_node || r.gpus_per_node) {  // the same number on each host
-    r.num_nodes = static_cast<int>(candidates.size());
-    require_few_enough_workers(static_cast<long long>(candidates.size()) * r.workers_per_node.value_or(*r.gpus_per_node),
+  if (launch.num_nodes && static_cast<size_t>(*launch.num_nodes) > named)
+    throw UsageError(fmt::format("-N {} but the host list names {} host(s)", *launch.num_nodes, named),
+                     "name more hosts, or use a smaller -N");
+  const std::vector<HostSlots> candidates(hosts.begin(), hosts.begin() + (launch.num_nodes ? *launch.num_nodes : static_cast<long>(named)));
+  if (launch.workers_per_node || launch.gpus_per_node) {  // the same number on each host: planned as on -N nodes
+    LaunchRequest on_candidates = launch;
+    on_candidates.num_nodes = static_cast<int>(candidates.size());
+    require_few_enough_workers(static_cast<long long>(candidates.size()) * launch.workers_per_node.value_or(*launch.gpus_per_node),
                                "the hosts times the count per host make", "use fewer hosts (-N)");
-    const WorldPlan plan = plan_world(r, gpus_here);
+    const WorldPlan plan = plan_world(on_candidates, gpus_here);
     require_slots(candidates, plan.workers_per_node);
     return {plan, candidates};
   }
-  const std::vector<int> sizes = workers_on_hosts(r, candidates);
-  // plan_world checks the flags and decides on GPU workers; where hosts differ, each host checks its
-  // own GPUs against its own count (run_on_hosts here, the agent elsewhere), naming itself.
-  WorldPlan plan = plan_with_node_sizes(sizes, false);
-  r.num_nodes = static_cast<int>(sizes.size());
-  r.total_workers.reset();
-  r.workers_per_node = *std::min_element(sizes.begin(), sizes.end());
-  if (!plan.uniform()) r.share_gpus = true;
-  plan.gpu_workers = plan_world(r, gpus_here).gpu_workers;
+  // The hosts' slots decide each host's count (workers_on_hosts checks -np and --cpu against them);
+  // each host checks its own GPUs against its own count (run_on_hosts here, the agent elsewhere),
+  // naming itself.
+  const std::vector<int> sizes = workers_on_hosts(launch, candidates);
+  const WorldPlan plan = plan_with_node_sizes(sizes, wants_gpu_workers(launch, gpus_here));
   return {plan, std::vector<HostSlots>(candidates.begin(), candidates.begin() + static_cast<long>(sizes.size()))};
 }
 
@@ -275,17 +270,9 @@ RunOutcome run_on_hosts(const RunRequest& request, const Environment& env, const
     }
   const std::string program = resolve_program(request.command.front(), lookup(env, "PATH").value_or("/usr/bin:/bin"));
 
-  raise_open_file_limit();
-  RunContext run;
-  run.run_id = "ddl-" + request.run_tag;
-  run.store_token = random_hex(16);
-  StoreServer store({.bind_host = here ? "0.0.0.0" : "127.0.0.1", .token = run.store_token, .log = log});
-  run.store_addr = fmt::format("{}:{}", here.value_or("127.0.0.1"), store.port());
-  PortReservation master_port;  // free here; node 0 is usually this host
+  const RunServices services(here ? "0.0.0.0" : "127.0.0.1", here.value_or("127.0.0.1"), log);
+  RunContext run = services.serve(run_context(request));  // MASTER_PORT reserved here: node 0 is usually this host
   run.master_addr = local[0] ? here.value_or("127.0.0.1") : hosts.hosts[0].name;
-  run.master_port = master_port.port();
-  run.restart_count = request.restart_count;
-  run.max_restarts = request.max_restarts;
 
   RemoteJob job;
   job.plan = plan;
@@ -328,8 +315,7 @@ RunOutcome run_on_hosts(const RunRequest& request, const Environment& env, const
   const bool never_started = outcome.failure && !outcome.failure->never_started.empty();  // nothing to stop
   if ((outcome.failure && !never_started) || outcome.interrupted_by || outcome.hung_after)
     outcome.workers_stopped = plan.world_size() - (outcome.failure ? 1 : 0);
-  if (store.rejected_connections() > 1)
-    log(fmt::format("store: rejected {} connections with a wrong or missing token in all", store.rejected_connections()));
+  services.report_rejections();
   return outcome;
 }
 

@@ -16,9 +16,8 @@
 #include "launcher/gpu_inventory.hpp"
 #include "launcher/host.hpp"
 #include "launcher/host_exclusion.hpp"
-#include "launcher/port_reservation.hpp"
 #include "launcher/remote_run.hpp"
-#include "launcher/store_server.hpp"
+#include "launcher/run_services.hpp"
 #include "launcher/torch_backend.hpp"
 #include "launcher/worker_environment.hpp"
 #include "launcher/worker_process.hpp"
@@ -236,25 +235,17 @@ RunOutcome run_once(const RunRequest& request, const Environment& env, const std
   if (request.supervision.shown_ranks) request.supervision.shown_ranks->check_within(plan.world_size());
   const std::string program = resolve_program(request.command.front(), lookup(env, "PATH").value_or("/usr/bin:/bin"));
 
-  raise_open_file_limit();
-  RunContext run;
-  run.run_id = "ddl-" + request.run_tag;
-  run.store_token = random_hex(16);
-  run.master_addr = "127.0.0.1";  // one node: workers reach node 0 over loopback
+  // One node: workers reach node 0 over loopback.
+  const RunServices services("127.0.0.1", "127.0.0.1", log);
+  RunContext run = services.serve(run_context(request));
+  run.master_addr = "127.0.0.1";
   run.cpus_on_node = request.cpus_per_task ? *request.cpus_per_task * plan.workers_per_node : available_cpus();
-  StoreServer store({.bind_host = run.master_addr, .token = run.store_token, .log = log});
-  run.store_addr = fmt::format("{}:{}", run.master_addr, store.port());
-  PortReservation master_port;
-  run.master_port = master_port.port();
-  run.restart_count = request.restart_count;
-  run.max_restarts = request.max_restarts;
 
   std::vector<WorkerLaunch> launches;
   for (const WorkerSlot& slot : plan.slots_on_node(0))
     launches.push_back({slot.rank, program, request.command, worker_environment(env, plan, slot, run, gpus)});
   RunOutcome outcome = supervisor.run(launches);
-  if (store.rejected_connections() > 1)
-    log(fmt::format("store: rejected {} connections with a wrong or missing token in all", store.rejected_connections()));
+  services.report_rejections();
   return outcome;
 }
 

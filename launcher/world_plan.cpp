@@ -85,6 +85,10 @@ int workers_per_node_from_total(const LaunchRequest& r, int nodes, std::optional
 
 }  // namespace
 
+bool wants_gpu_workers(const LaunchRequest& r, int gpus_on_node) {
+  return !r.cpu_only && (r.gpus_per_node.has_value() || gpus_on_node > 0);
+}
+
 WorldPlan plan_world(const LaunchRequest& r, int gpus_on_node) {
   require_positive(r.num_nodes, "-N/--nodes");
   require_positive(r.total_workers, "-np");
@@ -98,7 +102,7 @@ WorldPlan plan_world(const LaunchRequest& r, int gpus_on_node) {
   if (r.total_workers) per_node = workers_per_node_from_total(r, plan.num_nodes, per_node);
   // With no count at all: one worker per GPU, or a single worker on a machine without GPUs.
   plan.workers_per_node = per_node.value_or(!r.cpu_only && gpus_on_node > 0 ? gpus_on_node : 1);
-  plan.gpu_workers = !r.cpu_only && (r.gpus_per_node.has_value() || gpus_on_node > 0);
+  plan.gpu_workers = wants_gpu_workers(r, gpus_on_node);
 
   if (plan.gpu_workers && gpus_on_node == 0)
     throw UsageError(fmt::format("--gpus-per-node {} but this node has no GPU visible", *r.gpus_per_node),

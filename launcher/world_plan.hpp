@@ -49,6 +49,10 @@ struct WorldPlan {
 // each at least 1.
 WorldPlan plan_with_node_sizes(const std::vector<int>& sizes, bool gpu_workers);
 
+// Whether the workers are GPU workers (each pinned to a GPU by its local rank): --gpus-per-node
+// says so, --cpu says not, and otherwise a node with GPUs gets GPU workers.
+bool wants_gpu_workers(const LaunchRequest& request, int gpus_on_node);
+
 // Derives the plan from the request and the GPUs this node has; throws UsageError naming the
 // flags when they contradict each other or ask for more GPUs than there are.
 WorldPlan plan_world(const LaunchRequest& request, int gpus_on_node);

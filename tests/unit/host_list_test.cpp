@@ -136,6 +136,11 @@ TEST_CASE("hosts with different slot counts: every slot, or -np filling hosts in
   // launching host in run_on_hosts, naming itself), not against another host's here.
   HostsPlan gpu_plan = plan_on_hosts(LaunchRequest{}, four_and_two, 1);
   CHECK((gpu_plan.plan.gpu_workers && gpu_plan.plan.node_sizes == std::vector<int>{4, 2}));
+  // The same where every host has as many slots: the plan is uniform and still not checked here.
+  HostsPlan even_gpu_plan = plan_on_hosts(LaunchRequest{}, {{"a", 4}, {"b", 4}}, 1);
+  CHECK((even_gpu_plan.plan.gpu_workers && even_gpu_plan.plan.uniform() && even_gpu_plan.plan.workers_per_node == 4));
+  LaunchRequest on_cpus = cpu;  // --cpu: no GPU workers whatever this host has
+  CHECK_FALSE(plan_on_hosts(on_cpus, four_and_two, 4).plan.gpu_workers);
 }
 
 TEST_CASE("the job a remote host's agent reads round-trips, and the launching host's own variables stay home") {
