@@ -63,28 +63,18 @@ struct RuntimeNccl {
 
 RuntimeNccl ask_libddl_for_nccl(const Environment& env) {
   RuntimeNccl answer;
-  std::vector<std::string> failures;
-  for (const auto& path : libddl_candidates(env)) {
-    void* libddl = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (libddl == nullptr) {
-      const char* why = ::dlerror();
-      failures.push_back(why != nullptr ? why : path);
-      continue;
-    }
-    auto text = [&](const char* function) -> std::string {
-      auto f = reinterpret_cast<const char* (*)()>(::dlsym(libddl, function));
-      const char* value = f != nullptr ? f() : nullptr;
-      return value != nullptr ? value : "";
-    };
-    if (::dlsym(libddl, "ddl_nccl_origin") == nullptr) {
-      failures.push_back(path + " is an older libddl that does not say which NCCL it loads");
-      continue;
-    }
-    answer = {true, text("ddl_nccl_version"), text("ddl_nccl_path"), text("ddl_nccl_origin"), text("ddl_nccl_error")};
-    return answer;  // libddl stays loaded: it holds the NCCL it loaded
+  std::string why;
+  void* libddl = open_libddl(env, "ddl_nccl_origin", why);  // stays loaded: it holds the NCCL it loaded
+  if (libddl == nullptr) {
+    answer.error = "cannot ask libddl which NCCL it loads: " + why;
+    return answer;
   }
-  answer.error = fmt::format("cannot ask libddl which NCCL it loads: {}", fmt::join(failures, "; "));
-  return answer;
+  auto text = [&](const char* function) -> std::string {
+    auto f = reinterpret_cast<const char* (*)()>(::dlsym(libddl, function));
+    const char* value = f != nullptr ? f() : nullptr;
+    return value != nullptr ? value : "";
+  };
+  return {true, text("ddl_nccl_version"), text("ddl_nccl_path"), text("ddl_nccl_origin"), text("ddl_nccl_error")};
 }
 
 std::string nccl_origin_words(const std::string& origin) {

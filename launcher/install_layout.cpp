@@ -1,7 +1,12 @@
 #include "launcher/install_layout.hpp"
 
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <filesystem>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "ddl/build_features.hpp"
 #include "launcher/host.hpp"
@@ -15,6 +20,24 @@ std::vector<std::string> libddl_candidates(const Environment& env) {
   const auto bin = fs::path(this_executable()).parent_path();
   return {(bin / ".." / "lib" / DDL_LIBDDL_SONAME).lexically_normal().string(),       // PREFIX/bin/ddl, PREFIX/lib
           (bin / ".." / "runtime" / DDL_LIBDDL_SONAME).lexically_normal().string()};  // the build tree
+}
+
+void* open_libddl(const Environment& env, const char* must_have, std::string& why) {
+  std::vector<std::string> failures;
+  for (const auto& path : libddl_candidates(env)) {
+    void* libddl = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (libddl == nullptr) {
+      const char* error = ::dlerror();
+      failures.push_back(error != nullptr ? error : path);
+    } else if (::dlsym(libddl, must_have) == nullptr) {
+      failures.push_back(fmt::format("{} is an older libddl without {}", path, must_have));
+      ::dlclose(libddl);
+    } else {
+      return libddl;
+    }
+  }
+  why = fmt::format("{}", fmt::join(failures, "; "));
+  return nullptr;
 }
 
 std::vector<std::string> python_package_folders(const std::string& executable) {

@@ -16,6 +16,11 @@ namespace ddl::launcher {
 // runtime/ beside cli/ddl.
 std::vector<std::string> libddl_candidates(const Environment& env);
 
+// The first of libddl_candidates that loads (dlopen, RTLD_LOCAL) and has `must_have`, a call of its
+// C API (an older libddl may lack it: the next candidate is tried). The handle stays open; nullptr
+// when none does, with each candidate's reason, joined by "; ", in `why`.
+void* open_libddl(const Environment& env, const char* must_have, std::string& why);
+
 // The folders that may hold ddl's Python package (a folder with ddl/ in it) beside the ddl at
 // `executable`, in the order to try them: the build tree (BUILD/python beside BUILD/cli/ddl), a
 // `cmake --install` prefix (its DDL_INSTALL_PYTHONDIR), then a pip venv's or conda env's

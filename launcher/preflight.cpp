@@ -115,15 +115,10 @@ struct Libddl {
 // This worker's libddl, loaded with the calls the probe makes: a broken installation or file
 // system fails here. Throws nothing; `why` says what failed.
 std::optional<Libddl> load_libddl(const Environment& env, std::string& why) {
-  std::vector<std::string> failures;
-  void* library = nullptr;
-  for (const auto& path : libddl_candidates(env)) {
-    if ((library = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)) != nullptr) break;
-    const char* error = ::dlerror();
-    failures.push_back(error != nullptr ? error : path);
-  }
+  std::string failures;
+  void* library = open_libddl(env, "ddl_init", failures);
   if (library == nullptr) {
-    why = fmt::format("libddl does not load: {}", fmt::join(failures, "; "));
+    why = "libddl does not load: " + failures;
     return std::nullopt;
   }
   Libddl ddl;
