@@ -27,7 +27,18 @@ _SAME_SIZE = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
 
 
 def movable(array):
-    """`array` viewed as a dtype libddl can move (the same bytes), or itself when libddl has its dtype."""
+    """`array` viewed as a dtype libddl can move (the same bytes), or itself when libddl has its dtype.
+
+    Arguments:
+        array: a numpy array.
+
+    Returns:
+        `array` itself when libddl has its dtype; else, for a boolean or integer dtype, a view of it as
+        the type of its size that libddl moves (uint8, int16, int32 or int64).
+
+    Raises:
+        ValueError for any other dtype (complex, object, string, ...).
+    """
     if array.dtype.name in _DTYPES:
         return array
     same = _SAME_SIZE.get(array.dtype.itemsize) if array.dtype.kind in "biu" else None
@@ -38,7 +49,18 @@ def movable(array):
 
 
 def ddl_dtype(array, moves_only=False):
-    """libddl's dtype of a numpy array; bool travels as uint8 where data only moves."""
+    """libddl's dtype of a numpy array; bool travels as uint8 where data only moves.
+
+    Arguments:
+        array: a numpy array.
+        moves_only: True where the data only moves (allgather, broadcast, alltoall): bool is then uint8.
+
+    Returns:
+        libddl's dtype code (ddl._lib.FLOAT16, ...).
+
+    Raises:
+        ValueError for a dtype libddl has no type for (bool among them unless moves_only).
+    """
     name = array.dtype.name
     if name == "bool" and moves_only:
         return L.UINT8
@@ -49,7 +71,18 @@ def ddl_dtype(array, moves_only=False):
 
 
 def target(process_set):
-    """Checks that `process_set` is usable by this rank and returns it."""
+    """Checks that `process_set` is usable by this rank and returns it.
+
+    Arguments:
+        process_set: a ProcessSet.
+
+    Returns:
+        `process_set`.
+
+    Raises:
+        ValueError before init(), for anything that is not a ProcessSet (None included), and for a set
+        not added (with add_process_set()), removed since, or without this rank.
+    """
     basics.check_initialized()
     if process_set is global_process_set:  # every rank is in the world: nothing more to check (a hot path)
         return process_set
@@ -65,7 +98,18 @@ def target(process_set):
 
 
 def root_in_set(root_rank, process_set):
-    """The set rank of world rank `root_rank`."""
+    """The set rank of world rank `root_rank`.
+
+    Arguments:
+        root_rank: a world rank (an int or a numpy integer; not a bool).
+        process_set: the ProcessSet the rank is to be in.
+
+    Returns:
+        the rank of `root_rank` within `process_set` (the world rank itself for the world's set).
+
+    Raises:
+        ValueError for a root_rank that is not an int, or that is not a rank of the set.
+    """
     if isinstance(root_rank, bool) or not isinstance(root_rank, (int, np.integer)):
         raise ValueError(f"root_rank must be an int, not {type(root_rank).__name__}")
     root_rank = int(root_rank)
@@ -108,7 +152,16 @@ world_plain_addresses = {}  # shape -> (address, options), for the compiled tens
 
 
 def world_options(shape, prescale=1.0, postscale=1.0):
-    """options(global_process_set, shape, prescale, postscale) with one dict lookup for the common case."""
+    """options(global_process_set, shape, prescale, postscale) with one dict lookup for the common case.
+
+    Arguments:
+        shape, prescale, postscale: as options.
+
+    Returns:
+        the options of an op in the world's set; without scaling (and without DDL_CHECK_CALL_SITES=1)
+        one shared structure per shape, which is also listed in world_plain_addresses. Shared: never
+        change one.
+    """
     if prescale == 1.0 and postscale == 1.0 and not call_sites.ENABLED:
         opts = _world_plain_options.get(shape)
         if opts is None:
@@ -189,7 +242,32 @@ _submit = L.submit
 
 def grouped_allreduce(arrays, name=None, op=Average, prescale=1.0, postscale=1.0, process_set=None,
                       kind="grouped_allreduce"):
-    """Reduces every array of `arrays` over the process set in one libddl round; returns new arrays."""
+    """Reduces every array of `arrays` over the process set in one libddl round; returns new arrays.
+
+    Blocking: every array's op is submitted to libddl, then each one is waited for.
+
+    Arguments:
+        arrays: numpy arrays (or values np.asarray takes) of uint8, int8, int16, int32, int64, float16,
+            bfloat16, float32 or float64; each must have the same shape and dtype on every rank.
+        name: the op's name ("KIND.NAME"), which every rank must give alike; a group's arrays are
+            NAME.0, NAME.1, ... None: unnamed ops, which libddl numbers alike on every rank.
+        op: Average, Sum, Min, Max or Product (not checked here: another is a KeyError; the faces
+            check it with reduce_op).
+        prescale, postscale: each rank's input is multiplied by the first before the reduction, the
+            result by the second after it.
+        process_set: the ProcessSet to reduce over (checked by target(): None is a ValueError).
+        kind: the kind the name is claimed under; other than "allreduce", the ops are one grouped call
+            of len(arrays) for libddl, which every rank must agree on.
+
+    Returns:
+        a list of new arrays, in the order of `arrays` (an empty list, and no op, for no arrays).
+
+    Raises:
+        ValueError before init(), for a process set target() refuses, a dtype libddl has no type for,
+        or a name already in flight on this rank; RuntimeError when ranks disagree on an op;
+        HorovodInternalError when a rank times out or fails. Every op is waited for before the first
+        failure is raised.
+    """
     ps = target(process_set)
     inputs = [_contiguous(a) for a in arrays]
     for a in inputs:
@@ -211,7 +289,20 @@ def grouped_allreduce(arrays, name=None, op=Average, prescale=1.0, postscale=1.0
 
 
 def allreduce(array, name=None, op=Average, prescale=1.0, postscale=1.0, process_set=None):
-    """One allreduce on this thread (libddl's blocking fast path when the op is unnamed)."""
+    """One allreduce on this thread (libddl's blocking fast path when the op is unnamed).
+
+    The op is submitted with DDL_BLOCKING and runs to completion in this call.
+
+    Arguments:
+        array: a numpy array (or a value np.asarray takes) of a dtype grouped_allreduce takes.
+        name: the op's name ("allreduce.NAME"), claimed for the call; None: an unnamed op.
+        op, prescale, postscale, process_set: as grouped_allreduce.
+
+    Returns:
+        a new array of `array`'s shape and dtype holding the reduction.
+
+    Raises: as grouped_allreduce.
+    """
     ps = target(process_set)
     src = _contiguous(array)
     dtype = ddl_dtype(src)
@@ -248,7 +339,28 @@ def _gathered(handle, n, row, data, trailing):
 
 
 def grouped_allgather(arrays, name=None, process_set=None, kind="grouped_allgather"):
-    """Concatenates every rank's arrays along the first dimension (which may differ by rank)."""
+    """Concatenates every rank's arrays along the first dimension (which may differ by rank).
+
+    Blocking: every array's op is submitted to libddl, then the gathered rows of each are read.
+
+    Arguments:
+        arrays: numpy arrays (or values np.asarray takes) of a dtype libddl has, or of any boolean or
+            integer dtype (moved as its bytes: movable()); each one's first dimension may differ by
+            rank, every other must agree (a 0-d array counts as one row).
+        name: as grouped_allreduce.
+        process_set: the ProcessSet to gather over (checked by target(): None is a ValueError).
+        kind: the kind the name is claimed under; other than "allgather", the ops are one grouped call
+            of len(arrays) for libddl, which every rank must agree on.
+
+    Returns:
+        a list of new arrays, in the order of `arrays`: each one the ranks' rows in rank order, of its
+        array's dtype (an empty list, and no op, for no arrays).
+
+    Raises:
+        ValueError before init(), for a process set target() refuses, a dtype that cannot be moved, or
+        a name already in flight on this rank; RuntimeError when ranks disagree on an op (the
+        trailing shape, the dtype); HorovodInternalError when a rank times out or fails.
+    """
     ps = target(process_set)
     n = ps.size()
     inputs = []
@@ -281,13 +393,48 @@ def grouped_allgather(arrays, name=None, process_set=None, kind="grouped_allgath
 
 
 def allgather(array, name=None, process_set=None):
+    """Concatenates every rank's `array` along the first dimension (which may differ by rank).
+
+    Arguments:
+        array: as one array of grouped_allgather.
+        name: the op's name ("allgather.NAME"), which every rank must give alike; None: an unnamed op.
+        process_set: as grouped_allgather.
+
+    Returns:
+        a new array of the ranks' rows in rank order, of `array`'s dtype.
+
+    Raises: as grouped_allgather.
+    """
     return grouped_allgather([array], name, process_set, kind="allgather")[0]
 
 
 # ---- broadcast ----
 
 def grouped_broadcast(arrays, root_rank, name=None, process_set=None, kind="broadcast"):
-    """root_rank's arrays (root_rank is a world rank) on every rank of the set, as new arrays."""
+    """root_rank's arrays (root_rank is a world rank) on every rank of the set, as new arrays.
+
+    Blocking: every array's op is submitted to libddl, then each one is waited for.
+
+    Arguments:
+        arrays: on the root the data; on the other ranks numpy arrays (or values np.asarray takes) of
+            the same shapes and dtypes. A dtype libddl has, or any boolean or integer dtype (moved as
+            its bytes: movable()).
+        root_rank: the world rank whose arrays every rank gets (it must be in the process set).
+        name: the op's name ("KIND.NAME"), which every rank must give alike; with more than one array
+            they are NAME.0, NAME.1, ... None: unnamed ops.
+        process_set: the ProcessSet to broadcast over (checked by target(): None is a ValueError).
+        kind: the kind the name is claimed under; other than "broadcast", the ops are one grouped call
+            of len(arrays) for libddl, which every rank must agree on.
+
+    Returns:
+        a list of new C-contiguous arrays holding the root's values, in the order of `arrays` (an
+        empty list, and no op, for no arrays).
+
+    Raises:
+        ValueError before init(), for a process set target() refuses, a root_rank that is not an int
+        or not in the set, a dtype that cannot be moved, or a name already in flight on this rank;
+        RuntimeError when ranks disagree on an op; HorovodInternalError when a rank times out or fails.
+    """
     ps = target(process_set)
     root = root_in_set(root_rank, ps)
     outputs = [np.array(a, copy=True, order="C") for a in arrays]
@@ -310,13 +457,47 @@ def grouped_broadcast(arrays, root_rank, name=None, process_set=None, kind="broa
 
 
 def broadcast(array, root_rank, name=None, process_set=None):
+    """root_rank's `array` (root_rank is a world rank) on every rank of the set, as a new array.
+
+    Arguments:
+        array: as one array of grouped_broadcast.
+        root_rank, process_set: as grouped_broadcast.
+        name: the op's name ("broadcast.NAME"), which every rank must give alike; None: an unnamed op.
+
+    Returns:
+        a new C-contiguous array holding the root's values.
+
+    Raises: as grouped_broadcast.
+    """
     return grouped_broadcast([array], root_rank, name, process_set)[0]
 
 
 # ---- alltoall ----
 
 def alltoall(array, splits=None, name=None, process_set=None):
-    """Rows splits[j] go to rank j of the set (equal splits when None). Returns (output, received_splits)."""
+    """Rows splits[j] go to rank j of the set (equal splits when None). Returns (output, received_splits).
+
+    Blocking: the op is submitted to libddl and waited for.
+
+    Arguments:
+        array: a numpy array (or a value np.asarray takes) of at least one dimension, of a dtype
+            grouped_allgather takes; its rows (first dimension) are what is split.
+        splits: how many rows go to each rank of the set (integers, one per rank, non-negative,
+            summing to at most the first dimension); None: equal blocks (the first dimension must then
+            be a multiple of the set's size).
+        name: the op's name ("alltoall.NAME"), which every rank must give alike; None: an unnamed op.
+        process_set: the ProcessSet (checked by target(): None is a ValueError).
+
+    Returns:
+        (output, received_splits): a new array of the rows every rank sent this one, in rank order, of
+        `array`'s dtype; and an int32 array of how many rows came from each rank.
+
+    Raises:
+        ValueError before init(), for a process set target() refuses, a 0-d array, splits that are not
+        integers or do not fit the rows, a dtype that cannot be moved, or a name already in flight on
+        this rank; RuntimeError when ranks disagree on the op; HorovodInternalError when a rank times
+        out or fails.
+    """
     ps = target(process_set)
     n = ps.size()
     src = _contiguous(array)
@@ -350,14 +531,43 @@ def alltoall(array, splits=None, name=None, process_set=None):
 # ---- reducescatter ----
 
 def scatter_rows(first_dim, n):
-    """Rows of each rank after a reducescatter: the first (rows % n) ranks get one more."""
+    """Rows of each rank after a reducescatter: the first (rows % n) ranks get one more.
+
+    Arguments:
+        first_dim: the first dimension of the tensor reduced.
+        n: the number of ranks.
+
+    Returns:
+        a list of `n` row counts, in rank order, summing to first_dim.
+    """
     base, extra = divmod(first_dim, n)
     return [base + (1 if r < extra else 0) for r in range(n)]
 
 
 def grouped_reducescatter(arrays, name=None, op=Average, prescale=1.0, postscale=1.0, process_set=None,
                           kind="grouped_reducescatter"):
-    """Reduces each array over the set and gives this rank its share of the first dimension."""
+    """Reduces each array over the set and gives this rank its share of the first dimension.
+
+    Blocking: every array's op is submitted to libddl, then each one is waited for. Rank r's share
+    is its rows of scatter_rows(first dimension, set size), in rank order.
+
+    Arguments:
+        arrays: numpy arrays (or values np.asarray takes) of at least one dimension, of a dtype
+            grouped_allreduce takes; each must have the same shape and dtype on every rank.
+        name, prescale, postscale: as grouped_allreduce.
+        op: as grouped_allreduce (not checked here; the faces limit it to Sum or Average with
+            reducescatter_op).
+        process_set: the ProcessSet to reduce over (checked by target(): None is a ValueError).
+        kind: the kind the name is claimed under; other than "reducescatter", the ops are one grouped
+            call of len(arrays) for libddl, which every rank must agree on.
+
+    Returns:
+        a list of new arrays, this rank's shares, in the order of `arrays` (an empty list, and no op,
+        for no arrays).
+
+    Raises:
+        ValueError for a 0-d array, otherwise as grouped_allreduce.
+    """
     ps = target(process_set)
     n, me = ps.size(), ps.rank()
     inputs = [_contiguous(a) for a in arrays]
@@ -386,7 +596,15 @@ def grouped_reducescatter(arrays, name=None, op=Average, prescale=1.0, postscale
 # ---- barrier ----
 
 def barrier(process_set=global_process_set):
-    """Returns when every rank of the process set has called it (every face's barrier)."""
+    """Returns when every rank of the process set has called it (every face's barrier).
+
+    Arguments:
+        process_set: the ProcessSet whose ranks wait for each other (every rank of it must call this).
+
+    Raises:
+        ValueError before init() and for a process set target() refuses; libddl's failures as
+        grouped_allreduce raises them (HorovodInternalError when a rank times out or fails).
+    """
     ps = target(process_set)
     status = L.lib.ddl_barrier_ex(ps._c_handle, None)  # a NULL handle: blocking, on this thread
     if status != L.SUCCESS:

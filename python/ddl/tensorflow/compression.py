@@ -20,5 +20,17 @@ class FP16Compressor(Compressor):
 
 
 class Compression:
+    """The compressions that the `compression` argument takes (of allreduce, grouped_allreduce,
+    reducescatter, grouped_reducescatter, DistributedOptimizer, DistributedGradientTape), as
+    horovod.tensorflow.Compression.
+
+    A compressor's compress(tensor) returns (what is sent, a context) and decompress(tensor, context)
+    turns the result back.
+
+    Attributes:
+        none: NoneCompressor: tensors are sent as they are.
+        fp16: FP16Compressor: floating-point tensors other than float16 are sent as float16 and their
+            results cast back to the tensor's own dtype; other tensors are sent as they are.
+    """
     none = NoneCompressor
     fp16 = FP16Compressor

@@ -267,8 +267,46 @@ def _allreduce_sparse(slices, op, process_set, ignore_name_scope, prescale=1.0, 
 def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=None, op=None,
               prescale_factor=1.0, postscale_factor=1.0, name=None, process_set=global_process_set,
               ignore_name_scope=False):
-    """The reduction of `tensor` over the process set (default op: Average). tf.IndexedSlices are
-    allgathered instead, as Horovod does."""
+    """Reduces `tensor` over the process set and returns the result (default op: Average).
+    tf.IndexedSlices are allgathered instead, as Horovod does.
+
+    Eagerly the op runs at once; in a graph it is one node, which runs when the graph does.
+    Differentiable: the gradient is an allreduce of the incoming gradient with the same op and factors
+    (Average and Sum only: another op's gradient raises NotImplementedError).
+
+    Arguments:
+        tensor: a tensor (or a value tf.convert_to_tensor takes) of uint8, int8, int16, int32, int64,
+            float16, bfloat16, float32 or float64; or a tf.IndexedSlices, whose values and indices are
+            allgathered (the values divided by the set's size for Average).
+        average: deprecated; True is op=Average, False op=Sum (not together with op).
+        device_dense, device_sparse: accepted for Horovod's signature; not used.
+        compression: Compression.none (what None means) or Compression.fp16: `tensor` is compressed
+            before the reduction and the result decompressed after it (not used for tf.IndexedSlices).
+        op: Average (the default), Sum, Min, Max or Product (Adasum: NotImplementedError); a
+            tf.IndexedSlices takes Average or Sum only (NotImplementedError).
+        prescale_factor, postscale_factor: each rank's input is multiplied by the first before the
+            reduction, the result by the second after it; with a tf.IndexedSlices both must be 1.0
+            (NotImplementedError).
+        name: the op's name, which every rank must give alike; ranks may then submit named ops in
+            any order. In a graph it is put under the current name scope (unless ignore_name_scope),
+            and None names the op after its input tensor when the graph is traced; eagerly None is the
+            next unnamed op, which ranks must submit in the same order. Not used for tf.IndexedSlices.
+        process_set: the ProcessSet to reduce over (every rank of it must call this).
+        ignore_name_scope: True: in a graph, `name` is used as given, without the current name scope.
+
+    Returns:
+        a tensor of `tensor`'s shape and dtype holding the reduction; for a tf.IndexedSlices, a
+        tf.IndexedSlices of every rank's values and indices, in rank order, with its dense_shape.
+
+    Raises:
+        ValueError before init() and for an argument no rank could run (a dtype, a process set, an op,
+        op together with average); NotImplementedError as said above; RuntimeError inside an
+        XLA-compiled function (tf.function(jit_compile=True)). When the op runs:
+        tf.errors.FailedPreconditionError when ranks disagree on it (shape, dtype, reduction),
+        InvalidArgument (a tf.errors.InvalidArgumentError and a ValueError) for a bad argument found
+        then (a name already in flight on this rank), HorovodInternalError (a tf.errors.UnknownError)
+        when a rank times out or fails.
+    """
     from ddl.tensorflow.compression import Compression
     compression = compression or Compression.none
     op = H.reduce_op(op, average)
@@ -285,7 +323,21 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
 def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", compression=None, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set,
                       ignore_name_scope=False, name=None):
-    """Allreduces every tensor of the list in one libddl round; IndexedSlices are allgathered."""
+    """Reduces every tensor of `tensors` over the process set: the dense ones in one libddl round
+    (submitted together, fused where libddl can), tf.IndexedSlices allgathered as allreduce does.
+
+    Differentiable as allreduce.
+
+    Arguments: as allreduce, with `tensors` a list of tensors (or tensor-compatible values) and
+    tf.IndexedSlices; a named group names its dense parts NAME.0, NAME.1, ..., and ranks must give
+    groups of the same size. Unnamed in a graph, the group is named after the first dense tensor it
+    reduces.
+
+    Returns:
+        the list of results, in the order of `tensors`.
+
+    Raises: as allreduce.
+    """
     from ddl.tensorflow.compression import Compression
     compression = compression or Compression.none
     op = H.reduce_op(op, average)
@@ -342,11 +394,41 @@ def _allgather_group(tensors, name, process_set, grouped, ignore_name_scope=Fals
 
 
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
-    """Every rank's `tensor` concatenated along the first dimension (which may differ by rank)."""
+    """Gathers every rank's `tensor` along the first dimension and returns the concatenation.
+
+    Eagerly the op runs at once; in a graph it is one node. Differentiable: the gradient is the
+    incoming gradient averaged over the set, of which this rank keeps its own rows.
+
+    Arguments:
+        tensor: a tensor (or a tensor-compatible value) of a dtype allreduce takes, or of any boolean
+            or integer type (moved as its bytes); its first dimension may differ by rank, every other
+            must agree (a 0-d tensor counts as one row).
+        name, ignore_name_scope, process_set: as allreduce.
+
+    Returns:
+        a tensor of the ranks' rows in rank order, of `tensor`'s dtype (its static first dimension is
+        unknown).
+
+    Raises:
+        ValueError before init() and for a dtype or process set no rank could run; RuntimeError inside
+        an XLA-compiled function. When the op runs: tf.errors.FailedPreconditionError when ranks
+        disagree on the trailing shape or dtype, otherwise as allreduce.
+    """
     return _allgather_group([tensor], name, process_set, False, ignore_name_scope)[0]
 
 
 def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Gathers every tensor of `tensors` as allgather does, all of them submitted to libddl at once.
+
+    Arguments: as allgather, with `tensors` a list of tensors; a named group names its parts NAME.0,
+    NAME.1, ..., and ranks must give groups of the same size. Unnamed in a graph, the group is named
+    after its first tensor.
+
+    Returns:
+        the list of gathered tensors, in the order of `tensors` (an empty list for no tensors).
+
+    Raises: as allgather.
+    """
     return _allgather_group(list(tensors), name, process_set, True, ignore_name_scope)
 
 
@@ -378,13 +460,43 @@ def _broadcast_group(tensors, root_rank, name, process_set, ignore_name_scope=Fa
 
 
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=global_process_set):
-    """root_rank's `tensor` on every rank (root_rank is a world rank)."""
+    """Returns root_rank's `tensor` on every rank of the process set.
+
+    Eagerly the op runs at once; in a graph it is one node. Differentiable: on the root the gradient
+    is the incoming gradient averaged over the set, on every other rank zeros.
+
+    Arguments:
+        tensor: the data on the root; on the other ranks a tensor of the same shape and dtype (a dtype
+            allgather takes).
+        root_rank: the world rank whose tensor every rank gets (it must be in the process set).
+        name, ignore_name_scope, process_set: as allreduce.
+
+    Returns:
+        a new tensor of `tensor`'s shape and dtype holding the root's values.
+
+    Raises:
+        ValueError before init(), for a root_rank that is not an int or not in the set, and for a dtype
+        or process set no rank could run; RuntimeError inside an XLA-compiled function. When the op
+        runs: tf.errors.FailedPreconditionError when ranks disagree on shape, dtype or root, otherwise
+        as allreduce.
+    """
     return _broadcast_group([tensor], root_rank, name, process_set, ignore_name_scope)[0]
 
 
 def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
-    """Broadcasts root_rank's values into `variables` (one tf.Variable or a list of them) in place, in
-    one libddl round; returns the new value, or the list of them."""
+    """Broadcasts root_rank's values into `variables` in place, all of them in one libddl round.
+
+    Arguments:
+        variables: one tf.Variable (or another object with assign()), or a list of them; what each
+            one's read_value() gives (the object itself where it has none) is what is sent.
+        root_rank: the world rank whose values every rank gets (it must be in the process set).
+        name, process_set: as broadcast (in a graph the name is under the current name scope).
+
+    Returns:
+        what assign() returns for the variable, or the list of them, in order.
+
+    Raises: as broadcast.
+    """
     one = isinstance(variables, tf.Variable) or hasattr(variables, "assign")
     variables = [variables] if one else list(variables)
     values = _broadcast_group([v.read_value() if hasattr(v, "read_value") else v for v in variables], root_rank,
@@ -396,8 +508,30 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
 # ---- alltoall ----
 
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=global_process_set):
-    """Sends splits[j] rows of `tensor` to rank j (equal splits when None). Returns the received rows,
-    and with `splits` given the received splits too, as Horovod's TensorFlow alltoall."""
+    """Sends splits[j] rows of `tensor` to rank j of the process set (equal blocks when splits is
+    None) and returns the rows every rank sent this one.
+
+    Eagerly the op runs at once; in a graph it is one node. Differentiable: the gradient goes back
+    the way the rows came (an alltoall with the received splits).
+
+    Arguments:
+        tensor: at least one dimension, of a dtype allgather takes; the rows (first dimension) are
+            what is split.
+        splits: how many rows go to each rank (a list or tensor of the set's size, cast to int32,
+            non-negative and summing to at most the first dimension); None: equal blocks (the first
+            dimension must then be a multiple of the set's size).
+        name, ignore_name_scope, process_set: as allreduce.
+
+    Returns:
+        the received rows, in rank order, of `tensor`'s dtype; with `splits` given, the pair
+        (rows, received_splits), received_splits an int32 tensor of how many rows came from each rank,
+        as Horovod's TensorFlow alltoall.
+
+    Raises:
+        ValueError before init() and for a dtype or process set no rank could run; RuntimeError inside
+        an XLA-compiled function. When the op runs: InvalidArgument for a 0-d tensor or splits that do
+        not fit its rows, otherwise as allreduce.
+    """
     ps, (tensor,), op_name = _prepare([tensor], name, process_set, ignore_name_scope, moves_only=True)
     split_tensor = tf.zeros([0], tf.int32) if splits is None else tf.cast(tf.convert_to_tensor(splits), tf.int32)
     given = splits is not None
@@ -461,7 +595,29 @@ def _reducescatter_group(tensors, name, op, prescale, postscale, process_set, gr
 def reducescatter(tensor, device_dense="", compression=None, op=Average, name=None,
                   process_set=global_process_set, ignore_name_scope=False, prescale_factor=1.0, postscale_factor=1.0):
     """Reduces `tensor` over the set and gives this rank its rows of the first dimension: rank r gets
-    rows [offset_r, offset_r + n_r), the first (rows % size) ranks one more row than the others."""
+    rows [offset_r, offset_r + n_r), the first (rows % size) ranks one more row than the others.
+
+    Eagerly the op runs at once; in a graph it is one node. Differentiable: the gradient is every
+    rank's incoming gradient gathered (an allgather), multiplied by the set's size for Sum and by
+    both scale factors.
+
+    Arguments:
+        tensor: at least one dimension, of a dtype allreduce takes, of the same shape and dtype on
+            every rank.
+        device_dense: accepted for Horovod's signature; not used.
+        compression: as allreduce.
+        op: Average (the default) or Sum, as Horovod's; Adasum is a NotImplementedError, any other op
+            a ValueError.
+        name, process_set, ignore_name_scope, prescale_factor, postscale_factor: as allreduce.
+
+    Returns:
+        a tensor of this rank's rows of the reduction (its other dimensions as `tensor`'s).
+
+    Raises:
+        ValueError before init(), for a 0-d tensor and for a dtype, op or process set no rank could
+        run; NotImplementedError for Adasum; RuntimeError inside an XLA-compiled function; when the op
+        runs, as allreduce.
+    """
     from ddl.tensorflow.compression import Compression
     compression = compression or Compression.none
     op = H.reduce_op(op, None)
@@ -474,6 +630,17 @@ def reducescatter(tensor, device_dense="", compression=None, op=Average, name=No
 def grouped_reducescatter(tensors, device_dense="", compression=None, op=Average, name=None,
                           process_set=global_process_set, ignore_name_scope=False, prescale_factor=1.0,
                           postscale_factor=1.0):
+    """Reduces and scatters every tensor of `tensors` as reducescatter does, all of them submitted to
+    libddl at once.
+
+    Arguments: as reducescatter, with `tensors` a list of tensors; a named group names its parts
+    NAME.0, NAME.1, ..., and ranks must give groups of the same size.
+
+    Returns:
+        the list of this rank's shares, in the order of `tensors`.
+
+    Raises: as reducescatter.
+    """
     from ddl.tensorflow.compression import Compression
     compression = compression or Compression.none
     op = H.reduce_op(op, None)
@@ -502,13 +669,34 @@ def _tf_call_value(fn, out_dtype):
 
 def join():
     """Waits until every rank joined (meanwhile adding zeros to the others' allreduces); returns the
-    last rank to join, as an int32 tensor."""
+    last rank to join, as an int32 tensor.
+
+    Eagerly it runs at once; in a graph it is one node, which runs when the graph does.
+
+    Returns:
+        a scalar int32 tensor: the last rank to join.
+
+    Raises:
+        ValueError before init(); when it runs, libddl's failures as the tf.errors allreduce names.
+    """
     _basics.require("rank")
     return _host_call(_basics.join, tf.int32, [])
 
 
 def barrier(process_set=global_process_set):
-    """Returns when every rank of the process set has called it."""
+    """Returns when every rank of the process set has called it.
+
+    Arguments:
+        process_set: the ProcessSet whose ranks wait for each other (every rank of it must call this).
+
+    Returns:
+        None eagerly, once every rank has called it; in a graph, a scalar int32 tensor (0) whose
+        evaluation waits for them.
+
+    Raises:
+        ValueError before init() and for a process set this rank cannot use; when it runs, libddl's
+        failures as the tf.errors allreduce names.
+    """
     ps = _process_set(process_set)
     if _executing_eagerly():
         with _tf_errors():
@@ -518,23 +706,78 @@ def barrier(process_set=global_process_set):
 
 
 def size_op(process_set_id=0, name=None):
-    """The size of the process set as an int32 tensor (a constant: ddl's worlds are fixed)."""
+    """The size of the process set as an int32 tensor (a constant: ddl's worlds are fixed).
+
+    Arguments:
+        process_set_id: the id of an added process set; 0 (the default) is the world's.
+        name: the name of the constant.
+
+    Returns:
+        a scalar int32 tf.constant.
+
+    Raises:
+        ValueError before init() and for an id that names no added process set.
+    """
     return tf.constant(_set_by_id(process_set_id).size(), dtype=tf.int32, name=name)
 
 
 def local_size_op(name=None):
+    """The number of ranks on this process's node as an int32 tensor (a constant).
+
+    Arguments:
+        name: the name of the constant.
+
+    Returns:
+        a scalar int32 tf.constant.
+
+    Raises:
+        ValueError before init().
+    """
     return tf.constant(_basics.local_size(), dtype=tf.int32, name=name)
 
 
 def rank_op(name=None):
+    """This process's rank in the world as an int32 tensor (a constant).
+
+    Arguments:
+        name: the name of the constant.
+
+    Returns:
+        a scalar int32 tf.constant.
+
+    Raises:
+        ValueError before init().
+    """
     return tf.constant(_basics.rank(), dtype=tf.int32, name=name)
 
 
 def local_rank_op(name=None):
+    """This process's rank among the ranks on its node as an int32 tensor (a constant).
+
+    Arguments:
+        name: the name of the constant.
+
+    Returns:
+        a scalar int32 tf.constant.
+
+    Raises:
+        ValueError before init().
+    """
     return tf.constant(_basics.local_rank(), dtype=tf.int32, name=name)
 
 
 def process_set_included_op(process_set_id=0, name=None):
+    """Whether this rank is in a process set, as an int32 tensor (a constant): 1 if it is, else 0.
+
+    Arguments:
+        process_set_id, name: as size_op.
+
+    Returns:
+        a scalar int32 tf.constant, 1 or 0 (always 1 for the world's set).
+
+    Raises:
+        ValueError before init() and for an id that names no added process set.
+    """
     return tf.constant(1 if _set_by_id(process_set_id).included() else 0, dtype=tf.int32, name=name)
 
 

@@ -69,6 +69,26 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
                       postscale_factor=1.0, process_set=global_process_set):
+    """Returns the reductions of `tensors` over the process set (default op: Average), reduced
+    together under one handle (fused where libddl can); differentiable.
+
+    Blocks until the results are there. The gradient is a grouped allreduce of the incoming
+    gradients with the same op and factors.
+
+    Arguments:
+        tensors: a list of tensors, all on one device, each of a dtype allreduce_async takes.
+        average, name, op, prescale_factor, postscale_factor, process_set: as allreduce_async; a named
+            group names its parts NAME.0, NAME.1, ..., and ranks must give groups of the same size.
+        compression: Compression.none (the default) or Compression.fp16: each tensor is compressed
+            before the reduction and its result decompressed after it.
+
+    Returns:
+        the list of reduced tensors (new ones), in the order of `tensors`.
+
+    Raises:
+        as allreduce_async (its synchronize() errors included); RuntimeError for tensors on different
+        devices.
+    """
     op = _ops._reduce_op(op, average)
     pairs = [compression.compress(t) for t in tensors]
     reduced = _ag.GroupedAllreduceFn.apply(name, op, prescale_factor, postscale_factor, process_set,
@@ -82,6 +102,26 @@ def allgather(tensor, name=None, process_set=global_process_set):
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
+    """Gathers every tensor of `tensors` from every rank along the first dimension, all under one
+    handle; differentiable.
+
+    Blocks until the results are there. The gradient of each is the incoming gradient averaged over
+    the set, of which this rank keeps its own rows.
+
+    Arguments:
+        tensors: a list of tensors, all on one device, each as allgather_async takes it (its first
+            dimension may differ by rank, every other must agree).
+        name, process_set: as allgather_async; a named group names its parts NAME.0, NAME.1, ..., and
+            ranks must give groups of the same size.
+
+    Returns:
+        the list of gathered tensors (new ones, the ranks' rows in rank order), in the order of
+        `tensors`.
+
+    Raises:
+        as allgather_async (its synchronize() errors included); RuntimeError for tensors on different
+        devices.
+    """
     return list(_ag.GroupedAllgatherFn.apply(name, process_set, *tensors))
 
 
@@ -99,6 +139,29 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average, process_set=global_process_set,
                   prescale_factor=1.0, postscale_factor=1.0):
+    """Reduces `tensor` over the process set and returns this rank's rows of the first dimension:
+    rank r gets rows [offset_r, offset_r + n_r), the first (rows % size) ranks one row more than the
+    others; differentiable.
+
+    Blocks until the result is there. The gradient is every rank's incoming gradient gathered (an
+    allgather), then reduced over the set with the forward's op and factors.
+
+    Arguments:
+        tensor: at least one dimension, of the same shape and dtype on every rank.
+        name, process_set, prescale_factor, postscale_factor: as reducescatter_async.
+        compression: Compression.none (the default) or Compression.fp16: `tensor` is compressed before
+            the op and the result decompressed after it.
+        op: Sum or Average (the default), as Horovod's; Adasum is a NotImplementedError, any other op a
+            ValueError.
+
+    Returns:
+        this rank's share: a new tensor of its rows.
+
+    Raises:
+        ValueError before init(), for a process set this rank cannot use, a 0-d tensor, and a dtype,
+        device or op no rank could run; NotImplementedError for Adasum; RuntimeError when ranks
+        disagree on the op, HorovodInternalError when a rank times out or dies.
+    """
     op = _host.reducescatter_op(_ops._reduce_op(op, None))
     compressed, ctx = compression.compress(tensor)
     return compression.decompress(_ag.ReducescatterFn.apply(compressed, name, op, prescale_factor, postscale_factor,
@@ -107,6 +170,21 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average, p
 
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
                           process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    """Reduces and scatters every tensor of `tensors` as reducescatter does, all under one handle;
+    differentiable as reducescatter.
+
+    Arguments:
+        tensors: a list of tensors, all on one device, each as reducescatter takes it.
+        name, compression, op, process_set, prescale_factor, postscale_factor: as reducescatter; a
+            named group names its parts NAME.0, NAME.1, ..., and ranks must give groups of the same
+            size.
+
+    Returns:
+        the list of this rank's shares (new tensors), in the order of `tensors`.
+
+    Raises:
+        as reducescatter; RuntimeError for tensors on different devices.
+    """
     op = _host.reducescatter_op(_ops._reduce_op(op, None))
     pairs = [compression.compress(t) for t in tensors]
     out = _ag.GroupedReducescatterFn.apply(name, op, prescale_factor, postscale_factor, process_set,

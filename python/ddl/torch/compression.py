@@ -20,5 +20,16 @@ class FP16Compressor(Compressor):
 
 
 class Compression:
+    """The compressions that the `compression` argument takes (of allreduce, grouped_allreduce,
+    reducescatter, grouped_reducescatter, DistributedOptimizer), as horovod.torch.Compression.
+
+    A compressor's compress(tensor) returns (what is sent, a context) and decompress(tensor, context)
+    turns the result back.
+
+    Attributes:
+        none: NoneCompressor: tensors are sent as they are.
+        fp16: FP16Compressor: floating-point tensors are sent as float16 and their results cast back
+            to the tensor's own dtype; other tensors are sent as they are.
+    """
     none = NoneCompressor
     fp16 = FP16Compressor

@@ -13,7 +13,23 @@ from ddl.torch.process_sets import global_process_set
 
 def broadcast_parameters(params, root_rank, process_set=global_process_set):
     """Overwrites every rank's parameters with root_rank's. `params` is a state_dict, named_parameters()
-    or a list of (name, tensor)."""
+    or a list of (name, tensor).
+
+    Each tensor is broadcast in place (broadcast_async_) under the name broadcast_parameters.NAME,
+    every broadcast started before any is waited for.
+
+    Arguments:
+        params: a dict (a state_dict, its entries taken in the order of their names), or an iterable
+            of (name, tensor) pairs (named_parameters()); an entry whose value is None or not a
+            tensor is skipped, and of a torch.nn.Parameter its data is overwritten.
+        root_rank: the world rank whose values every rank gets (it must be in the process set).
+        process_set: the ProcessSet to broadcast over (every rank of it must call this).
+
+    Raises:
+        ValueError for params of another kind and as broadcast_async_; from the broadcasts,
+        RuntimeError when ranks disagree on a tensor's shape or dtype, HorovodInternalError when a
+        rank times out or dies.
+    """
     if isinstance(params, dict):
         items = sorted(params.items())
     elif isinstance(params, list) or hasattr(params, "__iter__"):
@@ -37,7 +53,21 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
 
 def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_set):
     """Makes every rank's optimizer state (and hyper-parameters) root_rank's. An optimizer that has not
-    stepped yet gets its state created first, with zero gradients, as Horovod does."""
+    stepped yet gets its state created first, with zero gradients, as Horovod does.
+
+    The root's optimizer.state_dict() travels through broadcast_object (named
+    "broadcast_optimizer_state"), and every other rank loads it with load_state_dict(). Creating the
+    state is one optimizer step, with zero gradients given to the parameters that require a gradient
+    and have none, after which the parameters' values are restored.
+
+    Arguments:
+        optimizer: a torch.optim optimizer, or a DistributedOptimizer (torch.optim.LBFGS is refused).
+        root_rank: the world rank whose state every rank gets (it must be in the process set).
+        process_set: the ProcessSet to broadcast over (every rank of it must call this).
+
+    Raises:
+        ValueError for torch.optim.LBFGS; otherwise as broadcast_object.
+    """
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
     state_dict = optimizer.state_dict()
@@ -68,7 +98,29 @@ def _create_state(optimizer):
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
-    """Returns root_rank's `obj` (any object cloudpickle, or else pickle, can serialize) on every rank."""
+    """Returns root_rank's `obj` (any object cloudpickle, or else pickle, can serialize) on every rank.
+
+    Two broadcasts, named NAME.length and NAME.data: the length of the root's serialized object
+    (torch.save, with cloudpickle where it is installed), then its bytes, which the other ranks read
+    back with torch.load.
+
+    Arguments:
+        obj: the object on the root; not used on the other ranks.
+        root_rank: the world rank whose object every rank gets (it must be in the process set).
+        name: the prefix of the broadcasts' names, which every rank must give alike; None:
+            "broadcast_object".
+        process_set: the ProcessSet to broadcast over (every rank of it must call this).
+
+    Returns:
+        on the root `obj` itself; on every other rank the object read back from the root's bytes.
+
+    Raises:
+        ValueError before init(), for a process set this rank cannot use, and for a root_rank that is
+        not an int or not in the set. Where the root cannot serialize `obj`: on the root the error
+        that serializing raised, on the other ranks a RuntimeError naming the root (the bytes are
+        then not sent). RuntimeError when ranks disagree on an op, HorovodInternalError when a rank
+        times out or dies.
+    """
     name = name or "broadcast_object"  # the same on every rank, whatever each passes
     me = ops._world_rank()
     payload, error = objects.serialized(obj, _dumps) if me == root_rank else (b"", None)
@@ -81,7 +133,27 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
 
 
 def allgather_object(obj, name=None, process_set=global_process_set):
-    """Returns the list of every rank's `obj`, in rank order."""
+    """Returns the list of every rank's `obj`, in rank order.
+
+    Two allgathers, named NAME.lengths and NAME.data: each rank's serialized length (torch.save, with
+    cloudpickle where it is installed), then every rank's bytes, each read back with torch.load.
+
+    Arguments:
+        obj: this rank's object.
+        name: the prefix of the allgathers' names, which every rank must give alike; None:
+            "allgather_object".
+        process_set: the ProcessSet to gather over (every rank of it must call this).
+
+    Returns:
+        a list of the set's ranks' objects, in rank order, each read back from the bytes its rank
+        sent (this rank's own too).
+
+    Raises:
+        ValueError before init() and for a process set this rank cannot use. Where a rank cannot
+        serialize its `obj`: on that rank the error that serializing raised, on the others a
+        RuntimeError naming the ranks that could not (the bytes are then not sent). RuntimeError when
+        ranks disagree on an op, HorovodInternalError when a rank times out or dies.
+    """
     name = name or "allgather_object"
     payload, error = objects.serialized(obj, _dumps)
     lengths = ops.synchronize(ops.allgather_async(torch.tensor([objects.length_of(payload)], dtype=torch.int64),

@@ -75,7 +75,22 @@ def _value(tensor):
 
 def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0, op=None,
               compression=Compression.none):
-    """The reduction of a tensor-compatible value over every rank (default: the average)."""
+    """The reduction of a tensor-compatible value over every rank (default: the average).
+
+    Arguments:
+        value: a tensor, or a value tf.convert_to_tensor takes, of a dtype ddl.tensorflow.allreduce
+            takes.
+        name: the op's name, as ddl.tensorflow.allreduce.
+        average: deprecated; True is the average, False the sum (not together with op). With neither
+            average nor op given, the average.
+        prescale_factor, postscale_factor, op, compression: as ddl.tensorflow.allreduce.
+
+    Returns:
+        eagerly or inside a tf.function, the reduced tensor; in a TensorFlow 1 style graph, its value,
+        evaluated in the Keras backend's session.
+
+    Raises: as ddl.tensorflow.allreduce.
+    """
     if average is None and op is None:
         average = True
     return _value(_ops.allreduce(tf.convert_to_tensor(value), average=average, op=op, prescale_factor=prescale_factor,
@@ -83,21 +98,72 @@ def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_fac
 
 
 def allgather(value, name=None):
-    """Every rank's value concatenated along the first dimension."""
+    """Every rank's value concatenated along the first dimension.
+
+    Arguments:
+        value: a tensor, or a value tf.convert_to_tensor takes, as ddl.tensorflow.allgather takes it
+            (its first dimension may differ by rank).
+        name: the op's name, as ddl.tensorflow.allgather.
+
+    Returns:
+        eagerly or inside a tf.function, the gathered tensor; in a TensorFlow 1 style graph, its value,
+        evaluated in the Keras backend's session.
+
+    Raises: as ddl.tensorflow.allgather.
+    """
     return _value(_ops.allgather(tf.convert_to_tensor(value), name=name))
 
 
 def broadcast(value, root_rank, name=None):
-    """root_rank's value on every rank."""
+    """root_rank's value on every rank.
+
+    Arguments:
+        value: a tensor, or a value tf.convert_to_tensor takes: the data on the root, a value of the
+            same shape and dtype on the other ranks.
+        root_rank: the world rank whose value every rank gets.
+        name: the op's name, as ddl.tensorflow.broadcast.
+
+    Returns:
+        eagerly or inside a tf.function, the root's tensor; in a TensorFlow 1 style graph, its value,
+        evaluated in the Keras backend's session.
+
+    Raises: as ddl.tensorflow.broadcast.
+    """
     return _value(_ops.broadcast(tf.convert_to_tensor(value), root_rank, name=name))
 
 
 def reducescatter(value, name=None, op=Average):
-    """This rank's rows of the reduction of a value over every rank."""
+    """This rank's rows of the reduction of a value over every rank.
+
+    Arguments:
+        value: a tensor, or a value tf.convert_to_tensor takes, of at least one dimension, as
+            ddl.tensorflow.reducescatter takes it.
+        name: the op's name, as ddl.tensorflow.reducescatter.
+        op: Average (the default) or Sum, as ddl.tensorflow.reducescatter.
+
+    Returns:
+        eagerly or inside a tf.function, this rank's rows; in a TensorFlow 1 style graph, their value,
+        evaluated in the Keras backend's session.
+
+    Raises: as ddl.tensorflow.reducescatter.
+    """
     return _value(_ops.reducescatter(tf.convert_to_tensor(value), name=name, op=op))
 
 
 def broadcast_variables(variables, root_rank, process_set=global_process_set):
+    """Assigns root_rank's values to `variables` on every rank, all of them in one libddl round, as
+    ddl.tensorflow.broadcast_variables does.
+
+    Arguments:
+        variables: an iterable of variables (None entries are skipped).
+        root_rank: the world rank whose values every rank gets (it must be in the process set).
+        process_set: the ProcessSet to broadcast over (every rank of it must call this).
+
+    Returns:
+        None eagerly; in a graph, the op that does it.
+
+    Raises: as ddl.tensorflow.broadcast_variables.
+    """
     from ddl.tensorflow.functions import broadcast_variables as tf_broadcast_variables
     return tf_broadcast_variables(variables, root_rank, process_set)
 

@@ -31,6 +31,16 @@ def _keras_optimizer_bases():
 
 
 def is_keras_optimizer(optimizer):
+    """Whether `optimizer` is a Keras optimizer: an instance of tf.keras.optimizers.Optimizer,
+    tf.keras.optimizers.legacy.Optimizer or keras.optimizers.Optimizer, of those this TensorFlow and
+    Keras have.
+
+    Arguments:
+        optimizer: any object.
+
+    Returns:
+        True or False.
+    """
     return isinstance(optimizer, _keras_optimizer_bases())
 
 
@@ -138,6 +148,39 @@ def create_distributed_optimizer(optimizer, name=None, compression=None, sparse_
                                  backward_passes_per_step=1, op=H.Average, gradient_predivide_factor=1.0,
                                  average_aggregated_gradients=False, process_set=global_process_set,
                                  scale_local_gradients=True):
+    """A new optimizer, of the same class name and config as `optimizer`, whose gradients are
+    allreduced over the process set, as one libddl group, just before they are applied.
+
+    The new optimizer is an instance of distributed_class(type(optimizer)), built with from_config()
+    from optimizer.get_config(). Keras' LossScaleOptimizer is made to agree across ranks on whether the
+    gradients are finite whenever it wraps a ddl optimizer (once per process).
+
+    Arguments:
+        optimizer: a Keras optimizer (is_keras_optimizer).
+        name: the new optimizer's name (its config's "name"); None keeps the optimizer's.
+        compression: Compression.none (what None means) or Compression.fp16: the gradients are
+            compressed before the reduction and decompressed after it.
+        sparse_as_dense: True: tf.IndexedSlices gradients are made dense and reduced with the others;
+            False: they are allgathered.
+        backward_passes_per_step: N >= 1 (an int): the gradients are summed locally, and reduced and
+            applied every N-th call; `iterations` counts every call.
+        op: Average (the default) or Sum.
+        gradient_predivide_factor: f (Average only): each gradient is divided by f before the sum and
+            the sum multiplied by f / the set's size.
+        average_aggregated_gradients: with backward_passes_per_step = N > 1, the summed gradients are
+            divided by N before they are reduced.
+        process_set: the ProcessSet to reduce the gradients over.
+        scale_local_gradients: the gradients of variables registered with register_local_var() are not
+            reduced; True divides them by the set's size.
+
+    Returns:
+        the new, wrapped optimizer.
+
+    Raises:
+        NotImplementedError for Adasum; ValueError for another op than Average or Sum, a
+        backward_passes_per_step that is not an int of at least 1, or a gradient_predivide_factor
+        other than 1.0 with an op other than Average.
+    """
     from ddl.tensorflow.compression import Compression
     if op == H.Adasum:
         raise NotImplementedError("Adasum is not supported by ddl: use op=hvd.Average or hvd.Sum")
