@@ -142,6 +142,8 @@ std::string top_level(const std::string& module) { return module.substr(0, modul
 // old Lightning's name is pytorch_lightning), or it is there and needs another one (ddl.torch
 // without torch), which must be named: "not installed" would send the user to reinstall ddl.
 std::string missing_piece_words(const std::string& name, const std::string& missing, const std::string& python) {
+  if (missing == "ddl.capabilities")  // the package found predates the probe: it is there, but not this ddl's
+    return fmt::format("an older ddl package, without ddl.capabilities: install this ddl's package for {}", python);
   const bool itself = top_level(missing) == top_level(name) || (name == "lightning" && missing == "pytorch_lightning");
   if (itself) return "not installed";
   return fmt::format("installed, but needs {}, which {} cannot import (No module named '{}')", top_level(missing), python, missing);
@@ -168,13 +170,20 @@ CapabilityItem probe_framework(const std::string& python, const std::string& nam
 }
 
 // The probe of one of ddl's faces: ddl's package is put on the path from beside this ddl (where its
-// layout puts it), then the package's public probe (ddl.capabilities) answers as one JSON line.
+// layout puts it), then the package's public probe (ddl.capabilities) answers as one JSON line. A
+// folder of one Python version (PREFIX/lib/python3.X/site-packages) is taken only by that Python and
+// after the Python's own path, so that it never lends the probed Python another version's torch.
 std::string ddl_face_probe(const std::string& face) {
   nlohmann::json folders = python_package_folders(this_executable());
   return fmt::format(
       "import os, sys\n"
-      "sys.path[:0] = [p for p in {} if os.path.isdir(os.path.join(p, 'ddl'))]\n"
-      "from ddl import capabilities\n"
+      "mine, first = 'python%d.%d' % sys.version_info[:2], 0\n"
+      "for p in {}:\n"
+      "    if not os.path.isdir(os.path.join(p, 'ddl')): continue\n"
+      "    version = os.path.basename(os.path.dirname(p))\n"
+      "    if not version.startswith('python3.'): sys.path.insert(first, p); first += 1\n"
+      "    elif version == mine: sys.path.append(p)\n"
+      "import ddl.capabilities as capabilities\n"
       "sys.exit(capabilities.main([{}]))",
       folders.dump(), nlohmann::json(face).dump());
 }

@@ -217,7 +217,7 @@ HostsPlan plan_on_hosts(const LaunchRequest& launch, const std::vector<HostSlots
     require_slots(candidates, plan.workers_per_node);
     return {plan, candidates};
   }
-  // The hosts' slots decide each host's count (workers_on_hosts checks -np and --cpu against them);
+  // The hosts' slots decide each host's count (workers_on_hosts checks -np against them);
   // each host checks its own GPUs against its own count (run_on_hosts here, the agent elsewhere),
   // naming itself.
   const std::vector<int> sizes = workers_on_hosts(launch, candidates);

@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 import weakref
+import zlib
 
 import torch
 import torch.distributed as dist
@@ -147,11 +148,14 @@ class _Op:
     The future is made only when asked for (get_future(), a C++ caller's Work, a chained op): a
     blocking call never asks, and making and completing a torch future costs more than the rest of
     a small op on a GPU (torch 2.x asks CUDA for devices and streams in both)."""
-    __slots__ = ("handles", "finish", "_future", "keep", "stream", "claimed", "queued", "lock", "done", "value", "error",
-                 "__weakref__")
+    __slots__ = ("handles", "tested", "finish", "_future", "keep", "stream", "claimed", "queued", "lock", "done", "value",
+                 "error", "__weakref__")
 
-    def __init__(self, handles, finish, keep, stream=None, future=None):
+    def __init__(self, handles, finish, keep, stream=None, future=None, tested=None):
         self.handles, self.finish, self.keep = handles, finish, keep
+        # What says the op is done (ddl_test) before anyone claims it: its handles, or those that
+        # finish() reads and releases itself (an any-count gather's, kept until ddl_gathered).
+        self.tested = handles if tested is None else tested
         self.stream = stream  # a CUDA op's: the caller's current stream, which the result copies go on too
         self._future = future  # given: whoever made it completes it, not complete()
         self.claimed = self.queued = self.done = False
@@ -193,7 +197,7 @@ class _Op:
         with self.lock:
             if self.claimed:
                 return False
-            for handle in self.handles:
+            for handle in self.tested:
                 if L.lib.ddl_test(handle, ctypes.byref(done)) != L.SUCCESS or not done.value:
                     return False
             self.claimed = True
@@ -603,8 +607,11 @@ class ProcessGroupDDL(dist.ProcessGroup):
         local = tensor.detach().coalesce().cpu()  # gathered through host memory, as libddl's any-count ops are
         indices = local._indices().t().contiguous()  # one row of sparse_dim indices per entry
         entry_shape = tuple(local._values().shape[1:])  # the dense part of one entry
-        values, dtype = _movable(local._values().reshape(-1))
+        values, dtype = _movable(local._values().contiguous().reshape(-1))
+        # The values' op carries the tensor's size and its dtype's name (values libddl has no type for
+        # move as bytes), so ranks that disagree on either fail the op together.
         size = tuple(tensor.shape)
+        described = size + (zlib.crc32(str(local.dtype).encode()),)
         n = self.size()
         handles = []
 
@@ -617,7 +624,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
         try:
             submit(indices, L.INT64, (local.sparse_dim(),))
-            submit(values, dtype, size)  # the size: ranks that disagree on it fail the op together
+            submit(values, dtype, described)
         except BaseException:
             L.wait_quietly(handles)
             raise
@@ -641,7 +648,8 @@ class ProcessGroupDDL(dist.ProcessGroup):
             tensor.copy_(total.coalesce().to(tensor.device))
             return [tensor]
 
-        return _work(_Op([], finish, (indices, values)), self._completer, _torch_caller())
+        stream = torch.cuda.current_stream(tensor.device) if tensor.is_cuda else None  # the result's copy goes on it
+        return _work(_Op([], finish, (indices, values), stream, tested=list(handles)), self._completer, _torch_caller())
 
     def allreduce_coalesced(self, tensors, opts=None):
         # libddl fuses ops submitted together, so the tensors go as separate ops, unless two of them

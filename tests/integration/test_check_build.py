@@ -4,6 +4,7 @@ allocation (the loopback cluster), with broken and hanging Python packages, and 
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -123,6 +124,19 @@ class CheckBuild(unittest.TestCase):
         usage = subprocess.run([PYTHON, "-m", "ddl.capabilities", "mxnet"], env=env, capture_output=True, text=True, timeout=60)
         self.assertEqual((usage.returncode, usage.stdout), (2, ""))
         self.assertIn("usage: python -m ddl.capabilities {torch|tensorflow}", usage.stderr)
+
+    def test_an_older_package_beside_ddl_is_named_as_such_not_as_missing(self):
+        # A prefix whose ddl has beside it a package from before ddl.capabilities.
+        with tempfile.TemporaryDirectory() as prefix:
+            os.makedirs(os.path.join(prefix, "bin"))
+            shutil.copy(DDL, os.path.join(prefix, "bin", "ddl"))
+            shutil.copytree(os.path.join(BUILD, "python", "ddl"), os.path.join(prefix, "python", "ddl"),
+                            ignore=shutil.ignore_patterns("capabilities.py", "__pycache__"))
+            result = subprocess.run([os.path.join(prefix, "bin", "ddl"), "check-build", "--python", PYTHON],
+                                    capture_output=True, text=True, timeout=300)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn(f"  [ ] ddl.torch (an older ddl package, without ddl.capabilities: install this ddl's package for {PYTHON})",
+                      result.stdout)
 
     def test_the_site_profile_that_matches_this_machine(self):
         self.assertIn("  [X] site perlmutter (ddl submit --site perlmutter ...)", self.check_build(env={"NERSC_HOST": "perlmutter"}).stdout)

@@ -370,6 +370,27 @@ def sparse(rank):
         dist.all_reduce(t, group=group, async_op=True).wait()
         return t.to_dense()
     check("all_reduce of a sparse tensor, async_op", *both(asynchronously))
+    if SIZE > 1:  # polling waits for nobody: the other ranks submit only after rank 0 has polled
+        t = made(torch.float32)
+        polled = False
+        if rank == 0:
+            work = dist.all_reduce(t, group=DDL, async_op=True)
+            polled = work.is_completed()
+            dist.barrier(group=GLOO)
+        else:
+            dist.barrier(group=GLOO)
+            work = dist.all_reduce(t, group=DDL, async_op=True)
+        work.wait()
+        check("a sparse all_reduce's is_completed() before the peers came", torch.tensor(polled), torch.tensor(False))
+        check("and its result", t.to_dense(), asynchronously(GLOO))
+        # Values libddl has no type for (bool) move as bytes: ranks that disagree on the dtype still fail together.
+        dtype = torch.bool if rank == 0 else torch.uint8
+        odd = torch.sparse_coo_tensor([[0]], torch.ones(1, dtype=dtype), (4,))
+        expect_error(RuntimeError, "differs between ranks", dist.all_reduce, odd, group=DDL)
+        after = torch.ones(2)
+        dist.all_reduce(after, group=DDL)
+        check("a sparse all_reduce of dtypes that differ by rank fails on every rank; the next op works", after,
+              torch.full((2,), float(SIZE)))
     expect_error(ValueError, "SUM only", dist.all_reduce, made(torch.float32), op=dist.ReduceOp.MAX, group=DDL)
     check("all_reduce MAX of a sparse tensor refused", torch.ones(1), torch.ones(1))
 
