@@ -132,8 +132,12 @@ class Collectives(unittest.TestCase):
             first, second = os.path.join(tmp, "first.%r.json"), os.path.join(tmp, "second.json")
             # DDL_TIMEOUT with room: each rank waits for a fork()ed child to exit, which under the
             # sanitizers runs a leak check of the whole process first, while the other ranks wait.
-            result, by_rank = self.run_checks(3, "edges", second, env={"DDL_TIMELINE": first, "DDL_TIMEOUT": "90"}, timeout=240)
+            # With the straggler report on: rank 0's fork()ed child leaves it to its parent at exit.
+            env = {"DDL_TIMELINE": first, "DDL_TIMEOUT": "90", "DDL_REPORT_STRAGGLERS": "1"}
+            result, by_rank = self.run_checks(3, "edges", second, env=env, timeout=240)
             self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-2000:])
+            reports = [line for line in result.stderr.splitlines() if "ddl: stragglers over" in line]
+            self.assertEqual(len(reports), 1, result.stderr[-3000:])
             for rank in range(3):
                 self.assertTrue(by_rank[rank][-1].startswith("PASS"), by_rank[rank])
                 with open(first.replace("%r", str(rank))) as f:  # whole, though a child exited, and ended by the restart

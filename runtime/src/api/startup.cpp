@@ -160,10 +160,16 @@ std::string interface_host(int num_nodes, const std::string& towards) {
 
 namespace {
 
+// The process that registered close_world_records_at_exit: a fork()ed child that exits runs it too.
+pid_t g_records_owner = 0;
+
 // A timeline is valid JSON only once closed, and most programs (Python scripts above all) exit
 // without ddl_finalize: close the world's at exit, and give its straggler report. try_lock: a
-// thread that holds g_mutex at exit may never let go of it.
+// thread that holds g_mutex at exit may never let go of it. A fork()ed child leaves both to its
+// parent and takes no lock at all: a thread of the parent's may have held the timeline's when it
+// forked, and it never lets go in the child, which would hang at exit (and its parent with it).
 void close_world_records_at_exit() {
+  if (::getpid() != g_records_owner) return;
   std::unique_lock lock(g_mutex, std::try_to_lock);
   if (!lock.owns_lock() || !g_runtime || !g_runtime->engine) return;
   g_runtime->engine->timeline().close();
@@ -279,7 +285,10 @@ std::vector<std::string> hosts_of_ranks(gloo::rendezvous::Store& store, int rank
 std::shared_ptr<Runtime> start_runtime(int generation, const ddl::runtime::ProgramStore* program = nullptr, int given_rank = 0,
                                        int given_size = 1) {
   static std::once_flag at_exit_registered;
-  std::call_once(at_exit_registered, [] { std::atexit(close_world_records_at_exit); });
+  std::call_once(at_exit_registered, [] {
+    g_records_owner = ::getpid();
+    std::atexit(close_world_records_at_exit);
+  });
   auto rt = std::make_shared<Runtime>();
   rt->mode = program != nullptr ? "program store" : bootstrap_mode();
   rt->generation = generation;
