@@ -24,9 +24,11 @@ def load_batch():
 
 
 def quiet_allreduces(seconds):
+    # Every rank stops after the same op: each says whether its own time is up, and the first that
+    # is stops them all (each rank's clock started at its own hvd.init; one that went on alone
+    # would find its peer gone).
     end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        hvd.allreduce(torch.ones(4), name="grad")
+    while hvd.allreduce(torch.tensor([float(time.monotonic() >= end)]), name="grad", op=hvd.Max).item() == 0:
         time.sleep(0.01)
 
 
