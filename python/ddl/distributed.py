@@ -619,8 +619,8 @@ class ProcessGroupDDL(dist.ProcessGroup):
             options = self._sequence_options()
             dims = (ctypes.c_longlong * len(shape))(*shape)
             options.shape, options.ndim = dims, len(shape)
-            handles.append(L.submit(L.lib.ddl_allgather_any_ex, self._name("allreduce.sparse"), _pointer(payload),
-                                    payload.numel(), payload_dtype, ctypes.byref(options)))
+            self._submit(handles, L.lib.ddl_allgather_any_ex, self._name("allreduce.sparse"), _pointer(payload),
+                         payload.numel(), payload_dtype, ctypes.byref(options))
 
         try:
             submit(indices, L.INT64, (local.sparse_dim(),))
