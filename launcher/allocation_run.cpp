@@ -31,8 +31,8 @@ namespace ddl::launcher {
 namespace {
 
 // NCPUS, the cores PBS gave each node (this one's, taken for every node); this machine's cores when
-// unset or 0 (a chunk asked for ncpus=0). Anything but a count is an error naming it: read with
-// atoi, 99999999999 gave every worker 607876095 OpenMP threads.
+// unset or 0 (a chunk asked for ncpus=0). Anything but a count is an error naming it: atoi would
+// wrap 99999999999 around and give every worker hundreds of millions of OpenMP threads.
 int pbs_cpus_per_node(const Environment& env) {
   constexpr long long kMostCpus = 1 << 20;
   const auto ncpus = lookup(env, "NCPUS");

@@ -37,7 +37,7 @@ bool planned_gpu_workers(const Environment& env, const ExecRequest& request, con
 int cpus_for_node(const Environment& env, int local_size) {
   constexpr long long kMostCpus = 1 << 20;
   for (const char* per_task : {"DDL_CPUS_PER_TASK", "SLURM_CPUS_PER_TASK", "PALS_DEPTH"}) {
-    // Not a count (read with atoi, "99999999999" wrapped around): as if unset.
+    // Not a count (atoi would wrap "99999999999" around): as if unset.
     const auto count = whole_number(lookup(env, per_task).value_or(""), kMostCpus);
     if (count && *count > 0) return static_cast<int>(std::min(*count * local_size, kMostCpus));
   }
@@ -122,7 +122,7 @@ Environment task_environment(const Environment& env, const TaskIdentity& id, con
   run.store_token = lookup(env, contract::kStoreToken).value_or("");
   run.master_addr = lookup(env, "MASTER_ADDR").value_or("");
   run.cpus_on_node = cpus_for_node(env, id.local_size);
-  // torchrun's counts, as ddl run set them; anything else (99999999999 became -1 with atoi) is 0.
+  // torchrun's counts, as ddl run set them; anything else is 0 (atoi would turn 99999999999 into -1).
   run.restart_count = static_cast<int>(whole_number(lookup(env, "TORCHELASTIC_RESTART_COUNT").value_or("0"), INT_MAX).value_or(0));
   run.max_restarts = static_cast<int>(whole_number(lookup(env, "TORCHELASTIC_MAX_RESTARTS").value_or("0"), INT_MAX).value_or(0));
   const WorkerSlot slot{id.rank, id.local_rank, id.node_rank};

@@ -99,7 +99,6 @@ void proc_path(char* out, const char* pid, const char* leaf) {
   out[at] = '\0';
 }
 
-// From /proc/PID/stat, "pid (comm) state ppid pgrp session ...": false when it is gone or unreadable.
 // Reads up to `size` - 1 bytes of /proc/PID/`what` into `text`; how many (0 when it is gone or unreadable).
 ssize_t read_proc_file(const char* pid, const char* what, char* text, size_t size) {
   char path[64];
@@ -111,6 +110,7 @@ ssize_t read_proc_file(const char* pid, const char* what, char* text, size_t siz
   return n < 0 ? 0 : n;
 }
 
+// From /proc/PID/stat, "pid (comm) state ppid pgrp session ...": false when it is gone or unreadable.
 bool read_stat(const char* pid, char& state, long& group, long& session) {
   char text[512];
   const ssize_t n = read_proc_file(pid, "stat", text, sizeof text);

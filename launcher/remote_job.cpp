@@ -15,8 +15,9 @@ namespace ddl::launcher {
 using nlohmann::json;
 
 namespace {
-// 2: per-node worker counts (node_sizes), and relayed lines that always end in '\n'.
-// 3: the program's words, the environment and the directory as bytes (bytes_to_json).
+// The job format this ddl writes and reads; an agent refuses any other (decode_remote_job). It has
+// per-node worker counts (node_sizes), relayed lines that always end in '\n', and the program's
+// words, the environment and the directory as bytes (bytes_to_json).
 constexpr int kJobFormat = 3;
 
 // The program's words, the environment and the working directory are bytes, which JSON text holds

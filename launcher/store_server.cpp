@@ -256,7 +256,7 @@ class StoreServer::Loop {
 
   // Handles every complete frame in the input buffer, in order; stops while a Wait is pending.
   // Handled frames leave the buffer together at the end: erasing each at once would move all that
-  // follows it, which made a client's burst of many small requests cost their number squared.
+  // follows it, making a client's burst of many small requests cost their number squared.
   void process_frames(uint64_t id) {
     while (true) {
       auto it = conns_.find(id);
