@@ -36,12 +36,15 @@ from ddl import _lib as L
 from ddl.common import basics as _basics
 from ddl.common import call_sites
 from ddl.common import dtypes as _dtypes
+from ddl.common import op_core as _core
+from ddl.common.tensor_adapters import torch_tensors
 from ddl.common import program_store as _program_store
 from ddl.common import exceptions as _exceptions  # noqa: F401  (registers the statuses' exception types)
 
 BACKEND_NAME = "ddl"
 
 _DTYPES = _dtypes.torch_table()
+_TENSORS = torch_tensors()
 
 _NAMELESS_REDUCE_OPS = "BAND, BOR, BXOR and PREMUL_SUM"
 
@@ -631,11 +634,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
         def read(handle, like):
             """Every rank's elements of one op, in rank order, as a 1-D tensor of `like`'s dtype."""
-            counts, data = L.gathered(handle, n)
-            out = like.new_empty((sum(counts),))
-            if out.numel():
-                ctypes.memmove(out.data_ptr(), data, out.numel() * out.element_size())
-            return out
+            return _core.read_gathered(_TENSORS, handle, n, like, ())[0]
 
         def finish():
             try:

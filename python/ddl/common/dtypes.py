@@ -10,6 +10,11 @@ SUPPORTED = "uint8, int8, int16, int32, int64, float16, bfloat16, float32, float
 _torch_table = None
 
 
+def unsupported(type_name):
+    """The error for a tensor of `type_name` that libddl has no type for (every face's words)."""
+    return ValueError(f"tensors of type {type_name} are not supported: use one of {SUPPORTED}")
+
+
 def torch_table():
     """{torch.dtype: libddl dtype}, for the torch faces (torch is imported only by them)."""
     global _torch_table

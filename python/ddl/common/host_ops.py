@@ -12,13 +12,14 @@ from ddl import _lib as L
 from ddl.common import basics
 from ddl.common import call_sites
 from ddl.common import dtypes
+from ddl.common import op_core
 from ddl.common.reductions import Average, Sum, Adasum, Min, Max, Product, REDUCE, reduce_op, reducescatter_op  # noqa: F401
-from ddl.common.rows import alltoall_rows, row_elements, rows_of
+from ddl.common.rows import alltoall_rows, row_elements
+from ddl.common.tensor_adapters import NUMPY
 from ddl.common.names import names
 from ddl.common.process_sets import ProcessSet, _registry, global_process_set
 
 _DTYPES = dtypes.BY_NAME
-_SUPPORTED = dtypes.SUPPORTED
 
 
 # Where data only moves (allgather, broadcast, alltoall), a dtype libddl does not reduce (bool, uint16,
@@ -61,13 +62,7 @@ def ddl_dtype(array, moves_only=False):
     Raises:
         ValueError for a dtype libddl has no type for (bool among them unless moves_only).
     """
-    name = array.dtype.name
-    if name == "bool" and moves_only:
-        return L.UINT8
-    try:
-        return _DTYPES[name]
-    except KeyError:
-        raise ValueError(f"tensors of type {name} are not supported: use one of {_SUPPORTED}") from None
+    return op_core.libddl_dtype(NUMPY, array, moves_only)
 
 
 def target(process_set):
@@ -322,22 +317,6 @@ def allreduce(array, name=None, op=Average, prescale=1.0, postscale=1.0, process
 
 # ---- allgather ----
 
-def _row_counts_payload(rows_per_destination):
-    """The int64 row counts an op sends in place of rows of no elements (common/rows.py)."""
-    return np.asarray(rows_per_destination, dtype=np.int64)
-
-
-def _gathered(handle, n, row, data, trailing):
-    """The gathered array of an allgather-any's `handle` (rows of `trailing` shape, as `data`'s dtype)
-    and each rank's row count."""
-    counts, ptr = L.gathered(handle, n)
-    rows = rows_of(counts, row, ptr)
-    out = np.empty((sum(rows),) + tuple(trailing), dtype=data.dtype)
-    if out.size:
-        ctypes.memmove(_ptr(out), ptr, out.nbytes)
-    return out, rows
-
-
 def grouped_allgather(arrays, name=None, process_set=None, kind="grouped_allgather"):
     """Concatenates every rank's arrays along the first dimension (which may differ by rank).
 
@@ -377,15 +356,15 @@ def grouped_allgather(arrays, name=None, process_set=None, kind="grouped_allgath
         group = group_size(len(inputs), kind != "allgather")
         for i, (sub, src, data) in enumerate(zip(_sub_names(full, len(inputs), kind != "allgather"), inputs, datas)):
             opts = options(ps, src.shape[1:], group_size=group)
-            payload = data if row_elements(src.shape) else _row_counts_payload([src.shape[0]])
+            payload, dtype = op_core.any_count_payload(NUMPY, data, ddl_dtype(data), src.shape, [src.shape[0]])
             keep.append((opts, payload))
-            handles.append(_submit(L.lib.ddl_allgather_any_ex, sub, _ptr(payload), payload.size, ddl_dtype(payload),
+            handles.append(_submit(L.lib.ddl_allgather_any_ex, sub, _ptr(payload), payload.size, dtype,
                                    ctypes.byref(opts)))
         # The gathered rows live with their handles: read them (ddl_gathered waits) before _run
         # releases the handles.
         for i, h in enumerate(handles):
-            out, _ = _gathered(h, n, row_elements(inputs[i].shape), datas[i], inputs[i].shape[1:])
-            results[i] = out.view(inputs[i].dtype)
+            out, _ = op_core.read_gathered(NUMPY, h, n, datas[i], inputs[i].shape[1:])
+            results[i] = NUMPY.as_dtype_of(out, inputs[i])
 
     if inputs:
         _run(kind, name, ps, submit_all)
@@ -503,29 +482,24 @@ def alltoall(array, splits=None, name=None, process_set=None):
     src = _contiguous(array)
     if src.ndim == 0:
         raise ValueError("alltoall needs a tensor of at least one dimension")
-    if splits is not None:
-        splits = np.asarray(splits)
-        if splits.dtype.kind not in "iu":
-            raise ValueError(f"splits must hold integers (int32), not {splits.dtype.name}")
-        splits = [int(s) for s in splits.reshape(-1)]
+    splits = op_core.alltoall_splits(NUMPY, None if splits is None else np.asarray(splits))
     send = alltoall_rows(splits, src.shape[0], n)
     data = movable(src)
-    dtype = ddl_dtype(data)
     row = row_elements(src.shape)
     box = []
 
-    payload = data if row else _row_counts_payload(send)
+    payload, dtype = op_core.any_count_payload(NUMPY, data, ddl_dtype(data), src.shape, send)
     sizes = [s * row for s in send] if row else [1] * n
 
     def submit_all(full, handles):
         opts = options(ps, src.shape[1:])
         handles.append(_submit(L.lib.ddl_alltoall_any_ex, names.encoded(full), _ptr(payload), L.size_array(sizes),
-                               dtype if row else ddl_dtype(payload), ctypes.byref(opts)))
-        box.append(_gathered(handles[0], n, row, data, src.shape[1:]))
+                               dtype, ctypes.byref(opts)))
+        box.append(op_core.read_gathered(NUMPY, handles[0], n, data, src.shape[1:]))
 
     _run("alltoall", name, ps, submit_all)
     out, received = box[0]
-    return out.view(src.dtype), np.asarray(received, dtype=np.int32)
+    return NUMPY.as_dtype_of(out, src), np.asarray(received, dtype=np.int32)
 
 
 # ---- reducescatter ----

@@ -17,11 +17,16 @@ def reduce_op(op, average, default=Average):
             raise ValueError("The op parameter supersedes average. Please provide only one of them.")
         return Average if average else Sum
     op = default if op is None else op
-    if op == Adasum:
-        raise NotImplementedError("Adasum is not supported by ddl: use op=hvd.Average or hvd.Sum")
+    refuse_adasum(op)
     if op not in REDUCE:
         raise ValueError(f"unknown reduction op {op!r}: use hvd.Average, Sum, Min, Max or Product")
     return op
+
+
+def refuse_adasum(op):
+    """Raises NotImplementedError when `op` is Adasum, which ddl does not implement (every face's words)."""
+    if op == Adasum:
+        raise NotImplementedError("Adasum is not supported by ddl: use op=hvd.Average or hvd.Sum")
 
 
 def reducescatter_op(op):

@@ -26,6 +26,7 @@ _os.environ.setdefault("TF_NUM_INTEROP_THREADS", str(max(_os.cpu_count() or 1, 6
 import tensorflow as tf  # noqa: E402
 
 from ddl.common import basics as _basics
+from ddl.common import reductions as _reductions
 from ddl.common.basics import (init, shutdown, is_initialized, rank, size, local_rank, local_size,  # noqa: F401
                                cross_rank, cross_size, is_homogeneous, mpi_threads_supported, mpi_built, mpi_enabled,
                                gloo_built, gloo_enabled, nccl_built, ddl_built, ccl_built, cuda_built, rocm_built,
@@ -178,8 +179,7 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
     groups are accepted; libddl fuses the whole group whatever they say)."""
     if op not in (Average, Sum, Adasum, Min, Max, Product):
         raise ValueError(f"unknown reduction op {op!r}")
-    if op == Adasum:
-        raise NotImplementedError("Adasum is not supported by ddl: use op=hvd.Average or hvd.Sum")
+    _reductions.refuse_adasum(op)
     _gradient_scales(op, gradient_predivide_factor, process_set)  # refuse a bad combination now
     methods = {k: v for k, v in _DistributedGradientTape.__dict__.items() if k not in ("__dict__", "__weakref__")}
     cls = type(gradtape.__class__.__name__, (gradtape.__class__,), methods)

@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from ddl import _lib as L
 from ddl.common import basics as _basics
+from ddl.common import dtypes as _dtypes
 from ddl.common import host_ops as H
 from ddl.common import exceptions as _exceptions
 from ddl.common.process_sets import global_process_set
@@ -193,7 +194,7 @@ def _check_dtype(tensor, moves_only=False):
     if moves_only and (tensor.dtype == tf.bool or tensor.dtype.is_integer):  # moved as bytes (host_ops.movable)
         return
     if tensor.dtype.name not in H._DTYPES:
-        raise ValueError(f"tensors of type {tensor.dtype.name} are not supported: use one of {H._SUPPORTED}")
+        raise _dtypes.unsupported(tensor.dtype.name)
 
 
 def _process_set(process_set):

@@ -9,7 +9,6 @@ takes on each rank: common/names.py).
 
 import ctypes
 import itertools
-import os
 
 import torch
 
@@ -18,14 +17,17 @@ from ddl.common import basics as _basics
 from ddl.common import fastpath as _fast
 from ddl.common import dtypes as _dtypes
 from ddl.common import host_ops as _host
+from ddl.common import op_core as _core
 from ddl.common.reductions import Average, Sum, Adasum, Min, Max, Product, REDUCE  # noqa: F401
-from ddl.common.rows import alltoall_rows, row_elements, rows_of
+from ddl.common.rows import alltoall_rows, row_elements
+from ddl.common.tensor_adapters import torch_tensors
 from ddl.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
 from ddl.common.names import names as _names
 from ddl.common.process_sets import ProcessSet, global_process_set, _registry
 
 _REDUCE = REDUCE
 _DTYPES = _dtypes.torch_table()
+_TENSORS = torch_tensors()
 
 
 # ---- checks and small helpers ----
@@ -34,13 +36,7 @@ _check_initialized = _basics.check_initialized
 
 
 def _ddl_dtype(tensor, moves_only=False):
-    dtype = tensor.dtype
-    if dtype == torch.bool and moves_only:
-        return L.UINT8
-    try:
-        return _DTYPES[dtype]
-    except KeyError:
-        raise ValueError(f"Tensor type {tensor.type()} is not supported: use one of {_dtypes.SUPPORTED}") from None
+    return _core.libddl_dtype(_TENSORS, tensor, moves_only)
 
 
 def _is_cuda(tensor):
@@ -68,11 +64,6 @@ def _options(process_set, tensor=None, shape=None, prescale=1.0, postscale=1.0, 
         return _host.options(process_set, shape, prescale, postscale, flags | L.CUDA_BUFFERS, _stream_of(tensor),
                              group_size)
     return _host.options(process_set, shape, prescale, postscale, flags, group_size=group_size)
-
-
-# Rows of no elements: the row counts sent instead (common/rows.py).
-def _row_counts_payload(rows_per_destination):
-    return torch.tensor(rows_per_destination, dtype=torch.int64)
 
 
 # ---- names and handles ----
@@ -249,19 +240,19 @@ def _allreduce_group_async(kind, tensors, outputs, name, op, prescale, postscale
     group = _host.group_size(len(tensors), kind == "grouped_allreduce")
 
     def launch(full_name):
-        c_handles, finishers, keep = [], [], []
-        try:
-            for i, (t, out) in enumerate(zip(tensors, outputs)):
-                src = t.contiguous()
-                dst = out if out.is_contiguous() else out.contiguous()
-                sub = full_name if len(tensors) == 1 and kind != "grouped_allreduce" else _part(full_name, i)
-                h, after, temporaries = _launch_allreduce(src, dst, sub, op, prescale, postscale, process_set, flags, group)
-                c_handles.append(h)
-                keep.append((src, dst, temporaries))
-                finishers.append((after, out, dst))
-        except BaseException:
-            _wait_quietly(c_handles)
-            raise
+        finishers, keep = [], []
+
+        def submit_one(i):
+            src = tensors[i].contiguous()
+            out = outputs[i]
+            dst = out if out.is_contiguous() else out.contiguous()
+            sub = full_name if len(tensors) == 1 and kind != "grouped_allreduce" else _part(full_name, i)
+            h, after, temporaries = _launch_allreduce(src, dst, sub, op, prescale, postscale, process_set, flags, group)
+            keep.append((src, dst, temporaries))
+            finishers.append((after, out, dst))
+            return h
+
+        c_handles = _core.submit_each(range(len(tensors)), submit_one)
 
         def finish():
             results = []
@@ -275,9 +266,6 @@ def _allreduce_group_async(kind, tensors, outputs, name, op, prescale, postscale
         return c_handles, finish, keep
 
     return _start(kind, name, process_set, launch)
-
-
-_wait_quietly = L.wait_quietly
 
 
 def _single(handle_of_group):
@@ -466,21 +454,15 @@ def _launch_allgather(tensor, full_name, process_set, group_size=0):
     dtype = _ddl_dtype(data)
     if device is not None:
         data = data.cpu()  # gathered through the host: NCCL needs every rank's count up front
-    row = row_elements(src.shape)
-    payload = data if row else _row_counts_payload([src.shape[0]])
+    payload, payload_dtype = _core.any_count_payload(_TENSORS, data, dtype, src.shape, [src.shape[0]])
     opts = _options(process_set, None, tuple(src.shape[1:]), group_size=group_size)
-    h = _submit(L.lib.ddl_allgather_any_ex, full_name, payload.data_ptr(), payload.numel(),
-                dtype if row else _ddl_dtype(payload), ctypes.byref(opts))
+    h = _submit(L.lib.ddl_allgather_any_ex, full_name, payload.data_ptr(), payload.numel(), payload_dtype,
+                ctypes.byref(opts))
     box = []
     n = process_set.size()  # now: the set may be removed before the op is synchronized
 
     def collect():
-        counts, ptr = L.gathered(h, n)
-        out = data.new_empty((sum(rows_of(counts, row, ptr)),) + tuple(src.shape[1:]))
-        if out.numel():
-            ctypes.memmove(out.data_ptr(), ptr, out.numel() * out.element_size())
-        if src.dtype == torch.bool:
-            out = out.view(torch.bool)
+        out = _TENSORS.as_dtype_of(_core.read_gathered(_TENSORS, h, n, data, src.shape[1:])[0], src)
         box.append(out.to(device) if device is not None else out)
 
     return h, collect, lambda: box[0], (src, data, payload)
@@ -493,18 +475,17 @@ def _allgather_group_async(kind, tensors, name, process_set):
     group = _host.group_size(len(tensors), kind != "allgather")
 
     def launch(full_name):
-        c_handles, collects, results, keep = [], [], [], []
-        try:
-            for i, t in enumerate(tensors):
-                sub = full_name if kind == "allgather" else _part(full_name, i)
-                h, collect, result, k = _launch_allgather(t, sub, process_set, group)
-                c_handles.append(h)
-                collects.append(collect)
-                results.append(result)
-                keep.append(k)
-        except BaseException:
-            _wait_quietly(c_handles)
-            raise
+        collects, results, keep = [], [], []
+
+        def submit_one(i):
+            sub = full_name if kind == "allgather" else _part(full_name, i)
+            h, collect, result, k = _launch_allgather(tensors[i], sub, process_set, group)
+            collects.append(collect)
+            results.append(result)
+            keep.append(k)
+            return h
+
+        c_handles = _core.submit_each(range(len(tensors)), submit_one)
 
         def collect_all():
             for c in collects:
@@ -631,10 +612,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     splits_device = None
     if splits is not None:
         splits_tensor = splits if torch.is_tensor(splits) else torch.tensor(splits, dtype=torch.int32)
-        # Horovod takes int32 only; any integer type is taken here (torch.tensor([1, 2]) is int64).
-        if splits_tensor.dtype.is_floating_point or splits_tensor.dtype.is_complex or splits_tensor.dtype == torch.bool:
-            raise ValueError(f"splits must hold integers (torch.int32), not {splits_tensor.dtype}")
-        splits = [int(s) for s in splits_tensor.flatten().tolist()]
+        splits = _core.alltoall_splits(_TENSORS, splits_tensor)
         splits_device = splits_tensor.device
     send_splits = alltoall_rows(splits, tensor.shape[0], n)
 
@@ -646,25 +624,20 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
         if cuda:
             data = data.cpu()  # through the host: what arrives is learnt when the op runs
         row = row_elements(src.shape)
-        payload = data if row else _row_counts_payload(send_splits)
+        payload, payload_dtype = _core.any_count_payload(_TENSORS, data, dtype, src.shape, send_splits)
         sizes = [s * row for s in send_splits] if row else [1] * n
         opts = _options(target, None, tuple(src.shape[1:]))
         # libddl exchanges the counts when the op runs, so submitting never waits for the peers.
-        h = _submit(L.lib.ddl_alltoall_any_ex, full_name, payload.data_ptr(), L.size_array(sizes),
-                    dtype if row else _ddl_dtype(payload), ctypes.byref(opts))
+        h = _submit(L.lib.ddl_alltoall_any_ex, full_name, payload.data_ptr(), L.size_array(sizes), payload_dtype,
+                    ctypes.byref(opts))
         box = []
 
         def collect():
-            counts, ptr = L.gathered(h, n)
-            recv_splits = rows_of(counts, row, ptr)
-            out = data.new_empty((sum(recv_splits),) + tuple(src.shape[1:]))
-            if out.numel():
-                ctypes.memmove(out.data_ptr(), ptr, out.numel() * out.element_size())
-            box.append((out, recv_splits))
+            box.append(_core.read_gathered(_TENSORS, h, n, data, src.shape[1:]))
 
         def finish():
             out, recv_splits = box[0]
-            result = out.view(torch.bool) if src.dtype == torch.bool else out
+            result = _TENSORS.as_dtype_of(out, src)
             if cuda:
                 result = result.to(src.device)
             received = torch.tensor(recv_splits, dtype=torch.int32)
@@ -695,33 +668,32 @@ def _reducescatter_group_async(kind, tensors, name, op, prescale, postscale, pro
     group = _host.group_size(len(tensors), kind != "reducescatter")
 
     def launch(full_name):
-        c_handles, results, keep = [], [], []
-        try:
-            for i, t in enumerate(tensors):
-                src = t.contiguous()
-                cuda = _is_cuda(src)
-                rows = _scatter_rows(src.shape[0], n)
-                row = row_elements(src.shape)
-                dtype = _ddl_dtype(src)  # scaling and staging keep the dtype
-                # CUDA tensors are scaled on the GPU, as Horovod does. Equal blocks go through NCCL
-                # (ncclReduceScatter) on the current stream; the rest (rows not a multiple of the
-                # ranks, int16, which NCCL lacks) reduce through the host.
-                on_gpu = cuda and rows[0] == rows[-1] and dtype != L.INT16
-                data = _scale_like_horovod(src, prescale) if cuda else src
-                if cuda and not on_gpu:
-                    data = data.cpu()
-                out = data.new_empty((rows[me],) + tuple(src.shape[1:]))
-                opts = _options(target, data if on_gpu else None, tuple(src.shape), 1.0 if cuda else prescale,
-                                1.0 if cuda else postscale, group_size=group)
-                sub = full_name if kind == "reducescatter" else _part(full_name, i)
-                h = _submit(L.lib.ddl_reducescatter_ex, sub, data.data_ptr(), out.data_ptr(),
-                            L.size_array([r * row for r in rows]), dtype, _REDUCE[op], ctypes.byref(opts))
-                c_handles.append(h)
-                keep.append((src, data, out, opts))
-                results.append((out, src.device if cuda else None))
-        except BaseException:
-            _wait_quietly(c_handles)
-            raise
+        results, keep = [], []
+
+        def submit_one(i):
+            src = tensors[i].contiguous()
+            cuda = _is_cuda(src)
+            rows = _scatter_rows(src.shape[0], n)
+            row = row_elements(src.shape)
+            dtype = _ddl_dtype(src)  # scaling and staging keep the dtype
+            # CUDA tensors are scaled on the GPU, as Horovod does. Equal blocks go through NCCL
+            # (ncclReduceScatter) on the current stream; the rest (rows not a multiple of the
+            # ranks, int16, which NCCL lacks) reduce through the host.
+            on_gpu = cuda and rows[0] == rows[-1] and dtype != L.INT16
+            data = _scale_like_horovod(src, prescale) if cuda else src
+            if cuda and not on_gpu:
+                data = data.cpu()
+            out = data.new_empty((rows[me],) + tuple(src.shape[1:]))
+            opts = _options(target, data if on_gpu else None, tuple(src.shape), 1.0 if cuda else prescale,
+                            1.0 if cuda else postscale, group_size=group)
+            sub = full_name if kind == "reducescatter" else _part(full_name, i)
+            h = _submit(L.lib.ddl_reducescatter_ex, sub, data.data_ptr(), out.data_ptr(),
+                        L.size_array([r * row for r in rows]), dtype, _REDUCE[op], ctypes.byref(opts))
+            keep.append((src, data, out, opts))
+            results.append((out, src.device if cuda else None))
+            return h
+
+        c_handles = _core.submit_each(range(len(tensors)), submit_one)
         return c_handles, lambda: [_scale_like_horovod(o.to(d), postscale) if d is not None else o for o, d in results], keep
 
     return _start(kind, name, target, launch)

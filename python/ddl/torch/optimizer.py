@@ -6,6 +6,7 @@ from collections import defaultdict
 
 import torch
 
+from ddl.common.reductions import refuse_adasum
 from ddl.torch import mpi_ops as ops
 from ddl.torch.compression import Compression
 from ddl.torch.process_sets import global_process_set
@@ -39,8 +40,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError("backward_passes_per_step must be at least 1")
         self.backward_passes_per_step = backward_passes_per_step
         self._allreduce_delay = {v: backward_passes_per_step for _, v in sorted(named_parameters, key=lambda kv: kv[0])}
-        if op == ops.Adasum:
-            raise NotImplementedError("Adasum is not supported by ddl.torch: use op=hvd.Average or hvd.Sum")
+        refuse_adasum(op)
         if op != ops.Average and gradient_predivide_factor != 1.0:
             raise ValueError("gradient_predivide_factor applies to op=Average only")
         self.op = op

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from ddl.common import host_ops as H
 from ddl.common.process_sets import global_process_set
+from ddl.common.reductions import refuse_adasum
 
 
 def _keras_optimizer_bases():
@@ -182,8 +183,7 @@ def create_distributed_optimizer(optimizer, name=None, compression=None, sparse_
         other than 1.0 with an op other than Average.
     """
     from ddl.tensorflow.compression import Compression
-    if op == H.Adasum:
-        raise NotImplementedError("Adasum is not supported by ddl: use op=hvd.Average or hvd.Sum")
+    refuse_adasum(op)
     if op not in (H.Average, H.Sum):
         raise ValueError("DistributedOptimizer reduces gradients with hvd.Average or hvd.Sum only")
     if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
