@@ -27,11 +27,10 @@
 #include "common/write_all.hpp"
 #include "launcher/line_splitter.hpp"
 #include "launcher/orphan_guard.hpp"
-#include "launcher/pending_output.hpp"
+#include "launcher/output_router.hpp"
 #include "launcher/relayed_output.hpp"
 #include "launcher/run_cgroup.hpp"
 #include "launcher/stacks.hpp"
-#include "launcher/terminal_lines.hpp"
 #include "launcher/worker_process.hpp"
 
 namespace ddl::launcher {
@@ -49,21 +48,6 @@ constexpr int kHandledSignals[] = {SIGCHLD, SIGINT,    SIGTERM, SIGHUP, SIGUSR1,
 // Signals that ask the workers for something (a checkpoint before the time limit: Slurm's
 // --signal=B:USR1@300) rather than to stop: passed on, and the run goes on.
 bool passed_on_only(int sig) { return sig == SIGUSR1 || sig == SIGUSR2; }
-
-int open_output_file(const std::string& dir, int rank, const char* stream, bool append) {
-  std::string path = fmt::format("{}/rank.{}.{}", dir, rank, stream);
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC) | O_CLOEXEC, 0644);
-  if (fd >= 0) return fd;
-  if (errno == EMFILE || errno == ENFILE) throw open_failure(fmt::format("--output-dir: cannot write {}", path), errno);
-  throw Error(fmt::format("--output-dir: cannot write {}: {}", path, std::strerror(errno)), "choose a directory you can write to");
-}
-
-// Whether two descriptors write to the same file (stdout and stderr on one terminal).
-bool same_file(int fd1, int fd2) {
-  struct stat a {};
-  struct stat b {};
-  return ::fstat(fd1, &a) == 0 && ::fstat(fd2, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
-}
 
 // Processes whose parent is `parent`: orphans of the workers are re-parented to ddl (a subreaper).
 std::vector<pid_t> children_of(pid_t parent) {
@@ -85,23 +69,6 @@ std::vector<pid_t> children_of(pid_t parent) {
   ::closedir(proc);
   return children;
 }
-
-// One worker output stream (stdout or stderr) on its way to ddl's own.
-struct Stream {
-  int index = 0;                      // in the run's streams: with the rank, the source of its text on the output
-  int rank = 0;                       // the worker's (a task launcher's lines say each their own)
-  int fd = -1;                        // read end of the worker's pipe; -1 once at end of stream
-  int target_fd = -1;                 // ddl's stdout or stderr
-  TerminalLines* terminal = nullptr;  // what target_fd shows
-  int file_fd = -1;                   // --output-dir copy, or -1
-  std::string prefix;                 // "[rank] " or empty
-  LineSplitter splitter;
-  std::optional<Clock::time_point> unfinished_due;  // when its unfinished line is shown, if one waits
-  std::deque<std::string>* tail = nullptr;          // stderr only: the last lines, for the summary
-  std::string tail_line;                            // the line being put together for the tail
-  const LineLabeller* labeller = nullptr;           // a task launcher's stream: lines carry task ranks
-  const char* file_suffix = "";                     // "out" or "err", for per-rank files of a launcher
-};
 
 struct Worker {
   WorkerProcess process;
@@ -162,24 +129,16 @@ class Run {
         signal_fd_(signal_fd),
         control_fd_(options.control_fd),
         child_mask_(child_mask),
-        stderr_terminal_(same_file(STDOUT_FILENO, STDERR_FILENO) ? &stdout_lines_ : &stderr_lines_) {}
+        output_(options, {[this] { note_activity(); }, [this](const backends::TaskLine& task) { take_relayed_stacks(task); }}) {}
 
   ~Run() {
-    for (auto& [key, fd] : rank_files_)
-      if (fd >= 0) ::close(fd);
     for (auto& w : workers_)
       if (w.control_fd >= 0) ::close(w.control_fd);
-    for (auto& s : streams_) {
-      if (s.fd >= 0) ::close(s.fd);
-      if (s.file_fd >= 0) ::close(s.file_fd);
-    }
   }
 
   RunOutcome execute(const std::vector<WorkerLaunch>& launches) {
-    if (!options_.output_dir.empty()) create_output_dir();
-    std::vector<std::pair<int, int>> files = open_output_files(launches);  // all before any worker runs
-    workers_.reserve(launches.size());
-    streams_.reserve(2 * launches.size());
+    std::vector<std::pair<int, int>> files = output_.open_output_files(launches);  // all before any worker runs
+    workers_.reserve(launches.size());  // a worker's stderr tail stays where the output router was told
     // Under a task launcher (parent_signals_workers) the workers share ddl's session and the
     // launcher cleans up; elsewhere each worker's group and session is its own, for the guard to know.
     if (!options_.parent_signals_workers) cgroup_ = RunCgroup::make();
@@ -210,7 +169,7 @@ class Run {
     guard_->stand_down();
     cgroup_.remove();
     if (drain_streams(std::chrono::seconds(2), std::chrono::seconds(60))) {
-      end_open_lines();
+      output_.end_open_lines();
       flush_output();
     }
     note_ranks_that_never_started();
@@ -232,34 +191,6 @@ class Run {
     Clock::time_point at;  // when complete
   };
 
-  void create_output_dir() {
-    std::error_code ec;
-    std::filesystem::create_directories(options_.output_dir, ec);
-    if (ec)
-      throw Error(fmt::format("--output-dir: cannot create {}: {}", options_.output_dir, ec.message()),
-                  "choose a directory you can write to");
-  }
-
-  // Each worker's (stdout, stderr) files under --output-dir, or (-1, -1): opened before any worker
-  // starts, so that a file that cannot be written stops the run before it runs anything.
-  std::vector<std::pair<int, int>> open_output_files(const std::vector<WorkerLaunch>& launches) {
-    std::vector<std::pair<int, int>> files;
-    try {
-      for (const auto& launch : launches) {
-        auto& [out, err] = files.emplace_back(-1, -1);
-        if (options_.output_dir.empty() || launch.labeller || options_.relay_with_rank_labels) continue;
-        out = open_output_file(options_.output_dir, launch.rank, "out", options_.append_output);
-        err = open_output_file(options_.output_dir, launch.rank, "err", options_.append_output);
-      }
-    } catch (...) {
-      for (auto [out, err] : files)
-        for (int fd : {out, err})
-          if (fd >= 0) ::close(fd);
-      throw;
-    }
-    return files;
-  }
-
   void start(const WorkerLaunch& launch, std::pair<int, int> files) {
     if (!launch.control_input && !launch.labeller && !watch_) watch_.emplace();
     Worker& w = workers_.emplace_back();
@@ -273,42 +204,7 @@ class Run {
                                                     !options_.parent_signals_workers, cgroup_.procs_fd());
     w.group_alive = launch.control_input || !options_.parent_signals_workers;  // a remote shell's session is its own
     if (w.group_alive) guard_->watch(w.process.pid);
-    const std::string prefix = line_prefix(launch.rank, options_.host);
-    const LineLabeller* labeller = launch.labeller ? &w.labeller : nullptr;
-    const size_t longest_piece = options_.relay_with_rank_labels ? kLongestRelayedText : LineSplitter::kLongestLine;
-    Stream& out = streams_.emplace_back();
-    out.splitter = LineSplitter(longest_piece);
-    out.index = static_cast<int>(streams_.size()) - 1;
-    out.rank = launch.rank;
-    out.fd = w.process.stdout_fd;
-    out.target_fd = STDOUT_FILENO;
-    out.terminal = &stdout_lines_;
-    out.file_fd = files.first;
-    out.prefix = prefix;
-    out.labeller = labeller;
-    out.file_suffix = "out";
-    Stream& err = streams_.emplace_back();
-    err.splitter = LineSplitter(longest_piece);
-    err.index = static_cast<int>(streams_.size()) - 1;
-    err.rank = launch.rank;
-    err.fd = w.process.stderr_fd;
-    err.target_fd = STDERR_FILENO;
-    err.terminal = stderr_terminal_;
-    err.file_fd = files.second;
-    err.prefix = prefix;
-    err.tail = &w.stderr_tail;
-    err.labeller = labeller;
-    err.file_suffix = "err";
-    if (options_.relay_with_rank_labels) {  // the launching host's --prefix host needs it
-      output_.add(STDOUT_FILENO, relayed_host(launch.rank, options_.host));
-      output_.add(STDERR_FILENO, relayed_host(launch.rank, options_.host));
-    }
-  }
-
-  // "[rank] ", "[host:rank] " (--prefix host) or nothing (--no-prefix).
-  std::string line_prefix(int rank, const std::string& host) const {
-    if (!options_.prefix_output) return {};
-    return options_.prefix_with_host ? fmt::format("[{}:{}] ", host, rank) : rank_prefix(rank);
+    output_.add_worker(launch, w.process.stdout_fd, w.process.stderr_fd, files, &w.stderr_tail, launch.labeller ? &w.labeller : nullptr);
   }
 
   // A worker's environment with the guard's mark, by which the guard finds what it forked, and
@@ -348,19 +244,18 @@ class Run {
   }
 
   // Waits for output, a signal, the kill deadline or the time to show an unfinished line, and
-  // handles what came. ddl's output is written only as its reader takes it (PendingOutput): one
+  // handles what came. ddl's output is written only as its reader takes it (OutputRouter): one
   // that has stopped reading holds up the workers' output, never the signals or a failed worker.
   void step() {
-    std::vector<pollfd> fds{{signal_fd_, POLLIN, 0}, {control_fd_, POLLIN, 0}, {output_.next_fd(), POLLOUT, 0}};
-    std::vector<Stream*> polled = streams_to_read(fds);
+    std::vector<pollfd> fds{{signal_fd_, POLLIN, 0}, {control_fd_, POLLIN, 0}, {output_.pending_fd(), POLLOUT, 0}};
+    output_.add_open_pipes(fds);
     int rc = ::poll(fds.data(), fds.size(), ms_until_next_deadline());
     if (rc < 0 && errno != EINTR) throw Error(fmt::format("poll failed: {}", std::strerror(errno)));
-    if (fds[2].revents != 0) write_pending_output();
-    for (size_t i = 3; i < fds.size(); ++i)
-      if (fds[i].revents != 0) read_stream(*polled[i - 3]);
+    if (fds[2].revents != 0) output_.write_pending();
+    output_.read_ready_pipes(fds, 3);
     if (fds[0].revents & POLLIN) handle_signals();
     if (fds[1].revents != 0) read_control();
-    show_quiet_unfinished_lines();
+    output_.show_quiet_unfinished_lines();
     watch_for_hangs();
     if (finish_deadline_ && Clock::now() >= *finish_deadline_) stop_workers_that_overran();
     if (kill_deadline_ && Clock::now() >= *kill_deadline_) {
@@ -375,32 +270,6 @@ class Run {
     }
   }
 
-  // The open streams, each added to `fds` to be polled for input; none while too much output waits.
-  std::vector<Stream*> streams_to_read(std::vector<pollfd>& fds) {
-    std::vector<Stream*> polled;
-    if (output_.full()) return polled;
-    for (auto& s : streams_) {
-      if (s.fd < 0) continue;
-      fds.push_back({s.fd, POLLIN, 0});
-      polled.push_back(&s);
-    }
-    return polled;
-  }
-
-  void write_pending_output() {
-    const int reader_gone = output_.write_next();
-    if (reader_gone >= 0) stop_reading_into_closed_pipe(reader_gone);
-    if (auto failed = output_.take_write_failure()) warn_output_lost(failed->first, failed->second);
-  }
-
-  // ddl's stdout (or stderr) cannot be written (a full disk, /dev/full): said once, on the other
-  // one; the run goes on, and what cannot be written is lost, as a shell's commands would lose it.
-  void warn_output_lost(int fd, int error) {
-    const int other = fd == STDERR_FILENO ? STDOUT_FILENO : STDERR_FILENO;
-    output_.add(other, fmt::format("ddl: warning: cannot write standard {}: {}; the workers' output to it is lost\n",
-                                   fd == STDERR_FILENO ? "error" : "output", std::strerror(error)));
-  }
-
   int ms_until_next_deadline() const {
     std::optional<Clock::time_point> next = kill_deadline_;
     auto consider = [&](const std::optional<Clock::time_point>& t) {
@@ -411,7 +280,7 @@ class Run {
     consider(finish_deadline_);
     if (options_.hang_timeout && !stopping_) consider(hang_due_);
     if (collection_) consider(collection_->deadline);
-    for (const auto& s : streams_) consider(s.unfinished_due);
+    consider(output_.next_unfinished_due());
     if (!next) return -1;
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(*next - Clock::now()).count();
     return ms < 0 ? 0 : static_cast<int>(ms + 1);
@@ -446,164 +315,6 @@ class Run {
     });
   }
 
-  // Reads what is there now; the lines it completes go out in one write each way. An unfinished
-  // line left waiting is shown when the stream has been quiet for kUnfinishedLineQuietTime; a task
-  // launcher's is not (its label starts the line: the rest of the line is needed to read it).
-  void read_stream(Stream& s) {
-    char buf[65536];
-    ssize_t n = ::read(s.fd, buf, sizeof buf);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
-    s.unfinished_due.reset();
-    if (n <= 0) {
-      end_stream(s);
-      return;
-    }
-    if (s.labeller == nullptr) note_activity();  // a task launcher's lines say what they are (emit_labelled)
-    // The --output-dir file gets the bytes as the worker wrote them (carriage returns, a last line
-    // without its end, binary); only the terminal view is made of lines.
-    write_output_file(s.file_fd, s.rank, s.file_suffix, std::string_view(buf, static_cast<size_t>(n)));
-    emit(s, [&](auto sink) { s.splitter.feed(std::string_view(buf, static_cast<size_t>(n)), sink); });
-    if (s.labeller == nullptr && s.splitter.has_unpassed_text()) s.unfinished_due = Clock::now() + kUnfinishedLineQuietTime;
-  }
-
-  // The stream's end: what it still holds (a last line without its end) goes out, and it closes.
-  void end_stream(Stream& s) {
-    emit(s, [&](auto sink) { s.splitter.finish(sink); });
-    if (s.fd >= 0) ::close(s.fd);  // emit may have closed it (its reader gone)
-    s.fd = -1;
-  }
-
-  void show_quiet_unfinished_lines() {
-    const auto now = Clock::now();
-    for (auto& s : streams_) {
-      if (!s.unfinished_due || now < *s.unfinished_due) continue;
-      s.unfinished_due.reset();
-      emit(s, [&](auto sink) { s.splitter.pass_unfinished(sink); });
-    }
-  }
-
-  // Sends what the splitter passes: `text` and its `end` ('\n', '\r', or LineSplitter::kNoEnd).
-  template <typename Split>
-  void emit(Stream& s, Split split) {
-    std::string to_terminal;
-    split([&](std::string_view text, char end) {
-      if (s.labeller != nullptr) {
-        // A relayed redraw is a whole line here: kept, a progress bar would push the lines that
-        // explain a failure out of the tail.
-        if (emit_labelled(s, text, end, to_terminal)) remember_for_summary(s, text, end);
-        return;
-      }
-      to_terminal.append(shown(s, text, end));
-      remember_for_summary(s, text, end);
-    });
-    output_.add(s.target_fd, to_terminal);
-    write_pending_output();  // at once, as far as the reader takes it: a line is not held back for the next poll
-  }
-
-  // An --output-dir file that cannot be written (a full disk, a quota) is given up, with one
-  // warning: the run goes on (a copy of the output is not worth a training run), and that output
-  // still reaches ddl's own. Giving up at once leaves a file cut short rather than one with holes.
-  void write_output_file(int& fd, int rank, const char* suffix, std::string_view text) {
-    if (fd < 0 || write_all(fd, text)) return;
-    const std::string reason = std::strerror(errno);
-    ::close(fd);
-    fd = -1;
-    output_.add(STDERR_FILENO, stderr_terminal_->end_open_line());
-    output_.add(STDERR_FILENO, fmt::format("ddl: warning: --output-dir: cannot write {}/rank.{}.{}: {}; rank {}'s output goes on "
-                                           "to ddl's own only\n",
-                                           options_.output_dir, rank, suffix, reason, rank));
-  }
-
-  // ddl's stdout (or stderr) is a pipe whose reader has gone (`ddl run ... | head -1`): the
-  // workers' pipes into it close too, so they get SIGPIPE (or EPIPE) as they would without ddl in
-  // between, rather than write into nothing forever.
-  void stop_reading_into_closed_pipe(int target_fd) {
-    for (auto& other : streams_) {
-      if (other.target_fd != target_fd || other.fd < 0 || other.file_fd >= 0) continue;  // --output-dir: still wanted
-      ::close(other.fd);
-      other.fd = -1;
-      other.unfinished_due.reset();
-    }
-  }
-
-  // A worker's text as ddl's output shows it, or as its host's agent relays it.
-  std::string shown(Stream& s, std::string_view text, char end) {
-    if (options_.relay_with_rank_labels) return relayed_piece(s.rank, text, end);
-    if (!shows(s.rank)) return {};
-    return s.terminal->show({s.index, s.rank}, s.prefix, text, end);
-  }
-
-  bool shows(int rank) const { return !options_.shown_ranks || options_.shown_ranks->shows(rank); }
-
-  static void append_with_end(std::string& to, std::string_view text, char end) {
-    to.append(text);
-    if (end != LineSplitter::kNoEnd) to.push_back(end);
-  }
-
-  // Whole lines of stderr, for the failure summary; a progress bar's redraws are not lines to remember.
-  static void remember_for_summary(Stream& s, std::string_view text, char end) {
-    if (s.tail == nullptr) return;
-    s.tail_line.append(text);
-    if (end == LineSplitter::kNoEnd) return;
-    if (end == '\n') {
-      s.tail->push_back(std::move(s.tail_line));
-      if (s.tail->size() > (s.labeller ? kLauncherStderrTailLines : kStderrTailLines)) s.tail->pop_front();
-    }
-    s.tail_line.clear();
-  }
-
-  // A task launcher's line: "[rank] text" for each task line it completes (the launcher's own
-  // line as it is), and with --output-dir also the text alone in that rank's file; a relayed line
-  // naming a rank's host is kept for its prefix. False when the line only redraws tasks' lines or
-  // names hosts.
-  bool emit_labelled(Stream& s, std::string_view line, char end, std::string& to_terminal) {
-    using Notice = backends::TaskLine::Notice;
-    std::optional<std::vector<backends::TaskLine>> labelled = (*s.labeller)(line);
-    if (!labelled) {
-      note_activity();
-      to_terminal.append(s.terminal->show({s.index, kLaunchersOwnLine}, "", line, end));
-      return true;
-    }
-    for (const backends::TaskLine& task : *labelled) {
-      if (task.notice == Notice::kStack || task.notice == Notice::kStacksEnd) {
-        take_relayed_stacks(task);
-        continue;
-      }
-      note_activity();
-      if (task.notice == Notice::kProgress) continue;
-      if (task.notice == Notice::kHost) {
-        hosts_of_ranks_[task.rank] = task.text;
-        continue;
-      }
-      const char task_end = task.unfinished ? LineSplitter::kNoEnd : task.redrawn ? '\r' : end;
-      if (shows(task.rank)) {
-        auto host = hosts_of_ranks_.find(task.rank);
-        const std::string prefix = line_prefix(task.rank, host != hosts_of_ranks_.end() ? host->second : "?");
-        to_terminal.append(s.terminal->show({s.index, task.rank}, prefix, task.text, task_end));
-      }
-      if (options_.output_dir.empty()) continue;
-      std::string text = task.text;
-      append_with_end(text, {}, task_end);
-      write_rank_file(task.rank, s.file_suffix, text);
-    }
-    return labelled->empty() || std::any_of(labelled->begin(), labelled->end(),
-                                            [](const auto& t) { return !t.redrawn && t.notice == backends::TaskLine::Notice::kNone; });
-  }
-
-  // At the end of the run: a line left open on ddl's output is ended before ddl's own words.
-  void end_open_lines() {
-    output_.add(STDOUT_FILENO, stdout_lines_.end_open_line());
-    if (stderr_terminal_ != &stdout_lines_) output_.add(STDERR_FILENO, stderr_lines_.end_open_line());
-  }
-
-  void write_rank_file(int rank, const char* suffix, const std::string& text) {
-    auto key = std::make_pair(rank, std::string(suffix));
-    auto it = rank_files_.find(key);
-    if (it == rank_files_.end())
-      it = rank_files_.emplace(key, open_output_file(options_.output_dir, rank, suffix, options_.append_output)).first;
-    write_output_file(it->second, rank, suffix, text);
-  }
-
   // Output, a relayed line or a libddl op: the run is not hung.
   void note_activity() {
     last_activity_ = Clock::now();
@@ -613,8 +324,8 @@ class Run {
   // The hang watchdog's turn in each step: libddl's marks of progress once a second, relayed
   // stacks that completed a collection, and the quiet that makes a hang.
   void watch_for_hangs() {
-    if (output_.full()) note_activity();  // the workers wait for ddl's reader, not the other way round
-    if (paused_) note_activity();         // stopped (Ctrl-Z) on purpose
+    if (output_.output_full()) note_activity();  // the workers wait for ddl's reader, not the other way round
+    if (paused_) note_activity();                // stopped (Ctrl-Z) on purpose
     const auto now = Clock::now();
     if (next_progress_look_ && now >= *next_progress_look_) look_at_progress();
     if (collection_ && (now >= collection_->deadline || collection_complete())) finish_collection();
@@ -641,7 +352,7 @@ class Run {
     note_activity();
     if (!options_.relay_with_rank_labels) return;
     output_.add(STDOUT_FILENO, relayed_progress(*progressed));
-    write_pending_output();
+    output_.write_pending();
   }
 
   // The stacks of this supervisor's own workers (not hosts' agents or a task launcher): a worker
@@ -663,7 +374,7 @@ class Run {
   // A relaying supervisor's report: its workers' stacks, relayed for the launching host.
   void relay_own_stacks() {
     for (const auto& [rank, stacks] : own_stacks()) output_.add(STDOUT_FILENO, relayed_stacks(rank, stacks.text, stacks.none_because));
-    write_pending_output();
+    output_.write_pending();
   }
 
   // Ctrl-\: the stacks, then the run stops as SIGQUIT asks (or goes on, with --hang-action report).
@@ -751,9 +462,8 @@ class Run {
                   std::chrono::duration_cast<std::chrono::seconds>(*options_.hang_timeout).count())
             : "ddl: SIGQUIT: the stacks of every rank:\n";
     const std::string report = header + stacks_report(c.stacks);
-    output_.add(STDERR_FILENO, stderr_terminal_->end_open_line());
-    output_.add(STDERR_FILENO, report);
-    write_pending_output();
+    output_.report(report);
+    output_.write_pending();
     save_report(report);
     if (options_.hang_report_only || stopping_) return;  // a failure or a signal already stops the run
     if (c.why == Collection::kQuit) return on_external_signal(SIGQUIT);
@@ -855,7 +565,7 @@ class Run {
       if (!w.labeller || w.relayed_ranks.empty() || w.running) continue;
       std::vector<int> missing;
       for (int rank : w.relayed_ranks)
-        if (!hosts_of_ranks_.count(rank)) missing.push_back(rank);
+        if (!output_.knows_host_of(rank)) missing.push_back(rank);
       if (missing.empty()) continue;
       WorkerFailure f;
       f.description =
@@ -1026,10 +736,10 @@ class Run {
     const auto give_up = Clock::now() + longest;
     auto deadline = std::min(give_up, Clock::now() + quiet);
     for (;;) {
-      std::vector<pollfd> fds{{signal_fd_, POLLIN, 0}, {output_.next_fd(), POLLOUT, 0}};
-      std::vector<Stream*> polled = streams_to_read(fds);
-      if (std::none_of(streams_.begin(), streams_.end(), [](const Stream& s) { return s.fd >= 0; })) break;
-      const bool reading = !polled.empty();  // else too much waits for ddl's reader
+      std::vector<pollfd> fds{{signal_fd_, POLLIN, 0}, {output_.pending_fd(), POLLOUT, 0}};
+      output_.add_open_pipes(fds);
+      if (!output_.any_pipe_open()) break;
+      const bool reading = fds.size() > 2;  // else too much waits for ddl's reader
       if (reading && Clock::now() >= deadline) break;
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
       if (::poll(fds.data(), fds.size(), reading ? static_cast<int>(std::max<long long>(left, 0)) : -1) < 0 && errno != EINTR) break;
@@ -1039,29 +749,24 @@ class Run {
           return false;
         }
       }
-      if (fds[1].revents != 0) write_pending_output();
+      if (fds[1].revents != 0) output_.write_pending();
       bool read_any = !reading && fds[1].revents != 0;  // the reader took some: not a quiet time
-      for (size_t i = 2; i < fds.size(); ++i) {
-        if (fds[i].revents == 0) continue;
-        read_stream(*polled[i - 2]);
-        read_any = true;
-      }
+      if (output_.read_ready_pipes(fds, 2)) read_any = true;
       if (read_any) deadline = std::min(give_up, Clock::now() + quiet);
     }
-    for (auto& s : streams_)
-      if (s.fd >= 0) end_stream(s);
+    output_.end_all_pipes();
     return true;
   }
 
   // Writes what is pending as the reader takes it, however slowly, until a signal says to stop.
   void flush_output() {
-    while (!output_.empty()) {
-      pollfd fds[] = {{signal_fd_, POLLIN, 0}, {output_.next_fd(), POLLOUT, 0}};
+    while (!output_.output_empty()) {
+      pollfd fds[] = {{signal_fd_, POLLIN, 0}, {output_.pending_fd(), POLLOUT, 0}};
       if (::poll(fds, 2, -1) < 0 && errno != EINTR) return;
       if (fds[0].revents & POLLIN) {
         if (const int sig = stop_signal_arrived()) return give_up_output(sig);
       }
-      if (fds[1].revents != 0) write_pending_output();
+      if (fds[1].revents != 0) output_.write_pending();
     }
   }
 
@@ -1085,11 +790,7 @@ class Run {
   // `sig` came while ddl waited for its reader: the output not yet taken is dropped, and a run that
   // had not failed ends as interrupted (its output was not all delivered).
   void give_up_output(int sig) {
-    for (auto& s : streams_) {
-      if (s.fd >= 0) ::close(s.fd);
-      s.fd = -1;
-    }
-    output_.clear();
+    output_.give_up();
     output_given_up_ = true;
     if (!failure_ && !interrupted_by_) interrupted_by_ = sig;
   }
@@ -1126,14 +827,7 @@ class Run {
   std::vector<Worker> workers_;
   RunCgroup cgroup_;  // the workers' own cgroup, where the system offers one (before guard_: the guard is told of it)
   std::optional<OrphanGuard> guard_;
-  std::vector<Stream> streams_;
-  PendingOutput output_;                                   // for ddl's stdout and stderr, written as their readers take it
-  TerminalLines stdout_lines_;                             // what ddl's stdout shows
-  TerminalLines stderr_lines_;                             // what ddl's stderr shows, when it is not where stdout goes
-  TerminalLines* stderr_terminal_;                         // stderr_lines_, or stdout_lines_ when both go to one file
-  static constexpr int kLaunchersOwnLine = -1;             // the rank of a task launcher's own lines
-  std::map<std::pair<int, std::string>, int> rank_files_;  // a task launcher's per-rank output files
-  std::map<int, std::string> hosts_of_ranks_;              // a task launcher's ranks: where each runs, as its relay said
+  OutputRouter output_;  // the workers' output, and ddl's own
   bool stopping_ = false;
   int workers_stopped_ = 0;
   int interrupted_by_ = 0;
