@@ -122,7 +122,7 @@ Environment task_environment(const Environment& env, const TaskIdentity& id, con
   run.store_token = lookup(env, contract::kStoreToken).value_or("");
   run.master_addr = lookup(env, "MASTER_ADDR").value_or("");
   run.cpus_on_node = cpus_for_node(env, id.local_size);
-  // torchrun's counts, as ddl run set them; anything else is 0 (atoi would turn 99999999999 into -1).
+  // torchrun's counts, as ddl run set them; anything else is 0 (atoi would wrap 99999999999 around).
   run.restart_count = static_cast<int>(whole_number(lookup(env, "TORCHELASTIC_RESTART_COUNT").value_or("0"), INT_MAX).value_or(0));
   run.max_restarts = static_cast<int>(whole_number(lookup(env, "TORCHELASTIC_MAX_RESTARTS").value_or("0"), INT_MAX).value_or(0));
   const WorkerSlot slot{id.rank, id.local_rank, id.node_rank};

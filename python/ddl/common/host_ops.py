@@ -15,11 +15,12 @@ from ddl.common import dtypes
 from ddl.common import op_core
 from ddl.common.reductions import Average, Sum, Adasum, Min, Max, Product, REDUCE, reduce_op, reducescatter_op  # noqa: F401
 from ddl.common.rows import alltoall_rows, row_elements
-from ddl.common.tensor_adapters import NUMPY
+from ddl.common.tensor_adapters import numpy_tensors
 from ddl.common.names import names
 from ddl.common.process_sets import ProcessSet, _registry, global_process_set
 
 _DTYPES = dtypes.BY_NAME
+NUMPY = numpy_tensors()
 
 
 # Where data only moves (allgather, broadcast, alltoall), a dtype libddl does not reduce (bool, uint16,

@@ -61,7 +61,8 @@ def read_gathered(tensors, handle, n, like, trailing):
         tensors: the face's tensor adapter.
         handle: the op's C handle, not yet released.
         n: the size of the op's process set.
-        like: a tensor of the dtype (and device) the result is to have.
+        like: a host tensor of the dtype the result is to have (the result is made on the host, as
+            libddl keeps what it gathered in host memory).
         trailing: the shape of one row (every dimension after the first).
 
     Returns:
@@ -81,7 +82,7 @@ def read_gathered(tensors, handle, n, like, trailing):
 
 
 def alltoall_splits(tensors, splits):
-    """alltoall's `splits` (a tensor of the face's, or a list) as a list of ints, or None for None.
+    """alltoall's `splits` (a tensor of the face's) as a list of ints, or None for None.
 
     Raises:
         ValueError for splits that do not hold integers (Horovod takes int32; any integer type is

@@ -1,20 +1,20 @@
 """Each face's tensors as the op core (common/op_core.py) sees them: the few things it asks of a tensor,
 answered once per tensor type. NUMPY serves TensorFlow and Keras, whose tensors reach libddl as numpy
-arrays (common/host_ops.py); torch_tensors() serves ddl.torch and the torch.distributed backend.
+arrays (common/host_ops.py); torch_tensors() serves ddl.torch and the torch.distributed backend. Each
+is made on first use, so that importing a face never imports the other's framework (the backend runs
+without numpy).
 
 An adapter has:
     table: {the face's dtype: libddl's dtype code}
     dtype_of(t): the key of `t`'s dtype in table; type_name(t): how an error names it
     is_bool(t), is_integer(t): whether `t` holds booleans, or integers (not booleans)
     address(t), nbytes(t): where `t`'s (contiguous) data lies and how many bytes it has
-    empty(like, shape): a new tensor of `like`'s dtype (and device), C-contiguous
+    empty(like, shape): a new tensor of `like`'s dtype and device, C-contiguous
     as_dtype_of(t, like): `t`'s bytes viewed as `like`'s dtype
     int64(values): a new host tensor of the ints `values`
     ints(t): `t`'s elements as a flat list of Python ints
     int32_name: how an error names the 32-bit integer type
 """
-
-import numpy as np
 
 from ddl.common import dtypes
 
@@ -22,6 +22,10 @@ from ddl.common import dtypes
 class _NumpyTensors:
     table = dtypes.BY_NAME
     int32_name = "int32"
+
+    def __init__(self):
+        import numpy  # only the numpy path (TensorFlow, Keras, and ddl.torch's host ops) makes this adapter
+        self._np = numpy
 
     @staticmethod
     def dtype_of(a):
@@ -47,24 +51,30 @@ class _NumpyTensors:
     def nbytes(a):
         return a.nbytes
 
-    @staticmethod
-    def empty(like, shape):
-        return np.empty(shape, dtype=like.dtype)
+    def empty(self, like, shape):
+        return self._np.empty(shape, dtype=like.dtype)
 
     @staticmethod
     def as_dtype_of(a, like):
         return a if a.dtype == like.dtype else a.view(like.dtype)
 
-    @staticmethod
-    def int64(values):
-        return np.asarray(values, dtype=np.int64)
+    def int64(self, values):
+        return self._np.asarray(values, dtype=self._np.int64)
 
     @staticmethod
     def ints(a):
         return [int(v) for v in a.reshape(-1)]
 
 
-NUMPY = _NumpyTensors()
+_numpy_tensors = None
+
+
+def numpy_tensors():
+    """The adapter of numpy arrays (made on first use)."""
+    global _numpy_tensors
+    if _numpy_tensors is None:
+        _numpy_tensors = _NumpyTensors()
+    return _numpy_tensors
 
 
 class _TorchTensors:

@@ -499,8 +499,9 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
     """Starts gathering every rank's `tensor` along the first dimension; returns a handle.
 
     Arguments:
-        tensor: a tensor of any dtype (those libddl has no type for travel as bytes); its first
-            dimension may differ by rank, every other must agree (a 0-d tensor counts as one row).
+        tensor: a tensor of uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64 or
+            bool (moved as bytes; any other dtype is a ValueError); its first dimension may differ by
+            rank, every other must agree (a 0-d tensor counts as one row).
         name, process_set: as allreduce_async.
 
     Returns:
