@@ -256,9 +256,10 @@ void OutputRouter::write_output_file(int& fd, int rank, const char* suffix, std:
   const std::string reason = std::strerror(errno);
   ::close(fd);
   fd = -1;
-  report(fmt::format("ddl: warning: --output-dir: cannot write {}/rank.{}.{}: {}; rank {}'s output goes on "
-                     "to ddl's own only\n",
-                     options_.output_dir, rank, suffix, reason, rank));
+  report(
+      fmt::format("ddl: warning: --output-dir: cannot write {}/rank.{}.{}: {}; rank {}'s output goes on "
+                  "to ddl's own only\n",
+                  options_.output_dir, rank, suffix, reason, rank));
 }
 
 // ddl's stdout (or stderr) is a pipe whose reader has gone (`ddl run ... | head -1`): the
@@ -322,8 +323,8 @@ bool OutputRouter::emit_labelled(Stream& s, std::string_view line, char end, std
     append_with_end(text, {}, task_end);
     write_rank_file(task.rank, s.file_suffix, text);
   }
-  return labelled->empty() || std::any_of(labelled->begin(), labelled->end(),
-                                          [](const auto& t) { return !t.redrawn && t.notice == Notice::kNone; });
+  return labelled->empty() ||
+         std::any_of(labelled->begin(), labelled->end(), [](const auto& t) { return !t.redrawn && t.notice == Notice::kNone; });
 }
 
 void OutputRouter::end_open_lines() {

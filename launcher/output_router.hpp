@@ -45,8 +45,8 @@ class OutputRouter {
 
   // Routes a started launch's pipes: `files` from open_output_files, `stderr_tail` (kept alive by the
   // caller) gets the last lines of stderr, `labeller` reads a task launcher's lines (or nullptr).
-  void add_worker(const WorkerLaunch& launch, int stdout_fd, int stderr_fd, std::pair<int, int> files,
-                  std::deque<std::string>* stderr_tail, const LineLabeller* labeller);
+  void add_worker(const WorkerLaunch& launch, int stdout_fd, int stderr_fd, std::pair<int, int> files, std::deque<std::string>* stderr_tail,
+                  const LineLabeller* labeller);
 
   // For the supervisor's poll: the descriptor of ddl's output that waits to be written (POLLOUT),
   // and the open pipes, appended to `fds` (none while too much output waits for ddl's reader).

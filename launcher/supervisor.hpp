@@ -1,7 +1,7 @@
-// Runs the workers of one node and watches them: forwards their output line by line (prefixed
-// with the rank; an unfinished line once its worker is quiet), forwards SIGINT/SIGTERM/SIGHUP to
-// them, and on the first worker that fails stops all the others (SIGTERM, then SIGKILL after the
-// grace period). When it returns, no worker and nothing a worker started is left running.
+// Runs the workers of one node and watches them: their output goes out through an OutputRouter
+// (output_router.hpp: line by line, prefixed with the rank), SIGINT/SIGTERM/SIGHUP are forwarded to
+// them, and on the first worker that fails all the others are stopped (SIGTERM, then SIGKILL after
+// the grace period). When it returns, no worker and nothing a worker started is left running.
 #pragma once
 
 #include <signal.h>

@@ -35,7 +35,7 @@ store = {
     "malformed": u8(1) + frame(u8(9) + s(b"a")) + frame(u8(SET) + s(b"only-key")) + frame(u8(WAIT) + u32(3) + s(b"a")),
 }
 
-# --- negotiation: byte 0 = world size - 1, then serialized Announcements (op_spec.cpp)
+# --- negotiation: byte 0 = world size - 1, then serialized Announcements (runtime/src/engine/announcement.cpp)
 ALLREDUCE, BROADCAST, ALLGATHERV, BARRIER, REDUCESCATTER, JOIN = 0, 1, 3, 5, 6, 9
 FLOAT32, INT64 = 2, 5
 SUM, AVERAGE = 0, 1

@@ -1,6 +1,7 @@
 #include "runtime/src/core/op_spec.hpp"
 
 #include <bit>
+#include <iterator>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -12,6 +13,7 @@ namespace ddl::runtime {
 const char* op_kind_name(OpKind kind) {
   static const char* names[] = {"allreduce",     "broadcast", "allgather", "allgatherv", "alltoall", "barrier",
                                 "reducescatter", "alltoallv", "allgather", "join",       "alltoall"};
+  static_assert(std::size(names) == static_cast<size_t>(kLastOpKind) + 1, "op_kind_name must name every OpKind");
   auto i = static_cast<size_t>(kind);
   return i < std::size(names) ? names[i] : "unknown-op";
 }

@@ -27,6 +27,9 @@ enum class OpKind : uint8_t {
   Join = 9,          // done once every rank has joined; joined ranks stand in for the others' ops
   AlltoallAny = 10   // an alltoallv whose receive counts are exchanged when it runs
 };
+// The last kind: a new kind goes after it and becomes it. Peers' announcements of a later kind are
+// refused as corrupt (announcement.cpp), and op_kind_name's table must name every kind up to it.
+inline constexpr OpKind kLastOpKind = OpKind::AlltoallAny;
 const char* op_kind_name(OpKind kind);
 
 struct OpSpec {

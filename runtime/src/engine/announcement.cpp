@@ -55,7 +55,7 @@ Announcement Announcement::parse(const std::string& bytes) {
     auto ncounts = r.u32();
     if (!name || !kind || !dtype || !reduce || !cuda || !root || !count || !ncounts) throw fail();
     // A peer's bytes are not trusted: an unknown kind, dtype or reduction is a corrupt announcement.
-    if (*kind > static_cast<uint8_t>(OpKind::AlltoallAny) || !valid_dtype(*dtype) || *reduce > DDL_PRODUCT) throw fail();
+    if (*kind > static_cast<uint8_t>(kLastOpKind) || !valid_dtype(*dtype) || *reduce > DDL_PRODUCT) throw fail();
     OpSpec spec{static_cast<OpKind>(*kind),
                 static_cast<ddl_dtype>(*dtype),
                 static_cast<ddl_reduce_op>(*reduce),
