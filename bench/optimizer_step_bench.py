@@ -60,9 +60,14 @@ RESULT = "OPTSTEP_RESULT "
 # ---------------------------------------------------------------------------------------------- workers
 
 def make_model(args):
+    """--layers Linear(width, width), with --wide: a pair Linear(width, wide), Linear(wide, width) in the
+    middle (large gradients beside many small ones)."""
     import torch
     layers = []
-    for _ in range(args.layers):
+    for i in range(args.layers):
+        if args.wide and i == args.layers // 2:
+            layers += [torch.nn.Linear(args.width, args.wide), torch.nn.ReLU(), torch.nn.Linear(args.wide, args.width),
+                       torch.nn.ReLU()]
         layers += [torch.nn.Linear(args.width, args.width), torch.nn.ReLU()]
     return torch.nn.Sequential(*layers[:-1])
 
@@ -303,6 +308,8 @@ def parse_args():
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ",".join(VARIANTS))
     p.add_argument("--layers", type=int, default=26)
     p.add_argument("--width", type=int, default=256)
+    p.add_argument("--wide", type=int, default=0,
+                   help="also a pair Linear(width, WIDE), Linear(WIDE, width) in the middle (0: none)")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--seed", type=int, default=1234)
@@ -321,6 +328,7 @@ def parse_args():
 
 def worker_args(args, worker):
     return [os.path.abspath(__file__), "--worker", worker, "--layers", str(args.layers), "--width", str(args.width),
+            "--wide", str(args.wide),
             "--batch", str(args.batch), "--lr", str(args.lr), "--seed", str(args.seed), "--threads", str(args.threads),
             "--warmup", str(args.warmup), "--steps", str(args.steps), "--ops", str(args.ops),
             "--rounds", str(args.rounds)]
@@ -441,9 +449,12 @@ def main():
     b = meta["build"]
     print(f"# libddl: {b.get('libddl')} (sha256 {b.get('libddl_sha256')}); source commit {b.get('commit')}"
           f"{' + uncommitted runtime/ changes' if b.get('runtime_dirty') else ''}")
-    n_tensors = 2 * args.layers
+    n_tensors = 2 * args.layers + (4 if args.wide else 0)
     n_par = args.layers * (args.width * args.width + args.width)
-    print(f"# model: MLP of {args.layers} Linear({args.width},{args.width}): {n_tensors} tensors, {n_par / 1e6:.2f} M "
+    if args.wide:
+        n_par += 2 * args.width * args.wide + args.wide + args.width
+    wide = f" and a pair Linear({args.width},{args.wide}), Linear({args.wide},{args.width})" if args.wide else ""
+    print(f"# model: MLP of {args.layers} Linear({args.width},{args.width}){wide}: {n_tensors} tensors, {n_par / 1e6:.2f} M "
           f"parameters ({n_par * 4 / 1e6:.1f} MB float32 gradients); batch {args.batch}, SGD lr {args.lr}, "
           f"{args.threads} torch thread(s) per rank; warm-up {args.warmup}, {args.steps} timed steps")
     sys.stdout.flush()

@@ -547,7 +547,7 @@ def _():
     assert [g(1) for g in hvd.allgather_object(lambda x: x + R)] == [1 + r for r in range(N)]
 
 
-@check("join: a rank with fewer batches adds zeros; everyone learns the last rank to join")
+@check("join: a rank with fewer batches adds each reduction's identity; everyone learns the last rank to join")
 def _():
     if N == 1:
         assert hvd.join() == 0
@@ -555,6 +555,16 @@ def _():
     if R != 0:
         out = hvd.allreduce(torch.full((3,), float(R)), op=hvd.Sum, name="join.step")
         assert out.tolist() == [float(sum(range(1, N)))] * 3, out
+        # Where zeros would change the result (a MAX of negatives, a MIN of positives, any PRODUCT),
+        # the joined rank 0 adds the reduction's identity instead.
+        out = hvd.allreduce(torch.full((2,), -1.0 - R), op=hvd.Max, name="join.max")
+        assert out.tolist() == [-2.0] * 2, out
+        out = hvd.allreduce(torch.full((2,), -1 - R, dtype=torch.int32), op=hvd.Max, name="join.max_int")
+        assert out.tolist() == [-2] * 2, out
+        out = hvd.allreduce(torch.full((2,), 1.0 + R, dtype=torch.float16), op=hvd.Min, name="join.min")
+        assert out.tolist() == [2.0] * 2, out
+        out = hvd.allreduce(torch.full((2,), 2.0, dtype=torch.float64), op=hvd.Product, name="join.product")
+        assert out.tolist() == [2.0 ** (N - 1)] * 2, out
         # Gathers cannot stand in for a joined rank: they fail (unnamed, so these ranks count one
         # more unnamed op than rank 0).
         expect_error(RuntimeError, hvd.allgather, torch.ones(1))

@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -98,4 +99,42 @@ TEST_CASE("scaling follows Horovod: integers in double truncated toward zero, ha
   std::vector<double> unchanged{1.0 / 3};
   scale(unchanged.data(), 1, DDL_FLOAT64, 1.0);
   CHECK(unchanged[0] == 1.0 / 3);
+}
+
+// A joined rank contributes fill_identity's values: reducing them with any value gives that value.
+TEST_CASE("each reduction's identity leaves every value of every type as it is") {
+  const std::vector<double> values = {-3.0, -0.5, 0.0, 0.25, 7.0, 100.0};
+  for (int d = DDL_FLOAT16; d <= DDL_INT16; ++d) {
+    const auto dtype = static_cast<ddl_dtype>(d);
+    const size_t element = dtype_size(dtype);
+    std::vector<char> data(values.size() * element);
+    for (size_t i = 0; i < values.size(); ++i) {
+      double v = values[i];
+      if (dtype == DDL_UINT8) v = std::fabs(v);
+      std::vector<char> one(element);
+      switch (dtype) {
+        case DDL_FLOAT16: *reinterpret_cast<unsigned short*>(one.data()) = float_to_half(static_cast<float>(v)); break;
+        case DDL_BFLOAT16: *reinterpret_cast<unsigned short*>(one.data()) = float_to_bfloat16(static_cast<float>(v)); break;
+        case DDL_FLOAT32: *reinterpret_cast<float*>(one.data()) = static_cast<float>(v); break;
+        case DDL_FLOAT64: *reinterpret_cast<double*>(one.data()) = v; break;
+        case DDL_INT32: *reinterpret_cast<int32_t*>(one.data()) = static_cast<int32_t>(v); break;
+        case DDL_INT64: *reinterpret_cast<int64_t*>(one.data()) = static_cast<int64_t>(v); break;
+        case DDL_UINT8: *reinterpret_cast<uint8_t*>(one.data()) = static_cast<uint8_t>(v); break;
+        case DDL_INT8: *reinterpret_cast<int8_t*>(one.data()) = static_cast<int8_t>(v); break;
+        case DDL_INT16: *reinterpret_cast<int16_t*>(one.data()) = static_cast<int16_t>(v); break;
+      }
+      std::copy(one.begin(), one.end(), data.begin() + static_cast<long>(i * element));
+    }
+    for (ddl_reduce_op op : {DDL_SUM, DDL_AVERAGE, DDL_MIN, DDL_MAX, DDL_PRODUCT}) {
+      CAPTURE(dtype_name(dtype));
+      CAPTURE(reduce_op_name(op));
+      std::vector<char> identity(data.size());
+      fill_identity(identity.data(), values.size(), dtype, op);
+      std::vector<char> out(data.size());
+      reduce_function(dtype, op)(out.data(), data.data(), identity.data(), values.size());
+      CHECK(out == data);
+      reduce_function(dtype, op)(out.data(), identity.data(), data.data(), values.size());
+      CHECK(out == data);
+    }
+  }
 }

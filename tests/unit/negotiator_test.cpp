@@ -449,3 +449,55 @@ TEST_CASE("a process set's tally names its members by world rank") {
   CHECK(tally.report({}) ==
         "stragglers over 1 op(s): rank 6 arrived last in 100% of ops, median 5 ms later (100% of ops waited for some rank)");
 }
+
+// Rank 0 waits in join; rank 1 was quiet for DDL_TIMEOUT and submits "g" in the very round that rank 0's
+// clock fails the join. Every engine leaves join when its join fails, before it runs the round's ready
+// ops: a "g" made ready with rank 0 standing in would find no stand-in there ("agreed but never
+// submitted") and break the world. It waits for rank 0 instead.
+TEST_CASE("a join that times out in the round another rank's op arrives stands in for nothing") {
+  Negotiator n(2);
+  const auto now = Clock::now();
+  OpSpec join{OpKind::Join, DDL_FLOAT32, DDL_SUM, 0, 0, {}};
+  Announcement joined = announce({{"ddl.join", join}});
+  joined.joined = true;
+  REQUIRE(n.merge({joined, announce({})}, now).ready.empty());
+  Announcement still = announce({});
+  still.joined = true;
+  still.expired = {"ddl.join"};
+  auto d = n.merge({still, announce({{"g", allreduce(4)}})}, now);
+  REQUIRE(d.failed.size() == 1);
+  CHECK(d.failed[0].name == "ddl.join");
+  CHECK(d.failed[0].status == DDL_ERROR_TIMEOUT);
+  CHECK(d.ready.empty());
+  // Rank 0, out of join, submits "g": it runs with both ranks.
+  auto d2 = n.merge({announce({{"g", allreduce(4)}}), announce({})}, now);
+  REQUIRE(d2.ready.size() == 1);
+  CHECK(d2.ready[0].name() == "g");
+  CHECK_FALSE(d2.ready[0].some_joined);
+}
+
+TEST_CASE("while a rank waits in join, MIN, MAX and PRODUCT run unless prescaled") {
+  Negotiator n(2);
+  const auto now = Clock::now();
+  OpSpec join{OpKind::Join, DDL_FLOAT32, DDL_SUM, 0, 0, {}};
+  Announcement joined = announce({{"ddl.join", join}});
+  joined.joined = true;
+  n.merge({joined, announce({})}, now);
+  Announcement still = announce({});
+  still.joined = true;
+  OpSpec max = allreduce(4);
+  max.reduce = DDL_MAX;
+  auto d = n.merge({still, announce({{"m", max}})}, now);
+  REQUIRE(d.ready.size() == 1);
+  CHECK(d.ready[0].some_joined);
+  OpSpec scaled_product = allreduce(4);
+  scaled_product.reduce = DDL_PRODUCT;
+  scaled_product.prescale = 2.0;
+  auto d2 = n.merge({still, announce({{"p", scaled_product}})}, now);
+  CHECK(d2.ready.empty());
+  REQUIRE(d2.failed.size() == 1);
+  CHECK(d2.failed[0].status == DDL_ERROR_UNSUPPORTED);
+  OpSpec scaled_sum = allreduce(4);
+  scaled_sum.prescale = 2.0;
+  REQUIRE(n.merge({still, announce({{"s", scaled_sum}})}, now).ready.size() == 1);
+}

@@ -315,9 +315,11 @@ DDL_API ddl_status ddl_alltoallv_ex(const char* name, const void* send, const si
 DDL_API ddl_status ddl_reducescatter_ex(const char* name, const void* send, void* recv, const size_t* recv_counts, ddl_dtype dtype,
                                         ddl_reduce_op op, const ddl_op_options* options, ddl_handle* handle);
 /* Horovod's join: returns once every rank of the set (NULL: the world) has called it, and meanwhile
- * takes part in the others' host allreduces and reducescatters (adding zeros) and barriers, so
- * ranks with fewer batches need not invent any. Other operations fail on every rank
- * (DDL_ERROR_UNSUPPORTED) while a rank waits here, as in Horovod. *last_rank is the last rank to join (within the set). */
+ * takes part in the others' host allreduces and reducescatters (adding the reduction's identity:
+ * zeros to SUM and AVERAGE, as Horovod; ones to PRODUCT, the largest value to MIN, the lowest to MAX)
+ * and barriers, so ranks with fewer batches need not invent any. Other operations, and MIN, MAX or
+ * PRODUCT with a prescale, fail on every rank (DDL_ERROR_UNSUPPORTED) while a rank waits here.
+ * *last_rank is the last rank to join (within the set). */
 DDL_API ddl_status ddl_join(ddl_process_set set, int* last_rank);
 
 /* Takes the place of an op this rank found it cannot run (a bad argument only it can see, such as a

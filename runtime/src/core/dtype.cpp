@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 namespace ddl::runtime {
 
@@ -217,6 +218,40 @@ void divide_by_world_size(void* data, size_t n, ddl_dtype dtype, int divisor) {
     case DDL_UINT8: return divide<uint8_t>(data, n, divisor);
     case DDL_INT8: return divide<int8_t>(data, n, divisor);
     case DDL_INT16: return divide<int16_t>(data, n, divisor);
+  }
+}
+
+namespace {
+
+template <typename T>
+T identity_of(ddl_reduce_op op) {
+  using Limits = std::numeric_limits<T>;
+  switch (op) {
+    case DDL_MIN: return Limits::has_infinity ? Limits::infinity() : Limits::max();
+    case DDL_MAX: return Limits::has_infinity ? -Limits::infinity() : Limits::lowest();
+    case DDL_PRODUCT: return T(1);
+    default: return T(0);
+  }
+}
+
+template <typename T>
+void fill_as(void* data, size_t n, T value) {
+  std::fill_n(static_cast<T*>(data), n, value);
+}
+
+}  // namespace
+
+void fill_identity(void* data, size_t n, ddl_dtype dtype, ddl_reduce_op op) {
+  switch (dtype) {
+    case DDL_FLOAT16: return fill_as(data, n, float_to_half(identity_of<float>(op)));
+    case DDL_BFLOAT16: return fill_as(data, n, float_to_bfloat16(identity_of<float>(op)));
+    case DDL_FLOAT32: return fill_as(data, n, identity_of<float>(op));
+    case DDL_FLOAT64: return fill_as(data, n, identity_of<double>(op));
+    case DDL_INT32: return fill_as(data, n, identity_of<int32_t>(op));
+    case DDL_INT64: return fill_as(data, n, identity_of<int64_t>(op));
+    case DDL_UINT8: return fill_as(data, n, identity_of<uint8_t>(op));
+    case DDL_INT8: return fill_as(data, n, identity_of<int8_t>(op));
+    case DDL_INT16: return fill_as(data, n, identity_of<int16_t>(op));
   }
 }
 

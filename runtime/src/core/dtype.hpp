@@ -19,6 +19,11 @@ const char* reduce_op_name(ddl_reduce_op op);
 using ReduceFunction = void (*)(void* out, const void* a, const void* b, size_t n);
 ReduceFunction reduce_function(ddl_dtype dtype, ddl_reduce_op op);
 
+// data[i] = the identity of `op` (x op identity == x): 0 for SUM and AVERAGE, 1 for PRODUCT, the
+// largest value (+inf for floats) for MIN, the lowest (-inf) for MAX. What a rank that has joined
+// contributes to a reduction.
+void fill_identity(void* data, size_t n, ddl_dtype dtype, ddl_reduce_op op);
+
 // data[i] /= divisor, for the AVERAGE reduction (integers truncate toward zero).
 void divide_by_world_size(void* data, size_t n, ddl_dtype dtype, int divisor);
 

@@ -9,6 +9,7 @@
 
 #include "common/error.hpp"
 #include "runtime/src/core/copy_bytes.hpp"
+#include "runtime/src/core/dtype.hpp"
 
 namespace ddl::runtime {
 
@@ -1164,9 +1165,11 @@ Engine::PendingOp& Engine::stand_in_for(const ReadyOp& ready) {
   const size_t element = dtype_size(s.dtype);
   if (s.kind == OpKind::Allreduce) {
     buffer.assign(s.count * element, 0);
+    fill_identity(buffer.data(), s.count, s.dtype, s.reduce);
     op.send = op.recv = buffer.data();
   } else if (s.kind == OpKind::Reducescatter) {
     buffer.assign((s.count + s.counts[static_cast<size_t>(rank_)]) * element, 0);
+    fill_identity(buffer.data(), s.count, s.dtype, s.reduce);
     op.send = buffer.data();
     op.recv = buffer.data() + s.count * element;
   } else if (s.kind == OpKind::AllgatherAny) {

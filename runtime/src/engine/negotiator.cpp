@@ -138,7 +138,11 @@ void Negotiator::complete_for_joined(std::vector<Completed>& completed) const {
 // gathers fail while a rank waits in join, as in Horovod.
 bool Negotiator::runs_with_joined(const OpSpec& spec) const {
   if (spec.cuda) return false;
-  return spec.kind == OpKind::Allreduce || spec.kind == OpKind::Reducescatter || spec.kind == OpKind::Barrier;
+  if (spec.kind == OpKind::Barrier) return true;
+  if (spec.kind != OpKind::Allreduce && spec.kind != OpKind::Reducescatter) return false;
+  // A joined rank contributes the reduction's identity (Engine::stand_in_for). Scaled before the
+  // reduction, only SUM's and AVERAGE's (zero) stays one: prescale times MIN's +inf or PRODUCT's 1 is not.
+  return spec.prescale == 1.0 || spec.reduce == DDL_SUM || spec.reduce == DDL_AVERAGE;
 }
 
 RoundDecision Negotiator::merge(const std::vector<Announcement>& announcements, TimePoint now) {
@@ -166,20 +170,29 @@ RoundDecision Negotiator::merge(const std::vector<Announcement>& announcements, 
   }
   // Rank 0's clock decides stalls, so that every rank fails the same ops in the same round.
   std::set<std::string> expired(announcements[0].expired.begin(), announcements[0].expired.end());
+  bool join_failed = false;
   for (const auto& name : expired) {
     if (auto it = table_.find(name); it != table_.end()) {
       if (it->second.announced == size_) continue;
       const OpSpec spec = **std::find_if(it->second.specs.begin(), it->second.specs.end(), [](const auto& s) { return s.has_value(); });
       FailedOp failed{name, DDL_ERROR_TIMEOUT, stall_message(name, missing_ranks(it->second))};
       table_.erase(it);
+      join_failed = join_failed || spec.kind == OpKind::Join;
       fail(decision, std::move(failed), spec);
     } else if (auto id = cache_ids_.find(name); id != cache_ids_.end()) {
       CachedWait& w = cached_waits_[id->second];
       if (w.announced == 0 || w.announced == size_) continue;
       FailedOp failed{name, DDL_ERROR_TIMEOUT, stall_message(name, missing_ranks(w))};
       clear_wait(w);
+      join_failed = join_failed || cache_[id->second].second.kind == OpKind::Join;
       fail(decision, std::move(failed), cache_[id->second].second);
     }
+  }
+  // A join that timed out ends the wait of every rank in it (each engine leaves join when its join
+  // fails, before it runs this round's ready ops): none stands in for an op announced in this round.
+  if (join_failed) {
+    std::fill(joined_.begin(), joined_.end(), false);
+    joined_count_ = 0;
   }
   complete_for_joined(completed);
   // Ops rank 0 never announced (it joined) come last, by name: the same order on every rank.
@@ -189,8 +202,9 @@ RoundDecision Negotiator::merge(const std::vector<Announcement>& announcements, 
   auto joined_failure = [&](const std::string& name, const OpSpec& spec) {
     decision.failed.push_back(
         {name, DDL_ERROR_UNSUPPORTED,
-         fmt::format("op '{}' ({}) cannot run while ranks wait in join: only host allreduce, reducescatter and barrier can", name,
-                     spec.describe())});
+         fmt::format("op '{}' ({}) cannot run while ranks wait in join: only host allreduce, reducescatter (MIN, MAX and "
+                     "PRODUCT without a prescale) and barrier can",
+                     name, spec.describe())});
   };
   for (const Completed& c : completed) {
     if (c.cached_id) {  // every rank announced the cached spec: agreed by construction
