@@ -257,6 +257,17 @@ def _on_stream(stream):
     return torch.cuda.stream(stream)
 
 
+def _follow(stream):
+    """The caller's current stream waits for `stream` (a CUDA op's, where its result copies went), as
+    torch promises of Work.wait(): the caller's next kernels see the result even when the op was
+    started on a side stream."""
+    if stream is None:
+        return
+    if _raw_current_stream is not None and _raw_current_stream(stream.device_index) == stream.cuda_stream:
+        return
+    torch.cuda.current_stream(stream.device).wait_stream(stream)
+
+
 class _Completer:
     """A thread that waits for a group's libddl ops in order and completes their futures."""
 
@@ -357,6 +368,7 @@ class _RaisingWork(torch._C._distributed_c10d.Work):
                                "(its peers have not all joined it)")
         self._op.settle()
         self._op.outcome()  # raises the op's error
+        _follow(self._op.stream)
         return True
 
     def _completes_within(self, seconds):
@@ -794,11 +806,17 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         _same_device([output, input])
+        if output.dtype != input.dtype:
+            self._fail_in_step("alltoall", ValueError(f"all_to_all_single: the output's dtype ({output.dtype}) must be the "
+                                                      f"input's ({input.dtype})"))
         dense = _dense(output)
         send, dtype = _movable(_dense(input))
         recv, _ = _movable(dense)
-        send_counts = self._split_counts(input, send, input_split_sizes, "input")
-        recv_counts = self._split_counts(output, recv, output_split_sizes, "output")
+        try:
+            send_counts = self._split_counts(input, send, input_split_sizes, "input")
+            recv_counts = self._split_counts(output, recv, output_split_sizes, "output")
+        except ValueError as error:  # this rank's own sizes: its peers learn it in the op's place
+            self._fail_in_step("alltoall", error)
 
         def submit(handles):
             self._submit(handles, L.lib.ddl_alltoallv_ex, self._name("alltoall"), _pointer(send), L.size_array(send_counts),
@@ -828,7 +846,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
         _same_device(list(output_tensors) + list(input_tensors))
         dtypes = {t.dtype for t in list(output_tensors) + list(input_tensors)}
         if len(dtypes) != 1:
-            raise ValueError("all_to_all: the inputs and outputs must share one dtype")
+            self._fail_in_step("alltoall", ValueError("all_to_all: the inputs and outputs must share one dtype"))
         send = torch.cat([t.reshape(-1) for t in input_tensors])
         recv = torch.empty((sum(t.numel() for t in output_tensors),), dtype=send.dtype, device=send.device)
         send_view, dtype = _movable(_dense(send))

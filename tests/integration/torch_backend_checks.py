@@ -333,6 +333,16 @@ def errors(rank):
         expect_error(Exception, "alltoallv", dist.all_to_all_single, out, torch.ones(SIZE), output_split_sizes=out_splits,
                      input_split_sizes=[1] * SIZE, group=DDL)
         check("all_to_all_single with splits that differ between ranks fails on every rank", out, torch.full_like(out, -1.0))
+        # Splits that do not add up to rank 0's rows: only rank 0 can see it. It takes the op's place
+        # with its error, so every rank fails at once with rank 0's reason (they waited for the
+        # timeout, and the group's sequence stayed apart for good).
+        in_splits = [1] * SIZE
+        if rank == 0:
+            in_splits[0] = 5
+        out = torch.full((SIZE,), -1.0)
+        expect_error(ValueError, "input_split_sizes", dist.all_to_all_single, out, torch.ones(SIZE),
+                     output_split_sizes=[1] * SIZE, input_split_sizes=in_splits, group=DDL)
+        check("all_to_all_single with splits only one rank has wrong fails on every rank", out, torch.full_like(out, -1.0))
         after = torch.ones(2)
         dist.all_reduce(after, group=DDL)
         check("the op after the failed one works", after, torch.full((2,), float(SIZE)))

@@ -120,6 +120,21 @@ def _():
     on_device(sums, torch.tensor([float(r * (1 << 20)) for r in range(N)]))
 
 
+@check("all_gather started on a side stream, waited for on the default one")
+def _():
+    side = None if ON_CPU else torch.cuda.Stream(device=DEVICE)
+    ctx = torch.cuda.stream(side) if side is not None else contextlib.nullcontext()
+    parts = [torch.empty(1 << 24, device=DEVICE) for _ in range(N)]
+    with ctx:
+        work = dist.all_gather(parts, torch.full((1 << 24,), float(R), device=DEVICE), async_op=True)
+        if side is not None:
+            torch.cuda._sleep(100_000_000)  # the side stream stays busy: its copies out come late
+    # Work.wait() makes this (the default) stream wait for the side stream's copies into `parts`.
+    work.wait()
+    sums = torch.stack([p.sum() for p in parts])
+    on_device(sums, torch.tensor([float(r * (1 << 24)) for r in range(N)]))
+
+
 @check("broadcast from the last rank, and reduce to rank 0")
 def _():
     inputs = [data(r, shape=(6,), dtype=torch.int64) for r in range(N)]

@@ -74,10 +74,24 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
     if len(state_dict["state"]) == 0:
         _create_state(optimizer)
         state_dict = optimizer.state_dict()
-    root_state = broadcast_object(state_dict if ops._world_rank() == root_rank else None, root_rank,
+    # The state travels on the CPU: each rank's load_state_dict moves it to its own parameters' devices.
+    # Pickled as the root's CUDA tensors, it would be unpickled onto the root's GPU index on every rank
+    # (the whole state on one GPU of a node, or an error where that index is not visible).
+    root_state = broadcast_object(_on_cpu(state_dict) if ops._world_rank() == root_rank else None, root_rank,
                                   name="broadcast_optimizer_state", process_set=process_set)
     if ops._world_rank() != root_rank:
         optimizer.load_state_dict(root_state)
+
+
+def _on_cpu(value):
+    """`value` (a state dict's nesting of dicts, lists and tuples) with its tensors copied to the CPU."""
+    if torch.is_tensor(value):
+        return value.cpu()
+    if isinstance(value, dict):
+        return {k: _on_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_on_cpu(v) for v in value)
+    return value
 
 
 def _create_state(optimizer):
