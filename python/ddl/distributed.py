@@ -247,12 +247,15 @@ def _set_outcome(future, value, error):
 _raw_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
+def _is_current(stream):
+    """Whether `stream` is its device's current stream (asked without making a torch Stream object)."""
+    return _raw_current_stream is not None and _raw_current_stream(stream.device_index) == stream.cuda_stream
+
+
 def _on_stream(stream):
     """A context making `stream` current, or none where it is current already (the caller of a blocking
     op completes it on its own thread): entering torch.cuda.stream costs ~9 µs on torch 2.x."""
-    if stream is None:
-        return contextlib.nullcontext()
-    if _raw_current_stream is not None and _raw_current_stream(stream.device_index) == stream.cuda_stream:
+    if stream is None or _is_current(stream):
         return contextlib.nullcontext()
     return torch.cuda.stream(stream)
 
@@ -261,11 +264,8 @@ def _follow(stream):
     """The caller's current stream waits for `stream` (a CUDA op's, where its result copies went), as
     torch promises of Work.wait(): the caller's next kernels see the result even when the op was
     started on a side stream."""
-    if stream is None:
-        return
-    if _raw_current_stream is not None and _raw_current_stream(stream.device_index) == stream.cuda_stream:
-        return
-    torch.cuda.current_stream(stream.device).wait_stream(stream)
+    if stream is not None and not _is_current(stream):
+        torch.cuda.current_stream(stream.device).wait_stream(stream)
 
 
 class _Completer:

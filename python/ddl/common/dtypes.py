@@ -1,5 +1,7 @@
 """The element types libddl reduces and moves, by name, and each face's table of them."""
 
+import functools
+
 from ddl import _lib as L
 
 # libddl's dtypes by their name in numpy, TensorFlow and torch alike.
@@ -7,18 +9,13 @@ BY_NAME = {"float16": L.FLOAT16, "bfloat16": L.BFLOAT16, "float32": L.FLOAT32, "
            "int32": L.INT32, "int64": L.INT64, "uint8": L.UINT8, "int8": L.INT8, "int16": L.INT16}
 SUPPORTED = "uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64"
 
-_torch_table = None
-
-
 def unsupported(type_name):
     """The error for a tensor of `type_name` that libddl has no type for (every face's words)."""
     return ValueError(f"tensors of type {type_name} are not supported: use one of {SUPPORTED}")
 
 
+@functools.lru_cache(maxsize=None)
 def torch_table():
-    """{torch.dtype: libddl dtype}, for the torch faces (torch is imported only by them)."""
-    global _torch_table
-    if _torch_table is None:
-        import torch
-        _torch_table = {getattr(torch, name): code for name, code in BY_NAME.items()}
-    return _torch_table
+    """{torch.dtype: libddl dtype}, for the torch faces (made on first use: torch is imported only by them)."""
+    import torch
+    return {getattr(torch, name): code for name, code in BY_NAME.items()}

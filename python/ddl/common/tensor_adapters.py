@@ -16,6 +16,8 @@ An adapter has:
     int32_name: how an error names the 32-bit integer type
 """
 
+import functools
+
 from ddl.common import dtypes
 
 
@@ -66,15 +68,10 @@ class _NumpyTensors:
         return [int(v) for v in a.reshape(-1)]
 
 
-_numpy_tensors = None
-
-
+@functools.lru_cache(maxsize=None)
 def numpy_tensors():
     """The adapter of numpy arrays (made on first use)."""
-    global _numpy_tensors
-    if _numpy_tensors is None:
-        _numpy_tensors = _NumpyTensors()
-    return _numpy_tensors
+    return _NumpyTensors()
 
 
 class _TorchTensors:
@@ -123,12 +120,7 @@ class _TorchTensors:
         return [int(v) for v in t.flatten().tolist()]
 
 
-_torch_tensors = None
-
-
+@functools.lru_cache(maxsize=None)
 def torch_tensors():
     """The adapter of torch tensors (made on first use: torch is imported only by the torch faces)."""
-    global _torch_tensors
-    if _torch_tensors is None:
-        _torch_tensors = _TorchTensors()
-    return _torch_tensors
+    return _TorchTensors()

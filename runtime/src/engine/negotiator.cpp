@@ -170,29 +170,20 @@ RoundDecision Negotiator::merge(const std::vector<Announcement>& announcements, 
   }
   // Rank 0's clock decides stalls, so that every rank fails the same ops in the same round.
   std::set<std::string> expired(announcements[0].expired.begin(), announcements[0].expired.end());
-  bool join_failed = false;
   for (const auto& name : expired) {
     if (auto it = table_.find(name); it != table_.end()) {
       if (it->second.announced == size_) continue;
       const OpSpec spec = **std::find_if(it->second.specs.begin(), it->second.specs.end(), [](const auto& s) { return s.has_value(); });
       FailedOp failed{name, DDL_ERROR_TIMEOUT, stall_message(name, missing_ranks(it->second))};
       table_.erase(it);
-      join_failed = join_failed || spec.kind == OpKind::Join;
       fail(decision, std::move(failed), spec);
     } else if (auto id = cache_ids_.find(name); id != cache_ids_.end()) {
       CachedWait& w = cached_waits_[id->second];
       if (w.announced == 0 || w.announced == size_) continue;
       FailedOp failed{name, DDL_ERROR_TIMEOUT, stall_message(name, missing_ranks(w))};
       clear_wait(w);
-      join_failed = join_failed || cache_[id->second].second.kind == OpKind::Join;
       fail(decision, std::move(failed), cache_[id->second].second);
     }
-  }
-  // A join that timed out ends the wait of every rank in it (each engine leaves join when its join
-  // fails, before it runs this round's ready ops): none stands in for an op announced in this round.
-  if (join_failed) {
-    std::fill(joined_.begin(), joined_.end(), false);
-    joined_count_ = 0;
   }
   complete_for_joined(completed);
   // Ops rank 0 never announced (it joined) come last, by name: the same order on every rank.
@@ -260,6 +251,12 @@ RoundDecision Negotiator::merge(const std::vector<Announcement>& announcements, 
 
 void Negotiator::fail(RoundDecision& decision, FailedOp failed, const OpSpec& spec) {
   if (spec.ordered && !order_broken_) order_broken_ = failed;
+  // A failed join ends the wait of every rank in it (each engine leaves join when its join fails,
+  // before it runs the round's ready ops): from here on none stands in for an op.
+  if (spec.kind == OpKind::Join) {
+    std::fill(joined_.begin(), joined_.end(), false);
+    joined_count_ = 0;
+  }
   decision.failed.push_back(std::move(failed));
 }
 

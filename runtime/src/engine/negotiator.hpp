@@ -140,7 +140,8 @@ class Negotiator {
   std::unordered_map<std::string, Entry>::iterator entry_for(const std::string& name, TimePoint now);
   void remember(const std::string& name, const OpSpec& spec);
 
-  // Fails `name` on every rank (decision.failed); an ordered op's failure breaks the order.
+  // Fails `name` on every rank (decision.failed); an ordered op's failure breaks the order, a join's
+  // ends every rank's wait in join.
   void fail(RoundDecision& decision, FailedOp failed, const OpSpec& spec);
   // The order broke in this merge: every ordered op still waiting fails with it.
   void fail_waiting_ordered(RoundDecision& decision);
