@@ -3,6 +3,7 @@ the worker computes itself (tests/integration/collective_checks.cpp), mismatches
 the timeline, and the single-process world."""
 import json
 import os
+import re
 import subprocess
 import tempfile
 import time
@@ -195,6 +196,12 @@ class Collectives(unittest.TestCase):
                 self.assertLessEqual(before["ts"] + before["dur"], after["ts"] + 1)  # 1 µs of rounding
         rows = {e["args"]["name"] for e in events if e["ph"] == "M"}
         self.assertIn("allreduce.f32.sum.7", rows)
+        # A process set's ops are in the world's timeline, on rows named after the set, on its
+        # members only (check_gather_and_alltoall_on_a_set: every rank but 0).
+        set_rows = {row for row in rows if re.fullmatch(r"set\d+/set\.(allgather|alltoall)", row)}
+        self.assertEqual(len(set_rows), 0 if rank == 0 else 2, sorted(rows))
+        set_phases = {e["name"] for e in events if e["ph"] == "X" and e["args"]["op"] in set_rows}
+        self.assertEqual(set_phases, set() if rank == 0 else {"NEGOTIATE", "WAIT", "allgather", "alltoall"})
         self.assertTrue(all(e["pid"] == rank for e in events))
         self.assertTrue(all(e["dur"] >= 0 for e in events if e["ph"] == "X"))
 

@@ -2,7 +2,9 @@
 against gloo's result, DDP and Lightning training with backend "ddl", subgroups, and failures that
 reach the other ranks within torch's timeout. Debian's torch 1.13 on the CPU; the torch 2.x / CUDA
 path needs the GPU machine (not here)."""
+import json
 import os
+import re
 import shutil
 import tempfile
 import textwrap
@@ -52,6 +54,22 @@ class Training(unittest.TestCase):
         for rank in range(4):
             self.assertIn(f"allreduce check: rank {rank} world 4 got [10, 100] expected [10, 100] ok", by_rank[rank])
         self.assertTrue(any(line.startswith("replicas identical: yes") for line in by_rank[0]), by_rank[0])
+
+    def test_ddl_timeline_shows_the_ddp_groups_allreduces_on_every_rank(self):
+        # The torch group is a libddl process set with an engine of its own; its ops go into the
+        # world's timeline, on rows named after the group's set ("torch.<group>.<nonce>/allreduce.N").
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "timeline.%r.json")
+            result = run_python(2, os.path.join(SOURCE, "examples", "pytorch_ddp.py"), "--backend", "ddl", "--epochs", "1",
+                                env={"DDL_TIMELINE": path})
+            self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
+            for rank in range(2):
+                with open(path.replace("%r", str(rank))) as f:
+                    events = json.load(f)["traceEvents"]
+                group_ops = [e for e in events if e["ph"] == "X" and re.fullmatch(r"torch\.[^/]+/allreduce\.\d+", e["args"]["op"])]
+                self.assertGreater(len({e["args"]["op"] for e in group_ops}), 10, f"rank {rank}: {len(events)} events")
+                self.assertLessEqual({"NEGOTIATE", "WAIT"}, {e["name"] for e in group_ops})
+                self.assertTrue(all(e["pid"] == rank for e in events))
 
     def test_lightning_ddp_strategy_with_process_group_backend_ddl(self):
         self.assertTrue(os.access(LIGHTNING_PYTHON, os.X_OK), f"{LIGHTNING_PYTHON} is missing: run bash scripts/lightning_venv.sh")

@@ -156,7 +156,8 @@ ddl_status ddl_process_set_create(const int* ranks, int count, ddl_process_set* 
       set->rank = static_cast<int>(me - sorted.begin());
       try {
         auto config = engine_config(rt.engine->rank());
-        config.timeline_path.clear();  // the world's engine owns the timeline file
+        config.timeline = rt.engine->shared_timeline();  // the world's, which its engine opens and closes
+        config.timeline_rows = fmt::format("set{}/", id);
         config.world_ranks = set->ranks;
         set->engine = std::make_shared<Engine>(process_set_collectives(rt, fmt::format("set{}", id), *set, config), config);
       } catch (const std::exception& e) {
@@ -189,7 +190,8 @@ ddl_status ddl_process_set_create_among(const int* ranks, int count, const char*
     set->rank = static_cast<int>(me - sorted.begin());
     set->members_only = true;
     auto config = engine_config(rt.engine->rank());
-    config.timeline_path.clear();  // the world's engine owns the timeline file
+    config.timeline = rt.engine->shared_timeline();  // the world's, which its engine opens and closes
+    config.timeline_rows = fmt::format("{}/", key);
     config.world_ranks = sorted;
     if (timeout_seconds > 0.0) {
       config.timeout = std::chrono::milliseconds(static_cast<long long>(timeout_seconds * 1000.0));

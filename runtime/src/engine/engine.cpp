@@ -65,7 +65,7 @@ Engine::Engine(std::unique_ptr<Collectives> collectives, EngineConfig config)
       rank_(collectives_->rank()),
       size_(collectives_->size()),
       negotiator_(size_),
-      timeline_(config_.timeline_path, rank_),
+      timeline_(config_.timeline ? config_.timeline : std::make_shared<Timeline>(config_.timeline_path, rank_)),
       progress_(config_.progress_path) {
   if (!config_.world_ranks.empty()) negotiator_.name_ranks_by(config_.world_ranks);
   if (config_.report_stragglers && config_.world_ranks.empty() && rank_ == 0) {  // rank 0 alone reports
@@ -176,8 +176,9 @@ void Engine::finalize() {
   request_finalize();
   if (thread_.joinable()) thread_.join();
   write_straggler_report(true);
-  // The engine thread leaves only once the rounds have stopped, so nothing records any more.
-  timeline_.close();
+  // The engine thread leaves only once the rounds have stopped, so nothing records any more. A
+  // process set's engine leaves the world's timeline open.
+  if (!config_.timeline) timeline_->close();
 }
 
 void Engine::run_loop() {
@@ -510,7 +511,7 @@ std::optional<ddl_status> Engine::run_proposed(PendingOp& op, const Offer& offer
     }
     return mine.serialize();
   };
-  const bool timed = timeline_.enabled();
+  const bool timed = timeline_->enabled();
   const auto started = timed ? Clock::now() : op.submitted;
   std::optional<ddl_status> outcome;
   run_guarded([&] {
@@ -532,8 +533,8 @@ std::optional<ddl_status> Engine::run_proposed(PendingOp& op, const Offer& offer
       }
       if (timed) {
         name_if_unnamed(op, offer);
-        timeline_.record(op.name, "NEGOTIATE", op.submitted, started);
-        timeline_.record(op.name, op_kind_name(s.kind), started, Clock::now());
+        record(op.name, "NEGOTIATE", op.submitted, started);
+        record(op.name, op_kind_name(s.kind), started, Clock::now());
       }
       progress_.note();
       outcome = DDL_SUCCESS;
@@ -591,7 +592,7 @@ void Engine::execute(const std::vector<ReadyOp>& ready) {
     // Every rank submitted it, this one included, unless this rank waits in join.
     PendingOp& op = found != in_flight_.end() ? found->second : stand_in_for(r);
     if (r.spec().kind == OpKind::Join) op.join_result = r.last_joined;
-    timeline_.record(op.name, "NEGOTIATE", op.submitted, negotiated);
+    record(op.name, "NEGOTIATE", op.submitted, negotiated);
     op.agreed = negotiated;
     ops.push_back(&op);
   }
@@ -720,7 +721,7 @@ void Engine::stage_on_host(PendingOp& op) {
   } catch (const std::exception& e) {
     op.staging_error = e.what();
   }
-  timeline_.record(op.name, "MEMCPY_TO_HOST", started, Clock::now());
+  record(op.name, "MEMCPY_TO_HOST", started, Clock::now());
   op.device_result = op.recv;
   op.device_result_bytes = out;
   op.send = op.staging.data();
@@ -736,7 +737,7 @@ void Engine::copy_result_to_device(PendingOp& op) {
     } catch (const std::exception& e) {
       op.staging_error = e.what();
     }
-    timeline_.record(op.name, "MEMCPY_TO_DEVICE", started, Clock::now());
+    record(op.name, "MEMCPY_TO_DEVICE", started, Clock::now());
   }
   op.device_result = nullptr;
 }
@@ -826,9 +827,9 @@ void Engine::empty_gpu_fusion_buffer(const GpuFusion& f, Clock::time_point launc
     if (op->stream != stream) gpu_->order_after(op->stream, stream);  // its event (mark) then follows the copy out
   const auto copied = Clock::now();
   for (PendingOp* op : f.ops) {
-    timeline_.record(op->name, "MEMCPY_IN_FUSION_BUFFER", f.started, launched);
-    timeline_.record(op->name, "ALLREDUCE", launched, reduced);
-    timeline_.record(op->name, "MEMCPY_OUT_FUSION_BUFFER", reduced, copied);
+    record(op->name, "MEMCPY_IN_FUSION_BUFFER", f.started, launched);
+    record(op->name, "ALLREDUCE", launched, reduced);
+    record(op->name, "MEMCPY_OUT_FUSION_BUFFER", reduced, copied);
   }
 }
 
@@ -860,7 +861,7 @@ void Engine::poll_gpu_ops() {
     gpu_->release(g.token);
     std::vector<PendingOp*> done;
     for (const std::string& name : g.names) {
-      timeline_.record(name, "NCCL", g.started, now);
+      record(name, "NCCL", g.started, now);
       done.push_back(&in_flight_.at(name));
     }
     finish(done, DDL_SUCCESS);
@@ -932,9 +933,9 @@ void Engine::run_fused_allreduce(const std::vector<PendingOp*>& ops) {
   }
   auto t3 = Clock::now();
   for (PendingOp* op : ops) {
-    timeline_.record(op->name, "MEMCPY_IN_FUSION_BUFFER", t0, t1);
-    timeline_.record(op->name, "ALLREDUCE", t1, t2);
-    timeline_.record(op->name, "MEMCPY_OUT_FUSION_BUFFER", t2, t3);
+    record(op->name, "MEMCPY_IN_FUSION_BUFFER", t0, t1);
+    record(op->name, "ALLREDUCE", t1, t2);
+    record(op->name, "MEMCPY_OUT_FUSION_BUFFER", t2, t3);
   }
   finish(ops, DDL_SUCCESS);
 }
@@ -953,7 +954,7 @@ bool Engine::run_fused_allreduce_in_place(const std::vector<PendingOp*>& ops) {
   collectives_->allreduce_pieces(pieces_, dtype_size(first.dtype), reduce_function(first.dtype, first.reduce));
   for (PendingOp* op : ops) finish_reduction(op->recv, op->spec.count, op->spec);
   const auto end = Clock::now();
-  for (PendingOp* op : ops) timeline_.record(op->name, "ALLREDUCE", start, end);
+  for (PendingOp* op : ops) record(op->name, "ALLREDUCE", start, end);
   finish(ops, DDL_SUCCESS);
   return true;
 }
@@ -1008,7 +1009,7 @@ void Engine::run_single(PendingOp& op) {
       break;
     }
   }
-  timeline_.record(op.name, op_kind_name(s.kind), start, Clock::now());
+  record(op.name, op_kind_name(s.kind), start, Clock::now());
   finish(op, DDL_SUCCESS);
 }
 
@@ -1179,7 +1180,15 @@ Engine::PendingOp& Engine::stand_in_for(const ReadyOp& ready) {
   return op;
 }
 
-void Engine::record_wait(const PendingOp& op, Clock::time_point started) { timeline_.record(op.name, "WAIT", op.agreed, started); }
+void Engine::record(const std::string& op_name, const char* phase, Clock::time_point start, Clock::time_point end) {
+  if (!timeline_->enabled()) return;
+  if (config_.timeline_rows.empty())
+    timeline_->record(op_name, phase, start, end);
+  else
+    timeline_->record(config_.timeline_rows + op_name, phase, start, end);
+}
+
+void Engine::record_wait(const PendingOp& op, Clock::time_point started) { record(op.name, "WAIT", op.agreed, started); }
 
 void Engine::finish(PendingOp& op, ddl_status status, const std::string& message) { finish({&op}, status, message); }
 

@@ -76,8 +76,13 @@ struct EngineConfig {
   std::chrono::milliseconds timeout{static_cast<long long>(contract::kTimeout.fallback * 1000)};
   std::string timeout_setting = contract::kTimeout.name;  // what a user raises it with, for the message of an op that timed out
   std::string timeline_path;                              // DDL_TIMELINE for this rank; empty = none
-  std::string progress_path;                              // the hang watchdog's file for this rank (DDL_WATCH_DIR); empty = none
-  std::vector<int> world_ranks;                           // a process set's members, which errors name; empty: the world
+  // A process set's engine records into the world's timeline (the world's engine opens and closes
+  // it), its rows named `timeline_rows` + the op's name, so that a set's "allreduce.1" is not the
+  // world's. Unset: the engine has a timeline of its own, at timeline_path.
+  std::shared_ptr<Timeline> timeline;
+  std::string timeline_rows;
+  std::string progress_path;     // the hang watchdog's file for this rank (DDL_WATCH_DIR); empty = none
+  std::vector<int> world_ranks;  // a process set's members, which errors name; empty: the world
   // DDL_REPORT_STRAGGLERS (the world's engine only): rank 0 writes on stderr which ranks the others
   // waited for (StragglerTally), when it finalizes and, when set, every this often.
   bool report_stragglers = false;
@@ -135,7 +140,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
     run_rounds_until_done(state);
     return state.wait(message);
   }
-  Timeline& timeline() { return timeline_; }
+  Timeline& timeline() { return *timeline_; }
+  // The timeline, for a process set's engine to record into (EngineConfig::timeline).
+  std::shared_ptr<Timeline> shared_timeline() const { return timeline_; }
   // Tells the other ranks this one is done and waits until all are; ops still pending then fail.
   // The timeline is closed when it returns (whichever thread destroys the engine later).
   void finalize();
@@ -273,6 +280,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void finish(PendingOp& op, ddl_status status, const std::string& message = {});
   // A batch takes one lock, and its waiters are woken only once all of its ops are settled.
   void finish(const std::vector<PendingOp*>& ops, ddl_status status, const std::string& message = {});
+  // Into the timeline, on the op's row (a process set's named after the set).
+  void record(const std::string& op_name, const char* phase, Clock::time_point start, Clock::time_point end);
   void record_wait(const PendingOp& op, Clock::time_point started);  // agreed until its collective starts
   void fail_everything(ddl_status status, const std::string& message);
   // The transport threw: the GPU side is aborted and every op fails with `status`.
@@ -285,7 +294,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   int size_;
   std::unique_ptr<StragglerTally> stragglers_;  // with report_stragglers, on rank 0 of the world's engine (negotiator_ points to it)
   Negotiator negotiator_;
-  Timeline timeline_;
+  std::shared_ptr<Timeline> timeline_;
   ProgressMark progress_;
   Clock::time_point next_straggler_report_{};
   std::atomic<bool> stragglers_reported_{false};  // the final report is written
