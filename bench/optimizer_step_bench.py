@@ -18,6 +18,10 @@ across variants). Variants:
     ddl-tcp    the same with DDL_SHM=0: libddl's Gloo-over-TCP transport, the one a multi-node job uses
     ddp        torch.nn.parallel.DistributedDataParallel over gloo, same `ddl run` (env:// init)
     ddp-ddl    the same DDP on torch.distributed's "ddl" backend (init_process_group("ddl"): libddl)
+    ddp-nocomm the same DDP over gloo with a comm hook that hands each bucket back at once: DDP's own
+               work (its hooks, copying gradients into buckets and back) without any communication,
+               the floor of DDP on any backend (every rank trains on the same batch, so the weights
+               still agree)
     horovod    horovod.torch 0.28.1 DistributedOptimizer(SGD) from bench/horovod_venv.sh's venv,
                started with `horovodrun -np N --gloo -H localhost:N` (skipped if the venv is absent)
 
@@ -52,7 +56,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-VARIANTS = ["local", "ddl", "ddl-tcp", "ddp", "ddp-ddl", "horovod"]
+VARIANTS = ["local", "ddl", "ddl-tcp", "ddp", "ddp-ddl", "ddp-nocomm", "horovod"]
 DEFAULT_VENV = "/var/cache/ddl/horovod-venv"
 RESULT = "OPTSTEP_RESULT "
 
@@ -160,6 +164,9 @@ def worker_ddp(args):
     dist.init_process_group(backend)
     model, x, y = setup_torch(args)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
+    no_comm = os.environ.get("DDL_BENCH_DDP_NO_COMM") == "1"
+    if no_comm:
+        ddp.register_comm_hook(None, bucket_handed_back)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr)
     times, checksum = timed_steps(args, ddp, opt, x, y, dist.barrier)
     size = dist.get_world_size()
@@ -168,7 +175,8 @@ def worker_ddp(args):
     c = [torch.zeros(1, dtype=torch.float64) for _ in range(size)]
     dist.all_gather(c, torch.tensor([checksum], dtype=torch.float64))
     numel, tensors = n_params(model)
-    report(dist.get_rank(), "ddp-ddl" if backend == "ddl" else "ddp", size, [r.tolist() for r in t], [r.item() for r in c],
+    label = "ddp-nocomm" if no_comm else "ddp-ddl" if backend == "ddl" else "ddp"
+    report(dist.get_rank(), label, size, [r.tolist() for r in t], [r.item() for r in c],
            {"params": numel, "tensors": tensors, "torch": torch.__version__})
     dist.barrier()
     # Leave without tearing the process group down: in torch 1.13 a rank sometimes (1 run in 6 to 1 in 2,
@@ -178,6 +186,14 @@ def worker_ddp(args):
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def bucket_handed_back(state, bucket):
+    """A DDP comm hook that communicates nothing: the bucket, as it is, is the reduced gradient."""
+    import torch
+    future = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future
 
 
 def worker_local(args):
@@ -363,10 +379,12 @@ def command(args, variant, n):
         return None, f"no ddl binary at {args.ddl} (cmake --build build)"
     pypath = os.path.join(args.build, "python")
     env["PYTHONPATH"] = pypath + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    worker = {"local": "local", "ddl": "ddl", "ddl-tcp": "ddl", "ddp": "ddp", "ddp-ddl": "ddp", "overhead": "overhead"}[variant]
+    worker = {"local": "local", "ddl": "ddl", "ddl-tcp": "ddl", "ddp": "ddp", "ddp-ddl": "ddp", "ddp-nocomm": "ddp",
+              "overhead": "overhead"}[variant]
     if variant == "ddl-tcp":
         env["DDL_SHM"] = "0"
     env["DDL_BENCH_TORCH_BACKEND"] = "ddl" if variant == "ddp-ddl" else "gloo"
+    env["DDL_BENCH_DDP_NO_COMM"] = "1" if variant == "ddp-nocomm" else "0"
     if worker in ("ddl", "overhead") and not os.path.isdir(os.path.join(pypath, "ddl", "torch")):
         return None, f"no ddl.torch at {pypath}/ddl/torch (cmake --build build)"
     return [args.ddl, "run", "--no-prefix", "-np", str(n), "--", args.python] + worker_args(args, worker), env
@@ -423,6 +441,21 @@ def print_step_table(args, table):
             cells.append(f"{r['median_ms']:9.2f} [{r['min_ms']:6.2f}]" if r else f"{'-':>18}")
         d, p, h, b = (table.get((k, n), {}).get("median_ms") for k in ("ddl", "ddp", "horovod", "ddp-ddl"))
         print(f"{n:>5} " + " ".join(cells) + f" {ratio(d, p):>8} {ratio(d, h):>11} {ratio(p, b):>11}")
+    print_communication_cost(args, table)
+
+
+def print_communication_cost(args, table):
+    """What communication adds to a step: each variant's median over its floor (ddl.torch and Horovod
+    over `local`, each DDP over `ddp-nocomm`), and the best ratio any DDP backend could reach over
+    gloo here, where its communication would cost nothing (ddp / ddp-nocomm)."""
+    pairs = [("ddl", "local"), ("horovod", "local"), ("ddp", "ddp-nocomm"), ("ddp-ddl", "ddp-nocomm")]
+    for n in args.np:
+        med = {v: table.get((v, n), {}).get("median_ms") for v in ("local", "ddl", "horovod", "ddp", "ddp-ddl", "ddp-nocomm")}
+        parts = [f"{v} {med[v] - med[floor]:.2f}" for v, floor in pairs if med[v] and med[floor]]
+        if not parts:
+            continue
+        ceiling = f"; ddp/ddp-nocomm {med['ddp'] / med['ddp-nocomm']:.2f}" if med["ddp"] and med["ddp-nocomm"] else ""
+        print(f"# {n} ranks, communication's cost over the floor (ms): " + ", ".join(parts) + ceiling)
 
 
 def main():
