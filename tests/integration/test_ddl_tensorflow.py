@@ -43,7 +43,7 @@ class ApiChecks(unittest.TestCase):
         self.assertEqual(result.returncode, 0, result.stderr[-2000:])
         for r in range(np):
             oks = [line for line in by_rank[r] if line.startswith("ok ")]
-            self.assertEqual(len(oks), 26, by_rank[r])  # every check of tf_api_checks.py
+            self.assertEqual(len(oks), 27, by_rank[r])  # every check of tf_api_checks.py
             self.assertEqual(by_rank[r][-1], "checks done, 0 failed")
 
     def test_every_check_on_2_ranks_with_keras_2(self):

@@ -451,6 +451,43 @@ def _():
     assert np.allclose(out.numpy(), (x.numpy() - mean) / np.sqrt(var + 1e-3), atol=1e-4)
 
 
+@check("keras: SyncBatchNormalization keeps the variance of inputs far from zero, its gradients, and an empty rank")
+def _():
+    # Mean 1e4 against a spread of 1: a variance from sums of x and x^2 in float32 is lost.
+    rs = np.random.RandomState(5)
+    everyone = rs.randn(8 * N, 3) + np.array([1e4, -3e3, 0.5])
+    rows = 8 if R < N - 1 or N == 1 else 0  # the last rank brings an empty batch
+    brought = everyone[:8 * (N - 1) or 8]
+    weights = np.arange(brought.size, dtype="float64").reshape(-1, 3) / 10
+    mine = tf.constant(brought[8 * R:8 * R + rows].astype("float32"))
+    layer = khvd.SyncBatchNormalization(momentum=0.0, epsilon=1e-3)
+    layer.build((None, 3))
+
+    @tf.function
+    def in_a_graph(x, w):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            out = layer(x, training=True)
+            loss = tf.reduce_sum(out * w)
+        return out, tape.gradient(loss, x)
+
+    whole = tf.constant(brought.astype("float32").astype("float64"))  # the same float32 values, in float64
+    with tf.GradientTape() as tape:
+        tape.watch(whole)
+        mean, var = tf.nn.moments(whole, axes=[0])
+        ref = (whole - mean) / tf.sqrt(var + 1e-3)
+        ref_loss = tf.reduce_sum(ref * weights)
+    ref_grad = tape.gradient(ref_loss, whole).numpy()[8 * R:8 * R + rows]
+    for run in (in_a_graph, in_a_graph.python_function):
+        out, grad = run(mine, tf.constant(weights[8 * R:8 * R + rows].astype("float32")))
+        assert out.shape == (rows, 3) and grad.shape == (rows, 3)
+        if rows:
+            # float32 holds 1e4 to ~1e-3: the normalized values can be as far off as that, no further.
+            assert np.abs(out.numpy() - ref.numpy()[8 * R:8 * R + rows]).max() < 1e-2, (out.numpy(), ref.numpy())
+            assert np.abs(grad.numpy() - ref_grad).max() < 1e-1, (grad.numpy(), ref_grad)
+    assert np.allclose(layer.moving_variance.numpy(), var.numpy(), rtol=1e-2), (layer.moving_variance.numpy(), var.numpy())
+
+
 @check("a custom tf.function loop with DistributedGradientTape trains identical replicas")
 def _():
     tf.random.set_seed(10 + R)

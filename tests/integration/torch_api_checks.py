@@ -591,6 +591,29 @@ def _():
     assert torch.allclose(mine.grad, whole.grad[2 * R:2 * R + 2])
 
 
+@check("SyncBatchNorm keeps the variance of float32 inputs far from zero, and takes a rank with no rows")
+def _():
+    # Mean 1e4 against a spread of 1: a variance from sums of x and x^2 in float32 came out 2.55.
+    g = torch.Generator().manual_seed(5)
+    full = (torch.randn(8 * N, 3, generator=g) + torch.tensor([1e4, -3e3, 0.5])).float()
+    rows = 8 if R < N - 1 or N == 1 else 0  # the last rank brings an empty batch
+    start = 8 * R
+    mine = full[start:start + rows].clone().requires_grad_()
+    whole = full[:8 * (N - 1) or 8].double().requires_grad_()  # every row some rank brings
+    sync = hvd.SyncBatchNorm(3)
+    bn = torch.nn.BatchNorm1d(3).double()
+    out = sync(mine)
+    ref = bn(whole)
+    # float32 holds 1e4 to ~1e-3, so the normalized values can be as far off as that and no further.
+    assert (out.double() - ref[start:start + rows]).abs().max().item() < 1e-2 if rows else out.shape == (0, 3)
+    assert torch.allclose(sync.running_var.double(), bn.running_var, rtol=1e-2), (sync.running_var, bn.running_var)
+    assert torch.allclose(sync.running_mean.double(), bn.running_mean, rtol=1e-6)
+    weights = torch.arange(whole.shape[0] * 3, dtype=torch.float64).view(-1, 3) / 10  # each row's own
+    (out * weights[start:start + rows].float()).sum().backward()
+    (ref * weights).sum().backward()
+    assert (mine.grad.double() - whole.grad[start:start + rows]).abs().max().item() < 1e-1 if rows else True
+
+
 @check("timeline: start_timeline writes Chrome-trace JSON of named ops")
 def _():
     # "%r": every rank its own file (a plain path is written by rank 0 alone; test_ddl_torch checks that)
