@@ -343,9 +343,20 @@ void OutputRouter::give_up() {
 void OutputRouter::write_rank_file(int rank, const char* suffix, const std::string& text) {
   auto key = std::make_pair(rank, std::string(suffix));
   auto it = rank_files_.find(key);
-  if (it == rank_files_.end())
-    it = rank_files_.emplace(key, open_output_file(options_.output_dir, rank, suffix, options_.append_output)).first;
+  if (it == rank_files_.end()) it = rank_files_.emplace(key, open_rank_file_late(rank, suffix)).first;
   write_output_file(it->second, rank, suffix, text);
+}
+
+// A task launcher's ranks are known from their first line only, long after the start: a file that
+// cannot be opened then (out of open files, a quota) is given up as one that fails later, with a
+// warning, and the run goes on.
+int OutputRouter::open_rank_file_late(int rank, const char* suffix) {
+  try {
+    return open_output_file(options_.output_dir, rank, suffix, options_.append_output);
+  } catch (const Error& e) {
+    report(fmt::format("ddl: warning: {}; rank {}'s output goes on to ddl's own only\n", e.what(), rank));
+    return -1;
+  }
 }
 
 }  // namespace ddl::launcher

@@ -94,6 +94,7 @@ class OutputRouter {
   std::string line_prefix(int rank, const std::string& host) const;
   void write_output_file(int& fd, int rank, const char* suffix, std::string_view text);
   void write_rank_file(int rank, const char* suffix, const std::string& text);
+  int open_rank_file_late(int rank, const char* suffix);  // -1, warned, when it cannot be opened
   void stop_reading_into_closed_pipe(int target_fd);
   void warn_output_lost(int fd, int error);
 

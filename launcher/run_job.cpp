@@ -175,7 +175,6 @@ RunOutcome run_job(const RunRequest& request, const Environment& launcher_env, c
   if (auto index = array_index(launcher_env)) env[contract::kArrayIndex] = *index;
   if (request.straggler_report_every) env[contract::kReportStragglers] = std::to_string(*request.straggler_report_every);
   RunRequest attempt = request;
-  attempt.supervision.append_output = requeues > 0;
   std::optional<HeldSignal> held;
   if (request.requeue) {
     held.emplace(request.requeue->signal);
@@ -185,6 +184,8 @@ RunOutcome run_job(const RunRequest& request, const Environment& launcher_env, c
   if (request.preflight != PreflightMode::Off)
     if (auto stopped = run_preflight(attempt, env, log)) return *stopped;
   for (attempt.restart_count = 0;; ++attempt.restart_count) {
+    // A restart's --output-dir files go on after the failed attempt's, whose last words they keep.
+    attempt.supervision.append_output = requeues > 0 || attempt.restart_count > 0;
     RunOutcome outcome = run_once(attempt, env, log);
     if (outcome.finished_on && request.requeue) {
       outcome.requeued = requeue_after_finish(*request.requeue, launcher_env, log);
@@ -195,7 +196,8 @@ RunOutcome run_job(const RunRequest& request, const Environment& launcher_env, c
         outcome.exit_code = 128 + outcome.finished_on;
       return outcome;
     }
-    if (!outcome.failure || outcome.interrupted_by || attempt.restart_count >= request.max_restarts) return outcome;
+    // A signal from outside ends the run, also when it came while a failed attempt was stopping.
+    if (!outcome.failure || outcome.interrupted_by || outcome.signalled || attempt.restart_count >= request.max_restarts) return outcome;
     log(fmt::format("{}; restarting all workers ({} of {} restarts)", what_failed(*outcome.failure), attempt.restart_count + 1,
                     request.max_restarts));
   }

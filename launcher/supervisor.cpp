@@ -593,13 +593,16 @@ class Run {
   // The launcher signalled every process of the task itself: the run stops (unless the signal
   // asks for something else) without ddl signalling the workers again or killing them later.
   void note_signal_the_workers_got(int sig) {
-    if (passed_on_only(sig) || stopping_) return;
+    if (passed_on_only(sig)) return;
+    if (!signalled_) signalled_ = sig;
+    if (stopping_) return;
     if (!failure_) interrupted_by_ = sig;
     stopping_ = true;
     workers_stopped_ = running_workers();
   }
 
   void on_external_signal(int sig) {
+    if (!signalled_) signalled_ = sig;
     if (stopping_) {  // a second Ctrl-C: no more waiting
       escalated_ = true;
       signal_all(SIGKILL);
@@ -770,8 +773,9 @@ class Run {
     }
   }
 
-  // After the workers: a signal that stops ddl, if one came (the workers' SIGCHLD and the signals
-  // only passed on to them do not); else 0.
+  // After the workers: a signal that stops ddl, if one came (the workers' SIGCHLD, the signals
+  // only passed on to them, SIGCONT and a Ctrl-Z, which stops ddl until it is continued, do not);
+  // else 0.
   int stop_signal_arrived() {
     int stop = 0;
     signalfd_siginfo info{};
@@ -779,6 +783,10 @@ class Run {
       const int sig = static_cast<int>(info.ssi_signo);
       if (sig == SIGCHLD)
         reap_children();
+      else if (sig == SIGTSTP)
+        ::raise(SIGSTOP);
+      else if (sig == SIGCONT)
+        continue;
       else if (is_finish_signal(sig) && !finished_on_ && failure_)
         finished_on_ = sig;  // the workers failed: to be requeued, not restarted (those that all ended well are done)
       else if (!passed_on_only(sig) && stop == 0)
@@ -792,12 +800,14 @@ class Run {
   void give_up_output(int sig) {
     output_.give_up();
     output_given_up_ = true;
+    if (!signalled_) signalled_ = sig;
     if (!failure_ && !interrupted_by_) interrupted_by_ = sig;
   }
 
   RunOutcome outcome() {
     RunOutcome o;
     o.interrupted_by = interrupted_by_;
+    o.signalled = signalled_;
     o.workers_stopped = workers_stopped_;
     o.wait_status = wait_status_;
     o.output_given_up = output_given_up_;
@@ -831,6 +841,7 @@ class Run {
   bool stopping_ = false;
   int workers_stopped_ = 0;
   int interrupted_by_ = 0;
+  int signalled_ = 0;  // RunOutcome::signalled
   std::map<int, int> wait_status_;
   std::optional<WorkerFailure> failure_;
   const Worker* failed_worker_ = nullptr;

@@ -112,7 +112,10 @@ struct RunOutcome {
   std::map<int, int> wait_status;        // each worker's status as waitpid() gave it, by rank
   std::optional<WorkerFailure> failure;  // the first worker that failed, if any
   int interrupted_by = 0;                // the signal that stopped the run from outside, if any
-  int workers_stopped = 0;               // workers ddl stopped because of a failure or signal
+  // The first signal from outside that stopped the run or came while it stopped, a failure's
+  // stop too (Ctrl-C while the workers of a failed attempt are stopped): the run is not restarted.
+  int signalled = 0;
+  int workers_stopped = 0;  // workers ddl stopped because of a failure or signal
   // A signal ended the wait for a reader of ddl's output that had stopped reading: what it had not
   // taken was dropped, and ddl's own last words must not wait for it either.
   bool output_given_up = false;

@@ -11,7 +11,7 @@ import tempfile
 import time
 import unittest
 
-from ddl_testing import DDL, PYTHON, ddl, wait_until
+from ddl_testing import DDL, PYTHON, ddl, is_stopped, wait_until
 
 # Each worker writes many long lines to both streams as fast as it can, in pieces, so that lines
 # of different workers would splice if ddl forwarded bytes instead of lines.
@@ -352,6 +352,30 @@ class UnreadOutput(unittest.TestCase):
             err = self.finish(proc, read_end, pids)
         self.assertEqual(proc.returncode, 3, err)
         self.assertIn("rank 1 on ", err)
+
+
+    def test_sigcont_while_output_waits_for_its_reader_after_the_workers_ended_changes_nothing(self):
+        # Slurm sends SIGCONT with each signal it gives a job's shell; a Ctrl-Z (SIGTSTP) stops ddl
+        # until it is continued. Neither stops a run whose workers all ended well.
+        with tempfile.TemporaryDirectory() as tmp:
+            done = os.path.join(tmp, "done")
+            worker = f'import sys\nsys.stdout.write("y" * 3000000 + "\\n"); sys.stdout.flush()\nopen("{done}", "w")\n'
+            read_end, write_end = os.pipe()
+            proc = subprocess.Popen([DDL, "run", "-np", "1", "--no-prefix", "--", PYTHON, "-c", worker], stdout=write_end,
+                                    stderr=subprocess.PIPE, start_new_session=True)
+            os.close(write_end)
+            self.assertTrue(wait_until(lambda: os.path.exists(done), 60))
+            time.sleep(0.5)  # the worker has ended; ddl holds what its reader has not taken
+            proc.send_signal(signal.SIGCONT)
+            proc.send_signal(signal.SIGTSTP)
+            self.assertTrue(wait_until(lambda: is_stopped(proc.pid), 10))
+            proc.send_signal(signal.SIGCONT)
+            with os.fdopen(read_end, "rb") as reader:
+                got = reader.read()
+            err = proc.communicate(timeout=30)[1].decode()
+        self.assertEqual(proc.returncode, 0, err)
+        self.assertEqual(len(got), 3000001, err)
+        self.assertNotIn("interrupted", err)
 
 
 class PartialLines(unittest.TestCase):

@@ -180,6 +180,25 @@ class PbsScriptsWithoutPbs(unittest.TestCase):
                 self.assertIn("ddl: error: mpirun exited with code 9 without naming a failed rank", result.stderr)
                 self.assertIn("[1] bye from 1", result.stderr)
 
+    def test_an_output_file_a_rank_cannot_open_late_is_given_up_with_a_warning_under_mpirun(self):
+        # Under a task launcher a rank's --output-dir files are opened at its first line; one that
+        # cannot be opened then (here: the folder was removed) is a warning, not the run's end.
+        with tempfile.TemporaryDirectory() as tmp:
+            nodefile = os.path.join(tmp, "nodefile")
+            with open(nodefile, "w") as f:
+                f.write(socket.gethostname() + "\n")
+            out_dir = os.path.join(tmp, "od")
+            program = ('if [ "$RANK" = 0 ]; then echo early; sleep 1; rm -rf "$OD"; touch "$OD.gone"; '
+                       'else i=0; while [ ! -e "$OD.gone" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; echo late; fi')
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PBS_", "DDL_", "OMPI_"))}
+            env.update({"PBS_JOBID": "4243.pbs-test", "PBS_NODEFILE": nodefile, "OD": out_dir})
+            result = subprocess.run([DDL, "run", "--cpu", "--nproc-per-node", "2", "--launcher", "mpirun", "--output-dir", out_dir,
+                                     "--", "bash", "-c", program], env=env, cwd=tmp, capture_output=True, text=True, timeout=120)
+            self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+            self.assertIn("late", lines_by_rank(result.stdout)[1])
+            self.assertIn(f"ddl: warning: --output-dir: cannot write {out_dir}/rank.1.out", result.stderr)
+            self.assertIn("rank 1's output goes on to ddl's own only", result.stderr)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -459,6 +459,32 @@ class Restarts(unittest.TestCase):
         self.assertNotIn("restarting", err)
         self.assertTrue(wait_until(lambda: processes_with(marker) == [], 30))
 
+    def test_ctrl_c_while_a_failed_attempt_stops_its_workers_is_no_restart_either(self):
+        # Rank 0 fails; rank 1 ignores SIGTERM, so the attempt is still stopping (--grace-period)
+        # when Ctrl-C comes: it ends the run with the failure's code, and nothing starts again.
+        marker = unique_marker()
+        self.addCleanup(kill_leftovers, marker)
+        with tempfile.TemporaryDirectory() as tmp:
+            failed = os.path.join(tmp, "failed")
+            script = (f'if [ "$RANK" = 0 ]; then touch {failed}; exit 3; fi; '
+                      f'trap "" TERM; sleep {marker} & wait; sleep {marker}')
+            proc = start_ddl("-np", "2", "--max-restarts", "3", "--grace-period", "30", "--", "sh", "-c", script)
+            self.assertTrue(wait_until(lambda: os.path.exists(failed), 30))
+            time.sleep(1)  # ddl has seen the failure and sent SIGTERM, which rank 1 ignores
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=30)
+        self.assertEqual(proc.returncode, 3, err)
+        self.assertNotIn("restarting", err)
+        self.assertTrue(wait_until(lambda: processes_with(marker) == [], 30))
+
+    def test_a_restart_s_output_dir_files_go_on_after_the_failed_attempt_s(self):
+        with tempfile.TemporaryDirectory() as out_dir:
+            result = self.flaky("--max-restarts", "3", "--output-dir", out_dir, fail_until=1)
+            self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+            with open(os.path.join(out_dir, "rank.1.out")) as f:
+                lines = f.read().splitlines()
+        self.assertEqual([line.split()[3] for line in lines], ["0/3", "1/3"], lines)  # both attempts' words
+
     def test_max_restarts_must_be_a_count(self):
         result = ddl("-np", "2", "--max-restarts", "-1", "--", "true")
         self.assertEqual(result.returncode, 2)
