@@ -289,6 +289,12 @@ std::optional<std::vector<JobState>> follow_array(Scheduler scheduler, const std
   return ended;
 }
 
+int ended_job_exit_code(const JobState& job) {
+  const bool completed = job.state == "COMPLETED" || job.state == "F" || job.state == "X";  // Slurm's, PBS's finished (X: a subjob)
+  const int code = job.exit_code.value_or(1);
+  return code != 0 ? code : completed ? 0 : 1;
+}
+
 void cancel_job(Scheduler scheduler, const std::string& id) {
   if (!looks_like_job_id(id)) throw UsageError(not_a_job_id(id), "give the number sbatch or qsub printed");
   std::vector<std::string> argv =

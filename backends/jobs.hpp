@@ -53,6 +53,11 @@ std::vector<JobState> array_elements(Scheduler scheduler, const std::string& id)
 std::optional<std::vector<JobState>> follow_array(Scheduler scheduler, const std::string& id, std::chrono::seconds timeout,
                                                   const std::function<void(const JobState&)>& on_change);
 
+// What a job that ended exits with, as `ddl submit --wait` reports it: its exit code; 1 where it
+// did not complete (cancelled while pending, a node failure: Slurm says exit code 0:0 for those)
+// or where its end is unknown.
+int ended_job_exit_code(const JobState& job);
+
 // Cancels job `id`; throws ddl::Error with the scheduler's message when it cannot.
 void cancel_job(Scheduler scheduler, const std::string& id);
 

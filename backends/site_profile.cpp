@@ -100,14 +100,16 @@ int int_field(const json& j, const std::string& source, const char* field, int f
   return static_cast<int>(v.get<long long>());
 }
 
-// Options that are counts: a default for one must be a whole number a script can use.
+// Options that are counts: a default for one must be a whole number a script can use, and a job
+// has at least one node and one core per task (0 GPUs is a CPU job).
 void require_count_defaults(const std::map<std::string, std::string>& defaults, const std::string& source) {
-  for (const char* option : {"nodes", "gpus_per_node", "cpus_per_task"}) {
+  for (const auto& [option, least] : {std::pair{"nodes", 1}, std::pair{"gpus_per_node", 0}, std::pair{"cpus_per_task", 1}}) {
     auto it = defaults.find(option);
     if (it == defaults.end()) continue;
     const std::string& v = it->second;
     const bool whole = !v.empty() && v.size() <= 6 && std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; });
-    if (!whole) profile_error(source, std::string("defaults.") + option, fmt::format("is '{}'; it must be a whole number", v));
+    if (!whole || std::stoi(v) < least)
+      profile_error(source, std::string("defaults.") + option, fmt::format("is '{}'; it must be a whole number, at least {}", v, least));
   }
 }
 

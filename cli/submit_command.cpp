@@ -86,11 +86,7 @@ int follow_array(const backends::SiteProfile& site, const std::string& id, const
   for (const auto& element : *ended) {
     std::printf("element %s: %s, exit %s\n", element.id.c_str(), element.state.c_str(),
                 element.exit_code ? std::to_string(*element.exit_code).c_str() : "unknown");
-    // An element that did not complete (cancelled, failed before it ran: "0:0") or whose end is
-    // unknown counts as a failure.
-    const bool completed = element.state == "COMPLETED" || element.state == "F" || element.state == "X";
-    const int its = element.exit_code.value_or(1) != 0 ? element.exit_code.value_or(1) : completed ? 0 : 1;
-    if (code == 0) code = its;
+    if (code == 0) code = backends::ended_job_exit_code(element);
   }
   return code;
 }
@@ -150,7 +146,7 @@ int SubmitCommand::execute(const std::optional<std::vector<std::string>>& progra
     return 1;
   }
   print_tail(last->output.empty() ? output : last->output, 20);
-  return last->exit_code.value_or(0);
+  return backends::ended_job_exit_code(*last);
 }
 
 }  // namespace ddl::cli

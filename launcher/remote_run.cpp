@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "backends/launch_layout.hpp"
 #include "common/error.hpp"
@@ -200,6 +201,20 @@ void explain_remote_failure(WorkerFailure& f, const RemoteHost& host, const std:
                                         : "";
 }
 
+// Two names of this host (localhost and its own name) would be two nodes planned on the same
+// GPUs and cores, each checked alone: their ranks would share GPUs without --share-gpus.
+void refuse_this_host_twice(const std::vector<HostSlots>& hosts, const std::vector<bool>& local) {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < hosts.size(); ++i)
+    if (local[i]) names.push_back(hosts[i].name);
+  if (names.size() < 2) return;
+  int slots = 0;
+  for (size_t i = 0; i < hosts.size(); ++i)
+    if (local[i]) slots += hosts[i].slots;
+  throw UsageError(fmt::format("the host list names this host {} times ({})", names.size(), fmt::join(names, ", ")),
+                   fmt::format("name it once, with all its slots: {}:{}", names.front(), slots));
+}
+
 }  // namespace
 
 HostsPlan plan_on_hosts(const LaunchRequest& launch, const std::vector<HostSlots>& hosts, int gpus_here) {
@@ -235,7 +250,7 @@ RunOutcome run_on_hosts(const RunRequest& request, const Environment& env, const
   const auto stopped_before_start = [](int sig) {
     RunOutcome outcome;
     outcome.exit_code = 128 + sig;
-    outcome.interrupted_by = sig;
+    outcome.interrupted_by = outcome.signalled = sig;
     return outcome;
   };
   std::vector<bool> local;
@@ -243,6 +258,7 @@ RunOutcome run_on_hosts(const RunRequest& request, const Environment& env, const
     if (const int sig = supervisor.signal_before_run()) return stopped_before_start(sig);
     local.push_back(is_this_host(h.name));
   }
+  refuse_this_host_twice(request.hosts, local);
   const bool any_local = std::find(local.begin(), local.end(), true) != local.end();
   // GPUs of this host decide for the plan when it runs workers; else --gpus-per-node is trusted
   // and each host's agent checks its own.

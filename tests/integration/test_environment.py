@@ -2,6 +2,7 @@
 import json
 import os
 import re
+import socket
 import tempfile
 import unittest
 
@@ -209,6 +210,14 @@ class UsageErrors(unittest.TestCase):
             first = result.stderr.splitlines()[0]
             self.assertTrue(first.startswith("ddl: error: "), first[:200])
             self.assertLess(len(result.stderr), 10000, args[:2])
+
+    def test_this_host_named_twice_in_the_host_list_is_refused_naming_both(self):
+        # localhost and this host's name would be two nodes planned on the same GPUs.
+        result = ddl_raw("run", "--cpu", "-H", f"localhost:2,{socket.gethostname()}:1", "--", "true")
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertEqual(result.stderr.splitlines()[0],
+                         f"ddl: error: the host list names this host 2 times (localhost, {socket.gethostname()})")
+        self.assertIn("localhost:3", result.stderr)
 
     def test_a_decimal_grace_period_is_taken(self):
         for seconds in ("0.5", ".5", "5.", "0"):

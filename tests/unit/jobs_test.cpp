@@ -132,3 +132,23 @@ TEST_CASE("the output file is the one slurmstepd writes for the batch step") {
   CHECK_FALSE(pattern_names_job("/o/\\%x.out"));
   CHECK_FALSE(pattern_names_job("/o/ddl-%j.out"));
 }
+
+TEST_CASE("an ended job's exit code: a job that never completed is a failure though Slurm says 0:0") {
+  using ddl::backends::ended_job_exit_code;
+  using ddl::backends::JobState;
+  auto ended = [](const char* state, std::optional<int> code) {
+    JobState s;
+    s.state = state;
+    s.exit_code = code;
+    s.finished = true;
+    return s;
+  };
+  CHECK(ended_job_exit_code(ended("COMPLETED", 0)) == 0);
+  CHECK(ended_job_exit_code(ended("FAILED", 3)) == 3);
+  CHECK(ended_job_exit_code(ended("CANCELLED", 0)) == 1);  // cancelled while pending
+  CHECK(ended_job_exit_code(ended("NODE_FAIL", 0)) == 1);
+  CHECK(ended_job_exit_code(ended("TIMEOUT", 0)) == 1);
+  CHECK(ended_job_exit_code(ended("COMPLETED", std::nullopt)) == 1);  // its end unknown
+  CHECK(ended_job_exit_code(ended("F", 0)) == 0);                     // PBS: finished
+  CHECK(ended_job_exit_code(ended("F", 271)) == 271);                 // PBS: killed (qdel)
+}

@@ -407,7 +407,9 @@ TEST_CASE("hostile profiles are usage errors naming the file and field, never a 
                    {"inject", "{\"scheduler\": \"slurm\", \"directives\": [\"--exclusive\\nrm -rf ~\"]}"},
                    {"describe", "{\"scheduler\": \"slurm\", \"description\": \"a\\ntouch /tmp/pwned\"}"},
                    {"noted", "{\"scheduler\": \"slurm\", \"notes\": \"line one\\nline two\"}"},
-                   {"badcount", R"({"scheduler": "slurm", "defaults": {"gpus_per_node": "four"}})"}});
+                   {"badcount", R"({"scheduler": "slurm", "defaults": {"gpus_per_node": "four"}})"},
+                   {"nonodes", R"({"scheduler": "slurm", "defaults": {"nodes": "0", "gpus_per_node": "0"}})"},
+                   {"nocores", R"({"scheduler": "slurm", "defaults": {"cpus_per_task": "00"}})"}});
   CHECK_THROWS_WITH_AS(load_site("huge"), doctest::Contains("field 'gpus_per_node' must be a whole number from 0 to 1048576"),
                        ddl::UsageError);
   CHECK_THROWS_WITH_AS(load_site("inf"), doctest::Contains("inf.json: not valid JSON"), ddl::UsageError);
@@ -417,6 +419,11 @@ TEST_CASE("hostile profiles are usage errors naming the file and field, never a 
   CHECK(load_site("noted").notes.find("line two") != std::string::npos);  // notes are printed, never scripted
   CHECK_THROWS_WITH_AS(load_site("badcount"), doctest::Contains("field 'defaults.gpus_per_node' is 'four'; it must be a whole number"),
                        ddl::UsageError);
+  // A job of no nodes, or of tasks without a core, would wait in the queue only to fail.
+  CHECK_THROWS_WITH_AS(load_site("nonodes"), doctest::Contains("field 'defaults.nodes' is '0'; it must be a whole number, at least 1"),
+                       ddl::UsageError);
+  CHECK_THROWS_WITH_AS(load_site("nocores"),
+                       doctest::Contains("field 'defaults.cpus_per_task' is '00'; it must be a whole number, at least 1"), ddl::UsageError);
 }
 
 // libstdc++'s std::regex recurses once per character it matches and per level it parses: each of
@@ -550,8 +557,11 @@ TEST_CASE("a bad value from a profile's defaults names the profile's field and f
       render_job_script(load_site("late"), job({})),
       doctest::Contains(("-t/--time (defaults.time in " + (dir / "late.json").string() + ") soon: not a time limit").c_str()),
       ddl::UsageError);
-  CHECK_THROWS_WITH_AS(render_job_script(load_site("none"), job({{"cpus_per_task", "2"}})),
-                       doctest::Contains(("defaults.cpus_per_task in " + (dir / "none.json").string() + ") 0:").c_str()), ddl::UsageError);
+  // A count no job can have is refused as the profile is read.
+  CHECK_THROWS_WITH_AS(
+      load_site("none"),
+      doctest::Contains(("site profile " + (dir / "none.json").string() + ": field 'defaults.cpus_per_task' is '0'").c_str()),
+      ddl::UsageError);
   // A value the user typed is named by its flag alone.
   CHECK_THROWS_WITH_AS(render_job_script(load_site("late"), job({{"time", "later"}})), "-t/--time later: not a time limit",
                        ddl::UsageError);
