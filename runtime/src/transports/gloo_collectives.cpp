@@ -11,6 +11,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <vector>
 
 #include "common/error.hpp"
 #include "runtime/src/transports/collectives.hpp"
@@ -109,7 +111,8 @@ class GlooCollectives final : public Collectives {
     if (total == 0) return;
     gloo::AllgathervOptions opts(context_);
     // Gloo wants a mutable input pointer; it only reads from it.
-    opts.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(send)), bytes_per_rank[static_cast<size_t>(rank())]);
+    const size_t mine = bytes_per_rank[static_cast<size_t>(rank())];
+    opts.setInput(input_apart_from(send, mine, recv, total), mine);
     opts.setOutput(static_cast<uint8_t*>(recv), bytes_per_rank);
     opts.setTimeout(timeout_);
     gloo_call([&] { gloo::allgatherv(opts); });
@@ -119,7 +122,7 @@ class GlooCollectives final : public Collectives {
     if (bytes_per_rank == 0) return;
     const size_t total = bytes_per_rank * static_cast<size_t>(size());
     gloo::AlltoallOptions opts(context_);
-    opts.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(send)), total);
+    opts.setInput(input_apart_from(send, total, recv, total), total);
     opts.setOutput(static_cast<uint8_t*>(recv), total);
     opts.setTimeout(timeout_);
     gloo_call([&] { gloo::alltoall(opts); });
@@ -132,8 +135,22 @@ class GlooCollectives final : public Collectives {
   }
 
  private:
+  // Gloo writes its output while it still reads its input (alltoall receives a peer's block before
+  // it has sent all of its own): an input that shares memory with the output (an op's send may be
+  // its recv) is copied first, else blocks not yet sent are overwritten. Gloo wants a mutable input
+  // pointer; it only reads from it.
+  uint8_t* input_apart_from(const void* send, size_t send_bytes, const void* recv, size_t recv_bytes) {
+    const auto* in = static_cast<const uint8_t*>(send);
+    const auto* out = static_cast<const uint8_t*>(recv);
+    const bool overlap = send_bytes > 0 && recv_bytes > 0 && std::less<>{}(in, out + recv_bytes) && std::less<>{}(out, in + send_bytes);
+    if (!overlap) return const_cast<uint8_t*>(in);
+    staged_input_.assign(in, in + send_bytes);
+    return staged_input_.data();
+  }
+
   std::shared_ptr<gloo::Context> context_;
   std::chrono::milliseconds timeout_;
+  std::vector<uint8_t> staged_input_;  // input_apart_from's copy (the engine runs one collective at a time)
 };
 
 }  // namespace
