@@ -380,12 +380,28 @@ class HostPlayedGpu final : public GpuCollectives {
   void broadcast(void* data, size_t count, ddl_dtype dtype, int root, void*) override {
     enqueue([=, this] { host_.broadcast(data, count * dtype_size(dtype), root); });
   }
+  // NCCL may write a peer's block into the output before it has read this rank's input: the
+  // played allgather and alltoallv write the output's other blocks first (with garbage), so an
+  // input that shares memory with them is read spoilt, as it can be on a GPU.
   void allgather(const void* send, void* recv, size_t count, ddl_dtype dtype, void*) override {
-    enqueue([=, this] { host_.allgatherv(send, recv, std::vector<size_t>(static_cast<size_t>(host_.size()), count * dtype_size(dtype))); });
+    enqueue([=, this] {
+      const size_t block = count * dtype_size(dtype);
+      auto* out = static_cast<char*>(recv);
+      for (int r = 0; r < host_.size(); ++r)
+        if (r != host_.rank()) std::memset(out + static_cast<size_t>(r) * block, 0x5a, block);
+      host_.allgatherv(send, recv, std::vector<size_t>(static_cast<size_t>(host_.size()), block));
+    });
   }
   void reduce_scatter(const void*, void*, size_t, ddl_dtype, ddl_reduce_op, void*) override { throw std::logic_error("not played"); }
-  void alltoallv(const void*, const std::vector<size_t>&, void*, const std::vector<size_t>&, ddl_dtype, void*) override {
-    throw std::logic_error("not played");
+  // Equal blocks only.
+  void alltoallv(const void* send, const std::vector<size_t>& send_counts, void* recv, const std::vector<size_t>&, ddl_dtype dtype,
+                 void*) override {
+    enqueue([=, this] {
+      const size_t block = send_counts.at(0) * dtype_size(dtype), total = block * static_cast<size_t>(host_.size());
+      std::memset(recv, 0x5a, total);  // the blocks land first, then the input is read
+      std::vector<char> input(static_cast<const char*>(send), static_cast<const char*>(send) + total);
+      host_.alltoall(input.data(), recv, block);
+    });
   }
   void* buffer(size_t bytes, void*) override {
     buffers_.emplace_back(std::max<size_t>(bytes, 1));
@@ -1621,6 +1637,54 @@ TEST_SUITE("engine_threads") {
       CHECK_WIRE(ctx.probe.take_allreduces(), {{8 * 32, 4}});
       CHECK(played.marks == (ctx.rank == 0 ? 2 : 3));
       CHECK(played.buffers == 2);
+      CHECK(played.buffers_held == 0);
+    });
+  }
+
+  TEST_CASE("a CUDA allgather or alltoallv whose input shares the output's memory is copied apart first; NCCL's in place is not") {
+    std::vector<std::shared_ptr<PlayedGpuCounts>> counts(8);
+    WorldOptions options;
+    options.config = [&](int rank) {
+      EngineConfig c;
+      auto mine = counts.at(static_cast<size_t>(rank)) = std::make_shared<PlayedGpuCounts>();
+      c.gpu_collectives = [mine](Collectives& host) { return std::make_unique<HostPlayedGpu>(host, mine); };
+      return c;
+    };
+    for_each_world(options, [&](RankContext& ctx) {
+      PlayedGpuCounts& played = *counts.at(static_cast<size_t>(ctx.rank));
+      const auto n = static_cast<size_t>(ctx.size);
+      OpSpec allgather = cuda_spec(allreduce_spec(DDL_INT64, 2));
+      allgather.kind = OpKind::Allgather;
+      std::vector<int64_t> expected;
+      for (int r = 0; r < ctx.size; ++r) expected.insert(expected.end(), {r * 10, r * 10 + 1});
+      // send == recv: this rank's two elements at the output's start (rank 0's own block: in place).
+      std::vector<int64_t> both(2 * n, -1);
+      both[0] = ctx.rank * 10;
+      both[1] = ctx.rank * 10 + 1;
+      succeeded(ctx.engine->submit("gather.same", allgather, both.data(), both.data()), "gather.same");
+      CHECK(both == expected);
+      const int copied = ctx.rank == 0 ? 0 : 1;
+      CHECK(played.buffers == copied);
+      // NCCL's in place: the input is this rank's own block of the output.
+      std::vector<int64_t> own(2 * n, -1);
+      own[2 * static_cast<size_t>(ctx.rank)] = ctx.rank * 10;
+      own[2 * static_cast<size_t>(ctx.rank) + 1] = ctx.rank * 10 + 1;
+      succeeded(ctx.engine->submit("gather.own", allgather, own.data() + 2 * ctx.rank, own.data()), "gather.own");
+      CHECK(own == expected);
+      CHECK(played.buffers == copied);
+      // An alltoallv in place, three elements to each rank: sender * 100 + destination * 10 + k.
+      OpSpec alltoallv = cuda_spec(allreduce_spec(DDL_INT32, 0));
+      alltoallv.kind = OpKind::Alltoallv;
+      std::vector<int32_t> blocks, blocks_expected;
+      for (int d = 0; d < ctx.size; ++d)
+        for (int k = 0; k < 3; ++k) {
+          blocks.push_back(ctx.rank * 100 + d * 10 + k);
+          blocks_expected.push_back(d * 100 + ctx.rank * 10 + k);
+        }
+      const std::vector<size_t> three(n, 3);
+      succeeded(ctx.engine->submit_with_counts("swap.same", alltoallv, blocks.data(), blocks.data(), three, three), "swap.same");
+      CHECK(blocks == blocks_expected);
+      CHECK(played.buffers == copied + 1);
       CHECK(played.buffers_held == 0);
     });
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <utility>
 
 #include <fmt/format.h>
@@ -766,6 +767,7 @@ void Engine::enqueue_gpu_ops(std::vector<PendingOp*> ops) {
     else
       fused.push_back(fill_gpu_fusion_buffer(std::move(group)));
   }
+  const std::vector<StagedGpuInput> staged = stage_gpu_inputs_that_overlap(others);
   const auto launched = Clock::now();
   gpu_->group_start();
   for (const GpuFusion& f : fused) {
@@ -788,8 +790,43 @@ void Engine::enqueue_gpu_ops(std::vector<PendingOp*> ops) {
   }
   gpu_->group_end();
   const auto enqueued = Clock::now();
+  for (const StagedGpuInput& input : staged) {
+    input.op->send = input.send;
+    gpu_->release_buffer(input.buffer, input.op->stream);
+  }
   for (const GpuFusion& f : fused) empty_gpu_fusion_buffer(f, launched, enqueued);
   mark_gpu_ops_by_stream(ops, enqueued);
+}
+
+// NCCL reads an allgather's or alltoallv's input while it writes the output (a peer's block may
+// land before this rank's own is sent), so an input that shares memory with the output is copied
+// to a buffer of its own first, on the op's stream; an op's send may be its recv (ddl.h). An
+// allgather whose input is its own block of the output is NCCL's in place, which needs no copy.
+std::vector<Engine::StagedGpuInput> Engine::stage_gpu_inputs_that_overlap(const std::vector<PendingOp*>& ops) {
+  std::vector<StagedGpuInput> staged;
+  for (PendingOp* op : ops) {
+    const OpSpec& s = op->spec;
+    const size_t element = dtype_size(s.dtype);
+    size_t send_bytes = 0, recv_bytes = 0;
+    if (s.kind == OpKind::Allgather) {
+      send_bytes = s.count * element;
+      recv_bytes = send_bytes * static_cast<size_t>(size_);
+      if (op->send == static_cast<const char*>(op->recv) + static_cast<size_t>(rank_) * send_bytes) continue;
+    } else if (s.kind == OpKind::Alltoallv) {
+      for (size_t c : op->send_counts) send_bytes += c * element;
+      for (size_t c : op->recv_counts) recv_bytes += c * element;
+    } else {
+      continue;
+    }
+    const auto* in = static_cast<const char*>(op->send);
+    const auto* out = static_cast<const char*>(op->recv);
+    if (send_bytes == 0 || recv_bytes == 0 || !std::less<>{}(in, out + recv_bytes) || !std::less<>{}(out, in + send_bytes)) continue;
+    void* buffer = gpu_->buffer(send_bytes, op->stream);
+    gpu_->copy(buffer, op->send, send_bytes, op->stream);
+    staged.push_back({op, op->send, buffer});
+    op->send = buffer;
+  }
+  return staged;
 }
 
 Engine::GpuFusion Engine::fill_gpu_fusion_buffer(std::vector<PendingOp*> ops) {

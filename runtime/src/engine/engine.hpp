@@ -260,6 +260,14 @@ class Engine : public std::enable_shared_from_this<Engine> {
   bool is_proposed(const std::string& name) const;  // mutex_ held
   void enqueue_gpu_ops(std::vector<PendingOp*> ops);
   std::vector<std::vector<PendingOp*>> fusion_groups(const std::vector<PendingOp*>& ops) const;
+  // An input copied away from the output it shares memory with (stage_gpu_inputs_that_overlap);
+  // `send` is the op's own, given back with the buffer once the op is enqueued.
+  struct StagedGpuInput {
+    PendingOp* op;
+    const void* send;
+    void* buffer;
+  };
+  std::vector<StagedGpuInput> stage_gpu_inputs_that_overlap(const std::vector<PendingOp*>& ops);
   GpuFusion fill_gpu_fusion_buffer(std::vector<PendingOp*> ops);
   void empty_gpu_fusion_buffer(const GpuFusion& f, Clock::time_point launched, Clock::time_point reduced);
   void mark_gpu_ops_by_stream(const std::vector<PendingOp*>& ops, Clock::time_point enqueued);
