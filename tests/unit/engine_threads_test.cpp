@@ -439,6 +439,18 @@ class HostPlayedGpu final : public GpuCollectives {
   std::list<std::vector<char>> buffers_;
 };
 
+// Worlds whose CUDA ops go to a HostPlayedGpu, rank r's counts in counts[r] (made afresh per world).
+WorldOptions with_played_gpu(std::vector<std::shared_ptr<PlayedGpuCounts>>& counts) {
+  WorldOptions options;
+  options.config = [&counts](int rank) {
+    EngineConfig c;
+    auto mine = counts.at(static_cast<size_t>(rank)) = std::make_shared<PlayedGpuCounts>();
+    c.gpu_collectives = [mine](Collectives& host) { return std::make_unique<HostPlayedGpu>(host, mine); };
+    return c;
+  };
+  return options;
+}
+
 OpSpec cuda_spec(OpSpec s) {
   s.cuda = true;
   return s;
@@ -1591,13 +1603,7 @@ TEST_SUITE("engine_threads") {
 
   TEST_CASE("CUDA allreduces fuse: one NCCL reduction per fusion buffer and stream, one event per stream, copies outside the group") {
     std::vector<std::shared_ptr<PlayedGpuCounts>> counts(8);
-    WorldOptions options;
-    options.config = [&](int rank) {
-      EngineConfig c;
-      auto mine = counts.at(static_cast<size_t>(rank)) = std::make_shared<PlayedGpuCounts>();
-      c.gpu_collectives = [mine](Collectives& host) { return std::make_unique<HostPlayedGpu>(host, mine); };
-      return c;
-    };
+    const WorldOptions options = with_played_gpu(counts);
     for_each_world(options, [&](RankContext& ctx) {
       PlayedGpuCounts& played = *counts.at(static_cast<size_t>(ctx.rank));
       // Sixteen allreduces on one stream, agreed in one round: one reduction of all of them, one event.
@@ -1643,13 +1649,7 @@ TEST_SUITE("engine_threads") {
 
   TEST_CASE("a CUDA allgather or alltoallv whose input shares the output's memory is copied apart first; NCCL's in place is not") {
     std::vector<std::shared_ptr<PlayedGpuCounts>> counts(8);
-    WorldOptions options;
-    options.config = [&](int rank) {
-      EngineConfig c;
-      auto mine = counts.at(static_cast<size_t>(rank)) = std::make_shared<PlayedGpuCounts>();
-      c.gpu_collectives = [mine](Collectives& host) { return std::make_unique<HostPlayedGpu>(host, mine); };
-      return c;
-    };
+    const WorldOptions options = with_played_gpu(counts);
     for_each_world(options, [&](RankContext& ctx) {
       PlayedGpuCounts& played = *counts.at(static_cast<size_t>(ctx.rank));
       const auto n = static_cast<size_t>(ctx.size);
