@@ -23,8 +23,14 @@
 
 #include "ddl/ddl.h"
 
-namespace {
+// LeakSanitizer asks this before its check at exit. A fork()ed child of this multi-threaded program
+// skips the check: it would wait forever for an allocator lock that another thread of the parent
+// held at the fork (LSan does not support fork() beside threads; 1 run in ~70 hung under load).
+static bool g_forked_child = false;
+// NOLINTNEXTLINE(bugprone-reserved-identifier): LSan's own name
+extern "C" int __lsan_is_turned_off() { return g_forked_child ? 1 : 0; }
 
+namespace {
 int g_rank = 0, g_size = 1, g_checks = 0, g_failures = 0;
 
 void check(bool ok, const std::string& what) {
@@ -503,7 +509,10 @@ int run_edges(const char* second_timeline) {
   check(y == static_cast<float>(g_size), "the world op after a local release is right");
   // A fork()ed child that exits runs the exit handlers: it must leave the timeline alone.
   const pid_t child = ::fork();
-  if (child == 0) std::exit(0);
+  if (child == 0) {
+    g_forked_child = true;
+    std::exit(0);
+  }
   int status = 0;
   ::waitpid(child, &status, 0);
   // Restarting the timeline at a path for rank 0 only ends this rank's own file too.
