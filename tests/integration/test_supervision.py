@@ -465,9 +465,12 @@ class Restarts(unittest.TestCase):
         marker = unique_marker()
         self.addCleanup(kill_leftovers, marker)
         with tempfile.TemporaryDirectory() as tmp:
-            failed = os.path.join(tmp, "failed")
-            script = (f'if [ "$RANK" = 0 ]; then touch {failed}; exit 3; fi; '
-                      f'trap "" TERM; sleep {marker} & wait; sleep {marker}')
+            failed, ready = os.path.join(tmp, "failed"), os.path.join(tmp, "ready")
+            # Rank 0 fails only once rank 1 ignores SIGTERM (bounded at 30 s): on a loaded machine
+            # rank 1's shell can start after rank 0 failed, and SIGTERM would end it at once.
+            script = (f'if [ "$RANK" = 0 ]; then i=0; while [ ! -e {ready} ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; '
+                      f'touch {failed}; exit 3; fi; '
+                      f'trap "" TERM; touch {ready}; sleep {marker} & wait; sleep {marker}')
             proc = start_ddl("-np", "2", "--max-restarts", "3", "--grace-period", "30", "--", "sh", "-c", script)
             self.assertTrue(wait_until(lambda: os.path.exists(failed), 30))
             time.sleep(1)  # ddl has seen the failure and sent SIGTERM, which rank 1 ignores
