@@ -205,12 +205,13 @@ void explain_remote_failure(WorkerFailure& f, const RemoteHost& host, const std:
 // GPUs and cores, each checked alone: their ranks would share GPUs without --share-gpus.
 void refuse_this_host_twice(const std::vector<HostSlots>& hosts, const std::vector<bool>& local) {
   std::vector<std::string> names;
-  for (size_t i = 0; i < hosts.size(); ++i)
-    if (local[i]) names.push_back(hosts[i].name);
-  if (names.size() < 2) return;
   int slots = 0;
   for (size_t i = 0; i < hosts.size(); ++i)
-    if (local[i]) slots += hosts[i].slots;
+    if (local[i]) {
+      names.push_back(hosts[i].name);
+      slots += hosts[i].slots;
+    }
+  if (names.size() < 2) return;
   throw UsageError(fmt::format("the host list names this host {} times ({})", names.size(), fmt::join(names, ", ")),
                    fmt::format("name it once, with all its slots: {}:{}", names.front(), slots));
 }

@@ -30,11 +30,15 @@ void copy_bytes(void* to, const void* from, size_t bytes) {
   if (at < bytes) std::memcpy(d + at, s + at, bytes - at);  // under 64 bytes: memcpy's short path
 }
 
+bool bytes_overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  const auto x = reinterpret_cast<uintptr_t>(a);
+  const auto y = reinterpret_cast<uintptr_t>(b);
+  return a_bytes > 0 && b_bytes > 0 && x < y + b_bytes && y < x + a_bytes;
+}
+
 void move_bytes(void* to, const void* from, size_t bytes) {
   if (bytes == 0) return;
-  const auto t = reinterpret_cast<uintptr_t>(to);
-  const auto f = reinterpret_cast<uintptr_t>(from);
-  if (t < f + bytes && f < t + bytes)
+  if (bytes_overlap(to, bytes, from, bytes))
     std::memmove(to, from, bytes);
   else
     copy_bytes(to, from, bytes);

@@ -12,6 +12,9 @@ namespace ddl::runtime {
 // shared-memory collectives copy chunks in and out of their slots.
 void copy_bytes(void* to, const void* from, size_t bytes);
 
+// Whether [a, a + a_bytes) and [b, b + b_bytes) share a byte (empty ranges share none).
+bool bytes_overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes);
+
 // memmove(to, from, bytes): copy_bytes unless the two ranges overlap.
 void move_bytes(void* to, const void* from, size_t bytes);
 

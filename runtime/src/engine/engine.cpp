@@ -818,9 +818,7 @@ std::vector<Engine::StagedGpuInput> Engine::stage_gpu_inputs_that_overlap(const 
     } else {
       continue;
     }
-    const auto* in = static_cast<const char*>(op->send);
-    const auto* out = static_cast<const char*>(op->recv);
-    if (send_bytes == 0 || recv_bytes == 0 || !std::less<>{}(in, out + recv_bytes) || !std::less<>{}(out, in + send_bytes)) continue;
+    if (!bytes_overlap(op->send, send_bytes, op->recv, recv_bytes)) continue;
     void* buffer = gpu_->buffer(send_bytes, op->stream);
     gpu_->copy(buffer, op->send, send_bytes, op->stream);
     staged.push_back({op, op->send, buffer});

@@ -11,10 +11,10 @@
 
 #include <cstdint>
 #include <cstring>
-#include <functional>
 #include <vector>
 
 #include "common/error.hpp"
+#include "runtime/src/core/copy_bytes.hpp"
 #include "runtime/src/transports/collectives.hpp"
 
 namespace ddl::runtime {
@@ -141,9 +141,7 @@ class GlooCollectives final : public Collectives {
   // pointer; it only reads from it.
   uint8_t* input_apart_from(const void* send, size_t send_bytes, const void* recv, size_t recv_bytes) {
     const auto* in = static_cast<const uint8_t*>(send);
-    const auto* out = static_cast<const uint8_t*>(recv);
-    const bool overlap = send_bytes > 0 && recv_bytes > 0 && std::less<>{}(in, out + recv_bytes) && std::less<>{}(out, in + send_bytes);
-    if (!overlap) return const_cast<uint8_t*>(in);
+    if (!bytes_overlap(send, send_bytes, recv, recv_bytes)) return const_cast<uint8_t*>(in);
     staged_input_.assign(in, in + send_bytes);
     return staged_input_.data();
   }
