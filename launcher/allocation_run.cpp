@@ -336,7 +336,8 @@ RunOutcome run_in_allocation(const RunRequest& request, const backends::Allocati
   for (int rank = 0; rank < plan.world_size(); ++rank) task_launcher.relayed_ranks.push_back(rank);
   RunOutcome outcome = supervisor.run({task_launcher});
   explain_failure(outcome, launcher, shape, plan, *launcher_reports);
-  if (outcome.hung_after) outcome.workers_stopped = plan.world_size();  // the launcher's tasks, not the launcher
+  // The supervisor counted the task launcher it stopped; its tasks are the workers.
+  if ((outcome.hung_after || outcome.interrupted_by) && outcome.workers_stopped > 0) outcome.workers_stopped = plan.world_size();
   services.report_rejections();
   return outcome;
 }
