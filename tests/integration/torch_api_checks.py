@@ -377,6 +377,12 @@ def _():
     err = expect_error(ValueError, hvd.synchronize, sparse)  # a callable, as Horovod's: it says to call it
     assert "call it" in str(err), err
     assert torch.equal(sparse().to_dense(), torch.full((2,), float(N)))
+    # A refused values gather gives back the indices gather already started: its name is free again.
+    busy = hvd.allgather_async(torch.ones(1), name="sparse.busy.values")
+    expect_error(ValueError, hvd.sparse_allreduce_async, torch.ones(2).to_sparse(), name="sparse.busy", op=hvd.Sum)
+    hvd.synchronize(busy)
+    again = hvd.sparse_allreduce_async(torch.ones(2).to_sparse(), name="sparse.busy", op=hvd.Sum)
+    assert torch.equal(again().to_dense(), torch.full((2,), float(N)))
     expect_error(ValueError, hvd.broadcast, torch.ones(1), N)
     x = torch.ones(4)
     h = hvd.allreduce_async(x, name="dup")

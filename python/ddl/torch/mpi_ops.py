@@ -741,15 +741,32 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     t = tensor.coalesce() if not tensor.is_coalesced() else tensor
     indices_handle = allgather_async(t._indices().transpose(0, 1).contiguous(), name=f"{name}.indices",
                                      process_set=process_set)
-    values_handle = allgather_async(t._values(), name=f"{name}.values", process_set=process_set)
+    try:
+        values_handle = allgather_async(t._values(), name=f"{name}.values", process_set=process_set)
+    except BaseException:
+        _settle(indices_handle)
+        raise
 
     def handle():
-        values = synchronize(values_handle)
+        try:
+            values = synchronize(values_handle)
+        except BaseException:
+            _settle(indices_handle)
+            raise
         indices = synchronize(indices_handle)
         if op == Average:
             values = values / process_set.size()
         return torch.sparse_coo_tensor(indices.transpose(0, 1), values, t.size())
     return handle
+
+
+def _settle(handle):
+    """Waits for an op whose result is no longer wanted, so that its name and handle are given back;
+    its own failure is dropped (the caller is already raising another)."""
+    try:
+        synchronize(handle)
+    except Exception:
+        pass
 
 
 _world_rank = _basics.world_rank
