@@ -507,6 +507,58 @@ def _():
         expect_error(AssertionError, _zero_grad_mid_step, opt, net)
 
 
+@check("DistributedOptimizer: explicit groups (tuples too) keep only the parameters it updates")
+def _():
+    net, ref = model(), model()
+    for m in (net, ref):
+        m[0].weight.requires_grad_(False)  # frozen: no gradient, so weight decay leaves it alone
+    frozen = net[0].weight.detach().clone()
+    foreign = torch.zeros(2, requires_grad=True)  # not the optimizer's: left out, not a KeyError
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1, weight_decay=0.5),
+                                   named_parameters=net.named_parameters(),
+                                   groups=[tuple(net.parameters()) + (foreign,)])
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, weight_decay=0.5)
+    x, y = batch(R, 7)
+    torch.nn.functional.mse_loss(net(x), y).backward()
+    opt.step()
+    for r in range(N):
+        x, y = batch(r, 7)
+        (torch.nn.functional.mse_loss(ref(x), y) / N).backward()
+    ref_opt.step()
+    assert net[0].weight.grad is None and torch.equal(net[0].weight, frozen)
+    for a, b in zip(net.parameters(), ref.parameters()):
+        assert torch.allclose(a, b, atol=1e-5), (a - b).abs().max()
+
+
+@check("broadcast_optimizer_state: zero gradients make the state (the caller's kept), SparseAdam, model=")
+def _():
+    net = torch.nn.Linear(3, 1, bias=False)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    net(torch.ones(1, 3) * (R + 1)).sum().backward()
+    mine = net.weight.grad.clone()
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    assert torch.equal(opt.state[net.weight]["momentum_buffer"], torch.zeros(1, 3))  # not rank 0's gradient
+    assert torch.equal(net.weight.grad, mine)
+    emb = torch.nn.Sequential(torch.nn.Embedding(5, 2, sparse=True))
+    hvd.broadcast_optimizer_state(torch.optim.SparseAdam(emb.parameters()), 0)  # sparse zero gradients
+    hvd.broadcast_optimizer_state(torch.optim.SGD(emb.parameters(), lr=0.1), 0, model=emb)
+    hvd.broadcast_optimizer_state(torch.optim.SGD(emb.parameters(), lr=0.1), 0, hvd.global_process_set)
+
+
+@check("broadcast_parameters takes a list of tensors; in-place ops write into Parameters, contiguous or not")
+def _():
+    torch.manual_seed(R)
+    conv = torch.nn.Conv2d(3, 4, 3).to(memory_format=torch.channels_last)  # a non-contiguous Parameter
+    hvd.broadcast_parameters(list(conv.parameters()), root_rank=0)
+    torch.manual_seed(0)
+    want = torch.nn.Conv2d(3, 4, 3)
+    assert torch.equal(conv.weight, want.weight) and torch.equal(conv.bias, want.bias)
+    hvd.allreduce_(conv.weight, op=hvd.Sum, name="leaf.weight")
+    hvd.synchronize(hvd.allreduce_async_(conv.bias, op=hvd.Sum, prescale_factor=0.5, name="leaf.bias"))
+    assert torch.allclose(conv.weight, want.weight * N) and torch.allclose(conv.bias, want.bias * N * 0.5)
+    assert conv.weight.requires_grad and conv.weight.is_leaf
+
+
 @check("DistributedOptimizer: duplicate or missing names are ValueErrors")
 def _():
     net = model()
@@ -618,6 +670,15 @@ def _():
     (out * weights[start:start + rows].float()).sum().backward()
     (ref * weights).sum().backward()
     assert (mine.grad.double() - whole.grad[start:start + rows]).abs().max().item() < 1e-1 if rows else True
+
+
+@check("SyncBatchNorm without running statistics: the whole batch's in training and in eval (as Horovod)")
+def _():
+    full = torch.stack([data(r, shape=(2, 3), dtype=torch.float64) for r in range(N)]).view(2 * N, 3)
+    ref = torch.nn.functional.batch_norm(full, None, None, training=True)[2 * R:2 * R + 2]
+    sync = hvd.SyncBatchNorm(3, momentum=None, track_running_stats=False).double()
+    assert torch.allclose(sync(full[2 * R:2 * R + 2]), ref)  # momentum=None has no count to keep here
+    assert torch.allclose(sync.eval()(full[2 * R:2 * R + 2]), ref)
 
 
 @check("timeline: start_timeline writes Chrome-trace JSON of named ops")

@@ -8,20 +8,20 @@ import torch
 
 from ddl.common import objects
 from ddl.torch import mpi_ops as ops
-from ddl.torch.process_sets import global_process_set
+from ddl.torch.process_sets import ProcessSet, global_process_set
 
 
 def broadcast_parameters(params, root_rank, process_set=global_process_set):
-    """Overwrites every rank's parameters with root_rank's. `params` is a state_dict, named_parameters()
-    or a list of (name, tensor).
+    """Overwrites every rank's parameters with root_rank's. `params` is a state_dict, named_parameters(),
+    a list of (name, tensor) or a list of tensors (model.parameters()).
 
-    Each tensor is broadcast in place (broadcast_async_) under the name broadcast_parameters.NAME,
-    every broadcast started before any is waited for.
+    Each tensor is broadcast in place (broadcast_async_) under the name broadcast_parameters.NAME
+    (a tensor without a name: its place in the list), every broadcast started before any is waited for.
 
     Arguments:
         params: a dict (a state_dict, its entries taken in the order of their names), or an iterable
-            of (name, tensor) pairs (named_parameters()); an entry whose value is None or not a
-            tensor is skipped, and of a torch.nn.Parameter its data is overwritten.
+            of (name, tensor) pairs or of tensors; an entry whose value is None or not a tensor is
+            skipped, and of a torch.nn.Parameter its data is overwritten.
         root_rank: the world rank whose values every rank gets (it must be in the process set).
         process_set: the ProcessSet to broadcast over (every rank of it must call this).
 
@@ -33,46 +33,62 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
     if isinstance(params, dict):
         items = sorted(params.items())
     elif isinstance(params, list) or hasattr(params, "__iter__"):
-        items = list(params)
+        items = [(i, p) if torch.is_tensor(p) else p for i, p in enumerate(params)]
         if any(not (isinstance(p, tuple) and len(p) == 2) for p in items):
-            raise ValueError("broadcast_parameters takes a state_dict or a list of (name, tensor) pairs")
+            raise ValueError("broadcast_parameters takes a state_dict, a list of (name, tensor) pairs or a list of tensors")
     else:
         raise ValueError(f"invalid params of type {type(params).__name__}")
     handles = []
-    for name, p in items:
-        if p is None:
-            continue
-        tensor = p.data if isinstance(p, torch.nn.Parameter) else p
-        if not torch.is_tensor(tensor):
-            continue
-        handles.append(ops.broadcast_async_(tensor, root_rank, name=f"broadcast_parameters.{name}",
-                                            process_set=process_set))
-    for h in handles:
-        ops.synchronize(h)
+    try:
+        for name, p in items:
+            if p is None:
+                continue
+            tensor = p.data if isinstance(p, torch.nn.Parameter) else p
+            if not torch.is_tensor(tensor):
+                continue
+            handles.append(ops.broadcast_async_(tensor, root_rank, name=f"broadcast_parameters.{name}",
+                                                process_set=process_set))
+    except BaseException:  # a name twice, a bad root: the broadcasts already started are waited for
+        for h in handles:
+            ops._settle(h)
+        raise
+    for i, h in enumerate(handles):
+        try:
+            ops.synchronize(h)
+        except BaseException:  # the rest are waited for too, so that their names are free again
+            for rest in handles[i + 1:]:
+                ops._settle(rest)
+            raise
 
 
-def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_set):
+def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=global_process_set):
     """Makes every rank's optimizer state (and hyper-parameters) root_rank's. An optimizer that has not
     stepped yet gets its state created first, with zero gradients, as Horovod does.
 
     The root's optimizer.state_dict() travels through broadcast_object (named
     "broadcast_optimizer_state"), and every other rank loads it with load_state_dict(). Creating the
-    state is one optimizer step, with zero gradients given to the parameters that require a gradient
-    and have none, after which the parameters' values are restored.
+    state is one optimizer step with a zero gradient for every parameter that requires one, after
+    which the parameters' values and gradients are put back as they were.
 
     Arguments:
         optimizer: a torch.optim optimizer, or a DistributedOptimizer (torch.optim.LBFGS is refused).
         root_rank: the world rank whose state every rank gets (it must be in the process set).
+        model: the module the optimizer trains, or None. As Horovod's: the weights of its sparse
+            embeddings (nn.Embedding or nn.EmbeddingBag with sparse=True) get sparse zero gradients
+            for the step that creates the state, as torch.optim.SparseAdam's parameters always do.
+            (A ProcessSet given here is taken as process_set, as this function's older signature had it.)
         process_set: the ProcessSet to broadcast over (every rank of it must call this).
 
     Raises:
         ValueError for torch.optim.LBFGS; otherwise as broadcast_object.
     """
+    if isinstance(model, ProcessSet):
+        model, process_set = None, model
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
     state_dict = optimizer.state_dict()
     if len(state_dict["state"]) == 0:
-        _create_state(optimizer)
+        _create_state(optimizer, _sparse_gradient_parameters(optimizer, model))
         state_dict = optimizer.state_dict()
     # The state travels on the CPU: each rank's load_state_dict moves it to its own parameters' devices.
     # Pickled as the root's CUDA tensors, it would be unpickled onto the root's GPU index on every rank
@@ -94,21 +110,37 @@ def _on_cpu(value):
     return value
 
 
-def _create_state(optimizer):
-    """One step with zero gradients, the parameters restored afterwards, so that the state exists."""
+def _sparse_gradient_parameters(optimizer, model):
+    """The ids of the parameters whose gradients are sparse in training: all of SparseAdam's, and the
+    weights of `model`'s sparse embeddings."""
+    if isinstance(optimizer, torch.optim.SparseAdam):
+        return {id(p) for group in optimizer.param_groups for p in group["params"]}
+    if model is None:
+        return set()
+    return {id(m.weight) for m in model.modules()
+            if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse}
+
+
+def _create_state(optimizer, sparse):
+    """One step with zero gradients (sparse ones for the ids in `sparse`), so that the state exists;
+    the parameters' values and gradients are put back afterwards."""
     saved = []
     for group in optimizer.param_groups:
         for p in group["params"]:
-            if p.requires_grad and p.grad is None:
-                p.grad = torch.zeros_like(p)
-            saved.append((p, p.data.clone()))
-    with torch.no_grad():
-        if getattr(optimizer, "_ddl_distributed", False):  # the wrapped optimizer's own step, no allreduce
-            type(optimizer).__mro__[1].step(optimizer)
-        else:
-            optimizer.step()
-    for p, data in saved:
-        p.data.copy_(data)
+            saved.append((p, p.data.clone(), p.grad))
+            if p.requires_grad:
+                zero = torch.zeros_like(p)
+                p.grad = zero.to_sparse() if id(p) in sparse else zero
+    try:
+        with torch.no_grad():
+            if getattr(optimizer, "_ddl_distributed", False):  # the wrapped optimizer's own step, no allreduce
+                type(optimizer).__mro__[1].step(optimizer)
+            else:
+                optimizer.step()
+    finally:
+        for p, data, grad in saved:
+            p.data.copy_(data)
+            p.grad = grad
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):

@@ -210,6 +210,15 @@ def _scale_like_horovod(tensor, factor):
     return tensor * factor
 
 
+@torch.no_grad()
+def _copy_into(output, result):
+    """Writes an op's result into the caller's tensor. Outside autograd: the in-place ops' tensor may
+    be a leaf that requires grad (a Parameter, as broadcast_parameters gives), which autograd refuses
+    to change in place; the ops' gradients are their autograd Functions' business."""
+    output.copy_(result)
+    return output
+
+
 def _launch_allreduce(tensor, output, full_name, op, prescale, postscale, process_set, flags=0, group_size=0):
     """Submits one allreduce of `tensor` into `output` (both contiguous).
 
@@ -222,10 +231,10 @@ def _launch_allreduce(tensor, output, full_name, op, prescale, postscale, proces
             staged = tensor.to(torch.int32)
             scaled = _scale_like_horovod(staged, prescale)
             h = _launch_allreduce(scaled, staged, full_name, op, 1.0, 1.0, process_set, group_size=group_size)[0]
-            return h, lambda: output.copy_(_scale_like_horovod(staged, postscale)), (staged, scaled)
+            return h, lambda: _copy_into(output, _scale_like_horovod(staged, postscale)), (staged, scaled)
         scaled = _scale_like_horovod(tensor, prescale).contiguous()
         h = _launch_allreduce(scaled, output, full_name, op, 1.0, 1.0, process_set, group_size=group_size)[0]
-        return h, lambda: output.copy_(_scale_like_horovod(output, postscale)), (scaled,)
+        return h, lambda: _copy_into(output, _scale_like_horovod(output, postscale)), (scaled,)
     opts = _options(process_set, tensor, tuple(tensor.shape), prescale, postscale, flags, group_size)
     h = _submit(L.lib.ddl_allreduce_ex, full_name, tensor.data_ptr(), output.data_ptr(), tensor.numel(), dtype,
                 _REDUCE[op], ctypes.byref(opts))
@@ -260,7 +269,7 @@ def _allreduce_group_async(kind, tensors, outputs, name, op, prescale, postscale
                 if after is not None:
                     after()
                 if dst.data_ptr() != out.data_ptr():
-                    out.copy_(dst)
+                    _copy_into(out, dst)
                 results.append(out)
             return results
         return c_handles, finish, keep
@@ -543,7 +552,7 @@ def _broadcast_into_async(kind, tensor, output, root_rank, name, process_set):
 
         def finish():
             if buf is not output:
-                output.copy_(buf)
+                _copy_into(output, buf)
             return output
         return [h], finish, (tensor, buf, data)
 

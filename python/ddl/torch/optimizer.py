@@ -67,14 +67,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 raise ValueError("groups must be a positive int or a list of lists of parameters")
             per = -(-len(params) // groups)
             return [params[i:i + per] for i in range(0, len(params), per)]
-        if isinstance(groups, list) and all(isinstance(g, list) for g in groups):
+        if isinstance(groups, (list, tuple)) and all(isinstance(g, (list, tuple)) for g in groups):
             seen = set()
             for g in groups:
                 for p in g:
                     if not isinstance(p, torch.Tensor) or id(p) in seen:
                         raise ValueError("groups must list each parameter tensor at most once")
                     seen.add(id(p))
-            return [list(g) for g in groups]
+            # As Horovod: a group keeps only what this optimizer updates with a gradient. A frozen
+            # parameter in a group would get a zero gradient, which weight decay and momentum act on.
+            updated = {id(p) for p in params}
+            kept = [[p for p in g if id(p) in updated] for g in groups]
+            return [g for g in kept if g]
         raise ValueError("groups must be an int or a list of lists of parameters")
 
     def load_state_dict(self, *args, **kwargs):

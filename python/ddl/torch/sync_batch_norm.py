@@ -27,7 +27,9 @@ class _EveryRanksRow(torch.autograd.Function):
 
 class SyncBatchNorm(_BatchNorm):
     """Like torch.nn.BatchNorm*d, but in training the mean and variance are those of the whole batch
-    across the ranks of `process_set`. Works on CPU and CUDA tensors."""
+    across the ranks of `process_set`. Without running statistics (track_running_stats=False) that
+    holds in eval too, as in Horovod: every rank of the set must then call it in eval as well. Works
+    on CPU and CUDA tensors."""
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
                  process_set=global_process_set):
@@ -40,22 +42,24 @@ class SyncBatchNorm(_BatchNorm):
 
     def forward(self, input):
         self._check_input_dim(input)
+        if not self.track_running_stats:  # every batch, in training and in eval, by the whole batch's statistics
+            return self._normalized(input, update_running=False)
         if not self.training:
             return super().forward(input)
-        if self.momentum is None:
+        return self._normalized(input, update_running=True)
+
+    def _normalized(self, input, update_running):
+        """`input` normalized by the statistics of every rank's batch, the running ones updated."""
+        if update_running:
             self.num_batches_tracked += 1
-            factor = 1.0 / float(self.num_batches_tracked)
-        else:
-            factor = self.momentum
-            if self.track_running_stats:
-                self.num_batches_tracked += 1
+            factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
         dims = [0] + list(range(2, input.dim()))
         # Statistics in float32 at least: sums of squares of float16 activations overflow at 65504.
         x = input.to(torch.promote_types(input.dtype, torch.float32))
         c = input.shape[1]
         shape = [1, c] + [1] * (input.dim() - 2)
         mean, var, n = self._global_moments(x, dims, shape)
-        if self.track_running_stats:
+        if update_running:
             with torch.no_grad():
                 unbiased = var * n / torch.clamp(n - 1, min=1)
                 self.running_mean.mul_(1 - factor).add_(mean.detach() * factor)
