@@ -30,6 +30,21 @@ TEST_CASE("the C++ API works in a single-process world") {
   ::unsetenv("DDL_BOOTSTRAP");
 }
 
+TEST_CASE("a Context made inside another leaves the world to the outer one; alltoall wants whole blocks") {
+  ::unsetenv("DDL_STORE_ADDR");
+  ::setenv("DDL_BOOTSTRAP", "single", 1);
+  {
+    ddl::Context outer;
+    { ddl::Context inner; }  // a library's own, say
+    std::vector<float> v{2.0f};
+    CHECK_NOTHROW(outer.allreduce("after.inner", std::span(v)));
+    std::vector<int16_t> three{1, 2, 3};
+    CHECK(outer.alltoall("a2a", std::span<const int16_t>(three)) == three);  // one rank: one block of 3
+  }
+  CHECK_FALSE(ddl_is_initialized());
+  ::unsetenv("DDL_BOOTSTRAP");
+}
+
 TEST_CASE("bad arguments are errors with a message, not crashes") {
   ::setenv("DDL_BOOTSTRAP", "single", 1);
   ddl::Context ddl;

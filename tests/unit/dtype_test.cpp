@@ -59,6 +59,16 @@ TEST_CASE("average divides by the world size; integers truncate toward zero") {
   std::vector<double> d{3.0};
   divide_by_world_size(d.data(), 1, DDL_FLOAT64, 4);
   CHECK(d[0] == 0.75);
+  // A world larger than the element type holds: divided as the world size, not as its wrapped cast.
+  std::vector<int8_t> i8{-128, 100};
+  divide_by_world_size(i8.data(), 2, DDL_INT8, 128);
+  CHECK(i8 == std::vector<int8_t>{-1, 0});
+  std::vector<uint8_t> u8{200};
+  divide_by_world_size(u8.data(), 1, DDL_UINT8, 256);  // was a division by zero (SIGFPE)
+  CHECK(u8[0] == 0);
+  std::vector<int16_t> i16{30000};
+  divide_by_world_size(i16.data(), 1, DDL_INT16, 40000);
+  CHECK(i16[0] == 0);
 }
 
 TEST_CASE("element sizes") {

@@ -9,6 +9,10 @@
 #ifndef DDL_DDL_HPP
 #define DDL_DDL_HPP
 
+#if __cplusplus < 202002L
+#error "ddl/ddl.hpp needs C++20 (std::span): compile with -std=c++20, or use the C API of ddl/ddl.h"
+#endif
+
 #include <cstdint>
 #include <span>
 #include <stdexcept>
@@ -51,6 +55,18 @@ template <>
 constexpr ddl_dtype dtype_of<std::int64_t>() {
   return DDL_INT64;
 }
+template <>
+constexpr ddl_dtype dtype_of<std::uint8_t>() {
+  return DDL_UINT8;
+}
+template <>
+constexpr ddl_dtype dtype_of<std::int8_t>() {
+  return DDL_INT8;
+}
+template <>
+constexpr ddl_dtype dtype_of<std::int16_t>() {
+  return DDL_INT16;
+}
 
 // An operation in flight. wait() rethrows its failure; destroying an unwaited handle waits.
 class Handle {
@@ -88,11 +104,15 @@ class Handle {
   ddl_handle h_;
 };
 
-// The world this process belongs to, for the lifetime of the object.
+// The world this process belongs to, for the lifetime of the object. The Context that initialized
+// libddl finalizes it; one made while libddl was already initialized (by ddl_init or another
+// Context) leaves the world to whoever initialized it.
 class Context {
  public:
-  Context() { check(ddl_init()); }
-  ~Context() { ddl_finalize(); }
+  Context() : initialized_here_(ddl_is_initialized() == 0) { check(ddl_init()); }
+  ~Context() {
+    if (initialized_here_) ddl_finalize();
+  }
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
 
@@ -123,9 +143,13 @@ class Context {
     check(ddl_allgather(name.c_str(), mine.data(), all.data(), mine.size(), dtype));
     return all;
   }
-  // Block j of `send` goes to rank j; block j of the result came from rank j.
+  // Block j of `send` goes to rank j; block j of the result came from rank j. `send` holds size()
+  // blocks of equal length: any other length throws a Failure (DDL_ERROR_INVALID_ARGUMENT).
   template <typename T>
   std::vector<T> alltoall(const std::string& name, std::span<const T> send, ddl_dtype dtype = dtype_of<T>()) {
+    if (send.size() % static_cast<size_t>(size()) != 0)
+      throw Failure(DDL_ERROR_INVALID_ARGUMENT, "alltoall: the input's " + std::to_string(send.size()) + " elements are not " +
+                                                    std::to_string(size()) + " blocks of equal length (one per rank)");
     std::vector<T> recv(send.size());
     check(ddl_alltoall(name.c_str(), send.data(), recv.data(), send.size() / static_cast<size_t>(size()), dtype));
     return recv;
@@ -138,6 +162,7 @@ class Context {
     check(fn(&value));
     return value;
   }
+  bool initialized_here_;
 };
 
 }  // namespace ddl

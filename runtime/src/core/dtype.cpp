@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 namespace ddl::runtime {
 
@@ -167,10 +168,16 @@ ReduceFunction for_dtype(ddl_dtype dtype) {
   return nullptr;
 }
 
+// Integers divide as int64 (truncating toward zero): the world size itself may not fit T (256 ranks
+// as a uint8 is 0, 128 as an int8 is -128), and the quotient always does.
 template <typename T>
 void divide(void* data, size_t n, int divisor) {
   auto* d = static_cast<T*>(data);
-  for (size_t i = 0; i < n; ++i) d[i] = static_cast<T>(d[i] / static_cast<T>(divisor));
+  if constexpr (std::is_integral_v<T>) {
+    for (size_t i = 0; i < n; ++i) d[i] = static_cast<T>(static_cast<int64_t>(d[i]) / divisor);
+  } else {
+    for (size_t i = 0; i < n; ++i) d[i] = static_cast<T>(d[i] / static_cast<T>(divisor));
+  }
 }
 
 // Integers scale in double and truncate toward zero; floats in their own precision.
