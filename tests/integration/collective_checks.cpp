@@ -466,6 +466,48 @@ int run_lonely_set() {
   return s != DDL_SUCCESS ? 0 : 1;
 }
 
+// Rank 0 finalizes at once, the others `late` seconds later: rank 0's wait must end within
+// DDL_TIMEOUT, naming them, and every rank must still get out.
+int run_late_finalize(int late) {
+  float x = 1;
+  require(ddl_allreduce("before.finalize", &x, &x, 1, DDL_FLOAT32, DDL_SUM), "an op before");
+  if (g_rank != 0) ::sleep(static_cast<unsigned>(late));
+  const auto start = std::chrono::steady_clock::now();
+  const ddl_status s = ddl_finalize();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("finalize status %s after %.0f s: %s\n", ddl_status_string(s), took, s == DDL_SUCCESS ? "" : ddl_last_error());
+  return 0;
+}
+
+// Process sets made wrong on some ranks (3 ranks): every rank gets an error, none crashes or hangs,
+// and the world's next set still works.
+int run_set_edges() {
+  std::vector<int> all(static_cast<size_t>(g_size));
+  for (int r = 0; r < g_size; ++r) all[static_cast<size_t>(r)] = r;
+  // No place for the handle on rank 0 alone: every rank fails this create, and the next pairs up.
+  ddl_process_set set = nullptr;
+  const ddl_status null_out = ddl_process_set_create(all.data(), g_size, g_rank == 0 ? nullptr : &set);
+  check(null_out == (g_rank == 0 ? DDL_ERROR_INVALID_ARGUMENT : DDL_ERROR_MISMATCH),
+        "a create with a NULL output on rank 0 fails everywhere");
+  require(ddl_process_set_create(all.data(), g_size, &set), "the next create");
+  float x = 1;
+  ddl_op_options on_set = DDL_OP_OPTIONS_INIT;
+  on_set.process_set = set;
+  on_set.flags = DDL_BLOCKING;
+  require(ddl_allreduce_ex("set.op", &x, &x, 1, DDL_FLOAT32, DDL_SUM, &on_set, nullptr), "an op on it");
+  check(x == static_cast<float>(g_size), "the op on the set is right");
+  require(ddl_process_set_destroy(set), "destroy it");
+  // Under a millisecond is refused: as 0 ms the store gave up at once while Gloo waited for ever.
+  check(ddl_process_set_create_among(all.data(), g_size, "tiny", 0.0004, &set) == DDL_ERROR_INVALID_ARGUMENT,
+        "a timeout of 0.4 ms is refused");
+  // Rank 0 asks for {0, 1}, the others for {0, 1, 2}: one key, segments of two sizes (a SIGBUS).
+  const int members = g_rank == 0 ? 2 : g_size;
+  const ddl_status s = ddl_process_set_create_among(all.data(), members, "disagree", 3.0, &set);
+  std::printf("disagreeing set status %s\n", ddl_status_string(s));
+  check(s != DDL_SUCCESS, "members that disagree on the list fail");
+  return 0;
+}
+
 // Edges of the C API that hostile programs found (run with DDL_TIMELINE set, 2+ ranks):
 int run_edges(const char* second_timeline) {
   // An op name that is not UTF-8 is the program's bytes: the timeline writes it replaced, and the
@@ -547,6 +589,10 @@ int main(int argc, char** argv) {
     rc = run_lonely_set();
   else if (mode == "edges")
     rc = run_edges(argc > 2 ? argv[2] : "edges.json");
+  else if (mode == "set_edges")
+    rc = run_set_edges();
+  else if (mode == "late_finalize")
+    return run_late_finalize(argc > 2 ? std::atoi(argv[2]) : 5);
   else {
     check_allreduces();
     check_fp16_compression();

@@ -96,6 +96,24 @@ class Collectives(unittest.TestCase):
                     self.assertRegex(said[0], rf"^lonely set status bootstrap failed after [2-9] s: ddl_process_set_create_among: "
                                               rf"connecting ranks 0,1 \(key lonely\.{rank}\) failed")
 
+    def test_process_sets_made_wrong_on_some_ranks_fail_on_every_rank_without_a_crash(self):
+        # A NULL output on one rank, a timeout under a millisecond, members that disagree on the list
+        # (over shared memory: a segment made for 2 ranks mapped as one for 3 was a SIGBUS).
+        for shm in ("1", "0"):
+            with self.subTest(shm=shm):
+                result, by_rank = self.run_checks(3, "set_edges", env={"DDL_SHM": shm, "DDL_TIMEOUT": "60"}, timeout=120)
+                self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-2000:])
+                for rank in range(3):
+                    self.assertTrue(by_rank[rank][-1].startswith("PASS"), by_rank[rank])
+
+    def test_finalize_waits_for_a_rank_that_never_finalizes_at_most_ddl_timeout(self):
+        result, by_rank = self.run_checks(3, "late_finalize", "8", env={"DDL_TIMEOUT": "3"}, timeout=120)
+        self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-2000:])
+        self.assertRegex(by_rank[0][-1], r"^finalize status timed out after [3-6] s: ddl_finalize: rank 0 left without rank\(s\) 1,2: "
+                                         r"they had not finalized within 3 s \(DDL_TIMEOUT\)$")
+        for rank in (1, 2):  # left behind: their own finalize ends at once
+            self.assertRegex(by_rank[rank][-1], r"^finalize status \w[\w ]* after [0-5] s")
+
     def test_a_rank_killed_mid_allreduce_becomes_an_error_on_every_survivor(self):
         for shm in ("1", "0"):
             with self.subTest(shm=shm):

@@ -115,7 +115,10 @@ DDL_API ddl_status ddl_init_with_store(int rank, int size, const ddl_store* stor
 /* How this process found its world: "ddl run" (its store), "pmix", "program store"
    (ddl_init_with_store) or "single"; "" before ddl_init. Valid until ddl_finalize. */
 DDL_API const char* ddl_world_source(void);
-/* Waits for the other ranks to finalize too, then releases everything. */
+/* Waits for the other ranks to finalize too, then releases everything. The wait is bounded by
+ * DDL_TIMEOUT (a process set's by its own timeout): a rank still not finalized then is left behind
+ * (it finds this one gone) and this call returns DDL_ERROR_TIMEOUT naming it, everything released
+ * all the same. DDL_ERROR_PEER_FAILED if a peer died meanwhile. */
 DDL_API ddl_status ddl_finalize(void);
 DDL_API int ddl_is_initialized(void);
 
@@ -222,12 +225,13 @@ DDL_API ddl_status ddl_process_set_create(const int* ranks, int count, ddl_proce
 /* Collective over the set's members only, for frameworks that make subgroups on their members
  * alone (torch.distributed's new_group): every rank in `ranks` calls it with the same ranks and the
  * same `key` (letters, digits, . _ - :), which no other set of this world has used; other ranks need
- * not call it. timeout_seconds > 0 replaces DDL_TIMEOUT for the set's ops (0: DDL_TIMEOUT). Members
+ * not call it. timeout_seconds from 0.001 to 1e9 replaces DDL_TIMEOUT for the set's ops (0: DDL_TIMEOUT). Members
  * that disagree on the list fail with DDL_ERROR_MISMATCH, or DDL_ERROR_BOOTSTRAP at the timeout.
  * ddl_process_set_destroy releases it on the calling rank. */
 DDL_API ddl_status ddl_process_set_create_among(const int* ranks, int count, const char* key, double timeout_seconds, ddl_process_set* set);
 /* Releases a set: collective over the whole world for a set made by ddl_process_set_create (like
- * create), local for one made by ddl_process_set_create_among. Operations still in flight on it fail. */
+ * create; its wait for the members bounded as ddl_finalize's), local for one made by
+ * ddl_process_set_create_among. Operations still in flight on it fail. */
 DDL_API ddl_status ddl_process_set_destroy(ddl_process_set set);
 /* This rank's rank within the set (-1 if not a member), and the set's size. */
 DDL_API ddl_status ddl_process_set_rank(ddl_process_set set, int* rank);

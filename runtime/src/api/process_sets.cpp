@@ -112,13 +112,12 @@ using namespace ddl::api;  // NOLINT(google-build-using-namespace)
 extern "C" {
 
 ddl_status ddl_process_set_create(const int* ranks, int count, ddl_process_set* out) {
-  if (out == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "ddl_process_set_create: NULL output");
   return with_runtime([&](Runtime& rt) {
     const int world = rt.engine->size();
     std::vector<int> sorted;
     if (ranks != nullptr && count > 0) sorted.assign(ranks, ranks + count);
     std::sort(sorted.begin(), sorted.end());
-    const std::string local_error = invalid_set_ranks(sorted, world);
+    const std::string local_error = out == nullptr ? "NULL output" : invalid_set_ranks(sorted, world);
     // Every rank takes an id and joins the agreement, even one whose own list is invalid: a rank
     // that returned early would number its later sets differently from the others.
     uintptr_t id = 0;
@@ -183,7 +182,9 @@ ddl_status ddl_process_set_create_among(const int* ranks, int count, const char*
     auto me = std::find(sorted.begin(), sorted.end(), rt.engine->rank());
     if (error.empty() && me == sorted.end())
       error = fmt::format("rank {} is not one of the ranks {}; only members make such a set", rt.engine->rank(), fmt::join(sorted, ","));
-    if (!(timeout_seconds >= 0.0 && timeout_seconds <= 1e9)) error = fmt::format("timeout {} s is not from 0 to 1e9", timeout_seconds);
+    // Under a millisecond would be 0 ms, which the store takes for "at once" and Gloo for "never".
+    if (!(timeout_seconds == 0.0 || (timeout_seconds >= 0.001 && timeout_seconds <= 1e9)))
+      error = fmt::format("timeout {} s is neither 0 (DDL_TIMEOUT) nor from 0.001 to 1e9", timeout_seconds);
     if (!error.empty()) return fail(DDL_ERROR_INVALID_ARGUMENT, "ddl_process_set_create_among: " + error);
     auto set = std::make_shared<ProcessSet>();
     set->ranks = sorted;
@@ -230,7 +231,9 @@ ddl_status ddl_process_set_destroy(ddl_process_set handle) {
     }
     // Not under the lock: finalize waits for every member, and this rank's other threads may need
     // the sets meanwhile (an op on another set that those members wait for).
-    if (set->engine) set->engine->finalize();
+    if (set->engine)
+      if (auto [status, message] = set->engine->finalize(); status != DDL_SUCCESS)
+        return fail(status, "ddl_process_set_destroy: " + message);
     return DDL_SUCCESS;
   });
 }

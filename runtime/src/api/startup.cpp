@@ -343,13 +343,23 @@ ddl_status ddl_finalize(void) {
     rt = std::move(g_runtime);
   }
   if (!rt) return fail(DDL_ERROR_NOT_INITIALIZED, "ddl_finalize() without ddl_init()");
+  std::pair<ddl_status, std::string> first_failure{DDL_SUCCESS, ""};
+  auto finalize = [&](Engine& engine) {
+    auto result = engine.finalize();
+    if (first_failure.first == DDL_SUCCESS) first_failure = std::move(result);
+  };
   {
     std::lock_guard lock(rt->sets_mutex);
+    // Every set is told first, so that their waits for the other ranks (each bounded by its
+    // timeout) run side by side rather than one after another.
     for (auto& [id, set] : rt->sets)
-      if (set->engine) set->engine->finalize();
-    for (auto& engine : rt->retiring) engine->finalize();
+      if (set->engine) set->engine->request_finalize();
+    for (auto& [id, set] : rt->sets)
+      if (set->engine) finalize(*set->engine);
+    for (auto& engine : rt->retiring) finalize(*engine);
   }
-  rt->engine->finalize();
+  finalize(*rt->engine);
+  if (first_failure.first != DDL_SUCCESS) return fail(first_failure.first, "ddl_finalize: " + first_failure.second);
   return DDL_SUCCESS;
 }
 

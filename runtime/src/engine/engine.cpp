@@ -168,18 +168,20 @@ std::string Engine::in_flight_message(const std::string& name) const {
 void Engine::request_finalize() {
   {
     std::lock_guard lock(mutex_);
+    if (!finalize_requested_) finalize_requested_at_ = Clock::now();
     finalize_requested_ = true;
   }
   wake_.notify_all();
 }
 
-void Engine::finalize() {
+std::pair<ddl_status, std::string> Engine::finalize() {
   request_finalize();
   if (thread_.joinable()) thread_.join();
   write_straggler_report(true);
   // The engine thread leaves only once the rounds have stopped, so nothing records any more. A
   // process set's engine leaves the world's timeline open.
   if (!config_.timeline) timeline_->close();
+  return finalize_failure_;
 }
 
 void Engine::run_loop() {
@@ -219,6 +221,26 @@ void Engine::run_guarded(Body body) {
     fail_after_transport_error(DDL_ERROR_PEER_FAILED, fmt::format("rank {}: lost a peer talking to the other ranks: {}", rank_, e.what()));
   }
   stopped_ = true;
+  std::lock_guard lock(mutex_);
+  if (finalize_requested_ && finalize_failure_.first == DDL_SUCCESS && broken_) finalize_failure_ = {broken_status_, broken_message_};
+}
+
+// A rank that asked to finalize waits for the others at most the engine's timeout, as any wait for
+// a peer does: a peer stuck in its own code, or that never finalizes, must not hold it for ever.
+bool Engine::leave_overdue_finalize(const std::vector<Announcement>& round) {
+  {
+    std::lock_guard lock(mutex_);
+    if (!finalize_requested_ || Clock::now() - finalize_requested_at_ < config_.timeout) return false;
+  }
+  std::vector<int> missing;
+  for (size_t r = 0; r < round.size(); ++r)
+    if (!round[r].finalizing) missing.push_back(config_.world_ranks.empty() ? static_cast<int>(r) : config_.world_ranks[r]);
+  const std::string message =
+      fmt::format("rank {} left without rank(s) {}: they had not finalized within {} s ({})", rank_, fmt::join(missing, ","),
+                  std::chrono::duration<double>(config_.timeout).count(), config_.timeout_setting);
+  fail_after_transport_error(DDL_ERROR_TIMEOUT, message);
+  finalize_failure_ = {DDL_ERROR_TIMEOUT, message};
+  return true;
 }
 
 void Engine::fail_after_transport_error(ddl_status status, const std::string& message) {
@@ -343,6 +365,7 @@ bool Engine::round() {
 
 bool Engine::complete_round(const std::vector<Announcement>& round) {
   RoundDecision decision = negotiator_.merge(round, Clock::now());
+  if (!decision.all_finalizing && leave_overdue_finalize(round)) return false;
   if (negotiator_.order_broken()) {  // before the failed ops' waiters wake: their next ordered op is refused at submit
     std::lock_guard lock(mutex_);
     order_broken_ = negotiator_.order_broken();

@@ -15,6 +15,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "common/worker_contract.hpp"
@@ -144,8 +145,11 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // The timeline, for a process set's engine to record into (EngineConfig::timeline).
   std::shared_ptr<Timeline> shared_timeline() const { return timeline_; }
   // Tells the other ranks this one is done and waits until all are; ops still pending then fail.
-  // The timeline is closed when it returns (whichever thread destroys the engine later).
-  void finalize();
+  // Returns DDL_SUCCESS then, or why it stopped waiting: the transport broke, or some rank had not
+  // finalized within the timeout of the request (DDL_ERROR_TIMEOUT: this rank leaves without it,
+  // and that rank's next round finds it gone). The timeline is closed when it returns (whichever
+  // thread destroys the engine later).
+  std::pair<ddl_status, std::string> finalize();
   // finalize() without the wait: the engine thread tells the others and goes on taking part in
   // rounds until all are done; finalize() then only waits for that. New ops are refused at once.
   void request_finalize();
@@ -206,6 +210,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void pause_between_rounds();               // a caller in run(), between rounds
   bool round();                              // false once every rank finalized
   bool complete_round(const std::vector<Announcement>& round);
+  bool leave_overdue_finalize(const std::vector<Announcement>& round);  // true: this rank stops waiting
   // Runs one round's body; ends the rounds (stopped_) when every rank finalized or the transport broke.
   template <typename Body>
   void run_guarded(Body body);
@@ -330,6 +335,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::vector<OpTable::node_type> spare_nodes_;
   static constexpr size_t kSpareNodes = 4096;
   bool finalize_requested_ = false;
+  Clock::time_point finalize_requested_at_{};                             // when finalize_requested_ was set
+  std::pair<ddl_status, std::string> finalize_failure_{DDL_SUCCESS, ""};  // engine thread; read once it is joined
   bool broken_ = false;
   ddl_status broken_status_ = DDL_SUCCESS;
   std::string broken_message_;

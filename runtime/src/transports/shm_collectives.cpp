@@ -481,6 +481,13 @@ size_t segment_bytes(int size) { return kHeaderBytes + 2 * static_cast<size_t>(s
 void* map_segment(const std::string& name, size_t bytes, bool create) {
   int fd = ::shm_open(name.c_str(), create ? (O_RDWR | O_CREAT | O_EXCL) : O_RDWR, 0600);
   if (fd < 0) return nullptr;
+  // A segment made for another number of ranks (members that disagree on a process set's list
+  // meet under one key) is not used: its slots lie elsewhere, and past its end is a SIGBUS.
+  struct stat made {};
+  if (!create && (::fstat(fd, &made) != 0 || static_cast<size_t>(made.st_size) != bytes)) {
+    ::close(fd);
+    return nullptr;
+  }
   if (create && ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)) != 0) {
     ::close(fd);
     ::shm_unlink(name.c_str());
