@@ -237,6 +237,19 @@ class _Op:
         self.keep = None
 
 
+def _any_memory_shared(tensors):
+    """Whether two of `tensors` reach the same bytes (the same tensor twice, or overlapping views):
+    each one's span from its lowest to its highest element, compared."""
+    spans = []
+    for t in tensors:
+        if t.numel() == 0:
+            continue
+        extent = 1 + sum((n - 1) * stride for n, stride in zip(t.shape, t.stride()))  # torch's strides are >= 0
+        spans.append((t.data_ptr(), t.data_ptr() + extent * t.element_size()))
+    spans.sort()
+    return any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:]))
+
+
 def _set_outcome(future, value, error):
     if error is None:
         future.set_result(value)
@@ -274,11 +287,23 @@ class _Completer:
     def __init__(self, label):
         self._queue = queue.SimpleQueue()
         self._stopping = False
+        self._issued = []  # weak references to the group's ops, in issue order (see unfinished_issued)
         self._thread = threading.Thread(target=self._run, name=f"ddl-{label}", daemon=True)
         self._thread.start()
         for ended in [c for c in _live_completers if not c._thread.is_alive()]:
             _live_completers.discard(ended)
         _live_completers.add(self)
+
+    def note_issued(self, op):
+        """Remembers `op` for the group's next barrier, which waits for it (unfinished_issued)."""
+        if len(self._issued) >= 64:
+            self._issued = [ref for ref in self._issued if (o := ref()) is not None and not o.finished()]
+        self._issued.append(weakref.ref(op))
+
+    def unfinished_issued(self):
+        """The group's ops issued so far and not finished yet, in issue order; forgotten here."""
+        issued, self._issued = self._issued, []
+        return [o for o in (ref() for ref in issued) if o is not None and not o.finished()]
 
     def add(self, op):
         """Has the thread complete `op` (unless its caller claims it first); once per op. Once the
@@ -430,6 +455,7 @@ def _work(op, completer, caller, overlaps=False):
     a C++ caller waits for (DDP's parameter broadcast and checks) is done here first, raising its error
     to that caller. Only an op whose caller reads its future (`overlaps`: DDP's gradient allreduce,
     which overlaps backward) goes on, with a future that fails in C++ terms (_failing_in_cpp)."""
+    completer.note_issued(op)
     if caller is not None:
         return _RaisingWork(op, completer)
     if not overlaps:
@@ -664,9 +690,9 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
     def allreduce_coalesced(self, tensors, opts=None):
         # libddl fuses ops submitted together, so the tensors go as separate ops, unless two of them
-        # share memory ([t, t]): each op would then add into the other's result. gloo reduces them as
-        # one flat buffer, which each gets back.
-        if len({t.data_ptr() for t in tensors}) == len(tensors):
+        # share memory ([t, t], or views that overlap): each op would then add into the other's
+        # result. gloo reduces them as one flat buffer, which each gets back.
+        if not _any_memory_shared(tensors):
             return self.allreduce(tensors, opts)
         flat = torch._utils._flatten_dense_tensors([t.detach() for t in tensors])
         work = self.allreduce([flat], opts)
@@ -690,6 +716,12 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
         def submit(handles):
             view_op, options = self._reduction(view, op)
+            # The root is part of what ranks agree on, as a broadcast's is: ranks that name different
+            # roots fail with a mismatch naming them, rather than each taking itself for the root.
+            # (Told as part of the call site, a mismatch there also puts the group out of step, as a
+            # timeout would: gloo's reduce waits for its timeout.)
+            site = f"reduce(dst={root})".encode()
+            options.call_site = site if options.call_site is None else options.call_site + b", " + site
             self._submit(handles, L.lib.ddl_allreduce_ex, self._name("reduce"), _pointer(view), _pointer(result),
                          view.numel(), dtype, view_op, ctypes.byref(options))
 
@@ -851,7 +883,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
         recv = torch.empty((sum(t.numel() for t in output_tensors),), dtype=send.dtype, device=send.device)
         send_view, dtype = _movable(_dense(send))
         recv_view, _ = _movable(recv)
-        scale = send_view.numel() // send.numel() if send.numel() else 1
+        scale = send.element_size() // send_view.element_size()  # libddl's elements per tensor element
         send_counts = [t.numel() * scale for t in input_tensors]
         recv_counts = [t.numel() * scale for t in output_tensors]
 
@@ -928,6 +960,19 @@ class ProcessGroupDDL(dist.ProcessGroup):
         return self._after_all(works, lambda: list(outputs))
 
     def barrier(self, opts=None):
+        # As gloo's and nccl's, a barrier completes after the group's ops issued before it: the
+        # Work of an async all_reduce is done, its tensor written, once barrier() has returned.
+        earlier = self._completer.unfinished_issued()
+
+        def after_earlier():
+            for op in earlier:
+                op.settle()  # completed here unless some other thread has claimed it
+                try:
+                    op.outcome()
+                except BaseException:  # its own Work reports it
+                    pass
+            return []
+
         def submit(handles):
             handle = ctypes.c_void_p()
             status = L.lib.ddl_barrier_ex(ctypes.c_void_p(self._set), ctypes.byref(handle))
@@ -935,7 +980,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
                 L.raise_for(status)
             handles.append(handle)
 
-        return self._launch(submit, lambda: [])
+        return self._launch(submit, after_earlier)
 
     # ---- what libddl does not have ----
 
@@ -1017,6 +1062,11 @@ def _ensure_libddl(options):
     """libddl's world for a new group: the launcher's (ddl run, mpirun, srun --mpi=pmix) where one gave
     it, else the one torch's store makes (mp.spawn, torchrun, a plain srun)."""
     if not L.lib.ddl_is_initialized():
+        if dist.is_initialized() and options.group_size != dist.get_world_size():
+            # libddl starts by joining the whole world, which the ranks outside this group never do.
+            raise RuntimeError(f"the first 'ddl' group must hold every rank: this one holds {options.group_size} of "
+                               f"{dist.get_world_size()}. Make a 'ddl' group of every rank first (new_group(backend='ddl') "
+                               "called by every rank with every rank, or init_process_group('ddl')), then this one")
         if _basics.launcher_gives_world():
             _basics.init()
         elif dist.is_initialized():  # a "ddl" group under another backend's default group

@@ -193,6 +193,14 @@ class TorchBackendFlag(unittest.TestCase):
             "t = torch.ones(2); dist.all_reduce(t, group=g); print(dist.get_backend(g), t.tolist())")
         self.assertEqual(by_rank[1], ["ddl [2.0, 2.0]"])
 
+    def test_a_first_ddl_subgroup_of_some_ranks_under_a_gloo_world_is_an_error_not_a_hang(self):
+        # libddl joins the whole world when it starts; rank 0, outside the group, never would.
+        result = ddl("-np", "2", "--", PYTHON, "-c",
+                     "import torch.distributed as dist; dist.init_process_group('gloo'); dist.new_group([1], backend='ddl')",
+                     env={"PYTHONPATH": None}, timeout=120, cwd="/")
+        self.assertEqual(result.returncode, 1, result.stdout[-2000:] + result.stderr[-2000:])
+        self.assertIn("the first 'ddl' group must hold every rank: this one holds 1 of 2", result.stderr)
+
     def test_another_backend_is_one_clear_error(self):
         result = ddl("-np", "1", "--torch-backend", "nccl", "--", "true")
         self.assertEqual(result.returncode, 2)

@@ -314,6 +314,12 @@ def errors(rank):
     # A root outside the group was a silent no-op: nobody was the root.
     expect_error(ValueError, "invalid root rank", dist.reduce, torch.ones(2), SIZE + 5, group=DDL)
     check("reduce to a rank outside the group refused", torch.ones(1), torch.ones(1))
+    # Each rank naming itself the root: a mismatch on every rank, not each its own "result". It puts
+    # the group out of step (as gloo's timeout would), so it gets a group of its own.
+    apart = dist.new_group(list(range(SIZE)), backend="ddl")
+    if SIZE > 1:
+        expect_error(RuntimeError, "reduce(dst=", dist.reduce, torch.ones(2), rank, group=apart)
+        check("reduce with a different dst on each rank fails on every rank", torch.ones(1), torch.ones(1))
     # Only the root can check its list: it takes the op's place in the group's sequence with the
     # error, so every rank's gather fails with the root's reason (they waited for the timeout, and the
     # sequence stayed apart for good), and the next op pairs as it should.
@@ -435,6 +441,35 @@ def futures_and_aliases(rank):
             dist.all_reduce_coalesced([t, t], group=group)
         return t
     check("all_reduce_coalesced of a tensor listed twice", *both(twice))
+
+    def overlapping(group):  # views that share elements 2 and 3: those were reduced twice
+        base = torch.arange(6.0) * (rank + 1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dist.all_reduce_coalesced([base[0:4], base[2:6]], group=group)
+        return base
+    check("all_reduce_coalesced of overlapping views", *both(overlapping))
+
+    # A barrier completes after the group's ops issued before it (gloo's and nccl's do): the
+    # async all_reduce's tensor is written once barrier() returns, though this rank's came first.
+    def barrier_after(group):
+        t = torch.full((1 << 20,), float(rank + 1))
+        if rank == 1:
+            time.sleep(0.2)
+        work = dist.all_reduce(t, async_op=True, group=group)
+        dist.barrier(group=group)
+        done = bool((t == SIZE * (SIZE + 1) / 2).all())
+        work.wait()
+        return torch.tensor([done])
+    check("barrier after an async all_reduce: its result is in place", *both(barrier_after))
+
+    # A list all_to_all where this rank sends nothing, of a dtype libddl moves as bytes.
+    # (gloo has no list all_to_all: the expected blocks are written out.)
+    inputs = [torch.full((0 if rank == 0 else 2,), complex(rank, r), dtype=torch.complex64) for r in range(SIZE)]
+    outputs = [torch.zeros(0 if r == 0 else 2, dtype=torch.complex64) for r in range(SIZE)]
+    dist.distributed_c10d._get_default_group().alltoall(outputs, inputs).wait()
+    check("all_to_all of complex64 where rank 0 sends nothing", outputs,
+          [torch.full((0 if r == 0 else 2,), complex(r, rank), dtype=torch.complex64) for r in range(SIZE)])
 
     # all_gather_coalesced: each rank's list, an empty tensor in it, complex numbers in another.
     def gathered_lists(dtype):
