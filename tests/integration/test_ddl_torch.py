@@ -121,6 +121,27 @@ class FailuresReachEveryRank(unittest.TestCase):
         self.assertTrue(by_rank[1][0].startswith("HorovodInternalError:"), by_rank[1])
         self.assertLess(elapsed, 60)
 
+    def test_shutdown_waits_for_a_slow_rank_at_most_ddl_timeout_and_warns_without_failing(self):
+        # Rank 1 is still at work (a checkpoint) when rank 0 shuts down: rank 0 leaves after
+        # DDL_TIMEOUT with a warning and exit code 0, so the launcher does not stop rank 1, whose
+        # own shutdown then ends at once.
+        result = run_python(2, """
+            import time, torch, ddl.torch as hvd
+            hvd.init()
+            hvd.allreduce(torch.ones(2), name="last.step")
+            if hvd.rank() == 1:
+                time.sleep(7)
+            start = time.monotonic()
+            hvd.shutdown()
+            print(f"shut down after {time.monotonic() - start:.0f} s")
+        """, env={"DDL_TIMEOUT": "2"}, timeout=120)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        by_rank = lines_by_rank(result.stdout)
+        self.assertRegex(by_rank[0][0], r"^shut down after [2-5] s$")
+        self.assertRegex(by_rank[1][0], r"^shut down after [0-1] s$")
+        self.assertIn("ddl: warning: ddl_finalize: rank 0 left without rank(s) 1: they had not finalized within 2 s (DDL_TIMEOUT)",
+                      result.stderr)
+
     def test_a_rank_that_dies_mid_training_fails_the_run_with_its_code(self):
         result = run_python(2, """
             import os, torch, ddl.torch as hvd
