@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -14,7 +15,8 @@ int positive_int_or(const std::optional<std::string>& value, int fallback) {
   if (!value) return fallback;
   char* end = nullptr;
   long n = std::strtol(value->c_str(), &end, 10);
-  return (value->empty() || *end != '\0' || n < 1) ? fallback : static_cast<int>(n);
+  // Past int's range is no count a scheduler gives: the fallback, not a wrapped-around number.
+  return (value->empty() || *end != '\0' || n < 1 || n > std::numeric_limits<int>::max()) ? fallback : static_cast<int>(n);
 }
 
 int distinct_hosts_in(const std::string& nodefile) {

@@ -40,6 +40,16 @@ NodeShape node_shape(const SiteProfile& site, const std::map<std::string, std::s
   return {site.gpus_per_node, site.cores_per_node};
 }
 
+}  // namespace
+
+int partition_gpus(const SiteProfile& site, const std::map<std::string, std::string>& options) {
+  std::map<std::string, std::string> values = site.defaults;
+  for (const auto& [key, value] : options) values[key] = value;
+  return node_shape(site, values).gpus_per_node;
+}
+
+namespace {
+
 // libstdc++'s std::regex recurses once per character matched, so a long value overflows the stack:
 // values and profile texts are scanned by hand, and a site's own patterns see at most
 // kLongestValue characters.
@@ -78,7 +88,8 @@ void require_whole_number(const std::map<std::string, std::string>& values, cons
   static const std::regex digits("[0-9]{1,6}");
   if (!std::regex_match(it->second, digits) || std::stoi(it->second) < minimum)
     throw UsageError(
-        fmt::format("{} {}: must be a whole number of at least {}", shown.empty() ? flag_for(option) : shown, it->second, minimum), "");
+        fmt::format("{} {}: must be a whole number from {} to 999999", shown.empty() ? flag_for(option) : shown, it->second, minimum),
+        "give a smaller number");
 }
 
 // How an error names where `option`'s value came from: the flag the user gave, or the site
@@ -394,7 +405,8 @@ void check_site_rules(const SiteProfile& site, const JobRequest& job) {
                                    rule.why.empty() ? "does not match " + rule.regex : rule.why),
                        !rule.fix.empty() ? rule.fix : fmt::format("give a value that matches {}", rule.regex));
   }
-  static const std::regex walltime(R"((\d{1,4}-)?\d{1,3}(:\d{2}){0,2})");
+  // Slurm's forms: minutes, minutes:seconds, hours:minutes:seconds, days-hours[:minutes[:seconds]].
+  static const std::regex walltime(R"((\d{1,4}-)?\d{1,7}(:\d{1,2}){0,2})");
   if (auto t = v.find("time"); t != v.end() && !std::regex_match(t->second, walltime))
     throw UsageError(fmt::format("{} {}: not a time limit", value_source(site, job, "time"), t->second),
                      "write it as HH:MM:SS, MM or D-HH:MM:SS");

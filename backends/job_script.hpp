@@ -50,6 +50,9 @@ void check_site_rules(const SiteProfile& site, const JobRequest& job);
 // Checks the rules, then renders the script.
 JobScript render_job_script(const SiteProfile& site, const JobRequest& job);
 
+// The GPUs per node of the partition `options` (or the site's defaults) name, else the site's.
+int partition_gpus(const SiteProfile& site, const std::map<std::string, std::string>& options);
+
 // Seconds in one of Slurm's time forms (minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S), as -t takes and
 // squeue's time left (%L) shows. `slurm_time` must be one: std::stoi throws on other text.
 long time_limit_seconds(const std::string& slurm_time);

@@ -118,7 +118,12 @@ bool looks_like_job_id(const std::string& id) {
 std::vector<JobState> pbs_jobs_from_qstat_json(const std::string& qstat_json) {
   std::vector<JobState> jobs;
   auto doc = nlohmann::json::parse(qstat_json, nullptr, false);
-  if (doc.is_discarded() || !doc.is_object() || !doc.contains("Jobs") || !doc["Jobs"].is_object()) return jobs;
+  // Unreadable is an error, not "no jobs": OpenPBS leaves some characters of job variables unescaped
+  // (a quote in one makes the whole document invalid), which must not pass for an empty queue.
+  if (doc.is_discarded() || !doc.is_object() || (doc.contains("Jobs") && !doc["Jobs"].is_object()))
+    throw Error("qstat -F json printed what is not qstat's JSON (OpenPBS leaves some characters of job variables unescaped)",
+                "see the jobs with qstat, or ddl status ID for one job");
+  if (!doc.contains("Jobs")) return jobs;  // no job at all
   for (const auto& [full_id, job] : doc["Jobs"].items()) {
     if (!job.is_object()) continue;
     JobState s;
@@ -330,7 +335,10 @@ std::optional<JobState> follow_job(Scheduler scheduler, const std::string& id, s
   std::optional<JobState> last;
   while (std::chrono::steady_clock::now() < deadline) {
     auto now = job_state(scheduler, id);
-    if (!now) return last;
+    if (!now) {
+      if (last) last->vanished = true;
+      return last;
+    }
     if (shows_change(last, *now)) on_change(*now);
     last = now;
     if (now->finished) return last;

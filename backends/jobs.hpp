@@ -21,6 +21,7 @@ struct JobState {
   std::string output;  // its output file, when the scheduler says (Slurm: the file its batch step writes)
   std::optional<int> exit_code;
   bool finished = false;
+  bool vanished = false;  // follow_job: the scheduler stopped listing the job before it was seen to end
 };
 
 // The scheduler whose tools are on PATH (Slurm first); throws when neither is.
@@ -34,7 +35,8 @@ std::string submit_job(Scheduler scheduler, const std::string& script);
 // Whether sbatch's or qsub's output `said` means it reached no controller/server.
 bool scheduler_unreachable(const std::string& said);
 
-// The jobs in `qstat -f -F json`'s output; none where it is not such a document. OpenPBS writes a
+// The jobs in `qstat -f -F json`'s output (none without a "Jobs" field); throws an Error where it is
+// not such a document. OpenPBS writes a
 // value of digits alone as a JSON number (a job named 42), so fields are read as text whatever
 // their JSON type, and an entry that is no object is skipped.
 std::vector<JobState> pbs_jobs_from_qstat_json(const std::string& qstat_json);

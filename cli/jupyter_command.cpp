@@ -91,7 +91,7 @@ int JupyterCommand::start() const {
   backends::JobRequest job;
   job.options = f.options;
   job.options["nodes"] = "1";
-  job.options["gpus_per_node"] = std::to_string(f.gpus >= 0 ? f.gpus : (site.gpus_per_node > 0 ? 1 : 0));
+  job.options["gpus_per_node"] = std::to_string(f.gpus >= 0 ? f.gpus : (backends::partition_gpus(site, job.options) > 0 ? 1 : 0));
   job.gpus_flag = "--gpus";
   if (!job.options.count("job_name")) job.options["job_name"] = "ddl-jupyter";
   job.ddl_program = launcher::this_executable();

@@ -205,6 +205,28 @@ int main(int argc, char** argv) { return checked_stdout(run_ddl(argc, argv)); }
 
 namespace {
 
+// Only run, exec and submit take a program after --: elsewhere its words would be dropped unseen
+// (`ddl status -- 4242` listed every job). Checked before parsing, which would complain of
+// something else (`ddl cancel -- 4242`: "job is required").
+void refuse_program_of_a_command_without_one(const CLI::App& app, const SplitArguments& split) {
+  if (!split.program || split.as_typed.empty()) return;
+  std::string path;
+  const CLI::App* command = &app;
+  for (const std::string& word : split.as_typed) {  // the command's words: "status", "jupyter start"
+    const CLI::App* sub = nullptr;
+    try {
+      if (!word.starts_with("-")) sub = command->get_subcommand(word);
+    } catch (const CLI::Error&) {  // no such subcommand: the command's own words have ended
+    }
+    if (sub == nullptr) break;
+    command = sub;
+    path += (path.empty() ? "" : " ") + word;
+  }
+  if (path.empty() || path == "run" || path == "exec" || path == "submit") return;
+  throw ddl::UsageError(fmt::format("ddl {} takes nothing after --, but was given '{}'", path, fmt::join(*split.program, " ")),
+                        "drop the -- (only ddl run, ddl exec and ddl submit take a program after it)");
+}
+
 int run_ddl(int argc, char** argv) {
   ddl::launcher::hold_standard_descriptors();
   CLI::App app{"ddl: launch and supervise distributed deep-learning training", "ddl"};
@@ -224,6 +246,7 @@ int run_ddl(int argc, char** argv) {
   std::optional<std::vector<std::string>> program;
   try {
     check_command_word(app, split.as_typed);
+    refuse_program_of_a_command_without_one(app, split);
     program = parse_ddl_arguments(app, split);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);

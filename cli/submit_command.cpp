@@ -42,7 +42,7 @@ SubmitCommand::SubmitCommand(CLI::App& app) : flags_(std::make_shared<SubmitFlag
   app_->add_option("--signal-before", f.signal_before,
                    "Send the workers --signal this many seconds before the time limit (Slurm; with --requeue default 120)")
       ->check(CLI::Range(1, 86400));
-  app_->add_option("--signal", f.signal, "The signal --signal-before and --requeue send: USR1 (default) or USR2");
+  app_->add_option("--signal", f.signal, "The signal --signal-before and --requeue send: USR1 (default) or USR2")->check(not_empty());
   app_->add_flag("--requeue", f.requeue,
                  "Slurm: before the time limit the workers get --signal to save and end, then the job is requeued and continues "
                  "(ddl run --requeue-signal); PBS: the job is rerunnable (-r y)");
@@ -50,13 +50,15 @@ SubmitCommand::SubmitCommand(CLI::App& app) : flags_(std::make_shared<SubmitFlag
       ->check(CLI::Range(0, 1000000).description("0 to 1000000"));
   app_->add_option("--array", f.array,
                    "A job array: one job per index, e.g. 0-15%4 (16 elements, at most 4 at once); each element's workers get "
-                   "DDL_ARRAY_INDEX (Slurm --array, PBS -J)");
+                   "DDL_ARRAY_INDEX (Slurm --array, PBS -J)")
+      ->check(not_empty());
   app_->add_option("--exclude", f.exclude, "Nodes the job must not get, e.g. nid001234,nid[002000-002003] (Slurm --exclude)")
       ->check(not_empty());
   app_->add_flag("--dry-run", f.dry_run, "Print the script instead of submitting it");
   app_->add_flag("--wait", f.wait, "Follow the job until it ends, then show its output's tail; exit with its code");
   app_->add_option("--wait-timeout", f.wait_timeout, "Give up following after this many seconds (default: no limit)")
-      ->check(CLI::Range(0, 365 * 24 * 3600).description("0 to 31536000"));
+      ->check(CLI::Range(0, 365 * 24 * 3600).description("0 to 31536000"))
+      ->needs("--wait");
   app_->prefix_command();
   show_program_in_usage(*app_);
   app_->footer("Example: ddl submit --site perlmutter -N 2 -t 01:00:00 -q regular -A m1234_g -- python train.py");
@@ -131,8 +133,16 @@ int SubmitCommand::execute(const std::optional<std::vector<std::string>>& progra
   }
   const std::string id = backends::submit_job(site.scheduler, script.text);
   if (job.array) return follow_array(site, id, script.output, f.wait ? std::optional<int>(f.wait_timeout) : std::nullopt);
-  auto state = backends::job_state(site.scheduler, id);
-  const std::string output = state && !state->output.empty() ? state->output : script.output;
+  std::optional<backends::JobState> state;
+  try {  // the job is in the queue whatever the answer: its id is said in any case
+    state = backends::job_state(site.scheduler, id);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ddl: warning: job %s was submitted, but asking about it failed: %s\n", id.c_str(), e.what());
+    if (f.wait) std::fprintf(stderr, "ddl: warning: following it all the same\n");
+  }
+  std::string output = state && !state->output.empty() ? state->output : script.output;
+  if (!state && site.scheduler == backends::Scheduler::Slurm)  // what Slurm would have said: the job's id in its place
+    for (size_t at; (at = output.find("%j")) != std::string::npos;) output.replace(at, 2, id);
   std::printf("submitted job %s to %s (site %s); output: %s\n", id.c_str(), backends::scheduler_name(site.scheduler), site.name.c_str(),
               output.c_str());
   std::fflush(stdout);
@@ -142,7 +152,11 @@ int SubmitCommand::execute(const std::optional<std::vector<std::string>>& progra
   auto last = backends::follow_job(site.scheduler, id, timeout, print_job_status);
   if (::isatty(STDOUT_FILENO)) std::printf("\n");
   if (!last || !last->finished) {
-    std::fprintf(stderr, "ddl: error: stopped following job %s before it ended (--wait-timeout)\n", id.c_str());
+    if (!last || last->vanished)
+      std::fprintf(stderr, "ddl: error: %s %s job %s before ddl saw it end: how it ended is unknown here (sacct or qstat -x may know)\n",
+                   backends::scheduler_name(site.scheduler), last ? "stopped listing" : "never listed", id.c_str());
+    else
+      std::fprintf(stderr, "ddl: error: stopped following job %s before it ended (--wait-timeout)\n", id.c_str());
     return 1;
   }
   print_tail(last->output.empty() ? output : last->output, 20);

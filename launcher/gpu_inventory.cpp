@@ -20,13 +20,6 @@ std::string trim(const std::string& s) {
   return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
 }
 
-bool is_negative_number(const std::string& s) {
-  if (s.size() < 2 || s[0] != '-') return false;
-  char* end = nullptr;
-  std::strtol(s.c_str(), &end, 10);
-  return *end == '\0';
-}
-
 GpuInventory numbered(int count, std::string source) {
   GpuInventory inv{{}, std::move(source)};
   for (int i = 0; i < count; ++i) inv.ids.push_back(std::to_string(i));
@@ -73,7 +66,11 @@ GpuInventory parse_visible_devices(const std::string& value) {
   while (start <= value.size()) {
     size_t comma = value.find(',', start);
     std::string entry = trim(value.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
-    if (entry.empty() || is_negative_number(entry)) break;
+    // As CUDA reads it: the list ends at the first entry that names no device (empty, negative, not
+    // an index or a GPU-/MIG- UUID) and at one named twice.
+    const bool index = !entry.empty() && entry.find_first_not_of("0123456789") == std::string::npos;
+    const bool uuid = entry.starts_with("GPU-") || entry.starts_with("MIG-");
+    if ((!index && !uuid) || std::find(inv.ids.begin(), inv.ids.end(), entry) != inv.ids.end()) break;
     inv.ids.push_back(entry);
     if (comma == std::string::npos) break;
     start = comma + 1;

@@ -133,6 +133,15 @@ class Jupyter(unittest.TestCase):
         self.assertFalse(os.path.exists(os.path.join(self.env["XDG_STATE_HOME"], "ddl", "jupyter")) and
                          os.listdir(os.path.join(self.env["XDG_STATE_HOME"], "ddl", "jupyter")))
 
+    def test_a_cpu_partition_gets_no_gpu_by_default(self):
+        # Neuron's cpu partition has no GPU: the site's 8 per node were asked of it (--gres=gpu:1).
+        cpu = self.ddl("jupyter", "start", "--site", "neuron", "-p", "cpu", "--comment", "python", "--dry-run")
+        self.assertEqual(cpu.returncode, 0, cpu.stderr)
+        self.assertNotIn("gpu", cpu.stdout.lower().split("#!")[1].split("\n\n")[0])
+        gpu = self.ddl("jupyter", "start", "--site", "neuron", "--comment", "python", "--dry-run")
+        self.assertEqual(gpu.returncode, 0, gpu.stderr)
+        self.assertIn("#SBATCH --gres=gpu:1", gpu.stdout)
+
     def test_flags_it_cannot_honour_are_refused_in_its_own_words(self):
         # Jupyter does not run in a container: --image would be asked of the scheduler for nothing.
         image = self.ddl("jupyter", "start", "--site", "perlmutter", "-A", "m1234_g", "--image", "docker:x", "--dry-run")

@@ -22,6 +22,11 @@ TEST_CASE("CUDA_VISIBLE_DEVICES keeps UUIDs, trims blanks, and ends at a negativ
   CHECK(parse_visible_devices("1,-1,2").ids == std::vector<std::string>{"1"});
   CHECK(parse_visible_devices("").count() == 0);
   CHECK(parse_visible_devices("-1").count() == 0);
+  // No device by that name, or one named twice: CUDA sees the ones before it only.
+  CHECK(parse_visible_devices("abc").count() == 0);
+  CHECK(parse_visible_devices("0,abc,1").ids == std::vector<std::string>{"0"});
+  CHECK(parse_visible_devices("0,0").ids == std::vector<std::string>{"0"});
+  CHECK(parse_visible_devices("1,2,1,3").ids == std::vector<std::string>{"1", "2"});
 }
 
 TEST_CASE("an inherited CUDA_VISIBLE_DEVICES wins over what the machine has") {

@@ -4,6 +4,7 @@
 
 #include "backends/jobs.hpp"
 #include "backends/slurm/slurm_jobs.hpp"
+#include "common/error.hpp"
 
 using ddl::backends::looks_like_job_id;
 using ddl::backends::scheduler_unreachable;
@@ -31,8 +32,11 @@ TEST_CASE("qstat's JSON: numbers where text was expected, entries that are no ob
   CHECK(jobs[4].id == "17.pbs");
   CHECK(jobs[4].exit_code == 1);
   CHECK_FALSE(jobs[4].finished);
-  for (const char* not_qstat : {"", "[]", "5", R"({"Jobs": []})", R"({"Jobs": 5})", "{\"Jobs\": {"})
-    CHECK(ddl::backends::pbs_jobs_from_qstat_json(not_qstat).empty());
+  // Unreadable is an error, not an empty queue (a quote OpenPBS left unescaped in a job variable).
+  for (const char* not_qstat :
+       {"", "[]", "5", R"({"Jobs": []})", R"({"Jobs": 5})", "{\"Jobs\": {", R"({"Jobs": {"1.pbs": {"v": "it\'s"}}})"})
+    CHECK_THROWS_AS(ddl::backends::pbs_jobs_from_qstat_json(not_qstat), ddl::Error);
+  CHECK(ddl::backends::pbs_jobs_from_qstat_json(R"({"timestamp": 1, "pbs_server": "pbs01"})").empty());  // no job at all
 }
 
 // std::regex recurses once per character it matches: `ddl cancel` of 100,000 digits would be a segfault.

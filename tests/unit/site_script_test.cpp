@@ -299,6 +299,9 @@ TEST_CASE("PBS gets Slurm's time forms as HH:MM:SS walltime") {
   CHECK(walltime("1-00:00:00") == "24:00:00");
   CHECK(walltime("2-12") == "60:00:00");
   CHECK(walltime("1-02:30") == "26:30:00");
+  CHECK(walltime("2880") == "48:00:00");  // more than 3 digits of minutes, and single digits, as sbatch takes them
+  CHECK(walltime("1:5") == "00:01:05");
+  CHECK(walltime("1:2:3") == "01:02:03");
 }
 
 TEST_CASE("a zero time limit (Slurm: none) is a usage error on PBS, which cannot ask for none") {
