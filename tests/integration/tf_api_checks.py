@@ -162,6 +162,27 @@ def _():
     assert tuple(out.shape) == (2 * N, 0) and received.numpy().tolist() == [2] * N, (out.shape, received)
 
 
+@check("alltoall: float splits refused, unsent rows get a zero gradient; allgather of an unknown rank; Horovod's argument orders")
+def _():
+    expect_error(TypeError, hvd.alltoall, tf.range(float(N)), splits=[1.5] + [0.5] * (N - 1))  # was cut to [1, 0, ...]
+    x = tf.Variable(tf.ones([N + 3, 1]))
+    with tf.GradientTape() as tape:
+        out, _ = hvd.alltoall(x, splits=[1] * N)  # the last 3 rows are not sent
+        loss = tf.reduce_sum(out)
+    assert tape.gradient(loss, x).numpy().ravel().tolist() == [1.0] * N + [0.0] * 3
+    gathered = tf.function(lambda t: tf.reduce_sum(hvd.allgather(t), axis=1),
+                           input_signature=[tf.TensorSpec(None, tf.float32)])  # a rank unknown when traced
+    assert gathered(tf.ones([2, 3])).numpy().tolist() == [3.0] * (2 * N)
+    # Horovod's positional order: grouped_reducescatter(tensors, device_dense, compression, op, process_set).
+    (share,) = hvd.grouped_reducescatter([tf.ones([N, 1])], "", hvd.Compression.none, hvd.Sum, hvd.global_process_set)
+    assert share.numpy().ravel().tolist() == [float(N)]
+    opt = khvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1))
+    assert isinstance(opt.variables(), list)  # a method in Keras 2, a list in Keras 3: callable in both
+    khvd.PartialDistributedOptimizer(tf.keras.optimizers.SGD(0.1), backward_passes_per_step=2,
+                                     average_aggregated_gradients=True)
+    assert khvd.callbacks.BestModelCheckpoint("val_acc", save_weights_only=True).filepath == "best_model.weights.h5"
+
+
 @check("a bad argument found while an op runs is InvalidArgumentError (and a ValueError), as Horovod's kernels")
 def _():
     if N > 1:
@@ -441,6 +462,31 @@ def _():
     assert weights_identical(model)
 
 
+@check("keras: LearningRateScheduleCallback with a number decays by it each epoch from start_epoch (Horovod's code)")
+def _():
+    model = small_model()
+    model.compile(optimizer=khvd.DistributedOptimizer(tf.keras.optimizers.SGD(1.0)), loss="mse")
+    rates = []
+    record = tf.keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs: rates.append(round(float(model.optimizer.learning_rate.numpy()), 6)))
+    schedule = khvd.callbacks.LearningRateScheduleCallback(initial_lr=1.0, multiplier=0.5, start_epoch=1)
+    x = np.ones((4, 4), "float32")
+    model.fit(x, x[:, :1], batch_size=2, epochs=4, verbose=0, callbacks=[schedule, record])
+    assert rates == [1.0, 1.0, 0.5, 0.25], rates  # a constant 0.5 from epoch 1 on, before
+
+
+@check("keras: backward_passes_per_step=2 leaves a variable without a gradient alone, as 1 does")
+def _():
+    used, unused = tf.Variable([1.0]), tf.Variable([1.0])
+    opt = khvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1, weight_decay=0.5), backward_passes_per_step=2)
+    for _ in range(4):  # two updates
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(used * used)  # `unused` takes no part: its gradient is None
+        opt.apply_gradients(zip(tape.gradient(loss, [used, unused]), [used, unused]))
+    assert unused.numpy()[0] == 1.0, unused.numpy()  # weight decay moved it (0.9025) when it got zeros
+    assert used.numpy()[0] < 1.0
+
+
 @check("keras: SyncBatchNormalization uses the global batch's statistics")
 def _():
     x = tf.constant(np.random.RandomState(R).rand(8, 3).astype("float32") + R)
@@ -449,6 +495,18 @@ def _():
     everyone = np.concatenate([np.random.RandomState(r).rand(8, 3).astype("float32") + r for r in range(N)])
     mean, var = everyone.mean(0), everyone.var(0)
     assert np.allclose(out.numpy(), (x.numpy() - mean) / np.sqrt(var + 1e-3), atol=1e-4)
+
+
+@check("keras: SyncBatchNormalization of conv (4-D) inputs uses the global batch's statistics too")
+def _():
+    # Keras 2 picked its fused kernel for 4-D inputs, which knows only this rank's batch.
+    x = tf.constant(np.random.RandomState(R).rand(2, 3, 3, 2).astype("float32") + R)
+    layer = khvd.SyncBatchNormalization(momentum=0.0, epsilon=1e-3)
+    out = layer(x, training=True)
+    everyone = np.concatenate([np.random.RandomState(r).rand(2, 3, 3, 2).astype("float32") + r for r in range(N)])
+    mean, var = everyone.mean((0, 1, 2)), everyone.var((0, 1, 2))
+    assert np.allclose(out.numpy(), (x.numpy() - mean) / np.sqrt(var + 1e-3), atol=1e-4)
+    assert np.allclose(layer.moving_mean.numpy(), mean, atol=1e-5), (layer.moving_mean.numpy(), mean)
 
 
 @check("keras: SyncBatchNormalization keeps the variance of inputs far from zero, its gradients, and an empty rank")

@@ -370,16 +370,16 @@ def _allgather_group(tensors, name, process_set, grouped, ignore_name_scope=Fals
         def host(*arrays):
             return H.grouped_allgather(arrays, op_name, ps, kind=kind)
 
-        shapes = [tf.TensorShape([None]).concatenate(x.shape[1:]) if x.shape.rank else tf.TensorShape([None])
-                  for x in xs]
+        shapes = [tf.TensorShape(None) if x.shape.rank is None else  # a rank unknown when traced stays unknown
+                  tf.TensorShape([None]).concatenate(x.shape[1:]) if x.shape.rank else tf.TensorShape([None]) for x in xs]
         ys = _run(host, xs, [x.dtype for x in xs], shapes)
 
         def grad(*dys):
             # Horovod: average every rank's gradient, then keep this rank's rows.
             dys = [tf.zeros_like(y) if dy is None else dy for dy, y in zip(dys, ys)]
             summed = _allreduce_group(dys, None, Average, 1.0, 1.0, ps, True)
-            first_dims = _allgather_group([tf.reshape(tf.shape(x, out_type=tf.int64)[0] if x.shape.rank else
-                                                      tf.constant(1, tf.int64), [1]) for x in xs],
+            first_dims = _allgather_group([tf.reshape(tf.constant(1, tf.int64) if x.shape.rank == 0 else
+                                                      tf.shape(x, out_type=tf.int64)[0], [1]) for x in xs],
                                           None, ps, True)
             me = ps.rank()
             out = []
@@ -534,7 +534,10 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
         not fit its rows, otherwise as allreduce.
     """
     ps, (tensor,), op_name = _prepare([tensor], name, process_set, ignore_name_scope, moves_only=True)
-    split_tensor = tf.zeros([0], tf.int32) if splits is None else tf.cast(tf.convert_to_tensor(splits), tf.int32)
+    split_tensor = tf.zeros([0], tf.int32) if splits is None else tf.convert_to_tensor(splits)
+    if not split_tensor.dtype.is_integer:  # a cast would truncate 1.5 to 1 without a word; Horovod refuses it too
+        raise TypeError(f"alltoall: splits must be integers, not {split_tensor.dtype.name}")
+    split_tensor = tf.cast(split_tensor, tf.int32)
     given = splits is not None
 
     def forward(x, s):
@@ -549,6 +552,9 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
             # Horovod: the gradient goes back the way the rows came.
             dy = tf.zeros_like(out) if dy is None else dy
             back, _ = alltoall(dy, splits=received, process_set=ps)  # splits given: (rows, splits)
+            # Rows past the splits' sum were not sent: their gradient is zero.
+            unsent = tf.shape(x)[0] - tf.shape(back)[0]
+            back = tf.concat([back, tf.zeros(tf.concat([[unsent], tf.shape(back)[1:]], 0), back.dtype)], 0)
             return tf.reshape(back, tf.shape(x)), None
         return (out, received), grad
 
@@ -628,14 +634,15 @@ def reducescatter(tensor, device_dense="", compression=None, op=Average, name=No
     return compression.decompress(out, ctx)
 
 
-def grouped_reducescatter(tensors, device_dense="", compression=None, op=Average, name=None,
-                          process_set=global_process_set, ignore_name_scope=False, prescale_factor=1.0,
-                          postscale_factor=1.0):
+def grouped_reducescatter(tensors, device_dense="", compression=None, op=Average, process_set=global_process_set,
+                          prescale_factor=1.0, postscale_factor=1.0, *, name=None, ignore_name_scope=False):
     """Reduces and scatters every tensor of `tensors` as reducescatter does, all of them submitted to
     libddl at once.
 
-    Arguments: as reducescatter, with `tensors` a list of tensors; a named group names its parts
-    NAME.0, NAME.1, ..., and ranks must give groups of the same size.
+    Arguments: as reducescatter, in the order of Horovod's grouped_reducescatter (process_set fifth;
+    name and ignore_name_scope, which Horovod's has not, by keyword only), with `tensors` a list of
+    tensors; a named group names its parts NAME.0, NAME.1, ..., and ranks must give groups of the
+    same size.
 
     Returns:
         the list of this rank's shares, in the order of `tensors`.

@@ -1,11 +1,22 @@
 """SyncBatchNormalization: batch statistics over every rank's batch, as Horovod's."""
 
-import inspect
+import functools
 
 import tensorflow as tf
 
 from ddl.common.process_sets import global_process_set
 from ddl.tensorflow import mpi_ops as ops
+
+
+@functools.lru_cache(maxsize=None)
+def _takes_fused():
+    """Whether this Keras's BatchNormalization has a fused kernel to turn off (Keras 2, which takes
+    `fused` through **kwargs, so its signature does not show it); Keras 3 refuses the argument."""
+    try:
+        tf.keras.layers.BatchNormalization(fused=False)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 @tf.keras.utils.register_keras_serializable(package="ddl")
@@ -16,8 +27,8 @@ class SyncBatchNormalization(tf.keras.layers.BatchNormalization):
 
     def __init__(self, *args, process_set=global_process_set, **kwargs):
         kwargs.pop("fused", None)
-        if "fused" in inspect.signature(tf.keras.layers.BatchNormalization.__init__).parameters:
-            kwargs["fused"] = False  # Keras 2's fused kernel computes local statistics only
+        if _takes_fused():
+            kwargs["fused"] = False  # Keras 2's fused kernel (4-D and 5-D inputs) computes local statistics only
         super().__init__(*args, **kwargs)
         self._ddl_process_set = process_set
 

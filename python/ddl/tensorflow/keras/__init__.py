@@ -44,14 +44,17 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
 
 
 def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=Compression.none,
-                                sparse_as_dense=False, gradient_predivide_factor=1.0, op=Average, groups=None,
-                                process_set=global_process_set, local_layers=None, scale_local_gradients=True):
+                                sparse_as_dense=False, gradient_predivide_factor=1.0, op=Average, backward_passes_per_step=1,
+                                average_aggregated_gradients=False, groups=None, process_set=global_process_set,
+                                local_layers=None, scale_local_gradients=True):
     """DistributedOptimizer whose `local_layers` keep their own gradients (not reduced; divided by the
     set's size with scale_local_gradients), as Horovod's, for layers each rank trains alone."""
     from ddl.tensorflow import _trainable_weights_of
     local_weights = _trainable_weights_of(local_layers)
     wrapped = DistributedOptimizer(optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
-                                   gradient_predivide_factor=gradient_predivide_factor, op=op, groups=groups,
+                                   gradient_predivide_factor=gradient_predivide_factor, op=op,
+                                   backward_passes_per_step=backward_passes_per_step,
+                                   average_aggregated_gradients=average_aggregated_gradients, groups=groups,
                                    process_set=process_set, scale_local_gradients=scale_local_gradients)
     for weight in local_weights:
         wrapped.register_local_var(weight)

@@ -96,8 +96,10 @@ class _DistributedMixin:
 
         def reduce_and_apply():
             scale = 1.0 / n if self._ddl_settings["average_aggregated_gradients"] else 1.0
-            summed = [acc.read_value() * tf.cast(scale, acc.dtype) if scale != 1.0 else acc.read_value()
-                      for acc in self._ddl_accumulators]
+            # A variable without a gradient in this call gets none, as with backward_passes_per_step=1
+            # and in Horovod: a zero in its place would be moved by weight decay and momentum.
+            summed = [None if g is None else acc.read_value() * tf.cast(scale, acc.dtype) if scale != 1.0 else acc.read_value()
+                      for acc, g in zip(self._ddl_accumulators, grads)]
             apply_now(self._ddl_reduce(summed, variables), variables)
             for acc in self._ddl_accumulators:
                 acc.assign(tf.zeros_like(acc))
@@ -119,7 +121,19 @@ class _DistributedMixin:
                 self.build(variables)
 
 
+class _CallableList(list):
+    """A list that, called, gives itself: Keras 3's optimizer.variables is a list, Keras 2's a method,
+    and scripts written for Keras 2 (and Horovod, whose wrapper makes it so) call it."""
+
+    def __call__(self):
+        return self
+
+
 class _Keras3Methods(_DistributedMixin):
+    @property
+    def variables(self):
+        return _CallableList(super(self.__class__, self).variables)
+
     def apply(self, grads, trainable_variables=None):
         base = super(self.__class__, self)
         variables = trainable_variables if trainable_variables is not None else self._trainable_variables

@@ -112,7 +112,8 @@ def _set_variable(optimizer, attribute, value):
 
 class LearningRateScheduleCallback(tf.keras.callbacks.Callback):
     """Sets the learning rate to initial_lr * multiplier(epoch) from start_epoch up to end_epoch
-    (multiplier a number or a function of the epoch): at each epoch's start with staircase, else at
+    (multiplier a function of the epoch, or a number m, which is m ** (epoch - start_epoch) as in
+    Horovod's code since 0.23: a decay by m each epoch): at each epoch's start with staircase, else at
     every batch with a fractional epoch. momentum_correction scales a momentum variable by the ratio of
     the new to the old learning rate for the batch where the rate changes."""
 
@@ -127,7 +128,7 @@ class LearningRateScheduleCallback(tf.keras.callbacks.Callback):
         self.steps_per_epoch = steps_per_epoch
         self.current_epoch = None
         self.restore_momentum = None
-        self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier)
+        self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier ** (epoch - start_epoch))
 
     def _autodetect_steps_per_epoch(self):
         params = self.params or {}
@@ -213,11 +214,19 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
 
 
 class BestModelCheckpoint(tf.keras.callbacks.ModelCheckpoint):
-    """A ModelCheckpoint that keeps only the best model and writes it on rank 0 alone."""
+    """A ModelCheckpoint that keeps only the best model and writes it on rank 0 alone. Its arguments are
+    Horovod's, in Horovod's order, and `filepath` (Horovod sets it afterwards) by keyword: by default
+    best_model.keras, or best_model.weights.h5 with save_weights_only. A path given first (this
+    class's earlier signature) is still taken as filepath."""
 
-    def __init__(self, filepath="best_model.keras", monitor="val_loss", verbose=0, mode="auto", save_freq="epoch"):
+    def __init__(self, monitor="val_loss", verbose=0, save_weights_only=False, mode="auto", save_freq="epoch", *,
+                 filepath=None):
+        if filepath is None and isinstance(monitor, str) and monitor.endswith((".keras", ".h5")):
+            filepath, monitor = monitor, "val_loss"
+        if filepath is None:
+            filepath = "best_model.weights.h5" if save_weights_only else "best_model.keras"
         super().__init__(filepath=filepath, monitor=monitor, verbose=verbose, save_best_only=True,
-                         save_weights_only=False, mode=mode, save_freq=save_freq)
+                         save_weights_only=save_weights_only, mode=mode, save_freq=save_freq)
 
     def _save_model(self, *args, **kwargs):
         if _basics.rank() == 0:
