@@ -72,11 +72,15 @@ bool accepts_connections(const JupyterEndpoint& at) {
 
 }  // namespace
 
-std::string jupyter_sessions_dir() {
+std::string jupyter_sessions_path() {
   const char* state = std::getenv("XDG_STATE_HOME");
   const char* home = std::getenv("HOME");
   fs::path dir = state != nullptr && *state != '\0' ? fs::path(state) : fs::path(home != nullptr ? home : "/") / ".local" / "state";
-  dir = dir / "ddl" / "jupyter";
+  return (dir / "ddl" / "jupyter").string();
+}
+
+std::string jupyter_sessions_dir() {
+  const fs::path dir = jupyter_sessions_path();
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw Error(fmt::format("cannot create {}: {}", dir.string(), ec.message()), "set XDG_STATE_HOME to a directory you own");

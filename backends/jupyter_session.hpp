@@ -38,6 +38,8 @@ struct JupyterEndpoint {
 
 // $XDG_STATE_HOME/ddl/jupyter, or ~/.local/state/ddl/jupyter; created mode 700.
 std::string jupyter_sessions_dir();
+// Where that folder is ($XDG_STATE_HOME/ddl/jupyter), made or not (a dry run shows it, makes nothing).
+std::string jupyter_sessions_path();
 
 // A new session with a fresh token, written to its mode-600 token file.
 JupyterSession new_jupyter_session(const std::string& program);

@@ -99,7 +99,7 @@ int JupyterCommand::start() const {
   if (f.dry_run) {
     backends::JupyterSession example;
     example.name = "jupyter-SESSION";
-    example.dir = backends::jupyter_sessions_dir();
+    example.dir = backends::jupyter_sessions_path();  // a dry run makes nothing
     example.program = program;
     job.body = backends::jupyter_body(example, f.environment);
     std::fputs(backends::render_job_script(site, job).text.c_str(), stdout);

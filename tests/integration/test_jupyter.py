@@ -141,6 +141,7 @@ class Jupyter(unittest.TestCase):
         gpu = self.ddl("jupyter", "start", "--site", "neuron", "--comment", "python", "--dry-run")
         self.assertEqual(gpu.returncode, 0, gpu.stderr)
         self.assertIn("#SBATCH --gres=gpu:1", gpu.stdout)
+        self.assertFalse(os.path.exists(os.path.join(self.env["XDG_STATE_HOME"], "ddl")))  # a dry run makes no folder
 
     def test_flags_it_cannot_honour_are_refused_in_its_own_words(self):
         # Jupyter does not run in a container: --image would be asked of the scheduler for nothing.
