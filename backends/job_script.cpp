@@ -420,12 +420,16 @@ void check_site_rules(const SiteProfile& site, const JobRequest& job) {
   const NodeShape shape = node_shape(site, v);
   const int gpus = std::stoi(v.at("gpus_per_node"));
   if (shape.gpus_per_node > 0 && gpus > shape.gpus_per_node)
-    throw UsageError(fmt::format("{} {}: site '{}'{} has {} GPUs per node", job.gpus_flag, gpus, site.name,
-                                 v.count("partition") && site.partitions.count(v.at("partition")) ? " partition " + v.at("partition") : "",
-                                 shape.gpus_per_node),
-                     job.gpus_flag == "--gpus-per-node"
-                         ? fmt::format("use --gpus-per-node {} or fewer, and more nodes (-N) for more GPUs", shape.gpus_per_node)
-                         : fmt::format("use {} {} or fewer: the job has one node", job.gpus_flag, shape.gpus_per_node));
+    throw UsageError(
+        fmt::format("{} {}: site '{}'{} has {} GPUs per node",
+                    job.options.count("gpus_per_node") || !site.defaults.count("gpus_per_node") ? job.gpus_flag
+                                                                                                : default_source(site, "gpus_per_node"),
+                    gpus, site.name,
+                    v.count("partition") && site.partitions.count(v.at("partition")) ? " partition " + v.at("partition") : "",
+                    shape.gpus_per_node),
+        job.gpus_flag == "--gpus-per-node"
+            ? fmt::format("use --gpus-per-node {} or fewer, and more nodes (-N) for more GPUs", shape.gpus_per_node)
+            : fmt::format("use {} {} or fewer: the job has one node", job.gpus_flag, shape.gpus_per_node));
   if (gpus > 0 && site.gpu_request.empty())
     throw UsageError(fmt::format("site '{}' has no gpu_request in its profile, so GPUs cannot be asked for", site.name),
                      "add gpu_request to the profile (docs/site-profiles.md), or use --gpus-per-node 0 for a CPU job");

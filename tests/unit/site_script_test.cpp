@@ -553,12 +553,19 @@ TEST_CASE("a site name is a plain file name: no path, no line break into the scr
 }
 
 TEST_CASE("a bad value from a profile's defaults names the profile's field and file, not only the flag") {
-  UserSites files(std::map<std::string, std::string>{{"late", R"({"scheduler": "slurm", "defaults": {"time": "soon"}})"},
-                                                     {"none", R"({"scheduler": "slurm", "defaults": {"cpus_per_task": "0"}})"}});
+  UserSites files(std::map<std::string, std::string>{
+      {"late", R"({"scheduler": "slurm", "defaults": {"time": "soon"}})"},
+      {"none", R"({"scheduler": "slurm", "defaults": {"cpus_per_task": "0"}})"},
+      {"many",
+       R"({"scheduler": "slurm", "gpus_per_node": 4, "gpu_request": "--gpus-per-node={{gpus_per_node}}", "defaults": {"gpus_per_node": "8"}})"}});
   const fs::path dir = fs::temp_directory_path() / "ddl_unit_user_sites" / "ddl" / "sites";
   CHECK_THROWS_WITH_AS(
       render_job_script(load_site("late"), job({})),
       doctest::Contains(("-t/--time (defaults.time in " + (dir / "late.json").string() + ") soon: not a time limit").c_str()),
+      ddl::UsageError);
+  CHECK_THROWS_WITH_AS(
+      render_job_script(load_site("many"), job({})),
+      doctest::Contains(("--gpus-per-node (defaults.gpus_per_node in " + (dir / "many.json").string() + ") 8: site 'many' has 4").c_str()),
       ddl::UsageError);
   // A count no job can have is refused as the profile is read.
   CHECK_THROWS_WITH_AS(
