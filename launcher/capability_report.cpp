@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <future>
 #include <regex>
@@ -190,8 +191,8 @@ std::string ddl_face_probe(const std::string& face) {
 
 CapabilitySection frameworks_section(const CapabilityOptions& options) {
   // As JSON: the executable's path may hold blanks (a venv under "My Projects").
-  CommandResult py =
-      run_command({options.python, "-c", "import json, sys; print(json.dumps([sys.executable, sys.version.split()[0]]))"}, seconds(30));
+  CommandResult py = run_command({options.python, "-c", "import json, sys; print(json.dumps([sys.executable, sys.version.split()[0]]))"},
+                                 std::min(options.probe_timeout, std::chrono::seconds(30)));  // --probe-timeout bounds every probe
   CapabilitySection s{fmt::format("Frameworks ({})", options.python), {}};
   if (!py.ok()) {
     s.items.push_back(item(false, "Python", "", fmt::format("{} does not run: {}", options.python, first_line(py.err))));

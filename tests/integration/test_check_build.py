@@ -101,6 +101,19 @@ class CheckBuild(unittest.TestCase):
             self.assertIn("  [ ] horovod (import failed: RuntimeError: broken build)", result.stdout)
             self.assertIn("  [X] lightning 2 (lightning)", result.stdout)
 
+    def test_probe_timeout_bounds_a_python_that_hangs_before_anything_is_imported(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            hanging = os.path.join(tmp, "python3")
+            with open(hanging, "w") as f:
+                f.write("#!/bin/sh\nexec sleep 600\n")
+            os.chmod(hanging, 0o755)
+            start = time.monotonic()
+            result = subprocess.run([DDL, "check-build", "--python", hanging, "--probe-timeout", "3"], capture_output=True,
+                                    text=True, timeout=120)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertLess(time.monotonic() - start, 25)  # the version probe took its own 30 s
+            self.assertIn(f"  [ ] Python ({hanging} does not run: ", result.stdout)
+
     def test_ddl_faces_name_the_framework_a_python_lacks_rather_than_say_not_installed(self):
         # In a folder with a blank in its name: the path was cut at the blank, and every probe failed.
         with tempfile.TemporaryDirectory(prefix="a venv ") as tmp:
