@@ -170,7 +170,6 @@ void Engine::request_finalize() {
     std::lock_guard lock(mutex_);
     if (!finalize_requested_) finalize_requested_at_ = Clock::now();
     finalize_requested_ = true;
-    finalize_asked_.store(true, std::memory_order_relaxed);
   }
   wake_.notify_all();
 }
@@ -229,10 +228,10 @@ void Engine::run_guarded(Body body) {
 // A rank that asked to finalize waits for the others at most the engine's timeout, as any wait for
 // a peer does: a peer stuck in its own code, or that never finalizes, must not hold it for ever.
 bool Engine::leave_overdue_finalize(const std::vector<Announcement>& round) {
-  if (!finalize_asked_.load(std::memory_order_relaxed)) return false;  // every round's case: no lock taken
+  if (!finalize_requested_.load(std::memory_order_relaxed)) return false;  // every round's case: no lock taken
   {
     std::lock_guard lock(mutex_);
-    if (!finalize_requested_ || Clock::now() - finalize_requested_at_ < config_.timeout) return false;
+    if (Clock::now() - finalize_requested_at_ < config_.timeout) return false;
   }
   std::vector<int> missing;
   for (size_t r = 0; r < round.size(); ++r)

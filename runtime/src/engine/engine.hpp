@@ -334,9 +334,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // of every op would cross threads, and malloc's arenas and their locks would make submitting twice as dear.
   std::vector<OpTable::node_type> spare_nodes_;
   static constexpr size_t kSpareNodes = 4096;
-  bool finalize_requested_ = false;
-  Clock::time_point finalize_requested_at_{};  // when finalize_requested_ was set
-  std::atomic<bool> finalize_asked_{false};    // finalize_requested_, readable without the lock (a round asks it each time)
+  std::atomic<bool> finalize_requested_{false};                           // set under mutex_; a round reads it without the lock
+  Clock::time_point finalize_requested_at_{};                             // when finalize_requested_ was set
   std::pair<ddl_status, std::string> finalize_failure_{DDL_SUCCESS, ""};  // engine thread; read once it is joined
   bool broken_ = false;
   ddl_status broken_status_ = DDL_SUCCESS;
