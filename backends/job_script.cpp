@@ -16,10 +16,16 @@ namespace ddl::backends {
 
 namespace {
 
+// The options given, over the site's defaults.
+std::map<std::string, std::string> over_defaults(const SiteProfile& site, const std::map<std::string, std::string>& options) {
+  std::map<std::string, std::string> values = site.defaults;
+  for (const auto& [key, value] : options) values[key] = value;
+  return values;
+}
+
 // Every option's value: the user's, else the site's default, else one derived from the site.
 std::map<std::string, std::string> effective_values(const SiteProfile& site, const JobRequest& job) {
-  std::map<std::string, std::string> v = site.defaults;
-  for (const auto& [key, value] : job.options) v[key] = value;
+  std::map<std::string, std::string> v = over_defaults(site, job.options);
   NodeShape shape{site.gpus_per_node, site.cores_per_node};
   if (auto p = v.find("partition"); p != v.end() && site.partitions.count(p->second)) shape = site.partitions.at(p->second);
   if (!v.count("nodes")) v["nodes"] = "1";
@@ -43,9 +49,7 @@ NodeShape node_shape(const SiteProfile& site, const std::map<std::string, std::s
 }  // namespace
 
 int partition_gpus(const SiteProfile& site, const std::map<std::string, std::string>& options) {
-  std::map<std::string, std::string> values = site.defaults;
-  for (const auto& [key, value] : options) values[key] = value;
-  return node_shape(site, values).gpus_per_node;
+  return node_shape(site, over_defaults(site, options)).gpus_per_node;
 }
 
 namespace {
