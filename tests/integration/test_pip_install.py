@@ -1,11 +1,17 @@
-"""`pip install` of ddl into a venv by an unprivileged user, as on a cluster: from the checkout, and
-again from the sdist built from it. Each venv then runs `ddl run -np 2` with `import ddl.torch` and
-`ddl check-build` with nothing exported by hand (no PYTHONPATH, no LD_LIBRARY_PATH). The builds are
-offline for ddl's own dependencies (FETCHCONTENT_FULLY_DISCONNECTED: they are all on this machine);
-pip itself fetches the build backend (scikit-build-core) from PyPI, as a user's pip would."""
+"""`pip install` of ddl into a venv by an unprivileged user, as on a cluster, from the checkout; then
+`ddl run -np 2` with `import ddl.torch` and `ddl check-build` in that venv with nothing exported by
+hand (no PYTHONPATH, no LD_LIBRARY_PATH). The build is offline for ddl's own dependencies
+(FETCHCONTENT_FULLY_DISCONNECTED: they are all on this machine); pip itself fetches the build backend
+(scikit-build-core) from PyPI, as a user's pip would.
+
+The sdist (`pip install ddl_hpc-0.1.0.tar.gz`, the README's other route) is built from the checkout and
+must hold exactly the checkout's files less what pyproject.toml's sdist.exclude names: the same
+sources, so the same build. It is not compiled a second time: a whole build costs this test's machine
+minutes that CI does not have."""
 import os
 import shutil
 import subprocess
+import tarfile
 import tempfile
 import textwrap
 import unittest
@@ -20,6 +26,27 @@ WORKER = textwrap.dedent("""
     total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum)
     print(hvd.rank(), hvd.size(), total.item(), ddl.__file__.startswith(sys.prefix), flush=True)
 """)
+
+
+def sdist_files(path):
+    """The files of an sdist, relative to its top folder, less the metadata the sdist adds (PKG-INFO)."""
+    with tarfile.open(path) as sdist:
+        names = [m.name.split("/", 1)[1] for m in sdist.getmembers() if m.isfile() and "/" in m.name]
+    return sorted(n for n in names if n != "PKG-INFO")
+
+
+def checkout_files_for_sdist(source):
+    """The files of the checkout copy at `source` that pyproject.toml's sdist.exclude keeps (its
+    patterns as written there: build*/ at the top, .ci/, *.log)."""
+    kept = []
+    for folder, dirs, files in os.walk(source):
+        for name in files:
+            rel = os.path.relpath(os.path.join(folder, name), source)
+            top = rel.split("/", 1)[0]
+            if top == ".ci" or (top.startswith("build") and "/" in rel) or name.endswith(".log"):
+                continue
+            kept.append(rel)
+    return sorted(kept)
 
 
 class PipInstall(unittest.TestCase):
@@ -49,7 +76,7 @@ class PipInstall(unittest.TestCase):
         pip = (f"/usr/bin/python3 -m venv --system-site-packages {venv}\n"
                f"{BUILD_NICENESS} {venv}/bin/python -m pip install --disable-pip-version-check --no-input --quiet "
                f"--config-settings=cmake.define.FETCHCONTENT_FULLY_DISCONNECTED=ON {what}\n")
-        self.as_user(pip)
+        self.as_user(pip, timeout=2700)  # the build; see integration.pip_install's TIMEOUT in tests/CMakeLists.txt
         # A login shell that knows nothing of ddl: the venv's own ddl, Python, libddl.
         with open(os.path.join(self.tmp, "worker.py"), "w") as f:
             f.write(WORKER)
@@ -64,16 +91,15 @@ class PipInstall(unittest.TestCase):
         self.assertRegex(report, rf"\[X\] ddl.torch \S+ \(Horovod API on torch .*; per-op calls compiled; "
                                  rf"libddl {venv}/lib/libddl\.so\.0\)")
 
-    def test_from_the_checkout_then_from_its_sdist(self):
+    def test_from_the_checkout_with_its_sdist_holding_the_same_sources(self):
         self.install_and_train(f"{self.tmp}/venv", self.source)
-        # The sdist, built by the first venv's pip-installed `build`, installs into a second venv.
+        # The sdist, built by the venv's pip-installed `build`.
         self.as_user(f"{self.tmp}/venv/bin/python -m pip install --quiet --disable-pip-version-check build\n"
                      f"{self.tmp}/venv/bin/python -m build --sdist --outdir {self.tmp}/dist {self.source}")
         sdists = [f for f in os.listdir(f"{self.tmp}/dist") if f.endswith(".tar.gz")]
         self.assertEqual(len(sdists), 1, sdists)
         self.assertTrue(sdists[0].startswith("ddl_hpc-0.1.0"), sdists)
-        self.install_and_train(f"{self.tmp}/venv-sdist", f"{self.tmp}/dist/{sdists[0]}")
-
+        self.assertEqual(sdist_files(f"{self.tmp}/dist/{sdists[0]}"), checkout_files_for_sdist(self.source))
 
     def test_an_editable_install_is_refused_saying_what_to_do_instead(self):
         # It succeeded and still served a copy: edits in the checkout changed nothing.
