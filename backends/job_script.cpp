@@ -93,7 +93,7 @@ void require_whole_number(const std::map<std::string, std::string>& values, cons
   if (!std::regex_match(it->second, digits) || std::stoi(it->second) < minimum)
     throw UsageError(
         fmt::format("{} {}: must be a whole number from {} to 999999", shown.empty() ? flag_for(option) : shown, it->second, minimum),
-        "give a smaller number");
+        fmt::format("write it in digits alone, from {} to 999999", minimum));
 }
 
 // How an error names where `option`'s value came from: the flag the user gave, or the site
@@ -276,6 +276,12 @@ std::string pbs_walltime(const std::string& slurm_time) {
   return fmt::format("{:02}:{:02}:{:02}", seconds / 3600, seconds / 60 % 60, seconds % 60);
 }
 
+bool asks_for_placement(const SiteProfile& site, const JobRequest& job) {
+  auto places = [](const std::string& text) { return text.find("place=") != std::string::npos; };
+  return places(site.gpu_request) || std::any_of(site.directives.begin(), site.directives.end(), places) ||
+         std::any_of(job.extra_directives.begin(), job.extra_directives.end(), places);
+}
+
 void pbs_directives(const SiteProfile& site, const std::map<std::string, std::string>& v, const JobRequest& job,
                     std::vector<std::string>& d) {
   for (const BatchOption& option : batch_options()) {
@@ -288,6 +294,9 @@ void pbs_directives(const SiteProfile& site, const std::map<std::string, std::st
     else if (!option.pbs.empty())
       d.push_back(fmt::format("{}{}", option.pbs, pbs_directive_word(it->first, it->second)));
   }
+  // Without a place, OpenPBS places the chunks freely, so two of the N nodes' chunks may share a
+  // host and `ddl run -N` finds fewer nodes than it was given.
+  if (std::stoi(v.at("nodes")) > 1 && !asks_for_placement(site, job)) d.emplace_back("-l place=scatter");
   d.emplace_back("-j oe");                  // one output file, as Slurm writes
   if (job.requeue) d.emplace_back("-r y");  // rerunnable: a preempted job (Polaris' preemptable queue) runs again
   if (job.array) d.push_back("-J " + *job.array);
@@ -361,6 +370,44 @@ std::string shell_quote(std::string_view s) {
   return out + "'";
 }
 
+namespace {
+
+// A lead as long as the time limit signals the job as it starts (and Slurm may signal up to a minute
+// earlier still): with --requeue it saves, ends and is requeued over and over without progress.
+void check_signal_lead(const SiteProfile& site, const JobRequest& job, const std::map<std::string, std::string>& v) {
+  if (site.scheduler != Scheduler::Slurm || !(job.signal_before_seconds || job.requeue)) return;
+  auto t = v.find("time");
+  if (t == v.end()) return;  // the partition's default limit, which the script cannot know
+  const long limit = time_limit_seconds(t->second);
+  const std::string asked = job.signal_before_seconds ? "--signal-before" : "--requeue";
+  if (limit == 0)
+    throw UsageError(fmt::format("{} with {} {}: Slurm reads 0 as no time limit, so the signal before it never comes", asked,
+                                 value_source(site, job, "time"), t->second),
+                     "give -t the job's time limit");
+  const long lead = job.signal_before_seconds.value_or(kRequeueSignalBefore);
+  if (lead >= limit)
+    throw UsageError(fmt::format("{} signals {} s before the time limit, and {} {} is {} s: the job would be told to stop as it starts",
+                                 job.signal_before_seconds ? fmt::format("--signal-before {}", lead) : "--requeue", lead,
+                                 value_source(site, job, "time"), t->second, limit),
+                     "give a -t longer than the lead (Slurm may signal up to a minute early), or a smaller --signal-before");
+}
+
+// qsub's rule for -N (OpenPBS check_job_name): letters, digits and - _ + . only, at most 230.
+void check_pbs_job_name(const SiteProfile& site, const JobRequest& job, const std::map<std::string, std::string>& v) {
+  auto name = v.find("job_name");
+  if (site.scheduler != Scheduler::Pbs || name == v.end()) return;
+  constexpr size_t kLongestPbsJobName = 230;
+  const bool allowed = std::all_of(name->second.begin(), name->second.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '+' || c == '.';
+  });
+  if (!allowed || name->second.empty() || name->second.size() > kLongestPbsJobName)
+    throw UsageError(fmt::format("{} '{}': PBS takes a job name of letters, digits and - _ + . only, at most {} of them",
+                                 value_source(site, job, "job_name"), name->second, kLongestPbsJobName),
+                     "give a name such as resnet50_run2");
+}
+
+}  // namespace
+
 void check_site_rules(const SiteProfile& site, const JobRequest& job) {
   // Directive values are read by sbatch/qsub, not a shell: a newline would start a new directive.
   for (const auto& [option, value] : job.options)
@@ -421,6 +468,8 @@ void check_site_rules(const SiteProfile& site, const JobRequest& job) {
         fmt::format("{} {}: PBS has no \"no time limit\" (Slurm's meaning of 0) to ask for", value_source(site, job, "time"), t->second),
         "give the walltime the job needs, e.g. -t 02:00:00, or leave -t out for the queue's default");
   refuse_option_like_words(site, v);
+  check_signal_lead(site, job, v);
+  check_pbs_job_name(site, job, v);
   const NodeShape shape = node_shape(site, v);
   const int gpus = std::stoi(v.at("gpus_per_node"));
   if (shape.gpus_per_node > 0 && gpus > shape.gpus_per_node)

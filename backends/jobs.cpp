@@ -115,7 +115,7 @@ bool looks_like_job_id(const std::string& id) {
   return std::regex_match(id, job_id);
 }
 
-std::vector<JobState> pbs_jobs_from_qstat_json(const std::string& qstat_json) {
+std::vector<JobState> pbs_jobs_from_qstat_json(const std::string& qstat_json, const std::string& owner) {
   std::vector<JobState> jobs;
   auto doc = nlohmann::json::parse(qstat_json, nullptr, false);
   // Unreadable is an error, not "no jobs": OpenPBS leaves some characters of job variables unescaped
@@ -126,6 +126,8 @@ std::vector<JobState> pbs_jobs_from_qstat_json(const std::string& qstat_json) {
   if (!doc.contains("Jobs")) return jobs;  // no job at all
   for (const auto& [full_id, job] : doc["Jobs"].items()) {
     if (!job.is_object()) continue;
+    const std::string job_owner = qstat_text(job, "Job_Owner");
+    if (!owner.empty() && job_owner.substr(0, job_owner.find('@')) != owner) continue;
     JobState s;
     s.id = full_id;
     s.name = qstat_text(job, "Job_Name");
@@ -193,9 +195,11 @@ std::vector<JobState> my_jobs(Scheduler scheduler) {
       jobs.push_back(s);
     }
   } else {
-    CommandResult r = run_command({"qstat", "-t", "-f", "-F", "json", "-u", user});  // -t: an array's subjobs too
+    // -t: an array's subjobs too. Every user's jobs, kept by Job_Owner: OpenPBS's qstat refuses -u
+    // beside -f or -F ("qstat: conflicting options.").
+    CommandResult r = run_command({"qstat", "-t", "-f", "-F", "json"});
     if (!r.ok()) throw Error("qstat failed: " + tool_error(r), "check that PBS's tools work here (qstat -B)");
-    for (JobState& s : pbs_jobs_from_qstat_json(r.out)) {  // the list shows what squeue's does
+    for (JobState& s : pbs_jobs_from_qstat_json(r.out, user)) {  // the list shows what squeue's does
       s.output.clear();
       s.exit_code.reset();
       s.finished = false;

@@ -38,8 +38,9 @@ bool scheduler_unreachable(const std::string& said);
 // The jobs in `qstat -f -F json`'s output (none without a "Jobs" field); throws an Error where it is
 // not such a document. OpenPBS writes a
 // value of digits alone as a JSON number (a job named 42), so fields are read as text whatever
-// their JSON type, and an entry that is no object is skipped.
-std::vector<JobState> pbs_jobs_from_qstat_json(const std::string& qstat_json);
+// their JSON type, and an entry that is no object is skipped. With an `owner`, only the jobs whose
+// Job_Owner is that user (Job_Owner is "user@submit-host").
+std::vector<JobState> pbs_jobs_from_qstat_json(const std::string& qstat_json, const std::string& owner = "");
 
 // How job `id` is now; nullopt when the scheduler no longer knows it.
 std::optional<JobState> job_state(Scheduler scheduler, const std::string& id);

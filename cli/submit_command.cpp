@@ -41,7 +41,7 @@ SubmitCommand::SubmitCommand(CLI::App& app) : flags_(std::make_shared<SubmitFlag
   app_->add_option("--directive", f.directives, "An extra batch directive, e.g. --directive '--exclusive' (repeatable)");
   app_->add_option("--signal-before", f.signal_before,
                    "Send the workers --signal this many seconds before the time limit (Slurm; with --requeue default 120)")
-      ->check(CLI::Range(1, 86400));
+      ->check(CLI::Range(1, 65535));  // sbatch's limit for --signal's time
   app_->add_option("--signal", f.signal, "The signal --signal-before and --requeue send: USR1 (default) or USR2")->check(not_empty());
   app_->add_flag("--requeue", f.requeue,
                  "Slurm: before the time limit the workers get --signal to save and end, then the job is requeued and continues "

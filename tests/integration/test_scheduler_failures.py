@@ -69,6 +69,20 @@ class SchedulerFailures(unittest.TestCase):
         self.assertNotIn("no jobs", result.stdout)
         self.assertIn("ddl: error: qstat -F json printed what is not qstat's JSON", result.stderr)
 
+    def test_pbs_status_lists_the_users_jobs_without_qstat_u_which_openpbs_refuses_beside_json(self):
+        # OpenPBS's qstat: -u with -f or -F is "qstat: conflicting options." (src/cmds/qstat.c), exit 2.
+        self.tool("qsub", "exit 1\n")
+        self.tool("qstat", r"""for a in "$@"; do [ "$a" = -u ] && { echo 'qstat: conflicting options.' >&2; exit 2; }; done
+            echo '{"Jobs": {"7.pbs01": {"Job_Name": "mine", "Job_Owner": "alice@login1", "job_state": "R"},'
+            echo '          "8.pbs01": {"Job_Name": "theirs", "Job_Owner": "bob@login1", "job_state": "Q"}}}'
+            """)
+        self.env["PATH"] = self.bin  # PBS's tools only: no sbatch
+        self.env["USER"] = "alice"
+        result = self.ddl("status")
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertIn("7.pbs01", result.stdout)
+        self.assertNotIn("8.pbs01", result.stdout)
+
     def test_words_after_dashes_of_a_command_that_takes_no_program_are_refused(self):
         for args in (("status", "--", "4242"), ("cancel", "--", "4242"), ("sites", "--", "junk")):
             with self.subTest(args=args):

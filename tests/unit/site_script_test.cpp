@@ -119,7 +119,9 @@ TEST_CASE("each site's rules are one usage error naming the rule and the fix") {
   refuse("perlmutter", {{"account", "m1234_g"}, {"gpus_per_node", "8"}}, "site 'perlmutter' has 4 GPUs per node");
   refuse("perlmutter", {{"account", "m1234_g"}, {"time", "an hour"}}, "-t/--time an hour: not a time limit");
   refuse("alliance", {{"account", "alice"}}, "Alliance accounts are written def-<pi>");
-  refuse("sockeye", {{"account", "st-alice-1-gpu"}, {"job_name", "a'b\"c"}}, "holds both kinds of quote");
+  refuse("sockeye", {{"account", "st-alice-1-gpu"}, {"output", "/scratch/a'b\"c.out"}}, "holds both kinds of quote");
+  refuse("sockeye", {{"account", "st-alice-1-gpu"}, {"job_name", "my run"}},
+         "-J/--job-name 'my run': PBS takes a job name of letters, digits and - _ + . only, at most 230 of them");
   refuse("slurm", {{"account", "x\ny"}}, "-A/--account contains a newline");
   refuse("perlmutter", {{"account", "m1_g"}, {"gpus_per_node", "abc"}}, "--gpus-per-node abc: must be a whole number");
   refuse("slurm", {{"image", "x.sif"}}, "--image: site 'slurm' (slurm) has no place for it");
@@ -198,6 +200,34 @@ TEST_CASE("--requeue: Slurm's signal goes to ddl run, which requeues; PBS gets a
   CHECK(text.find("--requeue-signal") == std::string::npos);
 }
 
+TEST_CASE("--requeue and --signal-before need a time limit longer than the signal's lead") {
+  UserSites none({});
+  JobRequest requeue = job({{"nodes", "1"}, {"gpus_per_node", "4"}, {"time", "2"}});
+  requeue.requeue = true;  // lead 120 s in a 120 s job: signalled as it starts, requeued over and over
+  CHECK_THROWS_WITH_AS(render_job_script(load_site("slurm"), requeue),
+                       doctest::Contains("--requeue signals 120 s before the time limit, and -t/--time 2 is 120 s: the job would be told "
+                                         "to stop as it starts"),
+                       ddl::UsageError);
+  requeue.options["time"] = "2:01";
+  CHECK(render_job_script(load_site("slurm"), requeue).text.find("#SBATCH --time=2:01\n") != std::string::npos);
+  requeue.options["time"] = "0";  // no limit: the signal never comes
+  CHECK_THROWS_WITH_AS(render_job_script(load_site("slurm"), requeue),
+                       doctest::Contains("--requeue with -t/--time 0: Slurm reads 0 as no time limit"), ddl::UsageError);
+
+  JobRequest signal_only = job({{"nodes", "1"}, {"gpus_per_node", "4"}, {"time", "00:30:00"}});
+  signal_only.signal_before_seconds = 1800;
+  try {
+    render_job_script(load_site("slurm"), signal_only);
+    FAIL("a lead as long as the job was accepted");
+  } catch (const ddl::UsageError& e) {
+    CHECK(std::string(e.what()) ==
+          "--signal-before 1800 signals 1800 s before the time limit, and -t/--time 00:30:00 is 1800 s: the job would be told to stop "
+          "as it starts");
+  }
+  signal_only.options.erase("time");  // the partition's default limit: nothing to check against
+  CHECK(render_job_script(load_site("slurm"), signal_only).text.find("#SBATCH --signal=B:USR1@1800\n") != std::string::npos);
+}
+
 namespace {
 
 // How sbatch 22.05 reads the words of an #SBATCH line (get_argument in src/sbatch/opt.c): blanks
@@ -265,12 +295,38 @@ TEST_CASE("sbatch reads back exactly the values in #SBATCH lines: backslashes, q
         std::string::npos);
 }
 
+// OpenPBS: qsub refuses other names (check_job_name), and places chunks freely unless told.
+TEST_CASE("PBS: job names as qsub takes them; N nodes' chunks on N hosts") {
+  UserSites none({});
+  for (const char* name : {"exp:1", "a/b", "x@y", "a,b", "a&b", "\"q\"", "é"})
+    CHECK_THROWS_WITH_AS(render_job_script(load_site("sockeye"), job({{"account", "st-a-1-gpu"}, {"job_name", name}})),
+                         doctest::Contains("PBS takes a job name of letters, digits and - _ + . only"), ddl::UsageError);
+  CHECK_THROWS_WITH_AS(render_job_script(load_site("pbs"), job({{"cpus_per_task", "4"}, {"job_name", std::string(231, 'a')}})),
+                       doctest::Contains("at most 230 of them"), ddl::UsageError);
+  CHECK(render_job_script(load_site("pbs"), job({{"cpus_per_task", "4"}, {"job_name", "2-resnet_50+v1.2"}}))
+            .text.find("#PBS -N 2-resnet_50+v1.2\n") != std::string::npos);
+  CHECK(render_job_script(load_site("slurm"), job({{"job_name", "my run"}})).text.find("#SBATCH --job-name=\"my run\"\n") !=
+        std::string::npos);  // Slurm takes any name
+
+  const std::string two = render_job_script(load_site("sockeye"), job({{"account", "st-a-1-gpu"}, {"nodes", "2"}})).text;
+  CHECK(two.find("#PBS -l place=scatter\n") != std::string::npos);
+  CHECK(render_job_script(load_site("sockeye"), job({{"account", "st-a-1-gpu"}, {"nodes", "1"}})).text.find("place=") == std::string::npos);
+  JobRequest told = job({{"nodes", "2"}, {"cpus_per_task", "4"}});
+  told.extra_directives = {"-l place=excl"};  // the user's own placement stands alone
+  const std::string excl = render_job_script(load_site("pbs"), told).text;
+  CHECK(excl.find("place=scatter") == std::string::npos);
+  CHECK(excl.find("#PBS -l place=excl\n") != std::string::npos);
+  const std::string polaris =
+      render_job_script(load_site("polaris"), job({{"account", "p"}, {"filesystems", "home"}, {"nodes", "2"}})).text;
+  CHECK(polaris.find("place=scatter") == polaris.rfind("place=scatter"));  // its profile's own, once
+}
+
 TEST_CASE("a #PBS directive value with a backslash is refused, naming the flag") {
   UserSites none({});
   CHECK_THROWS_WITH_AS(render_job_script(load_site("sockeye"), job({{"account", "st-a-1-gpu"}, {"output", "/scratch/a\\b.out"}})),
                        "-o/--output contains a backslash, which qsub does not read the same way on every PBS", ddl::UsageError);
-  CHECK_THROWS_WITH_AS(render_job_script(load_site("sockeye"), job({{"account", "st-a-1-gpu"}, {"job_name", "a'b\"c"}})),
-                       "-J/--job-name holds both kinds of quote, which a #PBS directive cannot carry", ddl::UsageError);
+  CHECK_THROWS_WITH_AS(render_job_script(load_site("sockeye"), job({{"account", "st-a-1-gpu"}, {"output", "/scratch/a'b\"c.out"}})),
+                       "-o/--output holds both kinds of quote, which a #PBS directive cannot carry", ddl::UsageError);
 }
 
 TEST_CASE("values of tens of kilobytes are refused or quoted, never a crash") {
