@@ -62,6 +62,18 @@ def _():
             assert torch.equal(out.double(), ref.to(dtype).double()), (dtype, op, out, ref)
 
 
+@check("allreduce: MIN and MAX are NaN where any rank's value is, whichever rank held it")
+def _():
+    for holder in range(N):
+        for dtype in FLOATS:
+            mine = torch.full((3,), float(R + 1), dtype=dtype)
+            if R == holder:
+                mine[1] = float("nan")
+            for op in (hvd.Min, hvd.Max):
+                out = hvd.allreduce(mine, op=op, name=f"nan.{holder}.{dtype}.{op}")
+                assert torch.isnan(out[1]) and not torch.isnan(out[0]), (holder, dtype, op, out)
+
+
 @check("allreduce: prescale and postscale as Horovod computes them")
 def _():
     for dtype in (torch.int32, torch.float32, torch.float64):

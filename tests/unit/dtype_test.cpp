@@ -52,6 +52,26 @@ TEST_CASE("reduce functions combine element by element") {
   CHECK(half_to_float(h3[0]) == 3.75f);
 }
 
+TEST_CASE("MIN and MAX give NaN where either operand is NaN, whichever rank's it was") {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (ddl_reduce_op op : {DDL_MIN, DDL_MAX}) {
+    std::vector<float> a{nan, 1.0f, 2.0f}, b{3.0f, nan, 0.5f}, out(3);
+    reduce_function(DDL_FLOAT32, op)(out.data(), a.data(), b.data(), 3);
+    CHECK(std::isnan(out[0]));
+    CHECK(std::isnan(out[1]));
+    CHECK(out[2] == (op == DDL_MIN ? 0.5f : 2.0f));
+    std::vector<double> d1{1.0}, d2{std::nan("")}, d3(1);
+    reduce_function(DDL_FLOAT64, op)(d3.data(), d1.data(), d2.data(), 1);
+    CHECK(std::isnan(d3[0]));
+    for (ddl_dtype half : {DDL_FLOAT16, DDL_BFLOAT16}) {
+      std::vector<unsigned short> h1{half == DDL_FLOAT16 ? float_to_half(1.0f) : float_to_bfloat16(1.0f)},
+          h2{half == DDL_FLOAT16 ? float_to_half(nan) : float_to_bfloat16(nan)}, h3(1);
+      reduce_function(half, op)(h3.data(), h1.data(), h2.data(), 1);
+      CHECK(std::isnan(half == DDL_FLOAT16 ? half_to_float(h3[0]) : bfloat16_to_float(h3[0])));
+    }
+  }
+}
+
 TEST_CASE("average divides by the world size; integers truncate toward zero") {
   std::vector<int64_t> ints{7, -7, 8};
   divide_by_world_size(ints.data(), 3, DDL_INT64, 2);

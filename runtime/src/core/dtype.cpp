@@ -137,16 +137,29 @@ struct Product {
     return x * y;
   }
 };
+// A NaN on any rank makes the result NaN, as torch.min/max and MPI give: std::min and std::max
+// return their first operand when either is NaN, so the result would depend on which rank held it
+// (allreduce(loss, op=Max) then missed a NaN loss on every rank but the first).
+template <typename T>
+bool either_nan(T x, T y, T& nan) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (x != x) return nan = x, true;
+    if (y != y) return nan = y, true;
+  }
+  return false;
+}
 struct Min {
   template <typename T>
   T operator()(T x, T y) const {
-    return std::min(x, y);
+    T nan;
+    return either_nan(x, y, nan) ? nan : std::min(x, y);
   }
 };
 struct Max {
   template <typename T>
   T operator()(T x, T y) const {
-    return std::max(x, y);
+    T nan;
+    return either_nan(x, y, nan) ? nan : std::max(x, y);
   }
 };
 
