@@ -1,4 +1,6 @@
 // ddl: the command line. Parses, calls the launcher, prints; the one place errors are printed.
+#include <signal.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -201,7 +203,13 @@ int checked_stdout(int status) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return checked_stdout(run_ddl(argc, argv)); }
+int main(int argc, char** argv) {
+  // ddl waits for what it starts (workers, srun, sbatch...). A parent that ignores SIGCHLD passes that
+  // on across exec, and the kernel would then reap ddl's children itself: `ddl run` never saw its
+  // workers end and waited for ever, deaf to SIGTERM.
+  ::signal(SIGCHLD, SIG_DFL);
+  return checked_stdout(run_ddl(argc, argv));
+}
 
 namespace {
 

@@ -248,12 +248,6 @@ RunOutcome run_on_hosts(const RunRequest& request, const Environment& env, const
 
   // Each name is looked up (a DNS timeout can take seconds): a signal meanwhile ends the run
   // between two lookups, before anything started.
-  const auto stopped_before_start = [](int sig) {
-    RunOutcome outcome;
-    outcome.exit_code = 128 + sig;
-    outcome.interrupted_by = outcome.signalled = sig;
-    return outcome;
-  };
   std::vector<bool> local;
   for (const auto& h : request.hosts) {
     if (const int sig = supervisor.signal_before_run()) return stopped_before_start(sig);

@@ -236,10 +236,13 @@ RunOutcome run_once(const RunRequest& request, const Environment& env, const std
   const WorldPlan plan = plan_world(request.launch, gpus.count());
   if (request.supervision.shown_ranks) request.supervision.shown_ranks->check_within(plan.world_size());
   const std::string program = resolve_program(request.command.front(), lookup(env, "PATH").value_or("/usr/bin:/bin"));
+  // Finding the GPUs may take seconds (nvidia-smi): Ctrl-C meanwhile starts no worker.
+  if (const int sig = supervisor.signal_before_run()) return stopped_before_start(sig);
 
   // One node: workers reach node 0 over loopback.
   const RunServices services("127.0.0.1", "127.0.0.1", log);
   RunContext run = services.serve(run_context(request));
+  if (const int sig = supervisor.signal_before_run()) return stopped_before_start(sig);
   run.master_addr = "127.0.0.1";
   run.cpus_on_node = request.cpus_per_task ? *request.cpus_per_task * plan.workers_per_node : available_cpus();
 

@@ -896,6 +896,13 @@ Supervisor::~Supervisor() {
   ::pthread_sigmask(SIG_SETMASK, &original_mask_, nullptr);
 }
 
+RunOutcome stopped_before_start(int sig) {
+  RunOutcome outcome;
+  outcome.exit_code = 128 + sig;
+  outcome.interrupted_by = outcome.signalled = sig;
+  return outcome;
+}
+
 int Supervisor::signal_before_run() {
   signalfd_siginfo info{};
   while (::read(signal_fd_, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {

@@ -128,6 +128,10 @@ struct RunOutcome {
   bool requeued = false;         // run_job put the batch job back in the queue after the finish signal
 };
 
+// The outcome of a run that signal `sig` stopped before any worker started (see
+// Supervisor::signal_before_run).
+RunOutcome stopped_before_start(int sig);
+
 class Supervisor {
  public:
   // Blocks the signals it handles in the calling thread, so that threads started afterwards (the

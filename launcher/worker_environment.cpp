@@ -43,6 +43,12 @@ Environment worker_environment(const Environment& base, const WorldPlan& plan, c
   set("TORCHELASTIC_RUN_ID", run.run_id);
   set("TORCHELASTIC_RESTART_COUNT", run.restart_count);
   set("TORCHELASTIC_MAX_RESTARTS", run.max_restarts);
+  // What an enclosing torchrun's agent tells its own workers (ddl run started from one): its store,
+  // its watchdog's timer file, its error file. Kept, torch's env:// init joins that agent's store,
+  // which nobody serves at this run's MASTER_PORT, and waits for it.
+  for (const char* agent_only :
+       {"TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ENABLE_FILE_TIMER", "TORCHELASTIC_TIMER_FILE", "TORCHELASTIC_ERROR_FILE"})
+    env.erase(agent_only);
 
   // horovodrun's set, so Horovod-style scripts (and ddl.torch's tests of them) read the same ranks.
   // Cross ranks as Horovod's: among the nodes that have a worker of this local rank (all nodes when

@@ -169,7 +169,9 @@ WorkerProcess spawn_worker(const std::string& program, const std::vector<std::st
     // Where Yama lets only a process's ancestors attach (ptrace_scope 1), ddl and what it starts
     // (the hang watchdog's gdb) may still read this worker's stack. Kept across exec; a no-op without Yama.
     ::prctl(PR_SET_PTRACER, parent, 0, 0, 0);
-    ::dup2(stdin_fd >= 0 ? stdin_fd : ::open("/dev/null", O_RDONLY), STDIN_FILENO);
+    const int null_fd = stdin_fd >= 0 ? -1 : ::open("/dev/null", O_RDONLY);
+    ::dup2(stdin_fd >= 0 ? stdin_fd : null_fd, STDIN_FILENO);
+    if (null_fd > STDIN_FILENO) ::close(null_fd);  // else the worker inherits a stray descriptor of it
     ::dup2(out_pipe[1], STDOUT_FILENO);
     ::dup2(err_pipe[1], STDERR_FILENO);
     ::signal(SIGPIPE, SIG_DFL);

@@ -47,6 +47,24 @@ class WorkerEnvironment(unittest.TestCase):
         self.assertTrue(1024 <= port <= 65535)
         self.assertRegex(envs[0]["DDL_STORE_ADDR"], r"^127\.0\.0\.1:\d+$")
 
+    def test_an_enclosing_torchruns_agent_only_variables_are_not_passed_on(self):
+        # Kept, TORCHELASTIC_USE_AGENT_STORE made torch's env:// init wait for an agent's store.
+        agent = {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_ENABLE_FILE_TIMER": "1",
+                 "TORCHELASTIC_TIMER_FILE": "/tmp/outer-timer", "TORCHELASTIC_ERROR_FILE": "/tmp/outer-error.json"}
+        show = f"import os; print(sorted(k for k in {sorted(agent)!r} if k in os.environ))"
+        result = ddl("-np", "2", "--", PYTHON, "-c", show, env=agent)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual({rank: lines[0] for rank, lines in lines_by_rank(result.stdout).items()}, {0: "[]", 1: "[]"})
+
+    def test_a_worker_holds_dev_null_as_its_stdin_only(self):
+        # ddl gives the worker /dev/null as stdin; the descriptor it opened for that stayed open too.
+        show = ("import os\nfor f in os.listdir('/proc/self/fd'):\n"
+                "    try: print(f, os.readlink('/proc/self/fd/' + f))\n    except OSError: pass")
+        result = ddl("-np", "1", "--", PYTHON, "-c", show)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual([line for line in lines_by_rank(result.stdout)[0] if line.endswith(" /dev/null")], ["0 /dev/null"],
+                         result.stdout)
+
     def test_omp_threads_are_cores_per_worker_unless_set(self):
         cpus = len(os.sched_getaffinity(0))
         derived = environments("-np", "4", env={"OMP_NUM_THREADS": None})

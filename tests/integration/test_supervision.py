@@ -66,6 +66,15 @@ class FailFast(unittest.TestCase):
         self.assertEqual(result.returncode, 0)
         self.assertEqual(result.stderr, "")
 
+    def test_a_parent_that_ignores_sigchld_does_not_hang_ddl(self):
+        # An ignored SIGCHLD is inherited across exec; the kernel then reaps the workers unseen.
+        start = time.monotonic()
+        result = subprocess.run([DDL, "run", "-np", "2", "--", "sh", "-c", "exit 3"], capture_output=True, text=True, timeout=60,
+                                preexec_fn=lambda: signal.signal(signal.SIGCHLD, signal.SIG_IGN))
+        self.assertEqual(result.returncode, 3, result.stderr)
+        self.assertIn("exited with code 3", result.stderr)
+        self.assertLess(time.monotonic() - start, 30)
+
     def test_a_grandchild_that_left_the_session_is_not_left_behind(self):
         self.marker = marker = unique_marker()
         result = ddl("-np", "2", "--", "sh", "-c", f"setsid sleep {marker} > /dev/null 2>&1 & exit 0", timeout=60)
@@ -179,6 +188,24 @@ class Signals(unittest.TestCase):
         out, err = proc.communicate(timeout=15)
         self.assertEqual(proc.returncode, 128 + signal.SIGINT, err)
         self.assertEqual(processes_with(self.marker), [])
+
+    def test_ctrl_c_while_the_gpus_are_looked_for_starts_no_worker(self):
+        # An nvidia-smi that takes 3 s to answer (a busy node's driver); Ctrl-C comes 1 s in.
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "nvidia-smi"), "w") as f:
+                f.write("#!/bin/sh\nsleep 3\necho 0\necho 1\n")
+            os.chmod(os.path.join(tmp, "nvidia-smi"), 0o755)
+            started = os.path.join(tmp, "started")
+            env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES" and not k.startswith(("SLURM_", "PBS_"))}
+            env["PATH"] = f"{tmp}:{env.get('PATH', '/usr/bin:/bin')}"
+            proc = subprocess.Popen([DDL, "run", "-np", "2", "--", "sh", "-c", f"touch {started}; {self.script}"], env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+            time.sleep(1)
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=30)
+            self.assertEqual(proc.returncode, 130, err)
+            self.assertIn("ddl: interrupted by SIGINT; stopped 0 worker(s)", err)  # none started, none to stop
+            self.assertFalse(os.path.exists(started), "a worker started after Ctrl-C")
 
     def test_every_signal_that_would_end_ddl_stops_the_workers_and_what_they_forked(self):
         # A signal ddl did not catch would end it at once, leaving what the workers forked behind.
