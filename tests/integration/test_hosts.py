@@ -302,6 +302,15 @@ class HostsTest(unittest.TestCase):
         self.assertIn("allreduce check: rank 3 world 4 got [10, 100] expected [10, 100] ok", by_rank[3])
         self.assertIn("replicas identical: yes", result.stdout)
 
+    def test_a_gloo_address_that_does_not_resolve_is_an_error_naming_it_not_a_crash(self):
+        # Gloo's TCP device used a failed lookup unchecked: every rank died of SIGSEGV in ddl_init.
+        result = on_host("ddlhost1", DDL, "run", "--cpu", "-H", "ddlhost1:1,ddlhost2:1", "--", CHECKS, "world", timeout=300,
+                         env={"DDL_GLOO_ADDR": "no-such-host.invalid"})
+        self.assertEqual(result.returncode, 1, result.stdout[-3000:] + result.stderr[-3000:])
+        self.assertIn("the address this rank gives its peers for Gloo, 'no-such-host.invalid', does not resolve here",
+                      result.stdout + result.stderr)
+        self.assertNotIn("SIGSEGV", result.stderr)
+
     def test_hosts_with_different_slot_counts_run_every_slot_with_their_own_local_sizes(self):
         # 6 = 4 + 2 with no count; -np 3 on two 2-slot hosts fills ddlhost1 first (2 + 1), as mpirun does.
         for args, sizes in ((["-H", "ddlhost1:4,ddlhost2:2"], [4, 2]), (["-H", "ddlhost1:2,ddlhost2:2", "-np", "3"], [2, 1])):

@@ -9,9 +9,14 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <netdb.h>
+#include <sys/socket.h>
+
 #include <cstdint>
 #include <cstring>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "common/error.hpp"
 #include "runtime/src/core/copy_bytes.hpp"
@@ -46,10 +51,26 @@ void with_element_type(size_t element_size, Fn fn) {
   }
 }
 
+// Gloo's TCP device looks `host` up and uses the answer unchecked: a name that does not resolve
+// (a compute node whose name DNS does not know, a mistyped DDL_GLOO_ADDR) crashed every rank.
+void require_resolvable(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  if (found != nullptr) ::freeaddrinfo(found);
+  if (rc != 0)
+    throw Error(
+        fmt::format("the address this rank gives its peers for Gloo, '{}', does not resolve here ({}): set DDL_GLOO_ADDR to "
+                    "this host's address on the network the other hosts reach",
+                    host, ::gai_strerror(rc)));
+}
+
 class GlooCollectives final : public Collectives {
  public:
   GlooCollectives(int rank, int size, gloo::rendezvous::Store& store, const std::string& host, std::chrono::milliseconds timeout)
       : timeout_(timeout) {
+    require_resolvable(host);
     gloo::transport::tcp::attr attr;
     attr.hostname = host;
     auto device = gloo::transport::tcp::CreateDevice(attr);
