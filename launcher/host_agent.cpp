@@ -38,9 +38,15 @@ std::string read_job_line(int fd) {
   throw Error("the job the launching host sent is too long");
 }
 
-GpuInventory gpus_for(const RemoteJob& job) {
-  if (!job.plan.gpu_workers) return {{}, "--cpu"};
+// This host's GPUs for the job's workers; a job whose GPU use was left to each host (gpus_if_present)
+// becomes one with GPU workers here when this host has GPUs.
+GpuInventory gpus_for(RemoteJob& job) {
+  if (!job.plan.gpu_workers && !job.gpus_if_present) return {{}, "--cpu"};
   GpuInventory gpus = in_order(discover_gpus(job.env), job.gpu_order);
+  if (!job.plan.gpu_workers) {
+    if (gpus.count() == 0) return {{}, "no GPU on this host"};
+    job.plan.gpu_workers = true;
+  }
   if (gpus.count() == 0)
     throw UsageError(fmt::format("{} has no GPU visible and the run has GPU workers", host_name()),
                      "give every host GPUs, or run CPU workers with --cpu");
@@ -58,7 +64,7 @@ void require_gpus_for_node(const WorldPlan& plan, int node_rank, const GpuInvent
 }
 
 int run_host_agent(int control_fd) {
-  const RemoteJob job = decode_remote_job(read_job_line(control_fd));
+  RemoteJob job = decode_remote_job(read_job_line(control_fd));
   SupervisorOptions options;
   options.grace_period = std::chrono::milliseconds(job.grace_period_ms);
   options.host = host_name();

@@ -109,6 +109,7 @@ std::string encode_remote_job(const RemoteJob& job) {
             {"env", environment_to_json(job.env)},
             {"grace_period_ms", job.grace_period_ms}};
   if (job.cpus_per_task) j["cpus_per_task"] = *job.cpus_per_task;
+  if (job.gpus_if_present) j["gpus_if_present"] = true;
   if (job.hang_timeout_ms > 0) j["hang_timeout_ms"] = job.hang_timeout_ms;
   if (!job.plan.uniform()) j["node_sizes"] = job.plan.node_sizes;
   return j.dump();  // every string in it is UTF-8 (bytes_to_json)
@@ -135,6 +136,7 @@ RemoteJob decode_remote_job(const std::string& line) {
       throw Error("the launching host sent a node rank outside its plan");
     job.gpu_order = j.at("gpu_order_reversed").get<bool>() ? GpuOrder::Reversed : GpuOrder::AsListed;
     job.share_gpus = j.at("share_gpus").get<bool>();
+    job.gpus_if_present = j.contains("gpus_if_present") && j.at("gpus_if_present").get<bool>();
     job.run.run_id = j.at("run_id").get<std::string>();
     job.run.store_addr = j.at("store_addr").get<std::string>();
     job.run.store_token = j.at("store_token").get<std::string>();

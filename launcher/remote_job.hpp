@@ -19,6 +19,9 @@ struct RemoteJob {
   WorldPlan plan;
   GpuOrder gpu_order = GpuOrder::AsListed;
   bool share_gpus = false;
+  // No host of the run is the launching host, and neither --cpu nor --gpus-per-node was given: the
+  // plan's gpu_workers could not be decided there, and each host pins its own GPUs if it has any.
+  bool gpus_if_present = false;
   std::optional<int> cpus_per_task;
   RunContext run;  // cpus_on_node is the agent's to fill in from its own host
   std::vector<std::string> command;

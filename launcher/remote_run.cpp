@@ -289,6 +289,7 @@ RunOutcome run_on_hosts(const RunRequest& request, const Environment& env, const
   job.plan = plan;
   job.gpu_order = request.gpu_order;
   job.share_gpus = request.launch.share_gpus;
+  job.gpus_if_present = !any_local && !request.launch.cpu_only && !request.launch.gpus_per_node;
   job.cpus_per_task = request.cpus_per_task;
   job.run = run;
   job.command = request.command;

@@ -267,6 +267,11 @@ class HostsTest(unittest.TestCase):
         result = self.run_on_hosts("--gpus-per-node", "4", "--share-gpus", "-H", "ddlhost1:4,ddlhost2:4", env=env)
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
         self.assertEqual([workers(result.stdout)[r]["CUDA_VISIBLE_DEVICES"] for r in range(4, 8)], ["0", "1", "2", "3"])
+        # Launched from a host outside the list (a login node), with no --gpus-per-node: each host
+        # still pins its own GPUs (the workers saw every GPU of their host).
+        result = self.run_on_hosts("-H", "ddlhost2:2", env=env)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertEqual({r: w["CUDA_VISIBLE_DEVICES"] for r, w in workers(result.stdout).items()}, {0: "0", 1: "1"})
         # Hosts of different sizes: every slot, each host's workers on its own GPUs.
         result = self.run_on_hosts("-H", "ddlhost1:2,ddlhost2:4", env=env)
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
