@@ -34,8 +34,14 @@ std::map<std::string, std::string> effective_values(const SiteProfile& site, con
   const int gpus = std::stoi(v["gpus_per_node"]);
   const int tasks = std::max(1, gpus);
   v["tasks_per_node"] = std::to_string(tasks);
-  // A site whose core count is unknown (0) gets no core request unless the user makes one.
-  if (!v.count("cpus_per_task") && shape.cores_per_node > 0) v["cpus_per_task"] = std::to_string(std::max(1, shape.cores_per_node / tasks));
+  // A site whose core count is unknown (0) gets no core request unless the user makes one. A job
+  // with part of a node's GPUs gets that part of its cores: on shared nodes (Neuron's) a one-GPU
+  // job holding all 64 cores of an 8-GPU node leaves the other seven GPUs without a core.
+  if (!v.count("cpus_per_task") && shape.cores_per_node > 0) {
+    const bool part_of_node = gpus > 0 && shape.gpus_per_node > gpus;
+    const long long cores = part_of_node ? static_cast<long long>(shape.cores_per_node) * gpus / shape.gpus_per_node : shape.cores_per_node;
+    v["cpus_per_task"] = std::to_string(std::max(1LL, cores / tasks));
+  }
   // Up to 6 digits each (7 for a profile's GPUs): the product needs 64 bits.
   if (v.count("cpus_per_task")) v["cpus_per_node"] = std::to_string(static_cast<long long>(tasks) * std::stoi(v["cpus_per_task"]));
   return v;

@@ -111,6 +111,18 @@ std::vector<std::string> words_of(const std::string& command) {
   return words;
 }
 
+// The remote shell's program, found before anything starts: a missing one is --rsh's mistake (or a
+// missing ssh), not the user's program's, which the message would otherwise read as.
+std::string remote_shell_program(const std::string& name, const Environment& env) {
+  try {
+    return resolve_program(name, lookup(env, "PATH").value_or("/usr/bin:/bin"));
+  } catch (const ProgramNotRunnable& e) {
+    throw UsageError(
+        fmt::format("the remote shell for -H/--hostfile: {}", e.what()),
+        fmt::format("install ssh here (openssh-client), or give the remote shell with --rsh (default: {})", kDefaultRemoteShell));
+  }
+}
+
 std::string single_quoted(const std::string& s) {
   std::string out = "'";
   for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
@@ -244,6 +256,7 @@ HostsPlan plan_on_hosts(const LaunchRequest& launch, const std::vector<HostSlots
 RunOutcome run_on_hosts(const RunRequest& request, const Environment& env, const std::function<void(const std::string&)>& log) {
   if (request.command.empty()) throw UsageError("no program to run", "put the program after --: ddl run -H a:4,b:4 -- python train.py");
   const std::vector<std::string> shell = words_of(request.remote_shell.empty() ? kDefaultRemoteShell : request.remote_shell);
+  const std::string shell_program = remote_shell_program(shell.front(), env);
   Supervisor supervisor(request.supervision);  // before any thread (the store) starts
 
   // Each name is looked up (a DNS timeout can take seconds): a signal meanwhile ends the run
@@ -313,7 +326,7 @@ RunOutcome run_on_hosts(const RunRequest& request, const Environment& env, const
     job.node_rank = node;
     WorkerLaunch launch = remote_launch(job, host, shell);
     for (const WorkerSlot& slot : plan.slots_on_node(node)) launch.relayed_ranks.push_back(slot.rank);
-    launch.program = resolve_program(shell.front(), lookup(env, "PATH").value_or("/usr/bin:/bin"));
+    launch.program = shell_program;
     launches.push_back(std::move(launch));
     remote_by_rank.emplace(host.first_rank, host);
   }

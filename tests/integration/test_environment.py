@@ -214,7 +214,11 @@ class UsageErrors(unittest.TestCase):
         self.assertIn("salloc", result.stderr)
 
     def test_bad_flag_values_are_one_line_errors(self):
-        for args, needle in ((["-np", "0"], "--np"), (["-np", "x"], "--np"), (["--bogus"], "--bogus"), (["--bogus", "true"], "--bogus")):
+        # A remote shell that is not there is the flag's mistake (it read as the program's, exit 127).
+        rsh = (["-H", "ddl-test-nohost:1", "--rsh", "no-such-remote-shell"], "the remote shell for -H/--hostfile: program "
+                                                                              "'no-such-remote-shell' was not found in PATH")
+        for args, needle in ((["-np", "0"], "--np"), (["-np", "x"], "--np"), (["--bogus"], "--bogus"), (["--bogus", "true"], "--bogus"),
+                             rsh):
             result = ddl("run", *args, "--", "true") if args[-1] != "true" else ddl("run", *args)
             self.assertEqual(result.returncode, 2, args)
             self.assertTrue(result.stderr.startswith("ddl: error:"), result.stderr)

@@ -295,6 +295,27 @@ TEST_CASE("sbatch reads back exactly the values in #SBATCH lines: backslashes, q
         std::string::npos);
 }
 
+// Nodes are shared on Neuron (SITES.md): a part of a node's GPUs takes that part of its cores.
+TEST_CASE("a job with part of a node's GPUs asks for that part of the node's cores") {
+  UserSites none({});
+  auto cpus_per_task = [](const std::string& gpus) {
+    const std::string text =
+        render_job_script(load_site("neuron"), job({{"comment", "pytorch"}, {"partition", "amd_a100nv_8"}, {"gpus_per_node", gpus}})).text;
+    const size_t at = text.find("#SBATCH --cpus-per-task=");
+    REQUIRE(at != std::string::npos);
+    return std::stoi(text.substr(at + 24));
+  };
+  CHECK(cpus_per_task("1") == 8);  // 64 cores, 8 GPUs: 8 cores per GPU, not the node's 64
+  CHECK(cpus_per_task("2") == 8);
+  CHECK(cpus_per_task("8") == 8);   // the whole node
+  CHECK(cpus_per_task("0") == 64);  // a CPU job: the node's cores
+  const std::string given =
+      render_job_script(load_site("neuron"),
+                        job({{"comment", "pytorch"}, {"partition", "amd_a100nv_8"}, {"gpus_per_node", "1"}, {"cpus_per_task", "32"}}))
+          .text;
+  CHECK(given.find("#SBATCH --cpus-per-task=32\n") != std::string::npos);  // the user's own stands
+}
+
 // OpenPBS: qsub refuses other names (check_job_name), and places chunks freely unless told.
 TEST_CASE("PBS: job names as qsub takes them; N nodes' chunks on N hosts") {
   UserSites none({});
