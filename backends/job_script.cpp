@@ -7,6 +7,7 @@
 #include <cstring>
 #include <regex>
 #include <set>
+#include <sstream>
 
 #include <fmt/format.h>
 
@@ -205,6 +206,25 @@ void refuse_option_like_words(const SiteProfile& site, const std::map<std::strin
 
 // Slurm: a list of indices and ranges with steps, at most N at once ("0-15%4", "1,3,5-9:2");
 // PBS: one range (-J 0-15[:step][%N]), which PBS wants of two elements at least.
+// What the form allows but the scheduler refuses: a range that ends before it starts, a step of 0,
+// a limit of 0 elements at once.
+void check_array_numbers(const std::string& spec) {
+  const size_t percent = spec.find('%');
+  if (percent != std::string::npos && std::stol(spec.substr(percent + 1)) == 0)
+    throw UsageError(fmt::format("--array '{}': a limit of 0 elements at once would run none", spec), "give %1 or more, or no limit");
+  static const std::regex range(R"((\d+)-(\d+)(:(\d+))?)");
+  std::istringstream elements(spec.substr(0, percent));
+  std::smatch m;
+  for (std::string element; std::getline(elements, element, ',');) {
+    if (!std::regex_match(element, m, range)) continue;
+    if (std::stol(m[2].str()) < std::stol(m[1].str()))
+      throw UsageError(fmt::format("--array '{}': the range {} ends before it starts", spec, element),
+                       fmt::format("write it {}-{}", m[2].str(), m[1].str()));
+    if (m[4].matched && std::stol(m[4].str()) == 0)
+      throw UsageError(fmt::format("--array '{}': the range {} has a step of 0", spec, element), "give a step of 1 or more");
+  }
+}
+
 void check_array(const SiteProfile& site, const std::string& spec) {
   static const std::regex slurm(R"((\d{1,7}(-\d{1,7}(:\d{1,7})?)?)(,\d{1,7}(-\d{1,7}(:\d{1,7})?)?){0,63}(%\d{1,7})?)");
   static const std::regex pbs(R"((\d{1,7})-(\d{1,7})(:\d{1,7})?(%\d{1,7})?)");
@@ -213,6 +233,7 @@ void check_array(const SiteProfile& site, const std::string& spec) {
     if (spec.size() > 1024 || !std::regex_match(spec, slurm))
       throw UsageError(fmt::format("--array '{}' is not a Slurm array", spec.substr(0, 64)),
                        "give indices and ranges with an optional step and limit, e.g. --array 0-15%4 or --array 1,3,5-9:2");
+    check_array_numbers(spec);
     return;
   }
   if (!std::regex_match(spec, m, pbs))
@@ -221,6 +242,7 @@ void check_array(const SiteProfile& site, const std::string& spec) {
                      "give a range, e.g. --array 0-15%4");
   if (std::stol(m[2].str()) <= std::stol(m[1].str()))
     throw UsageError(fmt::format("--array '{}': a PBS array needs an end above its start", spec), "e.g. --array 0-15");
+  check_array_numbers(spec);
 }
 
 // Slurm: host names and node ranges. PBS has no way to keep a job off named nodes (a select names

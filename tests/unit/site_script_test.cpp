@@ -295,6 +295,25 @@ TEST_CASE("sbatch reads back exactly the values in #SBATCH lines: backslashes, q
         std::string::npos);
 }
 
+// sbatch and qsub refuse these; ddl says which part and how to write it before submitting.
+TEST_CASE("array ranges that end before they start, steps and limits of 0 are refused") {
+  UserSites none({});
+  auto refused = [](const std::string& site, std::map<std::string, std::string> options, const std::string& spec, const char* says) {
+    JobRequest j = job(std::move(options));
+    j.array = spec;
+    CHECK_THROWS_WITH_AS(render_job_script(load_site(site), j), doctest::Contains(says), ddl::UsageError);
+  };
+  refused("slurm", {}, "3-1", "--array '3-1': the range 3-1 ends before it starts");
+  refused("slurm", {}, "1,9-5:2", "the range 9-5:2 ends before it starts");
+  refused("slurm", {}, "0-3:0", "--array '0-3:0': the range 0-3:0 has a step of 0");
+  refused("slurm", {}, "0-15%0", "--array '0-15%0': a limit of 0 elements at once would run none");
+  refused("sockeye", {{"account", "st-a-1-gpu"}}, "0-3:0", "has a step of 0");
+  refused("sockeye", {{"account", "st-a-1-gpu"}}, "0-3%0", "a limit of 0 elements");
+  JobRequest fine = job({});
+  fine.array = "0,2-2,4-10:3%1";
+  CHECK(render_job_script(load_site("slurm"), fine).text.find("#SBATCH --array=0,2-2,4-10:3%1\n") != std::string::npos);
+}
+
 // Nodes are shared on Neuron (SITES.md): a part of a node's GPUs takes that part of its cores.
 TEST_CASE("a job with part of a node's GPUs asks for that part of the node's cores") {
   UserSites none({});
