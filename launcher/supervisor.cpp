@@ -100,6 +100,8 @@ constexpr std::chrono::seconds kRemoteKillWait{3};
 
 // A remote shell that has not taken the job (or a signal line) within this long never will.
 constexpr std::chrono::seconds kRemoteShellReadWait{20};
+constexpr size_t kDefaultPipeBytes = 64 * 1024;        // Linux's
+constexpr size_t kLargestUserPipeBytes = 1024 * 1024;  // Linux's default /proc/sys/fs/pipe-max-size
 
 // Writes all of `data` to a pipe, waiting while it is full; false if the reader is gone or has
 // not read for kRemoteShellReadWait.
@@ -231,6 +233,12 @@ class Run {
     ::close(fds[0]);
     w.control_fd = fds[1];
     ::fcntl(w.control_fd, F_SETFL, O_NONBLOCK);
+    // A pipe that holds the whole job takes it at once, whenever the shell reads it: a job larger
+    // than the default 64 KiB (an Lmod environment) would otherwise be written host after host, each
+    // waiting for its ssh to connect, with Ctrl-C unread meanwhile. Up to pipe-max-size (1 MiB for
+    // a user); a larger job is written as it is read.
+    if (const size_t job = launch.control_input->size(); job >= kDefaultPipeBytes)
+      ::fcntl(w.control_fd, F_SETPIPE_SZ, static_cast<int>(std::min<size_t>(job + 1, kLargestUserPipeBytes)));
     // A shell that fails to connect reads none of it and exits; one that neither reads nor exits
     // is killed (its launch then fails like any other).
     if (!write_to_pipe(w.control_fd, *launch.control_input)) signal_unreaped_worker(process.pid, SIGKILL);

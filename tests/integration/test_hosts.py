@@ -316,6 +316,27 @@ class HostsTest(unittest.TestCase):
                       result.stdout + result.stderr)
         self.assertNotIn("SIGSEGV", result.stderr)
 
+    def test_every_host_gets_its_job_at_once_even_with_a_large_environment(self):
+        # The job (environment included) travels on the remote shell's stdin. One larger than a pipe's
+        # 64 KiB was written host after host, each waiting for its shell to connect and read. A remote
+        # shell of the test's own, which runs the agent here: the first host's waits (10 s at most)
+        # for the second host's shell to have started before it reads its job.
+        rsh = os.path.join(self.shared, f"rsh.{self.marker}")
+        second = os.path.join(self.shared, f"second-started.{self.marker}")
+        with open(rsh, "w") as f:
+            f.write("#!/bin/bash\nhost=$1; shift\n"
+                    f"if [ \"$host\" = ddlhost2 ]; then\n"
+                    f"  for i in $(seq 100); do [ -e {second} ] && break; sleep 0.1; done\n"
+                    f"  [ -e {second} ] || {{ echo 'the second host had no shell yet' >&2; exit 9; }}\n"
+                    f"else touch {second}; fi\n"
+                    'exec bash -c "$*"\n')
+        os.chmod(rsh, 0o755)
+        address = on_host("ddlhost1", "getent", "hosts", "ddlhost2").stdout.split()[0]  # a second name for it
+        result = on_host("ddlhost1", DDL, "run", "--cpu", "-H", f"ddlhost2:1,{address}:1", "--rsh", rsh, "--", "sh", "-c",
+                         'echo "$RANK ${#BIG1} ${#BIG2}"', env={"BIG1": "x" * 100000, "BIG2": "y" * 100000})
+        self.assertEqual(result.returncode, 0, result.stdout[-2000:] + result.stderr[-2000:])
+        self.assertEqual(sorted(result.stdout.splitlines()), ["[0] 0 100000 100000", "[1] 1 100000 100000"])
+
     def test_hosts_with_different_slot_counts_run_every_slot_with_their_own_local_sizes(self):
         # 6 = 4 + 2 with no count; -np 3 on two 2-slot hosts fills ddlhost1 first (2 + 1), as mpirun does.
         for args, sizes in ((["-H", "ddlhost1:4,ddlhost2:2"], [4, 2]), (["-H", "ddlhost1:2,ddlhost2:2", "-np", "3"], [2, 1])):
