@@ -140,6 +140,7 @@ const char* const kExportedToTasks[] = {contract::kStoreAddr,
                                         contract::kLocalSize,
                                         contract::kNumNodes,
                                         "DDL_GPU_WORKERS",
+                                        "DDL_SHARE_GPUS",
                                         "DDL_CPUS_PER_TASK",
                                         "MASTER_ADDR",
                                         "MASTER_PORT",
@@ -318,6 +319,7 @@ RunOutcome run_in_allocation(const RunRequest& request, const backends::Allocati
   launcher_env[contract::kLocalSize] = std::to_string(plan.workers_per_node);
   launcher_env[contract::kNumNodes] = std::to_string(plan.num_nodes);
   launcher_env["DDL_GPU_WORKERS"] = plan.gpu_workers ? "1" : "0";
+  launcher_env["DDL_SHARE_GPUS"] = request.launch.share_gpus ? "1" : "0";
   launcher_env["MASTER_ADDR"] = shape.hosts.front();
   launcher_env["MASTER_PORT"] = std::to_string(services.master_port());
   launcher_env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(request.restart_count);

@@ -114,6 +114,13 @@ Environment task_environment(const Environment& env, const TaskIdentity& id, con
   if (plan.gpu_workers && gpus.count() == 0)
     throw UsageError(fmt::format("rank {} on {} should get a GPU, but none is visible there ({})", id.rank, host_name(), gpus.source),
                      "ask the scheduler for GPUs on every node (--gpus-per-node), or run CPU workers with ddl run --cpu");
+  // More tasks here than the GPUs each sees would put two on one GPU (NCCL refuses that), unless
+  // ddl run was told --share-gpus. A task that sees one GPU (srun --gpus-per-task=1) has its own.
+  if (plan.gpu_workers && gpus.count() > 1 && id.local_rank >= gpus.count() && lookup(env, "DDL_SHARE_GPUS").value_or("0") != "1")
+    throw UsageError(fmt::format("local rank {} on {} would share a GPU: {} task(s) there see the same {} GPU(s) ({})", id.local_rank,
+                                 host_name(), id.local_size, gpus.count(), gpus.source),
+                     "give each task its own GPU (srun --gpus-per-task=1), start as many tasks per node as GPUs, or put several "
+                     "workers on one GPU on purpose with ddl run --share-gpus");
   const GpuInventory order = in_order(gpus, request.gpu_order);
 
   RunContext run;
@@ -139,6 +146,7 @@ Environment task_environment(const Environment& env, const TaskIdentity& id, con
   if (plan.world_size() != id.size)
     for (const char* name : {contract::kSize, "WORLD_SIZE", "ROLE_WORLD_SIZE", "HOROVOD_SIZE"}) result[name] = std::to_string(id.size);
   result.erase("DDL_GPU_WORKERS");
+  result.erase("DDL_SHARE_GPUS");
   result.erase("DDL_CPUS_PER_TASK");
   return result;
 }

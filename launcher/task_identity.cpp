@@ -66,6 +66,21 @@ const LauncherVariables kLaunchers[] = {
     {"PMIx (PMIX_RANK)", {"PMIX_RANK"}, {}, {}, {}, {}, {}},
 };
 
+// srun --mpi=pmi2 (a site's MpiDefault) gives its tasks PMI_RANK and PMI_SIZE but no PMI local rank
+// or node: Slurm's own variables say those. They are trusted when they describe this same task (a
+// rank and size that agree with PMI's): an mpiexec inside a batch script passes on the script's
+// SLURM_PROCID=0, which agrees on no rank but 0 and on no size but the job's.
+const LauncherVariables* slurm_behind_pmi(const Environment& env, const LauncherVariables* chosen) {
+  const LauncherVariables& pmi = kLaunchers[2];
+  const LauncherVariables& slurm = kLaunchers[3];
+  if (chosen != &pmi || first_number(env, pmi.local_rank)) return chosen;
+  const auto slurm_rank = number_in(env, "SLURM_PROCID");
+  const auto slurm_size = first_number(env, {"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"});
+  const bool same_task = slurm_rank && slurm_size && number_in(env, "SLURM_LOCALID") && slurm_rank == number_in(env, "PMI_RANK") &&
+                         slurm_size == number_in(env, "PMI_SIZE");
+  return same_task ? &slurm : chosen;
+}
+
 }  // namespace
 
 namespace {
@@ -124,6 +139,7 @@ TaskIdentity task_identity(const Environment& env) {
   if (launcher == nullptr)
     throw UsageError("ddl exec found no rank: none of OMPI_COMM_WORLD_RANK, PALS_RANKID, PMI_RANK, SLURM_PROCID, PMIX_RANK is set",
                      "ddl exec runs inside a task started by srun, mpirun or mpiexec; to start workers use ddl run");
+  launcher = slurm_behind_pmi(env, launcher);
 
   TaskIdentity id;
   id.source = launcher->source;

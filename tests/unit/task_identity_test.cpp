@@ -54,6 +54,21 @@ TEST_CASE("MPICH-style PMI tasks") {
   check(task_identity(env), 3, 4, 1, 2, 1, 2);
 }
 
+// Slurm's pmi2 plugin gives PMI_RANK and PMI_SIZE alone: every task read as node 0 with local rank = rank.
+TEST_CASE("srun --mpi=pmi2 tasks: Slurm's local and node ranks, which PMI does not give") {
+  ddl::Environment env{{"PMI_RANK", "5"},     {"PMI_SIZE", "8"},     {"SLURM_PROCID", "5"}, {"SLURM_LOCALID", "1"},
+                       {"SLURM_NODEID", "1"}, {"SLURM_NTASKS", "8"}, {"SLURM_NNODES", "2"}, {"SLURM_TASKS_PER_NODE", "4(x2)"}};
+  check(task_identity(env), 5, 8, 1, 4, 1, 2);
+  // An mpiexec inside a batch script: the script's own SLURM_PROCID=0 describes no task of it.
+  env["SLURM_PROCID"] = "0";
+  env["SLURM_LOCALID"] = "0";
+  env["SLURM_NODEID"] = "0";
+  env["MPI_LOCALRANKID"] = "1";
+  env["MPI_LOCALNRANKS"] = "4";
+  check(task_identity(env), 5, 8, 1, 4, 1, 2);
+  CHECK(task_identity(env).source == "PMI (PMI_RANK)");
+}
+
 TEST_CASE("a bare PMIx rank takes the world's shape from what ddl run exported") {
   ddl::Environment env{{"PMIX_RANK", "7"}, {"DDL_SIZE", "8"}, {"DDL_LOCAL_SIZE", "4"}, {"DDL_NUM_NODES", "2"}};
   check(task_identity(env), 7, 8, 3, 4, 1, 2);
@@ -113,6 +128,19 @@ TEST_CASE("a planned GPU worker on a node without GPUs is an error; a CPU worker
   env["DDL_GPU_WORKERS"] = "0";
   env["CUDA_VISIBLE_DEVICES"] = "3";
   CHECK(task_environment(env, task_identity(env), {}, parse_visible_devices("3"))["CUDA_VISIBLE_DEVICES"] == "3");
+}
+
+TEST_CASE("more tasks on a node than the GPUs they see is an error, unless ddl run was told --share-gpus") {
+  ddl::Environment env{{"SLURM_PROCID", "3"}, {"SLURM_LOCALID", "3"},        {"SLURM_NODEID", "0"},   {"SLURM_NTASKS", "4"},
+                       {"SLURM_NNODES", "1"}, {"SLURM_TASKS_PER_NODE", "4"}, {"DDL_GPU_WORKERS", "1"}};
+  const auto id = task_identity(env);
+  CHECK_THROWS_WITH_AS(task_environment(env, id, {}, parse_visible_devices("0,1")), doctest::Contains("local rank 3 on "), ddl::UsageError);
+  env["DDL_SHARE_GPUS"] = "1";
+  const ddl::Environment shared = task_environment(env, id, {}, parse_visible_devices("0,1"));
+  CHECK(shared.at("CUDA_VISIBLE_DEVICES") == "1");
+  CHECK(shared.count("DDL_SHARE_GPUS") == 0);
+  env.erase("DDL_SHARE_GPUS");  // one GPU per task (srun --gpus-per-task=1): each sees its own as 0
+  CHECK(task_environment(env, id, {}, parse_visible_devices("2")).at("CUDA_VISIBLE_DEVICES") == "2");
 }
 
 TEST_CASE("tasks over nodes of different sizes: the launcher's world size, each node's own local size") {
