@@ -166,8 +166,11 @@ TaskIdentity task_identity(const Environment& env) {
 
   // Without a local rank, ranks are laid out node by node, as ddl run asks of every launcher.
   id.local_rank = first_number(env, launcher->local_rank).value_or(id.rank % id.local_size);
-  id.node_rank = node_from_launcher.value_or(id.rank / id.local_size);
+  // A node rank worked out from the rank: nodes of ddl run's planned size, the short one last (mpirun
+  // -np 5 over 4 + 1 slots puts rank 4 alone on the second node: node 1, not 4 / its node's 1 task).
+  id.node_rank = node_from_launcher.value_or(id.rank / planned_local_size.value_or(id.local_size));
   id.num_nodes = first_number(env, launcher->num_nodes).value_or(planned_nodes.value_or((id.size + id.local_size - 1) / id.local_size));
+  if (!node_from_launcher && id.node_rank >= id.num_nodes) id.node_rank = id.num_nodes - 1;
   if (id.local_rank >= id.local_size)
     throw UsageError(fmt::format("{}: local rank {} is not below the node's task count {}", launcher->source, id.local_rank, id.local_size),
                      "");

@@ -177,6 +177,9 @@ TEST_CASE("tasks over nodes of different sizes: the launcher's world size, each 
   const TaskIdentity id = task_identity(openmpi);
   out = task_environment(openmpi, id, {}, {});
   CHECK((out["WORLD_SIZE"] == "5" && out["DDL_SIZE"] == "5" && out["LOCAL_WORLD_SIZE"] == "1" && out["RANK"] == "4"));
+  CHECK((id.node_rank == 1 && out["GROUP_RANK"] == "1" && out["DDL_NODE_RANK"] == "1"));  // the second of 2 nodes, not the fifth
+  openmpi["DDL_LOCAL_SIZE"] = "4";                                                        // as ddl run exports it: nodes of 4
+  CHECK(task_identity(openmpi).node_rank == 1);
 }
 
 TEST_CASE("a local or node rank the launcher gives beyond its own counts is an error naming the launcher") {
