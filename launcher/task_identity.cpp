@@ -1,5 +1,6 @@
 #include "launcher/task_identity.hpp"
 
+#include <cctype>
 #include <charconv>
 #include <optional>
 
@@ -93,8 +94,11 @@ void for_each_group(const std::string& tasks_per_node, Group group) {
   while (pos < tasks_per_node.size()) {
     size_t comma = tasks_per_node.find(',', pos);
     std::string text = tasks_per_node.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    int count = 0, repeat = 1;
-    if (std::sscanf(text.c_str(), "%d(x%d)", &count, &repeat) < 1 || count < 1 || repeat < 1)
+    int count = 0, repeat = 1, used = 0;
+    // The whole group must be read: "%d" alone took "4abc" as 4, and "2(y2)" as 2.
+    const bool whole = (std::sscanf(text.c_str(), "%d(x%d)%n", &count, &repeat, &used) == 2 && used == static_cast<int>(text.size())) ||
+                       (repeat = 1, std::sscanf(text.c_str(), "%d%n", &count, &used) == 1 && used == static_cast<int>(text.size()));
+    if (!whole || !std::isdigit(static_cast<unsigned char>(text[0])) || count < 1 || repeat < 1)
       throw UsageError(fmt::format("SLURM_TASKS_PER_NODE={} is not Slurm's N(xR),... form", tasks_per_node), "");
     if (!group(count, repeat) || comma == std::string::npos) return;
     pos = comma + 1;
