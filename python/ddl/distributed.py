@@ -801,8 +801,10 @@ class ProcessGroupDDL(dist.ProcessGroup):
         input = _single(input_tensors, "all_gather")
         if len(outputs) != self.size():
             raise ValueError(f"all_gather takes one output per rank of the group ({self.size()}), not {len(outputs)}")
-        if any(t.numel() != input.numel() or t.dtype != input.dtype for t in outputs):
-            raise ValueError("all_gather: every output must have the input's size and dtype")
+        for index, t in enumerate(outputs):  # as gloo's check: the shape, not only the number of elements
+            if t.shape != input.shape or t.dtype != input.dtype:
+                raise ValueError(f"all_gather: every output must have the input's shape and dtype ({tuple(input.shape)}, "
+                                 f"{input.dtype}); output {index} has {tuple(t.shape)}, {t.dtype}")
         gathered = torch.empty((self.size() * input.numel(),), dtype=input.dtype, device=input.device)
         work = self._allgather_base(gathered, input.contiguous())
         # The future's value is the list of outputs, as gloo's (not the list holding it).

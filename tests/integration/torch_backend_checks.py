@@ -308,6 +308,10 @@ def expect_error(kind, text, fn, *args, **kwargs):
 def errors(rank):
     expect_error(ValueError, "send/recv", dist.send, torch.ones(1), dst=(RANK + 1) % SIZE, group=DDL)
     check("send refused", torch.ones(1), torch.ones(1))
+    # As gloo: outputs of the input's number of elements but another shape are refused.
+    expect_error(ValueError, "output 0 has (2, 1)", dist.all_gather, [torch.zeros(2, 1) for _ in range(SIZE)], torch.ones(2),
+                 group=DDL)
+    check("all_gather into outputs of another shape refused", torch.ones(1), torch.ones(1))
     reduce_scatter = getattr(dist, "reduce_scatter_tensor", None) or dist._reduce_scatter_base
     expect_error(ValueError, "dtype", reduce_scatter, torch.zeros(2, dtype=torch.float64), torch.ones(2 * SIZE), group=DDL)
     check("reduce_scatter_tensor into another dtype refused", torch.ones(1), torch.ones(1))
