@@ -114,9 +114,13 @@ Environment task_environment(const Environment& env, const TaskIdentity& id, con
   if (plan.gpu_workers && gpus.count() == 0)
     throw UsageError(fmt::format("rank {} on {} should get a GPU, but none is visible there ({})", id.rank, host_name(), gpus.source),
                      "ask the scheduler for GPUs on every node (--gpus-per-node), or run CPU workers with ddl run --cpu");
-  // More tasks here than the GPUs each sees would put two on one GPU (NCCL refuses that), unless
-  // ddl run was told --share-gpus. A task that sees one GPU (srun --gpus-per-task=1) has its own.
-  if (plan.gpu_workers && gpus.count() > 1 && id.local_rank >= gpus.count() && lookup(env, "DDL_SHARE_GPUS").value_or("0") != "1")
+  // ddl run planned a GPU per worker: more tasks here than the GPUs each sees would put two on one
+  // GPU (NCCL refuses that), unless it was told --share-gpus. A task that sees one GPU (srun
+  // --gpus-per-task=1) has its own. A task srun started without ddl run may hold GPUs of its own
+  // (--gpus-per-task=2), which its visible count cannot tell from shared ones: not checked.
+  const bool planned_by_ddl_run = lookup(env, "DDL_GPU_WORKERS").has_value();
+  if (planned_by_ddl_run && plan.gpu_workers && gpus.count() > 1 && id.local_rank >= gpus.count() &&
+      lookup(env, "DDL_SHARE_GPUS").value_or("0") != "1")
     throw UsageError(fmt::format("local rank {} on {} would share a GPU: {} task(s) there see the same {} GPU(s) ({})", id.local_rank,
                                  host_name(), id.local_size, gpus.count(), gpus.source),
                      "give each task its own GPU (srun --gpus-per-task=1), start as many tasks per node as GPUs, or put several "

@@ -141,6 +141,8 @@ TEST_CASE("more tasks on a node than the GPUs they see is an error, unless ddl r
   CHECK(shared.count("DDL_SHARE_GPUS") == 0);
   env.erase("DDL_SHARE_GPUS");  // one GPU per task (srun --gpus-per-task=1): each sees its own as 0
   CHECK(task_environment(env, id, {}, parse_visible_devices("2")).at("CUDA_VISIBLE_DEVICES") == "2");
+  env.erase("DDL_GPU_WORKERS");  // srun ddl exec without ddl run: a task may hold GPUs of its own (--gpus-per-task=2)
+  CHECK(task_environment(env, id, {}, parse_visible_devices("0,1")).at("CUDA_VISIBLE_DEVICES") == "1");
 }
 
 TEST_CASE("tasks over nodes of different sizes: the launcher's world size, each node's own local size") {
