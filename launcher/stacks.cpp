@@ -251,9 +251,16 @@ std::string where(const std::string& shown) {
 int stacks_signal() { return SIGRTMIN + 5; }
 
 WatchDir::WatchDir() {
+  // $TMPDIR first; /tmp where that cannot hold it (a job's TMPDIR gone stale, or never made): without
+  // the folder the hang watchdog counts output alone, and stopped runs that were making progress.
   const char* tmp = std::getenv("TMPDIR");
-  std::string pattern = fmt::format("{}/ddl-watch.XXXXXX", tmp != nullptr && *tmp != '\0' ? tmp : "/tmp");
-  if (::mkdtemp(pattern.data()) == nullptr) return;
+  std::string pattern;
+  for (const char* dir : {tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/tmp"}) {
+    pattern = fmt::format("{}/ddl-watch.XXXXXX", dir);
+    if (::mkdtemp(pattern.data()) != nullptr) break;
+    pattern.clear();
+  }
+  if (pattern.empty()) return;
   // As the kernel names it (no symbolic link, not relative): the path a worker's open file shows
   // in /proc, and one that still holds after a worker changes directory.
   std::error_code ec;

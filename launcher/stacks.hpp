@@ -23,8 +23,8 @@ int stacks_signal();
 
 class WatchDir {
  public:
-  // A new folder under $TMPDIR (else /tmp), removed with everything in it by the destructor. When
-  // none can be made, path() is empty and the workers get no variables (the watchdog then goes by
+  // A new folder under $TMPDIR (or /tmp where that fails), removed with everything in it by the
+  // destructor. When none can be made, path() is empty and the workers get no variables (the watchdog then goes by
   // their output alone, and stacks come from gdb only).
   WatchDir();
   ~WatchDir();

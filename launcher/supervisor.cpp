@@ -194,7 +194,13 @@ class Run {
   };
 
   void start(const WorkerLaunch& launch, std::pair<int, int> files) {
-    if (!launch.control_input && !launch.labeller && !watch_) watch_.emplace();
+    if (!launch.control_input && !launch.labeller && !watch_) {
+      watch_.emplace();
+      if (watch_->path().empty() && options_.hang_timeout)
+        output_.add(STDERR_FILENO,
+                    "ddl: warning: --hang-timeout: no folder could be made under $TMPDIR or /tmp for the workers' "
+                    "marks of progress, so only their output counts as progress\n");
+    }
     Worker& w = workers_.emplace_back();
     w.rank = launch.rank;
     w.labeller = launch.labeller;

@@ -50,6 +50,13 @@ class Hangs(unittest.TestCase):
         self.assertNotIn("stacks", result.stderr)
         self.assertEqual(result.stdout.count("done"), 2)
 
+    def test_a_tmpdir_that_does_not_exist_does_not_make_progress_a_hang(self):
+        # The progress marks' folder went under $TMPDIR only: none was made, and ops did not count.
+        env = {**WORKER_ENV, "TMPDIR": "/nonexistent-ddl-test"}
+        result = ddl("-np", "2", "--hang-timeout", "8", "--", PYTHON, HANG_WORKER, "quiet_allreduces", "18", env=env, timeout=120)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stdout.count("done"), 2)
+
     def test_report_shows_the_stacks_and_lets_the_run_go_on(self):
         result = ddl("-np", "2", "--hang-timeout", "6", "--hang-action", "report", "--", PYTHON, HANG_WORKER, "quiet", "12",
                      env=WORKER_ENV, timeout=120)
