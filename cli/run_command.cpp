@@ -67,8 +67,8 @@ void print_outcome(const launcher::RunOutcome& o) {
   const std::string text = outcome_text(o);
   if (o.output_given_up)  // a signal ended the wait for a reader that stopped reading: no waiting now either
     launcher::write_without_waiting(STDERR_FILENO, text);
-  else
-    std::fputs(text.c_str(), stderr);
+  else  // all of it: a failed rank's last lines may hold a NUL byte, where fputs would stop
+    std::fwrite(text.data(), 1, text.size(), stderr);
 }
 
 // The program and its arguments: what followed "--", or else what CLI11 did not recognise. An

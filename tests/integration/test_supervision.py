@@ -7,7 +7,7 @@ import tempfile
 import time
 import unittest
 
-from ddl_testing import DDL, comm, ddl, is_stopped, kill_leftovers, processes_with, sleeps_with, unique_marker, wait_until
+from ddl_testing import DDL, PYTHON, comm, ddl, is_stopped, kill_leftovers, processes_with, sleeps_with, unique_marker, wait_until
 
 
 def start_ddl(*args):
@@ -65,6 +65,12 @@ class FailFast(unittest.TestCase):
         result = ddl("-np", "3", "--", "sh", "-c", "exit 0")
         self.assertEqual(result.returncode, 0)
         self.assertEqual(result.stderr, "")
+
+    def test_a_nul_byte_in_the_failed_ranks_stderr_does_not_cut_ddls_message_short(self):
+        result = ddl("-np", "1", "--", PYTHON, "-c", "import os; os.write(2, b'first\\x00half\\nsecond line\\n'); os._exit(3)",
+                     timeout=60)
+        self.assertEqual(result.returncode, 3, result.stderr)
+        self.assertIn("  | second line", result.stderr)
 
     def test_a_parent_that_ignores_sigchld_does_not_hang_ddl(self):
         # An ignored SIGCHLD is inherited across exec; the kernel then reaps the workers unseen.
