@@ -266,6 +266,7 @@ void OutputRouter::write_output_file(int& fd, int rank, const char* suffix, std:
 // workers' pipes into it close too, so they get SIGPIPE (or EPIPE) as they would without ddl in
 // between, rather than write into nothing forever.
 void OutputRouter::stop_reading_into_closed_pipe(int target_fd) {
+  reader_gone_ = true;
   for (auto& other : streams_) {
     if (other->target_fd != target_fd || other->fd < 0 || other->file_fd >= 0) continue;  // --output-dir: still wanted
     ::close(other->fd);

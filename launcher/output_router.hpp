@@ -58,6 +58,8 @@ class OutputRouter {
   void write_pending();
   bool any_pipe_open() const;
   bool output_full() const { return output_.full(); }
+  // ddl's stdout or stderr is a pipe whose reader went away (`ddl run ... | head -1`).
+  bool reader_gone() const { return reader_gone_; }
   bool output_empty() const { return output_.empty(); }
 
   // A worker's unfinished line that has waited kUnfinishedLineQuietTime is shown; the earliest time
@@ -101,6 +103,7 @@ class OutputRouter {
   const SupervisorOptions& options_;
   Listener listener_;
   std::vector<std::unique_ptr<Stream>> streams_;
+  bool reader_gone_ = false;
   std::vector<Stream*> polled_;  // the streams add_open_pipes added, in order
   PendingOutput output_;
   TerminalLines stdout_lines_;                             // what ddl's stdout shows

@@ -197,7 +197,9 @@ RunOutcome run_job(const RunRequest& request, const Environment& launcher_env, c
       return outcome;
     }
     // A signal from outside ends the run, also when it came while a failed attempt was stopping.
-    if (!outcome.failure || outcome.interrupted_by || outcome.signalled || attempt.restart_count >= request.max_restarts) return outcome;
+    if (!outcome.failure || outcome.interrupted_by || outcome.signalled || outcome.reader_gone ||
+        attempt.restart_count >= request.max_restarts)
+      return outcome;
     log(fmt::format("{}; restarting all workers ({} of {} restarts)", what_failed(*outcome.failure), attempt.restart_count + 1,
                     request.max_restarts));
   }

@@ -825,6 +825,7 @@ class Run {
     o.workers_stopped = workers_stopped_;
     o.wait_status = wait_status_;
     o.output_given_up = output_given_up_;
+    o.reader_gone = output_.reader_gone();
     if (hung_) o.hung_after = options_.hang_timeout;
     o.finished_on = interrupted_by_ ? 0 : finished_on_;
     o.workers_overran = workers_overran_;

@@ -119,6 +119,9 @@ struct RunOutcome {
   // A signal ended the wait for a reader of ddl's output that had stopped reading: what it had not
   // taken was dropped, and ddl's own last words must not wait for it either.
   bool output_given_up = false;
+  // ddl's stdout or stderr reader went away (`| head`): the workers got SIGPIPE, and a restart would
+  // only do so again.
+  bool reader_gone = false;
   // --hang-timeout stopped the run: nothing had moved for this long.
   std::optional<std::chrono::milliseconds> hung_after;
   // The finish signal (SupervisorOptions::finish_on) came and no signal stopped the run; the exit

@@ -242,6 +242,16 @@ class Output(unittest.TestCase):
         self.assertEqual(proc.returncode, 128 + 13, err)
         self.assertIn(b"killed by SIGPIPE", err)
 
+    def test_a_reader_that_goes_away_is_not_a_failure_to_restart_from(self):
+        # --max-restarts started every worker again, three times, each to die at its first print.
+        proc = subprocess.Popen([DDL, "run", "-np", "2", "--max-restarts", "3", "--", "yes"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+        proc.stdout.readline()
+        proc.stdout.close()
+        _, err = proc.communicate(timeout=60)
+        self.assertEqual(proc.returncode, 128 + 13, err)
+        self.assertNotIn(b"restarting all workers", err)
+
     def test_a_python_worker_whose_reader_went_away_ends_the_run_with_its_own_1(self):
         # As docs/run.md says: Python ignores SIGPIPE, raises BrokenPipeError and exits with 1.
         proc = subprocess.Popen([DDL, "run", "-np", "1", "--", PYTHON, "-c", "while True: print('y' * 100)"],
