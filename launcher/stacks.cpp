@@ -124,9 +124,14 @@ std::string find_gdb() {
   }
 }
 
+struct GdbTrace {
+  std::string text;
+  bool out_of_time = false;  // gdb had not finished within the wait (what it wrote by then is kept)
+};
+
 // gdb's backtraces of every thread of each of `pids`, all at once, within `wait` (what a gdb that
 // has not finished by then wrote is kept, and it is killed).
-std::map<pid_t, std::string> gdb_backtraces(const std::string& gdb, const std::vector<pid_t>& pids, std::chrono::milliseconds wait) {
+std::map<pid_t, GdbTrace> gdb_backtraces(const std::string& gdb, const std::vector<pid_t>& pids, std::chrono::milliseconds wait) {
   struct Running {
     pid_t target, gdb_pid;
     int fd;
@@ -182,7 +187,7 @@ std::map<pid_t, std::string> gdb_backtraces(const std::string& gdb, const std::v
       }
     }
   }
-  std::map<pid_t, std::string> traces;
+  std::map<pid_t, GdbTrace> traces;
   for (auto& r : running) {
     const bool out_of_time = r.fd >= 0;
     if (out_of_time) ::close(r.fd);
@@ -190,7 +195,7 @@ std::map<pid_t, std::string> gdb_backtraces(const std::string& gdb, const std::v
     ::waitpid(r.gdb_pid, nullptr, 0);
     // A gdb killed while attached can leave its target stopped: the worker must go on as it was.
     if (out_of_time) ::kill(r.target, SIGCONT);
-    traces[r.target] = std::move(r.text);
+    traces[r.target] = {std::move(r.text), out_of_time};
   }
   return traces;
 }
@@ -310,16 +315,19 @@ std::map<int, RankStacks> collect_stacks(const std::string& watch_dir, const std
   for (const auto& [rank, pid] : workers)
     if (!stacks.count(rank)) native.push_back(pid);
   const std::string gdb = native.empty() ? std::string() : find_gdb();
-  const auto traces = gdb.empty() ? std::map<pid_t, std::string>{} : gdb_backtraces(gdb, native, native_wait);
+  const auto traces = gdb.empty() ? std::map<pid_t, GdbTrace>{} : gdb_backtraces(gdb, native, native_wait);
   for (const auto& [rank, pid] : workers) {
     if (stacks.count(rank)) continue;
     auto trace = traces.find(pid);
-    if (trace != traces.end() && !normalized(trace->second).empty()) {
-      stacks[rank].text = trace->second;
+    if (trace != traces.end() && !normalized(trace->second.text).empty()) {
+      stacks[rank].text = trace->second.text;
+    } else if (gdb.empty()) {
+      stacks[rank].none_because = "not a Python program started by ddl run, and there is no gdb to read a native stack";
+    } else if (trace != traces.end() && trace->second.out_of_time) {
+      stacks[rank].none_because = fmt::format("not a Python program started by ddl run, and gdb had not read its stack within {} s",
+                                              std::chrono::duration_cast<std::chrono::seconds>(native_wait).count());
     } else {
-      stacks[rank].none_because = gdb.empty()
-                                      ? "not a Python program started by ddl run, and there is no gdb to read a native stack"
-                                      : "not a Python program started by ddl run, and gdb could not read its stack (ptrace refused?)";
+      stacks[rank].none_because = "not a Python program started by ddl run, and gdb could not read its stack (ptrace refused?)";
     }
   }
   return stacks;

@@ -73,6 +73,17 @@ class Hangs(unittest.TestCase):
         self.assertRegex(result.stderr, r"\n    Thread \"sleep\":\n      #0 ")
         self.assertIn("ddl: rank 1: no stack: it had ended, with exit code 0", result.stderr)
 
+    def test_a_gdb_that_has_not_finished_in_time_is_said_so_not_blamed_on_ptrace(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "gdb"), "w") as f:
+                f.write("#!/bin/sh\nexec sleep 60\n")  # a gdb slower than ddl's 10 s for native stacks
+            os.chmod(os.path.join(tmp, "gdb"), 0o755)
+            result = ddl("-np", "1", "--hang-timeout", "2", "--", "sleep", "300", timeout=120,
+                         env={"PATH": f"{tmp}:{os.environ['PATH']}"})
+        self.assertEqual(result.returncode, 124, result.stderr)
+        self.assertIn("ddl: rank 0: no stack: not a Python program started by ddl run, and gdb had not read its stack within 10 s",
+                      result.stderr)
+
     def test_sigquit_shows_every_rank_s_stacks_then_stops_the_run(self):
         proc = subprocess.Popen([DDL, "run", "-np", "2", "--", PYTHON, HANG_WORKER, "quiet", "300"], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env={**os.environ, **WORKER_ENV})
