@@ -25,9 +25,21 @@ namespace {
 // The rank of a task launcher's own lines.
 constexpr int kLaunchersOwnLine = -1;
 
+// An earlier start's file (a restart, a requeue) whose last line was cut off by its end: the next
+// start's first line begins on a line of its own, not run into it.
+void end_unfinished_line(int fd, const std::string& path) {
+  const int reader = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (reader < 0) return;
+  char last = '\n';
+  const off_t size = ::lseek(reader, 0, SEEK_END);
+  if (size > 0 && ::pread(reader, &last, 1, size - 1) == 1 && last != '\n') (void)!::write(fd, "\n", 1);
+  ::close(reader);
+}
+
 int open_output_file(const std::string& dir, int rank, const char* stream, bool append) {
   std::string path = fmt::format("{}/rank.{}.{}", dir, rank, stream);
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC) | O_CLOEXEC, 0644);
+  if (fd >= 0 && append) end_unfinished_line(fd, path);
   if (fd >= 0) return fd;
   if (errno == EMFILE || errno == ENFILE) throw open_failure(fmt::format("--output-dir: cannot write {}", path), errno);
   throw Error(fmt::format("--output-dir: cannot write {}: {}", path, std::strerror(errno)), "choose a directory you can write to");

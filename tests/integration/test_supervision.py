@@ -521,6 +521,16 @@ class Restarts(unittest.TestCase):
                 lines = f.read().splitlines()
         self.assertEqual([line.split()[3] for line in lines], ["0/3", "1/3"], lines)  # both attempts' words
 
+    def test_a_failed_attempt_s_unfinished_last_line_does_not_run_into_the_next_start_s_first(self):
+        with tempfile.TemporaryDirectory() as out_dir, tempfile.TemporaryDirectory() as tmp:
+            marker = os.path.join(tmp, "failed-once")
+            script = (f'if [ ! -e {marker} ]; then touch {marker}; printf "last words" >&2; exit 7; fi; '
+                      'echo "started again" >&2')
+            result = ddl("-np", "1", "--max-restarts", "1", "--output-dir", out_dir, "--", "sh", "-c", script, timeout=60)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            with open(os.path.join(out_dir, "rank.0.err")) as f:
+                self.assertEqual(f.read(), "last words\nstarted again\n")
+
     def test_max_restarts_must_be_a_count(self):
         result = ddl("-np", "2", "--max-restarts", "-1", "--", "true")
         self.assertEqual(result.returncode, 2)
