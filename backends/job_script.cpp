@@ -204,10 +204,8 @@ void refuse_option_like_words(const SiteProfile& site, const std::map<std::strin
     }
 }
 
-// Slurm: a list of indices and ranges with steps, at most N at once ("0-15%4", "1,3,5-9:2");
-// PBS: one range (-J 0-15[:step][%N]), which PBS wants of two elements at least.
-// What the form allows but the scheduler refuses: a range that ends before it starts, a step of 0,
-// a limit of 0 elements at once.
+// What an array's form allows but the scheduler refuses: a range that ends before it starts, a step
+// of 0, a limit of 0 elements at once.
 void check_array_numbers(const std::string& spec) {
   const size_t percent = spec.find('%');
   if (percent != std::string::npos && std::stol(spec.substr(percent + 1)) == 0)
@@ -225,6 +223,8 @@ void check_array_numbers(const std::string& spec) {
   }
 }
 
+// Slurm: a list of indices and ranges with steps, at most N at once ("0-15%4", "1,3,5-9:2");
+// PBS: one range (-J 0-15[:step][%N]), which PBS wants of two elements at least.
 void check_array(const SiteProfile& site, const std::string& spec) {
   static const std::regex slurm(R"((\d{1,7}(-\d{1,7}(:\d{1,7})?)?)(,\d{1,7}(-\d{1,7}(:\d{1,7})?)?){0,63}(%\d{1,7})?)");
   static const std::regex pbs(R"((\d{1,7})-(\d{1,7})(:\d{1,7})?(%\d{1,7})?)");
