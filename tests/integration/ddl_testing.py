@@ -164,6 +164,15 @@ def unprivileged_user(name):
         return pwd.getpwnam(name)
 
 
+def write_executable(folder, name, text):
+    """Writes `text` (as is: a CR stays a CR) to FOLDER/NAME, executable; its path."""
+    path = os.path.join(folder, name)
+    with open(path, "w", newline="") as f:
+        f.write(text)
+    os.chmod(path, 0o755)
+    return path
+
+
 def copy_checkout(root, dest, user):
     """What a user would have: the checkout's files at `root` (tracked, and new ones not ignored), no
     build tree, copied to `dest` and owned by `user` (a pwd entry)."""

@@ -11,7 +11,7 @@ import tempfile
 import time
 import unittest
 
-from ddl_testing import DDL, PYTHON, ddl_raw, slurm_env, start_local_slurm
+from ddl_testing import DDL, PYTHON, ddl_raw, slurm_env, start_local_slurm, write_executable
 
 BUILD = os.environ.get("DDL_BUILD_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
 
@@ -103,10 +103,7 @@ class CheckBuild(unittest.TestCase):
 
     def test_probe_timeout_bounds_a_python_that_hangs_before_anything_is_imported(self):
         with tempfile.TemporaryDirectory() as tmp:
-            hanging = os.path.join(tmp, "python3")
-            with open(hanging, "w") as f:
-                f.write("#!/bin/sh\nexec sleep 600\n")
-            os.chmod(hanging, 0o755)
+            hanging = write_executable(tmp, "python3", "#!/bin/sh\nexec sleep 600\n")
             start = time.monotonic()
             result = subprocess.run([DDL, "check-build", "--python", hanging, "--probe-timeout", "3"], capture_output=True,
                                     text=True, timeout=120)

@@ -6,7 +6,7 @@ import socket
 import tempfile
 import unittest
 
-from ddl_testing import PYTHON, ddl, ddl_raw, lines_by_rank
+from ddl_testing import PYTHON, ddl, ddl_raw, lines_by_rank, write_executable
 
 CONTRACT = [
     "DDL_RANK", "DDL_SIZE", "DDL_LOCAL_RANK", "DDL_LOCAL_SIZE", "DDL_NODE_RANK", "DDL_NUM_NODES",
@@ -148,10 +148,7 @@ class ProgramsThatCannotRun(unittest.TestCase):
 
     def test_a_script_without_a_shebang_line_is_refused_with_its_interpreter(self):
         with tempfile.TemporaryDirectory() as tmp:
-            script = os.path.join(tmp, "t.py")
-            with open(script, "w") as f:
-                f.write("print('started')\n")
-            os.chmod(script, 0o755)
+            write_executable(tmp, "t.py", "print('started')\n")
             result = ddl("-np", "2", "--", "./t.py", cwd=tmp)
         self.assertEqual(result.returncode, 127, result.stderr)
         self.assertEqual(result.stdout, "")  # no worker started

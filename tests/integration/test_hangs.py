@@ -9,7 +9,7 @@ import tempfile
 import time
 import unittest
 
-from ddl_testing import DDL, PYTHON, SOURCE, ddl
+from ddl_testing import DDL, PYTHON, SOURCE, ddl, write_executable
 
 HANG_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hang_worker.py")
 # ddl's package; libddl's own timeout must not end the barrier before the watchdog does.
@@ -75,9 +75,7 @@ class Hangs(unittest.TestCase):
 
     def test_a_gdb_that_has_not_finished_in_time_is_said_so_not_blamed_on_ptrace(self):
         with tempfile.TemporaryDirectory() as tmp:
-            with open(os.path.join(tmp, "gdb"), "w") as f:
-                f.write("#!/bin/sh\nexec sleep 60\n")  # a gdb slower than ddl's 10 s for native stacks
-            os.chmod(os.path.join(tmp, "gdb"), 0o755)
+            write_executable(tmp, "gdb", "#!/bin/sh\nexec sleep 60\n")  # a gdb slower than ddl's 10 s for native stacks
             result = ddl("-np", "1", "--hang-timeout", "2", "--", "sleep", "300", timeout=120,
                          env={"PATH": f"{tmp}:{os.environ['PATH']}"})
         self.assertEqual(result.returncode, 124, result.stderr)

@@ -13,7 +13,7 @@ import unittest
 
 from testbed_hosts import LIGHTNING_PYTHON, LIGHTNING_TRAIN, TESTBED, bed, lightning_reports, workers
 from test_stragglers import check_straggler_report
-from ddl_testing import DDL, PYTHON, SOURCE, comm, is_stopped, kill_leftovers, lines_by_rank, processes_with, unique_marker, wait_until
+from ddl_testing import DDL, PYTHON, SOURCE, comm, is_stopped, kill_leftovers, lines_by_rank, processes_with, unique_marker, wait_until, write_executable
 
 CHECKS = os.environ.get("DDL_COLLECTIVE_CHECKS", os.path.join(SOURCE, "build", "tests", "collective_checks"))
 HOSTS = "ddlhost1:2,ddlhost2:2"
@@ -257,9 +257,7 @@ class HostsTest(unittest.TestCase):
         # (CUDA_VISIBLE_DEVICES=3,2) is its own and does not travel to ddlhost2.
         bin_dir = os.path.join(self.shared, f"bin.{self.marker}")
         os.makedirs(bin_dir)
-        with open(os.path.join(bin_dir, "nvidia-smi"), "w") as f:
-            f.write("#!/bin/sh\n[ \"$(hostname)\" = ddlhost2 ] && printf '0\\n1\\n2\\n3\\n' || printf '0\\n1\\n'\n")
-        os.chmod(os.path.join(bin_dir, "nvidia-smi"), 0o755)
+        write_executable(bin_dir, "nvidia-smi", "#!/bin/sh\n[ \"$(hostname)\" = ddlhost2 ] && printf '0\\n1\\n2\\n3\\n' || printf '0\\n1\\n'\n")
         env = {"PATH": bin_dir + ":" + os.environ["PATH"], "CUDA_VISIBLE_DEVICES": "3,2"}
         result = self.run_on_hosts("--gpus-per-node", "2", "-H", HOSTS, env=env)
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
@@ -321,16 +319,14 @@ class HostsTest(unittest.TestCase):
         # 64 KiB was written host after host, each waiting for its shell to connect and read. A remote
         # shell of the test's own, which runs the agent here: the first host's waits (10 s at most)
         # for the second host's shell to have started before it reads its job.
-        rsh = os.path.join(self.shared, f"rsh.{self.marker}")
         second = os.path.join(self.shared, f"second-started.{self.marker}")
-        with open(rsh, "w") as f:
-            f.write("#!/bin/bash\nhost=$1; shift\n"
-                    f"if [ \"$host\" = ddlhost2 ]; then\n"
-                    f"  for i in $(seq 100); do [ -e {second} ] && break; sleep 0.1; done\n"
-                    f"  [ -e {second} ] || {{ echo 'the second host had no shell yet' >&2; exit 9; }}\n"
-                    f"else touch {second}; fi\n"
-                    'exec bash -c "$*"\n')
-        os.chmod(rsh, 0o755)
+        rsh = write_executable(self.shared, f"rsh.{self.marker}",
+                               "#!/bin/bash\nhost=$1; shift\n"
+                               f"if [ \"$host\" = ddlhost2 ]; then\n"
+                               f"  for i in $(seq 100); do [ -e {second} ] && break; sleep 0.1; done\n"
+                               f"  [ -e {second} ] || {{ echo 'the second host had no shell yet' >&2; exit 9; }}\n"
+                               f"else touch {second}; fi\n"
+                               'exec bash -c "$*"\n')
         address = on_host("ddlhost1", "getent", "hosts", "ddlhost2").stdout.split()[0]  # a second name for it
         result = on_host("ddlhost1", DDL, "run", "--cpu", "-H", f"ddlhost2:1,{address}:1", "--rsh", rsh, "--", "sh", "-c",
                          'echo "$RANK ${#BIG1} ${#BIG2}"', env={"BIG1": "x" * 100000, "BIG2": "y" * 100000})

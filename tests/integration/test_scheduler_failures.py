@@ -5,13 +5,12 @@ tests put stand-ins for sbatch, squeue and qstat first on PATH, each playing one
 (squeue timing out on its controller, Slurm forgetting an ended job, OpenPBS's unescaped JSON), and
 run the real `ddl` against them."""
 import os
-import stat
 import subprocess
 import tempfile
 import textwrap
 import unittest
 
-from ddl_testing import DDL
+from ddl_testing import DDL, write_executable
 
 
 class SchedulerFailures(unittest.TestCase):
@@ -27,10 +26,7 @@ class SchedulerFailures(unittest.TestCase):
         self.tmp.cleanup()
 
     def tool(self, name, script):
-        path = os.path.join(self.bin, name)
-        with open(path, "w") as f:
-            f.write("#!/bin/sh\n" + textwrap.dedent(script))
-        os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
+        write_executable(self.bin, name, "#!/bin/sh\n" + textwrap.dedent(script))
 
     def ddl(self, *args):
         return subprocess.run([DDL, *args], env=self.env, cwd=self.tmp.name, capture_output=True, text=True, timeout=60)

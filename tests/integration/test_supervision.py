@@ -7,7 +7,7 @@ import tempfile
 import time
 import unittest
 
-from ddl_testing import DDL, PYTHON, comm, ddl, is_stopped, kill_leftovers, processes_with, sleeps_with, unique_marker, wait_until
+from ddl_testing import DDL, PYTHON, comm, ddl, is_stopped, kill_leftovers, processes_with, sleeps_with, unique_marker, wait_until, write_executable
 
 
 def start_ddl(*args):
@@ -105,29 +105,22 @@ class MissingProgram(unittest.TestCase):
         self.assertIn(f"program '{f.name}' is not an executable file", result.stderr)
 
 
-    def script(self, folder, name, text):
-        path = os.path.join(folder, name)
-        with open(path, "w", newline="") as f:
-            f.write(text)
-        os.chmod(path, 0o755)
-        return path
-
     def test_a_script_whose_interpreter_is_missing_is_named_as_such_before_any_worker_starts(self):
         with tempfile.TemporaryDirectory() as tmp:
             started = os.path.join(tmp, "started")
-            missing = self.script(tmp, "x.sh", f"#!/nonexistent/bash\ntouch {started}\n")
+            missing = write_executable(tmp, "x.sh", f"#!/nonexistent/bash\ntouch {started}\n")
             result = ddl("-np", "2", "--", missing)
             self.assertEqual(result.returncode, 127)
             self.assertEqual(result.stdout, "")
             self.assertEqual(result.stderr.splitlines()[0], f"ddl: error: program '{missing}' names the interpreter "
                              "'/nonexistent/bash' on its #! line, which does not exist")
-            windows = self.script(tmp, "y.sh", f"#!/bin/sh\r\ntouch {started}\r\n")
+            windows = write_executable(tmp, "y.sh", f"#!/bin/sh\r\ntouch {started}\r\n")
             result = ddl("-np", "2", "--", windows)
             self.assertEqual(result.returncode, 127)
             self.assertIn("has a #! line that ends in a carriage return (Windows line ends)", result.stderr)
             self.assertIn(f"dos2unix {windows}", result.stderr)
             self.assertFalse(os.path.exists(started), "a worker started")
-            spaced = self.script(tmp, "z.sh", f"#! /bin/sh -e\ntouch {started}\n")
+            spaced = write_executable(tmp, "z.sh", f"#! /bin/sh -e\ntouch {started}\n")
             self.assertEqual(ddl("-np", "1", "--", spaced).returncode, 0)
             self.assertTrue(os.path.exists(started))
 
@@ -198,9 +191,7 @@ class Signals(unittest.TestCase):
     def test_ctrl_c_while_the_gpus_are_looked_for_starts_no_worker(self):
         # An nvidia-smi that takes 3 s to answer (a busy node's driver); Ctrl-C comes 1 s in.
         with tempfile.TemporaryDirectory() as tmp:
-            with open(os.path.join(tmp, "nvidia-smi"), "w") as f:
-                f.write("#!/bin/sh\nsleep 3\necho 0\necho 1\n")
-            os.chmod(os.path.join(tmp, "nvidia-smi"), 0o755)
+            write_executable(tmp, "nvidia-smi", "#!/bin/sh\nsleep 3\necho 0\necho 1\n")
             started = os.path.join(tmp, "started")
             env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES" and not k.startswith(("SLURM_", "PBS_"))}
             env["PATH"] = f"{tmp}:{env.get('PATH', '/usr/bin:/bin')}"
