@@ -35,7 +35,7 @@ std::vector<std::string> split_at_commas(const std::string& value) {
   return parts;
 }
 
-std::string trimmed(const std::string& text) {
+std::string without_blanks_around(const std::string& text) {
   const size_t first = text.find_first_not_of(" \t");
   return first == std::string::npos ? "" : text.substr(first, text.find_last_not_of(" \t") - first + 1);
 }
@@ -66,7 +66,7 @@ HostExclusion::HostExclusion(const std::string& value, const RangeExpander& expa
     names = split_at_commas(value);
   }
   for (const auto& given : names) {
-    const std::string name = trimmed(given);
+    const std::string name = without_blanks_around(given);
     if (const auto colon = name.find(':'); colon != std::string::npos && valid_host_name(name.substr(0, colon)))
       throw UsageError(fmt::format("--exclude {}: a host name, without -H's slot count", name),
                        fmt::format("give --exclude {}", name.substr(0, colon)));

@@ -22,7 +22,7 @@ CC=clang-14 CXX=clang++-14 cmake -S . -B build-sanitizers "${optimized_debug[@]}
 cmake --build build-sanitizers -j "$(nproc)" --target ddl_unit_tests collective_checks ddl cpp_train ddl_rendezvous_bench \
   ddl_fuzzers -- --no-print-directory >/dev/null
 CC=clang-14 CXX=clang++-14 cmake -S . -B build-tsan "${optimized_debug[@]}" -DDDL_SANITIZE=thread -DDDL_WITH_NCCL=OFF >/dev/null
-cmake --build build-tsan -j "$(nproc)" --target ddl_unit_tests -- --no-print-directory >/dev/null
+cmake --build build-tsan -j "$(nproc)" --target ddl_thread_tests -- --no-print-directory >/dev/null
 [ "${1:-}" = --build-only ] && exit 0  # scripts/test.sh builds both while the main tests run
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:halt_on_error=1:detect_stack_use_after_return=0"
 export LSAN_OPTIONS="suppressions=$root/tests/sanitizers/lsan.supp:print_suppressions=0"
@@ -32,4 +32,4 @@ ctest --test-dir build-sanitizers --output-on-failure -j 1 \
 
 echo "sanitizers: ThreadSanitizer on the engine, store and C++ API tests"
 TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$root/tests/sanitizers/tsan.supp" \
-  build-tsan/tests/ddl_unit_tests -sf='*engine_threads_test.cpp,*store_test.cpp,*negotiator_test.cpp,*cpp_api_test.cpp'
+  build-tsan/tests/ddl_thread_tests
