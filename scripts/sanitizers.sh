@@ -3,8 +3,8 @@
 # with AddressSanitizer + UndefinedBehaviorSanitizer and libFuzzer's coverage (DDL_FUZZ=ON) runs:
 #   - the unit tests and the C++ collective, supervision and store tests again;
 #   - every fuzz harness of tests/fuzz for DDL_FUZZ_SECONDS (default 15) on its seed corpus.
-# Then a ThreadSanitizer build (build-tsan/) runs the tests of the threaded parts in one process: the
-# engine (its background thread, N ranks as threads), the store server and client, the C++ API.
+# A ThreadSanitizer build (build-tsan/) runs the tests of the threaded parts in one process beside the
+# fuzzers: the engine (its background thread, N ranks as threads), the store server and client, the C++ API.
 # Any report, crash or leak fails the run. The Python tests are left out: a Python interpreter
 # cannot load an ASan-built libddl. NCCL is off in this build (no GPU here to exercise it).
 # Known third-party noise is suppressed in tests/sanitizers/*.supp, each entry with its reason.
@@ -27,9 +27,21 @@ cmake --build build-tsan -j "$(nproc)" --target ddl_thread_tests -- --no-print-d
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:halt_on_error=1:detect_stack_use_after_return=0"
 export LSAN_OPTIONS="suppressions=$root/tests/sanitizers/lsan.supp:print_suppressions=0"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-ctest --test-dir build-sanitizers --output-on-failure -j 1 \
-  -R '^(unit|integration\.(collectives|supervision|concurrency_and_store)|fuzz\..*)$'
+ctest --test-dir build-sanitizers --output-on-failure -j 1 -R '^(unit|integration\.(collectives|supervision|concurrency_and_store))$'
 
-echo "sanitizers: ThreadSanitizer on the engine, store and C++ API tests"
+# The fuzzers keep one core busy each for DDL_FUZZ_SECONDS; the ThreadSanitizer tests mostly wait
+# (their timeouts): the two run side by side, the latter's report kept in build-tsan/tests.log.
+echo "sanitizers: ThreadSanitizer on the engine, store and C++ API tests (beside the fuzzers)"
 TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$root/tests/sanitizers/tsan.supp" \
-  build-tsan/tests/ddl_thread_tests
+  build-tsan/tests/ddl_thread_tests >build-tsan/tests.log 2>&1 &
+thread_tests=$!
+fuzzers_rc=0
+ctest --test-dir build-sanitizers --output-on-failure -j 1 -R '^fuzz\.' || fuzzers_rc=$?
+thread_tests_rc=0
+wait "$thread_tests" || thread_tests_rc=$?
+tail -3 build-tsan/tests.log
+if ((thread_tests_rc)); then
+  cat build-tsan/tests.log
+  echo "sanitizers: the ThreadSanitizer tests failed (exit $thread_tests_rc; build-tsan/tests.log)"
+fi
+exit $((fuzzers_rc || thread_tests_rc))
