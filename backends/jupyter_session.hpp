@@ -45,7 +45,7 @@ std::string jupyter_sessions_path();
 JupyterSession new_jupyter_session(const std::string& program);
 
 // The script lines that start the server; `environment` is a conda environment name or the path
-// of a virtualenv (empty: none).
+// of a virtualenv (empty: none), where a leading `~/` is $HOME's.
 std::vector<std::string> jupyter_body(const JupyterSession& session, const std::string& environment);
 
 // Throws UsageError when `environment` (--env) starts with '-': `source` or `conda activate` would
