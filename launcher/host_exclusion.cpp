@@ -29,7 +29,7 @@ bool same_host(const std::string& a, const std::string& b) {
 std::vector<std::string> split_at_commas(const std::string& value) {
   std::vector<std::string> parts;
   size_t start = 0;
-  for (size_t comma; (comma = value.find(',', start)) != std::string::npos; start = comma + 1)
+  for (size_t comma = 0; (comma = value.find(',', start)) != std::string::npos; start = comma + 1)
     parts.push_back(value.substr(start, comma - start));
   parts.push_back(value.substr(start));
   return parts;
@@ -101,6 +101,7 @@ std::vector<std::string> HostExclusion::hosts_left(const std::vector<std::string
 std::vector<HostSlots> HostExclusion::hosts_left(const std::vector<HostSlots>& hosts, const std::string& what,
                                                  const std::function<void(const std::string&)>& note) const {
   std::vector<std::string> names;
+  names.reserve(hosts.size());
   for (const auto& host : hosts) names.push_back(host.name);
   const auto left = hosts_left(names, what, note);
   std::vector<HostSlots> kept;
