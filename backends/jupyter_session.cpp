@@ -70,15 +70,6 @@ bool accepts_connections(const JupyterEndpoint& at) {
   return connected;
 }
 
-// A virtualenv path as written after `--env=` (where the shell leaves `~` alone): `~/...` is under
-// this user's home, as the shell would have made it; the job's script quotes the path, so the batch
-// shell does not expand it either.
-std::string home_expanded(const std::string& path) {
-  const char* home = std::getenv("HOME");
-  if (home == nullptr || *home == '\0' || !path.starts_with("~/")) return path;
-  return std::string(home) + path.substr(1);
-}
-
 }  // namespace
 
 std::string jupyter_sessions_path() {
@@ -125,7 +116,7 @@ std::vector<std::string> jupyter_body(const JupyterSession& session, const std::
                                     "export JUPYTER_TOKEN"};
   if (!environment.empty()) {
     if (environment.find('/') != std::string::npos)
-      lines.push_back("source " + shell_quote(home_expanded(environment) + "/bin/activate"));
+      lines.push_back("source " + shell_quote(environment + "/bin/activate"));
     else {
       lines.emplace_back("eval \"$(conda shell.bash hook)\"  # conda activate needs conda's shell functions in a batch shell");
       lines.push_back("conda activate " + shell_quote(environment));

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "cli/validators.hpp"
 #include "launcher/capability_report.hpp"
 
 namespace ddl::cli {
@@ -19,7 +20,8 @@ CheckBuildCommand::CheckBuildCommand(CLI::App& app) : flags_(std::make_shared<Ch
   app_ = app.add_subcommand("check-build", "What this build and this machine can do: will my job work here?");
   app_->add_option("--python", f.python,
                    "The Python whose frameworks to probe (default: the python3 beside ddl in a venv or conda env, else PATH's)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->transform(home_expanded_path());
   app_->add_option("--probe-timeout", f.probe_timeout, "Seconds each framework import may take")
       ->capture_default_str()
       ->check(CLI::Range(1, 3600));

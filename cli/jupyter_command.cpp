@@ -15,6 +15,7 @@
 #include "backends/site_profile.hpp"
 #include "cli/batch_flags.hpp"
 #include "cli/job_output.hpp"
+#include "cli/validators.hpp"
 #include "common/error.hpp"
 #include "launcher/host.hpp"
 
@@ -66,7 +67,8 @@ JupyterCommand::JupyterCommand(CLI::App& app) : flags_(std::make_shared<JupyterF
   start_->add_option("--gpus", f.gpus, "GPUs for the notebook (default: 1 on a GPU site, else 0)")->check(CLI::Range(0, 1024));
   start_->add_option("--program", f.program, "lab, notebook or server (default: the site's, else lab)")
       ->check(CLI::IsMember({"lab", "notebook", "server"}));
-  start_->add_option("--env", f.environment, "A conda environment to activate, or the path of a virtualenv");
+  start_->add_option("--env", f.environment, "A conda environment to activate, or the path of a virtualenv")
+      ->transform(home_expanded_path());
   start_->add_option("--local-port", f.local_port, "The laptop's port for the tunnel (default: the server's)")->check(CLI::Range(1, 65535));
   start_->add_option("--timeout", f.timeout, "Seconds to wait for the server")->capture_default_str()->check(CLI::Range(1, 86400));
   start_->add_flag("--dry-run", f.dry_run, "Print the batch script instead of submitting it");

@@ -173,7 +173,9 @@ RunCommand::RunCommand(CLI::App& app) : flags_(std::make_shared<RunFlags>()) {
                    "Show only these ranks' output, e.g. 0,4-7 (every rank's still goes to --output-dir, and a failed "
                    "rank's last lines to the error)")
       ->check(not_empty());
-  app_->add_option("--output-dir", f.output_dir, "Also write each worker's output to DIR/rank.N.{out,err}")->check(not_empty());
+  app_->add_option("--output-dir", f.output_dir, "Also write each worker's output to DIR/rank.N.{out,err}")
+      ->check(not_empty())
+      ->transform(home_expanded_path());
   app_->add_option("--launcher", f.launcher,
                    "Who starts the workers: auto (srun in Slurm, mpiexec/mpirun in PBS, else ddl), local, srun, mpirun, pals")
       ->check(CLI::IsMember({"auto", "local", "srun", "mpirun", "pals"}))
@@ -187,6 +189,7 @@ RunCommand::RunCommand(CLI::App& app) : flags_(std::make_shared<RunFlags>()) {
           ->check(not_empty());
   app_->add_option("--hostfile", f.hostfile, "Run on the hosts of FILE over ssh: lines 'host slots=4' or 'host:4'")
       ->check(not_empty())
+      ->transform(home_expanded_path())
       ->excludes(hosts);
   app_->add_option("--rsh", f.rsh,
                    fmt::format("Remote shell for -H/--hostfile, split at blanks (default: {})", launcher::kDefaultRemoteShell))

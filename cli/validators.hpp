@@ -1,5 +1,6 @@
-// Checks for numeric flags, with messages a user can act on. CLI11's PositiveNumber printed a
-// 309-digit range for -np 0, and its ranges let nan through (every comparison with nan is false).
+// Checks for flags' values, with messages a user can act on, and the shell's `~` for paths. For
+// numbers: CLI11's PositiveNumber printed a 309-digit range for -np 0, and its ranges let nan
+// through (every comparison with nan is false).
 #pragma once
 
 #include <cmath>
@@ -7,6 +8,8 @@
 #include <string>
 
 #include <CLI/CLI.hpp>
+
+#include "common/home_path.hpp"
 
 namespace ddl::cli {
 
@@ -52,6 +55,17 @@ inline CLI::Validator not_empty() {
   return CLI::Validator(
       [](std::string& text) -> std::string {
         if (text.find_first_not_of(" \t") == std::string::npos) return "must not be empty";
+        return {};
+      },
+      "");
+}
+
+// A path flag's value with a leading `~` made the home folder, as the shell makes it where it sees
+// it: `--output-dir=~/runs` would otherwise name a folder called `~`. Used with ->transform().
+inline CLI::Validator home_expanded_path() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        text = with_home_expanded(text);
         return {};
       },
       "");

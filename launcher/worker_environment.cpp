@@ -61,7 +61,10 @@ Environment worker_environment(const Environment& base, const WorldPlan& plan, c
   set("HOROVOD_CROSS_SIZE", plan.cross_size(worker.local_rank));
 
   if (plan.gpu_workers) set("CUDA_VISIBLE_DEVICES", gpu_for_local_rank(gpus, worker.local_rank));
-  if (!env.count("OMP_NUM_THREADS")) set("OMP_NUM_THREADS", threads_per_worker(run.cpus_on_node, on_this_node));
+  // An empty OMP_NUM_THREADS (`export OMP_NUM_THREADS=$UNSET_VAR`) is no setting to OpenMP, which then
+  // gives every worker all the node's cores: the default applies to it as to an unset one.
+  if (const auto omp = env.find("OMP_NUM_THREADS"); omp == env.end() || omp->second.empty())
+    set("OMP_NUM_THREADS", threads_per_worker(run.cpus_on_node, on_this_node));
   // Output goes through a pipe; without this Python holds a worker's prints until it exits.
   if (!env.count("PYTHONUNBUFFERED")) set("PYTHONUNBUFFERED", std::string("1"));
   return env;

@@ -103,27 +103,6 @@ TEST_CASE("ddl jupyter's scripts: PBS (Polaris) and Slurm (Perlmutter) golden fi
   check_golden("perlmutter_jupyter", "perlmutter", perlmutter);
 }
 
-TEST_CASE("a virtualenv given as ~/PATH (--env=~/venv, which the shell leaves alone) is activated from $HOME") {
-  const char* saved = std::getenv("HOME");
-  const std::string home_before = saved != nullptr ? saved : "";
-  ::setenv("HOME", "/home/someone", 1);
-  JupyterSession session;
-  session.dir = "/state";
-  session.name = "s";
-  session.program = "lab";
-  const auto has_line = [&](const std::string& environment, const std::string& line) {
-    const auto body = jupyter_body(session, environment);
-    return std::find(body.begin(), body.end(), line) != body.end();
-  };
-  CHECK(has_line("~/venvs/torch", "source /home/someone/venvs/torch/bin/activate"));
-  CHECK(has_line("./~/odd", "source './~/odd/bin/activate'"));  // only a leading ~/ is the home
-  CHECK(has_line("/opt/venv", "source /opt/venv/bin/activate"));
-  if (saved != nullptr)
-    ::setenv("HOME", home_before.c_str(), 1);
-  else
-    ::unsetenv("HOME");
-}
-
 TEST_CASE("each site's rules are one usage error naming the rule and the fix") {
   UserSites none({});
   auto refuse = [](const std::string& site, std::map<std::string, std::string> options, const char* says) {

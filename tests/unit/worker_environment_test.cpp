@@ -80,12 +80,14 @@ TEST_CASE("CPU workers leave the GPU variable as it was") {
   CHECK(bare.count("CUDA_VISIBLE_DEVICES") == 0);
 }
 
-TEST_CASE("OMP_NUM_THREADS is cores per worker, at least 1, unless the user set it") {
+TEST_CASE("OMP_NUM_THREADS is cores per worker, at least 1, unless the user set it (empty is not set)") {
   CHECK(threads_per_worker(16, 4) == 4);
   CHECK(threads_per_worker(2, 4) == 1);
   CHECK(threads_per_worker(7, 2) == 3);
   WorldPlan plan{1, 4, false};
   CHECK(worker_environment({{"OMP_NUM_THREADS", "9"}}, plan, plan.slot(0), sample_run(), {}).at("OMP_NUM_THREADS") == "9");
+  const std::string derived = worker_environment({}, plan, plan.slot(0), sample_run(), {}).at("OMP_NUM_THREADS");
+  CHECK(worker_environment({{"OMP_NUM_THREADS", ""}}, plan, plan.slot(0), sample_run(), {}).at("OMP_NUM_THREADS") == derived);
 }
 
 TEST_CASE("the launcher's own values of contract variables are replaced") {
