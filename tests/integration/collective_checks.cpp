@@ -282,6 +282,36 @@ void check_refused_at_submit() {
   check(ranks_in_order, "so does the first allgather-any of that name");
 }
 
+// An op that one rank's libddl refuses at submit (an argument only that rank got wrong) still takes its
+// place: the other ranks' op fails with that rank's reason, and the unnamed ops after it pair as before,
+// where the refusing rank's next unnamed op had paired with the others' refused one, returning its data.
+void check_refusal_takes_its_place() {
+  if (g_size < 2) return;
+  const bool refuses = g_rank == g_size - 1;
+  float first = 1.0f;
+  ddl_handle h = nullptr;
+  const auto no_such_dtype = static_cast<ddl_dtype>(99);
+  const ddl_status submitted = ddl_allreduce_ex(nullptr, &first, &first, 1, refuses ? no_such_dtype : DDL_FLOAT32, DDL_SUM, nullptr, &h);
+  if (refuses) {
+    check(submitted == DDL_ERROR_INVALID_ARGUMENT, "an unknown dtype is refused at submit");
+  } else {
+    require(submitted, "the unnamed allreduce the last rank refuses");
+    const ddl_status status = ddl_wait(h);
+    const std::string why = ddl_last_error();
+    check(status == DDL_ERROR_INVALID_ARGUMENT && why.find("unknown dtype 99") != std::string::npos,
+          "the other ranks' op fails with the refusing rank's reason: " + why);
+  }
+  float next = static_cast<float>(100 * (g_rank + 1));
+  require(ddl_allreduce(nullptr, &next, &next, 1, DDL_FLOAT32, DDL_SUM), "the unnamed allreduce after the refusal");
+  check(next == static_cast<float>(100 * g_size * (g_size + 1) / 2), "the next unnamed op pairs with the others' next one");
+  check(first == 1.0f, "the refused op's buffer is untouched");
+  int32_t value = g_rank == 0 ? 7 : 0;
+  const ddl_status broadcast = ddl_broadcast("refused.root", &value, 1, DDL_INT32, refuses ? g_size : 0);
+  check(broadcast == DDL_ERROR_INVALID_ARGUMENT &&
+            std::string(ddl_last_error()).find(refuses ? "is not a rank" : "failed on rank") != std::string::npos,
+        std::string("a named op one rank refuses fails on every rank with its reason: ") + ddl_last_error());
+}
+
 // From every root: across hosts, a root's local rank decides the path (see hierarchical_collectives).
 void check_broadcast_gather_alltoall() {
   for (int root = 0; root < g_size; ++root) {
@@ -599,6 +629,7 @@ int main(int argc, char** argv) {
     check_blocking_flag();
     check_cuda_refusals();
     check_refused_at_submit();
+    check_refusal_takes_its_place();
     check_broadcast_gather_alltoall();
     check_gather_and_alltoall_on_a_set();
     check_submission_order();

@@ -109,6 +109,7 @@ struct Target {
   Engine* engine = nullptr;
   std::shared_ptr<Engine> keep;  // a set's engine stays alive while the op is submitted
   int rank = 0, size = 1;
+  bool handed_over = false;  // the op reached the engine (operations.cpp's submit): it has taken its place
 };
 ddl_status resolve(Runtime& rt, ddl_process_set handle, Target& t);
 

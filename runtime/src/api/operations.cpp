@@ -155,25 +155,42 @@ ddl_status submit(Target& t, Submission op, unsigned flags, ddl_handle* handle) 
   if (flags & DDL_BLOCKING) {
     if (!op.send_counts.empty() || !op.recv_counts.empty()) return fail(DDL_ERROR_INTERNAL, "a blocking op with counts of its own");
     if (handle != nullptr) *handle = nullptr;
+    t.handed_over = true;
     return run_to_completion(*t.engine, name.c_str(), std::move(op.spec), op.send, op.recv, op.stream);
   }
   if (handle == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "handle is NULL");
+  t.handed_over = true;
   return handle_of(*t.engine,
                    t.engine->submit_with_counts(std::move(name), std::move(op.spec), op.send, op.recv, std::move(op.send_counts),
                                                 std::move(op.recv_counts), op.stream),
                    handle);
 }
 
-// Reads and checks the options, then runs `body` with them and the op's target process set.
+// An op this rank refused before its engine saw it (an argument only this rank may have got wrong: a
+// dtype, a NULL buffer, a root out of range) still takes its place, under its name, failing there with
+// the refusal's reason, as ddl_fail_ex does: the other ranks' op of that name fails with it instead of
+// waiting for DDL_TIMEOUT, and an unnamed op's number stays in step, where this rank's next unnamed op
+// would otherwise pair with the other ranks' refused one and exchange the wrong data. Nobody waits
+// for it: the engine completes it, failed, with the other ranks' op.
+void take_place_of_refused(Target& t, const char* name, const ddl_op_options& o, const std::string& reason) {
+  OpSpec spec = agreed({OpKind::Barrier, DDL_FLOAT32, DDL_SUM, 0, 0, {}}, o);
+  spec.failure = reason.empty() ? "refused by libddl" : reason;
+  t.engine->submit(name != nullptr ? name : "", std::move(spec), nullptr, nullptr, nullptr);
+}
+
+// Reads and checks the options, then runs `body` with them and the op's target process set; an op
+// `body` refuses takes its place all the same (take_place_of_refused).
 template <typename Body>
-ddl_status with_target(const ddl_op_options* options, Body body) {
+ddl_status with_target(const char* name, const ddl_op_options* options, Body body) {
   ddl_op_options o;
   std::vector<int64_t> shape;
   if (auto s = read_options(options, o, shape); s != DDL_SUCCESS) return s;
   return with_runtime([&](Runtime& rt) {
     Target t;
     if (auto s = resolve(rt, o.process_set, t); s != DDL_SUCCESS) return s;
-    return body(t, o, std::move(shape));
+    const ddl_status status = body(t, o, std::move(shape));
+    if (status != DDL_SUCCESS && !t.handed_over) take_place_of_refused(t, name, o, last_error());
+    return status;
   });
 }
 
@@ -186,9 +203,9 @@ extern "C" {
 
 ddl_status ddl_allreduce_ex(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype, ddl_reduce_op op,
                             const ddl_op_options* options, ddl_handle* handle) {
-  if (auto s = check_buffers(send, recv, count, dtype); s != DDL_SUCCESS) return s;
-  if (auto s = check_reduce_op(op); s != DDL_SUCCESS) return s;
-  return with_target(options, [&](Target& t, const ddl_op_options& o, std::vector<int64_t> shape) {
+  return with_target(name, options, [&](Target& t, const ddl_op_options& o, std::vector<int64_t> shape) {
+    if (auto s = check_buffers(send, recv, count, dtype); s != DDL_SUCCESS) return s;
+    if (auto s = check_reduce_op(op); s != DDL_SUCCESS) return s;
     const bool compress = (o.flags & DDL_COMPRESS_FP16) != 0;
     const bool cuda = (o.flags & DDL_CUDA_BUFFERS) != 0;
     if (compress && dtype != DDL_FLOAT32)
@@ -202,8 +219,8 @@ ddl_status ddl_allreduce_ex(const char* name, const void* send, void* recv, size
 
 ddl_status ddl_broadcast_ex(const char* name, void* buffer, size_t count, ddl_dtype dtype, int root, const ddl_op_options* options,
                             ddl_handle* handle) {
-  if (auto s = check_common(buffer, count, dtype); s != DDL_SUCCESS) return s;
-  return with_target(options, [&](Target& t, const ddl_op_options& o, std::vector<int64_t> shape) {
+  return with_target(name, options, [&](Target& t, const ddl_op_options& o, std::vector<int64_t> shape) {
+    if (auto s = check_common(buffer, count, dtype); s != DDL_SUCCESS) return s;
     if (root < 0 || root >= t.size)
       return fail(DDL_ERROR_INVALID_ARGUMENT,
                   fmt::format("broadcast root {} is not a rank of a {} of {}", root, o.process_set == nullptr ? "world" : "set", t.size));
@@ -214,8 +231,8 @@ ddl_status ddl_broadcast_ex(const char* name, void* buffer, size_t count, ddl_dt
 
 ddl_status ddl_allgather_ex(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype, const ddl_op_options* options,
                             ddl_handle* handle) {
-  if (auto s = check_buffers(send, recv, count, dtype); s != DDL_SUCCESS) return s;
-  return with_target(options, [&](Target& t, const ddl_op_options& o, std::vector<int64_t> shape) {
+  return with_target(name, options, [&](Target& t, const ddl_op_options& o, std::vector<int64_t> shape) {
+    if (auto s = check_buffers(send, recv, count, dtype); s != DDL_SUCCESS) return s;
     OpSpec spec{OpKind::Allgather, dtype, DDL_SUM, 0, count, {}, (o.flags & DDL_CUDA_BUFFERS) != 0, false, std::move(shape)};
     return submit(t, {name, agreed(std::move(spec), o), send, recv, o.stream}, o.flags, handle);
   });
@@ -223,8 +240,8 @@ ddl_status ddl_allgather_ex(const char* name, const void* send, void* recv, size
 
 ddl_status ddl_allgatherv_ex(const char* name, const void* send, void* recv, const size_t* recv_counts, ddl_dtype dtype,
                              const ddl_op_options* options, ddl_handle* handle) {
-  if (recv_counts == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "allgatherv: recv_counts is NULL");
-  return with_target(options, [&](Target& t, const ddl_op_options& o, std::vector<int64_t> shape) {
+  return with_target(name, options, [&](Target& t, const ddl_op_options& o, std::vector<int64_t> shape) {
+    if (recv_counts == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "allgatherv: recv_counts is NULL");
     std::vector<uint64_t> counts(recv_counts, recv_counts + t.size);
     const uint64_t total = sum_of(recv_counts, t.size);
     // The send buffer holds this rank's count only: none may come as NULL (refusing it would leave
@@ -245,8 +262,8 @@ ddl_status ddl_allgatherv_ex(const char* name, const void* send, void* recv, con
 
 ddl_status ddl_alltoall_ex(const char* name, const void* send, void* recv, size_t count, ddl_dtype dtype, const ddl_op_options* options,
                            ddl_handle* handle) {
-  if (auto s = check_buffers(send, recv, count, dtype); s != DDL_SUCCESS) return s;
-  return with_target(options, [&](Target& t, const ddl_op_options& o, std::vector<int64_t> shape) {
+  return with_target(name, options, [&](Target& t, const ddl_op_options& o, std::vector<int64_t> shape) {
+    if (auto s = check_buffers(send, recv, count, dtype); s != DDL_SUCCESS) return s;
     if (o.flags & DDL_CUDA_BUFFERS)
       return fail(DDL_ERROR_UNSUPPORTED, "ddl_alltoall_ex takes host buffers; give CUDA buffers to ddl_alltoallv_ex, with equal counts");
     if (too_many_bytes(count, dtype, static_cast<uint64_t>(t.size))) return refuse_byte_count(count * static_cast<uint64_t>(t.size), dtype);
@@ -258,10 +275,10 @@ ddl_status ddl_alltoall_ex(const char* name, const void* send, void* recv, size_
 ddl_status ddl_alltoallv_ex(const char* name, const void* send, const size_t* send_counts, void* recv, const size_t* recv_counts,
                             ddl_dtype dtype, const ddl_op_options* options, ddl_handle* handle) {
   if (options != nullptr && (options->flags & DDL_BLOCKING)) return refuse_blocking("ddl_alltoallv_ex");
-  if (send_counts == nullptr || recv_counts == nullptr)
-    return fail(DDL_ERROR_INVALID_ARGUMENT, "alltoallv: send_counts or recv_counts is NULL");
   if (handle == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "handle is NULL");
-  return with_target(options, [&](Target& t, const ddl_op_options& o, std::vector<int64_t> shape) {
+  return with_target(name, options, [&](Target& t, const ddl_op_options& o, std::vector<int64_t> shape) {
+    if (send_counts == nullptr || recv_counts == nullptr)
+      return fail(DDL_ERROR_INVALID_ARGUMENT, "alltoallv: send_counts or recv_counts is NULL");
     const auto n = static_cast<size_t>(t.size);
     if (auto s = check_common(recv, sum_of(recv_counts, t.size), dtype); s != DDL_SUCCESS) return s;
     if (sum_of(send_counts, t.size) > 0 && send == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "alltoallv: the send buffer is NULL");
@@ -276,12 +293,11 @@ ddl_status ddl_alltoallv_ex(const char* name, const void* send, const size_t* se
 
 ddl_status ddl_allgather_any_ex(const char* name, const void* send, size_t send_count, ddl_dtype dtype, const ddl_op_options* options,
                                 ddl_handle* handle) {
-  if (options != nullptr && (options->flags & DDL_CUDA_BUFFERS))
-    return fail(DDL_ERROR_UNSUPPORTED, "ddl_allgather_any_ex takes host buffers");
   if (options != nullptr && (options->flags & DDL_BLOCKING)) return refuse_blocking("ddl_allgather_any_ex");
-  if (auto s = check_common(send, send_count, dtype); s != DDL_SUCCESS) return s;
   if (handle == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "handle is NULL");
-  return with_target(options, [&](Target& t, const ddl_op_options& o, std::vector<int64_t> shape) {
+  return with_target(name, options, [&](Target& t, const ddl_op_options& o, std::vector<int64_t> shape) {
+    if (o.flags & DDL_CUDA_BUFFERS) return fail(DDL_ERROR_UNSUPPORTED, "ddl_allgather_any_ex takes host buffers");
+    if (auto s = check_common(send, send_count, dtype); s != DDL_SUCCESS) return s;
     OpSpec spec{OpKind::AllgatherAny, dtype, DDL_SUM, 0, 0, {}, false, false, std::move(shape)};
     return submit(t, {name, agreed(std::move(spec), o), send, nullptr, nullptr, {send_count}, {}}, o.flags, handle);
   });
@@ -289,12 +305,11 @@ ddl_status ddl_allgather_any_ex(const char* name, const void* send, size_t send_
 
 ddl_status ddl_alltoall_any_ex(const char* name, const void* send, const size_t* send_counts, ddl_dtype dtype,
                                const ddl_op_options* options, ddl_handle* handle) {
-  if (options != nullptr && (options->flags & DDL_CUDA_BUFFERS))
-    return fail(DDL_ERROR_UNSUPPORTED, "ddl_alltoall_any_ex takes host buffers");
   if (options != nullptr && (options->flags & DDL_BLOCKING)) return refuse_blocking("ddl_alltoall_any_ex");
-  if (send_counts == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "ddl_alltoall_any_ex: send_counts is NULL");
   if (handle == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "handle is NULL");
-  return with_target(options, [&](Target& t, const ddl_op_options& o, std::vector<int64_t> shape) {
+  return with_target(name, options, [&](Target& t, const ddl_op_options& o, std::vector<int64_t> shape) {
+    if (o.flags & DDL_CUDA_BUFFERS) return fail(DDL_ERROR_UNSUPPORTED, "ddl_alltoall_any_ex takes host buffers");
+    if (send_counts == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "ddl_alltoall_any_ex: send_counts is NULL");
     if (auto s = check_common(send, sum_of(send_counts, t.size), dtype); s != DDL_SUCCESS) return s;
     OpSpec spec{OpKind::AlltoallAny, dtype, DDL_SUM, 0, 0, {}, false, false, std::move(shape)};
     return submit(t, {name, agreed(std::move(spec), o), send, nullptr, nullptr, std::vector<size_t>(send_counts, send_counts + t.size), {}},
@@ -316,9 +331,9 @@ ddl_status ddl_gathered(ddl_handle handle, size_t* counts, const void** data) {
 
 ddl_status ddl_reducescatter_ex(const char* name, const void* send, void* recv, const size_t* recv_counts, ddl_dtype dtype,
                                 ddl_reduce_op op, const ddl_op_options* options, ddl_handle* handle) {
-  if (recv_counts == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "reducescatter: recv_counts is NULL");
-  if (auto s = check_reduce_op(op); s != DDL_SUCCESS) return s;
-  return with_target(options, [&](Target& t, const ddl_op_options& o, std::vector<int64_t> shape) {
+  return with_target(name, options, [&](Target& t, const ddl_op_options& o, std::vector<int64_t> shape) {
+    if (recv_counts == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "reducescatter: recv_counts is NULL");
+    if (auto s = check_reduce_op(op); s != DDL_SUCCESS) return s;
     const bool cuda = (o.flags & DDL_CUDA_BUFFERS) != 0;
     if (cuda && dtype == DDL_INT16) return fail(DDL_ERROR_UNSUPPORTED, "NCCL cannot reduce int16 CUDA buffers");
     std::vector<uint64_t> counts(recv_counts, recv_counts + t.size);
@@ -354,7 +369,7 @@ ddl_status ddl_fail_ex(const char* name, const char* reason, const ddl_op_option
   if (reason == nullptr || *reason == '\0') return fail(DDL_ERROR_INVALID_ARGUMENT, "ddl_fail_ex: the reason is NULL or empty");
   if (options != nullptr && (options->flags & DDL_BLOCKING)) return refuse_blocking("ddl_fail_ex");
   if (handle == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "handle is NULL");
-  return with_target(options, [&](Target& t, const ddl_op_options& o, std::vector<int64_t>) {
+  return with_target(name, options, [&](Target& t, const ddl_op_options& o, const std::vector<int64_t>&) {
     // A barrier's spec carries the reason: it is never run (the negotiator fails it on every rank).
     OpSpec spec = agreed({OpKind::Barrier, DDL_FLOAT32, DDL_SUM, 0, 0, {}}, o);
     spec.failure = reason;
