@@ -20,6 +20,7 @@ import atexit
 import contextlib
 import ctypes
 import datetime
+import functools
 import os
 import queue
 import secrets
@@ -476,6 +477,30 @@ def _result_or_raise(future):
     return future.wait()
 
 
+def _in_step(kind, places=lambda tensors, *_: 1):
+    """An op of ProcessGroupDDL that takes `places(*args)` places of the group's sequence for ops of
+    `kind`. Where one of its checks raises before it has taken any (a dtype, a size, a root that only
+    this rank got wrong), it takes them failing with that error before raising it, so the members
+    stay in step: otherwise this rank's next op would pair with the others' this one, and both
+    would return the other call's data."""
+    def decorate(method):
+        @functools.wraps(method)
+        def op(self, *args, **kwargs):
+            before = self._sequence
+            try:
+                return method(self, *args, **kwargs)
+            except Exception as error:
+                if self._sequence == before:
+                    self._take_places_failing(kind, places(*args), error)
+                raise
+        return op
+    return decorate
+
+
+def _one_per_tensor(tensors, *_):
+    return len(tensors)
+
+
 class ProcessGroupDDL(dist.ProcessGroup):
     """One torch process group as one libddl process set (see the module's doc)."""
 
@@ -603,13 +628,23 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
     def _fail_in_step(self, kind, error):
         """Raises `error`, a check only this rank can make (the root's lists), after taking the op's
-        place in the group's sequence with it (ddl_fail_ex): the other members' op fails with the same
-        reason instead of waiting for the timeout, and the sequence stays in step on every rank."""
-        handle = ctypes.c_void_p()
-        options = self._sequence_options()
-        if L.lib.ddl_fail_ex(self._name(kind), str(error).encode(), ctypes.byref(options), ctypes.byref(handle)) == L.SUCCESS:
-            L.lib.ddl_wait(handle)  # fails, as it should, once every member reached the op
+        place in the group's sequence with it (_take_places_failing)."""
+        self._take_places_failing(kind, 1, error)
         raise error
+
+    def _take_places_failing(self, kind, count, error):
+        """Takes the next `count` places of the group's sequence for ops of `kind` that fail with
+        `error` (ddl_fail_ex): the other members' ops there fail with the same reason instead of
+        waiting for the timeout or pairing with this rank's next call, and the sequence stays in
+        step on every rank. Returns once every member has reached them."""
+        handles = []
+        options = self._sequence_options()
+        reason = (str(error) or type(error).__name__).encode(errors="replace")
+        for _ in range(count):
+            handle = ctypes.c_void_p()
+            if L.lib.ddl_fail_ex(self._name(kind), reason, ctypes.byref(options), ctypes.byref(handle)) == L.SUCCESS:
+                handles.append(handle.value)
+        L.wait_quietly(handles)  # each fails, as it should, once every member reached it
 
     @staticmethod
     def _submit(handles, fn, *args):
@@ -619,6 +654,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
     # ---- reductions ----
 
+    @_in_step("allreduce", _one_per_tensor)
     def allreduce(self, tensors, opts=None):
         op = _libddl_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         _same_device(tensors)
@@ -706,6 +742,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
             raise ValueError(f"{what}: invalid root rank {root} for a group of {self.size()}")
         return root
 
+    @_in_step("reduce")
     def reduce(self, tensors, opts):
         tensor = _single(tensors, "reduce")
         root = self._root(opts, "reduce")
@@ -733,6 +770,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
         return self._launch(submit, finish, view, result)
 
+    @_in_step("reducescatter")
     def _reduce_scatter_base(self, output, input, opts=None):
         op = _libddl_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         _same_device([output, input])
@@ -753,6 +791,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
         return self._launch(submit, lambda: _write_back([output], [dense]) or [output], send, recv)
 
+    @_in_step("reducescatter")
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         output = _single(output_tensors, "reduce_scatter")
         inputs = _single(input_tensors, "reduce_scatter")
@@ -765,6 +804,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
     # ---- moves ----
 
+    @_in_step("broadcast", _one_per_tensor)
     def broadcast(self, tensors, opts):
         root = opts.rootRank
         _same_device(tensors)
@@ -778,6 +818,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
         return self._launch(submit, lambda: _write_back(tensors, dense) or tensors, views)
 
+    @_in_step("allgather")
     def _allgather_base(self, output, input, opts=None):
         _same_device([output, input])
         if output.numel() != input.numel() * self.size():
@@ -796,6 +837,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
         return self._launch(submit, lambda: _write_back([output], [dense]) or [output], send, recv)
 
+    @_in_step("allgather")
     def allgather(self, output_tensors, input_tensors, opts=None):
         outputs = _single(output_tensors, "all_gather")
         input = _single(input_tensors, "all_gather")
@@ -810,6 +852,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
         # The future's value is the list of outputs, as gloo's (not the list holding it).
         return self._then(work, lambda: self._split_into(gathered, outputs, outputs))
 
+    @_in_step("allgather")
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         """torch's all_gather_coalesced: every rank's list of tensors (of one dtype) into
         output_lists[rank], as one all_gather of each rank's list flattened."""
@@ -838,6 +881,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
             return output_lists
         return self._then(work, finish)
 
+    @_in_step("alltoall")
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         _same_device([output, input])
         if output.dtype != input.dtype:
@@ -873,6 +917,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
                              f"that add up to the {which}'s first dimension ({rows})")
         return [s * per_row for s in split_sizes]
 
+    @_in_step("alltoall")
     def alltoall(self, output_tensors, input_tensors, opts=None):
         size = self.size()
         if len(output_tensors) != size or len(input_tensors) != size:
@@ -900,6 +945,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
         return self._launch(submit, finish, send_view, recv_view)
 
+    @_in_step("gather")
     def gather(self, output_tensors, input_tensors, opts):
         input = _single(input_tensors, "gather")
         root = self._root(opts, "gather")
@@ -928,6 +974,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
         return self._launch(submit, finish, send, recv)
 
+    @_in_step("scatter")
     def scatter(self, output_tensors, input_tensors, opts):
         output = _single(output_tensors, "scatter")
         root = self._root(opts, "scatter")

@@ -569,6 +569,32 @@ def _():
     assert weights_identical(model)
 
 
+@check("eagerly, a call only one rank cannot make still takes its place: the others fail with its reason, the next ops pair right")
+def _():
+    # Last but one: the ranks create different eager tensors here, whose ids name the tensors a later
+    # tf.function captures, and so the unnamed graph ops made of them (_graph_name).
+    if N < 2:
+        return
+    last = R == N - 1  # the rank whose arguments are wrong
+    complex_or_real = tf.ones([2], tf.complex64) if last else tf.ones([2])
+    bad_calls = [  # (what, the call on every rank; the last rank's arguments fail its own checks)
+        ("allreduce of a dtype libddl lacks", lambda: hvd.allreduce(complex_or_real, op=hvd.Sum)),
+        ("allgather of a dtype that cannot move", lambda: hvd.allgather(complex_or_real)),
+        ("alltoall with splits that do not fit", lambda: hvd.alltoall(tf.ones([N]), splits=[N + 1] + [0] * (N - 1) if last else None)),
+        ("broadcast from a root outside the set", lambda: hvd.broadcast(tf.ones([2]), N if last else 0)),
+        ("reducescatter of a scalar", lambda: hvd.reducescatter(tf.ones([]) if last else tf.ones([N]))),
+        ("grouped_allreduce with one bad part", lambda: hvd.grouped_allreduce([tf.ones([1]), complex_or_real, tf.ones([1])])),
+    ]
+    for what, call in bad_calls:
+        err = expect_error(ValueError, call)
+        if not last:
+            assert f"failed on rank {N - 1}" in str(err), (what, str(err))
+        summed = hvd.allreduce(tf.fill([2], 100.0 * (R + 1)), op=hvd.Sum)
+        assert summed.numpy().tolist() == [100.0 * N * (N + 1) / 2] * 2, (what, summed)
+        gathered = hvd.allgather(tf.fill([1], float(R)))
+        assert gathered.numpy().tolist() == [float(r) for r in range(N)], (what, gathered)
+
+
 @check("unnamed grouped allreduces of different sizes fail on every rank; later unnamed ops fail at once; init mends")
 def _():
     # Rank r groups r + 1 tensors: rank 0's one tensor paired with another rank's first, silently.

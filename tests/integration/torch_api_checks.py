@@ -403,6 +403,30 @@ def _():
     hvd.synchronize(hvd.allreduce_async(x, name="dup"))  # free again once synchronized
 
 
+@check("a call only one rank cannot make still takes its place: the others fail with its reason, the next ops pair right")
+def _():
+    if N < 2:
+        return
+    last = R == N - 1  # the rank whose arguments are wrong
+    complex_or_real = torch.ones(2, dtype=torch.complex64) if last else torch.ones(2)
+    bad_calls = [  # (what, the call on every rank; the last rank's arguments fail its own checks)
+        ("allreduce_async of a dtype libddl lacks", lambda: hvd.synchronize(hvd.allreduce_async(complex_or_real))),
+        ("allgather of a dtype that cannot move", lambda: hvd.allgather(complex_or_real)),
+        ("alltoall with splits that do not fit", lambda: hvd.alltoall(torch.ones(N), splits=[N + 1] + [0] * (N - 1) if last else None)),
+        ("blocking broadcast_ from a root outside the set", lambda: hvd.broadcast_(torch.ones(2), N if last else 0)),
+        ("reducescatter of a scalar", lambda: hvd.reducescatter(torch.ones(()) if last else torch.ones(N))),
+        ("grouped_allreduce with one bad part", lambda: hvd.grouped_allreduce([torch.ones(1), complex_or_real, torch.ones(1)])),
+    ]
+    for what, call in bad_calls:
+        err = expect_error(ValueError, call)
+        if not last:
+            assert f"failed on rank {N - 1}" in str(err), (what, str(err))
+        summed = hvd.allreduce(torch.full((2,), 100.0 * (R + 1)), op=hvd.Sum)
+        assert torch.equal(summed, torch.full((2,), 100.0 * N * (N + 1) / 2)), (what, summed)
+        gathered = hvd.allgather(torch.full((1,), float(R)))
+        assert torch.equal(gathered, torch.arange(N, dtype=torch.float32)), (what, gathered)
+
+
 @check("blocking ops in a loop (libddl's fast path): named and unnamed allreduce, broadcast_, barrier; a shape change fails everywhere")
 def _():
     for step in range(50):

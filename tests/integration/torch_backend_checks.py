@@ -335,6 +335,27 @@ def errors(rank):
     in_step = torch.full((2,), float(rank + 1))
     dist.all_reduce(in_step, group=DDL)
     check("the group's next op after the root's refusal pairs in step", in_step, torch.full((2,), float(SIZE * (SIZE + 1) / 2)))
+    if SIZE > 1:  # a check that fails on one rank only, before the op named itself: its place is still taken
+        last = rank == SIZE - 1
+        short = torch.zeros(SIZE * 2 - 1 if last else SIZE * 2)  # the last rank's output is one element short
+        bad_calls = [
+            ("all_reduce of a dtype the backend cannot reduce", ValueError,
+             lambda: dist.all_reduce(torch.ones(2, dtype=torch.bool) if last else torch.ones(2), group=DDL)),
+            ("all_gather_into_tensor into too small an output", ValueError,
+             lambda: dist.all_gather_into_tensor(short, torch.ones(2), group=DDL)),
+            ("reduce to a root only one rank gets wrong", ValueError,
+             lambda: dist.reduce(torch.ones(2), SIZE + 5 if last else 0, group=DDL)),
+        ]
+        for what, kind, call in bad_calls:
+            try:
+                call()
+                raise AssertionError(f"{what}: no error")
+            except kind as error:
+                assert last or f"rank {SIZE - 1}: " in str(error) and "failed on" in str(error), (what, str(error))
+            summed = torch.full((2,), 100.0 * (rank + 1))
+            dist.all_reduce(summed, group=DDL)
+            check(f"{what} on one rank fails on every rank; the next op pairs in step", summed,
+                  torch.full((2,), 100.0 * SIZE * (SIZE + 1) / 2))
     if SIZE > 1:  # ranks that disagree on splits: every rank gets an error, none a half-written result
         out_splits = [1] * SIZE
         if rank == 0:

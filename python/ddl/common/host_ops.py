@@ -205,33 +205,24 @@ def group_size(count, grouped):
     return count if grouped else 0
 
 
-def _sub_names(full, count, grouped):
-    """One libddl name per array: a group's arrays are NAME.0, NAME.1, ...; all None for an unnamed
-    op (libddl numbers each)."""
-    if count == 1 and not grouped:
-        return [names.encoded(full)]
-    return [names.encoded(names.part(full, i)) for i in range(count)]
-
-
-def _run(kind, name, process_set, submit_all):
-    """Claims the op's name, runs `submit_all(full_name, handles)`, which appends a C handle per op it
-    submits, waits for every handle (so nothing stays in flight when one fails) and raises the first
-    failure: the submission's own, else the first op's that failed."""
+def _run(kind, name, process_set, count, grouped, submit_all):
+    """Claims the op's name and runs `submit_all(call)`, which checks what only this rank might get
+    wrong and submits the call's `count` ops through `call` (op_core.Call; NAME.i where `grouped` or
+    count > 1); then waits for every handle (so nothing stays in flight when one fails) and raises
+    the first failure: the submission's own, else the first op's that failed. Where `submit_all`
+    raises, the ops it did not submit still take their places on every rank (Call.abandon)."""
     claim = names.claim(kind, name, process_set)
-    handles = []
+    call = op_core.Call(op_core.part_names(claim[1], count, grouped), process_set, group_size=group_size(count, grouped))
     try:
-        submit_all(claim[1], handles)
-    except BaseException:
-        L.wait_quietly(handles)
+        submit_all(call)
+    except BaseException as error:
+        call.abandon(error)
         names.release(*claim)
         raise
     try:
-        L.wait_all(handles)
+        L.wait_all(call.handles)
     finally:
         names.release(*claim)
-
-
-_submit = L.submit
 
 
 # ---- allreduce ----
@@ -266,21 +257,19 @@ def grouped_allreduce(arrays, name=None, op=Average, prescale=1.0, postscale=1.0
     """
     ps = target(process_set)
     inputs = [_contiguous(a) for a in arrays]
-    for a in inputs:
-        ddl_dtype(a)
     outputs = [np.empty_like(a) for a in inputs]
     keep = []
 
-    def submit_all(full, handles):
-        group = group_size(len(inputs), kind != "allreduce")
-        for sub, src, dst in zip(_sub_names(full, len(inputs), kind != "allreduce"), inputs, outputs):
-            opts = options(ps, src.shape, prescale, postscale, group_size=group)
+    def submit_all(call):
+        dtypes = [ddl_dtype(a) for a in inputs]
+        for i, (src, dst, dtype) in enumerate(zip(inputs, outputs, dtypes)):
+            opts = options(ps, src.shape, prescale, postscale, group_size=call.group_size)
             keep.append(opts)
-            handles.append(_submit(L.lib.ddl_allreduce_ex, sub, _ptr(src), _ptr(dst), src.size, ddl_dtype(src),
-                                   REDUCE[op], ctypes.byref(opts)))
+            call.submit(L.lib.ddl_allreduce_ex, call.name(i), _ptr(src), _ptr(dst), src.size, dtype, REDUCE[op],
+                        ctypes.byref(opts))
 
     if inputs:
-        _run(kind, name, ps, submit_all)
+        _run(kind, name, ps, len(inputs), kind != "allreduce", submit_all)
     return outputs
 
 
@@ -301,7 +290,9 @@ def allreduce(array, name=None, op=Average, prescale=1.0, postscale=1.0, process
     """
     ps = target(process_set)
     src = _contiguous(array)
-    dtype = ddl_dtype(src)
+    dtype = _DTYPES.get(NUMPY.dtype_of(src))
+    if dtype is None:  # raised by the general path, where the op still takes its place on every rank
+        return grouped_allreduce([src], name, op, prescale, postscale, process_set, kind="allreduce")[0]
     out = np.empty_like(src)
     opts = options(ps, src.shape, prescale, postscale, L.BLOCKING)
     claim = names.claim("allreduce", name, ps) if name is not None else None
@@ -347,28 +338,26 @@ def grouped_allgather(arrays, name=None, process_set=None, kind="grouped_allgath
     for a in arrays:
         a = _contiguous(a)
         inputs.append(a.reshape(1) if a.ndim == 0 else a)
-    datas = [movable(a) for a in inputs]
-    for d in datas:
-        ddl_dtype(d)
     results = [None] * len(inputs)
     keep = []
 
-    def submit_all(full, handles):
-        group = group_size(len(inputs), kind != "allgather")
-        for i, (sub, src, data) in enumerate(zip(_sub_names(full, len(inputs), kind != "allgather"), inputs, datas)):
-            opts = options(ps, src.shape[1:], group_size=group)
-            payload, dtype = op_core.any_count_payload(NUMPY, data, ddl_dtype(data), src.shape, [src.shape[0]])
+    def submit_all(call):
+        datas = [movable(a) for a in inputs]
+        dtypes = [ddl_dtype(d) for d in datas]
+        for i, (src, data, dtype) in enumerate(zip(inputs, datas, dtypes)):
+            opts = options(ps, src.shape[1:], group_size=call.group_size)
+            payload, payload_dtype = op_core.any_count_payload(NUMPY, data, dtype, src.shape, [src.shape[0]])
             keep.append((opts, payload))
-            handles.append(_submit(L.lib.ddl_allgather_any_ex, sub, _ptr(payload), payload.size, dtype,
-                                   ctypes.byref(opts)))
+            call.submit(L.lib.ddl_allgather_any_ex, call.name(i), _ptr(payload), payload.size, payload_dtype,
+                        ctypes.byref(opts))
         # The gathered rows live with their handles: read them (ddl_gathered waits) before _run
         # releases the handles.
-        for i, h in enumerate(handles):
+        for i, h in enumerate(call.handles):
             out, _ = op_core.read_gathered(NUMPY, h, n, datas[i], inputs[i].shape[1:])
             results[i] = NUMPY.as_dtype_of(out, inputs[i])
 
     if inputs:
-        _run(kind, name, ps, submit_all)
+        _run(kind, name, ps, len(inputs), kind != "allgather", submit_all)
     return results
 
 
@@ -416,23 +405,20 @@ def grouped_broadcast(arrays, root_rank, name=None, process_set=None, kind="broa
         RuntimeError when ranks disagree on an op; HorovodInternalError when a rank times out or fails.
     """
     ps = target(process_set)
-    root = root_in_set(root_rank, ps)
     outputs = [np.array(a, copy=True, order="C") for a in arrays]
-    datas = [movable(o) for o in outputs]
-    for d in datas:
-        ddl_dtype(d)
     keep = []
 
-    def submit_all(full, handles):
-        group = group_size(len(datas), kind != "broadcast")
-        for sub, data in zip(_sub_names(full, len(datas), len(datas) > 1), datas):
-            opts = options(ps, data.shape, group_size=group)
+    def submit_all(call):
+        root = root_in_set(root_rank, ps)
+        datas = [movable(o) for o in outputs]
+        dtypes = [ddl_dtype(d) for d in datas]
+        for i, (data, dtype) in enumerate(zip(datas, dtypes)):
+            opts = options(ps, data.shape, group_size=call.group_size)
             keep.append(opts)
-            handles.append(_submit(L.lib.ddl_broadcast_ex, sub, _ptr(data), data.size, ddl_dtype(data), root,
-                                   ctypes.byref(opts)))
+            call.submit(L.lib.ddl_broadcast_ex, call.name(i), _ptr(data), data.size, dtype, root, ctypes.byref(opts))
 
     if outputs:
-        _run(kind, name, ps, submit_all)
+        _run(kind, name, ps, len(outputs), kind != "broadcast", submit_all)
     return outputs
 
 
@@ -481,24 +467,22 @@ def alltoall(array, splits=None, name=None, process_set=None):
     ps = target(process_set)
     n = ps.size()
     src = _contiguous(array)
-    if src.ndim == 0:
-        raise ValueError("alltoall needs a tensor of at least one dimension")
-    splits = op_core.alltoall_splits(NUMPY, None if splits is None else np.asarray(splits))
-    send = alltoall_rows(splits, src.shape[0], n)
-    data = movable(src)
-    row = row_elements(src.shape)
     box = []
 
-    payload, dtype = op_core.any_count_payload(NUMPY, data, ddl_dtype(data), src.shape, send)
-    sizes = [s * row for s in send] if row else [1] * n
-
-    def submit_all(full, handles):
+    def submit_all(call):
+        if src.ndim == 0:
+            raise ValueError("alltoall needs a tensor of at least one dimension")
+        send = alltoall_rows(op_core.alltoall_splits(NUMPY, None if splits is None else np.asarray(splits)), src.shape[0], n)
+        data = movable(src)
+        row = row_elements(src.shape)
+        payload, dtype = op_core.any_count_payload(NUMPY, data, ddl_dtype(data), src.shape, send)
+        sizes = [s * row for s in send] if row else [1] * n
         opts = options(ps, src.shape[1:])
-        handles.append(_submit(L.lib.ddl_alltoall_any_ex, names.encoded(full), _ptr(payload), L.size_array(sizes),
-                               dtype, ctypes.byref(opts)))
-        box.append(op_core.read_gathered(NUMPY, handles[0], n, data, src.shape[1:]))
+        handle = call.submit(L.lib.ddl_alltoall_any_ex, call.name(0), _ptr(payload), L.size_array(sizes), dtype,
+                             ctypes.byref(opts))
+        box.append(op_core.read_gathered(NUMPY, handle, n, data, src.shape[1:]))
 
-    _run("alltoall", name, ps, submit_all)
+    _run("alltoall", name, ps, 1, False, submit_all)
     out, received = box[0]
     return NUMPY.as_dtype_of(out, src), np.asarray(received, dtype=np.int32)
 
@@ -546,25 +530,25 @@ def grouped_reducescatter(arrays, name=None, op=Average, prescale=1.0, postscale
     ps = target(process_set)
     n, me = ps.size(), ps.rank()
     inputs = [_contiguous(a) for a in arrays]
-    for a in inputs:
-        if a.ndim == 0:
-            raise ValueError("reducescatter needs a tensor of at least one dimension, not a scalar")
-        ddl_dtype(a)
-    outputs = [np.empty((scatter_rows(a.shape[0], n)[me],) + a.shape[1:], dtype=a.dtype) for a in inputs]
+    outputs = []
     keep = []
 
-    def submit_all(full, handles):
-        group = group_size(len(inputs), kind != "reducescatter")
-        for sub, src, dst in zip(_sub_names(full, len(inputs), kind != "reducescatter"), inputs, outputs):
+    def submit_all(call):
+        for a in inputs:
+            if a.ndim == 0:
+                raise ValueError("reducescatter needs a tensor of at least one dimension, not a scalar")
+        dtypes = [ddl_dtype(a) for a in inputs]
+        outputs.extend(np.empty((scatter_rows(a.shape[0], n)[me],) + a.shape[1:], dtype=a.dtype) for a in inputs)
+        for i, (src, dst, dtype) in enumerate(zip(inputs, outputs, dtypes)):
             row = row_elements(src.shape)
-            opts = options(ps, src.shape, prescale, postscale, group_size=group)
+            opts = options(ps, src.shape, prescale, postscale, group_size=call.group_size)
             keep.append(opts)
-            handles.append(_submit(L.lib.ddl_reducescatter_ex, sub, _ptr(src), _ptr(dst),
-                                   L.size_array([r * row for r in scatter_rows(src.shape[0], n)]), ddl_dtype(src),
-                                   REDUCE[op], ctypes.byref(opts)))
+            call.submit(L.lib.ddl_reducescatter_ex, call.name(i), _ptr(src), _ptr(dst),
+                        L.size_array([r * row for r in scatter_rows(src.shape[0], n)]), dtype, REDUCE[op],
+                        ctypes.byref(opts))
 
     if inputs:
-        _run(kind, name, ps, submit_all)
+        _run(kind, name, ps, len(inputs), kind != "reducescatter", submit_all)
     return outputs
 
 

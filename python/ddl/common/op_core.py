@@ -1,8 +1,8 @@
 """What every face's ops do alike, whatever their tensors: libddl's dtype of a tensor, the payload of an
-op whose rows differ by rank, reading what such an op gathered, alltoall's splits, and submitting a
-call's ops all or none. Each function takes the face's tensor adapter (common/tensor_adapters.py)
-where it touches a tensor, so ddl.torch, the torch.distributed backend and the numpy path under
-TensorFlow and Keras share one copy.
+op whose rows differ by rank, reading what such an op gathered, alltoall's splits, and a call's ops,
+each of which takes its place in the order on every rank (Call). Each function takes the face's
+tensor adapter (common/tensor_adapters.py) where it touches a tensor, so ddl.torch, the
+torch.distributed backend and the numpy path under TensorFlow and Keras share one copy.
 """
 
 import ctypes
@@ -95,21 +95,78 @@ def alltoall_splits(tensors, splits):
     return tensors.ints(splits)
 
 
-def submit_each(items, submit_one):
-    """Submits one op per item, all or none: `submit_one(item)` submits one and returns its C handle.
+def part_names(full, count, grouped):
+    """libddl's name of each part of a call named `full` (a str; None: unnamed): the name itself for
+    one op, NAME.0, NAME.1, ... for a grouped call's; all None for an unnamed call, whose parts
+    libddl numbers one by one."""
+    if count == 1 and not grouped:
+        return [None if full is None else full.encode()]
+    return [None if full is None else f"{full}.{i}".encode() for i in range(count)]
 
-    Returns:
-        the handles, in the order of `items`.
 
-    Raises:
-        whatever a submission raised, after waiting for the ops already submitted, so that none
-        stays in flight (libddl may still be reading their buffers).
+class Call:
+    """The libddl ops one call of a face makes (its parts: one op, or one per tensor of a grouped
+    call), each of which takes its place in the process set's order whatever happens on this rank.
+
+    Where this rank cannot submit them all (a check only it fails: a dtype, a device, its splits, a
+    root; an interrupt), abandon() has each part not yet handed to libddl take its place failing
+    with the error (ddl_fail_ex): the other ranks' calls then fail with this rank's reason instead
+    of waiting for DDL_TIMEOUT or, for ops numbered by their order (unnamed ones), pairing with this
+    rank's next call and returning its data. A part libddl refused has taken its place itself.
+
+    Arguments:
+        names: each part's libddl name (bytes; None: the next unnamed number), in submission order.
+        process_set: the parts' process set (a ProcessSet that target() accepted).
+        flags: DDL_ORDERED where the names are places in an order the face counts.
+        group_size: the parts' group size (host_ops.group_size), which ranks agree on.
     """
-    handles = []
-    try:
-        for item in items:
-            handles.append(submit_one(item))
-    except BaseException:
-        L.wait_quietly(handles)
-        raise
-    return handles
+
+    __slots__ = ("names", "process_set", "flags", "group_size", "attempted", "handles")
+
+    def __init__(self, names, process_set, flags=0, group_size=0):
+        self.names = names
+        self.process_set = process_set
+        self.flags = flags
+        self.group_size = group_size
+        self.attempted = 0  # parts handed to libddl, submitted or refused
+        self.handles = []   # the submitted parts' handles
+
+    def name(self, i):
+        """libddl's name of part `i`."""
+        return self.names[i]
+
+    def submit(self, fn, *args):
+        """L.submit(fn, *args) for the next part: its handle, also kept in self.handles; raises the
+        face's exception for a part libddl refused."""
+        self.attempted += 1
+        handle = L.submit(fn, *args)
+        if handle is not None:  # None: a DDL_BLOCKING op, done already
+            self.handles.append(handle)
+        return handle
+
+    def abandon(self, error):
+        """After `error`: the parts not handed to libddl take their places failing with it, and the
+        submitted ones are waited for (libddl may still be reading their buffers). The failing
+        parts are not waited for: they complete once every rank has reached them, and are
+        released later (_release_done)."""
+        reason = (str(error) or type(error).__name__).encode(errors="replace")
+        options = L.OpOptions(self.process_set._c_handle, 1.0, 1.0, self.flags, None, None, 0, self.group_size)
+        for name in self.names[self.attempted:]:
+            handle = ctypes.c_void_p()
+            if L.lib.ddl_fail_ex(name, reason, ctypes.byref(options), ctypes.byref(handle)) == L.SUCCESS:
+                _failing.append(handle.value)
+        self.attempted = len(self.names)
+        L.wait_quietly(self.handles)
+        _release_done(_failing)
+
+
+_failing = []  # handles of parts that take their places failing (Call.abandon), until they are done
+
+
+def _release_done(handles):
+    """Releases (ddl_wait) the handles of `handles` whose ops are done, removing them from it."""
+    done = ctypes.c_int()
+    for h in list(handles):
+        if L.lib.ddl_test(h, ctypes.byref(done)) != L.SUCCESS or done.value:
+            handles.remove(h)
+            L.lib.ddl_wait(h)

@@ -206,8 +206,9 @@ def _prepare(tensors, name, process_set, ignore_name_scope, moves_only=False):
     and the name fixed now when a graph is being traced."""
     ps = _process_set(process_set)
     tensors = [tf.convert_to_tensor(t) for t in tensors]
-    for t in tensors:
-        _check_dtype(t, moves_only)
+    if not _executing_eagerly():  # a graph is refused as it is built; an eager op's checks are host_ops'
+        for t in tensors:         # own, where the op still takes its place on every rank (op_core.Call)
+            _check_dtype(t, moves_only)
     if not tensors:
         return ps, tensors, None
     return ps, tensors, name if _executing_eagerly() else _graph_name(name, tensors[0], ignore_name_scope)
@@ -437,7 +438,8 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=g
 
 def _broadcast_group(tensors, root_rank, name, process_set, ignore_name_scope=False):
     ps, tensors, op_name = _prepare(tensors, name, process_set, ignore_name_scope, moves_only=True)
-    H.root_in_set(root_rank, ps)
+    if not _executing_eagerly():  # eagerly host_ops' check (as _prepare's)
+        H.root_in_set(root_rank, ps)
     if not tensors:
         return []
 
@@ -568,7 +570,7 @@ def _reducescatter_group(tensors, name, op, prescale, postscale, process_set, gr
     H.reducescatter_op(op)
     ps, tensors, op_name = _prepare(tensors, name, process_set, ignore_name_scope)
     for t in tensors:
-        if t.shape.rank == 0:
+        if t.shape.rank == 0 and not _executing_eagerly():  # eagerly host_ops' check (as _prepare's)
             raise ValueError("reducescatter needs a tensor of at least one dimension, not a scalar")
     if not tensors:
         return []

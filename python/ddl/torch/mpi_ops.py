@@ -50,6 +50,11 @@ def _is_cuda(tensor):
 _reduce_op = _host.reduce_op
 
 
+def _same_device(tensors):
+    if len({t.is_cuda for t in tensors}) > 1:
+        raise RuntimeError("grouped ops need every tensor on the same device (all CPU or all CUDA)")
+
+
 _process_set_target = _host.target  # the C handle's set, checked usable by this rank
 
 
@@ -91,7 +96,6 @@ def _register(pending):
     return handle
 
 
-_submit = L.submit
 _wait_all = L.wait_all
 
 
@@ -100,22 +104,22 @@ def _release_claims(claims):
         _names.release(key, full)
 
 
-def _part(full_name, i):
-    """libddl's name of part `i` of a grouped op (b"NAME.i"); None for an unnamed op, whose parts
-    libddl numbers one by one."""
-    return None if full_name is None else full_name + f".{i}".encode()
+def _start(kind, name, process_set, launch, parts=1, grouped=False):
+    """Claims a name, runs `launch(call)` -> (finish, keep[, collect]), registers the handle.
 
-
-def _start(kind, name, process_set, launch):
-    """Claims a name, runs `launch(full_name)` -> (c_handles, finish, keep), registers the handle."""
+    `call` (op_core.Call) names the call's `parts` libddl ops (NAME.i where `grouped`) and submits
+    them (call.submit); every check only this rank might fail belongs in `launch`, so that where it
+    raises, the parts it did not submit still take their places on every rank (Call.abandon)."""
     target = _process_set_target(process_set)
     claim = _names.claim(kind, name, target)
+    call = _core.Call(_core.part_names(claim[1], parts, grouped), target, group_size=_host.group_size(parts, grouped))
     try:
-        launched = launch(_names.encoded(claim[1]))
-    except BaseException:
+        finish, keep, *collect = launch(call)
+    except BaseException as error:
+        call.abandon(error)
         _names.release(*claim)
         raise
-    return _register(_Pending(*launched[:2], [claim], *launched[2:]))
+    return _register(_Pending(call.handles, finish, [claim], keep, *collect))
 
 
 def _c_handles_of(pending):
@@ -219,49 +223,40 @@ def _copy_into(output, result):
     return output
 
 
-def _launch_allreduce(tensor, output, full_name, op, prescale, postscale, process_set, flags=0, group_size=0):
-    """Submits one allreduce of `tensor` into `output` (both contiguous).
+def _launch_allreduce(call, i, tensor, output, op, prescale, postscale, flags=0):
+    """Submits part `i` of `call`: an allreduce of `tensor` into `output` (both contiguous).
 
-    Returns (c_handle, finish_fn or None, temporaries): the caller keeps the temporaries alive until
-    the handle completes, since libddl reads them later, from its own thread."""
+    Returns (finish_fn or None, temporaries): the caller keeps the temporaries alive until the part
+    completes, since libddl reads them later, from its own thread."""
     dtype = _ddl_dtype(tensor)
     cuda = _is_cuda(tensor)
     if cuda and (prescale != 1.0 or postscale != 1.0 or dtype == L.INT16):
         if dtype == L.INT16:  # NCCL has no int16: reduce a staged int32 copy
             staged = tensor.to(torch.int32)
             scaled = _scale_like_horovod(staged, prescale)
-            h = _launch_allreduce(scaled, staged, full_name, op, 1.0, 1.0, process_set, group_size=group_size)[0]
-            return h, lambda: _copy_into(output, _scale_like_horovod(staged, postscale)), (staged, scaled)
+            _launch_allreduce(call, i, scaled, staged, op, 1.0, 1.0)
+            return lambda: _copy_into(output, _scale_like_horovod(staged, postscale)), (staged, scaled)
         scaled = _scale_like_horovod(tensor, prescale).contiguous()
-        h = _launch_allreduce(scaled, output, full_name, op, 1.0, 1.0, process_set, group_size=group_size)[0]
-        return h, lambda: _copy_into(output, _scale_like_horovod(output, postscale)), (scaled,)
-    opts = _options(process_set, tensor, tuple(tensor.shape), prescale, postscale, flags, group_size)
-    h = _submit(L.lib.ddl_allreduce_ex, full_name, tensor.data_ptr(), output.data_ptr(), tensor.numel(), dtype,
+        _launch_allreduce(call, i, scaled, output, op, 1.0, 1.0)
+        return lambda: _copy_into(output, _scale_like_horovod(output, postscale)), (scaled,)
+    opts = _options(call.process_set, tensor, tuple(tensor.shape), prescale, postscale, flags, call.group_size)
+    call.submit(L.lib.ddl_allreduce_ex, call.name(i), tensor.data_ptr(), output.data_ptr(), tensor.numel(), dtype,
                 _REDUCE[op], ctypes.byref(opts))
-    return h, None, (opts,)
+    return None, (opts,)
 
 
 def _allreduce_group_async(kind, tensors, outputs, name, op, prescale, postscale, process_set, flags=0):
     """Starts one allreduce per tensor (fused by libddl) under one handle; the outputs are returned."""
-    if len({t.is_cuda for t in tensors}) > 1:
-        raise RuntimeError("grouped ops need every tensor on the same device (all CPU or all CUDA)")
 
-    group = _host.group_size(len(tensors), kind == "grouped_allreduce")
-
-    def launch(full_name):
+    def launch(call):
+        _same_device(tensors)
         finishers, keep = [], []
-
-        def submit_one(i):
-            src = tensors[i].contiguous()
-            out = outputs[i]
+        for i, (tensor, out) in enumerate(zip(tensors, outputs)):
+            src = tensor.contiguous()
             dst = out if out.is_contiguous() else out.contiguous()
-            sub = full_name if len(tensors) == 1 and kind != "grouped_allreduce" else _part(full_name, i)
-            h, after, temporaries = _launch_allreduce(src, dst, sub, op, prescale, postscale, process_set, flags, group)
+            after, temporaries = _launch_allreduce(call, i, src, dst, op, prescale, postscale, flags)
             keep.append((src, dst, temporaries))
             finishers.append((after, out, dst))
-            return h
-
-        c_handles = _core.submit_each(range(len(tensors)), submit_one)
 
         def finish():
             results = []
@@ -272,9 +267,9 @@ def _allreduce_group_async(kind, tensors, outputs, name, op, prescale, postscale
                     _copy_into(out, dst)
                 results.append(out)
             return results
-        return c_handles, finish, keep
+        return finish, keep
 
-    return _start(kind, name, process_set, launch)
+    return _start(kind, name, process_set, launch, len(tensors), kind == "grouped_allreduce")
 
 
 def _single(handle_of_group):
@@ -451,10 +446,10 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 
 # ---- allgather ----
 
-def _launch_allgather(tensor, full_name, process_set, group_size=0):
-    """Submits an allgather whose first dimensions may differ by rank (libddl exchanges them).
-    Returns (c_handle, collect, result, keep): collect() reads the gathered rows before the handle
-    is released; result() is the gathered tensor."""
+def _launch_allgather(call, i, tensor):
+    """Submits part `i` of `call`: an allgather whose first dimensions may differ by rank (libddl
+    exchanges them). Returns (collect, result, keep): collect() reads the gathered rows before the
+    handle is released; result() is the gathered tensor."""
     src = tensor.contiguous()
     if src.dim() == 0:
         src = src.reshape(1)
@@ -464,44 +459,35 @@ def _launch_allgather(tensor, full_name, process_set, group_size=0):
     if device is not None:
         data = data.cpu()  # gathered through the host: NCCL needs every rank's count up front
     payload, payload_dtype = _core.any_count_payload(_TENSORS, data, dtype, src.shape, [src.shape[0]])
-    opts = _options(process_set, None, tuple(src.shape[1:]), group_size=group_size)
-    h = _submit(L.lib.ddl_allgather_any_ex, full_name, payload.data_ptr(), payload.numel(), payload_dtype,
-                ctypes.byref(opts))
+    opts = _options(call.process_set, None, tuple(src.shape[1:]), group_size=call.group_size)
+    h = call.submit(L.lib.ddl_allgather_any_ex, call.name(i), payload.data_ptr(), payload.numel(), payload_dtype,
+                    ctypes.byref(opts))
     box = []
-    n = process_set.size()  # now: the set may be removed before the op is synchronized
+    n = call.process_set.size()  # now: the set may be removed before the op is synchronized
 
     def collect():
         out = _TENSORS.as_dtype_of(_core.read_gathered(_TENSORS, h, n, data, src.shape[1:])[0], src)
         box.append(out.to(device) if device is not None else out)
 
-    return h, collect, lambda: box[0], (src, data, payload)
+    return collect, lambda: box[0], (src, data, payload)
 
 
 def _allgather_group_async(kind, tensors, name, process_set):
-    if len({t.is_cuda for t in tensors}) > 1:
-        raise RuntimeError("grouped ops need every tensor on the same device (all CPU or all CUDA)")
-
-    group = _host.group_size(len(tensors), kind != "allgather")
-
-    def launch(full_name):
+    def launch(call):
+        _same_device(tensors)
         collects, results, keep = [], [], []
-
-        def submit_one(i):
-            sub = full_name if kind == "allgather" else _part(full_name, i)
-            h, collect, result, k = _launch_allgather(tensors[i], sub, process_set, group)
+        for i, tensor in enumerate(tensors):
+            collect, result, k = _launch_allgather(call, i, tensor)
             collects.append(collect)
             results.append(result)
             keep.append(k)
-            return h
-
-        c_handles = _core.submit_each(range(len(tensors)), submit_one)
 
         def collect_all():
             for c in collects:
                 c()
-        return c_handles, lambda: [r() for r in results], keep, collect_all
+        return lambda: [r() for r in results], keep, collect_all
 
-    return _start(kind, name, process_set, launch)
+    return _start(kind, name, process_set, launch, len(tensors), kind != "allgather")
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set):
@@ -536,9 +522,8 @@ _root_in_set = _host.root_in_set
 
 
 def _broadcast_into_async(kind, tensor, output, root_rank, name, process_set):
-    root = _root_in_set(root_rank, _process_set_target(process_set))
-
-    def launch(full_name):
+    def launch(call):
+        root = _root_in_set(root_rank, call.process_set)
         buf = output if output.is_contiguous() else output.contiguous()
         if buf is not output or tensor.data_ptr() != output.data_ptr():
             buf.copy_(tensor)
@@ -546,15 +531,15 @@ def _broadcast_into_async(kind, tensor, output, root_rank, name, process_set):
         dtype = _ddl_dtype(data)
         if dtype == L.INT16 and data.is_cuda:
             data = data.view(torch.float16)  # moved, not reduced
-        opts = _options(process_set, data, tuple(buf.shape))
-        h = _submit(L.lib.ddl_broadcast_ex, full_name, data.data_ptr(), data.numel(),
+        opts = _options(call.process_set, data, tuple(buf.shape))
+        call.submit(L.lib.ddl_broadcast_ex, call.name(0), data.data_ptr(), data.numel(),
                     L.FLOAT16 if data.dtype == torch.float16 else dtype, root, ctypes.byref(opts))
 
         def finish():
             if buf is not output:
                 _copy_into(output, buf)
             return output
-        return [h], finish, (tensor, buf, data)
+        return finish, (tensor, buf, data)
 
     return _start(kind, name, process_set, launch)
 
@@ -589,7 +574,10 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     if tensor.device.type != "cpu" or not tensor.is_contiguous() or tensor.dtype not in _DTYPES:
         return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
     target = _process_set_target(process_set)
-    root = _root_in_set(root_rank, target)
+    try:
+        root = _root_in_set(root_rank, target)
+    except ValueError:  # raised by the general path, where the op still takes its place on every rank
+        return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
     opts = _options(target, None, tuple(tensor.shape), flags=L.BLOCKING)
     _run_now("broadcast", L.lib.ddl_broadcast_ex, name, target, tensor.data_ptr(), tensor.numel(), _DTYPES[tensor.dtype],
              root, ctypes.byref(opts))
@@ -615,18 +603,16 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     Raises: ValueError for bad splits; from synchronize(), RuntimeError when ranks disagree,
     HorovodInternalError when one times out or dies.
     """
-    target = _process_set_target(process_set)
-    n = target.size()
-    if tensor.dim() == 0:
-        raise ValueError("alltoall needs a tensor of at least one dimension")
-    splits_device = None
-    if splits is not None:
-        splits_tensor = splits if torch.is_tensor(splits) else torch.tensor(splits, dtype=torch.int32)
-        splits = _core.alltoall_splits(_TENSORS, splits_tensor)
-        splits_device = splits_tensor.device
-    send_splits = alltoall_rows(splits, tensor.shape[0], n)
-
-    def launch(full_name):
+    def launch(call):
+        n = call.process_set.size()
+        if tensor.dim() == 0:
+            raise ValueError("alltoall needs a tensor of at least one dimension")
+        given, splits_device = splits, None
+        if given is not None:
+            splits_tensor = given if torch.is_tensor(given) else torch.tensor(given, dtype=torch.int32)
+            given = _core.alltoall_splits(_TENSORS, splits_tensor)
+            splits_device = splits_tensor.device
+        send_splits = alltoall_rows(given, tensor.shape[0], n)
         src = tensor.contiguous()
         data = src.view(torch.uint8) if src.dtype == torch.bool else src
         dtype = _ddl_dtype(data)
@@ -636,10 +622,10 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
         row = row_elements(src.shape)
         payload, payload_dtype = _core.any_count_payload(_TENSORS, data, dtype, src.shape, send_splits)
         sizes = [s * row for s in send_splits] if row else [1] * n
-        opts = _options(target, None, tuple(src.shape[1:]))
+        opts = _options(call.process_set, None, tuple(src.shape[1:]))
         # libddl exchanges the counts when the op runs, so submitting never waits for the peers.
-        h = _submit(L.lib.ddl_alltoall_any_ex, full_name, payload.data_ptr(), L.size_array(sizes), payload_dtype,
-                    ctypes.byref(opts))
+        h = call.submit(L.lib.ddl_alltoall_any_ex, call.name(0), payload.data_ptr(), L.size_array(sizes), payload_dtype,
+                        ctypes.byref(opts))
         box = []
 
         def collect():
@@ -654,9 +640,9 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
             if splits_device is not None:
                 received = received.to(splits_device)
             return result, received
-        return [h], finish, (src, data, payload, opts), collect
+        return finish, (src, data, payload, opts), collect
 
-    return _start("alltoall", name, target, launch)
+    return _start("alltoall", name, process_set, launch)
 
 
 # ---- reducescatter ----
@@ -665,23 +651,17 @@ _scatter_rows = _host.scatter_rows
 
 
 def _reducescatter_group_async(kind, tensors, name, op, prescale, postscale, process_set):
-    target = _process_set_target(process_set)
-    n = target.size()
-    me = target.rank()
-    for t in tensors:
-        if t.dim() == 0:
-            raise ValueError("reducescatter needs a tensor of at least one dimension, not a scalar")
-        _ddl_dtype(t)
-    if len({t.is_cuda for t in tensors}) > 1:
-        raise RuntimeError("grouped ops need every tensor on the same device (all CPU or all CUDA)")
-
-    group = _host.group_size(len(tensors), kind != "reducescatter")
-
-    def launch(full_name):
+    def launch(call):
+        target = call.process_set
+        n, me = target.size(), target.rank()
+        for t in tensors:
+            if t.dim() == 0:
+                raise ValueError("reducescatter needs a tensor of at least one dimension, not a scalar")
+            _ddl_dtype(t)
+        _same_device(tensors)
         results, keep = [], []
-
-        def submit_one(i):
-            src = tensors[i].contiguous()
+        for i, tensor in enumerate(tensors):
+            src = tensor.contiguous()
             cuda = _is_cuda(src)
             rows = _scatter_rows(src.shape[0], n)
             row = row_elements(src.shape)
@@ -695,18 +675,14 @@ def _reducescatter_group_async(kind, tensors, name, op, prescale, postscale, pro
                 data = data.cpu()
             out = data.new_empty((rows[me],) + tuple(src.shape[1:]))
             opts = _options(target, data if on_gpu else None, tuple(src.shape), 1.0 if cuda else prescale,
-                            1.0 if cuda else postscale, group_size=group)
-            sub = full_name if kind == "reducescatter" else _part(full_name, i)
-            h = _submit(L.lib.ddl_reducescatter_ex, sub, data.data_ptr(), out.data_ptr(),
+                            1.0 if cuda else postscale, group_size=call.group_size)
+            call.submit(L.lib.ddl_reducescatter_ex, call.name(i), data.data_ptr(), out.data_ptr(),
                         L.size_array([r * row for r in rows]), dtype, _REDUCE[op], ctypes.byref(opts))
             keep.append((src, data, out, opts))
             results.append((out, src.device if cuda else None))
-            return h
+        return lambda: [_scale_like_horovod(o.to(d), postscale) if d is not None else o for o, d in results], keep
 
-        c_handles = _core.submit_each(range(len(tensors)), submit_one)
-        return c_handles, lambda: [_scale_like_horovod(o.to(d), postscale) if d is not None else o for o, d in results], keep
-
-    return _start(kind, name, target, launch)
+    return _start(kind, name, process_set, launch, len(tensors), kind != "reducescatter")
 
 
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,
