@@ -24,7 +24,7 @@ CheckBuildCommand::CheckBuildCommand(CLI::App& app) : flags_(std::make_shared<Ch
       ->transform(home_expanded_path());
   app_->add_option("--probe-timeout", f.probe_timeout, "Seconds each framework import may take")
       ->capture_default_str()
-      ->check(CLI::Range(1, 3600));
+      ->transform(whole_number_between(1, 3600));
   app_->add_flag("--json", f.json, "Print the same as JSON");
 }
 

@@ -64,17 +64,21 @@ JupyterCommand::JupyterCommand(CLI::App& app) : flags_(std::make_shared<JupyterF
   start_ = app_->add_subcommand("start", "Submit a job running Jupyter, wait until it is up, print the ssh tunnel and URL");
   start_->add_option("--site", f.site, "Site profile (ddl sites lists them)")->required();
   add_job_options(*start_, f.options, false);
-  start_->add_option("--gpus", f.gpus, "GPUs for the notebook (default: 1 on a GPU site, else 0)")->check(CLI::Range(0, 1024));
+  start_->add_option("--gpus", f.gpus, "GPUs for the notebook (default: 1 on a GPU site, else 0)")
+      ->transform(whole_number_between(0, 1024));
   start_->add_option("--program", f.program, "lab, notebook or server (default: the site's, else lab)")
       ->check(CLI::IsMember({"lab", "notebook", "server"}));
   start_->add_option("--env", f.environment, "A conda environment to activate, or the path of a virtualenv")
       ->transform(home_expanded_path());
-  start_->add_option("--local-port", f.local_port, "The laptop's port for the tunnel (default: the server's)")->check(CLI::Range(1, 65535));
-  start_->add_option("--timeout", f.timeout, "Seconds to wait for the server")->capture_default_str()->check(CLI::Range(1, 86400));
+  start_->add_option("--local-port", f.local_port, "The laptop's port for the tunnel (default: the server's)")
+      ->transform(whole_number_between(1, 65535));
+  start_->add_option("--timeout", f.timeout, "Seconds to wait for the server")
+      ->capture_default_str()
+      ->transform(whole_number_between(1, 86400));
   start_->add_flag("--dry-run", f.dry_run, "Print the batch script instead of submitting it");
   tunnel_ = app_->add_subcommand("tunnel", "Print the ssh tunnel and URL of a running session again");
   tunnel_->add_option("job", f.job, "Job id")->required();
-  tunnel_->add_option("--local-port", f.local_port, "The laptop's port for the tunnel")->check(CLI::Range(1, 65535));
+  tunnel_->add_option("--local-port", f.local_port, "The laptop's port for the tunnel")->transform(whole_number_between(1, 65535));
   stop_ = app_->add_subcommand("stop", "Cancel the session's job and remove its files");
   stop_->add_option("job", f.job, "Job id")->required();
 }

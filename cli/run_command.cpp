@@ -130,12 +130,13 @@ std::optional<launcher::RequeuePolicy> requeue_policy(const CLI::App& app, const
 RunCommand::RunCommand(CLI::App& app) : flags_(std::make_shared<RunFlags>()) {
   RunFlags& f = *flags_;
   app_ = app.add_subcommand("run", "Start workers of a program (here, or on the nodes of a Slurm/PBS allocation) and supervise them");
-  app_->add_option("-n,--np", f.total, "Workers in all (also written -np)")->check(whole_count());
-  app_->add_option("-N,--nodes", f.nodes, "Nodes (more than 1 needs an allocation; inside one: all of its nodes)")->check(whole_count());
-  app_->add_option("--nproc-per-node,--nproc_per_node", f.per_node, "Workers per node (torchrun's spelling)")->check(whole_count());
-  app_->add_option("--gpus-per-node", f.gpus_per_node, "GPU workers per node, one per GPU")->check(whole_count());
+  app_->add_option("-n,--np", f.total, "Workers in all (also written -np)")->transform(whole_count());
+  app_->add_option("-N,--nodes", f.nodes, "Nodes (more than 1 needs an allocation; inside one: all of its nodes)")
+      ->transform(whole_count());
+  app_->add_option("--nproc-per-node,--nproc_per_node", f.per_node, "Workers per node (torchrun's spelling)")->transform(whole_count());
+  app_->add_option("--gpus-per-node", f.gpus_per_node, "GPU workers per node, one per GPU")->transform(whole_count());
   app_->add_option("-c,--cpus-per-task", f.cpus_per_task, "Cores per worker (srun -c, PALS --depth, OMP_NUM_THREADS)")
-      ->check(whole_count());
+      ->transform(whole_count());
   app_->add_flag("--cpu", f.cpu, "CPU workers: assign no GPU even when there are some");
   app_->add_flag("--share-gpus", f.share_gpus, "Allow more GPU workers than GPUs (round robin)");
   app_->add_option("--grace-period", f.grace_seconds, "Seconds between SIGTERM and SIGKILL when stopping workers")
@@ -151,13 +152,13 @@ RunCommand::RunCommand(CLI::App& app) : flags_(std::make_shared<RunFlags>()) {
   app_->add_option("--max-restarts,--max_restarts", f.max_restarts,
                    "After a worker fails, stop all and start them again, up to this many times (torchrun's); 0: never")
       ->capture_default_str()
-      ->check(CLI::Range(0, 1000000).description("0 to 1000000"));
+      ->transform(whole_number_between(0, 1000000));
   app_->add_option("--requeue-signal", f.requeue_signal,
                    "In a Slurm batch job: on this signal (USR1 or USR2; Slurm's --signal=B:USR1@120 before the time "
                    "limit) pass it on for the workers to save and end, then requeue the job (scontrol requeue)");
   app_->add_option("--max-requeues", f.max_requeues, "With --requeue-signal: requeue the job at most this many times in all")
       ->capture_default_str()
-      ->check(CLI::Range(0, 1000000).description("0 to 1000000"));
+      ->transform(whole_number_between(0, 1000000));
   app_->add_option("--requeue-grace", f.requeue_grace_seconds,
                    "With --requeue-signal: seconds the workers have to save and end (default: until shortly before the time limit)")
       ->check(seconds_at_most(365.0 * 86400));

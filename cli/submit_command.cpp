@@ -41,13 +41,13 @@ SubmitCommand::SubmitCommand(CLI::App& app) : flags_(std::make_shared<SubmitFlag
   app_->add_option("--directive", f.directives, "An extra batch directive, e.g. --directive '--exclusive' (repeatable)");
   app_->add_option("--signal-before", f.signal_before,
                    "Send the workers --signal this many seconds before the time limit (Slurm; with --requeue default 120)")
-      ->check(CLI::Range(1, 65535));  // sbatch's limit for --signal's time
+      ->transform(whole_number_between(1, 65535));  // sbatch's limit for --signal's time
   app_->add_option("--signal", f.signal, "The signal --signal-before and --requeue send: USR1 (default) or USR2")->check(not_empty());
   app_->add_flag("--requeue", f.requeue,
                  "Slurm: before the time limit the workers get --signal to save and end, then the job is requeued and continues "
                  "(ddl run --requeue-signal); PBS: the job is rerunnable (-r y)");
   app_->add_option("--max-requeues", f.max_requeues, "With --requeue on Slurm: requeue the job at most this many times (default 5)")
-      ->check(CLI::Range(0, 1000000).description("0 to 1000000"));
+      ->transform(whole_number_between(0, 1000000));
   app_->add_option("--array", f.array,
                    "A job array: one job per index, e.g. 0-15%4 (16 elements, at most 4 at once); each element's workers get "
                    "DDL_ARRAY_INDEX (Slurm --array, PBS -J)")
@@ -57,7 +57,7 @@ SubmitCommand::SubmitCommand(CLI::App& app) : flags_(std::make_shared<SubmitFlag
   app_->add_flag("--dry-run", f.dry_run, "Print the script instead of submitting it");
   app_->add_flag("--wait", f.wait, "Follow the job until it ends, then show its output's tail; exit with its code");
   app_->add_option("--wait-timeout", f.wait_timeout, "Give up following after this many seconds (default: no limit)")
-      ->check(CLI::Range(0, 365 * 24 * 3600).description("0 to 31536000"))
+      ->transform(whole_number_between(0, 365 * 24 * 3600))
       ->needs("--wait");
   app_->prefix_command();
   show_program_in_usage(*app_);

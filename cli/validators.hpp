@@ -3,6 +3,7 @@
 // through (every comparison with nan is false).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -23,19 +24,25 @@ inline bool plain_decimal(const std::string& text, bool fraction) {
   return !(whole.empty() && part.empty()) && digits_only(whole) && digits_only(part);
 }
 
-// Counts of workers, nodes, GPUs and cores: whole numbers from 1 to 2^20 ("-np abc" is not "out of range").
-inline CLI::Validator whole_count(int minimum = 1) {
-  constexpr long long most = 1 << 20;
+// A whole number from `minimum` to `most`, in plain decimal digits, written back without leading zeros:
+// CLI11 reads integers as C does (base 0), so "-np 010" was 8 workers and "08" not a number. Used
+// with ->transform(), which keeps the rewritten text ("abc" is "not abc", not "out of range").
+inline CLI::Validator whole_number_between(long long minimum, long long most) {
   return CLI::Validator(
-      [minimum](std::string& text) -> std::string {
+      [minimum, most](std::string& text) -> std::string {
+        const std::string digits = text.substr(std::min(text.find_first_not_of('0'), text.empty() ? 0 : text.size() - 1));
         char* end = nullptr;
-        const long long count = std::strtoll(text.c_str(), &end, 10);
-        if (!plain_decimal(text, false) || *end != '\0' || count < minimum || count > most)
+        const long long number = std::strtoll(digits.c_str(), &end, 10);
+        if (!plain_decimal(text, false) || digits.size() > 18 || *end != '\0' || number < minimum || number > most)
           return "must be a whole number from " + std::to_string(minimum) + " to " + std::to_string(most) + ", not " + text;
+        text = digits;
         return {};
       },
-      "COUNT");
+      "");
 }
+
+// Counts of workers, nodes, GPUs and cores: whole numbers from `minimum` to 2^20.
+inline CLI::Validator whole_count(int minimum = 1) { return whole_number_between(minimum, 1 << 20).description("COUNT"); }
 
 // A finite number of seconds from 0 to `most`.
 inline CLI::Validator seconds_at_most(double most) {

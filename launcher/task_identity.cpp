@@ -1,11 +1,12 @@
 #include "launcher/task_identity.hpp"
 
-#include <cctype>
 #include <charconv>
+#include <limits>
 #include <optional>
 
 #include <fmt/format.h>
 
+#include "common/environment.hpp"
 #include "common/error.hpp"
 #include "common/worker_contract.hpp"
 
@@ -94,13 +95,17 @@ void for_each_group(const std::string& tasks_per_node, Group group) {
   while (pos < tasks_per_node.size()) {
     size_t comma = tasks_per_node.find(',', pos);
     std::string text = tasks_per_node.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    int count = 0, repeat = 1, used = 0;
-    // The whole group must be read: "%d" alone took "4abc" as 4, and "2(y2)" as 2.
-    const bool whole = (std::sscanf(text.c_str(), "%d(x%d)%n", &count, &repeat, &used) == 2 && used == static_cast<int>(text.size())) ||
-                       (repeat = 1, std::sscanf(text.c_str(), "%d%n", &count, &used) == 1 && used == static_cast<int>(text.size()));
-    if (!whole || !std::isdigit(static_cast<unsigned char>(text[0])) || count < 1 || repeat < 1)
+    // The whole group is read, each number in digits alone and within an int ("4abc" is not 4, nor
+    // 99999999999 a count wrapped around).
+    const size_t open = text.find("(x");
+    constexpr long long most = std::numeric_limits<int>::max();
+    const auto count = whole_number(std::string_view(text).substr(0, open), most);
+    const auto repeat = open == std::string::npos ? std::optional<long long>(1)
+                        : text.ends_with(')')     ? whole_number(std::string_view(text).substr(open + 2, text.size() - open - 3), most)
+                                                  : std::nullopt;
+    if (!count || !repeat || *count < 1 || *repeat < 1)
       throw UsageError(fmt::format("SLURM_TASKS_PER_NODE={} is not Slurm's N(xR),... form", tasks_per_node), "");
-    if (!group(count, repeat) || comma == std::string::npos) return;
+    if (!group(static_cast<int>(*count), static_cast<int>(*repeat)) || comma == std::string::npos) return;
     pos = comma + 1;
   }
 }

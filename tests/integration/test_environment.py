@@ -243,6 +243,18 @@ class UsageErrors(unittest.TestCase):
         for seconds in ("0.5", ".5", "5.", "0"):
             self.assertEqual(ddl("run", "--grace-period", seconds, "-np", "1", "--", "true").returncode, 0, seconds)
 
+    def test_whole_numbers_with_leading_zeros_are_decimal_not_octal(self):
+        # CLI11 reads integers as C's strtol with base 0: -np 010 started 8 workers, and 08 was no number.
+        result = ddl("run", "-np", "010", "--max-restarts", "09", "--", "sh", "-c", "echo $WORLD_SIZE $TORCHELASTIC_MAX_RESTARTS")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(sorted(lines_by_rank(result.stdout)), list(range(10)))
+        self.assertEqual({lines[0] for lines in lines_by_rank(result.stdout).values()}, {"10 9"})
+        script = ddl_raw("submit", "--site", "slurm", "--dry-run", "--signal-before", "0120", "--max-requeues", "010", "--requeue",
+                         "-t", "01:00:00", "--", "python3", "train.py")
+        self.assertEqual(script.returncode, 0, script.stderr)
+        self.assertIn("#SBATCH --signal=B:USR1@120\n", script.stdout)
+        self.assertIn("--max-requeues 10 ", script.stdout)
+
     def test_empty_values_are_refused_not_taken_as_the_default(self):
         for args, flag in ((["run", "--rsh", "", "-H", "localhost:1"], "--rsh"), (["run", "--torch-backend", "", "-np", "1"], "--torch-backend"),
                            (["run", "--mpi", "", "-np", "1"], "--mpi"),
@@ -261,7 +273,9 @@ class UsageErrors(unittest.TestCase):
                            # strtol's and strtod's extras: a sign, blanks, hex
                            (["-np", "+2"], "--np: must be a whole number from 1 to 1048576, not +2"),
                            (["-np", " 2"], "not  2"),
-                           (["--grace-period", "0x10", "-np", "1"], "--grace-period: must be a number of seconds from 0 to 86400, not 0x10")):
+                           (["--grace-period", "0x10", "-np", "1"], "--grace-period: must be a number of seconds from 0 to 86400, not 0x10"),
+                           (["--max-restarts", "-1", "-np", "1"], "--max-restarts: must be a whole number from 0 to 1000000, not -1"),
+                           (["-np", "0x2"], "--np: must be a whole number from 1 to 1048576, not 0x2")):
             result = ddl("run", *args, "--", "true")
             self.assertEqual(result.returncode, 2, args)
             self.assertIn(says, result.stderr.splitlines()[0])

@@ -170,7 +170,8 @@ TEST_CASE("tasks over nodes of different sizes: the launcher's world size, each 
   CHECK_THROWS_AS(tasks_on_nodes("4(x2)", 3), ddl::UsageError);
   CHECK_THROWS_AS(tasks_on_nodes("x", 1), ddl::UsageError);
   CHECK_THROWS_AS(tasks_on_nodes("4abc,9", 2), ddl::UsageError);  // was 4 and 9
-  for (const char* junk : {"2(y2)", "2(x2", "2(x2)z", " 2", "+2"}) CHECK_THROWS_AS(tasks_on_nodes(junk, 1), ddl::UsageError);
+  for (const char* junk : {"2(y2)", "2(x2", "2(x2)z", " 2", "+2", "99999999999(x2)", "2(x99999999999)", "0(x2)", "2(x0)", "(x2)"})
+    CHECK_THROWS_AS(tasks_on_nodes(junk, 1), ddl::UsageError);
   CHECK(tasks_on_nodes("2(x1),3", 2) == std::vector<int>{2, 3});
 
   // mpirun -np 5 over 4 + 1 slots: the other node's size is not said, the world's size still is.
