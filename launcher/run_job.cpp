@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -196,12 +197,15 @@ RunOutcome run_job(const RunRequest& request, const Environment& launcher_env, c
         outcome.exit_code = 128 + outcome.finished_on;
       return outcome;
     }
-    // A signal from outside ends the run, also when it came while a failed attempt was stopping.
-    if (!outcome.failure || outcome.interrupted_by || outcome.signalled || outcome.reader_gone ||
+    // A signal from outside ends the run, also when it came while a failed attempt was stopping. A
+    // hang that --hang-timeout stopped is a failure (a dead NCCL peer, a stuck file system): restarted.
+    if ((!outcome.failure && !outcome.hung_after) || outcome.interrupted_by || outcome.signalled || outcome.reader_gone ||
         attempt.restart_count >= request.max_restarts)
       return outcome;
-    log(fmt::format("{}; restarting all workers ({} of {} restarts)", what_failed(*outcome.failure), attempt.restart_count + 1,
-                    request.max_restarts));
+    const std::string what = outcome.failure ? what_failed(*outcome.failure)
+                                             : fmt::format("the run hung: nothing moved for {} s (--hang-timeout)",
+                                                           std::chrono::duration_cast<std::chrono::seconds>(*outcome.hung_after).count());
+    log(fmt::format("{}; restarting all workers ({} of {} restarts)", what, attempt.restart_count + 1, request.max_restarts));
   }
 }
 

@@ -43,6 +43,18 @@ class Hangs(unittest.TestCase):
             self.assertRegex(saved, r"ddl: rank 2: in load_batch \(hang_worker.py:\d+\)")
             self.assertRegex(saved, r"^# \d{4}-\d\d-\d\d \d\d:\d\d:\d\d\n")
 
+    def test_a_hang_is_restarted_under_max_restarts_as_a_failure_is(self):
+        worker = ("import os, sys, time\n"
+                  "if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0':\n"
+                  "    time.sleep(300)\n"
+                  "print('finished', os.environ['RANK'], flush=True)\n")
+        result = ddl("-np", "2", "--hang-timeout", "3", "--max-restarts", "1", "--", PYTHON, "-c", worker, timeout=120)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("ddl: no worker has written output or completed a libddl op for 3 s (--hang-timeout)", result.stderr)
+        self.assertIn("ddl: the run hung: nothing moved for 3 s (--hang-timeout); restarting all workers (1 of 1 restarts)",
+                      result.stderr)
+        self.assertEqual(sorted(result.stdout.splitlines()), ["[0] finished 0", "[1] finished 1"])
+
     def test_libddl_ops_without_output_are_not_a_hang(self):
         # Twice the timeout and more, silent but for the ops: each completed op is a sign of life.
         result = ddl("-np", "2", "--hang-timeout", "8", "--", PYTHON, HANG_WORKER, "quiet_allreduces", "18", env=WORKER_ENV, timeout=120)
