@@ -8,6 +8,7 @@ import sys
 SUCCESS, INVALID_ARGUMENT, NOT_INITIALIZED, MISMATCH, TIMEOUT, PEER_FAILED, BOOTSTRAP, INTERNAL, UNSUPPORTED = range(9)
 # ddl_dtype
 FLOAT16, BFLOAT16, FLOAT32, FLOAT64, INT32, INT64, UINT8, INT8, INT16 = range(9)
+BOOL, UINT16, UINT32, UINT64 = range(9, 13)  # moved only (broadcast, allgather, alltoall)
 # ddl_reduce_op
 SUM, AVERAGE, MIN, MAX, PRODUCT = range(5)
 # op flags

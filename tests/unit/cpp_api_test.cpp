@@ -58,6 +58,12 @@ TEST_CASE("bad arguments are errors with a message, not crashes") {
   float out[4];
   CHECK(ddl_allgatherv("v", nullptr, 4, out, counts, DDL_FLOAT32) == DDL_ERROR_INVALID_ARGUMENT);
   CHECK(std::string(ddl_last_error()) == "allgatherv: the send buffer is NULL");
+  bool flags[2] = {true, false};
+  CHECK(ddl_allreduce("bools", flags, flags, 2, DDL_BOOL, DDL_MAX) == DDL_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(ddl_last_error()) == "bool is moved only (broadcast, allgather, alltoall), not reduced");
+  bool gathered[2] = {};
+  CHECK(ddl_allgather("bools.moved", flags, gathered, 2, DDL_BOOL) == DDL_SUCCESS);
+  CHECK((gathered[0] && !gathered[1]));
   // NCCL cannot scale: scales on CUDA buffers are refused rather than silently dropped.
   ddl_op_options cuda = DDL_OP_OPTIONS_INIT;
   cuda.flags = DDL_CUDA_BUFFERS;

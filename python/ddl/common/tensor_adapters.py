@@ -23,6 +23,7 @@ from ddl.common import dtypes
 
 class _NumpyTensors:
     table = dtypes.BY_NAME
+    moved = dtypes.MOVED_BY_NAME
     int32_name = "int32"
 
     def __init__(self):
@@ -81,6 +82,7 @@ class _TorchTensors:
         import torch  # only the torch faces make this adapter
         self._torch = torch
         self.table = dtypes.torch_table()
+        self.moved = dtypes.torch_moved_table()
 
     @staticmethod
     def dtype_of(t):

@@ -72,7 +72,13 @@ typedef enum DDL_ENUM_INT {
   DDL_INT64 = 5,
   DDL_UINT8 = 6,
   DDL_INT8 = 7,
-  DDL_INT16 = 8 /* host buffers only: NCCL has no 16-bit integer type */
+  DDL_INT16 = 8, /* reduced on host buffers only: NCCL has no 16-bit integer type */
+  /* Moved only (broadcast, allgather, alltoall, their _any and v forms); reductions refuse them. Ranks
+   * must agree on them as on any dtype, so a bool on one rank never pairs with a uint8 on another. */
+  DDL_BOOL = 9,
+  DDL_UINT16 = 10,
+  DDL_UINT32 = 11,
+  DDL_UINT64 = 12
 } ddl_dtype;
 
 typedef enum DDL_ENUM_INT {

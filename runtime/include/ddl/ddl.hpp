@@ -67,6 +67,19 @@ template <>
 constexpr ddl_dtype dtype_of<std::int16_t>() {
   return DDL_INT16;
 }
+// Moved only (broadcast, allgather, alltoall): reductions refuse them.
+template <>
+constexpr ddl_dtype dtype_of<bool>() {
+  return DDL_BOOL;
+}
+template <>
+constexpr ddl_dtype dtype_of<std::uint32_t>() {
+  return DDL_UINT32;
+}
+template <>
+constexpr ddl_dtype dtype_of<std::uint64_t>() {
+  return DDL_UINT64;
+}
 
 // An operation in flight. wait() rethrows its failure; destroying an unwaited handle waits.
 class Handle {

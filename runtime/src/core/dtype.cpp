@@ -3,6 +3,7 @@
 #include <math.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -10,26 +11,32 @@
 
 namespace ddl::runtime {
 
-bool valid_dtype(int dtype) { return dtype >= DDL_FLOAT16 && dtype <= DDL_INT16; }
+bool valid_dtype(int dtype) { return dtype >= DDL_FLOAT16 && dtype <= DDL_UINT64; }
+bool reducible_dtype(ddl_dtype dtype) { return dtype >= DDL_FLOAT16 && dtype <= DDL_INT16; }
 bool valid_reduce_op(int op) { return op >= DDL_SUM && op <= DDL_PRODUCT; }
 
 size_t dtype_size(ddl_dtype dtype) {
   switch (dtype) {
     case DDL_UINT8:
-    case DDL_INT8: return 1;
+    case DDL_INT8:
+    case DDL_BOOL: return 1;
     case DDL_FLOAT16:
     case DDL_BFLOAT16:
-    case DDL_INT16: return 2;
+    case DDL_INT16:
+    case DDL_UINT16: return 2;
     case DDL_FLOAT32:
-    case DDL_INT32: return 4;
+    case DDL_INT32:
+    case DDL_UINT32: return 4;
     case DDL_FLOAT64:
-    case DDL_INT64: return 8;
+    case DDL_INT64:
+    case DDL_UINT64: return 8;
   }
   return 0;
 }
 
 const char* dtype_name(ddl_dtype dtype) {
-  static const char* names[] = {"float16", "bfloat16", "float32", "float64", "int32", "int64", "uint8", "int8", "int16"};
+  static const char* names[] = {"float16", "bfloat16", "float32", "float64", "int32",  "int64", "uint8",
+                                "int8",    "int16",    "bool",    "uint16",  "uint32", "uint64"};
   return valid_dtype(dtype) ? names[dtype] : "unknown-dtype";
 }
 
@@ -143,8 +150,8 @@ struct Product {
 template <typename T>
 bool either_nan(T x, T y, T& nan) {
   if constexpr (std::is_floating_point_v<T>) {
-    if (x != x) return nan = x, true;
-    if (y != y) return nan = y, true;
+    if (std::isnan(x)) return nan = x, true;
+    if (std::isnan(y)) return nan = y, true;
   }
   return false;
 }
@@ -177,6 +184,10 @@ ReduceFunction for_dtype(ddl_dtype dtype) {
     case DDL_UINT8: return [](void* o, const void* a, const void* b, size_t n) { apply<uint8_t>(o, a, b, n, Op{}); };
     case DDL_INT8: return [](void* o, const void* a, const void* b, size_t n) { apply<int8_t>(o, a, b, n, Op{}); };
     case DDL_INT16: return [](void* o, const void* a, const void* b, size_t n) { apply<int16_t>(o, a, b, n, Op{}); };
+    case DDL_BOOL:
+    case DDL_UINT16:
+    case DDL_UINT32:
+    case DDL_UINT64: break;  // moved only
   }
   return nullptr;
 }
@@ -238,6 +249,10 @@ void divide_by_world_size(void* data, size_t n, ddl_dtype dtype, int divisor) {
     case DDL_UINT8: return divide<uint8_t>(data, n, divisor);
     case DDL_INT8: return divide<int8_t>(data, n, divisor);
     case DDL_INT16: return divide<int16_t>(data, n, divisor);
+    case DDL_BOOL:
+    case DDL_UINT16:
+    case DDL_UINT32:
+    case DDL_UINT64: return;  // moved only
   }
 }
 
@@ -272,6 +287,10 @@ void fill_identity(void* data, size_t n, ddl_dtype dtype, ddl_reduce_op op) {
     case DDL_UINT8: return fill_as(data, n, identity_of<uint8_t>(op));
     case DDL_INT8: return fill_as(data, n, identity_of<int8_t>(op));
     case DDL_INT16: return fill_as(data, n, identity_of<int16_t>(op));
+    case DDL_BOOL:
+    case DDL_UINT16:
+    case DDL_UINT32:
+    case DDL_UINT64: return;  // moved only
   }
 }
 
@@ -288,6 +307,10 @@ void scale(void* data, size_t n, ddl_dtype dtype, double factor) {
     case DDL_UINT8: return multiply<uint8_t>(data, n, factor);
     case DDL_INT8: return multiply<int8_t>(data, n, factor);
     case DDL_INT16: return multiply<int16_t>(data, n, factor);
+    case DDL_BOOL:
+    case DDL_UINT16:
+    case DDL_UINT32:
+    case DDL_UINT64: return;  // moved only
   }
 }
 

@@ -9,6 +9,8 @@
 namespace ddl::runtime {
 
 bool valid_dtype(int dtype);
+// Whether reductions take `dtype` (DDL_BOOL and the unsigned 16-64 bit types are moved only).
+bool reducible_dtype(ddl_dtype dtype);
 bool valid_reduce_op(int op);
 size_t dtype_size(ddl_dtype dtype);
 const char* dtype_name(ddl_dtype dtype);

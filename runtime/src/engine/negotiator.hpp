@@ -124,9 +124,9 @@ class Negotiator {
     Arrivals last;            // with a straggler tally
   };
   struct Completed {
-    uint64_t order;
+    uint64_t order = 0;
     bool with_joined = false;           // some ranks never announced it: they joined
-    const std::string* name;            // announced in full by some rank (a key of table_), or
+    const std::string* name = nullptr;  // announced in full by some rank (a key of table_), or
     std::optional<uint32_t> cached_id;  // by id by every rank (in cached_waits_; the name is cache_'s)
   };
   std::string mismatch_message(const std::string& name, const Entry& e) const;

@@ -47,6 +47,10 @@ ncclDataType_t nccl_type(ddl_dtype t) {
     case DDL_UINT8: return ncclUint8;
     case DDL_INT8: return ncclInt8;
     case DDL_INT16: return ncclFloat16;  // moved, never reduced: the C API refuses int16 CUDA allreduces
+    case DDL_BOOL: return ncclUint8;     // the moved-only types: their bytes
+    case DDL_UINT16: return ncclFloat16;
+    case DDL_UINT32: return ncclUint32;
+    case DDL_UINT64: return ncclUint64;
   }
   return ncclFloat32;
 }
