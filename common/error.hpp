@@ -10,10 +10,22 @@ namespace ddl {
 
 class Error : public std::runtime_error {
  public:
-  explicit Error(const std::string& message, std::string hint = {}) : std::runtime_error(message), hint_(std::move(hint)) {}
+  explicit Error(const std::string& message, std::string hint = {}) : std::runtime_error(visible(message)), hint_(std::move(hint)) {}
   const std::string& hint() const noexcept { return hint_; }
 
  private:
+  // A NUL that a quoted value holds (a hostfile's line) as \0: what() is a C string, which ended there.
+  static std::string visible(const std::string& message) {
+    std::string text;
+    for (char c : message) {
+      if (c == '\0')
+        text += "\\0";
+      else
+        text += c;
+    }
+    return text;
+  }
+
   std::string hint_;
 };
 

@@ -78,12 +78,17 @@ AllocationShape shape_of(const backends::Allocation& allocation, const Environme
     if (!nodelist) nodelist = lookup(env, "SLURM_NODELIST");
     if (!nodelist)
       throw Error("inside Slurm job " + allocation.job_id + " but SLURM_JOB_NODELIST is not set", "run ddl inside salloc or sbatch");
+    if (nodelist->find_first_not_of(" \t") == std::string::npos)
+      throw Error("inside Slurm job " + allocation.job_id + " but SLURM_JOB_NODELIST is empty", "run ddl inside salloc or sbatch");
     shape.hosts = backends::slurm::expand_hostlist(*nodelist);
     shape.gpus_per_node = backends::slurm::gpus_per_node(env);
     shape.cpus_per_node = backends::slurm::cpus_per_node(env);
     shape.tasks_per_node = backends::slurm::tasks_per_node(env, static_cast<int>(shape.hosts.size()));
   } else {
-    shape.hosts = backends::pbs::nodefile_hosts(lookup(env, "PBS_NODEFILE").value_or(""));
+    const auto nodefile = lookup(env, "PBS_NODEFILE");
+    if (!nodefile || nodefile->empty())
+      throw Error("inside PBS job " + allocation.job_id + " but PBS_NODEFILE is not set", "run ddl inside qsub's job (or qsub -I)");
+    shape.hosts = backends::pbs::nodefile_hosts(*nodefile);
     shape.gpus_per_node = discover_gpus(env).count();  // this node's, taken for every node
     shape.cpus_per_node = pbs_cpus_per_node(env);
   }

@@ -45,6 +45,7 @@ from ddl.common import exceptions as _exceptions  # noqa: F401  (registers the s
 BACKEND_NAME = "ddl"
 
 _DTYPES = _dtypes.torch_table()
+_MOVED = _dtypes.torch_moved_table()
 _TENSORS = torch_tensors()
 
 _NAMELESS_REDUCE_OPS = "BAND, BOR, BXOR and PREMUL_SUM"
@@ -116,9 +117,12 @@ def _reducible(tensor, op):
 
 
 def _movable(tensor):
-    """(tensor as libddl moves it, its libddl dtype): any dtype, as bytes where libddl has no type for it.
-    `tensor` is one _dense gave (checked, contiguous)."""
+    """(tensor as libddl moves it, its libddl dtype): any dtype, as bytes where libddl has no type for it
+    (bool and torch's unsigned 16-64 bit types have one, which ranks agree on). `tensor` is one
+    _dense gave (checked, contiguous)."""
     dtype = _DTYPES.get(tensor.dtype)
+    if dtype is None:
+        dtype = _MOVED.get(tensor.dtype)
     if dtype is not None:
         return tensor, dtype
     return tensor.view(torch.uint8) if tensor.dim() > 0 else tensor.reshape(1).view(torch.uint8), L.UINT8
@@ -477,12 +481,13 @@ def _result_or_raise(future):
     return future.wait()
 
 
-def _in_step(kind, places=lambda tensors, *_: 1):
-    """An op of ProcessGroupDDL that takes `places(*args)` places of the group's sequence for ops of
-    `kind`. Where one of its checks raises before it has taken any (a dtype, a size, a root that only
-    this rank got wrong), it takes them failing with that error before raising it, so the members
-    stay in step: otherwise this rank's next op would pair with the others' this one, and both
-    would return the other call's data."""
+def _in_step(kinds):
+    """An op of ProcessGroupDDL, which takes one place of the group's sequence per kind of
+    `kinds(*args)` ("allreduce", ...; a str: one place of that kind). Where it raises before it has
+    taken them all (a check that only this rank failed: a dtype, a size, a root; or a part that
+    libddl refused, which took its own place), it takes the rest failing with that error before
+    raising it, so the members stay in step: otherwise this rank's next op would pair with the
+    others' this one, and both would return the other call's data."""
     def decorate(method):
         @functools.wraps(method)
         def op(self, *args, **kwargs):
@@ -490,15 +495,25 @@ def _in_step(kind, places=lambda tensors, *_: 1):
             try:
                 return method(self, *args, **kwargs)
             except Exception as error:
-                if self._sequence == before:
-                    self._take_places_failing(kind, places(*args), error)
+                try:
+                    expected = [kinds] if isinstance(kinds, str) else kinds(*args, **kwargs)
+                except Exception:  # arguments the op itself could not read either
+                    expected = []
+                self._take_places_failing(expected[self._sequence - before:], error)
                 raise
         return op
     return decorate
 
 
-def _one_per_tensor(tensors, *_):
-    return len(tensors)
+def _allreduce_places(tensors, *_, **__):
+    """An all_reduce's places: two for a sparse tensor's (its indices' and values' gathers)."""
+    if any(t.is_sparse for t in tensors):
+        return ["allreduce.sparse"] * 2
+    return ["allreduce"] * len(tensors)
+
+
+def _broadcast_places(tensors, *_, **__):
+    return ["broadcast"] * len(tensors)
 
 
 class ProcessGroupDDL(dist.ProcessGroup):
@@ -629,18 +644,18 @@ class ProcessGroupDDL(dist.ProcessGroup):
     def _fail_in_step(self, kind, error):
         """Raises `error`, a check only this rank can make (the root's lists), after taking the op's
         place in the group's sequence with it (_take_places_failing)."""
-        self._take_places_failing(kind, 1, error)
+        self._take_places_failing([kind], error)
         raise error
 
-    def _take_places_failing(self, kind, count, error):
-        """Takes the next `count` places of the group's sequence for ops of `kind` that fail with
-        `error` (ddl_fail_ex): the other members' ops there fail with the same reason instead of
-        waiting for the timeout or pairing with this rank's next call, and the sequence stays in
-        step on every rank. Returns once every member has reached them."""
+    def _take_places_failing(self, kinds, error):
+        """Takes the next places of the group's sequence, one for an op of each kind of `kinds`,
+        failing with `error` (ddl_fail_ex): the other members' ops there fail with the same reason
+        instead of waiting for the timeout or pairing with this rank's next call, and the sequence
+        stays in step on every rank. Returns once every member has reached them."""
         handles = []
         options = self._sequence_options()
         reason = (str(error) or type(error).__name__).encode(errors="replace")
-        for _ in range(count):
+        for kind in kinds:
             handle = ctypes.c_void_p()
             if L.lib.ddl_fail_ex(self._name(kind), reason, ctypes.byref(options), ctypes.byref(handle)) == L.SUCCESS:
                 handles.append(handle.value)
@@ -654,7 +669,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
     # ---- reductions ----
 
-    @_in_step("allreduce", _one_per_tensor)
+    @_in_step(_allreduce_places)
     def allreduce(self, tensors, opts=None):
         op = _libddl_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         _same_device(tensors)
@@ -804,7 +819,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
     # ---- moves ----
 
-    @_in_step("broadcast", _one_per_tensor)
+    @_in_step(_broadcast_places)
     def broadcast(self, tensors, opts):
         root = opts.rootRank
         _same_device(tensors)

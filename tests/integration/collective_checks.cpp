@@ -83,6 +83,10 @@ void put(std::vector<char>& buf, ddl_dtype t, size_t i, double v) {
     case DDL_UINT8: reinterpret_cast<uint8_t*>(buf.data())[i] = static_cast<uint8_t>(v); break;
     case DDL_INT8: reinterpret_cast<int8_t*>(buf.data())[i] = static_cast<int8_t>(v); break;
     case DDL_INT16: reinterpret_cast<int16_t*>(buf.data())[i] = static_cast<int16_t>(v); break;
+    case DDL_BOOL: reinterpret_cast<bool*>(buf.data())[i] = v != 0; break;
+    case DDL_UINT16: reinterpret_cast<uint16_t*>(buf.data())[i] = static_cast<uint16_t>(v); break;
+    case DDL_UINT32: reinterpret_cast<uint32_t*>(buf.data())[i] = static_cast<uint32_t>(v); break;
+    case DDL_UINT64: reinterpret_cast<uint64_t*>(buf.data())[i] = static_cast<uint64_t>(v); break;
   }
 }
 double get(const std::vector<char>& buf, ddl_dtype t, size_t i) {
@@ -96,6 +100,10 @@ double get(const std::vector<char>& buf, ddl_dtype t, size_t i) {
     case DDL_UINT8: return reinterpret_cast<const uint8_t*>(buf.data())[i];
     case DDL_INT8: return reinterpret_cast<const int8_t*>(buf.data())[i];
     case DDL_INT16: return reinterpret_cast<const int16_t*>(buf.data())[i];
+    case DDL_BOOL: return reinterpret_cast<const bool*>(buf.data())[i] ? 1 : 0;
+    case DDL_UINT16: return reinterpret_cast<const uint16_t*>(buf.data())[i];
+    case DDL_UINT32: return reinterpret_cast<const uint32_t*>(buf.data())[i];
+    case DDL_UINT64: return static_cast<double>(reinterpret_cast<const uint64_t*>(buf.data())[i]);
   }
   return 0;
 }
@@ -282,9 +290,10 @@ void check_refused_at_submit() {
   check(ranks_in_order, "so does the first allgather-any of that name");
 }
 
-// An op that one rank's libddl refuses at submit (an argument only that rank got wrong) still takes its
-// place: the other ranks' op fails with that rank's reason, and the unnamed ops after it pair as before,
-// where the refusing rank's next unnamed op had paired with the others' refused one, returning its data.
+// An unnamed op that one rank's libddl refuses at submit (an argument only that rank got wrong) still
+// takes its place: the other ranks' op fails with that rank's reason, and the unnamed ops after it pair
+// as before, where the refusing rank's next unnamed op had paired with the others' refused one,
+// returning its data.
 void check_refusal_takes_its_place() {
   if (g_size < 2) return;
   const bool refuses = g_rank == g_size - 1;
@@ -307,9 +316,26 @@ void check_refusal_takes_its_place() {
   check(first == 1.0f, "the refused op's buffer is untouched");
   int32_t value = g_rank == 0 ? 7 : 0;
   const ddl_status broadcast = ddl_broadcast("refused.root", &value, 1, DDL_INT32, refuses ? g_size : 0);
-  check(broadcast == DDL_ERROR_INVALID_ARGUMENT &&
-            std::string(ddl_last_error()).find(refuses ? "is not a rank" : "failed on rank") != std::string::npos,
-        std::string("a named op one rank refuses fails on every rank with its reason: ") + ddl_last_error());
+  // A named op takes no place when refused: its name is free at once, for the call made right, which
+  // the other ranks' op of that name pairs with.
+  if (refuses) {
+    check(broadcast == DDL_ERROR_INVALID_ARGUMENT && std::string(ddl_last_error()).find("is not a rank") != std::string::npos,
+          std::string("a named op one rank refuses is refused there: ") + ddl_last_error());
+    require(ddl_broadcast("refused.root", &value, 1, DDL_INT32, 0), "the named op submitted again");
+  } else {
+    require(broadcast, "the named broadcast the last rank submits again");
+  }
+  check(value == 7, "the named op submitted again pairs with the others' op of that name");
+  // ddl_allgatherv's own check (send_count against recv_counts) takes the unnamed op's place too.
+  std::vector<size_t> counts(static_cast<size_t>(g_size), 1);
+  std::vector<float> gathered(static_cast<size_t>(g_size));
+  float mine = static_cast<float>(g_rank);
+  const ddl_status gatherv = ddl_allgatherv(nullptr, &mine, refuses ? 2 : 1, gathered.data(), counts.data(), DDL_FLOAT32);
+  check(gatherv == DDL_ERROR_INVALID_ARGUMENT,
+        std::string("an allgatherv whose send_count one rank gets wrong fails on every rank: ") + ddl_last_error());
+  float after = static_cast<float>(100 * (g_rank + 1));
+  require(ddl_allreduce(nullptr, &after, &after, 1, DDL_FLOAT32, DDL_SUM), "the unnamed allreduce after the allgatherv");
+  check(after == static_cast<float>(100 * g_size * (g_size + 1) / 2), "the next unnamed op after it pairs with the others' next one");
 }
 
 // From every root: across hosts, a root's local rank decides the path (see hierarchical_collectives).

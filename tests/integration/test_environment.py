@@ -295,6 +295,25 @@ class UsageErrors(unittest.TestCase):
             self.assertNotIn("started", result.stdout)
 
 
+class ErrorLines(unittest.TestCase):
+    def test_a_nul_in_a_quoted_value_is_shown_not_the_end_of_the_message(self):
+        with tempfile.NamedTemporaryFile("wb", suffix=".hosts") as hostfile:
+            hostfile.write(b"localhost slots=2\0junk\n")
+            hostfile.flush()
+            result = ddl("--hostfile", hostfile.name, "--", "true")
+        self.assertEqual(result.returncode, 2, result.stderr)
+        first = result.stderr.splitlines()[0]
+        self.assertIn("\\0junk", first)
+        self.assertNotIn("\0", result.stderr)
+
+    def test_a_scheduler_job_without_its_node_list_says_which_variable(self):
+        for env, says in (({"PBS_JOBID": "5.pbs"}, "ddl: error: inside PBS job 5.pbs but PBS_NODEFILE is not set"),
+                          ({"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": ""}, "ddl: error: inside Slurm job 5 but SLURM_JOB_NODELIST is empty")):
+            result = ddl("-np", "1", "--", "true", env=env)
+            self.assertNotEqual(result.returncode, 0, env)
+            self.assertEqual(result.stderr.splitlines()[0], says, env)
+
+
 class PathFlags(unittest.TestCase):
     def test_path_flags_written_flag_equals_tilde_are_under_home(self):
         # The shell expands a word's leading ~, not one after `--flag=`: ddl does it for its path flags.

@@ -377,7 +377,12 @@ def _():
         expect_error(RuntimeError, hvd.allreduce, torch.ones(2, 6) if R == 0 else torch.ones(3, 4), name="mismatch.2")
         expect_error(RuntimeError, hvd.allgather, torch.ones(2, R + 1))
         expect_error(RuntimeError, hvd.broadcast, torch.ones(2), R)
-        # Those two were unnamed, and every rank submitted them: the unnamed count stays in step.
+        # bool and uint8 move alike, as bytes, but are not one type: rank 0's bools never arrive as numbers.
+        flags_or_bytes = torch.tensor([True, False]) if R == 0 else torch.tensor([7, 200], dtype=torch.uint8)
+        e = expect_error(RuntimeError, hvd.allgather, flags_or_bytes)
+        assert "bool" in str(e) and "uint8" in str(e), e
+        expect_error(RuntimeError, hvd.broadcast, flags_or_bytes, N - 1)
+        # Those were unnamed, and every rank submitted them: the unnamed count stays in step.
         assert torch.equal(hvd.allreduce(torch.ones(1), op=hvd.Sum), torch.full((1,), float(N)))
     expect_error(ValueError, hvd.allreduce, torch.ones(2, dtype=torch.complex64))
     expect_error(NotImplementedError, hvd.allreduce, torch.ones(2), op=hvd.Adasum)
@@ -425,6 +430,10 @@ def _():
         assert torch.equal(summed, torch.full((2,), 100.0 * N * (N + 1) / 2)), (what, summed)
         gathered = hvd.allgather(torch.full((1,), float(R)))
         assert torch.equal(gathered, torch.arange(N, dtype=torch.float32)), (what, gathered)
+    # A named call refused on this rank takes no place: its name is free again at once.
+    for step in range(5):
+        expect_error(ValueError, hvd.allreduce, torch.ones(2, dtype=torch.complex64), name=f"retry.{step}")
+        assert torch.equal(hvd.allreduce(torch.ones(2), name=f"retry.{step}", op=hvd.Sum), torch.full((2,), float(N)))
 
 
 @check("blocking ops in a loop (libddl's fast path): named and unnamed allreduce, broadcast_, barrier; a shape change fails everywhere")

@@ -335,6 +335,10 @@ def errors(rank):
     in_step = torch.full((2,), float(rank + 1))
     dist.all_reduce(in_step, group=DDL)
     check("the group's next op after the root's refusal pairs in step", in_step, torch.full((2,), float(SIZE * (SIZE + 1) / 2)))
+    if SIZE > 1:  # bool and uint8 move alike, as bytes, but are not one type
+        flags_or_bytes = torch.tensor([True, False]) if rank == 0 else torch.tensor([7, 200], dtype=torch.uint8)
+        expect_error(RuntimeError, "differs between ranks", dist.broadcast, flags_or_bytes, 0, group=DDL)
+        check("a broadcast of bools on one rank and bytes on another fails on every rank", torch.ones(1), torch.ones(1))
     if SIZE > 1:  # a check that fails on one rank only, before the op named itself: its place is still taken
         last = rank == SIZE - 1
         short = torch.zeros(SIZE * 2 - 1 if last else SIZE * 2)  # the last rank's output is one element short
@@ -345,6 +349,8 @@ def errors(rank):
              lambda: dist.all_gather_into_tensor(short, torch.ones(2), group=DDL)),
             ("reduce to a root only one rank gets wrong", ValueError,
              lambda: dist.reduce(torch.ones(2), SIZE + 5 if last else 0, group=DDL)),
+            ("a sparse all_reduce with a reduction only one rank gets wrong", ValueError,
+             lambda: dist.all_reduce(torch.ones(2).to_sparse(), dist.ReduceOp.MAX if last else dist.ReduceOp.SUM, group=DDL)),
         ]
         for what, kind, call in bad_calls:
             try:

@@ -24,7 +24,8 @@ NUMPY = numpy_tensors()
 
 
 # Where data only moves (allgather, broadcast, alltoall), a dtype libddl does not reduce (bool, uint16,
-# uint32, uint64) travels as the signed integer of its size: the bytes are what matter.
+# uint32, uint64) travels as a view of the integer type of its size, while ranks agree on its own type
+# (dtypes.MOVED_BY_NAME): a uint32 on one rank never pairs with an int32 on another.
 _SAME_SIZE = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
 
 
@@ -55,7 +56,8 @@ def ddl_dtype(array, moves_only=False):
 
     Arguments:
         array: a numpy array.
-        moves_only: True where the data only moves (allgather, broadcast, alltoall): bool is then uint8.
+        moves_only: True where the data only moves (allgather, broadcast, alltoall): bool and the
+            unsigned 16-64 bit types then have types of their own.
 
     Returns:
         libddl's dtype code (ddl._lib.FLOAT16, ...).
@@ -205,6 +207,18 @@ def group_size(count, grouped):
     return count if grouped else 0
 
 
+def take_places_failing(kind, name, process_set, error, count=1, grouped=False):
+    """For a face's own check that fails before its call reaches host_ops (ddl.tensorflow's splits
+    dtype): the call's numbered parts take their places failing with `error`, as a check inside
+    _run's call would have them (op_core.Call.abandon)."""
+    claim = names.claim(kind, name, process_set)
+    try:
+        call = op_core.Call(op_core.part_names(claim[1], count, grouped), process_set, group_size=group_size(count, grouped))
+        call.abandon(error)
+    finally:
+        names.release(*claim)
+
+
 def _run(kind, name, process_set, count, grouped, submit_all):
     """Claims the op's name and runs `submit_all(call)`, which checks what only this rank might get
     wrong and submits the call's `count` ops through `call` (op_core.Call; NAME.i where `grouped` or
@@ -343,7 +357,7 @@ def grouped_allgather(arrays, name=None, process_set=None, kind="grouped_allgath
 
     def submit_all(call):
         datas = [movable(a) for a in inputs]
-        dtypes = [ddl_dtype(d) for d in datas]
+        dtypes = [ddl_dtype(a, moves_only=True) for a in inputs]
         for i, (src, data, dtype) in enumerate(zip(inputs, datas, dtypes)):
             opts = options(ps, src.shape[1:], group_size=call.group_size)
             payload, payload_dtype = op_core.any_count_payload(NUMPY, data, dtype, src.shape, [src.shape[0]])
@@ -411,7 +425,7 @@ def grouped_broadcast(arrays, root_rank, name=None, process_set=None, kind="broa
     def submit_all(call):
         root = root_in_set(root_rank, ps)
         datas = [movable(o) for o in outputs]
-        dtypes = [ddl_dtype(d) for d in datas]
+        dtypes = [ddl_dtype(o, moves_only=True) for o in outputs]
         for i, (data, dtype) in enumerate(zip(datas, dtypes)):
             opts = options(ps, data.shape, group_size=call.group_size)
             keep.append(opts)
@@ -475,7 +489,7 @@ def alltoall(array, splits=None, name=None, process_set=None):
         send = alltoall_rows(op_core.alltoall_splits(NUMPY, None if splits is None else np.asarray(splits)), src.shape[0], n)
         data = movable(src)
         row = row_elements(src.shape)
-        payload, dtype = op_core.any_count_payload(NUMPY, data, ddl_dtype(data), src.shape, send)
+        payload, dtype = op_core.any_count_payload(NUMPY, data, ddl_dtype(src, moves_only=True), src.shape, send)
         sizes = [s * row for s in send] if row else [1] * n
         opts = options(ps, src.shape[1:])
         handle = call.submit(L.lib.ddl_alltoall_any_ex, call.name(0), _ptr(payload), L.size_array(sizes), dtype,

@@ -6,6 +6,7 @@ torch.distributed backend and the numpy path under TensorFlow and Keras share on
 """
 
 import ctypes
+import threading
 
 from ddl import _lib as L
 from ddl.common import dtypes
@@ -18,8 +19,8 @@ def libddl_dtype(tensors, t, moves_only=False):
     Arguments:
         tensors: the face's tensor adapter.
         t: a tensor of that face.
-        moves_only: True where the data only moves (allgather, broadcast, alltoall): booleans then
-            travel as uint8.
+        moves_only: True where the data only moves (allgather, broadcast, alltoall): booleans and
+            unsigned 16-64 bit integers then have types of their own (the adapter's `moved`).
 
     Returns:
         libddl's dtype code (ddl._lib.FLOAT32, ...).
@@ -28,9 +29,9 @@ def libddl_dtype(tensors, t, moves_only=False):
         ValueError naming the type and the types libddl has, for a dtype it has no type for (booleans
         among them unless moves_only).
     """
-    if moves_only and tensors.is_bool(t):
-        return L.UINT8
     code = tensors.table.get(tensors.dtype_of(t))
+    if code is None and moves_only:
+        code = tensors.moved.get(tensors.dtype_of(t))
     if code is None:
         raise dtypes.unsupported(tensors.type_name(t))
     return code
@@ -109,10 +110,12 @@ class Call:
     call), each of which takes its place in the process set's order whatever happens on this rank.
 
     Where this rank cannot submit them all (a check only it fails: a dtype, a device, its splits, a
-    root; an interrupt), abandon() has each part not yet handed to libddl take its place failing
-    with the error (ddl_fail_ex): the other ranks' calls then fail with this rank's reason instead
-    of waiting for DDL_TIMEOUT or, for ops numbered by their order (unnamed ones), pairing with this
-    rank's next call and returning its data. A part libddl refused has taken its place itself.
+    root; an interrupt), abandon() has each numbered part (an unnamed one, or one whose name is its
+    place in an order the face counts) not yet handed to libddl take its place failing with the
+    error (ddl_fail_ex): the other ranks' calls then fail with this rank's reason instead of pairing
+    with this rank's next call and returning its data. A part libddl refused has taken its place
+    itself. A named part takes none: its name stays free to submit again at once, and the other
+    ranks' op of that name waits for it (or for DDL_TIMEOUT), as before.
 
     Arguments:
         names: each part's libddl name (bytes; None: the next unnamed number), in submission order.
@@ -145,28 +148,34 @@ class Call:
         return handle
 
     def abandon(self, error):
-        """After `error`: the parts not handed to libddl take their places failing with it, and the
-        submitted ones are waited for (libddl may still be reading their buffers). The failing
-        parts are not waited for: they complete once every rank has reached them, and are
+        """After `error`: the numbered parts not handed to libddl take their places failing with it,
+        and the submitted ones are waited for (libddl may still be reading their buffers). The
+        failing parts are not waited for: they complete once every rank has reached them, and are
         released later (_release_done)."""
         reason = (str(error) or type(error).__name__).encode(errors="replace")
         options = L.OpOptions(self.process_set._c_handle, 1.0, 1.0, self.flags, None, None, 0, self.group_size)
+        failing = []
         for name in self.names[self.attempted:]:
+            if name is not None and not self.flags & L.ORDERED:
+                continue
             handle = ctypes.c_void_p()
             if L.lib.ddl_fail_ex(name, reason, ctypes.byref(options), ctypes.byref(handle)) == L.SUCCESS:
-                _failing.append(handle.value)
+                failing.append(handle.value)
         self.attempted = len(self.names)
         L.wait_quietly(self.handles)
-        _release_done(_failing)
+        _release_done(failing)
 
 
 _failing = []  # handles of parts that take their places failing (Call.abandon), until they are done
+_failing_lock = threading.Lock()
 
 
-def _release_done(handles):
-    """Releases (ddl_wait) the handles of `handles` whose ops are done, removing them from it."""
+def _release_done(more):
+    """Adds the handles `more` to those failing, and releases (ddl_wait) those whose ops are done."""
     done = ctypes.c_int()
-    for h in list(handles):
-        if L.lib.ddl_test(h, ctypes.byref(done)) != L.SUCCESS or done.value:
-            handles.remove(h)
-            L.lib.ddl_wait(h)
+    with _failing_lock:  # ddl_test and ddl_wait let go of the GIL: another thread may be here
+        _failing.extend(more)
+        for h in list(_failing):
+            if L.lib.ddl_test(h, ctypes.byref(done)) != L.SUCCESS or done.value:
+                _failing.remove(h)
+                L.lib.ddl_wait(h)

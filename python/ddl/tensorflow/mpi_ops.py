@@ -538,7 +538,10 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
     ps, (tensor,), op_name = _prepare([tensor], name, process_set, ignore_name_scope, moves_only=True)
     split_tensor = tf.zeros([0], tf.int32) if splits is None else tf.convert_to_tensor(splits)
     if not split_tensor.dtype.is_integer:  # a cast would truncate 1.5 to 1 without a word; Horovod refuses it too
-        raise TypeError(f"alltoall: splits must be integers, not {split_tensor.dtype.name}")
+        error = TypeError(f"alltoall: splits must be integers, not {split_tensor.dtype.name}")
+        if _executing_eagerly():  # the op still takes its place on every rank (op_core.Call)
+            H.take_places_failing("alltoall", op_name, ps, error)
+        raise error
     split_tensor = tf.cast(split_tensor, tf.int32)
     given = splits is not None
 

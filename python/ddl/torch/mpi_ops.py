@@ -455,7 +455,7 @@ def _launch_allgather(call, i, tensor):
         src = src.reshape(1)
     device = src.device if _is_cuda(src) else None
     data = src.view(torch.uint8) if src.dtype == torch.bool else src
-    dtype = _ddl_dtype(data)
+    dtype = _ddl_dtype(src, moves_only=True)
     if device is not None:
         data = data.cpu()  # gathered through the host: NCCL needs every rank's count up front
     payload, payload_dtype = _core.any_count_payload(_TENSORS, data, dtype, src.shape, [src.shape[0]])
@@ -528,7 +528,7 @@ def _broadcast_into_async(kind, tensor, output, root_rank, name, process_set):
         if buf is not output or tensor.data_ptr() != output.data_ptr():
             buf.copy_(tensor)
         data = buf.view(torch.uint8) if buf.dtype == torch.bool else buf
-        dtype = _ddl_dtype(data)
+        dtype = _ddl_dtype(buf, moves_only=True)
         if dtype == L.INT16 and data.is_cuda:
             data = data.view(torch.float16)  # moved, not reduced
         opts = _options(call.process_set, data, tuple(buf.shape))
@@ -615,7 +615,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
         send_splits = alltoall_rows(given, tensor.shape[0], n)
         src = tensor.contiguous()
         data = src.view(torch.uint8) if src.dtype == torch.bool else src
-        dtype = _ddl_dtype(data)
+        dtype = _ddl_dtype(src, moves_only=True)
         cuda = _is_cuda(src)
         if cuda:
             data = data.cpu()  # through the host: what arrives is learnt when the op runs

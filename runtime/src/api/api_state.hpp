@@ -113,6 +113,10 @@ struct Target {
 };
 ddl_status resolve(Runtime& rt, ddl_process_set handle, Target& t);
 
+// Refuses an op with `status` and `message` (the error set), its place taken as the *_ex functions'
+// refusals take it (operations.cpp): for checks made before an _ex function is called.
+ddl_status refuse_in_place(const char* name, const ddl_op_options* options, ddl_status status, const std::string& message);
+
 // Runs an op on the calling thread until it is done (Engine::run); the status, with the error set.
 ddl_status run_to_completion(Engine& engine, const char* name, OpSpec spec, const void* send, void* recv, void* stream = nullptr);
 

@@ -71,9 +71,14 @@ ddl_status check_buffers(const void* send, const void* recv, size_t count, ddl_d
   return DDL_SUCCESS;
 }
 
-ddl_status check_reduce_op(ddl_reduce_op op) {
+// A reduction's op and dtype: the moved-only types have no arithmetic here.
+ddl_status check_reduction(ddl_reduce_op op, ddl_dtype dtype) {
+  if (!ddl::runtime::valid_dtype(dtype)) return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("unknown dtype {}", static_cast<int>(dtype)));
   if (!ddl::runtime::valid_reduce_op(op))
     return fail(DDL_ERROR_INVALID_ARGUMENT, fmt::format("unknown reduce op {}", static_cast<int>(op)));
+  if (!ddl::runtime::reducible_dtype(dtype))
+    return fail(DDL_ERROR_INVALID_ARGUMENT,
+                fmt::format("{} is moved only (broadcast, allgather, alltoall), not reduced", ddl::runtime::dtype_name(dtype)));
   return DDL_SUCCESS;
 }
 
@@ -167,19 +172,24 @@ ddl_status submit(Target& t, Submission op, unsigned flags, ddl_handle* handle) 
 }
 
 // An op this rank refused before its engine saw it (an argument only this rank may have got wrong: a
-// dtype, a NULL buffer, a root out of range) still takes its place, under its name, failing there with
-// the refusal's reason, as ddl_fail_ex does: the other ranks' op of that name fails with it instead of
-// waiting for DDL_TIMEOUT, and an unnamed op's number stays in step, where this rank's next unnamed op
-// would otherwise pair with the other ranks' refused one and exchange the wrong data. Nobody waits
-// for it: the engine completes it, failed, with the other ranks' op.
+// dtype, a NULL buffer, a root out of range) still takes its place, failing there with the refusal's
+// reason, as ddl_fail_ex does: the other ranks' op of that number fails with it instead of waiting for
+// DDL_TIMEOUT, and the numbers stay in step, where this rank's next unnamed op would otherwise pair
+// with the other ranks' refused one and exchange the wrong data. Nobody waits for it: the engine
+// completes it, failed, with the other ranks' op.
 void take_place_of_refused(Target& t, const char* name, const ddl_op_options& o, const std::string& reason) {
   OpSpec spec = agreed({OpKind::Barrier, DDL_FLOAT32, DDL_SUM, 0, 0, {}}, o);
   spec.failure = reason.empty() ? "refused by libddl" : reason;
   t.engine->submit(name != nullptr ? name : "", std::move(spec), nullptr, nullptr, nullptr);
 }
 
+// Whether an op refused at submit takes its place: an unnamed or ordered one, whose number the other
+// ranks' next op would otherwise take. A named op does not: the name stays free for the caller to
+// submit again at once (the peers' op of that name waits for it, or for DDL_TIMEOUT).
+bool takes_place_when_refused(const char* name, const ddl_op_options& o) { return name == nullptr || (o.flags & DDL_ORDERED) != 0; }
+
 // Reads and checks the options, then runs `body` with them and the op's target process set; an op
-// `body` refuses takes its place all the same (take_place_of_refused).
+// `body` refuses takes its place all the same where it is numbered (take_place_of_refused).
 template <typename Body>
 ddl_status with_target(const char* name, const ddl_op_options* options, Body body) {
   ddl_op_options o;
@@ -189,12 +199,17 @@ ddl_status with_target(const char* name, const ddl_op_options* options, Body bod
     Target t;
     if (auto s = resolve(rt, o.process_set, t); s != DDL_SUCCESS) return s;
     const ddl_status status = body(t, o, std::move(shape));
-    if (status != DDL_SUCCESS && !t.handed_over) take_place_of_refused(t, name, o, last_error());
+    if (status != DDL_SUCCESS && !t.handed_over && takes_place_when_refused(name, o)) take_place_of_refused(t, name, o, last_error());
     return status;
   });
 }
 
 }  // namespace
+
+ddl_status refuse_in_place(const char* name, const ddl_op_options* options, ddl_status status, const std::string& message) {
+  return with_target(name, options, [&](Target&, const ddl_op_options&, const std::vector<int64_t>&) { return fail(status, message); });
+}
+
 }  // namespace ddl::api
 
 using namespace ddl::api;  // NOLINT(google-build-using-namespace)
@@ -205,7 +220,7 @@ ddl_status ddl_allreduce_ex(const char* name, const void* send, void* recv, size
                             const ddl_op_options* options, ddl_handle* handle) {
   return with_target(name, options, [&](Target& t, const ddl_op_options& o, std::vector<int64_t> shape) {
     if (auto s = check_buffers(send, recv, count, dtype); s != DDL_SUCCESS) return s;
-    if (auto s = check_reduce_op(op); s != DDL_SUCCESS) return s;
+    if (auto s = check_reduction(op, dtype); s != DDL_SUCCESS) return s;
     const bool compress = (o.flags & DDL_COMPRESS_FP16) != 0;
     const bool cuda = (o.flags & DDL_CUDA_BUFFERS) != 0;
     if (compress && dtype != DDL_FLOAT32)
@@ -333,7 +348,7 @@ ddl_status ddl_reducescatter_ex(const char* name, const void* send, void* recv, 
                                 ddl_reduce_op op, const ddl_op_options* options, ddl_handle* handle) {
   return with_target(name, options, [&](Target& t, const ddl_op_options& o, std::vector<int64_t> shape) {
     if (recv_counts == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "reducescatter: recv_counts is NULL");
-    if (auto s = check_reduce_op(op); s != DDL_SUCCESS) return s;
+    if (auto s = check_reduction(op, dtype); s != DDL_SUCCESS) return s;
     const bool cuda = (o.flags & DDL_CUDA_BUFFERS) != 0;
     if (cuda && dtype == DDL_INT16) return fail(DDL_ERROR_UNSUPPORTED, "NCCL cannot reduce int16 CUDA buffers");
     std::vector<uint64_t> counts(recv_counts, recv_counts + t.size);

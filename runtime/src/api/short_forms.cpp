@@ -8,6 +8,7 @@
 namespace {
 
 using ddl::api::fail;
+using ddl::api::refuse_in_place;
 
 ddl_op_options options_with(unsigned flags, void* stream = nullptr) {
   ddl_op_options o = DDL_OP_OPTIONS_INIT;
@@ -23,10 +24,10 @@ ddl_status allgatherv_with_send_count(const char* name, const void* send, size_t
                                       ddl_dtype dtype, const ddl_op_options* options, ddl_handle* handle) {
   int rank = 0;
   if (auto s = ddl_rank(&rank); s != DDL_SUCCESS) return s;
-  if (recv_counts == nullptr) return fail(DDL_ERROR_INVALID_ARGUMENT, "allgatherv: recv_counts is NULL");
+  if (recv_counts == nullptr) return refuse_in_place(name, options, DDL_ERROR_INVALID_ARGUMENT, "allgatherv: recv_counts is NULL");
   if (recv_counts[rank] != send_count)
-    return fail(DDL_ERROR_INVALID_ARGUMENT,
-                fmt::format("allgatherv: send_count {} differs from recv_counts[{}] = {}", send_count, rank, recv_counts[rank]));
+    return refuse_in_place(name, options, DDL_ERROR_INVALID_ARGUMENT,
+                           fmt::format("allgatherv: send_count {} differs from recv_counts[{}] = {}", send_count, rank, recv_counts[rank]));
   return ddl_allgatherv_ex(name, send, recv, recv_counts, dtype, options, handle);
 }
 
