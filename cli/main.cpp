@@ -7,6 +7,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -151,6 +152,17 @@ std::string command_line_name(const CLI::App* command) {
   return fmt::format("{}", fmt::join(names, " "));
 }
 
+// CLI11's words for an error, or ours where they say less than they could: a flag given twice was
+// "--np: At Most 1 required but received 2".
+std::string in_words(const CLI::ParseError& e) {
+  std::string said = e.what();
+  constexpr std::string_view at_most_once = ": At Most 1 required but received ";
+  const size_t at = said.find(at_most_once);
+  if (dynamic_cast<const CLI::ArgumentMismatch*>(&e) != nullptr && at != std::string::npos)
+    return fmt::format("{} is given {} times; give it once", said.substr(0, at), said.substr(at + at_most_once.size()));
+  return said;
+}
+
 // CLI11's parse error as one line naming the command, and a hint to that command's own help. A word
 // the command does not know is named first, even where CLI11 would first say what is missing.
 void print_parse_error(const CLI::App& app, const CLI::ParseError& e) {
@@ -163,7 +175,7 @@ void print_parse_error(const CLI::App& app, const CLI::ParseError& e) {
     print_error(fmt::format("{} has no {} {}", name, word.starts_with("-") ? "option" : "argument", word), help);
     return;
   }
-  print_error(e.what(), help);
+  print_error(in_words(e), help);
 }
 
 // A message that quotes a huge value (a 100,000-character name) cut to its start and end: the

@@ -120,9 +120,11 @@ WorldPlan plan_in_allocation(const RunRequest& request, const backends::Allocati
     throw UsageError(fmt::format("--gpus-per-node {} but {} job {} gives {} GPU(s) per node", *launch.gpus_per_node, scheduler,
                                  allocation.job_id, shape.gpus_per_node),
                      fmt::format("use --gpus-per-node {} or fewer, or ask the scheduler for more GPUs per node", shape.gpus_per_node));
-  if (!launch.num_nodes)
+  if (!launch.num_nodes) {
     launch.num_nodes =
         launch.total_workers && !launch.workers_per_node && !launch.gpus_per_node ? std::min(nodes, *launch.total_workers) : nodes;
+    launch.nodes_from = fmt::format("{} job {}", scheduler, allocation.job_id);
+  }
   if (!launch.total_workers && !launch.workers_per_node && !launch.gpus_per_node && (launch.cpu_only || shape.gpus_per_node == 0))
     launch.workers_per_node = allocation_tasks_per_node(allocation, shape, *launch.num_nodes);
   return plan_world(launch, shape.gpus_per_node);

@@ -41,6 +41,9 @@ std::string trimmed(std::string_view s) {
 
 // "host" or "host:N"; nullopt-free: throws with `where` naming the flag or file line.
 HostSlots host_and_slots(const std::string& entry, const std::string& where, const char* example) {
+  if (std::count(entry.begin(), entry.end(), ':') > 1)  // "::1", "fe80::1:4": read as host ':' with 1 slot
+    throw UsageError(fmt::format("{}: '{}' looks like an IPv6 address, which ddl does not take", where, entry),
+                     fmt::format("use the host's name or IPv4 address, as {}", example));
   const auto colon = entry.rfind(':');
   HostSlots h{entry.substr(0, colon), 1};
   if (colon != std::string::npos) {

@@ -77,9 +77,13 @@ int workers_per_node_from_total(const LaunchRequest& r, int nodes, std::optional
                        "give -np alone, or -N with --nproc-per-node/--gpus-per-node");
     return *per_node;
   }
-  if (total % nodes != 0)
+  if (total % nodes != 0) {
+    if (!r.nodes_from.empty())
+      throw UsageError(fmt::format("-np {} does not divide evenly over the {} nodes of {}", total, nodes, r.nodes_from),
+                       fmt::format("use a multiple of {}, or give -N with a count it divides by", nodes));
     throw UsageError(fmt::format("-np {} does not divide evenly over -N {} nodes", total, nodes),
                      "use a multiple of the node count, or --nproc-per-node");
+  }
   return total / nodes;
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace ddl::launcher {
@@ -9,6 +10,7 @@ namespace ddl::launcher {
 // What the user asked for on the command line; unset fields are derived.
 struct LaunchRequest {
   std::optional<int> num_nodes;         // -N, --nodes
+  std::string nodes_from;               // where num_nodes came from when not -N ("Slurm job 5"), for messages
   std::optional<int> total_workers;     // -np, -n, --np
   std::optional<int> workers_per_node;  // --nproc-per-node
   std::optional<int> gpus_per_node;     // --gpus-per-node: that many GPU workers per node

@@ -243,6 +243,13 @@ class UsageErrors(unittest.TestCase):
         for seconds in ("0.5", ".5", "5.", "0"):
             self.assertEqual(ddl("run", "--grace-period", seconds, "-np", "1", "--", "true").returncode, 0, seconds)
 
+    def test_a_flag_given_twice_is_named_with_what_to_do(self):
+        for args, says in ((["run", "-np", "2", "-np", "3"], "ddl: error: --np is given 2 times; give it once"),
+                           (["submit", "--site", "slurm", "--dry-run", "-J", "a", "-J", "b"], "ddl: error: --job-name is given 2 times; give it once")):
+            result = ddl_raw(*args, "--", "true")
+            self.assertEqual(result.returncode, 2, args)
+            self.assertEqual(result.stderr.splitlines()[0], says, args)
+
     def test_whole_numbers_with_leading_zeros_are_decimal_not_octal(self):
         # CLI11 reads integers as C's strtol with base 0: -np 010 started 8 workers, and 08 was no number.
         result = ddl("run", "-np", "010", "--max-restarts", "09", "--", "sh", "-c", "echo $WORLD_SIZE $TORCHELASTIC_MAX_RESTARTS")

@@ -38,6 +38,8 @@ TEST_CASE("-H takes horovodrun's host:slots and mpirun's repeated hosts") {
   CHECK(usage_error_of([] { parse_host_flag("a:99999999999"); }).find("1 to 1048576") != std::string::npos);
   CHECK(usage_error_of([] { parse_host_flag("$(reboot):1"); }).find("is not a host name") != std::string::npos);
   CHECK(usage_error_of([] { parse_host_flag("-oProxyCommand=x"); }).find("is not a host name") != std::string::npos);
+  CHECK(usage_error_of([] { parse_host_flag("::1"); }) == "-H: '::1' looks like an IPv6 address, which ddl does not take");
+  CHECK(usage_error_of([] { parse_host_flag("node1:4,fe80::1:2"); }).find("'fe80::1:2' looks like an IPv6 address") != std::string::npos);
 }
 
 TEST_CASE("host files in the mpirun, deepspeed and horovodrun forms, errors by line") {

@@ -91,6 +91,8 @@ TEST_CASE("contradicting counts are usage errors naming the flags") {
   c.total_workers = 3;
   c.num_nodes = 2;
   CHECK_THROWS_WITH_AS(plan_world(c, 0), "-np 3 does not divide evenly over -N 2 nodes", ddl::UsageError);
+  c.nodes_from = "Slurm job 5";  // the allocation's nodes, no -N typed: the message names what the user did give
+  CHECK_THROWS_WITH_AS(plan_world(c, 0), "-np 3 does not divide evenly over the 2 nodes of Slurm job 5", ddl::UsageError);
   LaunchRequest d;
   d.total_workers = 0;
   CHECK_THROWS_WITH_AS(plan_world(d, 0), "-np must be at least 1, not 0", ddl::UsageError);
