@@ -337,9 +337,10 @@ DDL_API ddl_status ddl_join(ddl_process_set set, int* last_rank);
  * options->flags' DDL_ORDERED and options->group_size as the op would have had, so that the other
  * ranks' op of that name fails too, with `reason` (non-empty) and this rank named, instead of
  * waiting for DDL_TIMEOUT or pairing with this rank's next call. Its handle's ddl_wait returns
- * DDL_ERROR_INVALID_ARGUMENT once every rank reached the op. An op the *_ex functions refuse for its
- * arguments (a dtype, a NULL buffer, a root out of range; not its options, nor a name in flight) takes
- * its place the same way by itself: the other ranks' op fails with the refusal's reason. */
+ * DDL_ERROR_INVALID_ARGUMENT once every rank reached the op. An unnamed or DDL_ORDERED op the *_ex
+ * functions refuse for its arguments (a dtype, a NULL buffer, a root out of range; not its options)
+ * takes its place the same way by itself: the other ranks' op fails with the refusal's reason. A
+ * refused named op takes none, so that the name can be submitted again at once. */
 DDL_API ddl_status ddl_fail_ex(const char* name, const char* reason, const ddl_op_options* options, ddl_handle* handle);
 /* Completes when every rank of the set (NULL: the world) has called it. A NULL handle makes it
  * blocking (as ddl_barrier, on the set). */
