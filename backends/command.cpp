@@ -56,6 +56,7 @@ CommandResult run_command(const std::vector<std::string>& argv, std::chrono::mil
     io.run_for(timeout);
     if (!io.stopped()) {
       child.terminate();
+      result.timed_out = true;
       result.err = argv.front() + ": timed out";
       return result;
     }

@@ -9,7 +9,8 @@
 namespace ddl::backends {
 
 struct CommandResult {
-  int exit_code = -1;  // -1 when the command could not be started or timed out
+  int exit_code = -1;      // -1 when the command could not be started or timed out
+  bool timed_out = false;  // killed after the timeout: what it did meanwhile (a job queued?) is unknown
   std::string out;
   std::string err;
   bool ok() const { return exit_code == 0; }

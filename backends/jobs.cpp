@@ -161,6 +161,9 @@ std::string submit_job(Scheduler scheduler, const std::string& script) {
   // Generous: a submit that timed out here may still have been accepted, and a retry would
   // submit the job twice.
   CommandResult r = run_command(argv, std::chrono::seconds(300), script);
+  if (r.timed_out)
+    throw Error(fmt::format("{} did not answer within 300 s and was stopped; the job may be queued all the same", argv.front()),
+                slurm ? "look for it with squeue --me before submitting again" : "look for it with qstat -u $USER before submitting again");
   if (!r.ok() && scheduler_unreachable(r.err + r.out))
     throw Error(
         fmt::format("{} could not reach the scheduler, so nothing was submitted: {}", argv.front(), tool_error(r)),
@@ -215,7 +218,7 @@ namespace {
 // in '|'): an element as "123_4"; nullopt for a line that is no array element.
 std::optional<JobState> slurm_element(const std::string& line) {
   std::vector<std::string> f;
-  for (size_t at = 0, bar; (bar = line.find('|', at)) != std::string::npos; at = bar + 1) f.push_back(line.substr(at, bar - at));
+  for (size_t at = 0, bar = 0; (bar = line.find('|', at)) != std::string::npos; at = bar + 1) f.push_back(line.substr(at, bar - at));
   if (f.size() < 6 || f[1] == "N/A" || !looks_like_job_id(f[0] + "_" + f[1])) return std::nullopt;
   JobState e;
   e.id = f[0] + "_" + f[1];
@@ -293,6 +296,7 @@ std::optional<std::vector<JobState>> follow_array(Scheduler scheduler, const std
     if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
   }
   std::vector<JobState> ended;
+  ended.reserve(seen.size());
   for (auto& [element, last] : seen) ended.push_back(last);
   std::sort(ended.begin(), ended.end(), [](const JobState& a, const JobState& b) { return element_index(a.id) < element_index(b.id); });
   return ended;

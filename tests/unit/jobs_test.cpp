@@ -2,6 +2,7 @@
 
 #include <sstream>
 
+#include "backends/command.hpp"
 #include "backends/jobs.hpp"
 #include "backends/slurm/slurm_jobs.hpp"
 #include "common/error.hpp"
@@ -48,6 +49,16 @@ TEST_CASE("a job id of 100,000 digits is no job id, not a crash") {
   CHECK_FALSE(looks_like_job_id("4242;rm"));
   CHECK(ddl::backends::not_a_job_id("x;y") == "'x;y' is not a job id");
   CHECK(ddl::backends::not_a_job_id(std::string(100000, '1')) == "'" + std::string(64, '1') + "...' (100000 characters) is not a job id");
+}
+
+// submit_job tells a submit that timed out (the job may be queued) from a refusal by this flag.
+TEST_CASE("a command stopped at its timeout says so, apart from one that failed") {
+  const auto slow = ddl::backends::run_command({"sleep", "5"}, std::chrono::milliseconds(200));
+  CHECK(slow.timed_out);
+  CHECK(slow.exit_code == -1);
+  const auto failed = ddl::backends::run_command({"false"});
+  CHECK_FALSE(failed.timed_out);
+  CHECK(failed.exit_code == 1);
 }
 
 TEST_CASE("sbatch and qsub saying they reached no scheduler is told apart from a refusal") {
