@@ -201,22 +201,13 @@ def _contiguous(array):
     return array if array.flags.c_contiguous else np.ascontiguousarray(array)
 
 
-def group_size(count, grouped):
-    """What a grouped call's ops tell libddl of their group (every rank must agree on it): its size;
-    0 for a single op."""
-    return count if grouped else 0
-
-
 def take_places_failing(kind, name, process_set, error, count=1, grouped=False):
-    """For a face's own check that fails before its call reaches host_ops (ddl.tensorflow's splits
-    dtype): the call's numbered parts take their places failing with `error`, as a check inside
-    _run's call would have them (op_core.Call.abandon)."""
-    claim = names.claim(kind, name, process_set)
-    try:
-        call = op_core.Call(op_core.part_names(claim[1], count, grouped), process_set, group_size=group_size(count, grouped))
-        call.abandon(error)
-    finally:
-        names.release(*claim)
+    """Raises `error`, a face's own check that failed before its call reached host_ops (ddl.tensorflow's
+    splits dtype), after the call's numbered parts took their places failing with it, as a check
+    inside _run's call has them."""
+    def refuse(_call):
+        raise error
+    _run(kind, name, process_set, count, grouped, refuse)
 
 
 def _run(kind, name, process_set, count, grouped, submit_all):
@@ -226,7 +217,7 @@ def _run(kind, name, process_set, count, grouped, submit_all):
     the first failure: the submission's own, else the first op's that failed. Where `submit_all`
     raises, the ops it did not submit still take their places on every rank (Call.abandon)."""
     claim = names.claim(kind, name, process_set)
-    call = op_core.Call(op_core.part_names(claim[1], count, grouped), process_set, group_size=group_size(count, grouped))
+    call = op_core.Call.named(claim[1], count, grouped, process_set)
     try:
         submit_all(call)
     except BaseException as error:

@@ -121,7 +121,7 @@ class Call:
         names: each part's libddl name (bytes; None: the next unnamed number), in submission order.
         process_set: the parts' process set (a ProcessSet that target() accepted).
         flags: DDL_ORDERED where the names are places in an order the face counts.
-        group_size: the parts' group size (host_ops.group_size), which ranks agree on.
+        group_size: the parts' group size (count of a grouped call, else 0), which ranks agree on.
     """
 
     __slots__ = ("names", "process_set", "flags", "group_size", "attempted", "handles")
@@ -133,6 +133,12 @@ class Call:
         self.group_size = group_size
         self.attempted = 0  # parts handed to libddl, submitted or refused
         self.handles = []   # the submitted parts' handles
+
+    @classmethod
+    def named(cls, full, count, grouped, process_set):
+        """The Call of `count` parts of a call claimed as `full` (None: unnamed): part_names' names,
+        and the group size every rank must agree on (count where `grouped`, else 0: a single op)."""
+        return cls(part_names(full, count, grouped), process_set, group_size=count if grouped else 0)
 
     def name(self, i):
         """libddl's name of part `i`."""

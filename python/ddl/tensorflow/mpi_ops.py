@@ -539,7 +539,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
     split_tensor = tf.zeros([0], tf.int32) if splits is None else tf.convert_to_tensor(splits)
     if not split_tensor.dtype.is_integer:  # a cast would truncate 1.5 to 1 without a word; Horovod refuses it too
         error = TypeError(f"alltoall: splits must be integers, not {split_tensor.dtype.name}")
-        if _executing_eagerly():  # the op still takes its place on every rank (op_core.Call)
+        if _executing_eagerly():  # raised once the op took its place on every rank (op_core.Call)
             H.take_places_failing("alltoall", op_name, ps, error)
         raise error
     split_tensor = tf.cast(split_tensor, tf.int32)

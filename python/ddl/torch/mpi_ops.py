@@ -64,7 +64,7 @@ def _stream_of(tensor):
 
 def _options(process_set, tensor=None, shape=None, prescale=1.0, postscale=1.0, flags=0, group_size=0):
     """libddl's options of an op; a CUDA tensor's op runs on PyTorch's current stream. `group_size`:
-    the op is one of a grouped call of that many (host_ops.group_size)."""
+    the op is one of a grouped call of that many (op_core.Call.named)."""
     if tensor is not None and tensor.is_cuda:
         return _host.options(process_set, shape, prescale, postscale, flags | L.CUDA_BUFFERS, _stream_of(tensor),
                              group_size)
@@ -112,7 +112,7 @@ def _start(kind, name, process_set, launch, parts=1, grouped=False):
     raises, the parts it did not submit still take their places on every rank (Call.abandon)."""
     target = _process_set_target(process_set)
     claim = _names.claim(kind, name, target)
-    call = _core.Call(_core.part_names(claim[1], parts, grouped), target, group_size=_host.group_size(parts, grouped))
+    call = _core.Call.named(claim[1], parts, grouped, target)
     try:
         finish, keep, *collect = launch(call)
     except BaseException as error:
