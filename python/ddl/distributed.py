@@ -740,14 +740,15 @@ class ProcessGroupDDL(dist.ProcessGroup):
         return _work(_Op([], finish, (indices, values), stream, tested=list(handles)), self._completer, _torch_caller())
 
     def allreduce_coalesced(self, tensors, opts=None):
-        # libddl fuses ops submitted together, so the tensors go as separate ops, unless two of them
-        # share memory ([t, t], or views that overlap): each op would then add into the other's
-        # result. gloo reduces them as one flat buffer, which each gets back.
+        # libddl fuses ops submitted together, so the tensors go as separate ops, one place of the
+        # group's sequence each on every rank. Where two share memory ([t, t], or views that overlap)
+        # each op would add into the other's result: copies are reduced then and written back, as
+        # gloo's one flat buffer gives, in as many places as a rank whose tensors share nothing takes.
         if not _any_memory_shared(tensors):
             return self.allreduce(tensors, opts)
-        flat = torch._utils._flatten_dense_tensors([t.detach() for t in tensors])
-        work = self.allreduce([flat], opts)
-        return self._then(work, lambda: self._unflatten_into(flat, tensors))
+        copies = [t.detach().clone() for t in tensors]
+        work = self.allreduce(copies, opts)
+        return self._then(work, lambda: self._copy_back(copies, tensors))
 
     def _root(self, opts, what):
         """opts.rootRank, a rank of this group; otherwise no rank would be the root, and the op a
@@ -1066,9 +1067,9 @@ class ProcessGroupDDL(dist.ProcessGroup):
         return result
 
     @staticmethod
-    def _unflatten_into(flat, tensors):
+    def _copy_back(copies, tensors):
         with torch.no_grad():
-            for tensor, value in zip(tensors, torch._utils._unflatten_dense_tensors(flat, tensors)):
+            for tensor, value in zip(tensors, copies):
                 tensor.copy_(value)
         return list(tensors)
 

@@ -481,6 +481,19 @@ def futures_and_aliases(rank):
         return base
     check("all_reduce_coalesced of overlapping views", *both(overlapping))
 
+    # Rank 0's list shares memory and the others' does not: each takes as many places of the group's
+    # sequence, and the all_reduce after it pairs with the others' (it failed as a mismatch).
+    def shared_on_one_rank(group):
+        t = torch.arange(3.0) * (rank + 1)
+        u = t if rank == 0 else t.clone()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dist.all_reduce_coalesced([t, u], group=group)
+        after = torch.full((2,), float(rank))
+        dist.all_reduce(after, group=group)
+        return [t, u, after]
+    check("all_reduce_coalesced sharing memory on one rank only, then all_reduce", *both(shared_on_one_rank))
+
     # A barrier completes after the group's ops issued before it (gloo's and nccl's do): the
     # async all_reduce's tensor is written once barrier() returns, though this rank's came first.
     def barrier_after(group):
