@@ -198,7 +198,8 @@ ddl_status with_target(const char* name, const ddl_op_options* options, Body bod
   return with_runtime([&](Runtime& rt) {
     Target t;
     if (auto s = resolve(rt, o.process_set, t); s != DDL_SUCCESS) return s;
-    const ddl_status status = body(t, o, std::move(shape));
+    // An exception (out of memory) is a refusal too: it takes the op's place like any other.
+    const ddl_status status = guarded("libddl", [&] { return body(t, o, std::move(shape)); });
     if (status != DDL_SUCCESS && !t.handed_over && takes_place_when_refused(name, o)) take_place_of_refused(t, name, o, last_error());
     return status;
   });
