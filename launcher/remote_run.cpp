@@ -256,7 +256,6 @@ HostsPlan plan_on_hosts(const LaunchRequest& launch, const std::vector<HostSlots
 RunOutcome run_on_hosts(const RunRequest& request, const Environment& env, const std::function<void(const std::string&)>& log) {
   if (request.command.empty()) throw UsageError("no program to run", "put the program after --: ddl run -H a:4,b:4 -- python train.py");
   const std::vector<std::string> shell = words_of(request.remote_shell.empty() ? kDefaultRemoteShell : request.remote_shell);
-  const std::string shell_program = remote_shell_program(shell.front(), env);
   Supervisor supervisor(request.supervision);  // before any thread (the store) starts
 
   // Each name is looked up (a DNS timeout can take seconds): a signal meanwhile ends the run
@@ -281,6 +280,9 @@ RunOutcome run_on_hosts(const RunRequest& request, const Environment& env, const
     if (local[static_cast<size_t>(node)])
       require_gpus_for_node(plan, node, gpus_here, request.launch.share_gpus, hosts.hosts[static_cast<size_t>(node)].name);
 
+  // Only a run with a remote host needs the remote shell (-H localhost:2 runs without ssh).
+  const bool any_remote = std::any_of(local.begin(), local.begin() + static_cast<long>(hosts.hosts.size()), [](bool l) { return !l; });
+  const std::string shell_program = any_remote ? remote_shell_program(shell.front(), env) : std::string();
   std::optional<std::string> here;  // this host's address as the other hosts reach it
   for (size_t i = 0; i < hosts.hosts.size(); ++i)
     if (!local[i]) {

@@ -1,6 +1,7 @@
 """`ddl run` gives every worker the environment of DESIGN.md section 4, with its own rank's values."""
 import json
 import os
+import shutil
 import socket
 import tempfile
 import unittest
@@ -230,6 +231,18 @@ class UsageErrors(unittest.TestCase):
             first = result.stderr.splitlines()[0]
             self.assertTrue(first.startswith("ddl: error: "), first[:200])
             self.assertLess(len(result.stderr), 10000, args[:2])
+
+    def test_a_host_list_of_this_host_only_runs_without_a_remote_shell(self):
+        # Every worker starts here: ssh is not needed, so a PATH without it (a container) still runs.
+        bin_dir = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, bin_dir)
+        os.symlink(shutil.which("echo"), os.path.join(bin_dir, "echo"))
+        result = ddl_raw("run", "--cpu", "-H", "localhost:2", "--", "echo", "here", env={"PATH": bin_dir})
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(sorted(result.stdout.splitlines()), ["[0] here", "[1] here"])
+        result = ddl_raw("run", "--cpu", "-H", "localhost:1,ddl-test-nohost:1", "--", "echo", "here", env={"PATH": bin_dir})
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertIn("the remote shell for -H/--hostfile: program 'ssh' was not found in PATH", result.stderr.splitlines()[0])
 
     def test_this_host_named_twice_in_the_host_list_is_refused_naming_both(self):
         # localhost and this host's name would be two nodes planned on the same GPUs.
