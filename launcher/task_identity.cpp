@@ -14,23 +14,27 @@ namespace ddl::launcher {
 
 namespace {
 
-std::optional<int> number_in(const Environment& env, const std::string& name) {
+// A rank (from 0) or, with `minimum` 1, a count: a task count of 0 would leave no node to be on.
+std::optional<int> number_in(const Environment& env, const std::string& name, int minimum = 0) {
   auto value = lookup(env, name);
   if (!value) return std::nullopt;
   int n = -1;
   auto [end, ec] = std::from_chars(value->data(), value->data() + value->size(), n);
-  if (ec != std::errc() || end != value->data() + value->size() || n < 0)
-    throw UsageError(fmt::format("{}={} is not a rank or count", name, *value),
+  if (ec != std::errc() || end != value->data() + value->size() || n < minimum)
+    throw UsageError(fmt::format("{}={} is not a {}", name, *value, minimum == 0 ? "rank or count" : "count of 1 or more"),
                      "ddl exec reads it from the launcher that started the task");
   return n;
 }
 
 // The first of `names` that is set.
-std::optional<int> first_number(const Environment& env, std::initializer_list<const char*> names) {
+std::optional<int> first_number(const Environment& env, std::initializer_list<const char*> names, int minimum = 0) {
   for (const char* name : names)
-    if (auto n = number_in(env, name)) return n;
+    if (auto n = number_in(env, name, minimum)) return n;
   return std::nullopt;
 }
+
+// The first of `names` that is set, a count of 1 or more.
+std::optional<int> first_count(const Environment& env, std::initializer_list<const char*> names) { return first_number(env, names, 1); }
 
 struct LauncherVariables {
   const char* source{};
@@ -153,11 +157,11 @@ TaskIdentity task_identity(const Environment& env) {
   TaskIdentity id;
   id.source = launcher->source;
   id.rank = *first_number(env, launcher->rank);
-  const auto planned_size = number_in(env, contract::kSize);
-  const auto planned_local_size = number_in(env, contract::kLocalSize);
-  const auto planned_nodes = number_in(env, contract::kNumNodes);
+  const auto planned_size = number_in(env, contract::kSize, 1);
+  const auto planned_local_size = number_in(env, contract::kLocalSize, 1);
+  const auto planned_nodes = number_in(env, contract::kNumNodes, 1);
 
-  id.size = first_number(env, launcher->size).value_or(planned_size.value_or(1));
+  id.size = first_count(env, launcher->size).value_or(planned_size.value_or(1));
   if (planned_size && *planned_size != id.size)
     throw UsageError(fmt::format("{} started {} tasks but ddl run planned {} workers", launcher->source, id.size, *planned_size),
                      "start ddl exec through ddl run, or with the launcher's own counts and without DDL_SIZE set");
@@ -170,15 +174,15 @@ TaskIdentity task_identity(const Environment& env) {
   if (launcher->local_size.size() == 0 && slurm_tasks && node_from_launcher)
     id.local_size = tasks_on_node(*slurm_tasks, *node_from_launcher);
   else
-    id.local_size = first_number(env, launcher->local_size).value_or(planned_local_size.value_or(id.size));
-  if (id.local_size < 1) id.local_size = 1;
+    id.local_size = first_count(env, launcher->local_size).value_or(planned_local_size.value_or(id.size));
 
   // Without a local rank, ranks are laid out node by node, as ddl run asks of every launcher.
   id.local_rank = first_number(env, launcher->local_rank).value_or(id.rank % id.local_size);
   // A node rank worked out from the rank: nodes of ddl run's planned size, the short one last (mpirun
   // -np 5 over 4 + 1 slots puts rank 4 alone on the second node: node 1, not 4 / its node's 1 task).
   id.node_rank = node_from_launcher.value_or(id.rank / planned_local_size.value_or(id.local_size));
-  id.num_nodes = first_number(env, launcher->num_nodes).value_or(planned_nodes.value_or((id.size + id.local_size - 1) / id.local_size));
+  const auto nodes_of_local_size = static_cast<int>((static_cast<long long>(id.size) + id.local_size - 1) / id.local_size);
+  id.num_nodes = first_count(env, launcher->num_nodes).value_or(planned_nodes.value_or(nodes_of_local_size));
   if (!node_from_launcher && id.node_rank >= id.num_nodes) id.node_rank = id.num_nodes - 1;
   if (id.local_rank >= id.local_size)
     throw UsageError(fmt::format("{}: local rank {} is not below the node's task count {}", launcher->source, id.local_rank, id.local_size),

@@ -195,3 +195,17 @@ TEST_CASE("a local or node rank the launcher gives beyond its own counts is an e
   ddl::Environment node{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_NODEID", "9"}, {"SLURM_STEP_NUM_NODES", "1"}};
   CHECK_THROWS_WITH_AS(task_identity(node), doctest::Contains("node rank 9 is not below the node count 1"), ddl::UsageError);
 }
+
+TEST_CASE("a count of 0 is an error naming its variable; the largest world counts its nodes without overflow") {
+  for (const char* name : {"DDL_LOCAL_SIZE", "DDL_SIZE", "DDL_NUM_NODES", "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_SIZE"}) {
+    ddl::Environment env{{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "1"}};
+    env[name] = "0";
+    const std::string needle = std::string(name) + "=0 is not a count of 1 or more";
+    CHECK_THROWS_WITH_AS(task_identity(env), doctest::Contains(needle.c_str()), ddl::UsageError);
+  }
+  // A node rank worked out from DDL_LOCAL_SIZE=0 divided by zero (SIGFPE).
+  CHECK_THROWS_AS(task_identity({{"PMIX_RANK", "0"}, {"DDL_LOCAL_SIZE", "0"}}), ddl::UsageError);
+  const ddl::Environment largest{
+      {"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2147483647"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}};
+  check(task_identity(largest), 0, 2147483647, 0, 2, 0, 1073741824);  // was node -1073741825 of -1073741824
+}
