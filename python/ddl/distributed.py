@@ -1125,14 +1125,16 @@ def _key_for(options, rank):
 
 def _ensure_libddl(options):
     """libddl's world for a new group: the launcher's (ddl run, mpirun, srun --mpi=pmix) where one gave
-    it, else the one torch's store makes (mp.spawn, torchrun, a plain srun)."""
+    it, else the one torch's store makes (mp.spawn, torchrun, a plain srun). A world of another size
+    than the launcher's is the program's own: workers that one launched process started with
+    mp.spawn (PyTorch's ImageNet example under srun or ddl run), which join through torch's store."""
     if not L.lib.ddl_is_initialized():
         if dist.is_initialized() and options.group_size != dist.get_world_size():
             # libddl starts by joining the whole world, which the ranks outside this group never do.
             raise RuntimeError(f"the first 'ddl' group must hold every rank: this one holds {options.group_size} of "
                                f"{dist.get_world_size()}. Make a 'ddl' group of every rank first (new_group(backend='ddl') "
                                "called by every rank with every rank, or init_process_group('ddl')), then this one")
-        if _basics.launcher_gives_world():
+        if _basics.launcher_gives_world() and _basics.launcher_world_size() in (None, options.group_size):
             _basics.init()
         elif dist.is_initialized():  # a "ddl" group under another backend's default group
             _join_through_default_group()

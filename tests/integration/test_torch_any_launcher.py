@@ -10,7 +10,7 @@ import subprocess
 import tempfile
 import unittest
 
-from ddl_testing import PYTHON, slurm_env, start_local_slurm
+from ddl_testing import DDL, PYTHON, slurm_env, start_local_slurm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BUILD = os.environ.get("DDL_BUILD_DIR", os.path.join(HERE, "..", "..", "build"))
@@ -61,15 +61,17 @@ def run_as_torchrun(size, *argv, timeout=300):
 
 
 class MpSpawn(unittest.TestCase):
-    def check(self, size):
-        result = subprocess.run([PYTHON, os.path.join(HERE, "spawn_train.py"), str(size), *map(str, free_ports(2))], env=clean_env(),
-                                capture_output=True, text=True, timeout=300)
+    def check(self, size, launcher=()):
+        """spawn_train.py's workers, started by one process: alone, or the one worker of `launcher`."""
+        result = subprocess.run([*launcher, PYTHON, os.path.join(HERE, "spawn_train.py"), str(size), *map(str, free_ports(2))],
+                                env=clean_env(), capture_output=True, text=True, timeout=300)
         output = result.stdout[-4000:] + result.stderr[-4000:]
         self.assertEqual(result.returncode, 0, output)
         total = float(sum(range(1, size + 1)))
         gathered = [[r, r * 10] for r in range(size)]
+        lines = [line.removeprefix("[0] ") for line in result.stdout.splitlines()]  # ddl run's prefix of its one worker
         for rank in range(size):
-            said = [line.removeprefix(f"rank {rank}: ") for line in result.stdout.splitlines() if line.startswith(f"rank {rank}: ")]
+            said = [line.removeprefix(f"rank {rank}: ") for line in lines if line.startswith(f"rank {rank}: ")]
             self.assertIn("world source program store", said, output)
             self.assertIn(f"all_reduce {[total] * 4}", said, output)
             self.assertIn(f"all_gather {gathered}", said, output)
@@ -83,6 +85,11 @@ class MpSpawn(unittest.TestCase):
 
     def test_three_ranks(self):
         self.check(3)
+
+    def test_two_ranks_spawned_by_the_one_worker_of_ddl_run(self):
+        # PyTorch's ImageNet example under a launcher: the world the workers name (2) is theirs, not
+        # the launcher's (1), whose variables they inherit; it was refused as "pass world_size=1".
+        self.check(2, launcher=(DDL, "run", "-np", "1", "--"))
 
 
 class TorchrunEnvironment(unittest.TestCase):

@@ -97,6 +97,16 @@ def launcher_gives_world():
     return "PMIX_RANK" in os.environ and bool(L.lib.ddl_has_pmix())
 
 
+def launcher_world_size():
+    """The size of the world a launcher gave this process, where its variables tell it before
+    ddl_init (ddl run's DDL_SIZE, mpirun's, PMI's, srun's); None where none does."""
+    for variable in ("DDL_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"):
+        value = os.environ.get(variable, "")
+        if value.isdigit():
+            return int(value)
+    return None
+
+
 def init_through_store(store, rank, size):
     """Joins the world of `size` ranks as `rank` through `store`, a key-value store the program
     shares with its peers (torch.distributed's); a no-op if already initialized as that rank of
