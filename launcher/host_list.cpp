@@ -6,6 +6,7 @@
 #include <fstream>
 #include <optional>
 #include <sstream>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -25,13 +26,24 @@ std::optional<int> slot_count(std::string_view text) {
   return n;
 }
 
-void add(std::vector<HostSlots>& hosts, const std::string& name, int slots) {
-  auto it = std::find_if(hosts.begin(), hosts.end(), [&](const HostSlots& h) { return h.name == name; });
-  if (it == hosts.end())
-    hosts.push_back({name, slots});
-  else
-    it->slots = std::min(kMostSlots, it->slots + slots);
-}
+// Hosts in the order first named; a host named again adds its slots to its first entry. Found by
+// name in a map: a hostfile of a million lines is read in seconds, not hours.
+class HostsInOrder {
+ public:
+  void add(const std::string& name, int slots) {
+    auto [it, added] = index_.try_emplace(name, hosts_.size());
+    if (added)
+      hosts_.push_back({name, slots});
+    else
+      hosts_[it->second].slots = std::min(kMostSlots, hosts_[it->second].slots + slots);
+  }
+  bool empty() const { return hosts_.empty(); }
+  std::vector<HostSlots> take() { return std::move(hosts_); }
+
+ private:
+  std::vector<HostSlots> hosts_;
+  std::unordered_map<std::string, size_t> index_;
+};
 
 std::string trimmed(std::string_view s) {
   const auto first = s.find_first_not_of(" \t\r");
@@ -68,20 +80,20 @@ bool valid_host_name(std::string_view name) {
 }
 
 std::vector<HostSlots> parse_host_flag(const std::string& value) {
-  std::vector<HostSlots> hosts;
+  HostsInOrder hosts;
   std::stringstream entries(value);
   for (std::string entry; std::getline(entries, entry, ',');) {
     entry = trimmed(entry);
     if (entry.empty()) throw UsageError(fmt::format("-H '{}' has an empty host entry", value), "write it as -H host1:4,host2:4");
     HostSlots h = host_and_slots(entry, "-H", "-H host1:4,host2:4");
-    add(hosts, h.name, h.slots);
+    hosts.add(h.name, h.slots);
   }
   if (hosts.empty()) throw UsageError("-H names no host", "write it as -H host1:4,host2:4");
-  return hosts;
+  return hosts.take();
 }
 
 std::vector<HostSlots> parse_hostfile_text(const std::string& text, const std::string& path) {
-  std::vector<HostSlots> hosts;
+  HostsInOrder hosts;
   std::stringstream lines(text);
   int number = 0;
   for (std::string line; std::getline(lines, line);) {
@@ -111,10 +123,10 @@ std::vector<HostSlots> parse_hostfile_text(const std::string& text, const std::s
     if (max_slots && *max_slots < h.slots)
       throw UsageError(fmt::format("{}: max_slots={} is fewer than its {} slots", where, *max_slots, h.slots),
                        "give max_slots at least slots, or fewer slots");
-    add(hosts, h.name, h.slots);
+    hosts.add(h.name, h.slots);
   }
   if (hosts.empty()) throw UsageError(fmt::format("--hostfile {} names no host", path), "write one host per line: 'host1 slots=4'");
-  return hosts;
+  return hosts.take();
 }
 
 std::vector<HostSlots> read_hostfile(const std::string& path) { return parse_hostfile_text(read_text_file(path, "--hostfile"), path); }
