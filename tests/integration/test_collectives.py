@@ -180,6 +180,20 @@ class Collectives(unittest.TestCase):
                         trace = json.load(f)
                     self.check_timeline(trace["traceEvents"], rank, packs_every_fused_op=shm == "0")
 
+    def test_a_timeline_path_that_cannot_be_written_is_said_and_the_run_goes_on(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            missing = os.path.join(tmp, "no-such-dir", "t.%r.json")
+            result, _ = self.run_checks(2, env={"DDL_TIMELINE": missing})
+            self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+            for rank in (0, 1):  # it was silent
+                self.assertIn(f"ddl: rank {rank}: DDL_TIMELINE: cannot write {missing.replace('%r', str(rank))} "
+                              "(No such file or directory); no timeline is written", result.stderr)
+            # Every %r is the rank (the second was left as it was).
+            twice = os.path.join(tmp, "t.%r.%r.json")
+            result, _ = self.run_checks(2, env={"DDL_TIMELINE": twice})
+            self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+            self.assertEqual(sorted(os.listdir(tmp)), ["t.0.0.json", "t.1.1.json"])
+
     def check_timeline(self, events, rank, packs_every_fused_op):
         phases = {e["name"] for e in events if e["ph"] == "X"}
         self.assertTrue({"NEGOTIATE", "WAIT", "ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER", "MEMCPY_OUT_FUSION_BUFFER",

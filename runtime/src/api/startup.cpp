@@ -70,9 +70,10 @@ int env_int(const char* name, int fallback) {
 // The file this rank writes a timeline to: "%r" in the path becomes the rank, so every rank can
 // write its own; otherwise rank 0 writes and the others none (empty), as Horovod's coordinator does.
 std::string timeline_path_for(std::string path, int rank) {
-  auto at = path.find("%r");
-  if (at != std::string::npos) return path.replace(at, 2, std::to_string(rank));
-  return rank == 0 ? path : std::string();
+  if (path.find("%r") == std::string::npos) return rank == 0 ? path : std::string();
+  const std::string number = std::to_string(rank);
+  for (size_t at = path.find("%r"); at != std::string::npos; at = path.find("%r", at + number.size())) path.replace(at, 2, number);
+  return path;
 }
 
 }  // namespace

@@ -3,6 +3,10 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
 #include <nlohmann/json.hpp>
 
 #include "common/write_all.hpp"
@@ -15,8 +19,13 @@ constexpr size_t kWriteBlock = size_t{64} * 1024;
 std::string dumped(const nlohmann::json& j) { return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
 }  // namespace
 
+// A path that cannot be written is said once on stderr, naming DDL_TIMELINE, and the run goes on
+// without a timeline: the training matters more than its trace.
 Timeline::Timeline(const std::string& path, int rank) : rank_(rank) {
-  if (!path.empty()) open(path);
+  if (path.empty() || open(path)) return;
+  const int error = errno;
+  std::fprintf(stderr, "ddl: rank %d: DDL_TIMELINE: cannot write %s (%s); no timeline is written\n", rank, path.c_str(),
+               std::strerror(error));
 }
 
 Timeline::~Timeline() { close(); }
