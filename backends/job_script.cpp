@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "common/bounded_regex.hpp"
 #include "common/error.hpp"
 
 namespace ddl::backends {
@@ -65,6 +66,8 @@ namespace {
 // values and profile texts are scanned by hand, and a site's own patterns see at most
 // kLongestValue characters.
 constexpr size_t kLongestValue = 1024;
+// What a site's pattern gets to match one value: microseconds are enough for any sane one.
+constexpr std::chrono::milliseconds kPatternBudget{2000};
 
 bool plain_word(std::string_view s, std::string_view extra) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [&](char c) {
@@ -479,7 +482,14 @@ void check_site_rules(const SiteProfile& site, const JobRequest& job) {
                                                                                             : fmt::format("give {}", flag_for(option)));
   for (const auto& [option, rule] : site.patterns) {
     auto it = v.find(option);
-    if (it != v.end() && !std::regex_match(it->second, std::regex(rule.regex)))
+    if (it == v.end()) continue;
+    const RegexMatch match = match_whole_within(it->second, rule.regex, kPatternBudget);
+    if (match == RegexMatch::too_slow)
+      throw UsageError(fmt::format("site '{}': patterns.{}.regex took over {} s to match {} ({} characters): a pattern of nested "
+                                   "repetition, such as (a|aa)*, backtracks for ever",
+                                   site.name, option, kPatternBudget.count() / 1000, value_source(site, job, option), it->second.size()),
+                       "write the pattern without a repeated group that can match the same text two ways");
+    if (match == RegexMatch::no)
       throw UsageError(fmt::format("{} {}: {}", value_source(site, job, option), it->second,
                                    rule.why.empty() ? "does not match " + rule.regex : rule.why),
                        !rule.fix.empty() ? rule.fix : fmt::format("give a value that matches {}", rule.regex));

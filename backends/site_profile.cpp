@@ -10,6 +10,7 @@
 
 #include "backends/batch_options.hpp"
 #include "backends/builtin_sites.hpp"
+#include "common/bounded_regex.hpp"
 #include "common/environment.hpp"
 #include "common/error.hpp"
 #include "common/text_file.hpp"
@@ -30,14 +31,11 @@ constexpr size_t kLongestPattern = 512;
 constexpr size_t kLongestMatched = 1024;
 
 // Whether all of `text` matches `pattern` (checked by check_pattern); a longer text than
-// kLongestMatched matches nothing.
+// kLongestMatched matches nothing, nor does a pattern that takes over a second to match it (nested
+// repetition backtracking for ever), as a broken profile matches nothing.
 bool matches_whole(const std::string& text, const std::string& pattern) {
   if (text.size() > kLongestMatched) return false;
-  try {
-    return std::regex_match(text, std::regex(pattern));
-  } catch (const std::regex_error&) {  // complexity or stack limits std::regex itself detects
-    return false;
-  }
+  return match_whole_within(text, pattern, std::chrono::milliseconds(1000)) == RegexMatch::yes;
 }
 
 [[noreturn]] void profile_error(const std::string& source, const std::string& field, const std::string& problem) {

@@ -15,6 +15,7 @@
 #include "backends/job_script.hpp"
 #include "backends/jupyter_session.hpp"
 #include "backends/site_profile.hpp"
+#include "common/bounded_regex.hpp"
 #include "common/environment.hpp"
 #include "common/error.hpp"
 
@@ -553,6 +554,21 @@ TEST_CASE("profiles and values long enough to overflow std::regex are refused or
   CHECK(matched("neuron"));
   CHECK_FALSE(matched(letters));  // longer than any site variable: matches nothing
   CHECK_FALSE(matched("Neuron"));
+}
+
+// libstdc++'s std::regex backtracks: (a|aa)*b on 44 a's took over a minute, 1024 would take for ever.
+TEST_CASE("a site pattern that backtracks for ever is an error naming it, within seconds; a site match rule matches nothing") {
+  const std::string slow = R"((a|aa)*b)";
+  UserSites sites({{"slow", R"({"scheduler": "slurm", "patterns": {"account": {"regex": ")" + slow + R"("}}})"},
+                   {"slowmatch", R"({"scheduler": "slurm", "match": {"environment": {"SITE": ")" + slow + R"("}}})"}});
+  CHECK_THROWS_WITH_AS(render_job_script(load_site("slow"), job({{"account", std::string(200, 'a')}})),
+                       doctest::Contains("site 'slow': patterns.account.regex took over 2 s to match -A/--account (200 characters)"),
+                       ddl::UsageError);
+  CHECK(render_job_script(load_site("slow"), job({{"account", "aaab"}})).text.find("--account=aaab") != std::string::npos);
+  const auto found = matching_sites(list_sites(), "login01", {{"SITE", std::string(200, 'a')}});
+  CHECK(std::find(found.begin(), found.end(), "slowmatch") == found.end());
+  CHECK(ddl::match_whole_within("aab", slow, std::chrono::milliseconds(2000)) == ddl::RegexMatch::yes);
+  CHECK(ddl::match_whole_within("aac", slow, std::chrono::milliseconds(2000)) == ddl::RegexMatch::no);
 }
 
 TEST_CASE("shell variable names are checked in linear time") {
