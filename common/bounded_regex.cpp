@@ -40,8 +40,7 @@ RegexMatch match_whole_within(const std::string& text, const std::string& patter
     pause = std::min(pause * 2, std::chrono::microseconds(10000));
   }
   ::kill(child, SIGKILL);
-  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
-  }
+  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {}
   return RegexMatch::too_slow;
 }
 

@@ -47,6 +47,24 @@ int count_in_gpu_spec(const std::string& spec) {
   return static_cast<int>(total);
 }
 
+// How many GPUs a list of GPU indices names ("0,1,2", or "0-3,6" in Slurm's range form): its
+// entries, not its commas (",," names none).
+int gpus_listed(const std::string& list) {
+  long long total = 0;
+  std::stringstream entries(list);
+  for (std::string entry; std::getline(entries, entry, ',');) {
+    if (entry.empty()) continue;
+    const size_t dash = entry.find('-');
+    const auto first = whole_number(std::string_view(entry).substr(0, dash), kMostCount);
+    const auto last = dash == std::string::npos ? first : whole_number(std::string_view(entry).substr(dash + 1), kMostCount);
+    total += first && last && *first <= *last ? *last - *first + 1 : kMostCount + 1;
+    if (total > kMostCount)
+      throw Error(fmt::format("SLURM_JOB_GPUS='{}' is not a list of GPU indices Slurm sets (at most {})", list, kMostCount),
+                  "unset SLURM_JOB_GPUS if you set it yourself: inside a Slurm job Slurm sets it");
+  }
+  return static_cast<int>(total);
+}
+
 }  // namespace
 
 std::vector<std::string> expand_hostlist(const std::string& nodelist) {
@@ -70,11 +88,7 @@ std::vector<std::string> expand_hostlist(const std::string& nodelist) {
 int gpus_per_node(const Environment& env) {
   if (auto on_node = lookup(env, "SLURM_GPUS_ON_NODE")) return slurm_count("SLURM_GPUS_ON_NODE", *on_node);
   if (auto per_node = lookup(env, "SLURM_GPUS_PER_NODE")) return count_in_gpu_spec(*per_node);
-  if (auto job_gpus = lookup(env, "SLURM_JOB_GPUS"); job_gpus && !job_gpus->empty()) {
-    int n = 1;
-    for (char c : *job_gpus) n += c == ',' ? 1 : 0;
-    return n;
-  }
+  if (auto job_gpus = lookup(env, "SLURM_JOB_GPUS")) return gpus_listed(*job_gpus);
   return 0;
 }
 

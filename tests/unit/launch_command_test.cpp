@@ -181,6 +181,11 @@ TEST_CASE("Slurm allocation facts: GPUs and CPUs per node in every form Slurm wr
   CHECK(slurm::gpus_per_node({{"SLURM_GPUS_ON_NODE", "4"}}) == 4);
   CHECK(slurm::gpus_per_node({{"SLURM_GPUS_PER_NODE", "a100:4"}}) == 4);
   CHECK(slurm::gpus_per_node({{"SLURM_JOB_GPUS", "0,1,2"}}) == 3);
+  CHECK(slurm::gpus_per_node({{"SLURM_JOB_GPUS", "0-3,6"}}) == 5);
+  CHECK(slurm::gpus_per_node({{"SLURM_JOB_GPUS", ",,,,"}}) == 0);  // was 5 (its commas counted)
+  CHECK(slurm::gpus_per_node({{"SLURM_JOB_GPUS", ""}}) == 0);
+  CHECK_THROWS_WITH_AS(slurm::gpus_per_node({{"SLURM_JOB_GPUS", "gpu0"}}), doctest::Contains("SLURM_JOB_GPUS='gpu0' is not a list"),
+                       ddl::Error);
   CHECK(slurm::gpus_per_node({}) == 0);
   CHECK(slurm::cpus_per_node({{"SLURM_JOB_CPUS_PER_NODE", "128(x2)"}}) == 128);
 }
