@@ -403,6 +403,36 @@ std::string shell_quote(std::string_view s) {
 
 namespace {
 
+// A job outside its queue's node range or time limit, where the profile knows them, is refused by
+// qsub (or waits in a Slurm QOS for ever): the error names the queues that would take it.
+void check_queue_limits(const SiteProfile& site, const JobRequest& job, const std::map<std::string, std::string>& v) {
+  const auto queue = v.find("queue");
+  if (queue == v.end() || !site.queues.count(queue->second)) return;
+  const int nodes = std::stoi(v.at("nodes"));
+  const auto time = v.find("time");
+  // Slurm reads a time of 0 as no limit; no -t at all is the queue's own default, within its limit.
+  const long seconds = time == v.end() ? 0 : time_limit_seconds(time->second);
+  const bool unlimited = time != v.end() && seconds == 0;
+  const auto takes = [&](const QueueLimits& q) {
+    const bool nodes_fit = nodes >= q.min_nodes && (q.max_nodes == 0 || nodes <= q.max_nodes);
+    return nodes_fit && (q.max_time.empty() || (!unlimited && seconds <= time_limit_seconds(q.max_time)));
+  };
+  const QueueLimits& limits = site.queues.at(queue->second);
+  if (takes(limits)) return;
+  std::vector<std::string> others;
+  for (const auto& [name, q] : site.queues)
+    if (takes(q)) others.push_back("-q " + name);
+  const std::string range = limits.max_nodes == 0                  ? fmt::format("{} or more nodes", limits.min_nodes)
+                            : limits.min_nodes == limits.max_nodes ? fmt::format("{} node(s)", limits.min_nodes)
+                                                                   : fmt::format("{} to {} nodes", limits.min_nodes, limits.max_nodes);
+  const std::string asked = time == v.end() ? fmt::format("{} nodes", nodes) : fmt::format("{} nodes for {}", nodes, time->second);
+  throw UsageError(
+      fmt::format("{} {}: site '{}' queue {} takes {}{}; this job asks for {}", value_source(site, job, "queue"), queue->second, site.name,
+                  queue->second, range, limits.max_time.empty() ? "" : " for at most " + limits.max_time, asked),
+      others.empty() ? fmt::format("no queue of site '{}' takes {}: change -N or -t", site.name, asked)
+                     : fmt::format("use {} (the queues that take {}), or change -N or -t", fmt::join(others, " or "), asked));
+}
+
 // A lead as long as the time limit signals the job as it starts (and Slurm may signal up to a minute
 // earlier still): with --requeue it saves, ends and is requeued over and over without progress.
 void check_signal_lead(const SiteProfile& site, const JobRequest& job, const std::map<std::string, std::string>& v) {
@@ -494,9 +524,7 @@ void check_site_rules(const SiteProfile& site, const JobRequest& job) {
                                    rule.why.empty() ? "does not match " + rule.regex : rule.why),
                        !rule.fix.empty() ? rule.fix : fmt::format("give a value that matches {}", rule.regex));
   }
-  // Slurm's forms: minutes, minutes:seconds, hours:minutes:seconds, days-hours[:minutes[:seconds]].
-  static const std::regex walltime(R"((\d{1,4}-)?\d{1,7}(:\d{1,2}){0,2})");
-  if (auto t = v.find("time"); t != v.end() && !std::regex_match(t->second, walltime))
+  if (auto t = v.find("time"); t != v.end() && !is_time_limit(t->second))
     throw UsageError(fmt::format("{} {}: not a time limit", value_source(site, job, "time"), t->second),
                      "write it as HH:MM:SS, MM or D-HH:MM:SS");
   // Slurm reads a zero time limit as "no limit"; PBS has no such request, and walltime=00:00:00
@@ -506,6 +534,7 @@ void check_site_rules(const SiteProfile& site, const JobRequest& job) {
         fmt::format("{} {}: PBS has no \"no time limit\" (Slurm's meaning of 0) to ask for", value_source(site, job, "time"), t->second),
         "give the walltime the job needs, e.g. -t 02:00:00, or leave -t out for the queue's default");
   refuse_option_like_words(site, v);
+  check_queue_limits(site, job, v);
   check_signal_lead(site, job, v);
   check_pbs_job_name(site, job, v);
   const NodeShape shape = node_shape(site, v);

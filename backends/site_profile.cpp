@@ -162,10 +162,10 @@ std::string one_of(const json& j, const std::string& source, const char* field, 
 }
 
 const std::vector<std::string> kFields = {
-    "name",        "description", "scheduler",  "login_host",   "gpus_per_node", "cores_per_node",  "gpu_vendor",
-    "launcher",    "gpu_order",   "defaults",   "required",     "patterns",      "forbidden",       "partitions",
-    "gpu_request", "directives",  "module_use", "modules",      "setup",         "environment",     "container",
-    "match",       "jupyter",     "notes",      "hang_timeout", "nccl_network",  "nccl_network_fix"};
+    "name",        "description", "scheduler",  "login_host",   "gpus_per_node", "cores_per_node",   "gpu_vendor",
+    "launcher",    "gpu_order",   "defaults",   "required",     "patterns",      "forbidden",        "partitions",
+    "gpu_request", "directives",  "module_use", "modules",      "setup",         "environment",      "container",
+    "match",       "jupyter",     "notes",      "hang_timeout", "nccl_network",  "nccl_network_fix", "queues"};
 
 std::optional<std::string> builtin_text(const std::string& name) {
   for (const auto& site : builtin_sites())
@@ -326,6 +326,22 @@ SiteProfile parse_site(const json& j, const std::string& source, const std::stri
                                  int_field(shape, source + " " + field, "cores_per_node", p.cores_per_node, 0)};
     }
   }
+  if (j.contains("queues")) {
+    if (!j["queues"].is_object()) profile_error(source, "queues", "must be an object of queue: {min_nodes, max_nodes, max_time}");
+    for (const auto& [queue, limits] : j["queues"].items()) {
+      const std::string field = "queues." + queue;
+      if (!limits.is_object()) profile_error(source, field, "must be an object {min_nodes, max_nodes, max_time}");
+      refuse_unknown_keys(limits, source, field, {"min_nodes", "max_nodes", "max_time"});
+      QueueLimits& q = p.queues[queue];
+      q.min_nodes = int_field(limits, source + " " + field, "min_nodes", 1, 1);
+      q.max_nodes = int_field(limits, source + " " + field, "max_nodes", 0, 0);
+      if (q.max_nodes > 0 && q.max_nodes < q.min_nodes)
+        profile_error(source, field + ".max_nodes", fmt::format("is {}, fewer than min_nodes {}", q.max_nodes, q.min_nodes));
+      q.max_time = string_field(limits, source + " " + field, "max_time");
+      if (!q.max_time.empty() && !is_time_limit(q.max_time))
+        profile_error(source, field + ".max_time", fmt::format("is '{}', not a time limit (HH:MM:SS, MM or D-HH:MM:SS)", q.max_time));
+    }
+  }
   p.gpu_request = string_field(j, source, "gpu_request");
   check_placeholders(source, "gpu_request", p.gpu_request);
   p.directives = string_list(j, source, "directives");
@@ -390,6 +406,11 @@ std::vector<ListedSite> list_sites() {
     }
   }
   return listed;
+}
+
+bool is_time_limit(const std::string& text) {
+  static const std::regex form(R"((\d{1,4}-)?\d{1,7}(:\d{1,2}){0,2})");
+  return text.size() <= 32 && std::regex_match(text, form);
 }
 
 std::vector<std::string> matching_sites(const std::vector<ListedSite>& sites, const std::string& hostname,

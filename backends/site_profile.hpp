@@ -33,6 +33,14 @@ struct NodeShape {
   int cores_per_node = 0;
 };
 
+// What a queue (PBS -q, or a Slurm QOS) takes: a job outside it is refused by the scheduler, or
+// waits in the queue for ever.
+struct QueueLimits {
+  int min_nodes = 1;
+  int max_nodes = 0;     // 0: no limit
+  std::string max_time;  // in -t's forms; empty: no limit
+};
+
 // How to recognise the site from one of its machines (for `ddl check-build`): the host's full
 // name matches `hostname`, or every variable of `environment` matches its pattern.
 struct SiteMatch {
@@ -58,6 +66,7 @@ struct SiteProfile {
   std::map<std::string, OptionRule> patterns;    // option -> rule its value must follow
   std::map<std::string, std::string> forbidden;  // option -> why the site refuses it
   std::map<std::string, NodeShape> partitions;   // partition -> its nodes, when they differ
+  std::map<std::string, QueueLimits> queues;     // queue -> the jobs it takes, where known
   std::string gpu_request;                       // Slurm directive asking for GPUs ("--gpus-per-node={{gpus}}"); PBS: select chunk
   std::vector<std::string> directives;           // further fixed directives, with {{option}} placeholders
   std::vector<std::string> module_use;
@@ -70,6 +79,9 @@ struct SiteProfile {
   std::string notes;
   std::map<std::string, std::string> origin;  // field -> "built-in" or the file that set it
 };
+
+// Whether `text` is a time limit in one of -t's forms (Slurm's): MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]].
+bool is_time_limit(const std::string& text);
 
 // The names of every known site: built-ins and the user's, sorted.
 std::vector<std::string> site_names();

@@ -73,8 +73,7 @@ TEST_CASE("every built-in site renders its golden script") {
   shifter.max_requeues = 3;
   check_golden("perlmutter_shifter_checkpoint", "perlmutter", shifter);
   check_golden("neuron", "neuron", job({{"nodes", "2"}, {"partition", "amd_a100nv_8"}, {"comment", "pytorch"}, {"time", "02:00:00"}}));
-  check_golden("polaris", "polaris",
-               job({{"nodes", "2"}, {"account", "MyProject"}, {"filesystems", "home:eagle"}, {"queue", "prod"}, {"time", "01:00:00"}}));
+  check_golden("polaris", "polaris", job({{"nodes", "2"}, {"account", "MyProject"}, {"filesystems", "home:eagle"}, {"time", "01:00:00"}}));
   check_golden("polaris_apptainer", "polaris",
                job({{"nodes", "1"}, {"account", "MyProject"}, {"filesystems", "home:grand"}, {"image", "/eagle/p/img.sif"}}));
   check_golden("sockeye", "sockeye", job({{"nodes", "2"}, {"account", "st-alice-1-gpu"}, {"time", "01:00:00"}}));
@@ -94,7 +93,7 @@ TEST_CASE("ddl jupyter's scripts: PBS (Polaris) and Slurm (Perlmutter) golden fi
                             {"account", "MyProject"},
                             {"filesystems", "home:eagle"},
                             {"job_name", "ddl-jupyter"},
-                            {"time", "04:00:00"}});
+                            {"time", "01:00:00"}});  // the debug queue's most
   polaris.command.clear();
   polaris.body = jupyter_body(session, "base");
   check_golden("polaris_jupyter", "polaris", polaris);
@@ -554,6 +553,40 @@ TEST_CASE("profiles and values long enough to overflow std::regex are refused or
   CHECK(matched("neuron"));
   CHECK_FALSE(matched(letters));  // longer than any site variable: matches nothing
   CHECK_FALSE(matched("Neuron"));
+}
+
+// Polaris' debug queue (the profile's default) takes 1-2 nodes for an hour: qsub refused -N 4.
+TEST_CASE("a job outside its queue's nodes or walltime is refused naming the queues that take it") {
+  UserSites sites({{"limited", R"({"scheduler": "slurm", "queues": {"short": {"max_nodes": 2, "max_time": "30"},
+                                                                      "long": {"min_nodes": 2}}})"},
+                   {"badqueues", R"({"scheduler": "slurm", "queues": {"q": {"min_nodes": 4, "max_nodes": 2}}})"},
+                   {"badtime", R"({"scheduler": "slurm", "queues": {"q": {"max_time": "soon"}}})"}});
+  const JobRequest polaris4 = job({{"nodes", "4"}, {"account", "P"}, {"filesystems", "home"}});
+  CHECK_THROWS_WITH_AS(render_job_script(load_site("polaris"), polaris4),
+                       doctest::Contains("queue debug takes 1 to 2 nodes for at most 01:00:00; this job asks for 4 nodes for 01:00:00"),
+                       ddl::UsageError);
+  try {
+    render_job_script(load_site("polaris"), polaris4);
+  } catch (const ddl::UsageError& e) {
+    CHECK(e.hint() ==
+          "use -q capacity or -q debug-scaling or -q preemptable (the queues that take 4 nodes for 01:00:00), or change -N or -t");
+  }
+  CHECK_NOTHROW(
+      render_job_script(load_site("polaris"), job({{"nodes", "12"}, {"account", "P"}, {"filesystems", "home"}, {"queue", "prod"}})));
+  CHECK_THROWS_WITH_AS(
+      render_job_script(load_site("polaris"),
+                        job({{"nodes", "12"}, {"account", "P"}, {"filesystems", "home"}, {"queue", "prod"}, {"time", "25:00:00"}})),
+      doctest::Contains("queue prod takes 10 to 496 nodes for at most 24:00:00"), ddl::UsageError);
+  // A Slurm time of 0 is no limit: more than any queue's longest.
+  CHECK_THROWS_WITH_AS(render_job_script(load_site("limited"), job({{"queue", "short"}, {"time", "0"}})),
+                       doctest::Contains("queue short takes 1 to 2 nodes for at most 30"), ddl::UsageError);
+  CHECK_NOTHROW(render_job_script(load_site("limited"), job({{"queue", "short"}, {"time", "30"}})));
+  CHECK_NOTHROW(render_job_script(load_site("limited"), job({{"queue", "other"}, {"nodes", "9"}})));  // no limits known
+  CHECK_THROWS_WITH_AS(render_job_script(load_site("limited"), job({{"queue", "long"}})), doctest::Contains("takes 2 or more nodes"),
+                       ddl::UsageError);
+  CHECK_THROWS_WITH_AS(load_site("badqueues"), doctest::Contains("field 'queues.q.max_nodes' is 2, fewer than min_nodes 4"),
+                       ddl::UsageError);
+  CHECK_THROWS_WITH_AS(load_site("badtime"), doctest::Contains("field 'queues.q.max_time' is 'soon', not a time limit"), ddl::UsageError);
 }
 
 // libstdc++'s std::regex backtracks: (a|aa)*b on 44 a's took over a minute, 1024 would take for ever.
