@@ -1168,8 +1168,28 @@ def join_through_torch_environment():
     if dist.is_initialized():
         _join_through_default_group()
     elif all(os.environ.get(v) for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
-        store, rank, size = next(dist.rendezvous("env://"))
+        # Bounded by DDL_TIMEOUT: torch's own default (30 min) left a rank whose peer never came
+        # waiting there that long.
+        timeout = _ddl_timeout()
+        try:
+            store, rank, size = next(dist.rendezvous("env://", timeout=timeout))
+        except (RuntimeError, TimeoutError) as e:  # torch 1.13 raises RuntimeError, later ones a subclass
+            raise RuntimeError(f"hvd.init(): torch's env:// rendezvous at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} "
+                               f"(RANK={os.environ['RANK']}, WORLD_SIZE={os.environ['WORLD_SIZE']}) did not complete within "
+                               f"DDL_TIMEOUT ({timeout.total_seconds():g} s): {e}") from e
         _basics.init_through_store(store, rank, size)
+
+
+def _ddl_timeout():
+    """DDL_TIMEOUT as libddl reads it (seconds; 300 when unset); a value libddl refuses is left for
+    it to name, and counts as the default here."""
+    try:
+        seconds = float(os.environ.get("DDL_TIMEOUT") or 300)
+    except ValueError:
+        seconds = 300.0
+    if not 0.001 <= seconds <= 365 * 24 * 3600:
+        seconds = 300.0
+    return datetime.timedelta(seconds=seconds)
 
 
 def _create_process_group(options, pg_options=None):

@@ -126,6 +126,15 @@ class TorchrunEnvironment(unittest.TestCase):
             self.assertIn(f"rank {rank} of 2 sum 3.0 2", out)
             self.assertIn("joined through program store", out)
 
+    def test_hvd_init_whose_rank_0_never_comes_fails_within_ddl_timeout(self):
+        # torch's env:// rendezvous waited its own 30 minutes for rank 0's store.
+        env = clean_env(RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), DDL_TIMEOUT="3")
+        result = subprocess.run([PYTHON, "-c", "import ddl.torch as hvd; hvd.init()"], env=env, capture_output=True, text=True,
+                                timeout=120)
+        self.assertNotEqual(result.returncode, 0, result.stderr[-2000:])
+        self.assertIn("hvd.init(): torch's env:// rendezvous at 127.0.0.1:", result.stderr)
+        self.assertIn("(RANK=1, WORLD_SIZE=2) did not complete within DDL_TIMEOUT (3 s)", result.stderr)
+
 
 class CApi(unittest.TestCase):
     def test_bad_arguments_are_refused_with_the_reason(self):
