@@ -563,7 +563,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
     def shutdown(self):
         """Ends the group as gloo's does: its ops still in flight finish first (their peers arrive, or
-        DDL_TIMEOUT fails them), so that a rank does not go on to leave, and take torch's store with
+        the group's timeout, init_process_group's timeout=, fails them), so that a rank does not go on to leave, and take torch's store with
         it, while a peer still needs it. torch 2.8+'s destroy_process_group calls this; a dropped
         group (torch 1.13's destroy_process_group) does it too. libddl's world, if made through this
         group's store, lets go of it (rank 0's server must close for init_process_group to listen

@@ -367,6 +367,11 @@ def _():
         hvd.init(process_sets=[first])
         assert first.process_set_id is not None and first.size() == 1
         assert hvd.remove_process_set(first)
+    # Horovod's other forms: "dynamic" (sets added later) and comm listing the world's ranks.
+    hvd.init(comm=list(reversed(range(N))), process_sets="dynamic")
+    if N > 1:
+        e = expect_error(ValueError, hvd.init, comm=[0])
+        assert "cannot run on a part of them" in str(e), e
 
 
 @check("errors: mismatched shapes and dtypes fail on every rank, bad input fails at once")

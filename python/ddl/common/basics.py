@@ -74,17 +74,37 @@ def on_shutdown(hook):
 
 
 def init(comm=None, process_sets=None):
-    """Joins the world (a no-op if already initialized). `process_sets` are added right away."""
-    if comm is not None:
-        raise ValueError("ddl's init() takes no MPI communicator: start the workers with `ddl run`, mpirun or srun")
+    """Joins the world (a no-op if already initialized). `process_sets` are added right away;
+    "dynamic" (Horovod's word for sets added later) adds none: ddl always lets them be added later.
+    `comm`, as Horovod's, may list the world's ranks (every rank the launcher started: ddl's world
+    is the launcher's) or be a communicator (mpi4py's) of that world."""
     if not L.lib.ddl_is_initialized():
         _apply_env_aliases()
         status = L.lib.ddl_init()
         if status != L.SUCCESS:
             L.raise_for(status)
         _after_joining()
-    for ps in _process_sets.as_new_sets(process_sets):
+    if comm is not None:
+        _require_the_world(comm)
+    for ps in _process_sets.as_new_sets(None if process_sets == "dynamic" else process_sets):
         _process_sets.add_process_set(ps)
+
+
+def _require_the_world(comm):
+    rank, size = L.int_out(L.lib.ddl_rank), L.int_out(L.lib.ddl_size)
+    if hasattr(comm, "Get_size") and hasattr(comm, "Get_rank"):  # an MPI communicator (mpi4py)
+        if (comm.Get_rank(), comm.Get_size()) != (rank, size):
+            raise ValueError(f"init(comm=...): the communicator makes this process rank {comm.Get_rank()} of {comm.Get_size()}, "
+                             f"but ddl's world (every rank the launcher started) has it as rank {rank} of {size}: "
+                             "ddl cannot run on a part of the world; use a process set for a part")
+        return
+    try:
+        ranks = sorted(int(r) for r in comm)
+    except (TypeError, ValueError):
+        raise ValueError(f"init(comm=...) takes a list of ranks or an MPI communicator, not {comm!r}") from None
+    if ranks != list(range(size)):
+        raise ValueError(f"init(comm={list(comm)!r}): ddl's world is every rank the launcher started (0 to {size - 1}); "
+                         "it cannot run on a part of them: start only those, or use a process set (hvd.ProcessSet) for a part")
 
 
 def launcher_gives_world():

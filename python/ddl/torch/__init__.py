@@ -36,8 +36,9 @@ def init(comm=None, process_sets=None):
     a plain srun with torch's RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT) through torch's store:
     the default group's if init_process_group ran first, else torch's env:// rendezvous. Without any
     of these the world is this process alone. A no-op once initialized. `process_sets` (ProcessSet
-    objects or rank lists) are added right away; `comm` (an MPI communicator) is not supported."""
-    if comm is None and not _basics.is_initialized() and not _basics.launcher_gives_world():
+    objects or rank lists, or "dynamic": none now) are added right away; `comm` may list every rank
+    of the world, or be an MPI communicator of it (ddl cannot run on a part of the world)."""
+    if not _basics.is_initialized() and not _basics.launcher_gives_world():
         _distributed.join_through_torch_environment()
     _basics.init(comm, process_sets)
 
