@@ -80,6 +80,13 @@ def _():
     halves = [data(r, dtype=torch.float16) for r in range(N)]
     on_gpu(hvd.allreduce(halves[R].to(GPU), op=hvd.Sum, postscale_factor=0.25, name="scaled.half"),
            (torch.stack(halves).float().sum(0) * 0.25).half())
+    # An integer Average with a postscale is a Sum scaled once by postscale / N, as on the host
+    # (averaged first it was rounded twice: 1 + 2 over 2 ranks scaled by 3 gave 3, not 4).
+    host = hvd.allreduce(ints[R], op=hvd.Average, postscale_factor=3.0, name="avg.post.int.host")
+    on_gpu(hvd.allreduce(ints[R].to(GPU), op=hvd.Average, postscale_factor=3.0, name="avg.post.int"), host)
+    rows = [data(r, shape=(2 * N, 3), dtype=torch.int32) for r in range(N)]
+    host = hvd.reducescatter(rows[R], op=hvd.Average, postscale_factor=3.0, name="rs.avg.post.int.host")
+    on_gpu(hvd.reducescatter(rows[R].to(GPU), op=hvd.Average, postscale_factor=3.0, name="rs.avg.post.int"), host)
 
 
 @check("out-of-place Average of odd counts writes every element")

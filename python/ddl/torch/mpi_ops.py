@@ -223,6 +223,16 @@ def _copy_into(output, result):
     return output
 
 
+def _average_scaled_once(op, postscale, size):
+    """(op, postscale) for a reduction whose postscale runs after it, here: an Average with a
+    postscale is a Sum scaled once by postscale / size, as Horovod computes it (libddl does so on
+    the host). Averaged first, the result would be rounded twice: 3 summed over 2 ranks and scaled
+    by 3 is 4, not (3 // 2) * 3 = 3."""
+    if op == Average and postscale != 1.0:
+        return Sum, postscale / size
+    return op, postscale
+
+
 def _launch_allreduce(call, i, tensor, output, op, prescale, postscale, flags=0):
     """Submits part `i` of `call`: an allreduce of `tensor` into `output` (both contiguous).
 
@@ -231,6 +241,7 @@ def _launch_allreduce(call, i, tensor, output, op, prescale, postscale, flags=0)
     dtype = _ddl_dtype(tensor)
     cuda = _is_cuda(tensor)
     if cuda and (prescale != 1.0 or postscale != 1.0 or dtype == L.INT16):
+        op, postscale = _average_scaled_once(op, postscale, call.process_set.size())
         if dtype == L.INT16:  # NCCL has no int16: reduce a staged int32 copy
             staged = tensor.to(torch.int32)
             scaled = _scale_like_horovod(staged, prescale)
@@ -660,6 +671,7 @@ def _reducescatter_group_async(kind, tensors, name, op, prescale, postscale, pro
             _ddl_dtype(t)
         _same_device(tensors)
         results, keep = [], []
+        cuda_op, cuda_postscale = _average_scaled_once(op, postscale, n)  # a CUDA op's postscale runs here, after it
         for i, tensor in enumerate(tensors):
             src = tensor.contiguous()
             cuda = _is_cuda(src)
@@ -677,10 +689,10 @@ def _reducescatter_group_async(kind, tensors, name, op, prescale, postscale, pro
             opts = _options(target, data if on_gpu else None, tuple(src.shape), 1.0 if cuda else prescale,
                             1.0 if cuda else postscale, group_size=call.group_size)
             call.submit(L.lib.ddl_reducescatter_ex, call.name(i), data.data_ptr(), out.data_ptr(),
-                        L.size_array([r * row for r in rows]), dtype, _REDUCE[op], ctypes.byref(opts))
+                        L.size_array([r * row for r in rows]), dtype, _REDUCE[cuda_op if cuda else op], ctypes.byref(opts))
             keep.append((src, data, out, opts))
             results.append((out, src.device if cuda else None))
-        return lambda: [_scale_like_horovod(o.to(d), postscale) if d is not None else o for o, d in results], keep
+        return lambda: [_scale_like_horovod(o.to(d), cuda_postscale) if d is not None else o for o, d in results], keep
 
     return _start(kind, name, process_set, launch, len(tensors), kind != "reducescatter")
 
