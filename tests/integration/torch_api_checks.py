@@ -829,6 +829,16 @@ def _():
         assert all(torch.equal(out, torch.full((4,), expected)) for out in outputs[prefix]), prefix
 
 
+@check("named groups of different sizes fail on every rank at once, the parts only some ranks have too")
+def _():
+    import time
+    started = time.monotonic()
+    err = expect_error(RuntimeError, hvd.grouped_allreduce, [torch.ones(1)] * (R + 1), name="sizes.apart")
+    assert "differs between ranks" in str(err) or "a part of a grouped call" in str(err), str(err)
+    assert time.monotonic() - started < 15, "the larger group's rank waited for parts no other rank submits"
+    assert torch.equal(hvd.allreduce(torch.ones(2), op=hvd.Sum, name="named.after.sizes"), torch.full((2,), float(N)))
+
+
 @check("unnamed groups of different sizes fail on every rank; later unnamed ops fail at once, named ones run")
 def _():
     # Rank r groups r + 1 tensors: before, rank 0 got a value paired with another rank's first

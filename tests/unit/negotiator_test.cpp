@@ -322,6 +322,12 @@ OpSpec ordered_allreduce(uint64_t count, uint32_t group_size = 0) {
   s.group_size = group_size;
   return s;
 }
+// A part of a named grouped call of `size` parts.
+OpSpec grouped(uint32_t size) {
+  OpSpec s = allreduce(1);
+  s.group_size = size;
+  return s;
+}
 bool failed_with(const RoundDecision& d, const std::string& name, const std::string& part) {
   return std::any_of(d.failed.begin(), d.failed.end(),
                      [&](const FailedOp& f) { return f.name == name && f.message.find(part) != std::string::npos; });
@@ -359,6 +365,35 @@ TEST_CASE("grouped calls of different sizes are a mismatch on every rank, and th
   CHECK(names(d2) == std::vector<std::string>{"named"});
   CHECK(failed_with(d2, "unnamed.1", "The first failure: op 'unnamed.0' differs"));
   CHECK(n.pending_names().empty());
+}
+
+TEST_CASE("a named grouped call of different sizes fails every part at once, the parts only some ranks have too") {
+  // Rank 0 groups one tensor, rank 1 three: g.1 and g.2, which rank 0 never submits, waited for
+  // DDL_TIMEOUT on rank 1, whose next op then came too late for rank 0's.
+  Negotiator n(2);
+  auto now = Clock::now();
+  auto d1 = n.merge({announce({{"g.0", grouped(1)}}), announce({{"g.0", grouped(3)}, {"g.1", grouped(3)}})}, now);
+  CHECK(failed_with(d1, "g.0", "op 'g.0' differs between ranks"));
+  CHECK(failed_with(d1, "g.1", "op 'g.1' was not run: it is a part of a grouped call whose parts ranks disagree on: op 'g.0' differs"));
+  CHECK_FALSE(n.order_broken());
+  // The last part comes a round later: it fails as it comes; named ops go on.
+  auto d2 = n.merge({announce({{"after", allreduce(1)}}), announce({{"g.2", grouped(3)}, {"after", allreduce(1)}})}, now);
+  CHECK(names(d2) == std::vector<std::string>{"after"});
+  CHECK(failed_with(d2, "g.2", "a part of a grouped call"));
+  CHECK(n.pending_names().empty());
+  CHECK(n.idle());
+}
+
+TEST_CASE("a part two ranks' larger groups have fails for each as it comes, in different rounds") {
+  Negotiator n(3);
+  auto now = Clock::now();
+  auto d1 = n.merge(
+      {announce({{"g.0", grouped(1)}}), announce({{"g.0", grouped(2)}, {"g.1", grouped(2)}}), announce({{"g.0", grouped(3)}})}, now);
+  CHECK(failed_with(d1, "g.1", "a part of a grouped call"));
+  auto d2 = n.merge({announce({}), announce({}), announce({{"g.1", grouped(3)}, {"g.2", grouped(3)}})}, now);
+  CHECK(failed_with(d2, "g.1", "a part of a grouped call"));  // rank 2's, a round after rank 1's
+  CHECK(failed_with(d2, "g.2", "a part of a grouped call"));
+  CHECK(n.idle());
 }
 
 TEST_CASE("a timed-out ordered op breaks the order: the ordered ops waiting then fail, cached ones too") {

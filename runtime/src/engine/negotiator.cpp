@@ -1,6 +1,7 @@
 #include "runtime/src/engine/negotiator.hpp"
 
 #include <algorithm>
+#include <climits>
 #include <set>
 #include <stdexcept>
 
@@ -240,10 +241,13 @@ RoundDecision Negotiator::merge(const std::vector<Announcement>& announcements, 
       });
       OpSpec breaks = first;
       breaks.ordered = any_ordered && counts_apart;
-      fail(decision, {*c.name, DDL_ERROR_MISMATCH, mismatch_message(*c.name, e)}, breaks);
+      const FailedOp failed{*c.name, DDL_ERROR_MISMATCH, mismatch_message(*c.name, e)};
+      if (!any_ordered) abandon_parts_beyond_smallest_group(*c.name, e, failed);
+      fail(decision, failed, breaks);
     }
     table_.erase(it);  // c.name pointed to its key
   }
+  fail_abandoned_parts(decision);
   if (order_broken_ && !broken_before) fail_waiting_ordered(decision);
   if (!decision.ready.empty()) last_progress_ = now;
   return decision;
@@ -258,6 +262,56 @@ void Negotiator::fail(RoundDecision& decision, FailedOp failed, const OpSpec& sp
     joined_count_ = 0;
   }
   decision.failed.push_back(std::move(failed));
+}
+
+void Negotiator::abandon_parts_beyond_smallest_group(const std::string& name, const Entry& e, const FailedOp& failed) {
+  unsigned smallest = UINT_MAX, largest = 0;
+  for (const auto& s : e.specs)
+    if (s) {
+      smallest = std::min(smallest, s->group_size);
+      largest = std::max(largest, s->group_size);
+    }
+  const size_t dot = name.rfind('.');
+  if (smallest == largest || largest == 0 || dot == std::string::npos) return;
+  const std::string prefix = name.substr(0, dot + 1);  // "NAME.": the parts are NAME.0 ... NAME.(size - 1)
+  for (unsigned k = smallest; k < largest; ++k) {
+    const std::string part = prefix + std::to_string(k);
+    if (part == name) continue;
+    AbandonedPart& a = abandoned_parts_[part];
+    a.failed = {part, DDL_ERROR_MISMATCH,
+                fmt::format("op '{}' was not run: it is a part of a grouped call whose parts ranks disagree on: {}", part, failed.message)};
+    a.awaited.assign(static_cast<size_t>(size_), false);
+    for (int r = 0; r < size_; ++r) {
+      const auto& spec = e.specs[static_cast<size_t>(r)];
+      a.awaited[static_cast<size_t>(r)] = spec && spec->group_size > k;
+    }
+  }
+}
+
+// An abandoned part that ranks announced (in full, or by its cached id) fails now on every rank
+// that has it; it stays, to fail as it comes, until every rank whose group has it announced it.
+void Negotiator::fail_abandoned_parts(RoundDecision& decision) {
+  for (auto it = abandoned_parts_.begin(); it != abandoned_parts_.end();) {
+    AbandonedPart& a = it->second;
+    bool announced = false;
+    if (auto entry = table_.find(it->first); entry != table_.end()) {
+      for (int r = 0; r < size_; ++r)
+        if (entry->second.specs[static_cast<size_t>(r)]) a.awaited[static_cast<size_t>(r)] = false;
+      table_.erase(entry);
+      announced = true;
+    } else if (auto id = cache_ids_.find(it->first); id != cache_ids_.end() && cached_waits_[id->second].announced > 0) {
+      CachedWait& w = cached_waits_[id->second];
+      for (int r = 0; r < size_; ++r)
+        if (w.ranks[static_cast<size_t>(r)]) a.awaited[static_cast<size_t>(r)] = false;
+      clear_wait(w);
+      announced = true;
+    }
+    if (announced) decision.failed.push_back(a.failed);
+    if (std::none_of(a.awaited.begin(), a.awaited.end(), [](bool w) { return w; }))
+      it = abandoned_parts_.erase(it);
+    else
+      ++it;
+  }
 }
 
 FailedOp out_of_order_failure(const std::string& name, const FailedOp& first) {
@@ -342,6 +396,7 @@ std::string Negotiator::stall_message(const std::string& name, const std::vector
 std::string Negotiator::ranks_named(const std::vector<int>& ranks, const char* word) const {
   if (world_ranks_.empty()) return fmt::format("{} {}", word, rank_ranges(ranks));
   std::vector<int> world;
+  world.reserve(ranks.size());
   for (int r : ranks) world.push_back(r >= 0 && static_cast<size_t>(r) < world_ranks_.size() ? world_ranks_[static_cast<size_t>(r)] : r);
   return fmt::format("world {} {}", word, rank_ranges(world));
 }

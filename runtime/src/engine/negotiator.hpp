@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <deque>
+#include <map>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -36,7 +37,7 @@ class ReadyOp {
 
 struct FailedOp {
   std::string name;
-  ddl_status status;  // DDL_ERROR_MISMATCH, DDL_ERROR_TIMEOUT, or a rank's local error (OpSpec::failure)
+  ddl_status status = DDL_ERROR_INTERNAL;  // DDL_ERROR_MISMATCH, DDL_ERROR_TIMEOUT, or a rank's local error (OpSpec::failure)
   std::string message;
 };
 
@@ -145,6 +146,10 @@ class Negotiator {
   void fail(RoundDecision& decision, FailedOp failed, const OpSpec& spec);
   // The order broke in this merge: every ordered op still waiting fails with it.
   void fail_waiting_ordered(RoundDecision& decision);
+  // `name` (NAME.k, a named grouped call's part) failed as a mismatch of group sizes: the parts
+  // beyond the smallest group, which only some ranks submit, are to fail too (abandoned_parts_).
+  void abandon_parts_beyond_smallest_group(const std::string& name, const Entry& e, const FailedOp& failed);
+  void fail_abandoned_parts(RoundDecision& decision);
   std::string failure_message(const std::string& name, const Entry& e, std::optional<int>& failing_rank) const;
 
   void clear_wait(CachedWait& w);
@@ -170,6 +175,14 @@ class Negotiator {
   size_t cached_waiting_ = 0;             // entries of cached_waits_ with announced > 0
   uint64_t next_order_ = 0;
   std::unordered_map<std::string, Entry> table_;
+  // The parts NAME.k of a named grouped call whose ranks' group sizes differed, which only the ranks
+  // with more parts submit: failed as they come (fail_abandoned_parts), with the mismatch's message,
+  // rather than waited for until DDL_TIMEOUT.
+  struct AbandonedPart {
+    FailedOp failed;
+    std::vector<bool> awaited;  // the ranks whose group has this part and have not announced it yet
+  };
+  std::map<std::string, AbandonedPart> abandoned_parts_;
   std::optional<FailedOp> order_broken_;
   std::deque<std::pair<std::string, OpSpec>> agreed_in_full_;  // the last merge's ready ops that were announced in full
 };
