@@ -550,6 +550,10 @@ void check_site_rules(const SiteProfile& site, const JobRequest& job) {
         job.gpus_flag == "--gpus-per-node"
             ? fmt::format("use --gpus-per-node {} or fewer, and more nodes (-N) for more GPUs", shape.gpus_per_node)
             : fmt::format("use {} {} or fewer: the job has one node", job.gpus_flag, shape.gpus_per_node));
+  if (gpus > 0 && site.max_cores_per_gpu > 0 && v.count("cpus_per_task") && std::stoi(v.at("cpus_per_task")) > site.max_cores_per_gpu)
+    throw UsageError(fmt::format("{} {}: site '{}' gives a GPU job at most {} cores per GPU (one task per GPU)",
+                                 value_source(site, job, "cpus_per_task"), v.at("cpus_per_task"), site.name, site.max_cores_per_gpu),
+                     fmt::format("use --cpus-per-task {} or fewer (a CPU job, --gpus-per-node 0, may take more)", site.max_cores_per_gpu));
   if (gpus > 0 && site.gpu_request.empty())
     throw UsageError(fmt::format("site '{}' has no gpu_request in its profile, so GPUs cannot be asked for", site.name),
                      "add gpu_request to the profile (docs/site-profiles.md), or use --gpus-per-node 0 for a CPU job");

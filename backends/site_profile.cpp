@@ -162,10 +162,11 @@ std::string one_of(const json& j, const std::string& source, const char* field, 
 }
 
 const std::vector<std::string> kFields = {
-    "name",        "description", "scheduler",  "login_host",   "gpus_per_node", "cores_per_node",   "gpu_vendor",
-    "launcher",    "gpu_order",   "defaults",   "required",     "patterns",      "forbidden",        "partitions",
-    "gpu_request", "directives",  "module_use", "modules",      "setup",         "environment",      "container",
-    "match",       "jupyter",     "notes",      "hang_timeout", "nccl_network",  "nccl_network_fix", "queues"};
+    "name",         "description",  "scheduler",        "login_host", "gpus_per_node",    "cores_per_node",
+    "gpu_vendor",   "launcher",     "gpu_order",        "defaults",   "required",         "patterns",
+    "forbidden",    "partitions",   "gpu_request",      "directives", "module_use",       "modules",
+    "setup",        "environment",  "container",        "match",      "jupyter",          "notes",
+    "hang_timeout", "nccl_network", "nccl_network_fix", "queues",     "max_cores_per_gpu"};
 
 std::optional<std::string> builtin_text(const std::string& name) {
   for (const auto& site : builtin_sites())
@@ -296,6 +297,7 @@ SiteProfile parse_site(const json& j, const std::string& source, const std::stri
   p.launcher = one_of(j, source, "launcher", {"srun", "pals", "mpirun"}, p.scheduler == Scheduler::Slurm ? "srun" : "mpirun");
   p.gpu_order = one_of(j, source, "gpu_order", {"as-listed", "reverse"}, "as-listed");
   p.hang_timeout = int_field(j, source, "hang_timeout", 0, 0);
+  p.max_cores_per_gpu = int_field(j, source, "max_cores_per_gpu", 0, 0);
   p.nccl_network = one_of(j, source, "nccl_network", {"ofi"}, "");
   p.nccl_network_fix = string_field(j, source, "nccl_network_fix");
   p.defaults = option_strings(j, source, "defaults");

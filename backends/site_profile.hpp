@@ -58,6 +58,7 @@ struct SiteProfile {
   std::string gpu_vendor = "nvidia";  // nvidia, amd, intel, none
   std::string launcher;               // srun, pals, mpirun
   std::string gpu_order = "as-listed";
+  int max_cores_per_gpu = 0;                     // a GPU job's cores per task (one task per GPU) at most; 0: no limit
   int hang_timeout = 0;                          // seconds: the `ddl run` line's --hang-timeout; 0: none
   std::string nccl_network;                      // the network NCCL must reach between nodes: "ofi" (Slingshot), "" unchecked
   std::string nccl_network_fix;                  // what makes it reach it (a module, a variable)

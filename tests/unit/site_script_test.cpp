@@ -555,6 +555,17 @@ TEST_CASE("profiles and values long enough to overflow std::regex are refused or
   CHECK_FALSE(matched("Neuron"));
 }
 
+// Alliance's 12-16 cores per GPU were a pattern on -c, which refused a CPU job of 32 cores too.
+TEST_CASE("the cores-per-GPU limit applies to GPU jobs only") {
+  UserSites none({});
+  CHECK_THROWS_WITH_AS(render_job_script(load_site("alliance"), job({{"account", "def-a"}, {"cpus_per_task", "32"}})),
+                       doctest::Contains("-c/--cpus-per-task 32: site 'alliance' gives a GPU job at most 16 cores per GPU"),
+                       ddl::UsageError);
+  const std::string cpu_job =
+      render_job_script(load_site("alliance"), job({{"account", "def-a"}, {"cpus_per_task", "32"}, {"gpus_per_node", "0"}})).text;
+  CHECK(cpu_job.find("#SBATCH --cpus-per-task=32") != std::string::npos);
+}
+
 // Polaris' debug queue (the profile's default) takes 1-2 nodes for an hour: qsub refused -N 4.
 TEST_CASE("a job outside its queue's nodes or walltime is refused naming the queues that take it") {
   UserSites sites({{"limited", R"({"scheduler": "slurm", "queues": {"short": {"max_nodes": 2, "max_time": "30"},
