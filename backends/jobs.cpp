@@ -326,7 +326,8 @@ void requeue_slurm_job(const std::string& id) {
 
 std::optional<std::chrono::seconds> slurm_time_left(const std::string& id) {
   if (!looks_like_job_id(id)) return std::nullopt;
-  const CommandResult r = run_command({"squeue", "-h", "-j", id, "-o", "%L"});
+  // Asked while workers save (the supervisor waits meanwhile): a slow controller is not waited for.
+  const CommandResult r = run_command({"squeue", "-h", "-j", id, "-o", "%L"}, std::chrono::seconds(5));
   static const std::regex time_left(R"((\d{1,5}-)?\d{1,6}(:\d{1,2}){1,2})");
   std::string left = r.out.substr(0, r.out.find('\n'));
   if (!r.ok() || !std::regex_match(left, time_left)) return std::nullopt;

@@ -635,6 +635,9 @@ class Run {
     finish_began_ = Clock::now();
     signal_running(sig);
     finish_deadline_ = options_.finish_on->deadline(finish_began_);
+    // The deadline asks squeue for the time left (backends::run_command), whose SIGCHLD handling
+    // drops a SIGCHLD pending meanwhile: workers that ended by then are found here, or never.
+    reap_children();
   }
 
   bool is_finish_signal(int sig) const { return options_.finish_on && sig == options_.finish_on->signal; }
@@ -900,6 +903,10 @@ Supervisor::Supervisor(SupervisorOptions options) : options_(std::move(options))
   sigemptyset(&handled);
   for (int sig : kHandledSignals) sigaddset(&handled, sig);
   ::pthread_sigmask(SIG_BLOCK, &handled, &original_mask_);
+  // Workers start with the mask ddl was given, less the finish signal, which ddl itself keeps
+  // blocked for the whole run (HeldSignal): inherited blocked, a worker's handler never ran.
+  worker_mask_ = original_mask_;
+  if (options_.finish_on) sigdelset(&worker_mask_, options_.finish_on->signal);
   ::signal(SIGPIPE, SIG_IGN);  // a closed stdout must not kill the launcher while workers run
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   signal_fd_ = ::signalfd(-1, &handled, SFD_NONBLOCK | SFD_CLOEXEC);
@@ -930,7 +937,7 @@ int Supervisor::signal_before_run() {
 }
 
 RunOutcome Supervisor::run(const std::vector<WorkerLaunch>& workers) {
-  Run run(options_, signal_fd_, original_mask_, early_finish_);
+  Run run(options_, signal_fd_, worker_mask_, early_finish_);
   return run.execute(workers);
 }
 

@@ -155,6 +155,7 @@ class Supervisor {
   SupervisorOptions options_;
   int early_finish_ = 0;  // the finish signal, when signal_before_run() found it
   sigset_t original_mask_{};
+  sigset_t worker_mask_{};  // the mask workers start with
   int signal_fd_ = -1;
 };
 

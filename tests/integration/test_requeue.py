@@ -9,13 +9,14 @@ then starts the job as it would have two minutes later. Everything else is Slurm
 time limit, the signal before it, the restart count."""
 import os
 import re
+import signal
 import subprocess
 import tempfile
 import time
 import unittest
 
 from ddl_testing import (DDL, PYTHON, SOURCE, kill_leftovers, processes_with, read_text, slurm_env, start_local_slurm, unique_marker,
-                         wait_until)
+                         wait_until, write_executable)
 
 WORKER = os.path.join(SOURCE, "tests", "integration", "requeue_worker.py")
 LIGHTNING_FIT = os.path.join(SOURCE, "tests", "integration", "lightning_requeue.py")
@@ -123,6 +124,44 @@ class Requeue(unittest.TestCase):
         self.assertIn("ddl: error: the run ended on SIGUSR1 (--requeue-signal) and the job was not requeued; workers that did not end in "
                       "time were stopped", text)
         self.assertEqual((fields["JobState"], fields["ExitCode"], fields["Restarts"]), ("FAILED", "138:0", "1"), text)
+
+    def test_workers_ddl_starts_itself_get_the_signal_and_save(self):
+        # With --launcher local ddl starts the workers, not srun: they inherited the signal blocked
+        # (ddl holds it for the whole run), so no handler ran and they were stopped after the grace.
+        tmp = self.enterContext(tempfile.TemporaryDirectory())
+        output = os.path.join(tmp, "job.out")
+        script = (f"#!/bin/bash\nexec {DDL} run --cpu --launcher local -np 2 --requeue-signal USR1 --requeue-grace 20 --max-requeues 0 "
+                  f"-- {PYTHON} {WORKER} {tmp} save 0 {self.marker}\n")
+        job = self.submit_requeueable(script, output, tmp)
+        self.follow(job, output, lambda text, fields: text.count("start rank=") == 2, 120)
+        self.signal_batch_shell(job)
+        text, _ = self.follow(job, output, lambda text, fields: fields.get("JobState") in ("COMPLETED", "FAILED"), 60)
+        for rank in (0, 1):
+            self.assertRegex(text, rf"\[{rank}\] saved rank={rank} step=\d+", text)
+        self.assertNotIn("stopping them", text)
+
+    def test_workers_that_end_while_squeue_answers_are_seen_ending(self):
+        # ddl asks squeue for the time left as the signal comes; workers that die of it meanwhile
+        # (a program without a handler) sent a SIGCHLD that the squeue call dropped: ddl waited for
+        # them for ever. A slow squeue (a busy controller) and a fake scontrol stand in for Slurm's.
+        tmp = self.enterContext(tempfile.TemporaryDirectory())
+        write_executable(tmp, "squeue", "#!/bin/sh\nsleep 1\necho 1:40\n")
+        write_executable(tmp, "scontrol", "#!/bin/sh\nexit 0\n")
+        env = {**os.environ, "PATH": f"{tmp}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242"}
+        for name in [k for k in env if k.startswith(("SLURM_", "PBS_")) and k != "SLURM_JOB_ID"]:
+            del env[name]
+        ddl = subprocess.Popen([DDL, "run", "--cpu", "-np", "2", "--launcher", "local", "--requeue-signal", "USR1", "--max-requeues", "1",
+                                "--", PYTHON, "-c", f"import time; print('up', flush=True); time.sleep(600)  # {self.marker}"],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.addCleanup(ddl.kill)
+        self.assertEqual([ddl.stdout.readline(), ddl.stdout.readline()], ["[0] up\n", "[1] up\n"])
+        ddl.send_signal(signal.SIGUSR1)
+        try:
+            out, err = ddl.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.fail("ddl run waited on for workers that had died of the signal")
+        self.assertIn("ddl: requeueing job 4242 (requeue 1 of 1)", err)
+        self.assertEqual(ddl.returncode, 0, err)
 
     def test_a_lightning_fit_goes_on_from_its_last_checkpoint_after_the_requeue(self):
         if not os.access(LIGHTNING_PYTHON, os.X_OK):
