@@ -292,7 +292,7 @@ class Run {
     consider(remote_kill_deadline_);
     consider(next_progress_look_);
     consider(finish_deadline_);
-    if (options_.hang_timeout && !stopping_) consider(hang_due_);
+    if (options_.hang_timeout && !stopping_ && !finished_on_) consider(hang_due_);
     if (collection_) consider(collection_->deadline);
     consider(output_.next_unfinished_due());
     if (!next) return -1;
@@ -343,7 +343,8 @@ class Run {
     const auto now = Clock::now();
     if (next_progress_look_ && now >= *next_progress_look_) look_at_progress();
     if (collection_ && (now >= collection_->deadline || collection_complete())) finish_collection();
-    if (!options_.hang_timeout || stopping_ || collection_ || now < hang_due_) return;
+    // After the finish signal the workers save, quietly perhaps, until its own deadline.
+    if (!options_.hang_timeout || stopping_ || finished_on_ || collection_ || now < hang_due_) return;
     hang_due_ = now + *options_.hang_timeout;  // the next report, should the quiet go on
     if (options_.relay_with_rank_labels)
       relay_own_stacks();

@@ -140,16 +140,35 @@ class Requeue(unittest.TestCase):
             self.assertRegex(text, rf"\[{rank}\] saved rank={rank} step=\d+", text)
         self.assertNotIn("stopping them", text)
 
+    def fake_slurm_job(self, squeue_takes=0):
+        """The environment of a batch job 4242 whose squeue (answering after `squeue_takes` s: 1:40
+        left) and scontrol are stand-ins, for what the real Slurm cannot be made to do on time."""
+        tmp = self.enterContext(tempfile.TemporaryDirectory())
+        write_executable(tmp, "squeue", f"#!/bin/sh\nsleep {squeue_takes}\necho 1:40\n")
+        write_executable(tmp, "scontrol", "#!/bin/sh\nexit 0\n")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PBS_"))}
+        return {**env, "PATH": f"{tmp}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242"}
+
+    def test_the_hang_watchdog_leaves_workers_saving_after_the_signal_alone(self):
+        saver = ("import signal, sys, time\n"
+                 "def save(*_):\n    time.sleep(4)\n    print('saved', flush=True)\n    sys.exit(0)\n"
+                 "signal.signal(signal.SIGUSR1, save)\nprint('up', flush=True)\ntime.sleep(600)  # " + self.marker + "\n")
+        ddl = subprocess.Popen([DDL, "run", "--cpu", "-np", "1", "--launcher", "local", "--requeue-signal", "USR1", "--requeue-grace", "20",
+                                "--max-requeues", "1", "--hang-timeout", "2", "--", PYTHON, "-c", saver],
+                               env=self.fake_slurm_job(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.addCleanup(ddl.kill)
+        self.assertEqual(ddl.stdout.readline(), "[0] up\n")
+        ddl.send_signal(signal.SIGUSR1)
+        out, err = ddl.communicate(timeout=60)
+        self.assertIn("[0] saved", out, err)  # 4 quiet seconds of saving were a hang of 2
+        self.assertNotIn("hung", err)
+        self.assertEqual(ddl.returncode, 0, err)
+
     def test_workers_that_end_while_squeue_answers_are_seen_ending(self):
         # ddl asks squeue for the time left as the signal comes; workers that die of it meanwhile
         # (a program without a handler) sent a SIGCHLD that the squeue call dropped: ddl waited for
         # them for ever. A slow squeue (a busy controller) and a fake scontrol stand in for Slurm's.
-        tmp = self.enterContext(tempfile.TemporaryDirectory())
-        write_executable(tmp, "squeue", "#!/bin/sh\nsleep 1\necho 1:40\n")
-        write_executable(tmp, "scontrol", "#!/bin/sh\nexit 0\n")
-        env = {**os.environ, "PATH": f"{tmp}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242"}
-        for name in [k for k in env if k.startswith(("SLURM_", "PBS_")) and k != "SLURM_JOB_ID"]:
-            del env[name]
+        env = self.fake_slurm_job(squeue_takes=1)
         ddl = subprocess.Popen([DDL, "run", "--cpu", "-np", "2", "--launcher", "local", "--requeue-signal", "USR1", "--max-requeues", "1",
                                 "--", PYTHON, "-c", f"import time; print('up', flush=True); time.sleep(600)  # {self.marker}"],
                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
