@@ -49,6 +49,15 @@ constexpr int kHandledSignals[] = {SIGCHLD, SIGINT,    SIGTERM, SIGHUP, SIGUSR1,
 // --signal=B:USR1@300) rather than to stop: passed on, and the run goes on.
 bool passed_on_only(int sig) { return sig == SIGUSR1 || sig == SIGUSR2; }
 
+// The stop signals the shell ignores for what it starts with `nohup` (HUP) or `&` in a script
+// (INT, QUIT): one ddl was started ignoring stays ignored, as the Unix rule is, rather than stop
+// the run a user meant to outlive the logout.
+bool ignored_from_the_start(int sig) {
+  if (sig != SIGHUP && sig != SIGINT && sig != SIGQUIT && sig != SIGTERM) return false;
+  struct sigaction current {};
+  return ::sigaction(sig, nullptr, &current) == 0 && current.sa_handler == SIG_IGN;
+}
+
 // Processes whose parent is `parent`: orphans of the workers are re-parented to ddl (a subreaper).
 std::vector<pid_t> children_of(pid_t parent) {
   std::vector<pid_t> children;
@@ -902,7 +911,8 @@ void hold_standard_descriptors() {
 Supervisor::Supervisor(SupervisorOptions options) : options_(std::move(options)) {
   sigset_t handled;
   sigemptyset(&handled);
-  for (int sig : kHandledSignals) sigaddset(&handled, sig);
+  for (int sig : kHandledSignals)
+    if (!ignored_from_the_start(sig)) sigaddset(&handled, sig);
   ::pthread_sigmask(SIG_BLOCK, &handled, &original_mask_);
   // Workers start with the mask ddl was given, less the finish signal, which ddl itself keeps
   // blocked for the whole run (HeldSignal): inherited blocked, a worker's handler never ran.

@@ -216,6 +216,20 @@ class Signals(unittest.TestCase):
                 self.assertIn(f"ddl: interrupted by {sig.name}", err)
                 self.assertTrue(wait_until(lambda: processes_with(self.marker) == [], 15), processes_with(self.marker))
 
+    def test_a_stop_signal_ddl_was_started_ignoring_stays_ignored(self):
+        # `nohup ddl run ...` (HUP) and `ddl run ... &` in a script (INT, QUIT): the run was to outlive
+        # them, and ddl stopped it on them all the same.
+        for sig in (signal.SIGHUP, signal.SIGINT):
+            with self.subTest(signal=sig.name), tempfile.TemporaryDirectory() as tmp:
+                started = os.path.join(tmp, "started")
+                proc = subprocess.Popen([DDL, "run", "-np", "1", "--", "sh", "-c", f"touch {started}; sleep 3; echo finished"],
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                        preexec_fn=lambda s=sig: signal.signal(s, signal.SIG_IGN))
+                self.assertTrue(wait_until(lambda: os.path.exists(started), 30), "the worker did not start")
+                proc.send_signal(sig)
+                out, err = proc.communicate(timeout=30)
+                self.assertEqual((proc.returncode, out), (0, "[0] finished\n"), err)
+
     def test_a_stopped_worker_is_continued_so_it_acts_on_the_stop_at_once(self):
         # Rank 0 stops itself (as Ctrl-Z or a debugger would); rank 1 fails. A stopped process
         # cannot act on SIGTERM until continued: ddl sends SIGCONT after it, not the grace period's SIGKILL.
