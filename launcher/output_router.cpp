@@ -59,6 +59,9 @@ void append_with_end(std::string& to, std::string_view text, char end) {
 
 }  // namespace
 
+// The most of one stderr line the failure summary repeats.
+constexpr size_t kLongestSummaryLine = 4096;
+
 // One worker output stream (stdout or stderr) on its way to ddl's own.
 struct OutputRouter::Stream {
   int index = 0;                      // in the run's streams: with the rank, the source of its text on the output
@@ -76,9 +79,13 @@ struct OutputRouter::Stream {
   const char* file_suffix = "";                     // "out" or "err", for per-rank files of a launcher
 
   // Whole lines of stderr, for the failure summary; a progress bar's redraws are not lines to remember.
+  // Each kept to its first kLongestSummaryLine bytes: a worker's endless line is not ddl's memory.
   void remember_for_summary(std::string_view text, char end) {
     if (tail == nullptr) return;
-    tail_line.append(text);
+    if (tail_line.size() < kLongestSummaryLine) {
+      tail_line.append(text.substr(0, kLongestSummaryLine - tail_line.size()));
+      if (tail_line.size() == kLongestSummaryLine) tail_line += " [...]";
+    }
     if (end == LineSplitter::kNoEnd) return;
     if (end == '\n') {
       tail->push_back(std::move(tail_line));
@@ -202,12 +209,15 @@ void OutputRouter::report(const std::string& text) {
 }
 
 // Reads what is there now; the lines it completes go out in one write each way. An unfinished
-// line left waiting is shown when the stream has been quiet for kUnfinishedLineQuietTime; a task
+// line left waiting is shown kUnfinishedLineQuietTime after it began to wait; a task
 // launcher's is not (its label starts the line: the rest of the line is needed to read it).
 void OutputRouter::read_stream(Stream& s) {
   char buf[65536];
   ssize_t n = ::read(s.fd, buf, sizeof buf);
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+  // An unfinished line waits kUnfinishedLineQuietTime at most: progress dots written every 50 ms
+  // show as they come, not all at the line's end.
+  const std::optional<Clock::time_point> waiting_since = s.unfinished_due;
   s.unfinished_due.reset();
   if (n <= 0) {
     end_stream(s);
@@ -218,7 +228,8 @@ void OutputRouter::read_stream(Stream& s) {
   // without its end, binary); only the terminal view is made of lines.
   write_output_file(s.file_fd, s.rank, s.file_suffix, std::string_view(buf, static_cast<size_t>(n)));
   emit(s, [&](auto sink) { s.splitter.feed(std::string_view(buf, static_cast<size_t>(n)), sink); });
-  if (s.labeller == nullptr && s.splitter.has_unpassed_text()) s.unfinished_due = Clock::now() + kUnfinishedLineQuietTime;
+  if (s.labeller == nullptr && s.splitter.has_unpassed_text())
+    s.unfinished_due = waiting_since.value_or(Clock::now() + kUnfinishedLineQuietTime);
 }
 
 // The stream's end: what it still holds (a last line without its end) goes out, and it closes.

@@ -65,8 +65,10 @@ Environment worker_environment(const Environment& base, const WorldPlan& plan, c
   // gives every worker all the node's cores: the default applies to it as to an unset one.
   if (const auto omp = env.find("OMP_NUM_THREADS"); omp == env.end() || omp->second.empty())
     set("OMP_NUM_THREADS", threads_per_worker(run.cpus_on_node, on_this_node));
-  // Output goes through a pipe; without this Python holds a worker's prints until it exits.
-  if (!env.count("PYTHONUNBUFFERED")) set("PYTHONUNBUFFERED", std::string("1"));
+  // Output goes through a pipe; without this Python holds a worker's prints until it exits. Python
+  // reads an empty PYTHONUNBUFFERED as unset, so it gets the default too.
+  if (const auto unbuffered = env.find("PYTHONUNBUFFERED"); unbuffered == env.end() || unbuffered->second.empty())
+    set("PYTHONUNBUFFERED", std::string("1"));
   return env;
 }
 

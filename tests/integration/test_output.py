@@ -389,8 +389,8 @@ class UnreadOutput(unittest.TestCase):
 
 
 class PartialLines(unittest.TestCase):
-    """Output without a line end is shown once the worker has been quiet for a short time (0.1 s),
-    and the display stays whole when the line goes on, ends or is redrawn."""
+    """Output without a line end is shown a short time (0.1 s) after it began to wait, and the
+    display stays whole when the line goes on, ends or is redrawn."""
 
     def setUp(self):
         self.tmp = tempfile.mkdtemp()
@@ -449,6 +449,19 @@ class PartialLines(unittest.TestCase):
         self.assertEqual(seen, b"Loading 0...")
         self.assertIsNone(proc.poll(), "the worker should still be waiting")
         self.assertEqual(self.finish(proc, pipe, seen), b"Loading 0... done\n")
+
+    def test_dots_written_without_pause_show_while_the_worker_goes_on_writing(self):
+        # A dot every 50 ms, never quiet for 0.1 s: the line showed only at its end.
+        script = ("import os, sys, time\n"
+                  "while not os.path.exists(sys.argv[1]):\n"
+                  "    sys.stdout.write('.'); sys.stdout.flush(); time.sleep(0.05)\n"
+                  "print(' done')\n")
+        proc, pipe = self.start("-np", "1", "--", PYTHON, "-c", script, self.go)
+        seen = self.read_until(proc, pipe, lambda s: s.startswith(b"[0] ..."))
+        self.assertTrue(seen.startswith(b"[0] ..."), seen)
+        self.assertIsNone(proc.poll(), "the worker should still be writing")
+        whole = self.finish(proc, pipe, seen)
+        self.assertRegex(whole, rb"^\[0\] \.+ done\n$")
 
     def test_tqdm_shows_each_rank_s_current_percentage(self):
         script = ("import os, sys, time\n"

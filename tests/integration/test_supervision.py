@@ -40,6 +40,14 @@ class FailFast(unittest.TestCase):
         self.assertIn("exited with code 7; stopped 3 other worker(s)", result.stderr)
         self.assertIn("  | rank two failing", result.stderr)
 
+    def test_a_failed_worker_s_endless_stderr_line_is_repeated_only_in_part(self):
+        # 5 MB without a line end were kept whole (ddl's memory) and repeated in the summary.
+        result = ddl("-np", "1", "--", PYTHON, "-c", "import sys; sys.stderr.write('E' * 5_000_000); sys.exit(3)", timeout=60)
+        self.assertEqual(result.returncode, 3, result.stderr[-2000:])
+        summary = result.stderr[result.stderr.index("ddl: error: rank 0"):]
+        self.assertIn("  | " + "E" * 4096 + " [...]", summary)
+        self.assertLess(len(summary), 10_000)
+
     def test_a_worker_killed_by_a_signal_gives_128_plus_signal(self):
         result = ddl("-np", "2", "--", "sh", "-c", 'if [ "$RANK" = 1 ]; then kill -9 $$; fi; sleep 30', timeout=60)
         self.assertEqual(result.returncode, 128 + 9)

@@ -90,6 +90,13 @@ TEST_CASE("OMP_NUM_THREADS is cores per worker, at least 1, unless the user set 
   CHECK(worker_environment({{"OMP_NUM_THREADS", ""}}, plan, plan.slot(0), sample_run(), {}).at("OMP_NUM_THREADS") == derived);
 }
 
+TEST_CASE("PYTHONUNBUFFERED is 1 unless the user set it (empty is not set, to Python either)") {
+  WorldPlan plan{1, 2, false};
+  CHECK(worker_environment({}, plan, plan.slot(0), sample_run(), {}).at("PYTHONUNBUFFERED") == "1");
+  CHECK(worker_environment({{"PYTHONUNBUFFERED", ""}}, plan, plan.slot(0), sample_run(), {}).at("PYTHONUNBUFFERED") == "1");
+  CHECK(worker_environment({{"PYTHONUNBUFFERED", "0"}}, plan, plan.slot(0), sample_run(), {}).at("PYTHONUNBUFFERED") == "0");
+}
+
 TEST_CASE("the launcher's own values of contract variables are replaced") {
   WorldPlan plan{1, 2, false};
   auto env = worker_environment({{"RANK", "99"}, {"MASTER_PORT", "1"}}, plan, plan.slot(1), sample_run(), {});
