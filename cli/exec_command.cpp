@@ -7,6 +7,7 @@
 #include "common/error.hpp"
 #include "launcher/exec_task.hpp"
 #include "launcher/program_separators.hpp"
+#include "launcher/requeue.hpp"
 
 namespace ddl::cli {
 
@@ -17,6 +18,7 @@ struct ExecFlags {
   bool escaped_separators = false;
   double grace_seconds = 10;
   double hang_seconds = 0;
+  std::string finish_signal;
 };
 
 ExecCommand::ExecCommand(CLI::App& app) : flags_(std::make_shared<ExecFlags>()) {
@@ -38,6 +40,9 @@ ExecCommand::ExecCommand(CLI::App& app) : flags_(std::make_shared<ExecFlags>()) 
                    "With --relay: relay the program's libddl progress, and its stacks after this many seconds without output "
                    "or progress (what ddl run --hang-timeout uses)")
       ->check(seconds_at_most(365.0 * 86400));
+  app_->add_option("--finish-signal", f.finish_signal,
+                   "With --relay: ddl run's --requeue-signal (USR1 or USR2); once it came, the task ends with 0 however the "
+                   "program ends, so that srun does not kill the other tasks while they save");
   app_->prefix_command();
   show_program_in_usage(*app_);
   app_->footer("Example (inside sbatch): srun --ntasks-per-node 4 ddl exec -- python3 train.py");
@@ -54,6 +59,7 @@ int ExecCommand::execute(const std::optional<std::vector<std::string>>& program)
   request.relay_output = flags_->relay;
   request.grace_period = std::chrono::milliseconds(static_cast<long long>(flags_->grace_seconds * 1000));
   if (flags_->hang_seconds > 0) request.hang_timeout = std::chrono::milliseconds(static_cast<long long>(flags_->hang_seconds * 1000));
+  if (!flags_->finish_signal.empty()) request.finish_signal = launcher::requeue_signal_named(flags_->finish_signal, "--finish-signal");
   return launcher::exec_task(request, current_environment());
 }
 

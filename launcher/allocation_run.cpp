@@ -209,6 +209,7 @@ PreparedLaunch launch_command(const RunRequest& request, TaskLauncher launcher, 
         layout.task_command.end(),
         {"--hang-timeout", fmt::format("{}", static_cast<double>(request.supervision.hang_timeout->count()) / 1000)});
   if (request.gpu_order == GpuOrder::Reversed) layout.task_command.insert(layout.task_command.end(), {"--gpu-order", "reverse"});
+  if (request.requeue) layout.task_command.insert(layout.task_command.end(), {"--finish-signal", ::sigabbrev_np(request.requeue->signal)});
   // The user's words cross srun/mpirun/mpiexec with their lone ":"s escaped (program_separators.hpp).
   layout.task_command.insert(layout.task_command.end(), {"--escaped-separators", "--"});
   auto escaped = escape_program_separators(request.command);

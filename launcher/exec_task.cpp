@@ -95,6 +95,10 @@ SupervisorOptions relay_options(const ExecRequest& request, const TaskIdentity& 
   options.host = host_name();
   options.relay_with_rank_labels = true;
   options.parent_signals_workers = id.source.starts_with("Slurm");
+  // ddl run keeps the deadline; this supervisor only notes that the signal came (Run's finished_on).
+  if (request.finish_signal)
+    options.finish_on =
+        FinishRequest{*request.finish_signal, [](std::chrono::steady_clock::time_point now) { return now + std::chrono::hours(24 * 365); }};
   return options;
 }
 
@@ -171,6 +175,7 @@ int exec_task(const ExecRequest& request, const Environment& env) {
     // A signal that came after the worker ended would act once the mask is given back: dropped.
     for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2}) ::signal(sig, SIG_IGN);
     relay.reset();
+    if (outcome.finished_on) return 0;  // however the program ended after the finish signal (ExecRequest::finish_signal)
     return end_as_worker(outcome, id.rank);
   }
 

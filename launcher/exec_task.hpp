@@ -27,6 +27,10 @@ struct ExecRequest {
   // --hang-timeout: with --relay, the program's libddl progress is relayed, and its stacks after
   // each such time without output or progress (for ddl run's hang watchdog).
   std::optional<std::chrono::milliseconds> hang_timeout;
+  // --finish-signal: with --relay, ddl run's --requeue-signal. Once the task launcher passed it on,
+  // the program ends as it may (it saves, or dies of it) and the task ends with 0: srun's
+  // --kill-on-bad-exit would otherwise kill the other tasks while they save.
+  std::optional<int> finish_signal;
 };
 
 // The contract environment of the task `id` over `env`. GPU workers are what ddl run planned

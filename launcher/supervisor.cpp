@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <ctime>
 #include <deque>
@@ -306,7 +307,7 @@ class Run {
     consider(output_.next_unfinished_due());
     if (!next) return -1;
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(*next - Clock::now()).count();
-    return ms < 0 ? 0 : static_cast<int>(ms + 1);
+    return ms < 0 ? 0 : static_cast<int>(std::min<long long>(ms + 1, INT_MAX));
   }
 
   // The launching host's word (an agent's stdin): "signal N" lines; the end means it is gone.
@@ -617,6 +618,7 @@ class Run {
   // The launcher signalled every process of the task itself: the run stops (unless the signal
   // asks for something else) without ddl signalling the workers again or killing them later.
   void note_signal_the_workers_got(int sig) {
+    if (is_finish_signal(sig) && !finished_on_ && !stopping_) finished_on_ = sig;  // a worker's end is no failure from here on
     if (passed_on_only(sig)) return;
     if (!signalled_) signalled_ = sig;
     if (stopping_) return;

@@ -140,6 +140,26 @@ class Requeue(unittest.TestCase):
             self.assertRegex(text, rf"\[{rank}\] saved rank={rank} step=\d+", text)
         self.assertNotIn("stopping them", text)
 
+    def test_under_srun_a_rank_that_dies_of_the_signal_leaves_the_others_saving(self):
+        # Rank 0 has no handler and dies of USR1 at once; rank 1 saves for 3 s. srun (with
+        # --kill-on-bad-exit, ddl's fail-fast) killed rank 1 mid-save.
+        tmp = self.enterContext(tempfile.TemporaryDirectory())
+        output = os.path.join(tmp, "job.out")
+        worker = os.path.join(tmp, "worker.py")
+        with open(worker, "w") as f:
+            f.write("import os, signal, sys, time\n"
+                    "def save(*_):\n    time.sleep(3)\n    print('saved', flush=True)\n    sys.exit(0)\n"
+                    "if os.environ['RANK'] == '1':\n    signal.signal(signal.SIGUSR1, save)\n"
+                    "print('start rank=' + os.environ['RANK'], flush=True)\n"
+                    f"time.sleep(600)  # {self.marker}\n")
+        script = f"#!/bin/bash\nexec {DDL} run --cpu -np 2 --requeue-signal USR1 --requeue-grace 30 --max-requeues 0 -- {PYTHON} {worker}\n"
+        job = self.submit_requeueable(script, output, tmp)
+        self.follow(job, output, lambda text, fields: text.count("start rank=") == 2, 120)
+        self.signal_batch_shell(job)
+        text, _ = self.follow(job, output, lambda text, fields: fields.get("JobState") in ("COMPLETED", "FAILED"), 90)
+        self.assertIn("[1] saved", text)
+        self.assertNotIn("stopping them", text)
+
     def fake_slurm_job(self, squeue_takes=0):
         """The environment of a batch job 4242 whose squeue (answering after `squeue_takes` s: 1:40
         left) and scontrol are stand-ins, for what the real Slurm cannot be made to do on time."""
