@@ -175,7 +175,19 @@ int exec_task(const ExecRequest& request, const Environment& env) {
     // A signal that came after the worker ended would act once the mask is given back: dropped.
     for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2}) ::signal(sig, SIG_IGN);
     relay.reset();
-    if (outcome.finished_on) return 0;  // however the program ended after the finish signal (ExecRequest::finish_signal)
+    // However the program ended after the finish signal (ExecRequest::finish_signal); a failure
+    // before it is the task's.
+    if (outcome.finished_on && !outcome.failure) {
+      const int status = outcome.wait_status.count(id.rank) ? outcome.wait_status.at(id.rank) : 0;
+      if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0))
+        std::fprintf(stderr,
+                     "ddl exec: rank %d's program ended after SIG%s (the requeue signal) with %s; the task ends with 0, so that "
+                     "srun does not stop the ranks still saving\n",
+                     id.rank, ::sigabbrev_np(outcome.finished_on),
+                     WIFSIGNALED(status) ? fmt::format("SIG{}", ::sigabbrev_np(WTERMSIG(status))).c_str()
+                                         : fmt::format("exit code {}", WEXITSTATUS(status)).c_str());
+      return 0;
+    }
     return end_as_worker(outcome, id.rank);
   }
 

@@ -82,9 +82,10 @@ struct OutputRouter::Stream {
   // Each kept to its first kLongestSummaryLine bytes: a worker's endless line is not ddl's memory.
   void remember_for_summary(std::string_view text, char end) {
     if (tail == nullptr) return;
-    if (tail_line.size() < kLongestSummaryLine) {
-      tail_line.append(text.substr(0, kLongestSummaryLine - tail_line.size()));
-      if (tail_line.size() == kLongestSummaryLine) tail_line += " [...]";
+    if (tail_line.size() <= kLongestSummaryLine) {
+      const size_t room = kLongestSummaryLine - tail_line.size();
+      tail_line.append(text.substr(0, room));
+      if (text.size() > room) tail_line += " [...]";  // more than fits: cut (and nothing more is added)
     }
     if (end == LineSplitter::kNoEnd) return;
     if (end == '\n') {
@@ -217,7 +218,7 @@ void OutputRouter::read_stream(Stream& s) {
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
   // An unfinished line waits kUnfinishedLineQuietTime at most: progress dots written every 50 ms
   // show as they come, not all at the line's end.
-  const std::optional<Clock::time_point> waiting_since = s.unfinished_due;
+  std::optional<Clock::time_point> waiting_since = s.unfinished_due;
   s.unfinished_due.reset();
   if (n <= 0) {
     end_stream(s);
@@ -227,6 +228,7 @@ void OutputRouter::read_stream(Stream& s) {
   // The --output-dir file gets the bytes as the worker wrote them (carriage returns, a last line
   // without its end, binary); only the terminal view is made of lines.
   write_output_file(s.file_fd, s.rank, s.file_suffix, std::string_view(buf, static_cast<size_t>(n)));
+  if (std::memchr(buf, '\n', static_cast<size_t>(n)) != nullptr) waiting_since.reset();  // a line ended: the next waits afresh
   emit(s, [&](auto sink) { s.splitter.feed(std::string_view(buf, static_cast<size_t>(n)), sink); });
   if (s.labeller == nullptr && s.splitter.has_unpassed_text())
     s.unfinished_due = waiting_since.value_or(Clock::now() + kUnfinishedLineQuietTime);

@@ -54,7 +54,7 @@ bool passed_on_only(int sig) { return sig == SIGUSR1 || sig == SIGUSR2; }
 // (INT, QUIT): one ddl was started ignoring stays ignored, as the Unix rule is, rather than stop
 // the run a user meant to outlive the logout.
 bool ignored_from_the_start(int sig) {
-  if (sig != SIGHUP && sig != SIGINT && sig != SIGQUIT && sig != SIGTERM) return false;
+  if (sig != SIGHUP && sig != SIGINT && sig != SIGQUIT) return false;
   struct sigaction current {};
   return ::sigaction(sig, nullptr, &current) == 0 && current.sa_handler == SIG_IGN;
 }
@@ -492,6 +492,7 @@ class Run {
     save_report(report);
     if (options_.hang_report_only || stopping_) return;  // a failure or a signal already stops the run
     if (c.why == Collection::kQuit) return on_external_signal(SIGQUIT);
+    if (finished_on_) return;  // the finish signal came meanwhile: the workers save, until its deadline
     hung_ = true;
     begin_stopping(SIGTERM);
   }

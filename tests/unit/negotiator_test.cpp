@@ -396,6 +396,21 @@ TEST_CASE("a part two ranks' larger groups have fails for each as it comes, in d
   CHECK(n.idle());
 }
 
+TEST_CASE("parts abandoned once per call: the name's next call runs, its parts split over rounds") {
+  Negotiator n(2);
+  auto now = Clock::now();
+  n.merge({announce({{"g.0", grouped(2)}}), announce({{"g.0", grouped(3)}, {"g.1", grouped(3)}, {"g.2", grouped(3)}})}, now);
+  auto d = n.merge({announce({{"g.1", grouped(2)}}), announce({})}, now);  // g.1 differs too: g.2 is not abandoned again
+  CHECK(failed_with(d, "g.1", "differs between ranks"));
+  CHECK(n.idle());
+  // The next call agrees; its last part comes from each rank in a round of its own.
+  n.merge({announce({{"g.0", grouped(3)}, {"g.1", grouped(3)}, {"g.2", grouped(3)}}), announce({{"g.0", grouped(3)}, {"g.1", grouped(3)}})},
+          now);
+  d = n.merge({announce({}), announce({{"g.2", grouped(3)}})}, now);
+  CHECK(names(d) == std::vector<std::string>{"g.2"});
+  CHECK(d.failed.empty());
+}
+
 TEST_CASE("a timed-out ordered op breaks the order: the ordered ops waiting then fail, cached ones too") {
   Negotiator n(2);
   auto t0 = Clock::now();
