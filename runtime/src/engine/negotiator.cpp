@@ -274,7 +274,7 @@ void Negotiator::abandon_parts_beyond_smallest_group(const std::string& name, co
   // Once per call, from its part 0, which every rank's group has (a later part's mismatch would
   // abandon again a part already settled, and fail that name's next call).
   const size_t dot = name.rfind('.');
-  if (smallest == largest || largest == 0 || dot == std::string::npos || name.compare(dot, std::string::npos, ".0") != 0) return;
+  if (smallest == largest || largest == 0 || dot == std::string::npos || !name.ends_with(".0")) return;
   const std::string prefix = name.substr(0, dot + 1);  // "NAME.": the parts are NAME.0 ... NAME.(size - 1)
   for (unsigned k = smallest; k < largest; ++k) {
     const std::string part = prefix + std::to_string(k);
