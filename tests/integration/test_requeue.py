@@ -125,17 +125,22 @@ class Requeue(unittest.TestCase):
                       "time were stopped", text)
         self.assertEqual((fields["JobState"], fields["ExitCode"], fields["Restarts"]), ("FAILED", "138:0", "1"), text)
 
+    def signalled_once(self, tmp, ddl_run_words, end_within):
+        """The output of a job `ddl run --cpu --requeue-signal USR1 --max-requeues 0 DDL_RUN_WORDS`
+        (two workers, each printing "start rank=") whose batch shell gets USR1 once both started."""
+        output = os.path.join(tmp, "job.out")
+        script = f"#!/bin/bash\nexec {DDL} run --cpu --requeue-signal USR1 --max-requeues 0 {ddl_run_words}\n"
+        job = self.submit_requeueable(script, output, tmp)
+        self.follow(job, output, lambda text, fields: text.count("start rank=") == 2, 120)
+        self.signal_batch_shell(job)
+        text, _ = self.follow(job, output, lambda text, fields: fields.get("JobState") in ("COMPLETED", "FAILED"), end_within)
+        return text
+
     def test_workers_ddl_starts_itself_get_the_signal_and_save(self):
         # With --launcher local ddl starts the workers, not srun: they inherited the signal blocked
         # (ddl holds it for the whole run), so no handler ran and they were stopped after the grace.
         tmp = self.enterContext(tempfile.TemporaryDirectory())
-        output = os.path.join(tmp, "job.out")
-        script = (f"#!/bin/bash\nexec {DDL} run --cpu --launcher local -np 2 --requeue-signal USR1 --requeue-grace 20 --max-requeues 0 "
-                  f"-- {PYTHON} {WORKER} {tmp} save 0 {self.marker}\n")
-        job = self.submit_requeueable(script, output, tmp)
-        self.follow(job, output, lambda text, fields: text.count("start rank=") == 2, 120)
-        self.signal_batch_shell(job)
-        text, _ = self.follow(job, output, lambda text, fields: fields.get("JobState") in ("COMPLETED", "FAILED"), 60)
+        text = self.signalled_once(tmp, f"--launcher local -np 2 --requeue-grace 20 -- {PYTHON} {WORKER} {tmp} save 0 {self.marker}", 60)
         for rank in (0, 1):
             self.assertRegex(text, rf"\[{rank}\] saved rank={rank} step=\d+", text)
         self.assertNotIn("stopping them", text)
@@ -144,7 +149,6 @@ class Requeue(unittest.TestCase):
         # Rank 0 has no handler and dies of USR1 at once; rank 1 saves for 3 s. srun (with
         # --kill-on-bad-exit, ddl's fail-fast) killed rank 1 mid-save.
         tmp = self.enterContext(tempfile.TemporaryDirectory())
-        output = os.path.join(tmp, "job.out")
         worker = os.path.join(tmp, "worker.py")
         with open(worker, "w") as f:
             f.write("import os, signal, sys, time\n"
@@ -152,11 +156,7 @@ class Requeue(unittest.TestCase):
                     "if os.environ['RANK'] == '1':\n    signal.signal(signal.SIGUSR1, save)\n"
                     "print('start rank=' + os.environ['RANK'], flush=True)\n"
                     f"time.sleep(600)  # {self.marker}\n")
-        script = f"#!/bin/bash\nexec {DDL} run --cpu -np 2 --requeue-signal USR1 --requeue-grace 30 --max-requeues 0 -- {PYTHON} {worker}\n"
-        job = self.submit_requeueable(script, output, tmp)
-        self.follow(job, output, lambda text, fields: text.count("start rank=") == 2, 120)
-        self.signal_batch_shell(job)
-        text, _ = self.follow(job, output, lambda text, fields: fields.get("JobState") in ("COMPLETED", "FAILED"), 90)
+        text = self.signalled_once(tmp, f"-np 2 --requeue-grace 30 -- {PYTHON} {worker}", 90)
         self.assertIn("[1] saved", text)
         self.assertNotIn("stopping them", text)
 
