@@ -294,6 +294,10 @@ class Run {
     }
   }
 
+  // The watchdog is off once the run stops, and after the finish signal: the workers save,
+  // quietly perhaps, until that signal's own deadline.
+  bool watches_for_hangs() const { return options_.hang_timeout && !stopping_ && !finished_on_; }
+
   int ms_until_next_deadline() const {
     std::optional<Clock::time_point> next = kill_deadline_;
     auto consider = [&](const std::optional<Clock::time_point>& t) {
@@ -302,7 +306,7 @@ class Run {
     consider(remote_kill_deadline_);
     consider(next_progress_look_);
     consider(finish_deadline_);
-    if (options_.hang_timeout && !stopping_ && !finished_on_) consider(hang_due_);
+    if (watches_for_hangs()) consider(hang_due_);
     if (collection_) consider(collection_->deadline);
     consider(output_.next_unfinished_due());
     if (!next) return -1;
@@ -353,8 +357,7 @@ class Run {
     const auto now = Clock::now();
     if (next_progress_look_ && now >= *next_progress_look_) look_at_progress();
     if (collection_ && (now >= collection_->deadline || collection_complete())) finish_collection();
-    // After the finish signal the workers save, quietly perhaps, until its own deadline.
-    if (!options_.hang_timeout || stopping_ || finished_on_ || collection_ || now < hang_due_) return;
+    if (!watches_for_hangs() || collection_ || now < hang_due_) return;
     hang_due_ = now + *options_.hang_timeout;  // the next report, should the quiet go on
     if (options_.relay_with_rank_labels)
       relay_own_stacks();
