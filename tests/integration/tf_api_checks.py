@@ -349,7 +349,7 @@ def _():
         assert hvd.allgather_object(("second", R)) == [("second", r) for r in range(N)]
 
 
-@check("process sets: ops on a subset, ranks outside refused")
+@check("process sets: ops on a subset, ranks outside refused (InvalidArgumentError), DistributedOptimizer outside it")
 def _():
     evens = hvd.add_process_set(list(range(0, N, 2)))
     try:
@@ -359,7 +359,16 @@ def _():
             f = tf.function(lambda: hvd.allgather(tf.constant([R]), process_set=evens))
             assert f().numpy().tolist() == list(range(0, N, 2))
         else:
-            expect_error(ValueError, hvd.allreduce, tf.constant([1.0]), process_set=evens)
+            # Horovod's kernels: "not a member of the provided process set", an InvalidArgumentError.
+            for op in (hvd.allreduce, hvd.allgather, lambda t, process_set: hvd.broadcast(t, 0, process_set=process_set)):
+                e = expect_error(tf.errors.InvalidArgumentError, op, tf.constant([1.0]), process_set=evens)
+                assert isinstance(e, ValueError) and "is not in" in str(e), e
+        # A rank outside the optimizer's set applies its own gradient, unreduced (Horovod's _allreduce_cond).
+        v = tf.Variable([float(R)])
+        opt = khvd.DistributedOptimizer(tf.keras.optimizers.SGD(1.0), op=hvd.Sum, process_set=evens)
+        opt.apply_gradients([(tf.constant([1.0 + R]), v)])
+        expected = float(R) - (sum(1.0 + r for r in range(0, N, 2)) if R % 2 == 0 else 1.0 + R)
+        assert v.numpy().tolist() == [expected], (v.numpy(), expected)
     finally:
         hvd.barrier()
         hvd.remove_process_set(evens)

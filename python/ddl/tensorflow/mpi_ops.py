@@ -22,7 +22,7 @@ from ddl.common import basics as _basics
 from ddl.common import dtypes as _dtypes
 from ddl.common import host_ops as H
 from ddl.common import exceptions as _exceptions
-from ddl.common.process_sets import global_process_set
+from ddl.common.process_sets import ProcessSet, global_process_set
 
 Average, Sum, Adasum, Min, Max, Product = H.Average, H.Sum, H.Adasum, H.Min, H.Max, H.Product
 
@@ -198,7 +198,14 @@ def _check_dtype(tensor, moves_only=False):
 
 
 def _process_set(process_set):
-    return H.target(process_set)
+    """The checked set of an op (host_ops.target); a rank outside it gets InvalidArgument, as
+    Horovod's kernels answer "not a member of the provided process set"."""
+    try:
+        return H.target(process_set)
+    except ValueError as e:
+        if isinstance(process_set, ProcessSet) and process_set.process_set_id is not None and process_set.included() is False:
+            raise InvalidArgument(str(e)) from None
+        raise
 
 
 def _prepare(tensors, name, process_set, ignore_name_scope, moves_only=False):

@@ -68,6 +68,8 @@ class _DistributedMixin:
             raise RuntimeError("ddl's DistributedOptimizer cannot run inside an XLA-compiled step: compile the "
                                "model with jit_compile=False (ddl's collectives are host calls XLA cannot compile)")
         s = self._ddl_settings
+        if s["process_set"].included() is False:  # as Horovod: a rank outside the set applies its own gradients
+            return list(grads)
         local = [_ref(v) in self._ddl_local_vars for v in variables] if self._ddl_local_vars else None
         return _allreduce_gradients(list(grads), s["compression"], s["sparse_as_dense"], s["op"],
                                     s["gradient_predivide_factor"], s["process_set"], name="DistributedOptimizer",
