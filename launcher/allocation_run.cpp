@@ -343,6 +343,12 @@ RunOutcome run_in_allocation(const RunRequest& request, const backends::Allocati
   task_launcher.env = launcher_env;
   task_launcher.labeller = prepared.labeller;
   task_launcher.interrupt_signal = SIGTERM;  // srun wants two SIGINTs within a second to stop
+  // srun answers SIGTERM by killing its tasks at once: they are signalled through Slurm instead,
+  // and get the run's grace to save and end.
+  if (launcher == TaskLauncher::Srun)
+    task_launcher.signal_tasks = [job = allocation.job_id](pid_t srun, int sig) {
+      return backends::slurm::signal_srun_tasks(job, srun, sig);
+    };
   for (int rank = 0; rank < plan.world_size(); ++rank) task_launcher.relayed_ranks.push_back(rank);
   RunOutcome outcome = supervisor.run({task_launcher});
   explain_failure(outcome, launcher, shape, plan, *launcher_reports);

@@ -87,6 +87,7 @@ struct Worker {
   std::deque<std::string> stderr_tail;
   LineLabeller labeller;
   int interrupt_signal = 0;
+  std::function<bool(pid_t, int)> signal_tasks;
   int control_fd = -1;             // write end of a remote shell's stdin, or -1
   std::vector<int> relayed_ranks;  // a host's agent's or a task launcher's ranks
   std::string name;                // what the failure summary calls a launch that is not a worker
@@ -215,6 +216,7 @@ class Run {
     w.rank = launch.rank;
     w.labeller = launch.labeller;
     w.interrupt_signal = launch.interrupt_signal;
+    w.signal_tasks = launch.signal_tasks;
     w.relayed_ranks = launch.relayed_ranks;
     w.name = !launch.host.empty() ? launch.host : std::filesystem::path(launch.program).filename().string();
     w.process = launch.control_input ? spawn_with_control(launch, w)
@@ -289,8 +291,12 @@ class Run {
     }
     if (remote_kill_deadline_ && Clock::now() >= *remote_kill_deadline_) {
       for (const auto& w : workers_)
-        if (w.control_fd >= 0) signal_worker(w, SIGKILL);
+        if (w.control_fd >= 0 || w.signal_tasks) signal_worker(w, SIGKILL);
       remote_kill_deadline_.reset();
+    }
+    if (reap_due_) {
+      reap_due_ = false;
+      reap_children();
     }
   }
 
@@ -673,8 +679,11 @@ class Run {
     stopping_ = true;
     workers_stopped_ = running_workers();
     signal_all(sig);
-    for (const auto& w : workers_)                      // a stopped worker (SIGSTOP, Ctrl-Z) acts on it now, not at the SIGKILL
-      if (w.control_fd < 0) signal_worker(w, SIGCONT);  // (a host's agent does this for its own)
+    // A stopped worker (SIGSTOP, Ctrl-Z) acts on it now, not at the SIGKILL (a host's agent does
+    // this for its own; a task launcher whose tasks are signalled through the scheduler passes it
+    // on, and is sent it only when ddl stopped them).
+    for (const auto& w : workers_)
+      if (w.control_fd < 0 && (!w.signal_tasks || paused_)) signal_worker(w, SIGCONT);
     kill_deadline_ = Clock::now() + options_.grace_period;
   }
 
@@ -684,6 +693,7 @@ class Run {
   void signal_all(int sig) {
     for (const auto& w : workers_) {
       const int to_send = sig == SIGINT && w.interrupt_signal ? w.interrupt_signal : sig;
+      if (w.signal_tasks && w.running && signal_tasks_of(w, sig)) continue;
       if (w.control_fd < 0) {
         signal_worker(w, to_send);
         continue;
@@ -693,6 +703,18 @@ class Run {
         if (!remote_kill_deadline_) remote_kill_deadline_ = Clock::now() + kRemoteKillWait;
       }
     }
+  }
+
+  // A task launcher's tasks, signalled through the scheduler (WorkerLaunch::signal_tasks). For
+  // SIGKILL the launcher follows after kRemoteKillWait; if the scheduler did not take the SIGKILL,
+  // the launcher is told to stop its tasks itself (srun kills them at once) in the meantime.
+  bool signal_tasks_of(const Worker& w, int sig) {
+    const bool sent = w.signal_tasks(w.process.pid, sig);
+    reap_due_ = true;  // the scheduler's command may have taken a SIGCHLD (backends::run_command)
+    if (sig != SIGKILL) return sent;
+    if (!sent) signal_worker(w, w.interrupt_signal ? w.interrupt_signal : SIGKILL);
+    if (!remote_kill_deadline_) remote_kill_deadline_ = Clock::now() + kRemoteKillWait;
+    return true;
   }
 
   // A worker's process group; the worker itself too while it is not reaped (see
@@ -882,6 +904,7 @@ class Run {
   std::optional<Clock::time_point> kill_deadline_;
   Clock::time_point failure_time_;
   bool escalated_ = false;  // ddl has sent SIGKILL
+  bool reap_due_ = false;   // a scheduler's command ran: a SIGCHLD may be lost
   bool output_given_up_ = false;
   static constexpr std::chrono::milliseconds kRootCauseWindow{500};
 

@@ -86,6 +86,11 @@ struct WorkerLaunch {
   LineLabeller labeller;
   // The signal that tells it to stop its tasks, when SIGINT does not (srun wants two SIGINTs).
   int interrupt_signal = 0;
+  // For a task launcher that kills its tasks at once when told to stop them (srun answers SIGTERM
+  // with SIGKILL): sends a signal to its tasks instead, through the scheduler, given the launcher's
+  // pid; false when it could not (the launcher then gets interrupt_signal). A SIGKILL sent this way
+  // is followed by the launcher's own a few seconds later, if it has not ended by then.
+  std::function<bool(pid_t, int)> signal_tasks;
   // Set for a remote shell running a host's agent: its stdin is a pipe that gets this text first
   // and then the signals meant for its workers, as lines "signal N". SIGKILL is also sent as a
   // line, and the remote shell itself is killed a few seconds later if it has not ended by then.

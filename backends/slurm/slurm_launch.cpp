@@ -9,6 +9,8 @@
 #include <sstream>
 #include <string_view>
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -173,6 +175,39 @@ std::optional<FailedTask> failed_task(const std::deque<std::string>& srun_stderr
     return task;
   }
   return std::nullopt;
+}
+
+std::optional<std::string> step_of_srun(const std::string& scontrol_steps, long srun_pid, const std::string& host) {
+  const std::string pid_end = fmt::format(":{}", srun_pid);
+  std::optional<std::string> found;
+  std::istringstream lines(scontrol_steps);
+  for (std::string line; std::getline(lines, line);) {
+    std::string step, srun_host;
+    std::istringstream fields(line);
+    for (std::string field; fields >> field;) {
+      if (field.starts_with("StepId=")) step = field.substr(7);
+      constexpr std::string_view kSrun = "SrunHost:Pid=";
+      if (field.starts_with(kSrun) && field.ends_with(pid_end))
+        srun_host = field.substr(kSrun.size(), field.size() - kSrun.size() - pid_end.size());
+    }
+    if (step.empty() || srun_host.empty()) continue;
+    if (srun_host == host) return step;
+    if (!found) found = step;
+  }
+  return found;
+}
+
+bool signal_srun_tasks(const std::string& job_id, long srun_pid, int sig) {
+  if (job_id.empty()) return false;
+  constexpr auto kSlurmAnswerWait = std::chrono::seconds(5);
+  const CommandResult steps = run_command({"scontrol", "-o", "show", "step", job_id}, kSlurmAnswerWait);
+  if (!steps.ok()) return false;
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::string short_host = std::string(host).substr(0, std::string(host).find('.'));
+  const std::optional<std::string> step = step_of_srun(steps.out, srun_pid, short_host);
+  if (!step) return false;
+  return run_command({"scancel", fmt::format("--signal={}", sig), *step}, kSlurmAnswerWait).ok();
 }
 
 }  // namespace ddl::backends::slurm

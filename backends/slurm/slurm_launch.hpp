@@ -42,6 +42,16 @@ struct FailedTask {
   int signal = 0;     // the signal that killed it, 0 when it exited
 };
 
+// The step ("12.3") that the srun of process id `srun_pid` started, read from `scontrol -o show
+// step` output (its "SrunHost:Pid=HOST:PID" field); where two hosts ran an srun of that pid, the
+// one on `host`.
+std::optional<std::string> step_of_srun(const std::string& scontrol_steps, long srun_pid, const std::string& host);
+
+// Sends `sig` to every task of the step that srun process `srun_pid` (on this host, in job
+// `job_id`) started, through Slurm (`scancel --signal`). srun itself answers SIGTERM by killing its
+// tasks at once; this leaves them their handlers. False when the step or scancel failed.
+bool signal_srun_tasks(const std::string& job_id, long srun_pid, int sig);
+
 // The first task srun reported as failed ("srun: error: HOST: task 1: Exited with exit code 7").
 std::optional<FailedTask> failed_task(const std::deque<std::string>& srun_stderr);
 

@@ -327,6 +327,63 @@ class Slurm(unittest.TestCase):
             proc.kill()
             kill_leftovers(marker)
 
+    def stop_ddl_run_under_srun(self, worker, *ddl_args):
+        """Starts `ddl run --cpu -np 2 ... -- PYTHON -c worker` in salloc, SIGTERMs ddl run once
+        both workers said 'up', and returns (exit code, stdout, stderr, seconds to the end)."""
+        marker = unique_marker()
+        proc = subprocess.Popen(["salloc", "-N1", "-n2", DDL, "run", "--cpu", "-np", "2", *ddl_args, "--", PYTHON, "-c", worker, marker],
+                                env=slurm_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            out = ""
+            deadline = time.monotonic() + 60
+            while out.count(" up") < 2 and time.monotonic() < deadline:
+                if select.select([proc.stdout], [], [], 0.5)[0]:
+                    out += os.read(proc.stdout.fileno(), 65536).decode()
+            self.assertEqual(out.count(" up"), 2, out)
+            ddl_pids = [p for p in processes_with(marker) if command_line(p)[1:2] == [b"run"]]
+            self.assertEqual(len(ddl_pids), 1)
+            stopped_at = time.monotonic()
+            os.kill(ddl_pids[0], signal.SIGTERM)
+            rest, err = proc.communicate(timeout=60)
+            took = time.monotonic() - stopped_at
+            self.assertTrue(wait_until(lambda: not processes_with(marker), 15), "tasks outlived ddl run")
+            return proc.returncode, out + rest, err, took
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            kill_leftovers(marker)
+
+    def test_sigterm_to_ddl_run_under_srun_gives_each_task_its_handler_and_grace(self):
+        # srun itself answers SIGTERM by killing its tasks at once: ddl run signals them through Slurm.
+        saver = ("import os, signal, sys, time\n"
+                 "def save(sig, frame):\n"
+                 "    print('rank', os.environ['RANK'], 'got', signal.Signals(sig).name, flush=True)\n"
+                 "    time.sleep(1)\n"
+                 "    print('rank', os.environ['RANK'], 'saved', flush=True)\n"
+                 "    sys.exit(0)\n"
+                 "signal.signal(signal.SIGTERM, save)\n"
+                 "print('rank', os.environ['RANK'], 'up', flush=True)\n"
+                 "time.sleep(120)\n")
+        code, out, err, _ = self.stop_ddl_run_under_srun(saver)
+        self.assertEqual(code, 143, out + err)
+        for rank in (0, 1):
+            self.assertIn(f"[{rank}] rank {rank} got SIGTERM\n", out, err)
+            self.assertIn(f"[{rank}] rank {rank} saved\n", out, err)
+        self.assertIn("ddl: interrupted by SIGTERM; stopped 2 worker(s)", err)
+        self.assertNotIn("got SIGCONT", err)  # srun's word for a SIGCONT sent to it: none is
+
+    def test_tasks_ignoring_sigterm_under_srun_are_killed_after_the_grace_period(self):
+        stubborn = ("import os, signal, time\n"
+                    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                    "print('rank', os.environ['RANK'], 'up', flush=True)\n"
+                    "time.sleep(120)\n")
+        code, out, err, took = self.stop_ddl_run_under_srun(stubborn, "--grace-period", "2")
+        self.assertEqual(code, 143, out + err)
+        self.assertIn("ddl: interrupted by SIGTERM; stopped 2 worker(s)", err)
+        self.assertGreater(took, 1.5, err)  # the grace, then SIGKILL through Slurm
+        self.assertLess(took, 30, err)
+
     def submit(self, *args, cwd, timeout=180):
         return run([DDL, "submit", *args], cwd=cwd, timeout=timeout)
 

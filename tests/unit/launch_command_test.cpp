@@ -164,6 +164,19 @@ TEST_CASE("srun's report of the failed task: rank, host, exit code or signal") {
   CHECK_FALSE(slurm::failed_task({"srun: error: Unable to allocate resources: Invalid account"}));
 }
 
+TEST_CASE("the step an srun started is found by its pid, on this host first") {
+  const std::string steps =
+      "StepId=12.0 UserId=0 State=RUNNING NodeList=nid[001-002] Name=python SrunHost:Pid=nid001:4242 Tasks=8\n"
+      "StepId=12.1 UserId=0 State=RUNNING NodeList=nid003 Name=ddl SrunHost:Pid=nid003:424 Tasks=4\n"
+      "StepId=12.2 UserId=0 State=RUNNING NodeList=nid004 Name=ddl SrunHost:Pid=nid004:424 Tasks=4\n"
+      "StepId=12.batch UserId=0 State=RUNNING NodeList=nid001 Name=batch\n";
+  CHECK(slurm::step_of_srun(steps, 4242, "nid001") == "12.0");
+  CHECK(slurm::step_of_srun(steps, 424, "nid004") == "12.2");  // not 12.1: another host's srun of the same pid
+  CHECK(slurm::step_of_srun(steps, 424, "login1") == "12.1");  // Slurm's name for this host unknown: the first
+  CHECK_FALSE(slurm::step_of_srun(steps, 42, "nid001"));       // a pid that ends like one is not it
+  CHECK_FALSE(slurm::step_of_srun("", 4242, "nid001"));
+}
+
 // A task's words pass through srun's stderr: std::regex recurses once per character (a segfault at
 // 40,000), and std::stoi throws on a number past int's range ("this is a bug").
 TEST_CASE("srun's report: a line of 40,000 characters or a number past int's range is not read as one") {
