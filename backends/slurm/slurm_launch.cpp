@@ -197,17 +197,23 @@ std::optional<std::string> step_of_srun(const std::string& scontrol_steps, long 
   return found;
 }
 
-bool signal_srun_tasks(const std::string& job_id, long srun_pid, int sig) {
-  if (job_id.empty()) return false;
-  constexpr auto kSlurmAnswerWait = std::chrono::seconds(5);
+namespace {
+// How long scontrol and scancel may take: they run while ddl run stops the workers.
+constexpr auto kSlurmAnswerWait = std::chrono::seconds(5);
+}  // namespace
+
+std::optional<std::string> srun_step(const std::string& job_id, long srun_pid) {
+  if (job_id.empty()) return std::nullopt;
   const CommandResult steps = run_command({"scontrol", "-o", "show", "step", job_id}, kSlurmAnswerWait);
-  if (!steps.ok()) return false;
+  if (!steps.ok()) return std::nullopt;
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
-  const std::string short_host = std::string(host).substr(0, std::string(host).find('.'));
-  const std::optional<std::string> step = step_of_srun(steps.out, srun_pid, short_host);
-  if (!step) return false;
-  return run_command({"scancel", fmt::format("--signal={}", sig), *step}, kSlurmAnswerWait).ok();
+  const std::string name(host);
+  return step_of_srun(steps.out, srun_pid, name.substr(0, name.find('.')));  // Slurm's SrunHost is the short name
+}
+
+bool signal_step(const std::string& step, int sig) {
+  return run_command({"scancel", fmt::format("--signal={}", sig), step}, kSlurmAnswerWait).ok();
 }
 
 }  // namespace ddl::backends::slurm

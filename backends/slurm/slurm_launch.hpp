@@ -47,10 +47,13 @@ struct FailedTask {
 // one on `host`.
 std::optional<std::string> step_of_srun(const std::string& scontrol_steps, long srun_pid, const std::string& host);
 
-// Sends `sig` to every task of the step that srun process `srun_pid` (on this host, in job
-// `job_id`) started, through Slurm (`scancel --signal`). srun itself answers SIGTERM by killing its
-// tasks at once; this leaves them their handlers. False when the step or scancel failed.
-bool signal_srun_tasks(const std::string& job_id, long srun_pid, int sig);
+// The step that srun process `srun_pid` on this host started in job `job_id`, asked of Slurm
+// (`scontrol -o show step JOB`); nothing when Slurm did not say.
+std::optional<std::string> srun_step(const std::string& job_id, long srun_pid);
+
+// Sends `sig` to every task of `step` through Slurm (`scancel --signal`). srun itself answers
+// SIGTERM by killing its tasks at once; this leaves them their handlers. False when scancel failed.
+bool signal_step(const std::string& step, int sig);
 
 // The first task srun reported as failed ("srun: error: HOST: task 1: Exited with exit code 7").
 std::optional<FailedTask> failed_task(const std::deque<std::string>& srun_stderr);
