@@ -15,6 +15,7 @@
 #include "cli/validators.hpp"
 #include "common/environment.hpp"
 #include "common/error.hpp"
+#include "launcher/end_by_signal.hpp"
 #include "launcher/failure_hints.hpp"
 #include "launcher/host.hpp"
 #include "launcher/host_list.hpp"
@@ -276,6 +277,11 @@ int RunCommand::execute(const std::optional<std::vector<std::string>>& program) 
   auto log = [](const std::string& message) { std::fprintf(stderr, "ddl: %s\n", message.c_str()); };
   launcher::RunOutcome outcome = launcher::run_job(request, current_environment(), log);
   print_outcome(outcome);
+  // Ctrl-C: ddl dies of SIGINT as Python and most Unix programs do, so a shell loop of runs stops.
+  if (outcome.interrupted_by == SIGINT) {
+    std::fflush(nullptr);
+    launcher::end_by_signal(SIGINT);
+  }
   return outcome.exit_code;
 }
 

@@ -1,7 +1,6 @@
 #include "launcher/exec_task.hpp"
 
 #include <signal.h>
-#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,6 +15,7 @@
 
 #include "common/error.hpp"
 #include "common/worker_contract.hpp"
+#include "launcher/end_by_signal.hpp"
 #include "launcher/host.hpp"
 #include "launcher/supervisor.hpp"
 #include "launcher/worker_environment.hpp"
@@ -73,20 +73,6 @@ std::string run_id_of(const Environment& env) {
   return "ddl-exec";
 }
 
-// Ends this process by `sig`, as the program it ran ended, so that the task launcher reports the
-// signal, not an exit code; no core file of ddl's own.
-[[noreturn]] void die_by(int sig) {
-  const rlimit no_core{0, 0};
-  ::setrlimit(RLIMIT_CORE, &no_core);
-  ::signal(sig, SIG_DFL);
-  sigset_t just_sig;
-  sigemptyset(&just_sig);
-  sigaddset(&just_sig, sig);
-  ::sigprocmask(SIG_UNBLOCK, &just_sig, nullptr);
-  ::raise(sig);
-  ::_exit(128 + sig);  // a signal whose default is not to end the process
-}
-
 // Under srun, slurmstepd (this task's parent) signals every process of the task itself.
 SupervisorOptions relay_options(const ExecRequest& request, const TaskIdentity& id) {
   SupervisorOptions options;
@@ -105,8 +91,8 @@ SupervisorOptions relay_options(const ExecRequest& request, const TaskIdentity& 
 // Ends as the worker of `rank` ended: returns its exit code, or dies of the signal that killed it.
 int end_as_worker(const RunOutcome& outcome, int rank) {
   auto status = outcome.wait_status.find(rank);
-  if (status == outcome.wait_status.end()) return outcome.exit_code;  // never reaped: cannot happen once run() returned
-  if (WIFSIGNALED(status->second)) die_by(WTERMSIG(status->second));
+  if (status == outcome.wait_status.end()) return outcome.exit_code;         // never reaped: cannot happen once run() returned
+  if (WIFSIGNALED(status->second)) end_by_signal(WTERMSIG(status->second));  // as the program it ran ended
   return WEXITSTATUS(status->second);
 }
 

@@ -151,8 +151,22 @@ class Signals(unittest.TestCase):
         self.wait_for_workers(6)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=15)
-        self.assertEqual(proc.returncode, 128 + signal.SIGINT)
+        self.assertEqual(proc.returncode, -signal.SIGINT)  # dies of it, so a shell loop of runs stops
         self.assertIn("ddl: interrupted by SIGINT; stopped 3 worker(s)", err)
+        self.assertEqual(processes_with(self.marker), [])
+
+    def test_ctrl_c_stops_a_shell_loop_of_runs(self):
+        # The terminal's SIGINT reaches the whole foreground group, the shell too; a shell goes on
+        # with its loop after a child that exited (with 130), and stops after one that died of it.
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PBS_"))}
+        loop = f'for i in 1 2 3; do "{DDL}" run -np 1 -- sleep {self.marker}; echo "after run $i"; done'
+        proc = subprocess.Popen(["bash", "-c", loop], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        self.wait_for_workers(1)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=15)
+        self.assertEqual(proc.returncode, -signal.SIGINT, out + err)
+        self.assertNotIn("after run", out)
         self.assertEqual(processes_with(self.marker), [])
 
     def test_sigterm_reaches_every_worker(self):
@@ -174,7 +188,7 @@ class Signals(unittest.TestCase):
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=15)
         self.assertLess(time.monotonic() - start, 5)
-        self.assertEqual(proc.returncode, 128 + signal.SIGINT)
+        self.assertEqual(proc.returncode, -signal.SIGINT)  # dies of it, so a shell loop of runs stops
         self.assertEqual(processes_with(self.marker), [])
 
     def test_ctrl_z_stops_every_worker_and_ddl_and_fg_resumes_them_all(self):
@@ -193,7 +207,7 @@ class Signals(unittest.TestCase):
         self.assertEqual(sorted(processes_with(self.marker)), sorted(everything))
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=15)
-        self.assertEqual(proc.returncode, 128 + signal.SIGINT, err)
+        self.assertEqual(proc.returncode, -signal.SIGINT, err)
         self.assertEqual(processes_with(self.marker), [])
 
     def test_ctrl_c_while_the_gpus_are_looked_for_starts_no_worker(self):
@@ -208,7 +222,7 @@ class Signals(unittest.TestCase):
             time.sleep(1)
             proc.send_signal(signal.SIGINT)
             out, err = proc.communicate(timeout=30)
-            self.assertEqual(proc.returncode, 130, err)
+            self.assertEqual(proc.returncode, -signal.SIGINT, err)
             self.assertIn("ddl: interrupted by SIGINT; stopped 0 worker(s)", err)  # none started, none to stop
             self.assertFalse(os.path.exists(started), "a worker started after Ctrl-C")
 
@@ -501,7 +515,7 @@ class Restarts(unittest.TestCase):
         self.assertTrue(wait_until(lambda: len(processes_with(marker)) >= 3, 30))
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=30)
-        self.assertEqual(proc.returncode, 130, err)
+        self.assertEqual(proc.returncode, -signal.SIGINT, err)
         self.assertNotIn("restarting", err)
         self.assertTrue(wait_until(lambda: processes_with(marker) == [], 30))
 
