@@ -67,23 +67,38 @@ int gpus_listed(const std::string& list) {
   return static_cast<int>(total);
 }
 
+// Whether every '[' of a node list is closed by a ']' before the next '[' ("nid[001-004],gpu[1,3]").
+bool brackets_pair_up(std::string_view nodelist) {
+  bool open = false;
+  for (char c : nodelist) {
+    if (c == '[' || c == ']') {
+      if (open == (c == '[')) return false;
+      open = c == '[';
+    }
+  }
+  return !open;
+}
+
 }  // namespace
 
 std::vector<std::string> expand_hostlist(const std::string& nodelist) {
   if (nodelist.find_first_of("[,") == std::string::npos) return {nodelist};
+  const char* hint = "check SLURM_JOB_NODELIST (Slurm sets it inside a job) and that scontrol is on PATH there";
+  if (!brackets_pair_up(nodelist))
+    throw Error(fmt::format("cannot expand the Slurm node list {}: a '[' without its ']' or the other way round", nodelist), hint);
   CommandResult r = run_command({"scontrol", "show", "hostnames", nodelist});
-  if (!r.ok()) {
-    std::string said;  // scontrol's lines, on one line
-    std::stringstream lines(r.err);
-    for (std::string line; std::getline(lines, line);)
-      if (!line.empty()) said += (said.empty() ? "" : "; ") + line;
-    throw Error(fmt::format("cannot expand the Slurm node list {}: {}", nodelist, said.empty() ? "scontrol failed" : said),
-                "check SLURM_JOB_NODELIST (Slurm sets it inside a job) and that scontrol is on PATH there");
-  }
   std::vector<std::string> hosts;
   std::stringstream lines(r.out);
   for (std::string line; std::getline(lines, line);)
     if (!line.empty()) hosts.push_back(line);
+  // scontrol 22.05 exits with 0 after "Invalid hostlist", having printed no name.
+  if (!r.ok() || hosts.empty() || r.err.find("Invalid hostlist") != std::string::npos) {
+    std::string said;  // scontrol's lines, on one line
+    std::stringstream err_lines(r.err);
+    for (std::string line; std::getline(err_lines, line);)
+      if (!line.empty()) said += (said.empty() ? "" : "; ") + line;
+    throw Error(fmt::format("cannot expand the Slurm node list {}: {}", nodelist, said.empty() ? "scontrol failed" : said), hint);
+  }
   return hosts;
 }
 

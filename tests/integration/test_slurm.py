@@ -100,6 +100,16 @@ class Slurm(unittest.TestCase):
         self.assertEqual(sorted(lines_by_rank(result.stdout).items()), [(0, ["at 0"]), (1, ["at 0"])])
         self.assertNotIn("leaving out", result.stderr)  # nothing was: srun chose the nodes as without --exclude
 
+    def test_a_malformed_node_range_in_exclude_is_an_error_not_a_list_of_none(self):
+        # scontrol 22.05 says "Invalid hostlist" and exits with 0, printing no name: that left out
+        # nothing, and the run went to the very node named.
+        for malformed, why in ((f"{self.node},nid[1-x]", "Invalid hostlist"), ("nid[001-002", "a '[' without its ']'")):
+            result = self.salloc("run", "--cpu", "--exclude", malformed, "--", "echo", "ran")
+            self.assertEqual(result.returncode, 2, result.stdout + result.stderr)
+            self.assertIn(f"ddl: error: --exclude {malformed}: not a Slurm node list", result.stderr)
+            self.assertIn(why, result.stderr)
+            self.assertNotIn("ran", result.stdout)
+
     def test_an_array_whose_output_has_no_element_index_is_said_to_share_one_file(self):
         with tempfile.TemporaryDirectory() as tmp:
             shared = self.submit("--site", "slurm", "--array", "0-1", "-o", "sweep.out", "--dry-run", "--", "true", cwd=tmp)
