@@ -310,11 +310,14 @@ int ended_job_exit_code(const JobState& job) {
 
 void cancel_job(Scheduler scheduler, const std::string& id) {
   if (!looks_like_job_id(id)) throw UsageError(not_a_job_id(id), "give the number sbatch or qsub printed");
+  // scancel exits with 0 for a job it does not know or that has ended, and says so only when verbose.
   std::vector<std::string> argv =
-      scheduler == Scheduler::Slurm ? std::vector<std::string>{"scancel", id} : std::vector<std::string>{"qdel", id};
+      scheduler == Scheduler::Slurm ? std::vector<std::string>{"scancel", "--verbose", id} : std::vector<std::string>{"qdel", id};
   CommandResult r = run_command(argv);
-  if (!r.ok() || (scheduler == Scheduler::Slurm && r.err.find("error") != std::string::npos))
-    throw Error(fmt::format("{} {} failed: {}", argv.front(), id, tool_error(r)), "check the id with ddl status");
+  const size_t error_at = r.err.find("scancel: error:");
+  if (scheduler == Scheduler::Slurm && error_at != std::string::npos)
+    throw Error(fmt::format("scancel {} failed: {}", id, first_line(r.err.substr(error_at))), "check the id with ddl status");
+  if (!r.ok()) throw Error(fmt::format("{} {} failed: {}", argv.front(), id, tool_error(r)), "check the id with ddl status");
 }
 
 void requeue_slurm_job(const std::string& id) {
