@@ -327,6 +327,16 @@ void requeue_slurm_job(const std::string& id) {
     throw Error(fmt::format("scontrol requeue {} failed: {}", id, tool_error(r)), "check that the job was submitted with --requeue");
 }
 
+std::optional<bool> slurm_job_is_batch(const std::string& id) {
+  if (!looks_like_job_id(id)) return std::nullopt;
+  const CommandResult r = run_command({"scontrol", "-o", "show", "job", id}, std::chrono::seconds(10));
+  if (!r.ok()) return std::nullopt;
+  std::istringstream fields(first_line(r.out));
+  for (std::string field; fields >> field;)
+    if (field.starts_with("BatchFlag=")) return field != "BatchFlag=0";
+  return std::nullopt;
+}
+
 std::optional<std::chrono::seconds> slurm_time_left(const std::string& id) {
   if (!looks_like_job_id(id)) return std::nullopt;
   // Asked while workers save (the supervisor waits meanwhile): a slow controller is not waited for.

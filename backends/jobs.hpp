@@ -68,6 +68,10 @@ void cancel_job(Scheduler scheduler, const std::string& id);
 // throws ddl::Error with Slurm's message when it cannot.
 void requeue_slurm_job(const std::string& id);
 
+// Whether Slurm job `id` is a batch job (scontrol's BatchFlag), which `scontrol requeue` takes, and
+// not an interactive allocation (salloc); nullopt when Slurm does not say.
+std::optional<bool> slurm_job_is_batch(const std::string& id);
+
 // How long Slurm job `id` may still run (squeue's time left); nullopt when Slurm does not say
 // (no limit, an unknown job, no squeue).
 std::optional<std::chrono::seconds> slurm_time_left(const std::string& id);

@@ -110,6 +110,8 @@ struct RunFlags {
 namespace {
 
 std::optional<launcher::RequeuePolicy> requeue_policy(const CLI::App& app, const RunFlags& f) {
+  if (app.count("--requeue-signal") > 0 && f.requeue_signal.empty())
+    throw UsageError("--requeue-signal must not be empty", "give the signal Slurm sends before the time limit: --requeue-signal USR1");
   if (f.requeue_signal.empty()) {
     for (const char* flag : {"--max-requeues", "--requeue-grace"})
       if (app.count(flag) > 0) throw UsageError(fmt::format("{} is for --requeue-signal", flag), "add --requeue-signal USR1, or drop it");

@@ -25,8 +25,8 @@ int requeue_signal_named(const std::string& name, const std::string& flag) {
   if (upper.starts_with("SIG")) upper = upper.substr(3);
   for (int sig : {SIGUSR1, SIGUSR2})
     if (upper == ::sigabbrev_np(sig)) return sig;
-  throw UsageError(fmt::format("{} {}: not a signal ddl can requeue on (srun would kill every task on TERM or HUP)", flag, name),
-                   "give USR1 (the usual) or USR2");
+  throw UsageError(fmt::format("{} '{}': ddl requeues on USR1 or USR2 only (srun would end every task on TERM or HUP)", flag, name),
+                   "give USR1 (the usual, with sbatch --signal=B:USR1@120) or USR2");
 }
 
 HeldSignal::HeldSignal(int signal) : signal_(signal) {
@@ -50,6 +50,12 @@ FinishRequest finish_request(const RequeuePolicy& policy, const Environment& env
   if (job.empty())
     throw UsageError("--requeue-signal requeues a Slurm batch job, and this is not one (SLURM_JOB_ID is unset)",
                      "use it in the job's script, as `ddl submit --requeue` writes it, or drop it");
+  // Said now rather than when the signal comes, near the time limit: scontrol requeue refuses salloc's jobs.
+  if (lookup(env, "ENVIRONMENT").value_or("") != "BATCH" && backends::slurm_job_is_batch(job) == false)
+    throw UsageError(fmt::format("--requeue-signal requeues a Slurm batch job, and job {} is an interactive allocation (salloc), "
+                                 "which Slurm does not requeue",
+                                 job),
+                     "use it in a batch job's script, as `ddl submit --requeue` writes it, or drop it");
   FinishRequest request{.signal = policy.signal};
   request.deadline = [grace = policy.grace, job, grace_period](std::chrono::steady_clock::time_point now) {
     // The time limit may have changed since the start (scontrol update): asked when the signal comes.

@@ -42,6 +42,14 @@ class Requeue(unittest.TestCase):
         self.marker = unique_marker()
         self.addCleanup(kill_leftovers, self.marker)
 
+    def test_requeue_signal_in_an_interactive_allocation_is_refused_before_anything_runs(self):
+        # scontrol requeue refuses salloc's jobs: said at the start, not at the time limit.
+        result = run(["salloc", "-N1", "-n1", DDL, "run", "--cpu", "--requeue-signal", "USR1", "--", "echo", "ran"])
+        self.assertEqual(result.returncode, 2, result.stdout + result.stderr)
+        self.assertRegex(result.stderr, r"ddl: error: --requeue-signal requeues a Slurm batch job, and job \d+ is an interactive "
+                                        r"allocation \(salloc\)")
+        self.assertNotIn("ran", result.stdout)
+
     def cancel_at_end(self, job):
         self.addCleanup(run, ["scancel", job])
 
@@ -240,9 +248,10 @@ class RequeueFlags(unittest.TestCase):
         outside = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
         self.check_refused([DDL, "run", "-np", "1", "--requeue-signal", "USR1", "--", "true"],
                            "--requeue-signal requeues a Slurm batch job, and this is not one (SLURM_JOB_ID is unset)", outside)
-        self.check_refused([DDL, "run", "-np", "1", "--requeue-signal", "KILL", "--", "true"], "--requeue-signal KILL: not a signal")
+        self.check_refused([DDL, "run", "-np", "1", "--requeue-signal", "KILL", "--", "true"], "--requeue-signal 'KILL': ddl requeues on USR1 or USR2 only")
         # srun kills every task on TERM or HUP: no worker could save.
-        self.check_refused([DDL, "run", "-np", "1", "--requeue-signal", "TERM", "--", "true"], "--requeue-signal TERM: not a signal")
+        self.check_refused([DDL, "run", "-np", "1", "--requeue-signal", "TERM", "--", "true"], "--requeue-signal 'TERM': ddl requeues on USR1 or USR2 only")
+        self.check_refused([DDL, "run", "-np", "1", "--requeue-signal", "", "--", "true"], "--requeue-signal must not be empty")
         self.check_refused([DDL, "submit", "--site", "pbs", "--requeue", "--signal", "USR2", "--dry-run", "--", "true"],
                            "--signal: site 'pbs' uses PBS, which sends no signal before the walltime")
         self.check_refused([DDL, "run", "-np", "1", "--max-requeues", "3", "--", "true"], "--max-requeues is for --requeue-signal")
@@ -252,7 +261,7 @@ class RequeueFlags(unittest.TestCase):
         self.check_refused([DDL, "submit", "--site", "slurm", "--max-requeues", "2", "--dry-run", "--", "true"],
                            "--max-requeues is for --requeue")
         self.check_refused([DDL, "submit", "--site", "slurm", "--requeue", "--signal", "STOP", "--dry-run", "--", "true"],
-                           "--signal STOP: not a signal")
+                           "--signal 'STOP': ddl requeues on USR1 or USR2 only")
         self.check_refused([DDL, "submit", "--site", "pbs", "--requeue", "--max-requeues", "1", "--dry-run", "--", "true"],
                            "--max-requeues: site 'pbs' uses PBS")
 
