@@ -36,13 +36,21 @@ void end_unfinished_line(int fd, const std::string& path) {
   ::close(reader);
 }
 
-int open_output_file(const std::string& dir, int rank, const char* stream, bool append) {
+// Opens rank `rank`'s file of `stream`: appended to with `append`, else emptied, unless `keep_for_now`
+// (OutputRouter::empty_previous_output empties it once every worker has started).
+int open_output_file(const std::string& dir, int rank, const char* stream, bool append, bool keep_for_now = false) {
   std::string path = fmt::format("{}/rank.{}.{}", dir, rank, stream);
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC) | O_CLOEXEC, 0644);
+  const int how = append ? O_APPEND : keep_for_now ? 0 : O_TRUNC;
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | how | O_CLOEXEC, 0644);
   if (fd >= 0 && append) end_unfinished_line(fd, path);
   if (fd >= 0) return fd;
   if (errno == EMFILE || errno == ENFILE) throw open_failure(fmt::format("--output-dir: cannot write {}", path), errno);
   throw Error(fmt::format("--output-dir: cannot write {}: {}", path, std::strerror(errno)), "choose a directory you can write to");
+}
+
+bool is_regular_file(int fd) {
+  struct stat st {};
+  return ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
 }
 
 // Whether two descriptors write to the same file (stdout and stderr on one terminal).
@@ -123,8 +131,8 @@ std::vector<std::pair<int, int>> OutputRouter::open_output_files(const std::vect
     for (const auto& launch : launches) {
       auto& [out, err] = files.emplace_back(-1, -1);
       if (options_.output_dir.empty() || launch.labeller || options_.relay_with_rank_labels) continue;
-      out = open_output_file(options_.output_dir, launch.rank, "out", options_.append_output);
-      err = open_output_file(options_.output_dir, launch.rank, "err", options_.append_output);
+      out = open_output_file(options_.output_dir, launch.rank, "out", options_.append_output, true);
+      err = open_output_file(options_.output_dir, launch.rank, "err", options_.append_output, true);
     }
   } catch (...) {
     for (auto [out, err] : files)
@@ -133,6 +141,15 @@ std::vector<std::pair<int, int>> OutputRouter::open_output_files(const std::vect
     throw;
   }
   return files;
+}
+
+void OutputRouter::empty_previous_output(const std::vector<std::pair<int, int>>& files) const {
+  if (options_.append_output) return;
+  for (auto [out, err] : files)
+    for (int fd : {out, err})
+      if (fd >= 0 && is_regular_file(fd) && ::ftruncate(fd, 0) != 0)  // (a device or FIFO has nothing to empty)
+        throw Error(fmt::format("--output-dir: cannot empty a rank's file in {}: {}", options_.output_dir, std::strerror(errno)),
+                    "choose a directory you can write to");
 }
 
 void OutputRouter::add_worker(const WorkerLaunch& launch, int stdout_fd, int stderr_fd, std::pair<int, int> files,

@@ -41,7 +41,13 @@ class OutputRouter {
   // Each launch's (stdout, stderr) files under --output-dir, or (-1, -1): made before any worker
   // starts, so that a folder or file that cannot be written stops the run before it runs anything.
   // Each pair is given back to add_worker, whose streams then own them. Throws an Error naming the file.
+  // A file a previous run wrote keeps its text until empty_previous_output: a run that fails to
+  // start (out of open files, a program that cannot start) leaves the last run's output as it was.
   std::vector<std::pair<int, int>> open_output_files(const std::vector<WorkerLaunch>& launches);
+
+  // Empties `files` (from open_output_files; not when appending), once every worker has started
+  // and before anything of theirs is written.
+  void empty_previous_output(const std::vector<std::pair<int, int>>& files) const;
 
   // Routes a started launch's pipes: `files` from open_output_files, `stderr_tail` (kept alive by the
   // caller) gets the last lines of stderr, `labeller` reads a task launcher's lines (or nullptr).

@@ -158,6 +158,7 @@ class Run {
     guard_.emplace(options_.parent_signals_workers ? 0 : launches.size(), options_.grace_period, cgroup_.name(), cgroup_.folder());
     try {
       for (size_t i = 0; i < launches.size(); ++i) start(launches[i], files[i]);
+      output_.empty_previous_output(files);  // nothing of the workers' is written before the first step()
     } catch (...) {
       kill_everything();
       guard_->stand_down();

@@ -179,6 +179,25 @@ class Output(unittest.TestCase):
                         result.stderr)
         self.assertIn("under a limit of 64 (ulimit -n)", lines[1])
 
+    def test_a_run_that_cannot_start_leaves_the_last_run_s_output_files_as_they_were(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            good = ddl("-np", "4", "--output-dir", tmp, "--", "sh", "-c", 'echo "good run $RANK"; echo "err $RANK" >&2')
+            self.assertEqual(good.returncode, 0, good.stderr)
+            # 20 open files: enough for the 8 files, not for every worker's pipes as well.
+            failed = subprocess.run(["sh", "-c", f'ulimit -n 20 && exec "$0" run -np 4 --output-dir {tmp} -- sh -c "echo bad"', DDL],
+                                    capture_output=True, text=True, timeout=60)
+            self.assertEqual(failed.returncode, 1, failed.stderr)
+            self.assertIn("Too many open files", failed.stderr)
+            for rank in range(4):
+                with open(os.path.join(tmp, f"rank.{rank}.out")) as f:
+                    self.assertEqual(f.read(), f"good run {rank}\n")
+                with open(os.path.join(tmp, f"rank.{rank}.err")) as f:
+                    self.assertEqual(f.read(), f"err {rank}\n")
+            shorter = ddl("-np", "1", "--output-dir", tmp, "--", "echo", "x")  # a run that starts empties its files first
+            self.assertEqual(shorter.returncode, 0, shorter.stderr)
+            with open(os.path.join(tmp, "rank.0.out")) as f:
+                self.assertEqual(f.read(), "x\n")
+
     def test_an_unwritable_output_dir_is_an_error_naming_the_flag(self):
         with tempfile.NamedTemporaryFile() as f:
             result = ddl("-np", "1", "--output-dir", os.path.join(f.name, "sub"), "--", "true")
