@@ -89,6 +89,9 @@ ProbeRun run_probes(const RunRequest& request, ProbeStage stage, const Environme
   probe.supervision.finish_on.reset();
   probe.supervision.shown_ranks = RankSelection::none();
   probe.supervision.hang_timeout.reset();
+  // Each host's probe reports by itself: a host whose ssh fails at once must not stop another's
+  // probe before its verdict (--preflight exclude would then find no host good).
+  probe.supervision.stop_on_failure = stage == ProbeStage::AmongAll;
   std::string dir = (std::filesystem::temp_directory_path() / "ddl-preflight-XXXXXX").string();
   if (::mkdtemp(dir.data()) == nullptr)
     throw Error(fmt::format("cannot make a folder for the preflight probes' output in {}", dir), "check TMPDIR");

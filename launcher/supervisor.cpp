@@ -589,7 +589,7 @@ class Run {
     }
     record_failure(w, status);
     failure_time_ = Clock::now();
-    begin_stopping(SIGTERM);
+    if (options_.stop_on_failure) begin_stopping(SIGTERM);
   }
 
   // A task launcher or host's agent that exited with 0 although some of its ranks never started
@@ -645,6 +645,7 @@ class Run {
       signal_all(SIGKILL);
       return;
     }
+    if (!options_.stop_on_failure) failure_.reset();  // a failure that stopped nothing: the signal stops the run
     if (!failure_) interrupted_by_ = sig;
     begin_stopping(sig);
   }

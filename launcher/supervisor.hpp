@@ -69,6 +69,9 @@ struct SupervisorOptions {
   std::optional<FinishRequest> finish_on;
   // The output_dir files continue what is there (a requeued job's next start) instead of starting empty.
   bool append_output = false;
+  // A failed worker stops the others (fail-fast). Off, each runs to its own end and the first
+  // failure is still the outcome's: preflight's probes of each host, whose verdicts are all wanted.
+  bool stop_on_failure = true;
 };
 
 // Reads one line of a task launcher's output (srun --label, mpirun --tag-output): nullopt for a

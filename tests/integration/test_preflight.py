@@ -78,6 +78,19 @@ class Preflight(unittest.TestCase):
         result = self.ddl_run("-np", "1", "--cpu", "--preflight", gpus="0", cuinit=100)
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
 
+    def test_exclude_leaves_out_a_host_whose_ssh_refuses_at_once(self):
+        # An ssh that fails at once (a key refused) must not stop this host's probe before its
+        # verdict: the run then found no host good and stopped. (This host needs no ssh.)
+        refusing = os.path.join(self.tmp.name, "ssh")
+        with open(refusing, "w") as f:
+            f.write("#!/bin/sh\necho 'alice@node2: Permission denied (publickey).' >&2\nexit 255\n")
+        os.chmod(refusing, 0o755)
+        for attempt in range(3):  # it was a race, lost most times
+            result = self.ddl_run("--cpu", "-H", "localhost:1,192.0.2.77:1", "-N", "1", "--rsh", refusing, "--preflight", "exclude")
+            self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+            self.assertIn("ddl: preflight: leaving out 1 host(s) that failed: 192.0.2.77 (cannot reach 192.0.2.77", result.stderr)
+            self.assertEqual(result.stdout, "[0] ran\n")
+
     def test_a_mode_that_is_not_one_is_a_usage_error(self):
         result = self.ddl_run("-np", "1", "--cpu", "--preflight", "sometimes")
         self.assertEqual(result.returncode, 2, result.stdout + result.stderr)
