@@ -102,7 +102,8 @@ int pbs_exit_code(const nlohmann::json& status) {
 bool scheduler_unreachable(const std::string& said) {
   // What sbatch and qsub print when they reach no controller or server (Slurm's errno string for
   // SLURM_COMMUNICATIONS_CONNECTION_ERROR; PBS's pbs_connect failure).
-  for (const char* sign : {"Unable to contact slurm controller", "cannot connect to server"})
+  // No slurm.conf and no DNS SRV record for the controller: Slurm finds no controller to ask.
+  for (const char* sign : {"Unable to contact slurm controller", "cannot connect to server", "Could not establish a configuration source"})
     if (said.find(sign) != std::string::npos) return true;
   return false;
 }
@@ -164,9 +165,14 @@ std::string submit_job(Scheduler scheduler, const std::string& script) {
   if (r.timed_out)
     throw Error(fmt::format("{} did not answer within 300 s and was stopped; the job may be queued all the same", argv.front()),
                 slurm ? "look for it with squeue --me before submitting again" : "look for it with qstat -u $USER before submitting again");
+  if (r.exit_code < 0 && !r.timed_out)  // it could not be started: not on PATH
+    throw Error(fmt::format("{}, so nothing was submitted", tool_error(r)),
+                slurm ? "submit from a login node of the Slurm cluster (sbatch on PATH)"
+                      : "submit from a login node of the PBS cluster (qsub on PATH), or choose a site that uses Slurm");
   if (!r.ok() && scheduler_unreachable(r.err + r.out))
     throw Error(
-        fmt::format("{} could not reach the scheduler, so nothing was submitted: {}", argv.front(), tool_error(r)),
+        fmt::format("{} could not reach the scheduler, so nothing was submitted: {}", argv.front(),
+                    last_line(r.err.empty() ? r.out : r.err)),
         slurm ? "check that Slurm answers here (sinfo), then submit again" : "check that PBS answers here (qstat -B), then submit again");
   if (!r.ok()) throw Error(fmt::format("{} refused the job: {}", argv.front(), tool_error(r)), "fix what it names and submit again");
   std::string id = first_line(r.out);

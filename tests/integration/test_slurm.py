@@ -550,6 +550,19 @@ class Slurm(unittest.TestCase):
             self.assertIn("check that Slurm answers here (sinfo)", result.stderr)
             self.assertNotIn("refused", result.stderr)
             self.assertEqual(os.listdir(tmp), ["slurm.conf"], "a failed submit leaves no file behind")
+            # No slurm.conf at all (and no DNS record for a controller): no scheduler to ask, not a refusal.
+            env = {k: v for k, v in slurm_env().items() if k != "SLURM_CONF"}
+            if not os.path.exists("/etc/slurm/slurm.conf"):
+                result = run([DDL, "submit", "--site", "slurm", "--", "true"], cwd=tmp, env=env, timeout=120)
+                self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
+                self.assertIn("sbatch could not reach the scheduler, so nothing was submitted: sbatch: fatal: Could not establish a "
+                              "configuration source", result.stderr)
+            # No qsub on PATH for a PBS site.
+            env["PATH"] = "/nonexistent"
+            result = run([DDL, "submit", "--site", "pbs", "-c", "1", "--", "true"], cwd=tmp, env=env, timeout=120)
+            self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
+            self.assertIn("ddl: error: qsub: not found on PATH, so nothing was submitted", result.stderr)
+            self.assertIn("hint: submit from a login node of the PBS cluster", result.stderr)
 
     def test_a_failing_job_reports_its_exit_code_and_output_tail(self):
         with tempfile.TemporaryDirectory() as tmp:
