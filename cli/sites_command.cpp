@@ -14,6 +14,17 @@ SitesCommand::SitesCommand(CLI::App& app) : name_(std::make_shared<std::string>(
   show_->add_option("name", *name_, "Site name")->required();
 }
 
+namespace {
+
+// "nodes 1-2, up to 01:00:00": what a queue takes.
+std::string queue_limits_said(const backends::QueueLimits& limits) {
+  std::string nodes = limits.max_nodes > 0 ? fmt::format("nodes {}-{}", limits.min_nodes, limits.max_nodes)
+                                           : fmt::format("nodes {} or more", limits.min_nodes);
+  return limits.max_time.empty() ? nodes : fmt::format("{}, up to {}", nodes, limits.max_time);
+}
+
+}  // namespace
+
 int SitesCommand::execute() const {
   if (!show_->parsed()) {
     const auto listed = backends::list_sites();
@@ -59,6 +70,12 @@ int SitesCommand::execute() const {
     std::printf("%-16s %-40s  [%s]\n", ("patterns." + option).c_str(), rule.regex.c_str(), from("patterns").c_str());
   for (const auto& [option, why] : p.forbidden)
     std::printf("%-16s %-40s  [%s]\n", ("forbidden." + option).c_str(), why.c_str(), from("forbidden").c_str());
+  if (p.max_cores_per_gpu > 0) row("max_cores_per_gpu", std::to_string(p.max_cores_per_gpu));
+  for (const auto& [queue, limits] : p.queues)
+    std::printf("%-16s %-40s  [%s]\n", ("queues." + queue).c_str(), queue_limits_said(limits).c_str(), from("queues").c_str());
+  for (const auto& [partition, shape] : p.partitions)
+    std::printf("%-16s %-40s  [%s]\n", ("partitions." + partition).c_str(),
+                fmt::format("{} GPU(s), {} cores per node", shape.gpus_per_node, shape.cores_per_node).c_str(), from("partitions").c_str());
   row("gpu_request", p.gpu_request);
   row("directives", fmt::format("{}", fmt::join(p.directives, " | ")));
   row("module_use", fmt::format("{}", fmt::join(p.module_use, " ")));
@@ -71,6 +88,11 @@ int SitesCommand::execute() const {
   if (!p.nccl_network.empty()) {
     row("nccl_network", p.nccl_network);
     row("nccl_network_fix", p.nccl_network_fix);
+  }
+  if (p.match) {
+    if (!p.match->hostname.empty()) std::printf("%-16s %-40s  [%s]\n", "match.hostname", p.match->hostname.c_str(), from("match").c_str());
+    for (const auto& [name, pattern] : p.match->environment)
+      std::printf("%-16s %-40s  [%s]\n", ("match.environment." + name).c_str(), pattern.c_str(), from("match").c_str());
   }
   row("notes", p.notes);
   return 0;

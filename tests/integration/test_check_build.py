@@ -158,6 +158,17 @@ class CheckBuild(unittest.TestCase):
             self.assertIn("  [X] site thisbox (ddl submit --site thisbox ...)", result.stdout)
         self.assertIn("  [ ] site profile (none matches this machine", self.check_build().stdout)
 
+    def test_sites_show_prints_the_limits_that_can_refuse_a_job_and_the_match(self):
+        def shown(site):
+            result = subprocess.run([DDL, "sites", "show", site], capture_output=True, text=True, timeout=60)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            return [" ".join(line.split()) for line in result.stdout.splitlines()]
+        self.assertIn("queues.debug nodes 1-2, up to 01:00:00 [built-in]", shown("polaris"))
+        self.assertIn("queues.prod nodes 10-496, up to 24:00:00 [built-in]", shown("polaris"))
+        self.assertIn("max_cores_per_gpu 16 [built-in]", shown("alliance"))
+        self.assertIn("partitions.cas_v100_2 2 GPU(s), 32 cores per node [built-in]", shown("neuron"))
+        self.assertIn("match.environment.NERSC_HOST perlmutter [built-in]", shown("perlmutter"))
+
     def test_a_broken_site_profile_is_named_by_check_build_and_does_not_cut_the_sites_listing(self):
         with tempfile.TemporaryDirectory() as config:
             os.makedirs(os.path.join(config, "ddl", "sites"))
