@@ -17,4 +17,10 @@ void add_job_options(CLI::App& app, std::map<std::string, std::string>& options,
   }
 }
 
+void add_directive_and_exclude(CLI::App& app, std::vector<std::string>& directives, std::string& exclude) {
+  app.add_option("--directive", directives, "An extra batch directive, e.g. --directive '--exclusive' (repeatable)");
+  app.add_option("--exclude", exclude, "Nodes the job must not get, e.g. nid001234,nid[002000-002003] (Slurm --exclude)")
+      ->check(not_empty());
+}
+
 }  // namespace ddl::cli

@@ -24,6 +24,8 @@ namespace ddl::cli {
 struct JupyterFlags {
   std::string site;
   std::map<std::string, std::string> options;
+  std::vector<std::string> directives;
+  std::string exclude;
   std::string program;
   std::string environment;
   int gpus = -1;
@@ -64,6 +66,7 @@ JupyterCommand::JupyterCommand(CLI::App& app) : flags_(std::make_shared<JupyterF
   start_ = app_->add_subcommand("start", "Submit a job running Jupyter, wait until it is up, print the ssh tunnel and URL");
   start_->add_option("--site", f.site, "Site profile (ddl sites lists them)")->required();
   add_job_options(*start_, f.options, false);
+  add_directive_and_exclude(*start_, f.directives, f.exclude);
   start_->add_option("--gpus", f.gpus, "GPUs for the notebook (default: 1 on a GPU site, else 0)")
       ->transform(whole_number_between(0, 1024));
   start_->add_option("--program", f.program, "lab, notebook or server (default: the site's, else lab)")
@@ -96,6 +99,8 @@ int JupyterCommand::start() const {
   const std::string program = !f.program.empty() ? f.program : site.jupyter.value("program", std::string("lab"));
   backends::JobRequest job;
   job.options = f.options;
+  job.extra_directives = f.directives;
+  if (!f.exclude.empty()) job.exclude = f.exclude;
   job.options["nodes"] = "1";
   job.options["gpus_per_node"] = std::to_string(f.gpus >= 0 ? f.gpus : (backends::partition_gpus(site, job.options) > 0 ? 1 : 0));
   job.gpus_flag = "--gpus";

@@ -38,7 +38,7 @@ SubmitCommand::SubmitCommand(CLI::App& app) : flags_(std::make_shared<SubmitFlag
   app_ = app.add_subcommand("submit", "Write a batch script from a site profile and submit it (sbatch/qsub)");
   app_->add_option("--site", f.site, "Site profile (ddl sites lists them)")->required();
   add_job_options(*app_, f.options, true);
-  app_->add_option("--directive", f.directives, "An extra batch directive, e.g. --directive '--exclusive' (repeatable)");
+  add_directive_and_exclude(*app_, f.directives, f.exclude);
   app_->add_option("--signal-before", f.signal_before,
                    "Send the workers --signal this many seconds before the time limit (Slurm; with --requeue default 120)")
       ->transform(whole_number_between(1, 65535));  // sbatch's limit for --signal's time
@@ -51,8 +51,6 @@ SubmitCommand::SubmitCommand(CLI::App& app) : flags_(std::make_shared<SubmitFlag
   app_->add_option("--array", f.array,
                    "A job array: one job per index, e.g. 0-15%4 (16 elements, at most 4 at once); each element's workers get "
                    "DDL_ARRAY_INDEX (Slurm --array, PBS -J)")
-      ->check(not_empty());
-  app_->add_option("--exclude", f.exclude, "Nodes the job must not get, e.g. nid001234,nid[002000-002003] (Slurm --exclude)")
       ->check(not_empty());
   app_->add_flag("--dry-run", f.dry_run, "Print the script instead of submitting it");
   app_->add_flag("--wait", f.wait, "Follow the job until it ends, then show its output's tail; exit with its code");

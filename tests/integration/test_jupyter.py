@@ -127,6 +127,15 @@ class Jupyter(unittest.TestCase):
         self.assertIn("conda activate 'my env'", result.stdout)
         self.assertIn('JUPYTER_TOKEN=$(cat "$session.token") && [ -n "$JUPYTER_TOKEN" ] || {', result.stdout)
         self.assertIn("exec jupyter lab --no-browser --ip=\"$host\"", result.stdout)
+        # ddl submit's --directive and --exclude apply too (the site notes send users to --directive).
+        placed = self.ddl("jupyter", "start", "--site", "perlmutter", "-A", "m1234_g", "--directive", "--begin=now+300", "--exclude",
+                          "nid[001-002]", "--dry-run")
+        self.assertEqual(placed.returncode, 0, placed.stderr)
+        self.assertIn("#SBATCH --exclude=nid[001-002]\n", placed.stdout)
+        self.assertIn("#SBATCH --begin=now+300\n", placed.stdout)
+        polaris = self.ddl("jupyter", "start", "--site", "polaris", "-A", "x", "--filesystems", "home", "--directive", "-r y", "--dry-run")
+        self.assertEqual(polaris.returncode, 0, polaris.stderr)
+        self.assertIn("#PBS -r y\n", polaris.stdout)
         refused = self.ddl("jupyter", "start", "--site", "perlmutter", "-A", "m1234")
         self.assertEqual(refused.returncode, 2)
         self.assertIn("written <project>_g", refused.stderr)
