@@ -306,6 +306,13 @@ CapabilitySection tensor_ops_section(const Environment& env, const GpuInventory&
   return s;
 }
 
+// GPUs CUDA_VISIBLE_DEVICES names on a machine without an NVIDIA driver (no nvidia-smi, no
+// libcuda.so.1: a login node that inherited the variable) are GPUs nothing here can use.
+bool gpus_without_driver(const GpuInventory& gpus) {
+  if (gpus.count() == 0 || gpus.source != "CUDA_VISIBLE_DEVICES" || backends::on_path("nvidia-smi")) return false;
+  return ::dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL) == nullptr;  // (not unloaded, as gpu_inventory's)
+}
+
 CapabilitySection gpus_section(const Environment& env, const GpuInventory& gpus) {
   CapabilitySection s{"GPUs", {}};
   if (backends::on_path("nvidia-smi")) {
@@ -323,7 +330,11 @@ CapabilitySection gpus_section(const Environment& env, const GpuInventory& gpus)
     }
     if (!r.ok()) s.items.push_back(item(false, "nvidia-smi", "", "failed: " + first_line(r.err + r.out)));
   }
-  if (s.items.empty()) {
+  if (s.items.empty() && gpus_without_driver(gpus)) {
+    s.items.push_back(item(false, fmt::format("{} GPU(s)", gpus.count()), "",
+                           "named by CUDA_VISIBLE_DEVICES, but this machine has no NVIDIA driver (no nvidia-smi, no libcuda.so.1): "
+                           "nothing here can use them"));
+  } else if (s.items.empty()) {
     s.items.push_back(gpus.count() > 0 ? item(true, fmt::format("{} GPU(s)", gpus.count()), "", "from " + gpus.source)
                                        : item(false, "GPU", "", "none visible: " + gpus.source));
   } else if (auto cvd = lookup(env, "CUDA_VISIBLE_DEVICES")) {
@@ -405,7 +416,7 @@ std::vector<CapabilitySection> capability_report(const Environment& env, const C
   auto controllers = controllers_section();
   report.push_back(frameworks.get());
   report.push_back(std::move(controllers));
-  report.push_back(tensor_ops_section(env, inventory, nccl));
+  report.push_back(tensor_ops_section(env, gpus_without_driver(inventory) ? GpuInventory{{}, "no NVIDIA driver"} : inventory, nccl));
   const auto listed = backends::list_sites();  // every profile read once: for matching, and to name broken ones
   const std::string host = full_host_name();
   const auto sites = backends::matching_sites(listed, host, env);
