@@ -314,16 +314,20 @@ int ended_job_exit_code(const JobState& job) {
   return code != 0 ? code : completed ? 0 : 1;
 }
 
-void cancel_job(Scheduler scheduler, const std::string& id) {
+bool cancel_job(Scheduler scheduler, const std::string& id) {
   if (!looks_like_job_id(id)) throw UsageError(not_a_job_id(id), "give the number sbatch or qsub printed");
   // scancel exits with 0 for a job it does not know or that has ended, and says so only when verbose.
   std::vector<std::string> argv =
       scheduler == Scheduler::Slurm ? std::vector<std::string>{"scancel", "--verbose", id} : std::vector<std::string>{"qdel", id};
   CommandResult r = run_command(argv);
   const size_t error_at = r.err.find("scancel: error:");
-  if (scheduler == Scheduler::Slurm && error_at != std::string::npos)
-    throw Error(fmt::format("scancel {} failed: {}", id, first_line(r.err.substr(error_at))), "check the id with ddl status");
+  if (scheduler == Scheduler::Slurm && error_at != std::string::npos) {
+    const std::string said = first_line(r.err.substr(error_at));
+    if (said.find("already completing or completed") != std::string::npos) return false;
+    throw Error(fmt::format("scancel {} failed: {}", id, said), "check the id with ddl status");
+  }
   if (!r.ok()) throw Error(fmt::format("{} {} failed: {}", argv.front(), id, tool_error(r)), "check the id with ddl status");
+  return true;
 }
 
 void requeue_slurm_job(const std::string& id) {
@@ -337,10 +341,12 @@ std::optional<bool> slurm_job_is_batch(const std::string& id) {
   if (!looks_like_job_id(id)) return std::nullopt;
   const CommandResult r = run_command({"scontrol", "-o", "show", "job", id}, std::chrono::seconds(10));
   if (!r.ok()) return std::nullopt;
+  // The last such field: the job's name and comment come before it and may hold any text.
+  std::optional<bool> batch;
   std::istringstream fields(first_line(r.out));
   for (std::string field; fields >> field;)
-    if (field.starts_with("BatchFlag=")) return field != "BatchFlag=0";
-  return std::nullopt;
+    if (field.starts_with("BatchFlag=")) batch = field != "BatchFlag=0";
+  return batch;
 }
 
 std::optional<std::chrono::seconds> slurm_time_left(const std::string& id) {

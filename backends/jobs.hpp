@@ -61,8 +61,9 @@ std::optional<std::vector<JobState>> follow_array(Scheduler scheduler, const std
 // or where its end is unknown.
 int ended_job_exit_code(const JobState& job);
 
-// Cancels job `id`; throws ddl::Error with the scheduler's message when it cannot.
-void cancel_job(Scheduler scheduler, const std::string& id);
+// Cancels job `id`: true when cancelled, false when it was already ending or had ended (Slurm:
+// "already completing or completed"); throws ddl::Error with the scheduler's message when it cannot.
+bool cancel_job(Scheduler scheduler, const std::string& id);
 
 // Puts Slurm job `id` back in the queue (scontrol requeue), which ends its running start at once;
 // throws ddl::Error with Slurm's message when it cannot.

@@ -20,8 +20,10 @@ JobCommands::JobCommands(CLI::App& app) : job_(std::make_shared<std::string>()) 
 int JobCommands::execute() const {
   const backends::Scheduler scheduler = backends::local_scheduler();
   if (cancel_->parsed()) {
-    backends::cancel_job(scheduler, *job_);
-    std::printf("cancelled job %s\n", job_->c_str());
+    if (backends::cancel_job(scheduler, *job_))
+      std::printf("cancelled job %s\n", job_->c_str());
+    else
+      std::printf("job %s had already ended or is ending: nothing to cancel\n", job_->c_str());
     return 0;
   }
   if (!job_->empty()) {

@@ -148,7 +148,13 @@ int JupyterCommand::start() const {
     // Waiting timed out: the job is left for `tunnel`, as the message says. Anything else (an
     // interrupt, a session that could not be saved, a job that ended) leaves nothing behind.
     if (still_queued_or_running && saved && !g_interrupted) throw;
-    if (still_queued_or_running) backends::cancel_job(session.scheduler, session.job);
+    if (still_queued_or_running) {
+      try {  // the error that ended the wait is the one to show
+        backends::cancel_job(session.scheduler, session.job);
+      } catch (const Error& e) {
+        std::fprintf(stderr, "ddl: warning: job %s was not cancelled: %s\n", session.job.c_str(), e.what());
+      }
+    }
     backends::remove_jupyter_session(session);
     throw;
   }

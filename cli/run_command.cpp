@@ -279,12 +279,7 @@ int RunCommand::execute(const std::optional<std::vector<std::string>>& program) 
   auto log = [](const std::string& message) { std::fprintf(stderr, "ddl: %s\n", message.c_str()); };
   launcher::RunOutcome outcome = launcher::run_job(request, current_environment(), log);
   print_outcome(outcome);
-  // Ctrl-C: ddl dies of SIGINT as Python and most Unix programs do, so a shell loop of runs stops.
-  if (outcome.interrupted_by == SIGINT) {
-    std::fflush(nullptr);
-    launcher::end_by_signal(SIGINT);
-  }
-  return outcome.exit_code;
+  return launcher::run_exit_code_or_end(outcome);  // Ctrl-C: dies of SIGINT, so that a shell loop of runs stops
 }
 
 }  // namespace ddl::cli

@@ -346,8 +346,12 @@ RunOutcome run_in_allocation(const RunRequest& request, const backends::Allocati
   // srun answers SIGTERM by killing its tasks at once: they are signalled through Slurm instead,
   // and get the run's grace to save and end.
   if (launcher == TaskLauncher::Srun)
-    task_launcher.signal_tasks = [job = allocation.job_id, step = std::optional<std::string>()](pid_t srun, int sig) mutable {
-      if (!step) step = backends::slurm::srun_step(job, srun);  // asked once: the SIGKILL after the grace uses it too
+    task_launcher.signal_tasks = [job = allocation.job_id, asked = false, step = std::optional<std::string>()](pid_t srun,
+                                                                                                               int sig) mutable {
+      // Asked once: the SIGKILL after the grace uses the answer too, and a controller that did not
+      // answer is not waited for again (srun then gets the signal itself).
+      if (!asked) step = backends::slurm::srun_step(job, srun);
+      asked = true;
       return step && backends::slurm::signal_step(*step, sig);
     };
   for (int rank = 0; rank < plan.world_size(); ++rank) task_launcher.relayed_ranks.push_back(rank);

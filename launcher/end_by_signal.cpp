@@ -4,6 +4,10 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <fstream>
+#include <string>
+
 namespace ddl::launcher {
 
 void end_by_signal(int sig) {
@@ -16,6 +20,22 @@ void end_by_signal(int sig) {
   ::sigprocmask(SIG_UNBLOCK, &just_sig, nullptr);
   ::raise(sig);
   ::_exit(128 + sig);
+}
+
+namespace {
+
+bool parent_is_salloc() {
+  std::ifstream comm("/proc/" + std::to_string(::getppid()) + "/comm");
+  std::string name;
+  return std::getline(comm, name) && name == "salloc";
+}
+
+}  // namespace
+
+int run_exit_code_or_end(const RunOutcome& outcome) {
+  if (outcome.interrupted_by != SIGINT || parent_is_salloc()) return outcome.exit_code;
+  std::fflush(nullptr);
+  end_by_signal(SIGINT);
 }
 
 }  // namespace ddl::launcher

@@ -25,8 +25,8 @@ int requeue_signal_named(const std::string& name, const std::string& flag) {
   if (upper.starts_with("SIG")) upper = upper.substr(3);
   for (int sig : {SIGUSR1, SIGUSR2})
     if (upper == ::sigabbrev_np(sig)) return sig;
-  throw UsageError(fmt::format("{} '{}': ddl requeues on USR1 or USR2 only (srun would end every task on TERM or HUP)", flag, name),
-                   "give USR1 (the usual, with sbatch --signal=B:USR1@120) or USR2");
+  throw UsageError(fmt::format("{} '{}': only USR1 or USR2 can be used here (srun would end every task on TERM or HUP)", flag, name),
+                   "give USR1 (the usual) or USR2");
 }
 
 HeldSignal::HeldSignal(int signal) : signal_(signal) {
@@ -51,7 +51,7 @@ FinishRequest finish_request(const RequeuePolicy& policy, const Environment& env
     throw UsageError("--requeue-signal requeues a Slurm batch job, and this is not one (SLURM_JOB_ID is unset)",
                      "use it in the job's script, as `ddl submit --requeue` writes it, or drop it");
   // Said now rather than when the signal comes, near the time limit: scontrol requeue refuses salloc's jobs.
-  if (lookup(env, "ENVIRONMENT").value_or("") != "BATCH" && backends::slurm_job_is_batch(job) == false)
+  if (backends::slurm_job_is_batch(job) == false)
     throw UsageError(fmt::format("--requeue-signal requeues a Slurm batch job, and job {} is an interactive allocation (salloc), "
                                  "which Slurm does not requeue",
                                  job),

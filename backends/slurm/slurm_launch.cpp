@@ -194,7 +194,7 @@ std::optional<FailedTask> failed_task(const std::deque<std::string>& srun_stderr
 
 std::optional<std::string> step_of_srun(const std::string& scontrol_steps, long srun_pid, const std::string& host) {
   const std::string pid_end = fmt::format(":{}", srun_pid);
-  std::optional<std::string> found;
+  std::vector<std::string> found;  // steps of an srun of that pid on another host
   std::istringstream lines(scontrol_steps);
   for (std::string line; std::getline(lines, line);) {
     std::string step, srun_host;
@@ -207,9 +207,10 @@ std::optional<std::string> step_of_srun(const std::string& scontrol_steps, long 
     }
     if (step.empty() || srun_host.empty()) continue;
     if (srun_host == host) return step;
-    if (!found) found = step;
+    found.push_back(step);
   }
-  return found;
+  if (found.size() == 1) return found.front();  // Slurm names this host otherwise (an alias): the one step of that pid
+  return std::nullopt;
 }
 
 namespace {

@@ -43,8 +43,8 @@ struct FailedTask {
 };
 
 // The step ("12.3") that the srun of process id `srun_pid` started, read from `scontrol -o show
-// step` output (its "SrunHost:Pid=HOST:PID" field); where two hosts ran an srun of that pid, the
-// one on `host`.
+// step` output (its "SrunHost:Pid=HOST:PID" field): the one on `host`, else the only step of an srun
+// of that pid (Slurm may name this host otherwise); nothing when several other hosts' match.
 std::optional<std::string> step_of_srun(const std::string& scontrol_steps, long srun_pid, const std::string& host);
 
 // The step that srun process `srun_pid` on this host started in job `job_id`, asked of Slurm

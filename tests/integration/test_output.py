@@ -187,7 +187,7 @@ class Output(unittest.TestCase):
             failed = subprocess.run(["sh", "-c", f'ulimit -n 20 && exec "$0" run -np 4 --output-dir {tmp} -- sh -c "echo bad"', DDL],
                                     capture_output=True, text=True, timeout=60)
             self.assertEqual(failed.returncode, 1, failed.stderr)
-            self.assertIn("Too many open files", failed.stderr)
+            self.assertIn("cannot create a pipe for a worker: Too many open files", failed.stderr)  # after the files opened
             for rank in range(4):
                 with open(os.path.join(tmp, f"rank.{rank}.out")) as f:
                     self.assertEqual(f.read(), f"good run {rank}\n")

@@ -248,9 +248,9 @@ class RequeueFlags(unittest.TestCase):
         outside = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
         self.check_refused([DDL, "run", "-np", "1", "--requeue-signal", "USR1", "--", "true"],
                            "--requeue-signal requeues a Slurm batch job, and this is not one (SLURM_JOB_ID is unset)", outside)
-        self.check_refused([DDL, "run", "-np", "1", "--requeue-signal", "KILL", "--", "true"], "--requeue-signal 'KILL': ddl requeues on USR1 or USR2 only")
+        self.check_refused([DDL, "run", "-np", "1", "--requeue-signal", "KILL", "--", "true"], "--requeue-signal 'KILL': only USR1 or USR2 can be used here")
         # srun kills every task on TERM or HUP: no worker could save.
-        self.check_refused([DDL, "run", "-np", "1", "--requeue-signal", "TERM", "--", "true"], "--requeue-signal 'TERM': ddl requeues on USR1 or USR2 only")
+        self.check_refused([DDL, "run", "-np", "1", "--requeue-signal", "TERM", "--", "true"], "--requeue-signal 'TERM': only USR1 or USR2 can be used here")
         self.check_refused([DDL, "run", "-np", "1", "--requeue-signal", "", "--", "true"], "--requeue-signal must not be empty")
         self.check_refused([DDL, "submit", "--site", "pbs", "--requeue", "--signal", "USR2", "--dry-run", "--", "true"],
                            "--signal: site 'pbs' uses PBS, which sends no signal before the walltime")
@@ -261,7 +261,7 @@ class RequeueFlags(unittest.TestCase):
         self.check_refused([DDL, "submit", "--site", "slurm", "--max-requeues", "2", "--dry-run", "--", "true"],
                            "--max-requeues is for --requeue")
         self.check_refused([DDL, "submit", "--site", "slurm", "--requeue", "--signal", "STOP", "--dry-run", "--", "true"],
-                           "--signal 'STOP': ddl requeues on USR1 or USR2 only")
+                           "--signal 'STOP': only USR1 or USR2 can be used here")
         self.check_refused([DDL, "submit", "--site", "pbs", "--requeue", "--max-requeues", "1", "--dry-run", "--", "true"],
                            "--max-requeues: site 'pbs' uses PBS")
 

@@ -319,80 +319,36 @@ class Slurm(unittest.TestCase):
                       result.stderr)
         self.assertTrue(wait_until(lambda: not [p for p in processes_with("hang_worker.py")], 20), "tasks outlived the hung step")
 
-    def test_sigterm_to_ddl_run_inside_salloc_stops_every_task(self):
+    def signal_ddl_run_in_salloc(self, sig, alloc, workers, *ddl_args):
+        """`salloc ALLOC ddl run DDL_ARGS -- sleep MARKER`, `sig` to ddl run once the `workers` sleeps run:
+        (salloc's exit code, stderr); nothing of the run may be left."""
         marker = unique_marker()
-        proc = subprocess.Popen(["salloc", "-N1", "--gpus-per-node=4", DDL, "run", "--", "sleep", marker], env=slurm_env(),
+        proc = subprocess.Popen(["salloc", "-N1", *alloc, DDL, "run", *ddl_args, "--", "sleep", marker], env=slurm_env(),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            # The 4 workers' sleeps: salloc, srun and ddl carry the marker too, so a count of all of
+            # The workers' sleeps: salloc, srun and ddl carry the marker too, so a count of all of
             # them can be reached while some task has not started yet.
-            self.assertTrue(wait_until(lambda: len(sleeps_with(marker)) >= 4, 30), "the workers did not start")
+            self.assertTrue(wait_until(lambda: len(sleeps_with(marker)) >= workers, 30), "the workers did not start")
             ddl_pids = [p for p in processes_with(marker) if command_line(p)[1:2] == [b"run"]]
             self.assertEqual(len(ddl_pids), 1)
-            os.kill(ddl_pids[0], signal.SIGTERM)
-            out, err = proc.communicate(timeout=60)
-            self.assertIn("ddl: interrupted by SIGTERM; stopped 4 worker(s)", err)  # srun's tasks, not srun
+            os.kill(ddl_pids[0], sig)
+            _, err = proc.communicate(timeout=60)
             self.assertTrue(wait_until(lambda: not processes_with(marker), 15), "tasks outlived ddl run")
+            return proc.returncode, err
         finally:
             proc.kill()
             kill_leftovers(marker)
 
-    def stop_ddl_run_under_srun(self, worker, *ddl_args):
-        """Starts `ddl run --cpu -np 2 ... -- PYTHON -c worker` in salloc, SIGTERMs ddl run once
-        both workers said 'up', and returns (exit code, stdout, stderr, seconds to the end)."""
-        marker = unique_marker()
-        proc = subprocess.Popen(["salloc", "-N1", "-n2", DDL, "run", "--cpu", "-np", "2", *ddl_args, "--", PYTHON, "-c", worker, marker],
-                                env=slurm_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            out = ""
-            deadline = time.monotonic() + 60
-            while out.count(" up") < 2 and time.monotonic() < deadline:
-                if select.select([proc.stdout], [], [], 0.5)[0]:
-                    out += os.read(proc.stdout.fileno(), 65536).decode()
-            self.assertEqual(out.count(" up"), 2, out)
-            ddl_pids = [p for p in processes_with(marker) if command_line(p)[1:2] == [b"run"]]
-            self.assertEqual(len(ddl_pids), 1)
-            stopped_at = time.monotonic()
-            os.kill(ddl_pids[0], signal.SIGTERM)
-            rest, err = proc.communicate(timeout=60)
-            took = time.monotonic() - stopped_at
-            self.assertTrue(wait_until(lambda: not processes_with(marker), 15), "tasks outlived ddl run")
-            return proc.returncode, out + rest, err, took
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            kill_leftovers(marker)
+    def test_sigterm_to_ddl_run_inside_salloc_stops_every_task(self):
+        _, err = self.signal_ddl_run_in_salloc(signal.SIGTERM, ["--gpus-per-node=4"], 4)
+        self.assertIn("ddl: interrupted by SIGTERM; stopped 4 worker(s)", err)  # srun's tasks, not srun
 
-    def test_sigterm_to_ddl_run_under_srun_gives_each_task_its_handler_and_grace(self):
-        # srun itself answers SIGTERM by killing its tasks at once: ddl run signals them through Slurm.
-        saver = ("import os, signal, sys, time\n"
-                 "def save(sig, frame):\n"
-                 "    print('rank', os.environ['RANK'], 'got', signal.Signals(sig).name, flush=True)\n"
-                 "    time.sleep(1)\n"
-                 "    print('rank', os.environ['RANK'], 'saved', flush=True)\n"
-                 "    sys.exit(0)\n"
-                 "signal.signal(signal.SIGTERM, save)\n"
-                 "print('rank', os.environ['RANK'], 'up', flush=True)\n"
-                 "time.sleep(120)\n")
-        code, out, err, _ = self.stop_ddl_run_under_srun(saver)
-        self.assertEqual(code, 143, out + err)
-        for rank in (0, 1):
-            self.assertIn(f"[{rank}] rank {rank} got SIGTERM\n", out, err)
-            self.assertIn(f"[{rank}] rank {rank} saved\n", out, err)
-        self.assertIn("ddl: interrupted by SIGTERM; stopped 2 worker(s)", err)
-        self.assertNotIn("got SIGCONT", err)  # srun's word for a SIGCONT sent to it: none is
-
-    def test_tasks_ignoring_sigterm_under_srun_are_killed_after_the_grace_period(self):
-        stubborn = ("import os, signal, time\n"
-                    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-                    "print('rank', os.environ['RANK'], 'up', flush=True)\n"
-                    "time.sleep(120)\n")
-        code, out, err, took = self.stop_ddl_run_under_srun(stubborn, "--grace-period", "2")
-        self.assertEqual(code, 143, out + err)
-        self.assertIn("ddl: interrupted by SIGTERM; stopped 2 worker(s)", err)
-        self.assertGreater(took, 1.5, err)  # the grace, then SIGKILL through Slurm
-        self.assertLess(took, 30, err)
+    def test_ctrl_c_to_ddl_run_directly_under_salloc_exits_130_not_salloc_s_0(self):
+        # salloc reports a child killed by a signal as exit 0: ddl run, which elsewhere dies of the
+        # SIGINT (so that a shell loop stops), exits 130 under it.
+        code, err = self.signal_ddl_run_in_salloc(signal.SIGINT, ["-n2"], 2, "--cpu", "-np", "2")
+        self.assertEqual(code, 130, err)
+        self.assertIn("ddl: interrupted by SIGINT; stopped 2 worker(s)", err)
 
     def submit(self, *args, cwd, timeout=180):
         return run([DDL, "submit", *args], cwd=cwd, timeout=timeout)
@@ -587,11 +543,10 @@ class Slurm(unittest.TestCase):
                 self.assertEqual(cancelled.returncode, 0, cancelled.stderr)
                 self.assertTrue(wait_until(lambda: "CANCELLED" in run([DDL, "status", job]).stdout, 30))
                 self.assertTrue(wait_until(lambda: not processes_with(marker), 30), "the job's worker outlived scancel")
-                # scancel exits with 0 for an ended or unknown job: ddl says it was not cancelled.
+                # scancel exits with 0 for an ended or unknown job: ddl says it cancelled nothing.
                 again = run([DDL, "cancel", job])
-                self.assertEqual(again.returncode, 1, again.stdout + again.stderr)
-                self.assertIn(f"ddl: error: scancel {job} failed: scancel: error: Kill job error on job id {job}", again.stderr)
-                self.assertNotIn("cancelled job", again.stdout)
+                self.assertEqual(again.returncode, 0, again.stdout + again.stderr)
+                self.assertEqual(again.stdout, f"job {job} had already ended or is ending: nothing to cancel\n")
                 unknown = run([DDL, "cancel", "987654"])
                 self.assertEqual(unknown.returncode, 1, unknown.stdout + unknown.stderr)
                 self.assertIn("Invalid job id specified", unknown.stderr)

@@ -171,9 +171,10 @@ TEST_CASE("the step an srun started is found by its pid, on this host first") {
       "StepId=12.2 UserId=0 State=RUNNING NodeList=nid004 Name=ddl SrunHost:Pid=nid004:424 Tasks=4\n"
       "StepId=12.batch UserId=0 State=RUNNING NodeList=nid001 Name=batch\n";
   CHECK(slurm::step_of_srun(steps, 4242, "nid001") == "12.0");
-  CHECK(slurm::step_of_srun(steps, 424, "nid004") == "12.2");  // not 12.1: another host's srun of the same pid
-  CHECK(slurm::step_of_srun(steps, 424, "login1") == "12.1");  // Slurm's name for this host unknown: the first
-  CHECK_FALSE(slurm::step_of_srun(steps, 42, "nid001"));       // a pid that ends like one is not it
+  CHECK(slurm::step_of_srun(steps, 424, "nid004") == "12.2");   // not 12.1: another host's srun of the same pid
+  CHECK_FALSE(slurm::step_of_srun(steps, 424, "login1"));       // two other hosts' srun of that pid: neither is sure
+  CHECK(slurm::step_of_srun(steps, 4242, "login1") == "12.0");  // the only step of that pid, this host named otherwise
+  CHECK_FALSE(slurm::step_of_srun(steps, 42, "nid001"));        // a pid that ends like one is not it
   CHECK_FALSE(slurm::step_of_srun("", 4242, "nid001"));
 }
 
