@@ -175,7 +175,7 @@ class _Op:
         """The op's torch future, made now if nobody asked before (and completed at once if the op is)."""
         with self.lock:
             if self._future is None:
-                self._future = torch.futures.Future()
+                self._future = _OpFuture(self)
                 if self.done:  # nothing can be waiting on a future just made: completing it here is safe
                     _set_outcome(self._future, self.value, self.error)
             return self._future
@@ -240,6 +240,22 @@ class _Op:
             finally:
                 self.done = True
         self.keep = None
+
+
+class _OpFuture(torch.futures.Future):
+    """An op's torch future, whose wait() completes the op on the waiting thread when nobody has
+    claimed it: a then-callback of an earlier op's future runs on the group's thread, and an op queued
+    behind that one (its future waited for in the callback) could otherwise be completed by no thread."""
+
+    def __init__(self, op):
+        super().__init__()
+        self._ddl_op = weakref.ref(op)  # the op holds its future: no cycle
+
+    def wait(self):
+        op = self._ddl_op()
+        if op is not None and not op.done:
+            op.settle()
+        return super().wait()
 
 
 def _any_memory_shared(tensors):
@@ -669,8 +685,14 @@ class ProcessGroupDDL(dist.ProcessGroup):
 
     # ---- reductions ----
 
-    @_in_step(_allreduce_places)
     def allreduce(self, tensors, opts=None):
+        # all_reduce_multigpu's list would need every tensor of every rank in each result.
+        _single(tensors, "all_reduce")
+        return self._allreduce_each(tensors, opts)
+
+    @_in_step(_allreduce_places)
+    def _allreduce_each(self, tensors, opts=None):
+        """Each of `tensors` reduced across the group on its own (all_reduce's one, all_reduce_coalesced's list)."""
         op = _libddl_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         _same_device(tensors)
         if any(t.is_sparse for t in tensors):
@@ -745,9 +767,9 @@ class ProcessGroupDDL(dist.ProcessGroup):
         # each op would add into the other's result: copies are reduced then and written back, as
         # gloo's one flat buffer gives, in as many places as a rank whose tensors share nothing takes.
         if not _any_memory_shared(tensors):
-            return self.allreduce(tensors, opts)
+            return self._allreduce_each(tensors, opts)
         copies = [t.detach().clone() for t in tensors]
-        work = self.allreduce(copies, opts)
+        work = self._allreduce_each(copies, opts)
         return self._then(work, lambda: self._copy_back(copies, tensors))
 
     def _root(self, opts, what):
@@ -823,6 +845,7 @@ class ProcessGroupDDL(dist.ProcessGroup):
     @_in_step(_broadcast_places)
     def broadcast(self, tensors, opts):
         root = opts.rootRank
+        _single(tensors, "broadcast")  # broadcast_multigpu's list and its src_tensor
         _same_device(tensors)
         dense = [_dense(t) for t in tensors]
         views = [_movable(t) for t in dense]

@@ -194,6 +194,13 @@ def asynchronous(rank):
     t = data(rank)
     dist.all_reduce(t, group=GLOO)
     check("get_future().then", future.wait(), t * 2)
+    # A then-callback runs on the group's thread; one that waits for a later op's future (queued
+    # behind on that thread) hung, and every later future of the group with it.
+    first = dist.all_reduce(torch.ones(1), async_op=True, group=DDL).get_future()
+    second = dist.all_reduce(torch.full((1,), 2.0), async_op=True, group=DDL).get_future()
+    chained = first.then(lambda f: f.value()[0] + second.wait()[0])
+    check("a then-callback waiting for a later op's future", chained.wait(), torch.full((1,), 3.0 * SIZE))
+    check("a future after it", dist.all_reduce(torch.ones(1), async_op=True, group=DDL).get_future().wait()[0], torch.full((1,), float(SIZE)))
     dist.barrier(group=DDL)
     check("barrier", torch.ones(1), torch.ones(1))
     if SIZE > 1:  # rank 1's op waits for the others, which join only after its wait(timeout) gave up
@@ -315,6 +322,17 @@ def errors(rank):
     reduce_scatter = getattr(dist, "reduce_scatter_tensor", None) or dist._reduce_scatter_base
     expect_error(ValueError, "dtype", reduce_scatter, torch.zeros(2, dtype=torch.float64), torch.ones(2 * SIZE), group=DDL)
     check("reduce_scatter_tensor into another dtype refused", torch.ones(1), torch.ones(1))
+    # all_reduce_multigpu / broadcast_multigpu with a list per rank returned each tensor reduced on its
+    # own (and ignored src_tensor), where torch promises every tensor the sum of all of them.
+    if hasattr(dist, "all_reduce_multigpu"):  # (gone from torch 2.x)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "will be deprecated"
+            expect_error(ValueError, "one tensor per rank", dist.all_reduce_multigpu, [torch.ones(1), torch.ones(1)], group=DDL)
+            expect_error(ValueError, "one tensor per rank", dist.broadcast_multigpu, [torch.ones(1), torch.ones(1)], 0, group=DDL,
+                         src_tensor=1)
+        t = torch.full((2,), float(rank + 1))
+        dist.all_reduce(t, group=DDL)  # the group is in step after the refusals
+        check("all_reduce/broadcast_multigpu with two tensors per rank refused", t, torch.full((2,), float(SIZE * (SIZE + 1) // 2)))
     # A root outside the group was a silent no-op: nobody was the root.
     expect_error(ValueError, "invalid root rank", dist.reduce, torch.ones(2), SIZE + 5, group=DDL)
     check("reduce to a rank outside the group refused", torch.ones(1), torch.ones(1))
