@@ -339,14 +339,11 @@ void requeue_slurm_job(const std::string& id) {
 
 std::optional<bool> slurm_job_is_batch(const std::string& id) {
   if (!looks_like_job_id(id)) return std::nullopt;
-  const CommandResult r = run_command({"scontrol", "-o", "show", "job", id}, std::chrono::seconds(10));
-  if (!r.ok()) return std::nullopt;
-  // The last such field: the job's name and comment come before it and may hold any text.
-  std::optional<bool> batch;
-  std::istringstream fields(first_line(r.out));
-  for (std::string field; fields >> field;)
-    if (field.starts_with("BatchFlag=")) batch = field != "BatchFlag=0";
-  return batch;
+  // squeue's field, not scontrol's line (see slurm_jobs.hpp: a job's name may hold "BatchFlag=").
+  const CommandResult r = run_command({"squeue", "-h", "-j", id, "-O", "BatchFlag:|"}, std::chrono::seconds(10));
+  const std::string flag = first_line(r.out).substr(0, first_line(r.out).find('|'));
+  if (!r.ok() || (flag != "0" && flag != "1")) return std::nullopt;
+  return flag == "1";
 }
 
 std::optional<std::chrono::seconds> slurm_time_left(const std::string& id) {

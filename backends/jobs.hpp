@@ -69,7 +69,7 @@ bool cancel_job(Scheduler scheduler, const std::string& id);
 // throws ddl::Error with Slurm's message when it cannot.
 void requeue_slurm_job(const std::string& id);
 
-// Whether Slurm job `id` is a batch job (scontrol's BatchFlag), which `scontrol requeue` takes, and
+// Whether Slurm job `id` is a batch job (squeue's BatchFlag), which `scontrol requeue` takes, and
 // not an interactive allocation (salloc); nullopt when Slurm does not say.
 std::optional<bool> slurm_job_is_batch(const std::string& id);
 

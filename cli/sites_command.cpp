@@ -51,8 +51,9 @@ int SitesCommand::execute() const {
     auto it = p.origin.find(field);
     return it == p.origin.end() ? std::string("default") : it->second;
   };
-  auto row = [&](const std::string& field, const std::string& value) {
-    std::printf("%-16s %-40s  [%s]\n", field.c_str(), value.c_str(), from(field).c_str());
+  // A field whose origin is tracked under another key (a whole map's: "patterns", "queues") names it.
+  auto row = [&](const std::string& field, const std::string& value, const std::string& origin_key = "") {
+    std::printf("%-16s %-40s  [%s]\n", field.c_str(), value.c_str(), from(origin_key.empty() ? field : origin_key).c_str());
   };
   std::printf("site %s\n", p.name.c_str());
   row("description", p.description);
@@ -63,26 +64,20 @@ int SitesCommand::execute() const {
   row("gpu_vendor", p.gpu_vendor);
   row("launcher", p.launcher);
   row("gpu_order", p.gpu_order);
-  for (const auto& [option, value] : p.defaults)
-    std::printf("%-16s %-40s  [%s]\n", ("defaults." + option).c_str(), value.c_str(), from("defaults." + option).c_str());
+  for (const auto& [option, value] : p.defaults) row("defaults." + option, value);
   row("required", fmt::format("{}", fmt::join(p.required, ", ")));
-  for (const auto& [option, rule] : p.patterns)
-    std::printf("%-16s %-40s  [%s]\n", ("patterns." + option).c_str(), rule.regex.c_str(), from("patterns").c_str());
-  for (const auto& [option, why] : p.forbidden)
-    std::printf("%-16s %-40s  [%s]\n", ("forbidden." + option).c_str(), why.c_str(), from("forbidden").c_str());
+  for (const auto& [option, rule] : p.patterns) row("patterns." + option, rule.regex, "patterns");
+  for (const auto& [option, why] : p.forbidden) row("forbidden." + option, why, "forbidden");
   if (p.max_cores_per_gpu > 0) row("max_cores_per_gpu", std::to_string(p.max_cores_per_gpu));
-  for (const auto& [queue, limits] : p.queues)
-    std::printf("%-16s %-40s  [%s]\n", ("queues." + queue).c_str(), queue_limits_said(limits).c_str(), from("queues").c_str());
+  for (const auto& [queue, limits] : p.queues) row("queues." + queue, queue_limits_said(limits), "queues");
   for (const auto& [partition, shape] : p.partitions)
-    std::printf("%-16s %-40s  [%s]\n", ("partitions." + partition).c_str(),
-                fmt::format("{} GPU(s), {} cores per node", shape.gpus_per_node, shape.cores_per_node).c_str(), from("partitions").c_str());
+    row("partitions." + partition, fmt::format("{} GPU(s), {} cores per node", shape.gpus_per_node, shape.cores_per_node), "partitions");
   row("gpu_request", p.gpu_request);
   row("directives", fmt::format("{}", fmt::join(p.directives, " | ")));
   row("module_use", fmt::format("{}", fmt::join(p.module_use, " ")));
   row("modules", fmt::format("{}", fmt::join(p.modules, " ")));
   row("setup", fmt::format("{}", fmt::join(p.setup, " ; ")));
-  for (const auto& [name, value] : p.environment)
-    std::printf("%-16s %-40s  [%s]\n", ("environment." + name).c_str(), value.c_str(), from("environment").c_str());
+  for (const auto& [name, value] : p.environment) row("environment." + name, value, "environment");
   if (p.container) row("container", fmt::format("{}: {}", p.container->kind, fmt::join(p.container->wrap, " ")));
   if (p.hang_timeout > 0) row("hang_timeout", std::to_string(p.hang_timeout));
   if (!p.nccl_network.empty()) {
@@ -90,9 +85,8 @@ int SitesCommand::execute() const {
     row("nccl_network_fix", p.nccl_network_fix);
   }
   if (p.match) {
-    if (!p.match->hostname.empty()) std::printf("%-16s %-40s  [%s]\n", "match.hostname", p.match->hostname.c_str(), from("match").c_str());
-    for (const auto& [name, pattern] : p.match->environment)
-      std::printf("%-16s %-40s  [%s]\n", ("match.environment." + name).c_str(), pattern.c_str(), from("match").c_str());
+    if (!p.match->hostname.empty()) row("match.hostname", p.match->hostname, "match");
+    for (const auto& [name, pattern] : p.match->environment) row("match.environment." + name, pattern, "match");
   }
   row("notes", p.notes);
   return 0;

@@ -350,7 +350,7 @@ RunOutcome run_in_allocation(const RunRequest& request, const backends::Allocati
                                                                                                                int sig) mutable {
       // Asked once: the SIGKILL after the grace uses the answer too, and a controller that did not
       // answer is not waited for again (srun then gets the signal itself).
-      if (!asked) step = backends::slurm::srun_step(job, srun);
+      if (!asked) step = backends::slurm::srun_step(job, srun, host_name());
       asked = true;
       return step && backends::slurm::signal_step(*step, sig);
     };

@@ -313,7 +313,7 @@ bool gpus_without_driver(const GpuInventory& gpus) {
   return ::dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL) == nullptr;  // (not unloaded, as gpu_inventory's)
 }
 
-CapabilitySection gpus_section(const Environment& env, const GpuInventory& gpus) {
+CapabilitySection gpus_section(const Environment& env, const GpuInventory& gpus, bool no_driver) {
   CapabilitySection s{"GPUs", {}};
   if (backends::on_path("nvidia-smi")) {
     CommandResult r =
@@ -330,7 +330,7 @@ CapabilitySection gpus_section(const Environment& env, const GpuInventory& gpus)
     }
     if (!r.ok()) s.items.push_back(item(false, "nvidia-smi", "", "failed: " + first_line(r.err + r.out)));
   }
-  if (s.items.empty() && gpus_without_driver(gpus)) {
+  if (s.items.empty() && no_driver) {
     s.items.push_back(item(false, fmt::format("{} GPU(s)", gpus.count()), "",
                            "named by CUDA_VISIBLE_DEVICES, but this machine has no NVIDIA driver (no nvidia-smi, no libcuda.so.1): "
                            "nothing here can use them"));
@@ -416,12 +416,13 @@ std::vector<CapabilitySection> capability_report(const Environment& env, const C
   auto controllers = controllers_section();
   report.push_back(frameworks.get());
   report.push_back(std::move(controllers));
-  report.push_back(tensor_ops_section(env, gpus_without_driver(inventory) ? GpuInventory{{}, "no NVIDIA driver"} : inventory, nccl));
+  const bool no_driver = gpus_without_driver(inventory);  // asked once: it looks on PATH and loads libcuda
+  report.push_back(tensor_ops_section(env, no_driver ? GpuInventory{{}, "no NVIDIA driver"} : inventory, nccl));
   const auto listed = backends::list_sites();  // every profile read once: for matching, and to name broken ones
   const std::string host = full_host_name();
   const auto sites = backends::matching_sites(listed, host, env);
   report.push_back(nccl_network_section(env, listed, sites));
-  report.push_back(gpus_section(env, inventory));
+  report.push_back(gpus_section(env, inventory, no_driver));
   report.push_back(allocation_section(env, inventory));
   report.push_back(site_section(host, listed, sites));
   return report;

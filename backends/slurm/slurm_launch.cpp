@@ -9,8 +9,6 @@
 #include <sstream>
 #include <string_view>
 
-#include <unistd.h>
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -218,14 +216,11 @@ namespace {
 constexpr auto kSlurmAnswerWait = std::chrono::seconds(5);
 }  // namespace
 
-std::optional<std::string> srun_step(const std::string& job_id, long srun_pid) {
+std::optional<std::string> srun_step(const std::string& job_id, long srun_pid, const std::string& host) {
   if (job_id.empty()) return std::nullopt;
   const CommandResult steps = run_command({"scontrol", "-o", "show", "step", job_id}, kSlurmAnswerWait);
   if (!steps.ok()) return std::nullopt;
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
-  const std::string name(host);
-  return step_of_srun(steps.out, srun_pid, name.substr(0, name.find('.')));  // Slurm's SrunHost is the short name
+  return step_of_srun(steps.out, srun_pid, host.substr(0, host.find('.')));  // Slurm's SrunHost is the short name
 }
 
 bool signal_step(const std::string& step, int sig) {

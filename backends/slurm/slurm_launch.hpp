@@ -47,9 +47,9 @@ struct FailedTask {
 // of that pid (Slurm may name this host otherwise); nothing when several other hosts' match.
 std::optional<std::string> step_of_srun(const std::string& scontrol_steps, long srun_pid, const std::string& host);
 
-// The step that srun process `srun_pid` on this host started in job `job_id`, asked of Slurm
-// (`scontrol -o show step JOB`); nothing when Slurm did not say.
-std::optional<std::string> srun_step(const std::string& job_id, long srun_pid);
+// The step that srun process `srun_pid` on `host` (this host's name) started in job `job_id`,
+// asked of Slurm (`scontrol -o show step JOB`); nothing when Slurm did not say.
+std::optional<std::string> srun_step(const std::string& job_id, long srun_pid, const std::string& host);
 
 // Sends `sig` to every task of `step` through Slurm (`scancel --signal`). srun itself answers
 // SIGTERM by killing its tasks at once; this leaves them their handlers. False when scancel failed.
