@@ -43,10 +43,10 @@ ONE = struct.unpack("<q", struct.pack("<d", 1.0))[0]
 HALF = struct.unpack("<q", struct.pack("<d", 0.5))[0]
 
 
-def op(name, kind=ALLREDUCE, dtype=FLOAT32, reduce=SUM, flags=0, root=0, count=4, counts=(), shape=(), pre=ONE, post=ONE):
+def op(name, kind=ALLREDUCE, dtype=FLOAT32, reduce=SUM, flags=0, root=0, count=4, counts=(), shape=(), pre=ONE, post=ONE, group=1):
     b = s(name) + u8(kind) + u8(dtype) + u8(reduce) + u8(flags) + i64(root) + i64(count) + u32(len(counts))
     b += b"".join(i64(c) for c in counts) + u32(len(shape)) + b"".join(i64(d) for d in shape)
-    return b + i64(pre) + i64(post)
+    return b + i64(pre) + i64(post) + u32(group)
 
 
 def announce(ops=(), expired=(), cached=(), finalizing=False, joined=False):
@@ -66,6 +66,9 @@ negotiation = {
             + announce(joined=True) + announce([op(b"j", kind=JOIN, count=0)], joined=True),
     "finalize_one_rank": u8(0) + announce([op(b"b", kind=BARRIER, count=0), op(b"v", kind=ALLGATHERV, counts=(1, 3))], finalizing=True),
     "malformed": u8(1) + frame(u8(0) + u32(1) + s(b"cut")) + announce(cached=[7]) + announce(),
+    "grouped_sizes_differ": u8(1) + announce([op(b"g.0", group=1)]) + announce([op(b"g.0", group=3), op(b"g.1", group=3)])
+                            + announce() + announce([op(b"g.2", group=3)]),
+    "crash_group_size_oom": u8(1) + announce([op(b"g.0", group=1)]) + announce([op(b"g.0", group=2**32 - 1)]),
 }
 
 

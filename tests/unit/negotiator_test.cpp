@@ -411,6 +411,24 @@ TEST_CASE("parts abandoned once per call: the name's next call runs, its parts s
   CHECK(d.failed.empty());
 }
 
+TEST_CASE("a group size from a corrupt announcement costs nothing per part: only announced parts are kept") {
+  // A peer's bytes may say a group of four billion parts (found by fuzz_negotiation: one entry per
+  // part ran the process out of memory). The parts beyond the smallest group are a range.
+  Negotiator n(2);
+  auto now = Clock::now();
+  auto d1 =
+      n.merge({announce({{"g.0", grouped(1)}}), announce({{"g.0", grouped(UINT32_MAX)}, {"g.4000000000", grouped(UINT32_MAX)}})}, now);
+  CHECK(failed_with(d1, "g.0", "op 'g.0' differs between ranks"));
+  CHECK(failed_with(d1, "g.4000000000", "a part of a grouped call"));
+  // Names that only look like parts are not: a leading zero, a part 0 again, a number past the range.
+  auto d2 = n.merge({announce({{"g.07", allreduce(1)}, {"g.99999999999", allreduce(1)}}),
+                     announce({{"g.07", allreduce(1)}, {"g.99999999999", allreduce(1)}, {"g.5", grouped(UINT32_MAX)}})},
+                    now);
+  CHECK(names(d2) == std::vector<std::string>{"g.07", "g.99999999999"});
+  CHECK(failed_with(d2, "g.5", "a part of a grouped call"));
+  CHECK(n.idle());
+}
+
 TEST_CASE("a timed-out ordered op breaks the order: the ordered ops waiting then fail, cached ones too") {
   Negotiator n(2);
   auto t0 = Clock::now();

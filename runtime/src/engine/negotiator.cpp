@@ -1,6 +1,7 @@
 #include "runtime/src/engine/negotiator.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <climits>
 #include <set>
 #include <stdexcept>
@@ -275,45 +276,78 @@ void Negotiator::abandon_parts_beyond_smallest_group(const std::string& name, co
   // abandon again a part already settled, and fail that name's next call).
   const size_t dot = name.rfind('.');
   if (smallest == largest || largest == 0 || dot == std::string::npos || !name.ends_with(".0")) return;
-  const std::string prefix = name.substr(0, dot + 1);  // "NAME.": the parts are NAME.0 ... NAME.(size - 1)
-  for (unsigned k = smallest; k < largest; ++k) {
-    const std::string part = prefix + std::to_string(k);
-    if (part == name) continue;
-    AbandonedPart& a = abandoned_parts_[part];
-    a.failed = {part, DDL_ERROR_MISMATCH,
-                fmt::format("op '{}' was not run: it is a part of a grouped call whose parts ranks disagree on: {}", part, failed.message)};
-    a.awaited.assign(static_cast<size_t>(size_), false);
-    for (int r = 0; r < size_; ++r) {
-      const auto& spec = e.specs[static_cast<size_t>(r)];
-      a.awaited[static_cast<size_t>(r)] = spec && spec->group_size > k;
-    }
+  AbandonedParts& a = abandoned_parts_[name.substr(0, dot + 1)];  // "NAME.": the parts are NAME.0 ... NAME.(size - 1)
+  a = AbandonedParts{};
+  a.first = std::max(smallest, 1u);  // part 0 is `name`, failing now
+  a.mismatch = failed.message;
+  a.group_sizes.assign(static_cast<size_t>(size_), 0);
+  for (int r = 0; r < size_; ++r)
+    if (const auto& spec = e.specs[static_cast<size_t>(r)]) a.group_sizes[static_cast<size_t>(r)] = spec->group_size;
+}
+
+bool Negotiator::AbandonedParts::awaits(unsigned part) const {
+  const auto seen = announced.find(part);
+  for (size_t r = 0; r < group_sizes.size(); ++r)
+    if (group_sizes[r] > part && (seen == announced.end() || !seen->second[r])) return true;
+  return false;
+}
+
+bool Negotiator::AbandonedParts::settled() const {
+  for (size_t r = 0; r < group_sizes.size(); ++r) {
+    const uint64_t owed = group_sizes[r] > first ? group_sizes[r] - first : 0;
+    uint64_t given = 0;
+    for (const auto& [part, ranks] : announced) given += (part < group_sizes[r] && ranks[r]) ? 1 : 0;
+    if (given < owed) return false;
   }
+  return true;
+}
+
+Negotiator::AbandonedParts* Negotiator::abandoned_range_of(const std::string& name, unsigned& part) {
+  const size_t dot = name.rfind('.');
+  if (dot == std::string::npos) return nullptr;
+  auto it = abandoned_parts_.find(name.substr(0, dot + 1));
+  if (it == abandoned_parts_.end()) return nullptr;
+  const char* digits = name.data() + dot + 1;
+  const char* end = name.data() + name.size();
+  if (digits == end || (end - digits > 1 && *digits == '0')) return nullptr;  // a part is NAME.k as std::to_string writes k
+  auto [stop, error] = std::from_chars(digits, end, part);
+  if (error != std::errc{} || stop != end) return nullptr;
+  return part >= it->second.first && it->second.awaits(part) ? &it->second : nullptr;
 }
 
 // An abandoned part that ranks announced (in full, or by its cached id) fails now on every rank
-// that has it; it stays, to fail as it comes, until every rank whose group has it announced it.
+// that has it; its range stays, to fail parts as they come, until every rank whose group has a part
+// announced it.
 void Negotiator::fail_abandoned_parts(RoundDecision& decision) {
-  for (auto it = abandoned_parts_.begin(); it != abandoned_parts_.end();) {
-    AbandonedPart& a = it->second;
-    bool announced = false;
-    if (auto entry = table_.find(it->first); entry != table_.end()) {
-      for (int r = 0; r < size_; ++r)
-        if (entry->second.specs[static_cast<size_t>(r)]) a.awaited[static_cast<size_t>(r)] = false;
-      table_.erase(entry);
-      announced = true;
-    } else if (auto id = cache_ids_.find(it->first); id != cache_ids_.end() && cached_waits_[id->second].announced > 0) {
-      CachedWait& w = cached_waits_[id->second];
-      for (int r = 0; r < size_; ++r)
-        if (w.ranks[static_cast<size_t>(r)]) a.awaited[static_cast<size_t>(r)] = false;
-      clear_wait(w);
-      announced = true;
+  if (abandoned_parts_.empty()) return;
+  // The waiting ops in an abandoned range and the ranks that announced each, by name: every rank
+  // fails them in the same order.
+  std::map<std::string, std::vector<bool>> parts;
+  unsigned part = 0;
+  for (const auto& [name, e] : table_)
+    if (abandoned_range_of(name, part)) {
+      auto& ranks = parts[name];
+      for (const auto& spec : e.specs) ranks.push_back(spec.has_value());
     }
-    if (announced) decision.failed.push_back(a.failed);
-    if (std::none_of(a.awaited.begin(), a.awaited.end(), [](bool w) { return w; }))
-      it = abandoned_parts_.erase(it);
+  for (size_t id = 0; cached_waiting_ > 0 && id < cached_waits_.size(); ++id)
+    if (cached_waits_[id].announced > 0 && abandoned_range_of(cache_[id].first, part))
+      parts.try_emplace(cache_[id].first, cached_waits_[id].ranks);
+
+  for (const auto& [name, ranks] : parts) {
+    AbandonedParts* range = abandoned_range_of(name, part);
+    std::vector<bool>& seen = range->announced[part];
+    seen.resize(static_cast<size_t>(size_), false);
+    for (int r = 0; r < size_; ++r)
+      if (ranks[static_cast<size_t>(r)]) seen[static_cast<size_t>(r)] = true;
+    if (auto entry = table_.find(name); entry != table_.end())
+      table_.erase(entry);
     else
-      ++it;
+      clear_wait(cached_waits_[cache_ids_.at(name)]);
+    decision.failed.push_back(
+        {name, DDL_ERROR_MISMATCH,
+         fmt::format("op '{}' was not run: it is a part of a grouped call whose parts ranks disagree on: {}", name, range->mismatch)});
   }
+  std::erase_if(abandoned_parts_, [](const auto& range) { return range.second.settled(); });
 }
 
 FailedOp out_of_order_failure(const std::string& name, const FailedOp& first) {

@@ -177,12 +177,19 @@ class Negotiator {
   std::unordered_map<std::string, Entry> table_;
   // The parts NAME.k of a named grouped call whose ranks' group sizes differed, which only the ranks
   // with more parts submit: failed as they come (fail_abandoned_parts), with the mismatch's message,
-  // rather than waited for until DDL_TIMEOUT.
-  struct AbandonedPart {
-    FailedOp failed;
-    std::vector<bool> awaited;  // the ranks whose group has this part and have not announced it yet
+  // rather than waited for until DDL_TIMEOUT. Kept as a range per call, keyed by "NAME.": a group
+  // size comes from a peer's bytes, so nothing here grows with it, only with what ranks announce.
+  struct AbandonedParts {
+    unsigned first = 0;                               // parts first.. are abandoned
+    std::vector<unsigned> group_sizes;                // per rank: the rank's parts are 0..size-1
+    std::string mismatch;                             // why (the message of NAME.0's failure)
+    std::map<unsigned, std::vector<bool>> announced;  // part -> the ranks that announced it since
+    bool awaits(unsigned part) const;                 // some rank whose group has it has not announced it
+    bool settled() const;                             // every rank announced every abandoned part of its group
   };
-  std::map<std::string, AbandonedPart> abandoned_parts_;
+  // The abandoned range `name` falls in, and its part number; nullptr when it is in none.
+  AbandonedParts* abandoned_range_of(const std::string& name, unsigned& part);
+  std::map<std::string, AbandonedParts> abandoned_parts_;
   std::optional<FailedOp> order_broken_;
   std::deque<std::pair<std::string, OpSpec>> agreed_in_full_;  // the last merge's ready ops that were announced in full
 };
