@@ -30,6 +30,7 @@ struct TaskLine {
     kProgress,   // the rank's libddl completed ops (for the hang watchdog)
     kStack,      // `text` is a line of the rank's stacks
     kStacksEnd,  // the rank's stacks are complete; `text`, when not empty, says why there are none
+    kEnded,      // `text` is the wait status the rank's program ended with, its task ending with 0
   };
   Notice notice = Notice::kNone;
 };

@@ -259,7 +259,9 @@ void explain_failure(RunOutcome& outcome, TaskLauncher launcher, const Allocatio
   std::deque<std::string> reports = launcher_reports;
   reports.insert(reports.end(), said.begin(), said.end());
   std::optional<int> rank;
-  if (launcher == TaskLauncher::Srun) {
+  if (f.told_by_relay) {
+    rank = f.rank;  // and its host, exit code and signal, as its relay said
+  } else if (launcher == TaskLauncher::Srun) {
     if (auto task = backends::slurm::failed_task(reports)) {
       rank = task->rank;
       f.host = task->host;
@@ -285,7 +287,7 @@ void explain_failure(RunOutcome& outcome, TaskLauncher launcher, const Allocatio
   }
   f.rank = *rank;
   outcome.workers_stopped = plan.world_size() - 1;  // the launcher stopped the others
-  if (launcher != TaskLauncher::Srun && f.rank / plan.workers_per_node < static_cast<int>(shape.hosts.size()))
+  if (launcher != TaskLauncher::Srun && !f.told_by_relay && f.rank / plan.workers_per_node < static_cast<int>(shape.hosts.size()))
     f.host = shape.hosts[static_cast<size_t>(f.rank / plan.workers_per_node)];
   std::vector<backends::TaskLine> tasks;
   backends::pbs::OpenMpiOutput openmpi(starts_relayed_line);

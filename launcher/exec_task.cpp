@@ -15,8 +15,10 @@
 
 #include "common/error.hpp"
 #include "common/worker_contract.hpp"
+#include "common/write_all.hpp"
 #include "launcher/end_by_signal.hpp"
 #include "launcher/host.hpp"
+#include "launcher/relayed_output.hpp"
 #include "launcher/supervisor.hpp"
 #include "launcher/worker_environment.hpp"
 #include "launcher/worker_process.hpp"
@@ -161,11 +163,16 @@ int exec_task(const ExecRequest& request, const Environment& env) {
     // A signal that came after the worker ended would act once the mask is given back: dropped.
     for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2}) ::signal(sig, SIG_IGN);
     relay.reset();
-    // However the program ended after the finish signal (ExecRequest::finish_signal); a failure
-    // before it is the task's.
-    if (outcome.finished_on && !outcome.failure) {
+    // After a stop signal (ddl run's, through Slurm) or the finish signal the task ends with 0
+    // however the program ended, so that srun's --kill-on-bad-exit does not kill the ranks still
+    // saving; a relayed line tells ddl run how it ended (a failure unless ddl run is stopping or
+    // finishing the run itself). A failure before the signal is the task's.
+    const int signalled = outcome.finished_on ? outcome.finished_on : outcome.interrupted_by;
+    if (signalled && !outcome.failure) {
       const int status = outcome.wait_status.count(id.rank) ? outcome.wait_status.at(id.rank) : 0;
-      if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0))
+      if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return 0;
+      write_all(STDOUT_FILENO, relayed_end(id.rank, status));
+      if (outcome.finished_on)
         std::fprintf(stderr,
                      "ddl exec: rank %d's program ended after SIG%s (the requeue signal) with %s; the task ends with 0, so that "
                      "srun does not stop the ranks still saving\n",

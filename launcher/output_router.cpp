@@ -349,6 +349,10 @@ bool OutputRouter::emit_labelled(Stream& s, std::string_view line, char end, std
       listener_.relayed_stack(task);
       continue;
     }
+    if (task.notice == Notice::kEnded) {
+      listener_.relayed_end(task);
+      continue;
+    }
     listener_.activity();
     if (task.notice == Notice::kProgress) continue;
     if (task.notice == Notice::kHost) {

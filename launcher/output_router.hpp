@@ -31,6 +31,7 @@ class OutputRouter {
   struct Listener {
     std::function<void()> activity;
     std::function<void(const backends::TaskLine&)> relayed_stack;
+    std::function<void(const backends::TaskLine&)> relayed_end;  // a rank's program ended, its task with 0
   };
 
   OutputRouter(const SupervisorOptions& options, Listener listener);
@@ -87,6 +88,11 @@ class OutputRouter {
 
   // Whether a task launcher's relay named the host of `rank` (each rank's does first thing).
   bool knows_host_of(int rank) const { return hosts_of_ranks_.count(rank) != 0; }
+  // The host a task launcher's relay named for `rank`, or `otherwise`.
+  std::string host_of(int rank, const std::string& otherwise) const {
+    auto it = hosts_of_ranks_.find(rank);
+    return it == hosts_of_ranks_.end() ? otherwise : it->second;
+  }
 
  private:
   struct Stream;

@@ -22,6 +22,8 @@ std::string relayed_host(int rank, std::string_view host) { return fmt::format("
 
 std::string relayed_progress(int rank) { return fmt::format("{}* \n", rank); }
 
+std::string relayed_end(int rank, int wait_status) { return fmt::format("{}= {}\n", rank, wait_status); }
+
 std::string relayed_stacks(int rank, std::string_view stacks, std::string_view none_because) {
   std::string relayed;
   size_t start = 0;
@@ -54,6 +56,7 @@ std::optional<backends::TaskLine> relayed_line(std::string_view line) {
     case '*': task.notice = backends::TaskLine::Notice::kProgress; return task;
     case '#': task.notice = backends::TaskLine::Notice::kStack; return task;
     case '!': task.notice = backends::TaskLine::Notice::kStacksEnd; return task;
+    case '=': task.notice = backends::TaskLine::Notice::kEnded; return task;
     default: return std::nullopt;
   }
 }

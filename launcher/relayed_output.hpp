@@ -8,7 +8,9 @@
 //   "rank@ host\n"  not output: the host the rank runs on, first on each stream (--prefix host);
 //   "rank* \n"      not output: the rank's libddl completed ops (the hang watchdog's sign of life);
 //   "rank# text\n"  not output: a line of the rank's stacks, asked for by the hang watchdog;
-//   "rank! why\n"   not output: the rank's stacks are complete (`why` says why there are none).
+//   "rank! why\n"   not output: the rank's stacks are complete (`why` says why there are none);
+//   "rank= N\n"     not output: the rank's program ended with wait status N although its task ends
+//                   with 0 (ddl exec after a stop or finish signal: see exec_task.hpp).
 #pragma once
 
 #include <cstddef>
@@ -39,6 +41,9 @@ std::string relayed_progress(int rank);
 // The relayed lines of `rank`'s stacks (each line cut at kLongestRelayedText), ended by the line
 // that says they are complete; `none_because` says why `stacks` is empty, if it is.
 std::string relayed_stacks(int rank, std::string_view stacks, std::string_view none_because);
+
+// The relayed line that says `rank`'s program ended with `wait_status` (as waitpid() gave it).
+std::string relayed_end(int rank, int wait_status);
 
 // The task line a relayed line carries (without its '\n'); nullopt for a line of any other form.
 std::optional<backends::TaskLine> relayed_line(std::string_view line);

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <climits>
 #include <cstring>
 #include <ctime>
@@ -142,7 +143,8 @@ class Run {
         signal_fd_(signal_fd),
         control_fd_(options.control_fd),
         child_mask_(child_mask),
-        output_(options, {[this] { note_activity(); }, [this](const backends::TaskLine& task) { take_relayed_stacks(task); }}) {}
+        output_(options, {[this] { note_activity(); }, [this](const backends::TaskLine& task) { take_relayed_stacks(task); },
+                          [this](const backends::TaskLine& task) { take_relayed_end(task); }}) {}
 
   ~Run() {
     for (auto& w : workers_)
@@ -465,6 +467,27 @@ class Run {
     r.stacks.none_because = task.text;
   }
 
+  // A task launcher's rank whose task ended with 0 after a stop or finish signal, though its
+  // program did not (ddl exec --relay, so that srun does not kill the ranks still saving): its
+  // failure, when the signal was not ddl's own stop or the run's finish.
+  void take_relayed_end(const backends::TaskLine& task) {
+    int status = 0;
+    const char* end = task.text.data() + task.text.size();
+    auto [stop, error] = std::from_chars(task.text.data(), end, status);
+    if (error != std::errc{} || stop != end || (WIFEXITED(status) && WEXITSTATUS(status) == 0)) return;
+    if (interrupted_by_ || hung_ || finished_on_ || failure_) return;
+    auto relaying = std::find_if(workers_.begin(), workers_.end(), [&](const Worker& w) {
+      return std::find(w.relayed_ranks.begin(), w.relayed_ranks.end(), task.rank) != w.relayed_ranks.end();
+    });
+    if (relaying == workers_.end()) return;
+    record_failure(*relaying, status);
+    failure_->rank = task.rank;
+    failure_->host = output_.host_of(task.rank, options_.host);
+    failure_->told_by_relay = true;
+    failure_time_ = Clock::now();
+    if (options_.stop_on_failure) begin_stopping(SIGTERM);
+  }
+
   bool fresh(int rank) const {
     auto it = relayed_dumps_.find(rank);
     return it != relayed_dumps_.end() && it->second.complete && it->second.at >= collection_->since;
@@ -579,6 +602,13 @@ class Run {
   void on_worker_failed(const Worker& w, int status) {
     // Stopped from outside, as hung, or asked to finish: not a worker's failure.
     if (interrupted_by_ || hung_ || finished_on_) return;
+    if (failure_ && failure_->told_by_relay &&
+        std::find(w.relayed_ranks.begin(), w.relayed_ranks.end(), failure_->rank) != w.relayed_ranks.end()) {
+      // The relayed end was a rank's death of the signal its launcher sent when another task
+      // failed (srun's --kill-on-bad-exit, mpirun's abort): the launcher's report names the cause.
+      record_failure(w, status);
+      return;
+    }
     if (failure_) {
       // A worker killed by a signal that ddl did not send, just after a worker exited with an
       // error, is the likelier cause: its peers often exit first, on the broken connection.

@@ -113,6 +113,8 @@ struct WorkerFailure {
   std::vector<std::string> stderr_tail;  // its last lines of stderr
   // A task launcher's or host agent's ranks that never started, though it exited with 0.
   std::vector<int> never_started;
+  // The rank's own relay (ddl exec --relay) said how its program ended, its task having ended with 0.
+  bool told_by_relay = false;
 };
 
 struct RunOutcome {

@@ -350,6 +350,107 @@ class Slurm(unittest.TestCase):
         self.assertEqual(code, 130, err)
         self.assertIn("ddl: interrupted by SIGINT; stopped 2 worker(s)", err)
 
+    def signal_under_srun(self, worker, whom, sig=signal.SIGTERM, *ddl_args):
+        """Starts `ddl run --cpu -np 2 ... -- PYTHON -c worker` in salloc and, once both workers said
+        'up', sends `sig` to `whom(marker)` (a pid): returns (exit code, stdout, stderr, seconds to the end)."""
+        marker = unique_marker()
+        proc = subprocess.Popen(["salloc", "-N1", "-n2", DDL, "run", "--cpu", "-np", "2", *ddl_args, "--", PYTHON, "-c", worker, marker],
+                                env=slurm_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            out = ""
+            deadline = time.monotonic() + 60
+            while out.count(" up") < 2 and time.monotonic() < deadline:
+                if select.select([proc.stdout], [], [], 0.5)[0]:
+                    out += os.read(proc.stdout.fileno(), 65536).decode()
+            self.assertEqual(out.count(" up"), 2, out)
+            stopped_at = time.monotonic()
+            os.kill(whom(marker), sig)
+            rest, err = proc.communicate(timeout=60)
+            took = time.monotonic() - stopped_at
+            self.assertTrue(wait_until(lambda: not processes_with(marker), 15), "tasks outlived ddl run")
+            return proc.returncode, out + rest, err, took
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            kill_leftovers(marker)
+
+    @staticmethod
+    def ddl_run_of(marker):
+        pids = [p for p in processes_with(marker) if command_line(p)[1:2] == [b"run"]]
+        assert len(pids) == 1, pids
+        return pids[0]
+
+    def test_sigterm_to_ddl_run_under_srun_gives_each_task_its_handler_and_grace(self):
+        # srun itself answers SIGTERM by killing its tasks at once: ddl run signals them through Slurm.
+        saver = ("import os, signal, sys, time\n"
+                 "def save(sig, frame):\n"
+                 "    print('rank', os.environ['RANK'], 'got', signal.Signals(sig).name, flush=True)\n"
+                 "    time.sleep(1)\n"
+                 "    print('rank', os.environ['RANK'], 'saved', flush=True)\n"
+                 "    sys.exit(0)\n"
+                 "signal.signal(signal.SIGTERM, save)\n"
+                 "print('rank', os.environ['RANK'], 'up', flush=True)\n"
+                 "time.sleep(120)\n")
+        code, out, err, _ = self.signal_under_srun(saver, self.ddl_run_of)
+        self.assertEqual(code, 143, out + err)
+        for rank in (0, 1):
+            self.assertIn(f"[{rank}] rank {rank} got SIGTERM\n", out, err)
+            self.assertIn(f"[{rank}] rank {rank} saved\n", out, err)
+        self.assertIn("ddl: interrupted by SIGTERM; stopped 2 worker(s)", err)
+        self.assertNotIn("got SIGCONT", err)  # srun's word for a SIGCONT sent to it: none is
+
+    def test_tasks_ignoring_sigterm_under_srun_are_killed_after_the_grace_period(self):
+        stubborn = ("import os, signal, time\n"
+                    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                    "print('rank', os.environ['RANK'], 'up', flush=True)\n"
+                    "time.sleep(120)\n")
+        code, out, err, took = self.signal_under_srun(stubborn, self.ddl_run_of, signal.SIGTERM, "--grace-period", "2")
+        self.assertEqual(code, 143, out + err)
+        self.assertIn("ddl: interrupted by SIGTERM; stopped 2 worker(s)", err)
+        self.assertGreater(took, 1.5, err)  # the grace, then SIGKILL through Slurm
+        self.assertLess(took, 30, err)
+
+    def test_under_srun_a_rank_that_dies_of_the_stop_signal_leaves_the_others_their_grace(self):
+        # Rank 0 has no handler and dies of SIGTERM at once; rank 1 saves for 4 s. srun
+        # (--kill-on-bad-exit, ddl's fail-fast) ended the step: rank 1 was killed mid-save after
+        # Slurm's KillWait (2 s here).
+        saver = ("import os, signal, sys, time\n"
+                 "def save(sig, frame):\n"
+                 "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                 "    time.sleep(4)\n"
+                 "    print('rank', os.environ['RANK'], 'saved', flush=True)\n"
+                 "    sys.exit(0)\n"
+                 "if os.environ['RANK'] == '1':\n"
+                 "    signal.signal(signal.SIGTERM, save)\n"
+                 "print('rank', os.environ['RANK'], 'up', flush=True)\n"
+                 "time.sleep(120)\n")
+        code, out, err, _ = self.signal_under_srun(saver, self.ddl_run_of, signal.SIGTERM, "--grace-period", "20")
+        self.assertEqual(code, 143, out + err)
+        self.assertIn("[1] rank 1 saved\n", out, err)
+        self.assertIn("ddl: interrupted by SIGTERM; stopped 2 worker(s)", err)
+
+    def test_a_signal_that_reaches_one_task_alone_fails_the_run_as_that_rank_s_end(self):
+        # ddl exec ends with 0 after a stop signal (so that srun leaves the others saving) and relays
+        # how its program ended: the signal did not come from ddl run, so that rank failed.
+        sleeper = ("import os, time\n"
+                   "print('rank', os.environ['RANK'], 'up', flush=True)\n"
+                   "time.sleep(120)\n")
+
+        def rank_1_task(marker):
+            tasks = [p for p in processes_with(marker) if command_line(p)[1:2] == [b"exec"]]
+            for pid in tasks:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if b"SLURM_PROCID=1\0" in f.read():
+                        return pid
+            raise AssertionError(f"no task of rank 1 among {tasks}")
+
+        code, out, err, took = self.signal_under_srun(sleeper, rank_1_task)
+        self.assertEqual(code, 143, out + err)
+        self.assertRegex(err, r"rank 1 .*SIGTERM", err)
+        self.assertNotIn("interrupted", err)
+        self.assertLess(took, 30, err)
+
     def submit(self, *args, cwd, timeout=180):
         return run([DDL, "submit", *args], cwd=cwd, timeout=timeout)
 

@@ -84,3 +84,12 @@ TEST_CASE("the hang watchdog's notices are relayed as lines of their own and rea
   CHECK(relayed_stacks(4, "", "not a Python process") == "4! not a Python process\n");
   CHECK(whole_lines_of(3, read, 10).empty());  // none of it is the rank's output
 }
+
+TEST_CASE("how a rank's program ended, its task ending with 0, is relayed as a notice") {
+  CHECK(relayed_end(7, 15) == "7= 15\n");  // killed by SIGTERM: the wait status as waitpid() gives it
+  const auto read = relayed_line("7= 15");
+  REQUIRE(read);
+  CHECK((read->rank == 7 && read->text == "15" && read->notice == TaskLine::Notice::kEnded));
+  CHECK(unwrapped({7, "7= 256"}).notice == TaskLine::Notice::kEnded);
+  CHECK(whole_lines_of(7, {*read}, 10).empty());  // not output
+}
