@@ -121,6 +121,50 @@ class FailuresReachEveryRank(unittest.TestCase):
         self.assertTrue(by_rank[1][0].startswith("HorovodInternalError:"), by_rank[1])
         self.assertLess(elapsed, 60)
 
+    def test_a_rank_late_past_the_timeout_gets_an_error_not_another_step_s_sum(self):
+        # Ranks 0 and 2 catch step 0's timeout and go on; rank 1, asleep through it, then submits
+        # step 0's "grad": it paired with the others' step 1, and every step after was a step apart
+        # on every rank, without an error. The sync and async calls, and broadcast_object.
+        result = run_python(3, """
+            import time, torch, ddl.torch as hvd
+            hvd.init()
+            r, n = hvd.rank(), hvd.size()
+            calls = {
+                "sync": lambda t: hvd.allreduce(t, op=hvd.Sum, name="grad"),
+                "async": lambda t: hvd.synchronize(hvd.allreduce_async(t, op=hvd.Sum, name="grad.async")),
+            }
+            for kind, call in calls.items():
+                for step in range(3):
+                    if r == 1 and step == 0:
+                        time.sleep(6)  # past DDL_TIMEOUT, and back before the others' next call times out
+                    try:
+                        got = call(torch.tensor([100.0 * step + r])).item()
+                        print(kind, step, "OK" if got == 100.0 * step * n + 3 else f"WRONG {got}", flush=True)
+                    except hvd.HorovodInternalError as e:
+                        print(kind, step, "error:", str(e)[:160], flush=True)
+            for epoch in range(2):
+                if r == 1 and epoch == 0:
+                    time.sleep(6)
+                try:
+                    got = hvd.broadcast_object({"epoch": epoch} if r == 0 else None, root_rank=0)
+                    print("object", epoch, "OK" if got == {"epoch": epoch} else f"WRONG {got}", flush=True)
+                except hvd.HorovodInternalError as e:
+                    print("object", epoch, "error:", str(e)[:160], flush=True)
+        """, env={"DDL_TIMEOUT": "4"}, timeout=180)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        by_rank = lines_by_rank(result.stdout)
+        for r in range(3):
+            lines = by_rank[r]
+            self.assertEqual([line for line in lines if "WRONG" in line], [], lines)
+            for kind in ("sync", "async"):
+                self.assertTrue(next(x for x in lines if x.startswith(f"{kind} 0")).startswith(f"{kind} 0 error:"), lines)
+                self.assertIn(f"{kind} 1 OK", lines)
+                self.assertIn(f"{kind} 2 OK", lines)
+            self.assertTrue(next(x for x in lines if x.startswith("object 0")).startswith("object 0 error:"), lines)
+            self.assertIn("object 1 OK", lines)
+        late = next(x for x in by_rank[1] if x.startswith("sync 0"))
+        self.assertIn("timed out (the timeout of 4 s, DDL_TIMEOUT) before rank 1 submitted it", late)
+
     def test_shutdown_waits_for_a_slow_rank_at_most_ddl_timeout_and_warns_without_failing(self):
         # Rank 1 is still at work (a checkpoint) when rank 0 shuts down: rank 0 leaves after
         # DDL_TIMEOUT with a warning and exit code 0, so the launcher does not stop rank 1, whose

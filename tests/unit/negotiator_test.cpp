@@ -163,8 +163,53 @@ TEST_CASE("a cached op some rank never announces stalls and fails everywhere") {
   CHECK(d.failed[0].status == DDL_ERROR_TIMEOUT);
   CHECK(d.failed[0].message.find("op 'a' timed out: rank(s) 1 never submitted it") != std::string::npos);
   CHECK(n.pending_names().empty());
-  // The id is usable again afterwards.
-  CHECK(names(n.merge({by_ids({id[0]}), by_ids({id[0]}), by_ids({id[0]})}, t0)) == std::vector<std::string>{"a"});
+  CHECK_FALSE(n.idle());  // rank 1 owes its late 'a': no op runs without a round until it came
+  // The id is usable again afterwards. Rank 1's first 'a' is the one it was late with: it fails
+  // there alone, where it would have paired with the others' next 'a' (another step's data).
+  auto late = n.merge({by_ids({id[0]}), by_ids({id[0]}), by_ids({id[0]})}, t0);
+  CHECK(late.ready.empty());
+  REQUIRE(late.failed.size() == 1);
+  CHECK((late.failed[0].name == "a" && late.failed[0].only_rank == 1 && late.failed[0].status == DDL_ERROR_TIMEOUT));
+  CHECK(late.failed[0].message.find("the other ranks' op of this name timed out (the timeout of 0 s, DDL_TIMEOUT) before rank 1") !=
+        std::string::npos);
+  CHECK(names(n.merge({announce({}), by_ids({id[0]}), announce({})}, t0)) == std::vector<std::string>{"a"});
+  CHECK(n.idle());
+}
+
+TEST_CASE("a rank late past the timeout with a named op: its late one fails there alone, each rank's next pairs with the others'") {
+  // Steps 0 and 1 of "grad": rank 1 sleeps through step 0's timeout, then submits step 0's, then
+  // step 1's. Its step 0 paired with the others' step 1, and every later step was a step apart.
+  Negotiator n(3);
+  n.say_timeout(std::chrono::seconds(10), "DDL_TIMEOUT");
+  auto t0 = Clock::now();
+  n.merge({announce({{"grad", allreduce(1)}}), announce({}), announce({{"grad", allreduce(1)}})}, t0);
+  Announcement rank0;
+  rank0.expired = n.stalled(t0 + std::chrono::seconds(11), std::chrono::seconds(10));
+  REQUIRE(rank0.expired == std::vector<std::string>{"grad"});
+  auto d0 = n.merge({rank0, announce({}), announce({})}, t0);
+  REQUIRE(d0.failed.size() == 1);
+  CHECK(d0.failed[0].only_rank == -1);  // on every rank that has it
+  // Step 1 on ranks 0 and 2, step 0 at last on rank 1: no pair.
+  auto d1 = n.merge({announce({{"grad", allreduce(1)}}), announce({{"grad", allreduce(1)}}), announce({{"grad", allreduce(1)}})}, t0);
+  CHECK(d1.ready.empty());
+  REQUIRE(d1.failed.size() == 1);
+  CHECK((d1.failed[0].only_rank == 1 && d1.failed[0].message.starts_with("op 'grad' was not run: the other ranks' op of this name "
+                                                                         "timed out (the timeout of 10 s, DDL_TIMEOUT)")));
+  CHECK(n.pending_names() == std::vector<std::string>{"grad"});  // ranks 0 and 2's step 1
+  auto d2 = n.merge({announce({}), announce({{"grad", allreduce(1)}}), announce({})}, t0);
+  CHECK(names(d2) == std::vector<std::string>{"grad"});
+  CHECK(d2.failed.empty());
+  CHECK(n.idle());
+  // A process set's late rank is named by its world rank.
+  Negotiator set(2);
+  set.name_ranks_by({4, 6});
+  set.merge({announce({{"g", allreduce(1)}}), announce({})}, t0);
+  Announcement first;
+  first.expired = {"g"};
+  set.merge({first, announce({})}, t0);
+  auto late = set.merge({announce({}), announce({{"g", allreduce(1)}})}, t0);
+  REQUIRE(late.failed.size() == 1);
+  CHECK((late.failed[0].only_rank == 1 && late.failed[0].message.find("before world rank 6 submitted it") != std::string::npos));
 }
 
 TEST_CASE("a name agreed with a new spec keeps its cache id, which then stands for the new spec") {

@@ -372,6 +372,7 @@ bool Engine::complete_round(const std::vector<Announcement>& round) {
     order_broken_ = negotiator_.order_broken();
   }
   for (const auto& failed : decision.failed) {
+    if (failed.only_rank >= 0 && failed.only_rank != rank_) continue;
     auto it = in_flight_.find(failed.name);
     if (it != in_flight_.end()) finish(it->second, failed.status, failed.message);
   }

@@ -89,6 +89,30 @@ void Negotiator::announce_cached(int rank, uint32_t id, TimePoint now, std::vect
   if (++w.announced == size_) completed.push_back({w.order, false, &cache_[id].first, id});
 }
 
+// Ordered ops need none of this: a timeout breaks their order (order_broken_), and a join ends
+// every rank's wait in join when it fails.
+void Negotiator::expect_late_submissions(const std::string& name, const OpSpec& spec, const std::vector<int>& missing) {
+  if (spec.ordered || spec.kind == OpKind::Join || missing.empty()) return;
+  auto& owed = late_submissions_[name];
+  owed.resize(static_cast<size_t>(size_), 0);
+  for (int r : missing) ++owed[static_cast<size_t>(r)];
+}
+
+bool Negotiator::settle_late_submission(int rank, const std::string& name, RoundDecision& decision) {
+  auto it = late_submissions_.find(name);
+  if (it == late_submissions_.end() || it->second[static_cast<size_t>(rank)] == 0) return false;
+  --it->second[static_cast<size_t>(rank)];
+  if (std::all_of(it->second.begin(), it->second.end(), [](uint32_t n) { return n == 0; })) late_submissions_.erase(it);
+  decision.failed.push_back(
+      {name, DDL_ERROR_TIMEOUT,
+       fmt::format("op '{}' was not run: the other ranks' op of this name timed out (the timeout of {:g} s, {}) "
+                   "before {} submitted it, so it has no peers; this rank's next op of this name pairs with "
+                   "theirs",
+                   name, static_cast<double>(timeout_.count()) / 1000.0, timeout_setting_, ranks_named({rank}, "rank")),
+       rank});
+  return true;
+}
+
 void Negotiator::note_arrival(Arrivals& last, int rank, TimePoint now) const {
   if (now > last.when) {
     last.when = now;
@@ -158,12 +182,14 @@ RoundDecision Negotiator::merge(const std::vector<Announcement>& announcements, 
     const Announcement& a = announcements[static_cast<size_t>(rank)];
     decision.all_finalizing = decision.all_finalizing && a.finalizing;
     for (uint32_t id : a.cached) {
+      if (id < cache_.size() && settle_late_submission(rank, cache_[id].first, decision)) continue;
       if (order_broken_ && id < cache_.size() && cache_[id].second.ordered)
         decision.failed.push_back(out_of_order(cache_[id].first));
       else
         announce_cached(rank, id, now, completed);
     }
     for (const auto& [name, spec] : a.submitted) {
+      if (settle_late_submission(rank, name, decision)) continue;
       if (order_broken_ && spec.ordered)
         decision.failed.push_back(out_of_order(name));
       else
@@ -176,13 +202,17 @@ RoundDecision Negotiator::merge(const std::vector<Announcement>& announcements, 
     if (auto it = table_.find(name); it != table_.end()) {
       if (it->second.announced == size_) continue;
       const OpSpec spec = **std::find_if(it->second.specs.begin(), it->second.specs.end(), [](const auto& s) { return s.has_value(); });
-      FailedOp failed{name, DDL_ERROR_TIMEOUT, stall_message(name, missing_ranks(it->second))};
+      const std::vector<int> missing = missing_ranks(it->second);
+      FailedOp failed{name, DDL_ERROR_TIMEOUT, stall_message(name, missing)};
+      expect_late_submissions(name, spec, missing);
       table_.erase(it);
       fail(decision, std::move(failed), spec);
     } else if (auto id = cache_ids_.find(name); id != cache_ids_.end()) {
       CachedWait& w = cached_waits_[id->second];
       if (w.announced == 0 || w.announced == size_) continue;
-      FailedOp failed{name, DDL_ERROR_TIMEOUT, stall_message(name, missing_ranks(w))};
+      const std::vector<int> missing = missing_ranks(w);
+      FailedOp failed{name, DDL_ERROR_TIMEOUT, stall_message(name, missing)};
+      expect_late_submissions(name, cache_[id->second].second, missing);
       clear_wait(w);
       fail(decision, std::move(failed), cache_[id->second].second);
     }

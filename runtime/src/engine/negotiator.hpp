@@ -39,6 +39,7 @@ struct FailedOp {
   std::string name;
   ddl_status status = DDL_ERROR_INTERNAL;  // DDL_ERROR_MISMATCH, DDL_ERROR_TIMEOUT, or a rank's local error (OpSpec::failure)
   std::string message;
+  int only_rank = -1;  // >= 0: fails on that rank alone (a late submission of an op that timed out)
 };
 
 // How ordered op `name` fails once the order broke with `first` (see Negotiator::order_broken).
@@ -77,9 +78,10 @@ class Negotiator {
   // Ops some ranks submitted more than `timeout` ago that others have not (rank 0 announces these).
   std::vector<std::string> stalled(std::chrono::steady_clock::time_point now, std::chrono::milliseconds timeout) const;
 
-  // Nothing is waiting for any rank and no rank is in ddl_join. Every rank's Negotiator has merged
-  // the same rounds, so when one rank's is idle, every rank's is.
-  bool idle() const { return table_.empty() && cached_waiting_ == 0 && joined_count_ == 0; }
+  // Nothing is waiting for any rank, no rank is in ddl_join and none owes a late submission (see
+  // late_submissions_). Every rank's Negotiator has merged the same rounds, so when one rank's is
+  // idle, every rank's is.
+  bool idle() const { return table_.empty() && cached_waiting_ == 0 && joined_count_ == 0 && late_submissions_.empty(); }
   // Every rank ran one op that every rank proposed in the same round (the engine's fast path), with
   // this negotiator idle: leaves the state a merge of that round would have left.
   void ran_without_round(std::chrono::steady_clock::time_point now);
@@ -190,6 +192,13 @@ class Negotiator {
   // The abandoned range `name` falls in, and its part number; nullptr when it is in none.
   AbandonedParts* abandoned_range_of(const std::string& name, unsigned& part);
   std::map<std::string, AbandonedParts> abandoned_parts_;
+  // Named ops that timed out before some ranks submitted them: per name, how many such submissions
+  // each rank has yet to make. A late rank's submission of that name fails on that rank alone
+  // (settle_late_submission), where it would otherwise pair with the other ranks' next op of the name
+  // (a later step's) and every rank would get another step's data without an error.
+  std::unordered_map<std::string, std::vector<uint32_t>> late_submissions_;
+  void expect_late_submissions(const std::string& name, const OpSpec& spec, const std::vector<int>& missing);
+  bool settle_late_submission(int rank, const std::string& name, RoundDecision& decision);
   std::optional<FailedOp> order_broken_;
   std::deque<std::pair<std::string, OpSpec>> agreed_in_full_;  // the last merge's ready ops that were announced in full
 };
