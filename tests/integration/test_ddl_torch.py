@@ -165,6 +165,28 @@ class FailuresReachEveryRank(unittest.TestCase):
         late = next(x for x in by_rank[1] if x.startswith("sync 0"))
         self.assertIn("timed out (the timeout of 4 s, DDL_TIMEOUT) before rank 1 submitted it", late)
 
+    def test_a_rank_that_shut_down_early_is_named_in_the_others_error(self):
+        # Rank 1 runs out of data and shuts down while rank 0 goes on: rank 0's error said only that
+        # talking to the other ranks timed out.
+        result = run_python(2, """
+            import time, torch, ddl.torch as hvd
+            hvd.init()
+            if hvd.rank() == 1:
+                hvd.shutdown()
+                time.sleep(8)
+            else:
+                time.sleep(1)
+                try:
+                    hvd.allreduce(torch.ones(2), name="after.shutdown")
+                    print("no error")
+                except hvd.HorovodInternalError as e:
+                    print("HorovodInternalError:", e)
+        """, env={"DDL_TIMEOUT": "2"}, timeout=120)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        error = lines_by_rank(result.stdout)[0][0]
+        self.assertIn("timed out talking to the other ranks", error)
+        self.assertIn("rank(s) 1 had called ddl_finalize (Python: shutdown()) while this rank still ran ops", error)
+
     def test_shutdown_waits_for_a_slow_rank_at_most_ddl_timeout_and_warns_without_failing(self):
         # Rank 1 is still at work (a checkpoint) when rank 0 shuts down: rank 0 leaves after
         # DDL_TIMEOUT with a warning and exit code 0, so the launcher does not stop rank 1, whose

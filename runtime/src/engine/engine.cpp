@@ -216,13 +216,25 @@ void Engine::run_guarded(Body body) {
                          fmt::format("op '{}' was still waiting for other ranks when every rank finalized", name));
     in_flight_.clear();
   } catch (const TimeoutError& e) {
-    fail_after_transport_error(DDL_ERROR_TIMEOUT, fmt::format("rank {}: timed out talking to the other ranks: {}", rank_, e.what()));
+    fail_after_transport_error(DDL_ERROR_TIMEOUT,
+                               with_finalizing_peers(fmt::format("rank {}: timed out talking to the other ranks: {}", rank_, e.what())));
   } catch (const std::exception& e) {  // PeerLostError, and anything else that broke the transport
-    fail_after_transport_error(DDL_ERROR_PEER_FAILED, fmt::format("rank {}: lost a peer talking to the other ranks: {}", rank_, e.what()));
+    fail_after_transport_error(DDL_ERROR_PEER_FAILED,
+                               with_finalizing_peers(fmt::format("rank {}: lost a peer talking to the other ranks: {}", rank_, e.what())));
   }
   stopped_ = true;
   std::lock_guard lock(mutex_);
   if (finalize_requested_ && finalize_failure_.first == DDL_SUCCESS && broken_) finalize_failure_ = {broken_status_, broken_message_};
+}
+
+void Engine::note_finalizing_peers(const std::vector<Announcement>& round) {
+  std::vector<int> finalizing;
+  for (size_t r = 0; r < round.size(); ++r)
+    if (round[r].finalizing && static_cast<int>(r) != rank_)
+      finalizing.push_back(config_.world_ranks.empty() ? static_cast<int>(r) : config_.world_ranks[r]);
+  if (finalizing.empty() && finalizing_peers_.empty()) return;  // every round's case: no lock taken
+  std::lock_guard lock(mutex_);
+  finalizing_peers_ = std::move(finalizing);
 }
 
 // A rank that asked to finalize waits for the others at most the engine's timeout, as any wait for
@@ -242,6 +254,16 @@ bool Engine::leave_overdue_finalize(const std::vector<Announcement>& round) {
   fail_after_transport_error(DDL_ERROR_TIMEOUT, message);
   finalize_failure_ = {DDL_ERROR_TIMEOUT, message};
   return true;
+}
+
+std::string Engine::with_finalizing_peers(std::string message) {
+  std::lock_guard lock(mutex_);
+  if (!finalizing_peers_.empty())
+    message += fmt::format(
+        " (rank(s) {} had called ddl_finalize (Python: shutdown()) while this rank still ran ops; a rank that "
+        "finalizes waits for the others at most {} s ({}), then leaves)",
+        fmt::join(finalizing_peers_, ","), std::chrono::duration<double>(config_.timeout).count(), config_.timeout_setting);
+  return message;
 }
 
 void Engine::fail_after_transport_error(ddl_status status, const std::string& message) {
@@ -366,6 +388,7 @@ bool Engine::round() {
 
 bool Engine::complete_round(const std::vector<Announcement>& round) {
   RoundDecision decision = negotiator_.merge(round, Clock::now());
+  note_finalizing_peers(round);
   if (!decision.all_finalizing && leave_overdue_finalize(round)) return false;
   if (negotiator_.order_broken()) {  // before the failed ops' waiters wake: their next ordered op is refused at submit
     std::lock_guard lock(mutex_);

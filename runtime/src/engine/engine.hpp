@@ -299,6 +299,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void fail_everything(ddl_status status, const std::string& message);
   // The transport threw: the GPU side is aborted and every op fails with `status`.
   void fail_after_transport_error(ddl_status status, const std::string& message);
+  // A transport error's message, with the peers that had been finalizing named as its likely cause.
+  std::string with_finalizing_peers(std::string message);
+  void note_finalizing_peers(const std::vector<Announcement>& round);
   size_t bytes_of(const OpSpec& spec) const;
 
   std::unique_ptr<Collectives> collectives_;
@@ -337,6 +340,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::atomic<bool> finalize_requested_{false};                           // set under mutex_; a round reads it without the lock
   Clock::time_point finalize_requested_at_{};                             // when finalize_requested_ was set
   std::pair<ddl_status, std::string> finalize_failure_{DDL_SUCCESS, ""};  // engine thread; read once it is joined
+  // mutex_: the peers (world ranks) whose last announcement said they finalize: when talking to the
+  // others then fails, the likely cause is that they left (a finalizing rank waits DDL_TIMEOUT at most).
+  std::vector<int> finalizing_peers_;
   bool broken_ = false;
   ddl_status broken_status_ = DDL_SUCCESS;
   std::string broken_message_;
