@@ -278,6 +278,13 @@ void explain_failure(RunOutcome& outcome, TaskLauncher launcher, const Allocatio
       if (line.size() <= kLongestSearchedLine && std::regex_search(line, m, process_name)) rank = std::stoi(m[1]);
     }
   }
+  if (!rank && f.relayed) {  // a rank's relay said how it ended, and the launcher names no other
+    const int stopped = outcome.workers_stopped;
+    f = *f.relayed;
+    outcome.exit_code = f.exit_code;
+    outcome.workers_stopped = stopped;
+    rank = f.rank;
+  }
   if (!rank) {  // the launcher did not say which task (PALS), or failed itself
     f.rank = -1;
     f.host = launcher == TaskLauncher::Srun ? "srun" : launcher == TaskLauncher::OpenMpi ? "mpirun" : "mpiexec";

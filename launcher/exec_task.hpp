@@ -41,8 +41,9 @@ Environment task_environment(const Environment& env, const TaskIdentity& id, con
 // Error with exit status 127 for a program that cannot run. With relay_output it runs the program
 // under a Supervisor instead and ends as the program ended: it returns the program's exit code,
 // or dies of the signal that killed it; except after a stop signal or the finish signal, when it
-// returns 0 and relays how the program ended (relayed_end), so that srun's --kill-on-bad-exit does
-// not kill the other tasks while they save.
+// returns 0 and, where the program did not exit with 0, relays how it ended (relayed_end), so that
+// the task launcher (srun's --kill-on-bad-exit, mpirun's abort) does not kill the other tasks while
+// they save.
 int exec_task(const ExecRequest& request, const Environment& env);
 
 }  // namespace ddl::launcher

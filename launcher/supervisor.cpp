@@ -112,8 +112,8 @@ constexpr std::chrono::seconds kRemoteKillWait{3};
 
 // A remote shell that has not taken the job (or a signal line) within this long never will.
 constexpr std::chrono::seconds kRemoteShellReadWait{20};
-constexpr size_t kDefaultPipeBytes = 64 * 1024;        // Linux's
-constexpr size_t kLargestUserPipeBytes = 1024 * 1024;  // Linux's default /proc/sys/fs/pipe-max-size
+constexpr size_t kDefaultPipeBytes = size_t{64} * 1024;        // Linux's
+constexpr size_t kLargestUserPipeBytes = size_t{1024} * 1024;  // Linux's default /proc/sys/fs/pipe-max-size
 
 // Writes all of `data` to a pipe, waiting while it is full; false if the reader is gone or has
 // not read for kRemoteShellReadWait.
@@ -485,7 +485,13 @@ class Run {
     failure_->host = output_.host_of(task.rank, options_.host);
     failure_->told_by_relay = true;
     failure_time_ = Clock::now();
-    if (options_.stop_on_failure) begin_stopping(SIGTERM);
+    // The requeue signal sent to the tasks alone (--signal=USR1 without B:): the run did not get it,
+    // and fails, but the others got it too and may be saving: they end by themselves.
+    if (WIFSIGNALED(status) && is_finish_signal(WTERMSIG(status))) return;
+    if (options_.stop_on_failure && !stopping_) {
+      stopped_for_relayed_end_ = true;
+      begin_stopping(SIGTERM);
+    }
   }
 
   bool fresh(int rank) const {
@@ -602,11 +608,15 @@ class Run {
   void on_worker_failed(const Worker& w, int status) {
     // Stopped from outside, as hung, or asked to finish: not a worker's failure.
     if (interrupted_by_ || hung_ || finished_on_) return;
-    if (failure_ && failure_->told_by_relay &&
+    if (failure_ && failure_->told_by_relay && !escalated_ &&
         std::find(w.relayed_ranks.begin(), w.relayed_ranks.end(), failure_->rank) != w.relayed_ranks.end()) {
-      // The relayed end was a rank's death of the signal its launcher sent when another task
-      // failed (srun's --kill-on-bad-exit, mpirun's abort): the launcher's report names the cause.
+      // The relayed end may be a rank's death of the signal its launcher sent when another task
+      // failed (srun's --kill-on-bad-exit, mpirun's abort): the launcher's report names the cause,
+      // and where it names none, the relayed end stands (WorkerFailure::relayed). Not after ddl's
+      // own SIGKILL, which the launcher would report as a task's failure.
+      const WorkerFailure relayed = *failure_;
       record_failure(w, status);
+      failure_->relayed = std::make_shared<WorkerFailure>(relayed);
       return;
     }
     if (failure_) {
@@ -670,6 +680,15 @@ class Run {
 
   void on_external_signal(int sig) {
     if (!signalled_) signalled_ = sig;
+    if (stopping_ && stopped_for_relayed_end_ && !escalated_) {
+      // That end was this same stop reaching a task first (scancel of the job, its time limit): the
+      // run was interrupted, not failed, and the workers keep their grace.
+      stopped_for_relayed_end_ = false;
+      failure_.reset();
+      failed_worker_ = nullptr;
+      interrupted_by_ = sig;
+      return;
+    }
     if (stopping_) {  // a second Ctrl-C: no more waiting
       escalated_ = true;
       signal_all(SIGKILL);
@@ -685,6 +704,11 @@ class Run {
   void begin_finishing(int sig) {
     if (finished_on_) return;
     finished_on_ = sig;
+    // A rank's relay said it died of this signal, which reached it first: the finish, not a failure.
+    if (failure_ && failure_->told_by_relay && failure_->signal == sig) {
+      failure_.reset();
+      failed_worker_ = nullptr;
+    }
     if (stopping_) return;  // a failure or a signal stops the run already: noted only
     finish_began_ = Clock::now();
     signal_running(sig);
@@ -935,8 +959,9 @@ class Run {
   const Worker* failed_worker_ = nullptr;
   std::optional<Clock::time_point> kill_deadline_;
   Clock::time_point failure_time_;
-  bool escalated_ = false;  // ddl has sent SIGKILL
-  bool reap_due_ = false;   // a scheduler's command ran: a SIGCHLD may be lost
+  bool escalated_ = false;                // ddl has sent SIGKILL
+  bool stopped_for_relayed_end_ = false;  // the stop began with a relayed end (take_relayed_end), before any signal
+  bool reap_due_ = false;                 // a scheduler's command ran: a SIGCHLD may be lost
   bool output_given_up_ = false;
   static constexpr std::chrono::milliseconds kRootCauseWindow{500};
 

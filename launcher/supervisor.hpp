@@ -9,6 +9,7 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -115,6 +116,9 @@ struct WorkerFailure {
   std::vector<int> never_started;
   // The rank's own relay (ddl exec --relay) said how its program ended, its task having ended with 0.
   bool told_by_relay = false;
+  // The failure a rank's relay told, which the task launcher's own failure then replaced: it stands
+  // where the launcher's report names no rank.
+  std::shared_ptr<const WorkerFailure> relayed;
 };
 
 struct RunOutcome {

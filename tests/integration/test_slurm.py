@@ -29,6 +29,19 @@ def run(argv, timeout=120, **kwargs):
     return subprocess.run(argv, env=kwargs.pop("env", slurm_env()), capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
+# A worker whose rank 1 saves for `seconds` on SIGTERM (ignoring another), and whose rank 0 dies of it.
+RANK_1_SAVES_ON_SIGTERM = ("import os, signal, sys, time\n"
+                           "def save(sig, frame):\n"
+                           "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                           "    time.sleep({seconds})\n"
+                           "    print('rank', os.environ['RANK'], 'saved', flush=True)\n"
+                           "    sys.exit(0)\n"
+                           "if os.environ['RANK'] == '1':\n"
+                           "    signal.signal(signal.SIGTERM, save)\n"
+                           "print('rank', os.environ['RANK'], 'up', flush=True)\n"
+                           "time.sleep(120)\n")
+
+
 def command_line(pid):
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         return f.read().split(b"\0")
@@ -415,20 +428,36 @@ class Slurm(unittest.TestCase):
         # Rank 0 has no handler and dies of SIGTERM at once; rank 1 saves for 4 s. srun
         # (--kill-on-bad-exit, ddl's fail-fast) ended the step: rank 1 was killed mid-save after
         # Slurm's KillWait (2 s here).
-        saver = ("import os, signal, sys, time\n"
-                 "def save(sig, frame):\n"
-                 "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-                 "    time.sleep(4)\n"
-                 "    print('rank', os.environ['RANK'], 'saved', flush=True)\n"
-                 "    sys.exit(0)\n"
-                 "if os.environ['RANK'] == '1':\n"
-                 "    signal.signal(signal.SIGTERM, save)\n"
-                 "print('rank', os.environ['RANK'], 'up', flush=True)\n"
-                 "time.sleep(120)\n")
+        saver = RANK_1_SAVES_ON_SIGTERM.format(seconds=4)
         code, out, err, _ = self.signal_under_srun(saver, self.ddl_run_of, signal.SIGTERM, "--grace-period", "20")
         self.assertEqual(code, 143, out + err)
         self.assertIn("[1] rank 1 saved\n", out, err)
         self.assertIn("ddl: interrupted by SIGTERM; stopped 2 worker(s)", err)
+
+    def test_a_stop_that_reaches_a_task_a_moment_before_ddl_run_interrupts_the_run_and_keeps_the_grace(self):
+        # scancel of the job, or its time limit, signals the tasks and ddl run about together. Rank 0
+        # dies of it first and its relay says so; ddl run's own SIGTERM came next and was taken for
+        # a second one: SIGKILL to every task, rank 1's save lost.
+        saver = RANK_1_SAVES_ON_SIGTERM.format(seconds=3)
+
+        def rank_0_task_then_ddl_run(marker):
+            os.kill(self.task_of_rank(marker, 0), signal.SIGTERM)
+            time.sleep(1)
+            return self.ddl_run_of(marker)
+
+        code, out, err, _ = self.signal_under_srun(saver, rank_0_task_then_ddl_run, signal.SIGTERM, "--grace-period", "20")
+        self.assertIn("[1] rank 1 saved\n", out, err)
+        self.assertEqual(code, 143, out + err)
+        self.assertIn("ddl: interrupted by SIGTERM", err)
+
+    @staticmethod
+    def task_of_rank(marker, rank):
+        tasks = [p for p in processes_with(marker) if command_line(p)[1:2] == [b"exec"]]
+        for pid in tasks:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if f"SLURM_PROCID={rank}\0".encode() in f.read():
+                    return pid
+        raise AssertionError(f"no task of rank {rank} among {tasks}")
 
     def test_a_signal_that_reaches_one_task_alone_fails_the_run_as_that_rank_s_end(self):
         # ddl exec ends with 0 after a stop signal (so that srun leaves the others saving) and relays
@@ -437,18 +466,11 @@ class Slurm(unittest.TestCase):
                    "print('rank', os.environ['RANK'], 'up', flush=True)\n"
                    "time.sleep(120)\n")
 
-        def rank_1_task(marker):
-            tasks = [p for p in processes_with(marker) if command_line(p)[1:2] == [b"exec"]]
-            for pid in tasks:
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    if b"SLURM_PROCID=1\0" in f.read():
-                        return pid
-            raise AssertionError(f"no task of rank 1 among {tasks}")
-
-        code, out, err, took = self.signal_under_srun(sleeper, rank_1_task)
+        code, out, err, took = self.signal_under_srun(sleeper, lambda marker: self.task_of_rank(marker, 1))
         self.assertEqual(code, 143, out + err)
         self.assertRegex(err, r"rank 1 .*SIGTERM", err)
         self.assertNotIn("interrupted", err)
+        self.assertNotIn("srun: error:", err)  # every task ended with 0: ddl run had it from the relay
         self.assertLess(took, 30, err)
 
     def submit(self, *args, cwd, timeout=180):
