@@ -136,7 +136,7 @@ class FailuresReachEveryRank(unittest.TestCase):
             for kind, call in calls.items():
                 for step in range(3):
                     if r == 1 and step == 0:
-                        time.sleep(6)  # past DDL_TIMEOUT, and back before the others' next call times out
+                        time.sleep(7.5)  # past DDL_TIMEOUT, and back before the others' next call times out
                     try:
                         got = call(torch.tensor([100.0 * step + r])).item()
                         print(kind, step, "OK" if got == 100.0 * step * n + 3 else f"WRONG {got}", flush=True)
@@ -144,13 +144,13 @@ class FailuresReachEveryRank(unittest.TestCase):
                         print(kind, step, "error:", str(e)[:160], flush=True)
             for epoch in range(2):
                 if r == 1 and epoch == 0:
-                    time.sleep(6)
+                    time.sleep(7.5)
                 try:
                     got = hvd.broadcast_object({"epoch": epoch} if r == 0 else None, root_rank=0)
                     print("object", epoch, "OK" if got == {"epoch": epoch} else f"WRONG {got}", flush=True)
                 except hvd.HorovodInternalError as e:
                     print("object", epoch, "error:", str(e)[:160], flush=True)
-        """, env={"DDL_TIMEOUT": "4"}, timeout=180)
+        """, env={"DDL_TIMEOUT": "5"}, timeout=180)
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
         by_rank = lines_by_rank(result.stdout)
         for r in range(3):
@@ -163,7 +163,7 @@ class FailuresReachEveryRank(unittest.TestCase):
             self.assertTrue(next(x for x in lines if x.startswith("object 0")).startswith("object 0 error:"), lines)
             self.assertIn("object 1 OK", lines)
         late = next(x for x in by_rank[1] if x.startswith("sync 0"))
-        self.assertIn("timed out (the timeout of 4 s, DDL_TIMEOUT) before rank 1 submitted it", late)
+        self.assertIn("timed out (the timeout of 5 s, DDL_TIMEOUT) before rank 1 submitted it", late)
 
     def test_a_rank_that_shut_down_early_is_named_in_the_others_error(self):
         # Rank 1 runs out of data and shuts down while rank 0 goes on: rank 0's error said only that

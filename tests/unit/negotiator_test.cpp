@@ -589,6 +589,26 @@ TEST_CASE("a join that times out in the round another rank's op arrives stands i
   CHECK_FALSE(d2.ready[0].some_joined);
 }
 
+TEST_CASE("a completed join ends what a late rank owes: its next op of that name pairs") {
+  // The late rank never made the call (it skipped it): after a join, where every rank ran out of
+  // work, none is owed.
+  Negotiator n(2);
+  const auto now = Clock::now();
+  n.merge({announce({{"grad", allreduce(1)}}), announce({})}, now);
+  Announcement expire = announce({});
+  expire.expired = {"grad"};
+  REQUIRE(n.merge({expire, announce({})}, now).failed.size() == 1);
+  CHECK_FALSE(n.idle());
+  OpSpec join{OpKind::Join, DDL_FLOAT32, DDL_SUM, 0, 0, {}};
+  Announcement joined0 = announce({{"ddl.join", join}}), joined1 = announce({{"ddl.join", join}});
+  joined0.joined = joined1.joined = true;
+  CHECK(names(n.merge({joined0, joined1}, now)) == std::vector<std::string>{"ddl.join"});
+  auto d = n.merge({announce({{"grad", allreduce(1)}}), announce({{"grad", allreduce(1)}})}, now);
+  CHECK(names(d) == std::vector<std::string>{"grad"});
+  CHECK(d.failed.empty());
+  CHECK(n.idle());
+}
+
 TEST_CASE("while a rank waits in join, MIN, MAX and PRODUCT run unless prescaled") {
   Negotiator n(2);
   const auto now = Clock::now();

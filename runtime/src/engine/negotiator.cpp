@@ -91,11 +91,22 @@ void Negotiator::announce_cached(int rank, uint32_t id, TimePoint now, std::vect
 
 // Ordered ops need none of this: a timeout breaks their order (order_broken_), and a join ends
 // every rank's wait in join when it fails.
+// Nor a rank in join (it stands in for no op it never submits; it submits none while it waits) or a
+// part of an abandoned grouped call (which fails as it comes).
 void Negotiator::expect_late_submissions(const std::string& name, const OpSpec& spec, const std::vector<int>& missing) {
-  if (spec.ordered || spec.kind == OpKind::Join || missing.empty()) return;
-  auto& owed = late_submissions_[name];
-  owed.resize(static_cast<size_t>(size_), 0);
-  for (int r : missing) ++owed[static_cast<size_t>(r)];
+  unsigned part = 0;
+  if (spec.ordered || spec.kind == OpKind::Join || abandoned_range_of(name, part)) return;
+  std::vector<uint32_t> owed(static_cast<size_t>(size_), 0);
+  bool any = false;
+  for (int r : missing)
+    if (joined_.empty() || !joined_[static_cast<size_t>(r)]) {
+      ++owed[static_cast<size_t>(r)];
+      any = true;
+    }
+  if (!any) return;
+  auto [it, inserted] = late_submissions_.try_emplace(name, std::move(owed));
+  if (!inserted)
+    for (size_t r = 0; r < it->second.size(); ++r) it->second[r] += owed[r];
 }
 
 bool Negotiator::settle_late_submission(int rank, const std::string& name, RoundDecision& decision) {
@@ -240,7 +251,10 @@ RoundDecision Negotiator::merge(const std::vector<Announcement>& announcements, 
         joined_failure(*c.name, spec);
       else
         decision.ready.emplace_back(*c.name, spec, c.with_joined, spec.kind == OpKind::Join ? last_joined_ : -1);
-      if (spec.kind == OpKind::Join) order_broken_.reset();  // as below
+      if (spec.kind == OpKind::Join) {  // as below
+        order_broken_.reset();
+        late_submissions_.clear();
+      }
       continue;
     }
     auto it = table_.find(*c.name);
@@ -258,8 +272,12 @@ RoundDecision Negotiator::merge(const std::vector<Announcement>& announcements, 
       joined_failure(*c.name, first);
     } else if (same) {
       if (stragglers_ && !c.with_joined) tally_agreed(e.last, e.first_seen);
-      // A join ends with every rank numbering its unnamed ops afresh (Engine::run_single): in step again.
-      if (first.kind == OpKind::Join) order_broken_.reset();
+      // A join ends with every rank numbering its unnamed ops afresh (Engine::run_single): in step
+      // again; and every rank ran out of work in it, so none has a timed-out op still to submit.
+      if (first.kind == OpKind::Join) {
+        order_broken_.reset();
+        late_submissions_.clear();
+      }
       const auto& [name, spec] = agreed_in_full_.emplace_back(*c.name, first);  // the entry goes below
       decision.ready.emplace_back(name, spec, c.with_joined, spec.kind == OpKind::Join ? last_joined_ : -1);
       remember(name, spec);
@@ -335,7 +353,7 @@ bool Negotiator::AbandonedParts::settled() const {
 Negotiator::AbandonedParts* Negotiator::abandoned_range_of(const std::string& name, unsigned& part) {
   const size_t dot = name.rfind('.');
   if (dot == std::string::npos) return nullptr;
-  auto it = abandoned_parts_.find(name.substr(0, dot + 1));
+  auto it = abandoned_parts_.find(std::string_view(name).substr(0, dot + 1));
   if (it == abandoned_parts_.end()) return nullptr;
   const char* digits = name.data() + dot + 1;
   const char* end = name.data() + name.size();

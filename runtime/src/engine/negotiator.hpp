@@ -47,7 +47,7 @@ FailedOp out_of_order_failure(const std::string& name, const FailedOp& first);
 
 struct RoundDecision {
   std::vector<ReadyOp> ready;    // submitted by every rank with the same spec, in rank 0's order (valid until the next merge)
-  std::vector<FailedOp> failed;  // to fail on every rank
+  std::vector<FailedOp> failed;  // to fail on every rank (or on its only_rank)
   bool all_finalizing = false;   // every rank has called finalize
 };
 
@@ -191,7 +191,7 @@ class Negotiator {
   };
   // The abandoned range `name` falls in, and its part number; nullptr when it is in none.
   AbandonedParts* abandoned_range_of(const std::string& name, unsigned& part);
-  std::map<std::string, AbandonedParts> abandoned_parts_;
+  std::map<std::string, AbandonedParts, std::less<>> abandoned_parts_;  // looked up by a name's prefix, not a copy of it
   // Named ops that timed out before some ranks submitted them: per name, how many such submissions
   // each rank has yet to make. A late rank's submission of that name fails on that rank alone
   // (settle_late_submission), where it would otherwise pair with the other ranks' next op of the name
