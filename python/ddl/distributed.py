@@ -1152,12 +1152,14 @@ def _ensure_libddl(options):
     than the launcher's is the program's own: workers that one launched process started with
     mp.spawn (PyTorch's ImageNet example under srun or ddl run), which join through torch's store."""
     if not L.lib.ddl_is_initialized():
+        _refuse_a_rank_the_launcher_did_not_give(options)
         if dist.is_initialized() and options.group_size != dist.get_world_size():
             # libddl starts by joining the whole world, which the ranks outside this group never do.
             raise RuntimeError(f"the first 'ddl' group must hold every rank: this one holds {options.group_size} of "
                                f"{dist.get_world_size()}. Make a 'ddl' group of every rank first (new_group(backend='ddl') "
                                "called by every rank with every rank, or init_process_group('ddl')), then this one")
-        if _basics.launcher_gives_world() and _basics.launcher_world_size() in (None, options.group_size):
+        if (_basics.launcher_gives_world() and _basics.launcher_world_size() in (None, options.group_size)
+                and not _basics.started_by_multiprocessing()):
             _basics.init()
         elif dist.is_initialized():  # a "ddl" group under another backend's default group
             _join_through_default_group()
@@ -1172,6 +1174,22 @@ def _ensure_libddl(options):
         raise ValueError(f"init_process_group asked for a world of {options.group_size} ranks, but this process was "
                          f"started in one of {size} ({_basics.world_source()}): pass world_size={size} or leave it "
                          "out")
+
+
+def _refuse_a_rank_the_launcher_did_not_give(options):
+    """A process a launched one started itself (Lightning's subprocess launcher, a script's own
+    Popen) inherits the launcher's variables: in a world of the launcher's size with another rank
+    than the launcher's, it would join the launcher's world in another process's place and wait
+    there for DDL_TIMEOUT. Refused at once. (multiprocessing's children join through the store.)"""
+    given = _basics.launcher_rank()
+    if (dist.is_initialized() or not _basics.launcher_gives_world() or _basics.started_by_multiprocessing()
+            or given is None or _basics.launcher_world_size() not in (None, options.group_size) or given == options.group_rank):
+        return
+    raise ValueError(f"init_process_group: torch's rank {options.group_rank} of {options.group_size} is not the rank the "
+                     f"launcher gave this process ({given}): it was started by a process the "
+                     "launcher started (Lightning's own launcher, a subprocess) and inherited its variables. Let the "
+                     "launcher start every rank (Lightning: devices=1 per launched process, or num_nodes and devices that "
+                     "match the launcher's tasks), or leave rank and world_size out")
 
 
 def _join_through_default_group():

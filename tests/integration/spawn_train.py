@@ -1,6 +1,8 @@
-"""PyTorch's mp.spawn tutorial pattern with backend "ddl" (argv: world size, two free ports, backend):
-collectives, a subgroup, DDP training, destroy_process_group and init again, each rank printing
-what it got. No launcher: libddl's world comes from torch's store."""
+"""PyTorch's mp.spawn tutorial pattern with backend "ddl" (argv: world size, then two free ports per
+launched process: the launcher's rank K's world takes the pair K): collectives, a subgroup, DDP
+training, destroy_process_group and init again, each rank printing what it got. No launcher: libddl's
+world comes from torch's store. (Under a launcher, each launched process's workers make a world of
+their own.)"""
 import os
 import sys
 
@@ -59,5 +61,6 @@ def train(rank, world_size, port, second_port, backend):
 
 
 if __name__ == "__main__":
-    size, port, second_port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-    mp.spawn(train, args=(size, port, second_port, sys.argv[4] if len(sys.argv) > 4 else "ddl"), nprocs=size)
+    size, ports = int(sys.argv[1]), [int(p) for p in sys.argv[2:]]
+    pair = 2 * int(os.environ.get("DDL_RANK", "0"))
+    mp.spawn(train, args=(size, ports[pair], ports[pair + 1], "ddl"), nprocs=size)

@@ -61,15 +61,21 @@ def run_as_torchrun(size, *argv, timeout=300):
 
 
 class MpSpawn(unittest.TestCase):
-    def check(self, size, launcher=()):
-        """spawn_train.py's workers, started by one process: alone, or the one worker of `launcher`."""
-        result = subprocess.run([*launcher, PYTHON, os.path.join(HERE, "spawn_train.py"), str(size), *map(str, free_ports(2))],
+    def check(self, size, launcher=(), launched=1):
+        """spawn_train.py's workers, started by one process: alone, or by each of the `launched`
+        workers of `launcher` (each starting a world of its own)."""
+        result = subprocess.run([*launcher, PYTHON, os.path.join(HERE, "spawn_train.py"), str(size),
+                                 *map(str, free_ports(2 * launched))],
                                 env=clean_env(), capture_output=True, text=True, timeout=300)
         output = result.stdout[-4000:] + result.stderr[-4000:]
         self.assertEqual(result.returncode, 0, output)
+        for which in range(launched):
+            self.check_world(size, [line.removeprefix(f"[{which}] ") for line in result.stdout.splitlines()
+                                    if not launcher or line.startswith(f"[{which}] ")], output)
+
+    def check_world(self, size, lines, output):
         total = float(sum(range(1, size + 1)))
         gathered = [[r, r * 10] for r in range(size)]
-        lines = [line.removeprefix("[0] ") for line in result.stdout.splitlines()]  # ddl run's prefix of its one worker
         for rank in range(size):
             said = [line.removeprefix(f"rank {rank}: ") for line in lines if line.startswith(f"rank {rank}: ")]
             self.assertIn("world source program store", said, output)
@@ -90,6 +96,28 @@ class MpSpawn(unittest.TestCase):
         # PyTorch's ImageNet example under a launcher: the world the workers name (2) is theirs, not
         # the launcher's (1), whose variables they inherit; it was refused as "pass world_size=1".
         self.check(2, launcher=(DDL, "run", "-np", "1", "--"))
+
+    def test_two_ranks_spawned_by_each_of_two_workers_of_ddl_run(self):
+        # Worlds of the launcher's size: a spawned worker whose torch rank differed from its
+        # launched parent's joined the launcher's world in another's place, and every rank waited
+        # for DDL_TIMEOUT. multiprocessing's children join through torch's store.
+        self.check(2, launcher=(DDL, "run", "-np", "2", "--"), launched=2)
+
+    def test_a_subprocess_of_a_launched_worker_with_another_rank_is_refused_at_once(self):
+        # Lightning's own launcher under srun or ddl run: a subprocess (not multiprocessing's) with
+        # the launcher's variables and torch's rank 1 where the launcher gave its parent rank 0.
+        child = ("import os, torch.distributed as dist, ddl.distributed\n"
+                 "os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=os.environ['PORT'])\n"
+                 "dist.init_process_group('ddl', rank=int(os.environ['TORCH_RANK']), world_size=1 + int(os.environ['DDL_SIZE']) - 1)\n")
+        parent = ("import datetime, os, subprocess, sys, torch.distributed as dist\n"
+                  "if os.environ['DDL_RANK'] == '0':  # hosts torch's store, as Lightning's rank 0 does\n"
+                  "    store = dist.TCPStore('127.0.0.1', int(sys.argv[2]), 2, True, datetime.timedelta(seconds=30), wait_for_workers=False)\n"
+                  "    r = subprocess.run([sys.executable, '-c', sys.argv[1]], env={**os.environ, 'TORCH_RANK': '1', 'PORT': sys.argv[2]})\n"
+                  "    sys.exit(r.returncode)\n")
+        result = subprocess.run([DDL, "run", "-np", "2", "--", PYTHON, "-c", parent, child, str(free_port())],
+                                env=clean_env(DDL_TIMEOUT="120"), capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(result.returncode, 0, result.stdout + result.stderr)
+        self.assertIn("init_process_group: torch's rank 1 of 2 is not the rank the launcher gave this process (0)", result.stdout + result.stderr)
 
 
 class TorchrunEnvironment(unittest.TestCase):

@@ -120,11 +120,29 @@ def launcher_gives_world():
 def launcher_world_size():
     """The size of the world a launcher gave this process, where its variables tell it before
     ddl_init (ddl run's DDL_SIZE, mpirun's, PMI's, srun's); None where none does."""
-    for variable in ("DDL_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"):
+    return _first_number_in("DDL_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
+
+
+def launcher_rank():
+    """The rank a launcher gave this process, where its variables tell it before ddl_init (ddl run's
+    DDL_RANK, mpirun's, PMI's, PMIx's, srun's); None where none does."""
+    return _first_number_in("DDL_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
+
+
+def _first_number_in(*variables):
+    """The value of the first of `variables` set to a number, or None."""
+    for variable in variables:
         value = os.environ.get(variable, "")
         if value.isdigit():
             return int(value)
     return None
+
+
+def started_by_multiprocessing():
+    """Whether Python's multiprocessing started this process (mp.spawn, a Pool): then no launcher
+    did, whatever launcher variables it inherited from its parent."""
+    import multiprocessing
+    return multiprocessing.parent_process() is not None
 
 
 def init_through_store(store, rank, size):
