@@ -173,6 +173,7 @@ std::optional<RunOutcome> run_preflight(RunRequest& request, const Environment& 
 
 RunOutcome run_job(const RunRequest& request, const Environment& launcher_env, const std::function<void(const std::string&)>& log) {
   check_libddl_settings(launcher_env);
+  check_python_runs_the_hook(request.command, request.torch_backend);
   Environment env = with_python_startup_hook(launcher_env, request.torch_backend, this_executable());
   const int requeues = requeue_count(launcher_env);
   env[contract::kRequeueCount] = std::to_string(requeues);

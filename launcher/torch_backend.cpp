@@ -25,7 +25,38 @@ std::string installed_hook(const std::string& executable) {
   return hook == candidates.end() ? std::string() : *hook;
 }
 
+// The first of Python's flags -I, -E and -S among `command`'s options (before the script, -c or
+// -m), as written ("-I", "-uE"); "" for none, or for a program that is not Python.
+std::string python_flag_that_skips_site(const std::vector<std::string>& command) {
+  if (command.empty() || !fs::path(command.front()).filename().string().starts_with("python")) return {};
+  for (size_t i = 1; i < command.size(); ++i) {
+    const std::string& arg = command[i];
+    if (arg.size() < 2 || arg[0] != '-' || arg == "--" || arg.starts_with("--")) return {};  // the script, or a long option's end
+    for (size_t k = 1; k < arg.size(); ++k) {
+      const char flag = arg[k];
+      if (flag == 'I' || flag == 'E' || flag == 'S') return arg;
+      if (flag == 'c' || flag == 'm') return {};  // the program follows
+      if (flag == 'W' || flag == 'X') {           // takes the rest, or the next argument
+        if (k + 1 == arg.size()) ++i;
+        break;
+      }
+    }
+  }
+  return {};
+}
+
 }  // namespace
+
+void check_python_runs_the_hook(const std::vector<std::string>& command, const std::string& backend) {
+  if (backend.empty()) return;
+  const std::string flag = python_flag_that_skips_site(command);
+  if (flag.empty()) return;
+  throw UsageError(fmt::format("--torch-backend {}: '{} {}' keeps ddl's start-up hook from running ({}), so the script's own "
+                               "backend would run",
+                               backend, command.front(), flag,
+                               flag.find('S') != std::string::npos ? "-S: no sitecustomize" : "-I/-E: PYTHONPATH ignored"),
+                   "leave out -I, -E and -S, or call init_process_group(\"ddl\") in the script (with import ddl.distributed)");
+}
 
 Environment with_python_startup_hook(const Environment& env, const std::string& backend, const std::string& executable) {
   if (!backend.empty() && backend != "ddl")

@@ -17,4 +17,9 @@ namespace ddl::launcher {
 // unknown, or asked for while ddl's Python package is not beside `executable`.
 Environment with_python_startup_hook(const Environment& env, const std::string& backend, const std::string& executable);
 
+// With `backend` asked for (--torch-backend ddl), throws ddl::UsageError when `command` is a Python
+// started with a flag that keeps the hook from running (-I, -E: PYTHONPATH ignored; -S: no
+// sitecustomize), which would leave the script's own backend running without a word.
+void check_python_runs_the_hook(const std::vector<std::string>& command, const std::string& backend);
+
 }  // namespace ddl::launcher

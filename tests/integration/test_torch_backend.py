@@ -157,6 +157,14 @@ class TorchBackendFlag(unittest.TestCase):
             "import sys; print([type(f).__name__ for f in sys.meta_path if 'TorchDistributed' in type(f).__name__])")
         self.assertEqual(said, ["['_PatchTorchDistributedOnImport']"])
 
+    def test_a_python_that_would_not_run_the_hook_is_refused_naming_its_flag(self):
+        # python -I (or -E, -S) ignores PYTHONPATH or sitecustomize: the script's gloo ran, without a word.
+        for flag in ("-I", "-E", "-S"):
+            result = ddl("-np", "1", "--torch-backend", "ddl", "--", PYTHON, flag, "-c", "print('ran')", timeout=60)
+            self.assertEqual(result.returncode, 2, result.stdout + result.stderr)
+            self.assertNotIn("ran", result.stdout)
+            self.assertIn(f"ddl: error: --torch-backend ddl: '{PYTHON} {flag}' keeps ddl's start-up hook from running", result.stderr)
+
     def test_a_group_that_names_its_own_backend_keeps_it(self):
         # Scripts make gloo groups for what ddl does not do (send/recv): those stay gloo.
         code = ("import torch.distributed as dist; dist.init_process_group('gloo'); g = dist.new_group(backend='gloo'); "

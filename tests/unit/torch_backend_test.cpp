@@ -10,6 +10,7 @@
 
 namespace fs = std::filesystem;
 using ddl::Environment;
+using ddl::launcher::check_python_runs_the_hook;
 using ddl::launcher::with_python_startup_hook;
 
 namespace {
@@ -68,4 +69,21 @@ TEST_CASE("--torch-backend refuses another backend, and a ddl with no Python pac
   CHECK_THROWS_WITH_AS(with_python_startup_hook({}, "nccl", bare.executable()), doctest::Contains("--torch-backend nccl"), ddl::UsageError);
   CHECK_THROWS_WITH_AS(with_python_startup_hook({}, "ddl", bare.executable()),
                        doctest::Contains("ddl's Python package is not beside this ddl"), ddl::UsageError);
+}
+
+TEST_CASE("--torch-backend ddl refuses a Python whose flags keep the hook from running, naming the flag") {
+  using Args = std::vector<std::string>;
+  CHECK_THROWS_WITH_AS(check_python_runs_the_hook(Args{"python3", "-I", "train.py"}, "ddl"),
+                       doctest::Contains("--torch-backend ddl: 'python3 -I' keeps ddl's start-up hook from running"), ddl::UsageError);
+  CHECK_THROWS_WITH_AS(check_python_runs_the_hook(Args{"/usr/bin/python3.11", "-uE", "train.py"}, "ddl"),
+                       doctest::Contains("'/usr/bin/python3.11 -uE'"), ddl::UsageError);
+  CHECK_THROWS_WITH_AS(check_python_runs_the_hook(Args{"python", "-W", "ignore", "-S", "-m", "pkg"}, "ddl"),
+                       doctest::Contains("-S: no sitecustomize"), ddl::UsageError);
+  // What is not Python's own flag is not looked at: the script's, -c's program, another program's.
+  CHECK_NOTHROW(check_python_runs_the_hook(Args{"python3", "train.py", "-I"}, "ddl"));
+  CHECK_NOTHROW(check_python_runs_the_hook(Args{"python3", "-c", "-I"}, "ddl"));
+  CHECK_NOTHROW(check_python_runs_the_hook(Args{"python3", "-Werror::-I", "train.py"}, "ddl"));
+  CHECK_NOTHROW(check_python_runs_the_hook(Args{"python3", "-X", "-S", "train.py"}, "ddl"));
+  CHECK_NOTHROW(check_python_runs_the_hook(Args{"./train", "-I"}, "ddl"));
+  CHECK_NOTHROW(check_python_runs_the_hook(Args{"python3", "-I", "train.py"}, ""));  // no backend asked for
 }
